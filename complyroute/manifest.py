@@ -1,0 +1,193 @@
+"""Topology manifests: load, validate and expand into the model every topology is rendered from.
+
+A manifest (topologies/*.yaml) names the enforcement topology, the nodes, the services and
+their placement. Validation happens before anything starts and names the field at fault.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+REFERENCE_DATA = REPO / "policies" / "complyroute" / "reference" / "data.json"
+
+TOPOLOGIES = ("sidecar",)
+ALIASES = {"sa": "sidecar", "ce": "central-entity", "dr3": "dynamic-router-3", "dr6": "dynamic-router-6"}
+
+# Default purposes of generated instances, cycled; the default record consents to all of them.
+GENERATED_PURPOSES = ("billing", "analytics", "care")
+GENERATED_CERTIFICATIONS = ("health-data",)
+
+
+class ManifestError(ValueError):
+    """A manifest that cannot be deployed; the message names the field and what is allowed."""
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    role: str  # "gateway" or "service"
+    address: str  # the node's own loopback address, so placement shows in every address
+
+
+@dataclass(frozen=True)
+class Instance:
+    id: str
+    step: str
+    region: str
+    node: Node
+    certifications: tuple[str, ...]
+    purposes: tuple[str, ...]
+    index: int  # 1-based position in the manifest; fixes the instance's ports
+
+    def catalog_entry(self) -> dict:
+        return {
+            "step": self.step,
+            "region": self.region,
+            "node": self.node.name,
+            "certifications": list(self.certifications),
+            "purposes": list(self.purposes),
+        }
+
+
+@dataclass
+class Topology:
+    name: str
+    kind: str
+    source: Path
+    gateway: Node
+    service_nodes: list[Node]
+    gateway_region: str
+    instances: list[Instance]
+    steps: list[str]  # in chain order
+    engine: dict = field(default_factory=dict)
+
+    def instances_of(self, step: str) -> list[Instance]:
+        return [i for i in self.instances if i.step == step]
+
+    def next_step(self, step: str) -> str | None:
+        position = self.steps.index(step)
+        return self.steps[position + 1] if position + 1 < len(self.steps) else None
+
+
+def resolve(name_or_path: str) -> Path:
+    """Find a manifest by path, by name in topologies/, or by alias."""
+    candidate = Path(name_or_path)
+    if candidate.suffix in (".yaml", ".yml") and candidate.exists():
+        return candidate
+    name = ALIASES.get(name_or_path, name_or_path)
+    path = REPO / "topologies" / f"{name}.yaml"
+    if not path.exists():
+        known = sorted(p.stem for p in (REPO / "topologies").glob("*.yaml"))
+        raise ManifestError(f"topology '{name_or_path}' is unknown: use one of {known}, an alias {sorted(ALIASES)}, or a path to a manifest")
+    return path
+
+
+def known_regions() -> set[str]:
+    return set(json.loads(REFERENCE_DATA.read_text())["regions"])
+
+
+def load(name_or_path: str, services: int | None = None) -> Topology:
+    path = resolve(name_or_path)
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        raise ManifestError(f"{path}: not valid YAML: {error}") from error
+    if not isinstance(raw, dict):
+        raise ManifestError(f"{path}: a manifest is a mapping of fields, got {type(raw).__name__}")
+    return expand(raw, path, services)
+
+
+def expand(raw: dict, source: Path, services: int | None = None) -> Topology:
+    def fail(field_name: str, problem: str) -> ManifestError:
+        return ManifestError(f"{source}: field '{field_name}': {problem}")
+
+    kind = raw.get("topology")
+    if kind not in TOPOLOGIES:
+        raise fail("topology", f"'{kind}' is not one of {list(TOPOLOGIES)}")
+
+    nodes = raw.get("nodes", {})
+    service_node_count = nodes.get("service", 3)
+    if not isinstance(service_node_count, int) or service_node_count < 1:
+        raise fail("nodes.service", f"must be a whole number >= 1, got {service_node_count!r}")
+    gateway = Node("gateway", "gateway", "127.0.1.1")
+    service_nodes = [Node(f"node-{n}", "service", f"127.0.1.{1 + n}") for n in range(1, service_node_count + 1)]
+
+    regions = known_regions()
+    gateway_region = raw.get("gateway_region", "EU")
+    if gateway_region not in regions:
+        raise fail("gateway_region", f"'{gateway_region}' is not a known region {sorted(regions)}")
+
+    spec = raw.get("services", 5) if services is None else services
+    if isinstance(spec, bool) or not isinstance(spec, (int, list)):
+        raise fail("services", "must be a count or a list of {id, step, region, certifications, purposes}")
+    if isinstance(spec, int):
+        if spec < 1:
+            raise fail("services", f"must be at least 1, got {spec}")
+        spec = [
+            {
+                "id": f"svc-{n:02d}",
+                "step": f"step-{n:02d}",
+                "region": gateway_region,
+                "certifications": list(GENERATED_CERTIFICATIONS),
+                "purposes": [GENERATED_PURPOSES[(n - 1) % len(GENERATED_PURPOSES)]],
+            }
+            for n in range(1, spec + 1)
+        ]
+    if not spec:
+        raise fail("services", "the list is empty: a topology needs at least one service")
+
+    instances: list[Instance] = []
+    steps: list[str] = []
+    for position, entry in enumerate(spec):
+        where = f"services[{position}]"
+        if not isinstance(entry, dict):
+            raise fail(where, "must be a mapping with id, step, region")
+        for required in ("id", "step", "region"):
+            if not isinstance(entry.get(required), str) or not entry[required]:
+                raise fail(f"{where}.{required}", "is required and must be a non-empty string")
+        if entry["region"] not in regions:
+            raise fail(f"{where}.region", f"'{entry['region']}' is not a known region {sorted(regions)}")
+        if any(i.id == entry["id"] for i in instances):
+            raise fail(f"{where}.id", f"'{entry['id']}' is used twice")
+        node_name = entry.get("node")
+        if node_name is None:
+            node = service_nodes[position % len(service_nodes)]  # spread evenly, at most one apart
+        else:
+            matches = [n for n in service_nodes if n.name == node_name]
+            if not matches:
+                raise fail(f"{where}.node", f"'{node_name}' is not one of {[n.name for n in service_nodes]}")
+            node = matches[0]
+        for list_field in ("certifications", "purposes"):
+            value = entry.get(list_field, [])
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise fail(f"{where}.{list_field}", "must be a list of strings")
+        instances.append(
+            Instance(
+                id=entry["id"],
+                step=entry["step"],
+                region=entry["region"],
+                node=node,
+                certifications=tuple(entry.get("certifications", [])),
+                purposes=tuple(entry.get("purposes", [])),
+                index=position + 1,
+            )
+        )
+        if entry["step"] not in steps:
+            steps.append(entry["step"])
+
+    return Topology(
+        name=raw.get("name", source.stem),
+        kind=kind,
+        source=source,
+        gateway=gateway,
+        service_nodes=service_nodes,
+        gateway_region=gateway_region,
+        instances=instances,
+        steps=steps,
+        engine=dict(raw.get("engine", {})),
+    )

@@ -1,0 +1,57 @@
+"""Manifest validation: every error names the field and what is allowed."""
+
+import re
+
+import pytest
+
+from complyroute import manifest
+from complyroute.manifest import ManifestError, expand
+
+SOURCE = manifest.REPO / "topologies" / "test.yaml"
+
+
+def test_generated_chain_spreads_services_evenly_allowed():
+    topology = expand({"topology": "sidecar", "services": 7}, SOURCE)
+    assert [i.id for i in topology.instances] == [f"svc-{n:02d}" for n in range(1, 8)]
+    assert topology.steps == [f"step-{n:02d}" for n in range(1, 8)]
+    per_node = [sum(i.node == node for i in topology.instances) for node in topology.service_nodes]
+    assert per_node == [3, 2, 2]
+    assert {i.node.address for i in topology.instances} == {"127.0.1.2", "127.0.1.3", "127.0.1.4"}
+
+
+def test_services_override_replaces_manifest_count_allowed():
+    assert len(expand({"topology": "sidecar", "services": 5}, SOURCE, services=50).instances) == 50
+
+
+@pytest.mark.parametrize(
+    "raw, field",
+    [
+        ({"topology": "mesh"}, "topology"),
+        ({"topology": "sidecar", "services": 0}, "services"),
+        ({"topology": "sidecar", "services": "five"}, "services"),
+        ({"topology": "sidecar", "services": []}, "services"),
+        ({"topology": "sidecar", "nodes": {"service": 0}}, "nodes.service"),
+        ({"topology": "sidecar", "gateway_region": "Atlantis"}, "gateway_region"),
+        ({"topology": "sidecar", "services": [{"id": "a", "step": "s", "region": "XX"}]}, "services[0].region"),
+        ({"topology": "sidecar", "services": [{"id": "a", "region": "EU"}]}, "services[0].step"),
+        ({"topology": "sidecar", "services": [{"id": "a", "step": "s", "region": "EU"}, {"id": "a", "step": "t", "region": "EU"}]}, "services[1].id"),
+        ({"topology": "sidecar", "services": [{"id": "a", "step": "s", "region": "EU", "node": "node-9"}]}, "services[0].node"),
+        ({"topology": "sidecar", "services": [{"id": "a", "step": "s", "region": "EU", "purposes": "care"}]}, "services[0].purposes"),
+    ],
+)
+def test_invalid_manifest_denied(raw, field):
+    with pytest.raises(ManifestError, match=re.escape(f"field '{field}'")):
+        expand(raw, SOURCE)
+
+
+def test_explicit_list_keeps_step_order_allowed():
+    topology = manifest.load("topologies/examples/mixed-regions.yaml")
+    assert topology.steps == ["ingest", "analyse", "store"]
+    assert [i.id for i in topology.instances_of("analyse")] == ["analyse-eu", "analyse-us"]
+    assert topology.next_step("analyse") == "store" and topology.next_step("store") is None
+
+
+def test_alias_resolves_allowed_and_unknown_name_denied():
+    assert manifest.resolve("sa").name == "sidecar.yaml"
+    with pytest.raises(ManifestError, match="unknown"):
+        manifest.resolve("no-such-topology")
