@@ -1,0 +1,477 @@
+// The service instance: one step of a complyroute chain.
+//
+// `app` is the Fastify plugin with the routes (POST /process, GET /health,
+// GET /stats) and the JSON error answers; `buildApp` creates a Fastify
+// instance with it, creating the forwarder and the audit log from the
+// configuration unless they are injected (tests inject them).
+
+import { createHash, randomUUID } from 'node:crypto'
+import { STATUS_CODES } from 'node:http'
+import { performance } from 'node:perf_hooks'
+import Fastify, { LogController } from 'fastify'
+import { createAuditLog } from './lib/audit.js'
+import { createForwarder } from './lib/forwarder.js'
+
+export const LABEL_HEADERS = Object.freeze(['x-data-region', 'x-data-category', 'x-data-consent'])
+export const REQUIRED_LABEL_HEADERS = Object.freeze(['x-data-region', 'x-data-category'])
+export const BODY_LIMIT = 1024 * 1024
+
+// A client's x-request-id is kept when it is 1 to 200 visible ASCII characters;
+// an absent or empty one is replaced by a UUID; anything else is refused (400).
+const REQUEST_ID_PATTERN = '^([\\x21-\\x7e]{1,200})?$'
+const REQUEST_ID = /^[\x21-\x7e]{1,200}$/
+
+const kTIn = Symbol('complyroute.t_in')
+const kOutcome = Symbol('complyroute.outcome')
+
+export function defaultClock () {
+  return performance.timeOrigin + performance.now()
+}
+
+export function isValidRequestId (value) {
+  return typeof value === 'string' && REQUEST_ID.test(value)
+}
+
+/** The fixed work per record: `iterations` chained SHA-256 rounds over the serialized body. */
+export function doWork (serialized, iterations) {
+  let digest = Buffer.alloc(0)
+  for (let i = 0; i < iterations; i++) {
+    digest = createHash('sha256').update(digest).update(serialized).digest()
+  }
+  return digest.toString('hex')
+}
+
+// ---------------------------------------------------------------- schemas
+
+const reasonSchema = {
+  type: 'object',
+  additionalProperties: true,
+  properties: {
+    code: { type: 'string' },
+    message: { type: 'string' },
+    instance: { type: 'string' }
+  }
+}
+
+// Every error answer, our own and the ones relayed from downstream (which may
+// carry more properties: they are kept).
+export const errorSchema = {
+  $id: 'complyroute-error',
+  type: 'object',
+  required: ['code', 'message'],
+  additionalProperties: true,
+  properties: {
+    code: { type: 'string' },
+    message: { type: 'string' },
+    request_id: { type: 'string' },
+    reasons: { type: 'array', items: reasonSchema }
+  }
+}
+
+const errorRef = { $ref: 'complyroute-error#' }
+const errorResponses = { '4xx': errorRef, '5xx': errorRef }
+
+const pathEntrySchema = {
+  type: 'object',
+  required: ['instance', 'step', 'region', 'node', 't_in', 't_out'],
+  additionalProperties: false,
+  properties: {
+    instance: { type: 'string' },
+    step: { type: 'string' },
+    region: { type: 'string' },
+    node: { type: 'string' },
+    t_in: { type: 'number' },
+    t_out: { type: 'number' },
+    t_back: { type: 'number' }
+  }
+}
+
+const processSchema = {
+  headers: {
+    type: 'object',
+    required: [...REQUIRED_LABEL_HEADERS],
+    properties: {
+      'x-data-region': { type: 'string', minLength: 1 },
+      'x-data-category': { type: 'string', minLength: 1 },
+      'x-data-consent': { type: 'string' },
+      'x-request-id': { type: 'string', pattern: REQUEST_ID_PATTERN }
+    }
+  },
+  body: { type: 'object' },
+  response: {
+    200: {
+      type: 'object',
+      required: ['request_id', 'path'],
+      additionalProperties: false,
+      properties: {
+        request_id: { type: 'string' },
+        path: { type: 'array', minItems: 1, items: pathEntrySchema }
+      }
+    },
+    ...errorResponses
+  }
+}
+
+const noQuery = { type: 'object', additionalProperties: false, properties: {} }
+
+const healthSchema = {
+  querystring: noQuery,
+  response: {
+    200: {
+      type: 'object',
+      required: ['status', 'instance', 'step'],
+      additionalProperties: false,
+      properties: {
+        status: { type: 'string', enum: ['ok'] },
+        instance: { type: 'string' },
+        step: { type: 'string' }
+      }
+    },
+    ...errorResponses
+  }
+}
+
+export const STAT_NAMES = Object.freeze([
+  'received', 'answered', 'forwarded', 'downstream_denied', 'downstream_failed', 'rejected', 'internal_errors'
+])
+
+const statsSchema = {
+  querystring: noQuery,
+  response: {
+    200: {
+      type: 'object',
+      required: [...STAT_NAMES],
+      additionalProperties: false,
+      properties: Object.fromEntries(STAT_NAMES.map((name) => [name, { type: 'integer', minimum: 0 }]))
+    },
+    ...errorResponses
+  }
+}
+
+// ---------------------------------------------------------------- errors
+
+class AppError extends Error {
+  constructor (statusCode, code, message) {
+    super(message)
+    this.statusCode = statusCode
+    this.code = code
+  }
+}
+
+const CODE_BY_STATUS = {
+  400: 'BAD_REQUEST',
+  404: 'NOT_FOUND',
+  405: 'METHOD_NOT_ALLOWED',
+  408: 'REQUEST_TIMEOUT',
+  413: 'BODY_TOO_LARGE',
+  414: 'URI_TOO_LONG',
+  415: 'CONTENT_TYPE_UNSUPPORTED',
+  431: 'HEADERS_TOO_LARGE'
+}
+
+function missingLabels (headers) {
+  return REQUIRED_LABEL_HEADERS.filter((name) => typeof headers[name] !== 'string' || headers[name] === '')
+}
+
+/** Map any error Fastify or a handler raises to {status, code, message, reasons?}. */
+export function classifyError (err, request) {
+  if (err instanceof AppError) return { status: err.statusCode, code: err.code, message: err.message }
+  if (err.validation) {
+    if (err.validationContext === 'headers') {
+      const missing = missingLabels(request.headers)
+      if (missing.length > 0) {
+        return {
+          status: 400,
+          code: 'LABEL_MISSING',
+          message: `missing label header${missing.length > 1 ? 's' : ''}: ${missing.join(', ')}`,
+          reasons: missing.map((name) => ({ code: 'LABEL_MISSING', message: `header ${name} is missing or empty` }))
+        }
+      }
+      return { status: 400, code: 'REQUEST_ID_INVALID', message: 'x-request-id must be 1 to 200 visible ASCII characters' }
+    }
+    if (err.validationContext === 'body') {
+      return { status: 400, code: 'BODY_INVALID', message: 'body must be a JSON object' }
+    }
+    return { status: 400, code: 'BAD_REQUEST', message: `invalid ${err.validationContext}: ${err.message}` }
+  }
+  switch (err.code) {
+    case 'FST_ERR_CTP_EMPTY_JSON_BODY':
+      return { status: 400, code: 'BODY_INVALID', message: 'body is empty: expected a JSON object' }
+    case 'FST_ERR_CTP_INVALID_JSON_BODY':
+      return { status: 400, code: 'BODY_INVALID', message: 'body is not valid JSON' }
+    case 'FST_ERR_CTP_BODY_TOO_LARGE':
+      return { status: 413, code: 'BODY_TOO_LARGE', message: `body is larger than ${BODY_LIMIT} bytes` }
+    case 'FST_ERR_CTP_INVALID_MEDIA_TYPE':
+      return { status: 415, code: 'CONTENT_TYPE_UNSUPPORTED', message: 'content-type must be application/json' }
+    case 'FST_ERR_CTP_INVALID_CONTENT_LENGTH':
+      return { status: 400, code: 'BAD_REQUEST', message: 'content-length does not match the body' }
+  }
+  const status = err.statusCode
+  if (Number.isInteger(status) && status >= 400 && status < 500) {
+    return { status, code: CODE_BY_STATUS[status] ?? 'BAD_REQUEST', message: err.message || STATUS_CODES[status] }
+  }
+  return { status: 500, code: 'INTERNAL_ERROR', message: 'internal error' }
+}
+
+function errorBody (classified, requestId) {
+  const body = { code: classified.code, message: classified.message }
+  if (requestId) body.request_id = requestId
+  if (classified.status === 400) {
+    body.reasons = classified.reasons ?? [{ code: classified.code, message: classified.message }]
+  }
+  return body
+}
+
+/**
+ * Fastify's clientErrorHandler (malformed HTTP, before any route): answers in
+ * the same {code, message} shape. `this` is the Fastify instance.
+ */
+export function clientErrorHandler (err, socket) {
+  if (err.code === 'ECONNRESET' || socket.destroyed) return
+  let status = 400
+  if (err.code === 'ERR_HTTP_REQUEST_TIMEOUT') status = 408
+  else if (err.code === 'HPE_HEADER_OVERFLOW') status = 431
+  const body = JSON.stringify({ code: CODE_BY_STATUS[status], message: status === 400 ? 'malformed HTTP request' : STATUS_CODES[status] })
+  this?.log?.trace({ err }, 'client error')
+  if (socket.writable) {
+    socket.write(`HTTP/1.1 ${status} ${STATUS_CODES[status]}\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`)
+  }
+  socket.destroy(err)
+}
+
+// ---------------------------------------------------------------- downstream answers
+
+function isPlainObject (value) {
+  return typeof value === 'object' && value !== null && !Array.isArray(value)
+}
+
+function isPathEntry (entry) {
+  return isPlainObject(entry) &&
+    typeof entry.instance === 'string' && typeof entry.step === 'string' &&
+    typeof entry.region === 'string' && typeof entry.node === 'string' &&
+    Number.isFinite(entry.t_in) && Number.isFinite(entry.t_out) &&
+    (entry.t_back === undefined || Number.isFinite(entry.t_back))
+}
+
+function parseJson (text) {
+  try {
+    return JSON.parse(text)
+  } catch {
+    return undefined
+  }
+}
+
+/** A downstream error answer we relay, or null when it is not {code: string, ...}. */
+export function relayableError (parsed, status, requestId) {
+  if (!isPlainObject(parsed) || typeof parsed.code !== 'string' || parsed.code === '') return null
+  if (parsed.message !== undefined && typeof parsed.message !== 'string') return null
+  if (parsed.reasons !== undefined && !(Array.isArray(parsed.reasons) && parsed.reasons.every(isPlainObject))) return null
+  const body = { ...parsed }
+  if (body.message === undefined) body.message = `next hop answered ${status}`
+  if (typeof body.request_id !== 'string' || body.request_id === '') body.request_id = requestId
+  return body
+}
+
+// ---------------------------------------------------------------- the plugin
+
+/**
+ * @param {import('fastify').FastifyInstance} fastify
+ * @param {object} opts
+ * @param {object} opts.config the result of parseConfig
+ * @param {{write(entry: object): Promise<void>}} opts.audit
+ * @param {(request: {body: string, headers: Record<string, string>}) => Promise<{status: number, body: string}>} [opts.forward] required when config.nextStep is set
+ * @param {() => number} [opts.now] clock, ms since the epoch (fractional)
+ */
+export async function app (fastify, opts) {
+  const { config, audit } = opts
+  const forward = opts.forward
+  const now = opts.now ?? defaultClock
+  if (!config) throw new Error('app: opts.config is required')
+  if (!audit || typeof audit.write !== 'function') throw new Error('app: opts.audit with write(entry) is required')
+  if (config.nextStep && typeof forward !== 'function') throw new Error('app: opts.forward is required when NEXT_STEP is set')
+
+  const stats = Object.fromEntries(STAT_NAMES.map((name) => [name, 0]))
+
+  fastify.addSchema(errorSchema)
+  // Records are JSON; text/plain (parsed by default) must answer 415 too.
+  fastify.removeContentTypeParser('text/plain')
+
+  fastify.setErrorHandler(function (err, request, reply) {
+    request[kOutcome] = undefined
+    const classified = classifyError(err, request)
+    // An AppError was logged where it was raised, with its cause.
+    if (classified.status >= 500 && !(err instanceof AppError)) request.log.error({ err }, 'request failed')
+    else request.log.debug({ err, code: classified.code }, 'request refused')
+    reply.code(classified.status).send(errorBody(classified, request.id))
+  })
+
+  fastify.setNotFoundHandler(function (request, reply) {
+    const url = request.url.length > 200 ? `${request.url.slice(0, 200)}...` : request.url
+    reply.code(404).send({ code: 'NOT_FOUND', message: `no route ${request.method} ${url}`, request_id: request.id })
+  })
+
+  fastify.addHook('onSend', async function (request, reply) {
+    reply.header('x-request-id', request.id)
+  })
+
+  fastify.get('/health', { schema: healthSchema }, async function () {
+    return { status: 'ok', instance: config.instanceId, step: config.step }
+  })
+
+  fastify.get('/stats', { schema: statsSchema }, async function () {
+    return { ...stats }
+  })
+
+  function nextHopFailed (request, reply, message) {
+    request[kOutcome] = 'downstream_failed'
+    request.log.warn({ next_step: config.nextStep }, message)
+    reply.code(502)
+    return { code: 'NEXT_HOP_FAILED', message, request_id: request.id }
+  }
+
+  fastify.post('/process', {
+    schema: processSchema,
+    onRequest: async function (request) {
+      request[kTIn] = now()
+      stats.received++
+    },
+    onSend: async function (request, reply) {
+      // Exactly one counter per answered record: the handler's outcome, or
+      // (the error handler cleared it) a refusal or an internal error.
+      const outcome = request[kOutcome] ?? (reply.statusCode >= 500 ? 'internal_errors' : 'rejected')
+      stats[outcome]++
+    }
+  }, async function processRecord (request, reply) {
+    const tIn = request[kTIn]
+    const requestId = request.id
+    const headers = request.headers
+    const serialized = JSON.stringify(request.body)
+
+    doWork(serialized, config.workIterations)
+
+    const consent = headers['x-data-consent']
+    try {
+      await audit.write({
+        ts: tIn,
+        instance: config.instanceId,
+        step: config.step,
+        request_id: requestId,
+        region: headers['x-data-region'],
+        category: headers['x-data-category'],
+        consent: consent === undefined ? null : consent
+      })
+    } catch (err) {
+      request.log.error({ err }, 'audit log write failed')
+      throw new AppError(500, 'AUDIT_FAILED', 'the audit log could not be written')
+    }
+
+    const own = { instance: config.instanceId, step: config.step, region: config.region, node: config.node, t_in: tIn }
+
+    if (!config.nextStep) {
+      own.t_out = now()
+      request[kOutcome] = 'answered'
+      return { request_id: requestId, path: [own] }
+    }
+
+    // Built from scratch: only the labels, the request id and the next step
+    // go on (so a client's x-complyroute-destination never does).
+    const outgoing = {
+      'content-type': 'application/json',
+      'x-data-region': headers['x-data-region'],
+      'x-data-category': headers['x-data-category'],
+      'x-request-id': requestId,
+      'x-complyroute-step': config.nextStep
+    }
+    if (consent !== undefined) outgoing['x-data-consent'] = consent
+
+    stats.forwarded++
+    own.t_out = now()
+    let answer
+    try {
+      answer = await forward({ body: serialized, headers: outgoing })
+    } catch (err) {
+      return nextHopFailed(request, reply, `next hop failed: ${err.message}`)
+    }
+    own.t_back = now()
+
+    const parsed = parseJson(answer.body)
+    if (answer.status === 200) {
+      if (isPlainObject(parsed) && Array.isArray(parsed.path) && parsed.path.length > 0 && parsed.path.every(isPathEntry)) {
+        request[kOutcome] = 'answered'
+        return { request_id: requestId, path: [own, ...parsed.path] }
+      }
+      return nextHopFailed(request, reply, 'next hop answered 200 without a valid path')
+    }
+    if (answer.status >= 400 && answer.status <= 599) {
+      const relayed = relayableError(parsed, answer.status, requestId)
+      if (relayed) {
+        request[kOutcome] = 'downstream_denied'
+        request.log.info({ status: answer.status, code: relayed.code }, 'relaying the next hop\'s answer')
+        reply.code(answer.status)
+        return relayed
+      }
+      return nextHopFailed(request, reply, `next hop answered ${answer.status} without a JSON error body`)
+    }
+    return nextHopFailed(request, reply, `next hop answered unexpected status ${answer.status}`)
+  })
+}
+
+// Apply to the instance it is registered on (no encapsulation), as
+// fastify-plugin would: the error and not-found handlers then cover every route.
+app[Symbol.for('skip-override')] = true
+app[Symbol.for('fastify.display-name')] = 'complyroute-service'
+
+// ---------------------------------------------------------------- buildApp
+
+/**
+ * Create the Fastify instance of one service instance.
+ * @param {object} config the result of parseConfig
+ * @param {object} [deps] injected dependencies; the missing ones are created
+ *   from the configuration and closed when the instance closes
+ * @param {Function} [deps.forward] ({body, headers}) => Promise<{status, body}>
+ * @param {{write: Function, close?: Function}} [deps.audit]
+ * @param {() => number} [deps.now] clock (ms since the epoch)
+ * @param {() => string} [deps.genId] request id generator (default randomUUID)
+ * @param {boolean|object} [deps.logger] Fastify's logger option (default {level: config.logLevel})
+ * @returns {import('fastify').FastifyInstance}
+ */
+export function buildApp (config, deps = {}) {
+  const genId = deps.genId ?? randomUUID
+  const fastify = Fastify({
+    logger: deps.logger ?? { level: config.logLevel },
+    bodyLimit: BODY_LIMIT,
+    requestIdHeader: false,
+    logController: new LogController({ requestIdLogLabel: 'request_id' }),
+    genReqId (req) {
+      const id = req.headers['x-request-id']
+      return isValidRequestId(id) ? id : genId()
+    },
+    // Requests on a connection that is still open while closing are served
+    // (the connection is closed after the answer), not refused with a 503.
+    return503OnClosing: false,
+    clientErrorHandler,
+    frameworkErrors (err, request, reply) {
+      reply.code(400).send({ code: 'BAD_REQUEST', message: err.message, request_id: request.id })
+    }
+  })
+
+  const owned = []
+  let audit = deps.audit
+  if (!audit) {
+    audit = createAuditLog(config.auditLog)
+    owned.push(audit)
+  }
+  let forward = deps.forward
+  if (!forward && config.nextStep) {
+    const forwarder = createForwarder({ egressUrl: config.egressUrl, timeoutMs: config.egressTimeoutMs })
+    forward = forwarder.forward
+    owned.push(forwarder)
+  }
+
+  fastify.register(app, { config, audit, forward, now: deps.now })
+  // Runs after the server has stopped and every in-flight request has been answered.
+  fastify.addHook('onClose', async () => {
+    await Promise.all(owned.map((resource) => resource.close()))
+  })
+  return fastify
+}

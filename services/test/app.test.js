@@ -1,0 +1,497 @@
+// The app through app.inject only: no port is opened, the forwarder and the
+// audit log are fakes. Each allowed case has its refused twin next to it.
+import { test } from 'node:test'
+import assert from 'node:assert/strict'
+import { buildApp, clientErrorHandler, doWork } from '../app.js'
+import { parseConfig } from '../config.js'
+
+const LAST = parseConfig({ INSTANCE_ID: 'store-eu', STEP: 'store', REGION: 'EU', NODE: 'node-3', WORK_ITERATIONS: '3', LOG_LEVEL: 'silent' })
+const MIDDLE = parseConfig({
+  INSTANCE_ID: 'analyse-eu',
+  STEP: 'analyse',
+  REGION: 'EU',
+  NODE: 'node-2',
+  NEXT_STEP: 'store',
+  EGRESS_URL: 'http://127.0.0.1:12002',
+  WORK_ITERATIONS: '3',
+  LOG_LEVEL: 'silent'
+})
+
+const LABELS = Object.freeze({ 'x-data-region': 'EU', 'x-data-category': 'personal', 'x-data-consent': 'billing,care' })
+const RECORD = Object.freeze({ subject: 'alice', amount: 12 })
+const DOWNSTREAM_PATH = Object.freeze([
+  { instance: 'store-eu', step: 'store', region: 'EU', node: 'node-3', t_in: 1000.5, t_out: 1001.25 }
+])
+
+function ok (path = DOWNSTREAM_PATH) {
+  return { status: 200, body: JSON.stringify({ request_id: 'ignored', path }) }
+}
+
+/** A counting fake clock: every reading is one millisecond later. */
+function fakeClock (start = 1_700_000_000_000) {
+  let t = start
+  return () => ++t
+}
+
+function setup (t, config, { answer = ok(), now, genId, audit } = {}) {
+  const lines = []
+  const calls = []
+  const fakeAudit = audit ?? { async write (entry) { lines.push(entry) } }
+  const forward = async (request) => {
+    calls.push(request)
+    return typeof answer === 'function' ? answer(request) : answer
+  }
+  let ids = 0
+  const app = buildApp(config, {
+    audit: fakeAudit,
+    forward: config.nextStep ? forward : undefined,
+    now,
+    genId: genId ?? (() => `generated-${++ids}`),
+    logger: false
+  })
+  t.after(() => app.close())
+  return { app, lines, calls }
+}
+
+function post (app, { headers = LABELS, body = RECORD, payload, url = '/process' } = {}) {
+  return app.inject({
+    method: 'POST',
+    url,
+    headers: { 'content-type': 'application/json', ...headers },
+    payload: payload ?? JSON.stringify(body)
+  })
+}
+
+function without (object, ...keys) {
+  const copy = { ...object }
+  for (const key of keys) delete copy[key]
+  return copy
+}
+
+async function stats (app) {
+  return (await app.inject({ method: 'GET', url: '/stats' })).json()
+}
+
+// ---------------------------------------------------------------- last step
+
+test('last step: answers 200 with its own path entry (t_in <= t_out)', async (t) => {
+  const { app, lines } = setup(t, LAST)
+  const before = performance.timeOrigin + performance.now()
+  const res = await post(app, { headers: { ...LABELS, 'x-request-id': 'r-1' } })
+  const after = performance.timeOrigin + performance.now()
+  assert.equal(res.statusCode, 200)
+  assert.match(res.headers['content-type'], /^application\/json/)
+  assert.equal(res.headers['x-request-id'], 'r-1')
+  const body = res.json()
+  assert.equal(body.request_id, 'r-1')
+  assert.equal(body.path.length, 1)
+  const [entry] = body.path
+  assert.deepEqual(Object.keys(entry).sort(), ['instance', 'node', 'region', 'step', 't_in', 't_out'])
+  assert.equal(entry.instance, 'store-eu')
+  assert.equal(entry.step, 'store')
+  assert.equal(entry.region, 'EU')
+  assert.equal(entry.node, 'node-3')
+  assert.ok(before <= entry.t_in && entry.t_in <= entry.t_out && entry.t_out <= after, JSON.stringify(entry))
+  assert.equal(lines.length, 1)
+})
+
+test('last step refused twin: a missing label answers 400 LABEL_MISSING, nothing audited', async (t) => {
+  const { app, lines } = setup(t, LAST)
+  const res = await post(app, { headers: without(LABELS, 'x-data-category') })
+  assert.equal(res.statusCode, 400)
+  const body = res.json()
+  assert.equal(body.code, 'LABEL_MISSING')
+  assert.match(body.message, /x-data-category/)
+  assert.equal(body.request_id, 'generated-1')
+  assert.deepEqual(body.reasons, [{ code: 'LABEL_MISSING', message: 'header x-data-category is missing or empty' }])
+  assert.equal(lines.length, 0)
+})
+
+// ---------------------------------------------------------------- middle step
+
+test('middle step: forwards exactly the specified headers and body, prepends its entry', async (t) => {
+  const { app, calls } = setup(t, MIDDLE, { now: fakeClock() })
+  const res = await post(app, {
+    headers: {
+      ...LABELS,
+      'x-request-id': 'r-2',
+      'x-complyroute-destination': 'store-us', // a client's choice is never forwarded
+      'x-complyroute-step': 'elsewhere',
+      cookie: 'a=b'
+    }
+  })
+  assert.equal(res.statusCode, 200)
+  assert.equal(calls.length, 1)
+  assert.deepEqual(calls[0].headers, {
+    'content-type': 'application/json',
+    'x-data-region': 'EU',
+    'x-data-category': 'personal',
+    'x-data-consent': 'billing,care',
+    'x-request-id': 'r-2',
+    'x-complyroute-step': 'store'
+  })
+  assert.deepEqual(JSON.parse(calls[0].body), RECORD)
+
+  const body = res.json()
+  assert.equal(body.request_id, 'r-2')
+  assert.equal(body.path.length, 2)
+  const [own, next] = body.path
+  assert.equal(own.instance, 'analyse-eu')
+  assert.equal(own.step, 'analyse')
+  assert.equal(own.region, 'EU')
+  assert.equal(own.node, 'node-2')
+  assert.ok(own.t_in < own.t_out && own.t_out < own.t_back, JSON.stringify(own))
+  assert.deepEqual(next, DOWNSTREAM_PATH[0])
+})
+
+test('middle step: no x-data-consent in, none out; unknown path-entry fields are dropped', async (t) => {
+  const extra = [{ ...DOWNSTREAM_PATH[0], secret: 'x' }]
+  const { app, calls } = setup(t, MIDDLE, { answer: ok(extra) })
+  const res = await post(app, { headers: without(LABELS, 'x-data-consent') })
+  assert.equal(res.statusCode, 200)
+  assert.equal('x-data-consent' in calls[0].headers, false)
+  assert.deepEqual(res.json().path[1], DOWNSTREAM_PATH[0])
+})
+
+test('middle step refused twin: a missing label is answered here, nothing forwarded', async (t) => {
+  const { app, calls, lines } = setup(t, MIDDLE)
+  const res = await post(app, { headers: without(LABELS, 'x-data-region', 'x-data-category') })
+  assert.equal(res.statusCode, 400)
+  assert.equal(res.json().code, 'LABEL_MISSING')
+  assert.match(res.json().message, /x-data-region, x-data-category/)
+  assert.equal(res.json().reasons.length, 2)
+  assert.equal(calls.length, 0)
+  assert.equal(lines.length, 0)
+})
+
+// ---------------------------------------------------------------- relayed answers
+
+test('a 451 denial is relayed: same status, same body, request_id kept', async (t) => {
+  const denial = {
+    code: 'CERTIFICATION_MISSING',
+    message: 'no instance of store holds health-data',
+    request_id: 'r-3',
+    reasons: [{ code: 'CERTIFICATION_MISSING', message: 'store-eu lacks health-data', instance: 'store-eu' }],
+    extra: { kept: true }
+  }
+  const { app } = setup(t, MIDDLE, { answer: { status: 451, body: JSON.stringify(denial) } })
+  const res = await post(app, { headers: { ...LABELS, 'x-request-id': 'r-3' } })
+  assert.equal(res.statusCode, 451)
+  assert.deepEqual(res.json(), denial)
+})
+
+test('a relayed denial without request_id or message gets them', async (t) => {
+  const { app } = setup(t, MIDDLE, { answer: { status: 451, body: '{"code":"CONSENT_MISSING"}' } })
+  const res = await post(app, { headers: { ...LABELS, 'x-request-id': 'r-4' } })
+  assert.equal(res.statusCode, 451)
+  assert.deepEqual(res.json(), { code: 'CONSENT_MISSING', message: 'next hop answered 451', request_id: 'r-4' })
+})
+
+test('a 503 or 400 JSON error from the enforcement point is relayed as is', async (t) => {
+  for (const [status, code] of [[503, 'DECISION_UNAVAILABLE'], [400, 'LABEL_UNKNOWN'], [502, 'NEXT_HOP_FAILED']]) {
+    const { app } = setup(t, MIDDLE, { answer: { status, body: JSON.stringify({ code, message: 'm', request_id: 'r-5' }) } })
+    const res = await post(app, { headers: { ...LABELS, 'x-request-id': 'r-5' } })
+    assert.equal(res.statusCode, status)
+    assert.deepEqual(res.json(), { code, message: 'm', request_id: 'r-5' })
+  }
+})
+
+test('relay refused twin: error answers that are not {code: string} JSON become 502 NEXT_HOP_FAILED', async (t) => {
+  const cases = [
+    [{ status: 451, body: 'denied' }, /451 without a JSON error body/],
+    [{ status: 503, body: 'upstream connect error or disconnect/reset before headers' }, /503 without a JSON error body/],
+    [{ status: 451, body: '{"message":"no code"}' }, /451 without a JSON error body/],
+    [{ status: 451, body: '{"code":7}' }, /451 without a JSON error body/],
+    [{ status: 451, body: '{"code":"X","reasons":"not a list"}' }, /451 without a JSON error body/],
+    [{ status: 404, body: '' }, /404 without a JSON error body/],
+    [{ status: 302, body: '{"code":"MOVED"}' }, /unexpected status 302/]
+  ]
+  for (const [answer, message] of cases) {
+    const { app } = setup(t, MIDDLE, { answer })
+    const res = await post(app, { headers: { ...LABELS, 'x-request-id': 'r-6' } })
+    assert.equal(res.statusCode, 502, answer.body)
+    const body = res.json()
+    assert.equal(body.code, 'NEXT_HOP_FAILED')
+    assert.match(body.message, message)
+    assert.equal(body.request_id, 'r-6')
+  }
+})
+
+test('200 answers without a valid path become 502 NEXT_HOP_FAILED', async (t) => {
+  for (const body of ['not json', '{}', '{"path":[]}', '{"path":[{"instance":"x"}]}', '[1]']) {
+    const { app } = setup(t, MIDDLE, { answer: { status: 200, body } })
+    const res = await post(app)
+    assert.equal(res.statusCode, 502, body)
+    assert.deepEqual(without(res.json(), 'request_id'), { code: 'NEXT_HOP_FAILED', message: 'next hop answered 200 without a valid path' })
+  }
+})
+
+test('a forwarder error (unreachable, time-out) answers 502 NEXT_HOP_FAILED naming it', async (t) => {
+  const { app } = setup(t, MIDDLE, { answer: () => { throw new Error('connect ECONNREFUSED 127.0.0.1:12002') } })
+  const res = await post(app, { headers: { ...LABELS, 'x-request-id': 'r-7' } })
+  assert.equal(res.statusCode, 502)
+  assert.deepEqual(res.json(), {
+    code: 'NEXT_HOP_FAILED',
+    message: 'next hop failed: connect ECONNREFUSED 127.0.0.1:12002',
+    request_id: 'r-7'
+  })
+})
+
+// ---------------------------------------------------------------- bad input
+
+test('bad bodies answer 400 BODY_INVALID; the valid body twin passes', async (t) => {
+  const { app, lines } = setup(t, LAST)
+  const cases = [
+    ['[1,2]', 'body must be a JSON object'],
+    ['"text"', 'body must be a JSON object'],
+    ['null', 'body must be a JSON object'],
+    ['42', 'body must be a JSON object'],
+    ['{"subject": ', 'body is not valid JSON'],
+    ['{"__proto__": {"polluted": true}}', 'body is not valid JSON'],
+    ['', 'body is empty: expected a JSON object']
+  ]
+  for (const [payload, message] of cases) {
+    const res = await post(app, { payload })
+    assert.equal(res.statusCode, 400, payload)
+    const body = res.json()
+    assert.equal(body.code, 'BODY_INVALID', payload)
+    assert.equal(body.message, message, payload)
+    assert.deepEqual(body.reasons, [{ code: 'BODY_INVALID', message }])
+  }
+  assert.equal(lines.length, 0)
+  assert.equal((await post(app, { payload: '{}' })).statusCode, 200)
+  assert.equal(lines.length, 1)
+})
+
+test('a missing body answers 400 BODY_INVALID', async (t) => {
+  const { app } = setup(t, LAST)
+  const res = await app.inject({ method: 'POST', url: '/process', headers: LABELS })
+  assert.equal(res.statusCode, 400)
+  assert.equal(res.json().code, 'BODY_INVALID')
+})
+
+test('wrong content types answer 415, too large bodies 413, both as JSON', async (t) => {
+  const { app, lines } = setup(t, LAST)
+  for (const type of ['text/plain', 'application/x-www-form-urlencoded', 'application/xml']) {
+    const res = await post(app, { headers: { ...LABELS, 'content-type': type } })
+    assert.equal(res.statusCode, 415, type)
+    assert.deepEqual(without(res.json(), 'request_id'), { code: 'CONTENT_TYPE_UNSUPPORTED', message: 'content-type must be application/json' })
+  }
+  const big = await post(app, { body: { blob: 'x'.repeat(1024 * 1024) } })
+  assert.equal(big.statusCode, 413)
+  assert.equal(big.json().code, 'BODY_TOO_LARGE')
+  assert.equal(lines.length, 0)
+  const charset = await post(app, { headers: { ...LABELS, 'content-type': 'application/json; charset=utf-8' } })
+  assert.equal(charset.statusCode, 200)
+})
+
+test('empty label values count as missing; an empty consent is carried', async (t) => {
+  const { app, calls } = setup(t, MIDDLE)
+  const refused = await post(app, { headers: { ...LABELS, 'x-data-region': '' } })
+  assert.equal(refused.statusCode, 400)
+  assert.equal(refused.json().code, 'LABEL_MISSING')
+  const allowed = await post(app, { headers: { ...LABELS, 'x-data-consent': '' } })
+  assert.equal(allowed.statusCode, 200)
+  assert.equal(calls[0].headers['x-data-consent'], '')
+})
+
+// ---------------------------------------------------------------- routes
+
+test('unknown routes and methods answer 404 JSON NOT_FOUND', async (t) => {
+  const { app } = setup(t, LAST)
+  for (const [method, url] of [['GET', '/nope'], ['GET', '/process'], ['DELETE', '/health'], ['POST', '/process/x']]) {
+    const res = await app.inject({ method, url })
+    assert.equal(res.statusCode, 404, `${method} ${url}`)
+    assert.match(res.headers['content-type'], /^application\/json/)
+    assert.deepEqual(without(res.json(), 'request_id'), { code: 'NOT_FOUND', message: `no route ${method} ${url}` })
+    assert.match(res.json().request_id, /^generated-\d+$/)
+  }
+})
+
+test('GET /health answers 200 {status, instance, step}', async (t) => {
+  const { app } = setup(t, MIDDLE)
+  const res = await app.inject({ method: 'GET', url: '/health' })
+  assert.equal(res.statusCode, 200)
+  assert.deepEqual(res.json(), { status: 'ok', instance: 'analyse-eu', step: 'analyse' })
+})
+
+// ---------------------------------------------------------------- audit
+
+test('an accepted record writes one audit line', async (t) => {
+  const { app, lines } = setup(t, MIDDLE, { now: fakeClock(5000) })
+  const res = await post(app, { headers: { ...LABELS, 'x-request-id': 'r-8' } })
+  assert.equal(res.statusCode, 200)
+  assert.deepEqual(lines, [{
+    ts: res.json().path[0].t_in,
+    instance: 'analyse-eu',
+    step: 'analyse',
+    request_id: 'r-8',
+    region: 'EU',
+    category: 'personal',
+    consent: 'billing,care'
+  }])
+  await post(app, { headers: without(LABELS, 'x-data-consent') })
+  assert.equal(lines[1].consent, null)
+})
+
+test('an accepted record is audited even when the next hop then denies it', async (t) => {
+  const { app, lines } = setup(t, MIDDLE, { answer: { status: 451, body: '{"code":"DENIED","message":"no"}' } })
+  assert.equal((await post(app)).statusCode, 451)
+  assert.equal(lines.length, 1)
+})
+
+test('a rejected record writes no audit line', async (t) => {
+  const { app, lines } = setup(t, LAST)
+  await post(app, { headers: without(LABELS, 'x-data-region') })
+  await post(app, { payload: '[]' })
+  await post(app, { payload: '{' })
+  await post(app, { headers: { ...LABELS, 'content-type': 'text/plain' } })
+  await post(app, { headers: { ...LABELS, 'x-request-id': 'has space' } })
+  assert.equal(lines.length, 0)
+})
+
+test('an audit write failure answers 500 AUDIT_FAILED and forwards nothing', async (t) => {
+  const audit = { async write () { throw new Error('ENOSPC') } }
+  const { app, calls } = setup(t, MIDDLE, { audit })
+  const res = await post(app, { headers: { ...LABELS, 'x-request-id': 'r-9' } })
+  assert.equal(res.statusCode, 500)
+  assert.deepEqual(res.json(), { code: 'AUDIT_FAILED', message: 'the audit log could not be written', request_id: 'r-9' })
+  assert.equal(calls.length, 0)
+  const counters = await stats(app)
+  assert.equal(counters.internal_errors, 1)
+  assert.equal(counters.forwarded, 0)
+})
+
+// ---------------------------------------------------------------- request ids
+
+test('a request id is generated when absent or empty and kept when present', async (t) => {
+  const { app, calls, lines } = setup(t, MIDDLE, { genId: () => 'uuid-1' })
+  const generated = await post(app)
+  assert.equal(generated.json().request_id, 'uuid-1')
+  assert.equal(generated.headers['x-request-id'], 'uuid-1')
+  assert.equal(calls[0].headers['x-request-id'], 'uuid-1')
+  assert.equal(lines[0].request_id, 'uuid-1')
+
+  const empty = await post(app, { headers: { ...LABELS, 'x-request-id': '' } })
+  assert.equal(empty.json().request_id, 'uuid-1')
+
+  const kept = await post(app, { headers: { ...LABELS, 'x-request-id': '4f1c-abc' } })
+  assert.equal(kept.json().request_id, '4f1c-abc')
+  assert.equal(calls[2].headers['x-request-id'], '4f1c-abc')
+})
+
+test('the default request id is a UUID', async (t) => {
+  const app = buildApp(LAST, { audit: { async write () {} }, logger: false })
+  t.after(() => app.close())
+  const res = await post(app)
+  assert.match(res.json().request_id, /^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/)
+})
+
+test('request id refused twin: an invalid x-request-id answers 400 REQUEST_ID_INVALID with a generated id', async (t) => {
+  const { app, calls } = setup(t, MIDDLE, { genId: () => 'uuid-2' })
+  for (const id of ['has space', 'x'.repeat(201), 'é']) {
+    const res = await post(app, { headers: { ...LABELS, 'x-request-id': id } })
+    assert.equal(res.statusCode, 400)
+    assert.equal(res.json().code, 'REQUEST_ID_INVALID')
+    assert.equal(res.json().request_id, 'uuid-2')
+  }
+  assert.equal(calls.length, 0)
+})
+
+// ---------------------------------------------------------------- stats
+
+test('stats: every /process request is counted once by its outcome', async (t) => {
+  let next = 'ok'
+  const answer = () => {
+    if (next === 'ok') return ok()
+    if (next === 'deny') return { status: 451, body: '{"code":"DENIED","message":"no"}' }
+    throw new Error('unreachable')
+  }
+  const { app } = setup(t, MIDDLE, { answer })
+  assert.deepEqual(await stats(app), { received: 0, answered: 0, forwarded: 0, downstream_denied: 0, downstream_failed: 0, rejected: 0, internal_errors: 0 })
+
+  await post(app) // answered
+  await post(app) // answered
+  next = 'deny'
+  await post(app) // downstream_denied
+  next = 'fail'
+  await post(app) // downstream_failed
+  await post(app, { headers: without(LABELS, 'x-data-region') }) // rejected
+  await post(app, { payload: 'nope' }) // rejected
+  await post(app, { headers: { ...LABELS, 'content-type': 'text/plain' } }) // rejected
+  await app.inject({ method: 'GET', url: '/nope' }) // not a record: not counted
+
+  const counters = await stats(app)
+  assert.deepEqual(counters, { received: 7, answered: 2, forwarded: 4, downstream_denied: 1, downstream_failed: 1, rejected: 3, internal_errors: 0 })
+  assert.equal(counters.received, counters.answered + counters.downstream_denied + counters.downstream_failed + counters.rejected + counters.internal_errors)
+})
+
+test('stats at the last step: nothing forwarded', async (t) => {
+  const { app } = setup(t, LAST)
+  await post(app)
+  await post(app, { payload: '[]' })
+  const counters = await stats(app)
+  assert.equal(counters.received, 2)
+  assert.equal(counters.answered, 1)
+  assert.equal(counters.rejected, 1)
+  assert.equal(counters.forwarded, 0)
+})
+
+// ---------------------------------------------------------------- wiring
+
+test('buildApp creates the forwarder it is not given; the bare plugin refuses a middle step without one, and no audit log', async (t) => {
+  const noForward = buildApp(MIDDLE, { audit: { async write () {} }, forward: undefined, logger: false })
+  // buildApp creates the real forwarder when none is injected: that is accepted
+  await noForward.ready()
+  await noForward.close()
+
+  const Fastify = (await import('fastify')).default
+  const { app } = await import('../app.js')
+  const bare = Fastify({ logger: false })
+  bare.register(app, { config: MIDDLE, audit: { async write () {} } })
+  await assert.rejects(bare.ready(), /opts.forward is required/)
+  const noAudit = Fastify({ logger: false })
+  noAudit.register(app, { config: LAST })
+  await assert.rejects(noAudit.ready(), /opts.audit/)
+})
+
+test('doWork: the digest depends on the body and the number of rounds', () => {
+  assert.equal(doWork('{}', 0), '')
+  assert.equal(doWork('{}', 2), doWork('{}', 2))
+  assert.notEqual(doWork('{}', 2), doWork('{}', 3))
+  assert.notEqual(doWork('{"a":1}', 2), doWork('{}', 2))
+  assert.match(doWork('{}', 1), /^[0-9a-f]{64}$/)
+})
+
+test('malformed HTTP is answered in the {code, message} shape', () => {
+  const written = []
+  const socket = { destroyed: false, writable: true, write: (s) => written.push(s), destroy: () => { socket.destroyed = true } }
+  clientErrorHandler.call(undefined, Object.assign(new Error('Parse Error'), { code: 'HPE_INVALID_METHOD' }), socket)
+  assert.equal(written.length, 1)
+  assert.match(written[0], /^HTTP\/1\.1 400 Bad Request\r\n/)
+  assert.deepEqual(JSON.parse(written[0].split('\r\n\r\n')[1]), { code: 'BAD_REQUEST', message: 'malformed HTTP request' })
+  assert.equal(socket.destroyed, true)
+
+  const reset = { destroyed: false, writable: true, write: () => assert.fail('nothing written on a reset'), destroy () {} }
+  clientErrorHandler.call(undefined, Object.assign(new Error('reset'), { code: 'ECONNRESET' }), reset)
+})
+
+test('buildApp opens the configured audit log itself and flushes it on close', async (t) => {
+  const { mkdtempSync, readFileSync, rmSync } = await import('node:fs')
+  const { tmpdir } = await import('node:os')
+  const { join } = await import('node:path')
+  const dir = mkdtempSync(join(tmpdir(), 'complyroute-app-'))
+  t.after(() => rmSync(dir, { recursive: true, force: true }))
+  const file = join(dir, 'audit', 'store-eu.jsonl')
+  const config = parseConfig({ INSTANCE_ID: 'store-eu', STEP: 'store', REGION: 'EU', NODE: 'node-3', AUDIT_LOG: file, LOG_LEVEL: 'silent' })
+  const app = buildApp(config, { logger: false })
+  const accepted = await post(app, { headers: { ...LABELS, 'x-request-id': 'r-10' } })
+  const refused = await post(app, { headers: without(LABELS, 'x-data-region'), body: RECORD })
+  assert.equal(accepted.statusCode, 200)
+  assert.equal(refused.statusCode, 400)
+  await app.close()
+  const lines = readFileSync(file, 'utf8').trim().split('\n').map((line) => JSON.parse(line))
+  assert.equal(lines.length, 1)
+  assert.equal(lines[0].request_id, 'r-10')
+  assert.equal(lines[0].instance, 'store-eu')
+})
