@@ -1,0 +1,312 @@
+# METADATA
+# title: complyroute compliance
+# description: |
+#   Decides, for one hop of a request, which instance of the next step may
+#   receive a record. Contract: docs/architecture.md (section "Policy").
+#
+#   Two kinds of rules feed the decision:
+#   - record_violations: the input itself is unusable (labels missing, unknown
+#     or contradictory, record malformed, sender or step unknown). Any of them
+#     denies the hop with status 400, whatever else holds.
+#   - exclusions: one candidate instance of the step may not receive this
+#     record. The hop is denied with status 451 only when every candidate is
+#     excluded.
+#
+#   Every rule of either kind reads its code and message from its own METADATA
+#   (custom.code, custom.message) through rego.metadata.rule().
+package complyroute.compliance
+
+# METADATA
+# title: Routing decision
+# description: |
+#   The one entrypoint, data.complyroute.compliance.decision.
+#
+#   Input (direct form):
+#     labels      object of raw header values: region, category, consent
+#                 (consent comma-separated; a missing key or an empty string
+#                 is a missing label)
+#     record      the parsed body, must be a JSON object (absent when the
+#                 body was not JSON)
+#     sender      id of the sending instance or gateway (catalog)
+#     step        the step the record goes to next
+#     request_id  correlation id (not used by the rules)
+#   Data: data.complyroute.reference and data.complyroute.catalog.
+#
+#   Output:
+#     allowed:  {"allowed": true, "status": 200, "destination": id, "reasons": []}
+#               destination = among the candidates nobody excluded, the
+#               smallest id in the sender's region, else the smallest id.
+#     denied:   {"allowed": false, "status": 400 | 451, "code", "message", "reasons"}
+#               status 400 when any record_violations, else 451 (every
+#               candidate excluded). reasons = [{code, message, instance?}]
+#               sorted by code, then instance, then message. code = the code
+#               all reasons share, else INPUT_INVALID (400) or
+#               NO_COMPLIANT_INSTANCE (451).
+# entrypoint: true
+decision := denial(400, "INPUT_INVALID", "input rejected", record_violations) if {
+	count(record_violations) > 0
+} else := {"allowed": true, "status": 200, "destination": destination, "reasons": []} if {
+	destination
+} else := denial(451, "NO_COMPLIANT_INSTANCE", no_instance_summary, exclusions)
+
+# --- data ---------------------------------------------------------------------
+
+reference := data.complyroute.reference
+
+default catalog := {}
+
+catalog := data.complyroute.catalog
+
+instances := object.get(catalog, "instances", {})
+
+# Everything that may send: gateways and instances (an instance wins a clash).
+senders := object.union(object.get(catalog, "gateways", {}), instances)
+
+sender_region := senders[input.sender].region
+
+# Candidates: the instances of the requested step, by id.
+candidates[id] := instance if {
+	some id, instance in instances
+	instance.step == input.step
+}
+
+# Regions an instance may be in to receive personal data of GDPR subjects.
+protected_regions := {code | some code, info in reference.regions; info.gdpr == true} | {code |
+	some code in reference.adequacy
+}
+
+# --- labels -------------------------------------------------------------------
+
+single_valued_labels := {"region", "category"}
+
+# label_values[name]: the set of non-empty, trimmed comma-separated values.
+label_values[name] := values if {
+	some name in {"region", "category", "consent"}
+	raw := input.labels[name]
+	is_string(raw)
+	values := {value | some part in split(raw, ","); value := trim_space(part); value != ""}
+}
+
+# label[name]: the value of a single-valued label that has exactly one value.
+label[name] := value if {
+	some name in single_valued_labels
+	values := label_values[name]
+	count(values) == 1
+	some value in values
+}
+
+category := reference.categories[label.category]
+
+region := reference.regions[label.region]
+
+personal if category.personal == true
+
+consent := object.get(label_values, "consent", set())
+
+required_labels contains name if some name in single_valued_labels
+
+required_labels contains "consent" if personal
+
+known_values := {
+	"region": object.keys(reference.regions),
+	"category": object.keys(reference.categories),
+	"consent": object.keys(reference.purposes),
+}
+
+# Why a label is required (appended to LABEL_MISSING messages).
+required_because[name] := "" if some name in single_valued_labels
+
+required_because["consent"] := sprintf(" for category %q", [label.category])
+
+# Note: `not f(input.x)` is undefined (not true) when input.x is absent, as OPA
+# evaluates the argument outside the negation; hence these helper rules.
+record_is_object if is_object(input.record)
+
+sender_known if senders[input.sender]
+
+default record_type := "nothing (body absent or not valid JSON)"
+
+record_type := type_name(input.record)
+
+# --- record-level violations (status 400) ------------------------------------
+
+# METADATA
+# title: Label missing
+# description: region and category are always required; consent too for personal categories.
+# custom:
+#   code: LABEL_MISSING
+#   message: a required label is missing or empty
+record_violations contains violation(rego.metadata.rule(), detail) if {
+	some name in required_labels
+	count(object.get(label_values, name, set())) == 0
+	detail := sprintf("label %q (header x-data-%s) is required%s", [name, name, required_because[name]])
+}
+
+# METADATA
+# title: Label unknown
+# description: every label value must be known to data.complyroute.reference (case-sensitive).
+# custom:
+#   code: LABEL_UNKNOWN
+#   message: a label value is not in the reference data
+record_violations contains violation(rego.metadata.rule(), detail) if {
+	some name, values in label_values
+	some value in values
+	not value in known_values[name]
+	detail := sprintf("%s %q is unknown (known: %s)", [name, value, concat(", ", sort(known_values[name]))])
+}
+
+# METADATA
+# title: Labels contradictory
+# description: |
+#   region and category carry one value. Envoy joins repeated headers with
+#   commas, so "EU,US" means the record was labelled twice, differently.
+# custom:
+#   code: LABELS_CONTRADICTORY
+#   message: a single-valued label has several values
+record_violations contains violation(rego.metadata.rule(), detail) if {
+	some name in single_valued_labels
+	count(label_values[name]) > 1
+	detail := sprintf("%s has the values %s; send exactly one", [name, concat(", ", sort(label_values[name]))])
+}
+
+# METADATA
+# title: Record malformed
+# description: the record (the request body) must be a JSON object.
+# custom:
+#   code: RECORD_MALFORMED
+#   message: the record must be a JSON object
+record_violations contains violation(rego.metadata.rule(), detail) if {
+	not record_is_object
+	detail := sprintf("got %s", [record_type])
+}
+
+# METADATA
+# title: Sender unknown
+# description: the sender must be an instance or a gateway of the catalog.
+# custom:
+#   code: SENDER_UNKNOWN
+#   message: the sender is not in this enforcement point's catalog
+record_violations contains violation(rego.metadata.rule(), detail) if {
+	not sender_known
+	detail := sprintf("sender %s is neither an instance nor a gateway", [shown("sender")])
+}
+
+# METADATA
+# title: Step unknown
+# description: the catalog must hold at least one instance of the requested step.
+# custom:
+#   code: STEP_UNKNOWN
+#   message: no instance of the requested step is in this enforcement point's catalog
+record_violations contains violation(rego.metadata.rule(), detail) if {
+	count(candidates) == 0
+	known := concat(", ", sort({instance.step | some instance in instances}))
+	detail := sprintf("step %s (steps here: %s)", [shown("step"), known])
+}
+
+# --- exclusions (status 451 when every candidate is excluded) -----------------
+
+# METADATA
+# title: Residency
+# description: |
+#   Personal data of subjects protected by GDPR (regions with gdpr: true) may
+#   go only to instances in a GDPR region or in a region on the adequacy list.
+# custom:
+#   code: RESIDENCY_VIOLATION
+#   message: personal data of GDPR-protected subjects may go only to GDPR or adequate regions
+exclusions contains exclusion(rego.metadata.rule(), id, detail) if {
+	personal
+	region.gdpr == true
+	some id, instance in candidates
+	where := object.get(instance, "region", "no region")
+	not where in protected_regions
+	detail := sprintf("%s is in %v; subject region %s, category %s", [id, where, label.region, label.category])
+}
+
+# METADATA
+# title: Certification
+# description: a category with requires_certification goes only to instances holding that certification.
+# custom:
+#   code: CERTIFICATION_MISSING
+#   message: the instance lacks the certification the category requires
+exclusions contains exclusion(rego.metadata.rule(), id, detail) if {
+	required := category.requires_certification
+	some id, instance in candidates
+	held := as_set(object.get(instance, "certifications", []))
+	not required in held
+	detail := sprintf("%s holds %s; category %s requires %q", [id, listed(held), label.category, required])
+}
+
+# METADATA
+# title: Purpose limitation
+# description: |
+#   For personal categories, an instance may receive the record only if the
+#   subject consented to every purpose the instance processes for.
+# custom:
+#   code: PURPOSE_NOT_CONSENTED
+#   message: the instance processes for purposes the subject did not consent to
+exclusions contains exclusion(rego.metadata.rule(), id, detail) if {
+	personal
+	some id, instance in candidates
+	purposes := as_set(object.get(instance, "purposes", []))
+	not_consented := purposes - consent
+	count(not_consented) > 0
+	detail := sprintf("%s processes for %s; consent is %s", [id, listed(not_consented), listed(consent)])
+}
+
+# --- destination --------------------------------------------------------------
+
+excluded_ids contains reason.instance if some reason in exclusions
+
+allowed_ids := object.keys(candidates) - excluded_ids
+
+preferred_ids contains id if {
+	some id in allowed_ids
+	candidates[id].region == sender_region
+}
+
+destination := min(preferred_ids) if {
+	count(preferred_ids) > 0
+} else := min(allowed_ids) if {
+	count(allowed_ids) > 0
+}
+
+no_instance_summary := sprintf("no instance of step %s may receive this record", [shown("step")])
+
+# --- helpers ------------------------------------------------------------------
+
+violation(metadata, detail) := {
+	"code": metadata.custom.code,
+	"message": sprintf("%s: %s", [metadata.custom.message, detail]),
+}
+
+exclusion(metadata, id, detail) := object.union(violation(metadata, detail), {"instance": id})
+
+denial(status, fallback_code, summary, reasons) := {
+	"allowed": false,
+	"status": status,
+	"code": shared_code(reasons, fallback_code),
+	"message": sprintf("%s: %s", [summary, concat("; ", [reason.message | some reason in ordered])]),
+	"reasons": ordered,
+} if {
+	ordered := sort(reasons)
+}
+
+shared_code(reasons, fallback_code) := code if {
+	codes := {reason.code | some reason in reasons}
+	count(codes) == 1
+	some code in codes
+} else := fallback_code
+
+# as_set accepts a list or a comma-separated string (catalog values).
+as_set(value) := {item | some part in split(value, ","); item := trim_space(part); item != ""} if {
+	is_string(value)
+} else := {item | some item in value}
+
+listed(values) := "none" if {
+	count(values) == 0
+} else := concat(",", sort(values))
+
+# shown(key): an input field as JSON, for messages ("nothing" when absent).
+shown(key) := json.marshal(input[key]) if {
+	input[key]
+} else := "nothing"

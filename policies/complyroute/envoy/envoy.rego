@@ -1,0 +1,72 @@
+# METADATA
+# title: complyroute Envoy adapter
+# description: |
+#   Adapts the opa-envoy-plugin ext_authz input to the direct input of
+#   data.complyroute.compliance.decision, and the decision to the plugin's
+#   result object. The plugin queries data.complyroute.envoy.response by path
+#   (its "path" setting: complyroute/envoy/response) and runs with
+#   skip-request-body-parse, so the body arrives as a raw string.
+package complyroute.envoy
+
+import data.complyroute.compliance
+
+http_request := object.get(input, ["attributes", "request", "http"], {})
+
+# Envoy hands headers over with lowercase keys; repeated headers arrive joined with commas.
+headers := object.get(http_request, "headers", {})
+
+# The route's context_extensions. opa-envoy-plugin (v3 API) builds its input with
+# the protobuf JSON names, so the key is "contextExtensions"; the snake_case key
+# (v2 API, hand-written inputs) is accepted too.
+context_extensions := object.get(
+	input,
+	["attributes", "contextExtensions"],
+	object.get(input, ["attributes", "context_extensions"], {}),
+)
+
+labels[name] := headers[concat("", ["x-data-", name])] if some name in ["region", "category", "consent"]
+
+# The step comes from the route (contextExtensions.step) when set, else from the sender's header.
+step := context_extensions.step if {
+	context_extensions.step != ""
+} else := headers["x-complyroute-step"]
+
+# Only the fields that are present: an absent field stays absent in the direct input.
+present_fields["sender"] := context_extensions.sender
+
+present_fields["step"] := step
+
+present_fields["request_id"] := headers["x-request-id"]
+
+present_fields["record"] := json.unmarshal(http_request.body) if json.is_valid(http_request.body)
+
+compliance_input := object.union({"labels": labels}, present_fields)
+
+# The compliance policy is written against the direct input; `with` evaluates
+# it once per request against the adapted input (no loop, so the caching
+# concern of with-outside-test-context does not apply).
+decision := result if {
+	# regal ignore:with-outside-test-context
+	result := compliance.decision with input as compliance_input
+}
+
+default request_id := null
+
+request_id := headers["x-request-id"]
+
+response := {
+	"allowed": true,
+	"headers": {"x-complyroute-destination": decision.destination},
+} if {
+	decision.allowed == true
+} else := {
+	"allowed": false,
+	"http_status": decision.status,
+	"headers": {"content-type": "application/json"},
+	"body": json.marshal({
+		"code": decision.code,
+		"message": decision.message,
+		"request_id": request_id,
+		"reasons": decision.reasons,
+	}),
+}

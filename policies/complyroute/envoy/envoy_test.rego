@@ -1,0 +1,227 @@
+# METADATA
+# title: complyroute Envoy adapter tests
+# description: |
+#   Table-driven like the compliance tests: each case is an allowed ext_authz
+#   request (`given`, merged into base_request) with the expected destination
+#   header; each of its `twins` adds ONE change and expects a denial, checked
+#   on the plugin result and on the decoded JSON body.
+package complyroute.envoy_test
+
+import data.complyroute.compliance_test
+import data.complyroute.envoy
+
+base_request := {"attributes": {
+	"request": {"http": {
+		"method": "POST",
+		"path": "/process",
+		"headers": {
+			":authority": "127.0.0.1:12001",
+			"content-type": "application/json",
+			"x-data-region": "EU",
+			"x-data-category": "personal",
+			"x-data-consent": "analytics,billing,care",
+			"x-request-id": "r-42",
+			"x-complyroute-step": "analyse",
+		},
+		"body": "{\"subject\": \"alice\", \"amount\": 12}",
+	}},
+	"contextExtensions": {"sender": "entry-eu"},
+}}
+
+headers_path := "attributes/request/http/headers"
+
+set_header(name, value) := {"set": {"attributes": {"request": {"http": {"headers": {name: value}}}}}}
+
+set_body(body) := {"set": {"attributes": {"request": {"http": {"body": body}}}}}
+
+set_context(name, value) := {"set": {"attributes": {"contextExtensions": {name: value}}}}
+
+# respond(change): the plugin result for the changed request, as a list (empty when undefined).
+respond(change) := [result |
+	result := envoy.response with input as compliance_test.apply(base_request, change, "set", "unset")
+		with data.complyroute.catalog as compliance_test.apply(
+			compliance_test.fixture_catalog,
+			change,
+			"catalog_set",
+			"catalog_unset",
+		)
+]
+
+allowed_failures(cases) := {name: got |
+	some name, case in cases
+	got := respond(case.given)
+	got != [{"allowed": true, "headers": {"x-complyroute-destination": case.destination}}]
+}
+
+denied_failures(cases) := {concat(" / ", [name, twin_name]): got |
+	some name, case in cases
+	some twin_name, twin in case.twins
+	got := respond(compliance_test.combine(case.given, twin.change))
+	not denied_as(got, twin)
+}
+
+denied_as([got], want) if {
+	object.keys(got) == {"allowed", "http_status", "headers", "body"}
+	got.allowed == false
+	got.http_status == want.status
+	got.headers == {"content-type": "application/json"}
+	body := json.unmarshal(got.body)
+	object.keys(body) == {"code", "message", "request_id", "reasons"}
+	body.code == want.code
+	body.request_id == object.get(want, "request_id", "r-42")
+	is_string(body.message)
+	[reason.code | some reason in body.reasons] == want.reasons
+}
+
+test_adapter_allowed if allowed_failures(adapter_cases) == {}
+
+test_adapter_denied if denied_failures(adapter_cases) == {}
+
+adapter_cases := {
+	"labels and step from the headers, sender from the route": {
+		"given": {},
+		"destination": "analyse-eu-a",
+		"twins": {
+			"health data to analyse": {
+				"change": set_header("x-data-category", "health"),
+				"status": 451,
+				"code": "NO_COMPLIANT_INSTANCE",
+				"reasons": [
+					"CERTIFICATION_MISSING",
+					"CERTIFICATION_MISSING",
+					"CERTIFICATION_MISSING",
+					"CERTIFICATION_MISSING",
+					"RESIDENCY_VIOLATION",
+				],
+			},
+			"repeated region header joined by Envoy": {
+				"change": set_header("x-data-region", "EU,US"),
+				"status": 400,
+				"code": "LABELS_CONTRADICTORY",
+				"reasons": ["LABELS_CONTRADICTORY"],
+			},
+			"body is not JSON": {
+				"change": set_body("subject=alice"),
+				"status": 400,
+				"code": "RECORD_MALFORMED",
+				"reasons": ["RECORD_MALFORMED"],
+			},
+			"body is a JSON array": {
+				"change": set_body("[1, 2]"),
+				"status": 400,
+				"code": "RECORD_MALFORMED",
+				"reasons": ["RECORD_MALFORMED"],
+			},
+			"body absent": {
+				"change": {"unset": ["attributes/request/http/body"]},
+				"status": 400,
+				"code": "RECORD_MALFORMED",
+				"reasons": ["RECORD_MALFORMED"],
+			},
+			"no sender in the route's contextExtensions": {
+				"change": {"unset": ["attributes/contextExtensions/sender"]},
+				"status": 400,
+				"code": "SENDER_UNKNOWN",
+				"reasons": ["SENDER_UNKNOWN"],
+			},
+			"headers absent": {
+				"change": {"unset": [headers_path]},
+				"status": 400,
+				"code": "INPUT_INVALID",
+				"reasons": ["LABEL_MISSING", "LABEL_MISSING", "STEP_UNKNOWN"],
+				"request_id": null,
+			},
+		},
+	},
+	"the route's step overrides the header's": {
+		"given": object.union(set_header("x-data-category", "health"), set_context("step", "store")),
+		"destination": "store-eu",
+		"twins": {
+			"without a route step the header's step applies": {
+				"change": {"unset": ["attributes/contextExtensions/step"]},
+				"status": 451,
+				"code": "NO_COMPLIANT_INSTANCE",
+				"reasons": [
+					"CERTIFICATION_MISSING",
+					"CERTIFICATION_MISSING",
+					"CERTIFICATION_MISSING",
+					"CERTIFICATION_MISSING",
+					"RESIDENCY_VIOLATION",
+				],
+			},
+			"an empty route step also falls back to the header": {
+				"change": set_context("step", ""),
+				"status": 451,
+				"code": "NO_COMPLIANT_INSTANCE",
+				"reasons": [
+					"CERTIFICATION_MISSING",
+					"CERTIFICATION_MISSING",
+					"CERTIFICATION_MISSING",
+					"CERTIFICATION_MISSING",
+					"RESIDENCY_VIOLATION",
+				],
+			},
+		},
+	},
+	"snake_case context_extensions (v2 API) are read too": {
+		"given": {
+			"unset": ["attributes/contextExtensions"],
+			"set": {"attributes": {"context_extensions": {"sender": "entry-us", "step": "backup"}}},
+		},
+		"destination": "backup-ch",
+		"twins": {"without the CH replica": {
+			"change": {"catalog_unset": ["instances/backup-ch"]},
+			"status": 451,
+			"code": "RESIDENCY_VIOLATION",
+			"reasons": ["RESIDENCY_VIOLATION"],
+		}},
+	},
+	"no request id": {
+		"given": {"unset": [concat("/", [headers_path, "x-request-id"])]},
+		"destination": "analyse-eu-a",
+		"twins": {"denied without a request id": {
+			"change": set_body("{"),
+			"status": 400,
+			"code": "RECORD_MALFORMED",
+			"reasons": ["RECORD_MALFORMED"],
+			"request_id": null,
+		}},
+	},
+	"the destination header a client sent is replaced": {
+		"given": set_header("x-complyroute-destination", "analyse-us"),
+		"destination": "analyse-eu-a",
+		"twins": {"and ignored when denied": {
+			"change": set_header("x-data-consent", "billing"),
+			"status": 451,
+			"code": "NO_COMPLIANT_INSTANCE",
+			"reasons": [
+				"PURPOSE_NOT_CONSENTED",
+				"PURPOSE_NOT_CONSENTED",
+				"PURPOSE_NOT_CONSENTED",
+				"PURPOSE_NOT_CONSENTED",
+				"RESIDENCY_VIOLATION",
+			],
+		}},
+	},
+}
+
+# The adapted direct input, checked once in full; absent headers and body stay absent.
+test_direct_input_allowed if {
+	got := envoy.compliance_input with input as base_request
+	got == {
+		"labels": {"region": "EU", "category": "personal", "consent": "analytics,billing,care"},
+		"record": {"subject": "alice", "amount": 12},
+		"sender": "entry-eu",
+		"step": "analyse",
+		"request_id": "r-42",
+	}
+}
+
+test_direct_input_denied if {
+	no_headers_no_body := {"unset": [headers_path, "attributes/request/http/body"]}
+	request := compliance_test.apply(base_request, no_headers_no_body, "set", "unset")
+	got := envoy.compliance_input with input as request
+	got == {"labels": {}, "sender": "entry-eu"}
+	response := envoy.response with input as request with data.complyroute.catalog as compliance_test.fixture_catalog
+	response.http_status == 400
+}
