@@ -82,6 +82,7 @@ policy-test: $(OPA) $(REGAL) ## Format check, strict check, Regal lint and unit 
 	$(OPA) fmt --list --fail policies
 	$(OPA) check --strict policies
 	$(REGAL) lint --format pretty policies
+	$(OPA) test --ignore examples policies
 	$(CONTROL) policy-coverage --opa $(OPA) --threshold 95 policies
 
 .PHONY: decide

@@ -80,7 +80,7 @@ def render(plan: Plan, run_dir: Path) -> list[Part]:
                 node=point.node,
                 command=[
                     str(OPA), "run", "--server", "--addr", f"{point.address}:{point.opa_http_port}",
-                    "--config-file", str(folder / "opa.yaml"), "--disable-telemetry", "--log-level", "error",
+                    "--config-file", str(folder / "opa.yaml"), "--skip-version-check", "--log-level", "error",
                     "--ignore", "*_test.rego", "--ignore", "examples", str(POLICIES), str(data_dir),
                 ],
                 env={"GOMAXPROCS": str(point.concurrency)},

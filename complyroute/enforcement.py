@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 ROUTING_HEADER = "x-complyroute-destination"
 POLICY_QUERY = "complyroute/envoy/response"
 MAX_RECORD_BYTES = 64 * 1024
+UPSTREAM_IDLE_TIMEOUT = "30s"
 
 
 @dataclass(frozen=True)
@@ -92,13 +93,15 @@ def _cluster(name: str, endpoint: Endpoint, http2: bool = False) -> dict:
             "thresholds": [{"max_connections": 100000, "max_pending_requests": 100000, "max_requests": 100000}]
         },
     }
-    if http2:
-        cluster["typed_extension_protocol_options"] = {
-            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-                "explicit_http_config": {"http2_protocol_options": {}},
-            }
+    cluster["typed_extension_protocol_options"] = {
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+            # Shorter than the services' keep-alive (Fastify: 72 s), so Envoy never reuses a
+            # connection the service is closing.
+            "common_http_protocol_options": {"idle_timeout": UPSTREAM_IDLE_TIMEOUT},
+            "explicit_http_config": {"http2_protocol_options": {}} if http2 else {"http_protocol_options": {}},
         }
+    }
     return cluster
 
 
@@ -111,14 +114,28 @@ def _json_reply(status_filter: dict, code: str, message: str) -> dict:
     }
 
 
+def _status(op: str, value: int) -> dict:
+    return {"status_code_filter": {"comparison": {"op": op, "value": {"default_value": value, "runtime_key": "complyroute_unused"}}}}
+
+
 def _status_at_least(value: int) -> dict:
-    return {"status_code_filter": {"comparison": {"op": "GE", "value": {"default_value": value, "runtime_key": "complyroute_unused"}}}}
+    return _status("GE", value)
+
+
+def _status_equal(value: int) -> dict:
+    return _status("EQ", value)
 
 
 # Envoy's own error answers become {code, message} JSON like every other error in the system.
 # Denials by the policy (400/451) carry OPA's body and are left untouched.
 LOCAL_REPLIES = {
     "mappers": [
+        # The policy's 451 reaches Envoy as 403 (ext_authz's status enum has no 451; see
+        # wire_status in policies/complyroute/envoy/envoy.rego); restore it, body untouched.
+        {
+            "filter": {"and_filter": {"filters": [{"response_flag_filter": {"flags": ["UAEX"]}}, _status_equal(403)]}},
+            "status_code": 451,
+        },
         _json_reply(
             {"and_filter": {"filters": [{"response_flag_filter": {"flags": ["UAEX"]}}, _status_at_least(500)]}},
             "DECISION_UNAVAILABLE",
@@ -130,7 +147,7 @@ LOCAL_REPLIES = {
             "the enforcement point could not deliver the record (%RESPONSE_CODE_DETAILS%)",
         ),
         _json_reply(
-            {"status_code_filter": {"comparison": {"op": "EQ", "value": {"default_value": 404, "runtime_key": "complyroute_unused"}}}},
+            _status_equal(404),
             "NO_ROUTE",
             "the enforcement point has no route for this request (%RESPONSE_CODE_DETAILS%)",
         ),

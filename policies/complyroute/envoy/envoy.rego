@@ -54,6 +54,15 @@ default request_id := null
 
 request_id := headers["x-request-id"]
 
+# Envoy carries a denial's status as envoy.type.v3.StatusCode, an enum without 451
+# (Unavailable For Legal Reasons); given 451, Envoy rejects the answer and fails closed
+# with 503. So a compliance denial travels from OPA to Envoy as 403, and the enforcement
+# point's local reply mapper (complyroute/enforcement.py) turns an ext_authz 403 back
+# into 451, leaving this body as it is.
+wire_status := 403 if decision.status == 451
+
+else := decision.status
+
 response := {
 	"allowed": true,
 	"headers": {"x-complyroute-destination": decision.destination},
@@ -61,7 +70,7 @@ response := {
 	decision.allowed == true
 } else := {
 	"allowed": false,
-	"http_status": decision.status,
+	"http_status": wire_status,
 	"headers": {"content-type": "application/json"},
 	"body": json.marshal({
 		"code": decision.code,
