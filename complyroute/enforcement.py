@@ -233,7 +233,7 @@ def envoy_config(point: EnforcementPoint, engine: dict) -> dict:
     """Envoy bootstrap for one enforcement point."""
     decision_timeout = engine.get("decision_timeout", "2s")
     hop_timeout = engine.get("hop_timeout", "60s")
-    clusters = [_cluster("opa", point.opa_grpc, http2=True)]
+    clusters = [_cluster("opa", point.opa_grpc, http2=True)] if point.deciding else []
     clusters += [_cluster(instance, endpoint) for instance, endpoint in sorted(point.destinations.items())]
     clusters += [_cluster(f"upstream-{f.name}", f.upstream) for f in point.forwarding]
     listeners = [_deciding_listener(d, decision_timeout, hop_timeout) for d in point.deciding]

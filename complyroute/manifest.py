@@ -15,7 +15,8 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 REFERENCE_DATA = REPO / "policies" / "complyroute" / "reference" / "data.json"
 
-TOPOLOGIES = ("sidecar",)
+TOPOLOGIES = ("sidecar", "central-entity", "dynamic-router", "baseline")
+ENGINES = ("envoy-opa",)
 ALIASES = {"sa": "sidecar", "ce": "central-entity", "dr3": "dynamic-router-3", "dr6": "dynamic-router-6"}
 
 # Default purposes of generated instances, cycled; the default record consents to all of them.
@@ -64,6 +65,7 @@ class Topology:
     gateway_region: str
     instances: list[Instance]
     steps: list[str]  # in chain order
+    routers_per_node: int = 1
     engine: dict = field(default_factory=dict)
 
     def instances_of(self, step: str) -> list[Instance]:
@@ -91,7 +93,8 @@ def known_regions() -> set[str]:
     return set(json.loads(REFERENCE_DATA.read_text())["regions"])
 
 
-def load(name_or_path: str, services: int | None = None) -> Topology:
+def load(name_or_path: str, services: int | list | None = None, overrides: dict | None = None) -> Topology:
+    """Load a manifest; `services` (a count or a list) and `overrides` replace its fields."""
     path = resolve(name_or_path)
     try:
         raw = yaml.safe_load(path.read_text()) or {}
@@ -99,10 +102,10 @@ def load(name_or_path: str, services: int | None = None) -> Topology:
         raise ManifestError(f"{path}: not valid YAML: {error}") from error
     if not isinstance(raw, dict):
         raise ManifestError(f"{path}: a manifest is a mapping of fields, got {type(raw).__name__}")
-    return expand(raw, path, services)
+    return expand({**raw, **(overrides or {})}, path, services)
 
 
-def expand(raw: dict, source: Path, services: int | None = None) -> Topology:
+def expand(raw: dict, source: Path, services: int | list | None = None) -> Topology:
     def fail(field_name: str, problem: str) -> ManifestError:
         return ManifestError(f"{source}: field '{field_name}': {problem}")
 
@@ -116,6 +119,14 @@ def expand(raw: dict, source: Path, services: int | None = None) -> Topology:
         raise fail("nodes.service", f"must be a whole number >= 1, got {service_node_count!r}")
     gateway = Node("gateway", "gateway", "127.0.1.1")
     service_nodes = [Node(f"node-{n}", "service", f"127.0.1.{1 + n}") for n in range(1, service_node_count + 1)]
+
+    routers_per_node = raw.get("routers_per_node", 1)
+    if isinstance(routers_per_node, bool) or not isinstance(routers_per_node, int) or routers_per_node < 1:
+        raise fail("routers_per_node", f"must be a whole number >= 1, got {routers_per_node!r}")
+
+    engine = dict(raw.get("engine") or {})
+    if engine.setdefault("kind", "envoy-opa") not in ENGINES:
+        raise fail("engine.kind", f"'{engine['kind']}' is not one of {list(ENGINES)}")
 
     regions = known_regions()
     gateway_region = raw.get("gateway_region", "EU")
@@ -180,6 +191,19 @@ def expand(raw: dict, source: Path, services: int | None = None) -> Topology:
         if entry["step"] not in steps:
             steps.append(entry["step"])
 
+    # An explicit `steps` list fixes the chain's order; otherwise it is the order of first use.
+    if "steps" in raw:
+        order = raw["steps"]
+        if not isinstance(order, list) or not order or not all(isinstance(s, str) for s in order):
+            raise fail("steps", "must be a non-empty list of step names")
+        for step in order:
+            if step not in steps:
+                raise fail("steps", f"step '{step}' has no instance: add a service with step: {step}")
+        for step in steps:
+            if step not in order:
+                raise fail("steps", f"step '{step}' of a service is not in the list {order}")
+        steps = list(order)
+
     return Topology(
         name=raw.get("name", source.stem),
         kind=kind,
@@ -189,5 +213,6 @@ def expand(raw: dict, source: Path, services: int | None = None) -> Topology:
         gateway_region=gateway_region,
         instances=instances,
         steps=steps,
-        engine=dict(raw.get("engine", {})),
+        routers_per_node=routers_per_node,
+        engine=engine,
     )

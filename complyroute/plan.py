@@ -9,7 +9,9 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass
 
-from .enforcement import EnforcementPoint, Endpoint
+from collections.abc import Callable
+
+from .enforcement import DecidingListener, EnforcementPoint, Endpoint
 from .manifest import REPO, Instance, Topology
 
 ENTRY = Endpoint("127.0.0.1", 8080)
@@ -25,7 +27,12 @@ OPA_HTTP_PORTS = 24000
 ENVOY_ADMIN_PORTS = 25000
 
 # Where each topology's placement lives.
-TOPOLOGY_FOLDERS = {"sidecar": "sidecar"}
+TOPOLOGY_FOLDERS = {
+    "sidecar": "sidecar",
+    "central-entity": "central-entity",
+    "dynamic-router": "dynamic-router",
+    "baseline": "baseline",
+}
 
 
 @dataclass(frozen=True)
@@ -71,6 +78,24 @@ def catalog(topology: Topology, instances: list[Instance], gateway: bool = False
 
 def service_endpoint(instance: Instance) -> Endpoint:
     return Endpoint(instance.node.address, SERVICE_PORTS + instance.index)
+
+
+def deciding_entry(topology: Topology, name: str, reach: Callable[[Instance], Endpoint]) -> EnforcementPoint:
+    """The enforcement point on the gateway node that decides the first hop of every record.
+
+    `reach` says where an instance of the first step receives records in this topology.
+    """
+    first = topology.steps[0]
+    entry = enforcement_point(name, topology.gateway, 0, concurrency=int(topology.engine.get("gateway_concurrency", 2)))
+    entry.deciding.append(DecidingListener("entry", ENTRY, sender=GATEWAY_SENDER, step=first))
+    entry.destinations = {i.id: reach(i) for i in topology.instances_of(first)}
+    entry.catalog = catalog(topology, topology.instances_of(first), gateway=True)
+    return entry
+
+
+def egress_endpoint(address: str, instance: Instance) -> Endpoint:
+    """Where an instance sends its record on: a listener of the point deciding its hops."""
+    return Endpoint(address, EGRESS_PORTS + instance.index)
 
 
 def place(topology: Topology) -> Plan:

@@ -8,13 +8,13 @@ leaves the instance. The entry on the gateway node decides the first hop the sam
 
 from complyroute.enforcement import DecidingListener, Endpoint, ForwardingListener
 from complyroute.plan import (
-    EGRESS_PORTS,
     ENTRY,
-    GATEWAY_SENDER,
     INGRESS_PORTS,
     Plan,
     ServiceProcess,
     catalog,
+    deciding_entry,
+    egress_endpoint,
     enforcement_point,
     service_endpoint,
 )
@@ -25,13 +25,7 @@ def ingress(instance) -> Endpoint:
 
 
 def place(topology) -> Plan:
-    first = topology.steps[0]
-    entry = enforcement_point("entry", topology.gateway, 0, concurrency=int(topology.engine.get("entry_concurrency", 2)))
-    entry.deciding.append(DecidingListener("entry", ENTRY, sender=GATEWAY_SENDER, step=first))
-    entry.destinations = {i.id: ingress(i) for i in topology.instances_of(first)}
-    entry.catalog = catalog(topology, topology.instances_of(first), gateway=True)
-    points = [entry]
-
+    points = [deciding_entry(topology, "entry", reach=ingress)]
     services = []
     for instance in topology.instances:
         sidecar = enforcement_point(f"sidecar-{instance.id}", instance.node, instance.index)
@@ -40,7 +34,7 @@ def place(topology) -> Plan:
         egress = None
         if next_step:
             candidates = topology.instances_of(next_step)
-            egress = Endpoint(instance.node.address, EGRESS_PORTS + instance.index)
+            egress = egress_endpoint(instance.node.address, instance)
             # The sidecar pins the next step: a service cannot send its record to another step.
             sidecar.deciding.append(DecidingListener("egress", egress, sender=instance.id, step=next_step))
             sidecar.destinations = {c.id: ingress(c) for c in candidates}

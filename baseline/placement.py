@@ -1,0 +1,22 @@
+"""Baseline: no enforcement at all, the reference for what enforcement costs.
+
+The gateway node runs a plain Envoy proxy as the entry (the same API-gateway hop every
+topology has), and each service calls the first instance of the next step directly. No OPA
+is started and no policy is asked: records go wherever the chain leads, whatever their
+labels. Compare its round-trip times with a topology's to see the cost of deciding.
+"""
+
+from complyroute.enforcement import ForwardingListener
+from complyroute.plan import ENTRY, Plan, ServiceProcess, enforcement_point, service_endpoint
+
+
+def place(topology) -> Plan:
+    first = topology.instances_of(topology.steps[0])[0]
+    gateway = enforcement_point("gateway", topology.gateway, 0, concurrency=int(topology.engine.get("gateway_concurrency", 2)))
+    gateway.forwarding.append(ForwardingListener("entry", ENTRY, service_endpoint(first)))
+    services = []
+    for instance in topology.instances:
+        next_step = topology.next_step(instance.step)
+        egress = service_endpoint(topology.instances_of(next_step)[0]).url if next_step else None
+        services.append(ServiceProcess(instance, service_endpoint(instance), next_step, egress))
+    return Plan(topology, ENTRY, [gateway], services)
