@@ -49,7 +49,10 @@ class Part:
     log: str
 
     def to_json(self, pid: int) -> dict:
-        return {"name": self.name, "kind": self.kind, "node": self.node, "pid": pid, "health_url": self.health_url, "log": self.log, "command": self.command}
+        return {
+            "name": self.name, "kind": self.kind, "node": self.node, "pid": pid,
+            "health_url": self.health_url, "log": self.log, "command": self.command, "env": self.env,
+        }
 
 
 def envoy_binary() -> str:
@@ -203,6 +206,12 @@ def deploy(topology: Topology, policies: Path = POLICIES, health_timeout: float 
         "run_dir": str(run_dir),
         "entry_url": f"{plan.entry.url}/process",
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        # Which point decides the hops of which sender: what a reader (or a test) needs to
+        # know which records a failing point affects.
+        "points": [
+            {"name": p.name, "node": p.node, "senders": [d.sender for d in p.deciding], "destinations": sorted(p.destinations)}
+            for p in plan.points
+        ],
         "parts": [],
     }
     if CURRENT.is_symlink() or CURRENT.exists():
@@ -243,13 +252,33 @@ def deploy(topology: Topology, policies: Path = POLICIES, health_timeout: float 
             time.sleep(0.2)
 
     state["bring_up_seconds"] = round(time.monotonic() - started, 2)
+    state["memory_mib"] = memory(state)
     write_state(run_dir, state)
     print(f"deploy: {len(parts)} processes healthy in {state['bring_up_seconds']} s", file=out)
+    print("deploy: memory (PSS) " + ", ".join(f"{kind} {mib:.0f} MiB" for kind, mib in state["memory_mib"].items()), file=out)
     for node in [topology.gateway, *topology.service_nodes]:
         names = [p["name"] for p in state["parts"] if p["node"] == node.name]
         print(f"  {node.name} ({node.address}): {len(names)} processes", file=out)
     print(f"deploy: entry {state['entry_url']}   run folder {run_dir}", file=out)
     return state
+
+
+def memory(state: dict) -> dict:
+    """Proportional set size (MiB) of the deployment's processes by kind, and in total.
+
+    PSS shares each page among the processes mapping it, so 50 Envoys are not charged 50
+    times for one binary, as summing RSS would.
+    """
+    totals: dict[str, float] = {}
+    for part in state["parts"]:
+        try:
+            rollup = Path(f"/proc/{part['pid']}/smaps_rollup").read_text()
+        except OSError:
+            continue
+        kib = next(int(line.split()[1]) for line in rollup.splitlines() if line.startswith("Pss:"))
+        totals[part["kind"]] = totals.get(part["kind"], 0) + kib / 1024
+    totals["total"] = sum(totals.values())
+    return {kind: round(mib, 1) for kind, mib in totals.items()}
 
 
 def status(out=sys.stdout) -> int:
@@ -264,7 +293,8 @@ def status(out=sys.stdout) -> int:
         ok = alive(part["pid"]) and healthy(part["health_url"])
         unhealthy += not ok
         print(f"  {'healthy  ' if ok else 'UNHEALTHY'} {part['name']:<32} {part['node']:<8} pid {part['pid']:<8} {part['health_url']}", file=out)
-    print(f"status: {len(state['parts']) - unhealthy}/{len(state['parts'])} healthy", file=out)
+    print(f"status: {len(state['parts']) - unhealthy}/{len(state['parts'])} healthy; memory (PSS) "
+          + ", ".join(f"{kind} {mib:.0f} MiB" for kind, mib in memory(state).items()), file=out)
     return 1 if unhealthy else 0
 
 

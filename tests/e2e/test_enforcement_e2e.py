@@ -1,38 +1,36 @@
-"""End to end: the mixed-regions example deployed as real Envoy, OPA and service processes.
+"""End to end, for every enforcing topology: real Envoy, OPA and service processes.
 
-Five instances in three steps (ingest, analyse, store) with EU and US replicas; the gateway
-is in the US. Records are sent to the real entry; the answers, and afterwards the audit log
-every instance wrote, show where each record went.
+The mixed-regions example (five instances in three steps, ingest -> analyse -> store, with
+EU and US replicas; the gateway is in the US) is deployed in each topology in turn. Records
+are sent to the real entry; the answers, and afterwards the audit log every instance wrote,
+show where each record went. The assertions are the same for every topology: the rules are
+one rule set, whatever enforces them.
 """
 
-import json
 import os
 import signal
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 
-from complyroute import deployment, manifest
+from complyroute import deployment
 from complyroute.client import send
+
+from .helpers import REFERENCE, audit_lines, deploy_mixed_regions, instances_reached, wait_for_audit
 
 pytestmark = pytest.mark.e2e
 
-MANIFEST = "topologies/examples/mixed-regions.yaml"
-REFERENCE = json.loads(manifest.REFERENCE_DATA.read_text())
+ENFORCING = ["sidecar", "central-entity", "dynamic-router-3", "dynamic-router-6"]
 EU_PERSONAL = {"region": "EU", "category": "personal", "consent": "care,billing"}
 US_PERSONAL = {"region": "US", "category": "personal", "consent": "care,billing"}
 EU_HEALTH = {"region": "EU", "category": "health", "consent": "care,billing"}
 RECORD = {"subject": "alice", "reading": 42}
 
 
-@pytest.fixture(scope="module")
-def deployed():
-    if deployment.read_state():
-        deployment.stop()  # the test needs the entry port; a running deployment is replaced
-    topology = manifest.load(MANIFEST)
-    state = deployment.deploy(topology)
+@pytest.fixture(scope="module", params=ENFORCING)
+def deployed(request):
+    state, topology = deploy_mixed_regions(request.param)
     yield state, topology
     deployment.stop()
 
@@ -40,32 +38,6 @@ def deployed():
 def post(state, labels, record=RECORD, **kwargs):
     request_id = kwargs.pop("request_id", None) or f"e2e-{uuid.uuid4()}"
     return request_id, send(state["entry_url"], labels, record, request_id=request_id, **kwargs)
-
-
-def audit_lines(state) -> list[dict]:
-    lines = []
-    for path in sorted(Path(state["run_dir"], "audit").glob("*.jsonl")):
-        lines += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return lines
-
-
-def wait_for_audit(state, request_id, count, timeout=5.0):
-    """Audit lines are written through a stream; give the last one a moment to land."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        seen = [line for line in audit_lines(state) if line["request_id"] == request_id]
-        if len(seen) >= count:
-            return seen
-        time.sleep(0.05)
-    return [line for line in audit_lines(state) if line["request_id"] == request_id]
-
-
-def instances_reached(state, request_id):
-    return {line["instance"] for line in audit_lines(state) if line["request_id"] == request_id}
-
-
-def in_eu_or_adequate(region):
-    return REFERENCE["regions"][region]["gdpr"] or region in REFERENCE["adequacy"]
 
 
 def test_eu_personal_record_travels_only_through_eu_instances_allowed(deployed):
@@ -173,15 +145,13 @@ def test_client_set_routing_header_cannot_force_a_denied_hop_denied(deployed):
 
 
 def test_service_set_routing_header_at_egress_changes_nothing_denied(deployed):
-    state, topology = deployed
-    # Acting as ingest-eu, send an EU record to its sidecar's egress asking for the US replica.
-    egress = next(p for p in state["parts"] if p["name"] == "sidecar-ingest-eu/envoy")
-    config = Path(egress["command"][2]).read_text()
-    assert "egress" in config
-    ingest_eu = next(i for i in topology.instances if i.id == "ingest-eu")
-    url = f"http://{ingest_eu.node.address}:{22000 + ingest_eu.index}/process"
+    state, _ = deployed
+    # Acting as ingest-eu, send an EU record where ingest-eu sends records on (its sidecar,
+    # router or the central entity), asking for the US replica: the policy still decides.
+    ingest_eu = next(p for p in state["parts"] if p["name"] == "ingest-eu")
     request_id = f"e2e-{uuid.uuid4()}"
-    answer = send(url, EU_PERSONAL, RECORD, request_id=request_id, headers={"x-complyroute-destination": "analyse-us"})
+    answer = send(f"{ingest_eu['env']['EGRESS_URL']}/process", EU_PERSONAL, RECORD, request_id=request_id,
+                  headers={"x-complyroute-destination": "analyse-us"})
     assert answer.status == 200, answer.text
     assert [hop["instance"] for hop in answer.body["path"]] == ["analyse-eu", "store-eu"]
     assert "analyse-us" not in instances_reached(state, request_id)
@@ -205,22 +175,49 @@ def test_audit_logs_show_no_forbidden_record_reached_any_instance(deployed):
             assert category["requires_certification"] in instance.certifications, line
 
 
-def test_killed_sidecar_opa_fails_that_hop_closed_while_the_rest_works(deployed):
+def in_eu_or_adequate(region):
+    return REFERENCE["regions"][region]["gdpr"] or region in REFERENCE["adequacy"]
+
+
+def hops_before(path_senders, killed_senders):
+    """Instances a record reaches before its first hop decided by the killed point."""
+    reached = set()
+    for sender, instance in path_senders:
+        if sender in killed_senders:
+            return reached, False
+        reached.add(instance)
+    return reached, True
+
+
+def test_killed_opa_fails_its_hops_closed_while_the_rest_works(deployed):
     state, _ = deployed
-    opa = next(p for p in state["parts"] if p["name"] == "sidecar-ingest-us/opa")
+    # Kill the OPA of the point that decides the hop out of ingest-us (its sidecar, its
+    # router, or the central entity, which decides every hop).
+    point = next(p for p in state["points"] if "ingest-us" in p["senders"])
+    opa = next(p for p in state["parts"] if p["name"] == f"{point['name']}/opa")
     os.killpg(opa["pid"], signal.SIGKILL)
     deadline = time.monotonic() + 5
     while deployment.alive(opa["pid"]) and time.monotonic() < deadline:
         time.sleep(0.05)
 
-    # US records go through ingest-us, whose egress can no longer get a decision.
+    us_path = [("gateway", "ingest-us"), ("ingest-us", "analyse-us"), ("analyse-us", "store-eu")]
+    expected, delivered = hops_before(us_path, point["senders"])
+    assert not delivered
     request_id, answer = post(state, US_PERSONAL)
     assert answer.status == 503, answer.text
     assert answer.body["code"] == "DECISION_UNAVAILABLE"
-    wait_for_audit(state, request_id, 1)
-    assert instances_reached(state, request_id) == {"ingest-us"}  # nothing forwarded past it
+    time.sleep(0.2)
+    assert instances_reached(state, request_id) == expected  # nothing forwarded past the failed point
 
-    # EU records never touch that sidecar and still get through.
+    # EU records get through unless the failed point also decides one of their hops (the
+    # central entity decides them all: there, nothing gets through, and nothing leaks).
+    eu_path = [("gateway", "ingest-eu"), ("ingest-eu", "analyse-eu"), ("analyse-eu", "store-eu")]
+    expected, delivered = hops_before(eu_path, point["senders"])
     request_id, answer = post(state, EU_PERSONAL)
-    assert answer.status == 200, answer.text
-    assert [hop["instance"] for hop in answer.body["path"]] == ["ingest-eu", "analyse-eu", "store-eu"]
+    if delivered:
+        assert answer.status == 200, answer.text
+        assert [hop["instance"] for hop in answer.body["path"]] == ["ingest-eu", "analyse-eu", "store-eu"]
+    else:
+        assert answer.status == 503 and answer.body["code"] == "DECISION_UNAVAILABLE", answer.text
+        time.sleep(0.2)
+        assert instances_reached(state, request_id) == expected

@@ -1,0 +1,52 @@
+"""What the end-to-end tests share: deploying the example, reading audit logs, the reference data."""
+
+import json
+import time
+from pathlib import Path
+
+import yaml
+
+from complyroute import deployment, manifest
+
+MIXED_REGIONS = manifest.REPO / "topologies" / "examples" / "mixed-regions.yaml"
+REFERENCE = json.loads(manifest.REFERENCE_DATA.read_text())
+
+
+def mixed_regions(topology: str) -> manifest.Topology:
+    """The mixed-regions example's services and gateway, in the given topology's manifest."""
+    example = yaml.safe_load(MIXED_REGIONS.read_text())
+    return manifest.load(
+        topology,
+        services=example["services"],
+        overrides={"name": f"{manifest.resolve(topology).stem}-mixed", "gateway_region": example["gateway_region"]},
+    )
+
+
+def deploy_mixed_regions(topology: str, policies: Path = deployment.POLICIES):
+    """Deploy the example in a topology, replacing a running deployment (the entry port is one)."""
+    if deployment.read_state():
+        deployment.stop()
+    loaded = mixed_regions(topology)
+    return deployment.deploy(loaded, policies=policies), loaded
+
+
+def audit_lines(state) -> list[dict]:
+    lines = []
+    for path in sorted(Path(state["run_dir"], "audit").glob("*.jsonl")):
+        lines += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return lines
+
+
+def wait_for_audit(state, request_id, count, timeout=5.0):
+    """Audit lines are written through a stream; give the last one a moment to land."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        seen = [line for line in audit_lines(state) if line["request_id"] == request_id]
+        if len(seen) >= count:
+            return seen
+        time.sleep(0.05)
+    return [line for line in audit_lines(state) if line["request_id"] == request_id]
+
+
+def instances_reached(state, request_id) -> set[str]:
+    return {line["instance"] for line in audit_lines(state) if line["request_id"] == request_id}

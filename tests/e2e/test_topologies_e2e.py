@@ -1,0 +1,78 @@
+"""Across topologies: one rule set seen identically, one deployment at a time, and scale."""
+
+import json
+import shutil
+import uuid
+
+import pytest
+
+from complyroute import deployment, manifest
+from complyroute.client import send
+
+from .helpers import deploy_mixed_regions, mixed_regions
+
+pytestmark = pytest.mark.e2e
+
+ENFORCING = ["sidecar", "central-entity", "dynamic-router-3", "dynamic-router-6"]
+EU_PERSONAL = {"region": "EU", "category": "personal", "consent": "care,billing"}
+
+
+def path_of(state, labels):
+    answer = send(state["entry_url"], labels, {"subject": "alice"}, request_id=f"e2e-{uuid.uuid4()}")
+    assert answer.status == 200, answer.text
+    return [hop["instance"] for hop in answer.body["path"]]
+
+
+@pytest.fixture(scope="module")
+def us_adequate_policies(tmp_path_factory):
+    """The rule set with one routing change: the US joins the adequacy list."""
+    policies = tmp_path_factory.mktemp("policies") / "policies"
+    shutil.copytree(deployment.POLICIES, policies)
+    reference = policies / "complyroute" / "reference" / "data.json"
+    data = json.loads(reference.read_text())
+    data["adequacy"].append("US")
+    reference.write_text(json.dumps(data))
+    return policies
+
+
+def test_policy_routing_change_is_seen_identically_by_every_topology(us_adequate_policies):
+    paths = {}
+    for topology in ENFORCING:
+        state, _ = deploy_mixed_regions(topology)
+        before = path_of(state, EU_PERSONAL)
+        deployment.stop()
+        state, _ = deploy_mixed_regions(topology, policies=us_adequate_policies)
+        paths[topology] = (before, path_of(state, EU_PERSONAL))
+        deployment.stop()
+    # With the US adequate, an EU record may take the US replicas the US gateway prefers.
+    default, changed = ["ingest-eu", "analyse-eu", "store-eu"], ["ingest-us", "analyse-us", "store-eu"]
+    assert paths == {topology: (default, changed) for topology in ENFORCING}
+
+
+def test_second_deployment_is_refused_while_one_runs():
+    state, _ = deploy_mixed_regions("sidecar")
+    try:
+        with pytest.raises(deployment.DeploymentError, match="already running"):
+            deployment.deploy(mixed_regions("central-entity"))
+        assert deployment.read_state()["run_dir"] == state["run_dir"]
+        assert deployment.status(out=open("/dev/null", "w")) == 0  # the first one is untouched
+    finally:
+        deployment.stop()
+    assert deployment.read_state() is None
+
+
+@pytest.mark.parametrize("topology", ["baseline", *ENFORCING])
+def test_fifty_services_deploy_and_carry_a_record_through_all_of_them(topology):
+    if deployment.read_state():
+        deployment.stop()
+    state = deployment.deploy(manifest.load(topology, services=50))
+    try:
+        consent = "billing,analytics,care"  # the purposes generated instances process for
+        path = path_of(state, {"region": "EU", "category": "personal", "consent": consent})
+        assert path == [f"svc-{n:02d}" for n in range(1, 51)]
+        print(f"{topology}: 50 services, {len(state['parts'])} processes, up in {state['bring_up_seconds']} s, "
+              f"memory {state['memory_mib']['total']:.0f} MiB")
+    finally:
+        pids = [p["pid"] for p in state["parts"]]
+        deployment.stop()
+    assert not [pid for pid in pids if deployment.alive(pid)]
