@@ -7,7 +7,7 @@ SHELL := bash
 
 # ---- parameters ---------------------------------------------------------------
 topology ?= sidecar
-# Number of service instances; empty keeps the manifest's own.
+# Number of service instances, or a manifest whose services to deploy; empty keeps the manifest's own.
 services ?=
 # What `make decide` evaluates.
 input ?= policies/examples/eu-personal-allowed.json
@@ -98,7 +98,7 @@ test: setup policy-test ## Run every test: policy, services, control plane and e
 
 ##@ Deploying on this machine
 .PHONY: deploy
-deploy: setup check-topology ## Start a topology as local processes: make topology=sidecar services=5 deploy
+deploy: check-topology setup ## Start a topology as local processes: make topology=sidecar services=5 deploy
 	$(CONTROL) deploy --topology $(topology_file) $(if $(services),--services $(services))
 
 .PHONY: undeploy
@@ -112,7 +112,7 @@ status: ## Show the parts of the current deployment and whether each is healthy
 .PHONY: check-topology
 check-topology:
 	$(if $(topology_file),,$(error topology '$(topology)' is unknown: use one of $(known_topologies), an alias (sa ce dr3 dr6), or a path to a manifest))
-	$(if $(services),$(if $(shell [[ '$(services)' =~ ^[1-9][0-9]*$$ ]] && echo ok),,$(error services='$(services)' must be a whole number of service instances, for example services=5)))
+	$(if $(services),$(if $(or $(shell [[ '$(services)' =~ ^[1-9][0-9]*$$ ]] && echo ok),$(wildcard $(services))),,$(error services='$(services)' must be a number of service instances (services=5) or a manifest whose services to deploy (services=topologies/examples/mixed-regions.yaml))))
 	@true
 
 .PHONY: clean

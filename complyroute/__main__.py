@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
 
     deploy = commands.add_parser("deploy", help="start a topology as local processes")
     deploy.add_argument("--topology", required=True, help="manifest name, alias or path")
-    deploy.add_argument("--services", type=int, help="number of service instances (overrides the manifest)")
+    deploy.add_argument("--services", help="number of service instances, or a manifest whose services to deploy (overrides the manifest's)")
     deploy.set_defaults(run=cmd_deploy)
 
     commands.add_parser("undeploy", help="stop the current deployment").set_defaults(run=lambda a: (deployment.stop(), 0)[1])

@@ -93,16 +93,37 @@ def known_regions() -> set[str]:
     return set(json.loads(REFERENCE_DATA.read_text())["regions"])
 
 
-def load(name_or_path: str, services: int | list | None = None, overrides: dict | None = None) -> Topology:
-    """Load a manifest; `services` (a count or a list) and `overrides` replace its fields."""
-    path = resolve(name_or_path)
+def read(path: Path) -> dict:
     try:
         raw = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as error:
         raise ManifestError(f"{path}: not valid YAML: {error}") from error
     if not isinstance(raw, dict):
         raise ManifestError(f"{path}: a manifest is a mapping of fields, got {type(raw).__name__}")
-    return expand({**raw, **(overrides or {})}, path, services)
+    return raw
+
+
+def load(name_or_path: str, services: int | str | list | None = None, overrides: dict | None = None) -> Topology:
+    """Load a manifest; `services` and `overrides` replace its fields.
+
+    `services` is a count, a list of instances, or the path of another manifest whose
+    services (and gateway region) to deploy in this manifest's topology.
+    """
+    path = resolve(name_or_path)
+    raw = {**read(path), **(overrides or {})}
+    if isinstance(services, str) and not services.isdigit():
+        source = Path(services)
+        if not source.exists():
+            raise ManifestError(f"services='{services}' is neither a count nor a manifest file")
+        borrowed = read(source)
+        if "services" not in borrowed:
+            raise ManifestError(f"{source}: field 'services': missing; it is where the services are taken from")
+        raw["name"] = f"{raw.get('name', path.stem)}-{source.stem}"
+        raw.update({k: borrowed[k] for k in ("services", "steps", "gateway_region") if k in borrowed})
+        services = None
+    elif isinstance(services, str):
+        services = int(services)
+    return expand(raw, path, services)
 
 
 def expand(raw: dict, source: Path, services: int | list | None = None) -> Topology:

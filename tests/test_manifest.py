@@ -55,3 +55,41 @@ def test_alias_resolves_allowed_and_unknown_name_denied():
     assert manifest.resolve("sa").name == "sidecar.yaml"
     with pytest.raises(ManifestError, match="unknown"):
         manifest.resolve("no-such-topology")
+
+
+def test_services_from_another_manifest_allowed():
+    topology = manifest.load("central-entity", services="topologies/examples/mixed-regions.yaml")
+    assert topology.kind == "central-entity" and topology.name == "central-entity-mixed-regions"
+    assert topology.gateway_region == "US" and len(topology.instances) == 5
+
+
+def test_services_from_a_missing_file_denied():
+    with pytest.raises(ManifestError, match="neither a count nor a manifest"):
+        manifest.load("central-entity", services="topologies/examples/nothing.yaml")
+
+
+@pytest.mark.parametrize("routers", [0, -1, "two", True])
+def test_routers_per_node_below_one_denied(routers):
+    with pytest.raises(ManifestError, match=re.escape("field 'routers_per_node'")):
+        expand({"topology": "dynamic-router", "routers_per_node": routers}, SOURCE)
+
+
+def test_step_list_with_a_step_without_instances_denied():
+    raw = {"topology": "sidecar", "steps": ["a", "b"], "services": [{"id": "x", "step": "a", "region": "EU"}]}
+    with pytest.raises(ManifestError, match="step 'b' has no instance"):
+        expand(raw, SOURCE)
+
+
+def test_step_list_orders_the_chain_allowed():
+    raw = {"topology": "sidecar", "steps": ["b", "a"], "services": [{"id": "x", "step": "a", "region": "EU"}, {"id": "y", "step": "b", "region": "EU"}]}
+    assert expand(raw, SOURCE).steps == ["b", "a"]
+
+
+def test_unknown_engine_denied():
+    with pytest.raises(ManifestError, match=re.escape("field 'engine.kind'")):
+        expand({"topology": "sidecar", "engine": {"kind": "nginx"}}, SOURCE)
+
+
+@pytest.mark.parametrize("name", ["sidecar", "central-entity", "dynamic-router-3", "dynamic-router-6", "baseline"])
+def test_every_shipped_manifest_is_valid_allowed(name):
+    assert len(manifest.load(name).instances) == 5

@@ -4,8 +4,6 @@ import json
 import time
 from pathlib import Path
 
-import yaml
-
 from complyroute import deployment, manifest
 
 MIXED_REGIONS = manifest.REPO / "topologies" / "examples" / "mixed-regions.yaml"
@@ -14,12 +12,7 @@ REFERENCE = json.loads(manifest.REFERENCE_DATA.read_text())
 
 def mixed_regions(topology: str) -> manifest.Topology:
     """The mixed-regions example's services and gateway, in the given topology's manifest."""
-    example = yaml.safe_load(MIXED_REGIONS.read_text())
-    return manifest.load(
-        topology,
-        services=example["services"],
-        overrides={"name": f"{manifest.resolve(topology).stem}-mixed", "gateway_region": example["gateway_region"]},
-    )
+    return manifest.load(topology, services=str(MIXED_REGIONS))
 
 
 def deploy_mixed_regions(topology: str, policies: Path = deployment.POLICIES):
