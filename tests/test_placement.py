@@ -1,0 +1,111 @@
+"""Sidecar placement: one enforcement point per instance, each holding only the catalog it needs."""
+
+from complyroute import enforcement, manifest
+from complyroute.plan import place
+
+
+def plan():
+    return place(manifest.load("topologies/examples/mixed-regions.yaml"))
+
+
+def point(p, name):
+    return next(x for x in p.points if x.name == name)
+
+
+def test_every_instance_has_a_sidecar_and_the_entry_decides_the_first_step():
+    p = plan()
+    assert sorted(x.name for x in p.points) == sorted(["entry"] + [f"sidecar-{i.id}" for i in p.topology.instances])
+    entry = point(p, "entry")
+    assert entry.deciding[0].endpoint.url == "http://127.0.0.1:8080"
+    assert entry.deciding[0].step == "ingest"
+    assert set(entry.destinations) == {"ingest-eu", "ingest-us"}
+
+
+def test_sidecar_catalog_holds_itself_and_next_step_only():
+    sidecar = point(plan(), "sidecar-ingest-eu")
+    assert set(sidecar.catalog["instances"]) == {"ingest-eu", "analyse-eu", "analyse-us"}
+    assert set(sidecar.destinations) == {"analyse-eu", "analyse-us"}
+    assert sidecar.deciding[0].sender == "ingest-eu" and sidecar.deciding[0].step == "analyse"
+
+
+def test_last_step_sidecar_has_no_egress():
+    p = plan()
+    sidecar = point(p, "sidecar-store-eu")
+    assert sidecar.deciding == [] and sidecar.destinations == {}
+    store = next(s for s in p.services if s.instance.id == "store-eu")
+    assert store.egress_url is None and store.next_step is None
+
+
+def test_deciding_listener_fails_closed_and_strips_routing_header():
+    p = plan()
+    config = enforcement.envoy_config(point(p, "sidecar-ingest-eu"), {})
+    egress = next(l for l in config["static_resources"]["listeners"] if l["name"] == "egress")
+    manager = egress["filter_chains"][0]["filters"][0]["typed_config"]
+    filters = [f["name"] for f in manager["http_filters"]]
+    assert filters == ["envoy.filters.http.header_mutation", "envoy.filters.http.ext_authz", "envoy.filters.http.router"]
+    authz = manager["http_filters"][1]["typed_config"]
+    assert authz["failure_mode_allow"] is False and authz["clear_route_cache"] is True
+    route = manager["route_config"]["virtual_hosts"][0]["routes"][0]["route"]
+    assert route["cluster_header"] == enforcement.ROUTING_HEADER
+
+
+def test_ports_are_unique_across_the_deployment():
+    p = place(manifest.load("sidecar", services=50))
+    ports = [(x.address, port) for x in p.points for port in (x.admin_port, x.opa_grpc_port, x.opa_http_port)]
+    ports += [(l.endpoint.address, l.endpoint.port) for x in p.points for l in [*x.deciding, *x.forwarding]]
+    ports += [(s.endpoint.address, s.endpoint.port) for s in p.services]
+    assert len(ports) == len(set(ports))
+
+
+def points_by_name(p):
+    return {x.name: x for x in p.points}
+
+
+def test_central_entity_is_the_only_point_and_holds_the_whole_catalog():
+    p = place(manifest.load("central-entity", services="topologies/examples/mixed-regions.yaml"))
+    assert [x.name for x in p.points] == ["central-entity"]
+    central = p.points[0]
+    assert set(central.catalog["instances"]) == {i.id for i in p.topology.instances}
+    # The entry plus one listener per sending service, each pinning sender and next step.
+    assert [(d.sender, d.step) for d in central.deciding] == [
+        ("gateway", "ingest"), ("ingest-eu", "analyse"), ("ingest-us", "analyse"), ("analyse-eu", "store"), ("analyse-us", "store"),
+    ]
+    assert all(s.egress_url is None or s.egress_url.startswith("http://127.0.1.1:") for s in p.services)
+
+
+def test_dr3_has_one_router_per_service_node_owning_its_services():
+    p = place(manifest.load("dynamic-router-3", services=7))
+    routers = [x for x in p.points if x.name.startswith("router-")]
+    assert [r.name for r in routers] == ["router-node-1-1", "router-node-2-1", "router-node-3-1"]
+    for router in routers:
+        owned = {d.sender for d in router.deciding}
+        assert owned == {i.id for i in p.topology.instances if i.node.name == router.node and p.topology.next_step(i.step)}
+
+
+def test_dr6_routers_split_their_node_in_halves_and_hold_only_what_they_decide():
+    p = place(manifest.load("dynamic-router-6", services=12))
+    routers = [x for x in p.points if x.name.startswith("router-")]
+    assert len(routers) == 6 and {r.node for r in routers} == {"node-1", "node-2", "node-3"}
+    owners = {}
+    for router in routers:
+        for listener in router.deciding:
+            owners.setdefault(listener.sender, []).append(router.name)
+            next_step = p.topology.next_step(p.topology.instances[int(listener.sender[-2:]) - 1].step)
+            assert listener.step == next_step
+        # Its catalog: the services it owns (a last step's too, though it decides nothing for
+        # it) and the candidates of their next steps; nothing else.
+        decided = {d.sender for d in router.deciding} | set(router.destinations)
+        extra = set(router.catalog["instances"]) - decided
+        assert decided <= set(router.catalog["instances"])
+        assert all(p.topology.next_step(p.topology.instances[int(i[-2:]) - 1].step) is None for i in extra)
+    assert all(len(names) == 1 for names in owners.values())  # each hop decided by exactly one router
+    per_router = sorted(len(r.deciding) for r in routers)
+    assert per_router[-1] - per_router[0] <= 1  # 11 deciding services over 6 routers: 1 or 2 each
+
+
+def test_baseline_decides_nothing_and_chains_services_directly():
+    p = place(manifest.load("baseline", services="topologies/examples/mixed-regions.yaml"))
+    assert [x.name for x in p.points] == ["gateway"] and p.points[0].deciding == []
+    egress = {s.instance.id: s.egress_url for s in p.services}
+    assert egress["ingest-us"] == "http://127.0.1.4:20003"  # analyse-eu: the first instance of the next step
+    assert egress["store-eu"] is None
