@@ -7,16 +7,16 @@ labels. Compare its round-trip times with a topology's to see the cost of decidi
 """
 
 from complyroute.enforcement import ForwardingListener
-from complyroute.plan import ENTRY, Plan, ServiceProcess, enforcement_point, service_endpoint
+from complyroute.plan import Plan, ServiceProcess
 
 
-def place(topology) -> Plan:
+def place(topology, net) -> Plan:
     first = topology.instances_of(topology.steps[0])[0]
-    gateway = enforcement_point("gateway", topology.gateway, 0, concurrency=int(topology.engine.get("gateway_concurrency", 2)))
-    gateway.forwarding.append(ForwardingListener("entry", ENTRY, service_endpoint(first)))
+    gateway = net.point("gateway", topology.gateway, 0, concurrency=int(topology.engine.get("gateway_concurrency", 2)))
+    gateway.forwarding.append(ForwardingListener("entry", net.entry("gateway"), net.service(first)))
     services = []
     for instance in topology.instances:
         next_step = topology.next_step(instance.step)
-        egress = service_endpoint(topology.instances_of(next_step)[0]).url if next_step else None
-        services.append(ServiceProcess(instance, service_endpoint(instance), next_step, egress))
-    return Plan(topology, ENTRY, [gateway], services)
+        egress = net.service(topology.instances_of(next_step)[0]).url if next_step else None
+        services.append(ServiceProcess(instance, net.service(instance), next_step, egress))
+    return Plan(topology, net.entry("gateway"), [gateway], services)

@@ -7,19 +7,19 @@ trusting the service to say who it is. It holds the whole catalog.
 """
 
 from complyroute.enforcement import DecidingListener
-from complyroute.plan import ENTRY, Plan, ServiceProcess, catalog, deciding_entry, egress_endpoint, service_endpoint
+from complyroute.plan import Plan, ServiceProcess, catalog, deciding_entry
 
 
-def place(topology) -> Plan:
-    central = deciding_entry(topology, "central-entity", reach=service_endpoint)
+def place(topology, net) -> Plan:
+    central = deciding_entry(topology, net, "central-entity", reach=net.service)
     services = []
     for instance in topology.instances:
         next_step = topology.next_step(instance.step)
         egress = None
         if next_step:
-            egress = egress_endpoint(topology.gateway.address, instance)
+            egress = net.hop(central, instance)
             central.deciding.append(DecidingListener(f"from-{instance.id}", egress, sender=instance.id, step=next_step))
-        services.append(ServiceProcess(instance, service_endpoint(instance), next_step, egress.url if egress else None))
-    central.destinations = {i.id: service_endpoint(i) for i in topology.instances}
+        services.append(ServiceProcess(instance, net.service(instance), next_step, egress.url if egress else None))
+    central.destinations = {i.id: net.service(i) for i in topology.instances}
     central.catalog = catalog(topology, topology.instances, gateway=True)
-    return Plan(topology, ENTRY, [central], services)
+    return Plan(topology, net.entry("central-entity"), [central], services)

@@ -83,7 +83,7 @@ def render(plan: Plan, run_dir: Path, policies: Path = POLICIES) -> list[Part]:
                     kind="opa",
                     node=point.node,
                     command=[
-                        str(OPA), "run", "--server", "--addr", f"{point.address}:{point.opa_http_port}",
+                        str(OPA), "run", "--server", "--addr", f"{point.opa_http.address}:{point.opa_http.port}",
                         "--config-file", str(folder / "opa.yaml"), "--skip-version-check", "--log-level", "error",
                         "--ignore", "*_test.rego", "--ignore", "examples", str(policies), str(data_dir),
                     ],

@@ -24,12 +24,23 @@ UPSTREAM_IDLE_TIMEOUT = "30s"
 
 @dataclass(frozen=True)
 class Endpoint:
+    """Where a part listens (`address`) and the name others reach it by (`host`).
+
+    On one machine the two are the same loopback address; on Kubernetes a part binds 0.0.0.0
+    (or 127.0.0.1 inside its pod) and is reached by its Service's DNS name.
+    """
+
     address: str
     port: int
+    host: str = ""
+
+    @property
+    def reach(self) -> str:
+        return self.host or self.address
 
     @property
     def url(self) -> str:
-        return f"http://{self.address}:{self.port}"
+        return f"http://{self.reach}:{self.port}"
 
 
 @dataclass(frozen=True)
@@ -51,10 +62,9 @@ class ForwardingListener:
 class EnforcementPoint:
     name: str
     node: str
-    address: str
-    admin_port: int
-    opa_grpc_port: int
-    opa_http_port: int
+    admin: Endpoint  # Envoy's admin interface; /ready is its health check
+    opa_grpc: Endpoint  # the ext_authz server Envoy asks
+    opa_http: Endpoint  # OPA's REST API; /health?plugins is its health check
     concurrency: int = 1
     deciding: list[DecidingListener] = field(default_factory=list)
     forwarding: list[ForwardingListener] = field(default_factory=list)
@@ -62,30 +72,31 @@ class EnforcementPoint:
     catalog: dict = field(default_factory=dict)  # data.complyroute.catalog for this point's OPA
 
     @property
-    def opa_grpc(self) -> Endpoint:
-        return Endpoint(self.address, self.opa_grpc_port)
-
-    @property
     def opa_health_url(self) -> str:
-        return f"http://{self.address}:{self.opa_http_port}/health?plugins"
+        return f"{self.opa_http.url}/health?plugins"
 
     @property
     def envoy_ready_url(self) -> str:
-        return f"http://{self.address}:{self.admin_port}/ready"
+        return f"{self.admin.url}/ready"
 
 
 def _socket(endpoint: Endpoint) -> dict:
     return {"socket_address": {"address": endpoint.address, "port_value": endpoint.port}}
 
 
+def _is_ip(host: str) -> bool:
+    return all(part.isdigit() for part in host.split(".")) and host.count(".") == 3
+
+
 def _cluster(name: str, endpoint: Endpoint, http2: bool = False) -> dict:
     cluster = {
         "name": name,
-        "type": "STATIC",
+        # An address is used as it is; a name (a Kubernetes Service) is resolved by DNS.
+        "type": "STATIC" if _is_ip(endpoint.reach) else "STRICT_DNS",
         "connect_timeout": "1s",
         "load_assignment": {
             "cluster_name": name,
-            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": _socket(endpoint)}}]}],
+            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": _socket(Endpoint(endpoint.reach, endpoint.port))}}]}],
         },
         # Envoy's default of 1024 pending requests would turn load peaks into 503s that
         # measure Envoy's defaults rather than the topology.
@@ -240,7 +251,7 @@ def envoy_config(point: EnforcementPoint, engine: dict) -> dict:
     listeners += [_forwarding_listener(f, hop_timeout) for f in point.forwarding]
     return {
         "node": {"id": point.name, "cluster": point.node},
-        "admin": {"address": _socket(Endpoint(point.address, point.admin_port))},
+        "admin": {"address": _socket(point.admin)},
         "static_resources": {"listeners": listeners, "clusters": clusters},
     }
 
@@ -250,7 +261,7 @@ def opa_config(point: EnforcementPoint) -> dict:
     return {
         "plugins": {
             "envoy_ext_authz_grpc": {
-                "addr": f"{point.address}:{point.opa_grpc_port}",
+                "addr": f"{point.opa_grpc.address}:{point.opa_grpc.port}",
                 "path": POLICY_QUERY,
                 # The policy parses the body itself so a malformed record gets a clear 400
                 # instead of an evaluation error.

@@ -1,30 +1,61 @@
 """What a topology's placement produces: the enforcement points and service processes to start.
 
-Each topology folder (sidecar/, ...) has a placement.py with `place(topology) -> Plan`; the
-rest of the control plane (rendering, starting, health checks) is shared.
+Each topology folder (sidecar/, ...) has a placement.py with `place(topology, net) -> Plan`;
+the rest of the control plane (rendering, starting, health checks) is shared. `net` gives
+every part its addresses: LocalNetwork here (loopback addresses, port blocks), the
+Kubernetes network in complyroute/kubernetes.py (Service names, fixed pod ports).
 """
 
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from collections.abc import Callable
-
 from .enforcement import DecidingListener, EnforcementPoint, Endpoint
-from .manifest import REPO, Instance, Topology
+from .manifest import REPO, Instance, Node, Topology
 
-ENTRY = Endpoint("127.0.0.1", 8080)
 GATEWAY_SENDER = "gateway"
 
-# Port blocks; a part's number inside its block is the instance's (or point's) index, so the
-# same index shows in every port of one part. 999 parts per block is far above the 50 run.
-SERVICE_PORTS = 20000
-INGRESS_PORTS = 21000
-EGRESS_PORTS = 22000
-OPA_GRPC_PORTS = 23000
-OPA_HTTP_PORTS = 24000
-ENVOY_ADMIN_PORTS = 25000
+
+class LocalNetwork:
+    """Addresses on one machine: each node its loopback address, each part a port of a block.
+
+    A part's number inside its block is its instance's (or point's) index, so the same index
+    shows in every port of one part. 999 parts per block is far above the 50 run.
+    """
+
+    SERVICE, INGRESS, EGRESS, OPA_GRPC, OPA_HTTP, ENVOY_ADMIN = 20000, 21000, 22000, 23000, 24000, 25000
+
+    def entry(self, point_name: str) -> Endpoint:
+        return Endpoint("127.0.0.1", 8080)
+
+    def point(self, name: str, node: Node, index: int, concurrency: int = 1) -> EnforcementPoint:
+        return EnforcementPoint(
+            name=name,
+            node=node.name,
+            admin=Endpoint(node.address, self.ENVOY_ADMIN + index),
+            opa_grpc=Endpoint(node.address, self.OPA_GRPC + index),
+            opa_http=Endpoint(node.address, self.OPA_HTTP + index),
+            concurrency=concurrency,
+        )
+
+    def service(self, instance: Instance, beside: bool = False) -> Endpoint:
+        """Where an instance's service listens; `beside`: as seen from its own sidecar."""
+        return Endpoint(instance.node.address, self.SERVICE + instance.index)
+
+    def ingress(self, instance: Instance) -> Endpoint:
+        """A sidecar's listener that hands records to its own service."""
+        return Endpoint(instance.node.address, self.INGRESS + instance.index)
+
+    def egress(self, instance: Instance) -> Endpoint:
+        """A sidecar's listener where its own service sends records on."""
+        return Endpoint(instance.node.address, self.EGRESS + instance.index)
+
+    def hop(self, point: EnforcementPoint, instance: Instance) -> Endpoint:
+        """The listener of a shared point (central entity, router) for one sending instance."""
+        return Endpoint(point.admin.address, self.EGRESS + instance.index)
+
 
 # Where each topology's placement lives.
 TOPOLOGY_FOLDERS = {
@@ -50,22 +81,9 @@ class ServiceProcess:
 @dataclass
 class Plan:
     topology: Topology
-    entry: Endpoint
+    entry: Endpoint  # where clients send records
     points: list[EnforcementPoint]
     services: list[ServiceProcess]
-
-
-def enforcement_point(name: str, node, index: int, concurrency: int = 1) -> EnforcementPoint:
-    """An enforcement point with the admin and OPA ports of its index, on its node's address."""
-    return EnforcementPoint(
-        name=name,
-        node=node.name,
-        address=node.address,
-        admin_port=ENVOY_ADMIN_PORTS + index,
-        opa_grpc_port=OPA_GRPC_PORTS + index,
-        opa_http_port=OPA_HTTP_PORTS + index,
-        concurrency=concurrency,
-    )
 
 
 def catalog(topology: Topology, instances: list[Instance], gateway: bool = False) -> dict:
@@ -76,32 +94,23 @@ def catalog(topology: Topology, instances: list[Instance], gateway: bool = False
     return data
 
 
-def service_endpoint(instance: Instance) -> Endpoint:
-    return Endpoint(instance.node.address, SERVICE_PORTS + instance.index)
-
-
-def deciding_entry(topology: Topology, name: str, reach: Callable[[Instance], Endpoint]) -> EnforcementPoint:
+def deciding_entry(topology: Topology, net, name: str, reach: Callable[[Instance], Endpoint]) -> EnforcementPoint:
     """The enforcement point on the gateway node that decides the first hop of every record.
 
     `reach` says where an instance of the first step receives records in this topology.
     """
     first = topology.steps[0]
-    entry = enforcement_point(name, topology.gateway, 0, concurrency=int(topology.engine.get("gateway_concurrency", 2)))
-    entry.deciding.append(DecidingListener("entry", ENTRY, sender=GATEWAY_SENDER, step=first))
+    entry = net.point(name, topology.gateway, 0, concurrency=int(topology.engine.get("gateway_concurrency", 2)))
+    entry.deciding.append(DecidingListener("entry", net.entry(name), sender=GATEWAY_SENDER, step=first))
     entry.destinations = {i.id: reach(i) for i in topology.instances_of(first)}
     entry.catalog = catalog(topology, topology.instances_of(first), gateway=True)
     return entry
 
 
-def egress_endpoint(address: str, instance: Instance) -> Endpoint:
-    """Where an instance sends its record on: a listener of the point deciding its hops."""
-    return Endpoint(address, EGRESS_PORTS + instance.index)
-
-
-def place(topology: Topology) -> Plan:
+def place(topology: Topology, net=None) -> Plan:
     """Run the placement of the manifest's topology (the topology folder's placement.py)."""
     path = REPO / TOPOLOGY_FOLDERS[topology.kind] / "placement.py"
     spec = importlib.util.spec_from_file_location(f"complyroute_placement_{topology.kind}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.place(topology)
+    return module.place(topology, net or LocalNetwork())

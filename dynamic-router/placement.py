@@ -11,27 +11,22 @@ steps, nothing else. The entry on the gateway node decides the first hop.
 """
 
 from complyroute.enforcement import DecidingListener
-from complyroute.plan import (
-    ENTRY,
-    Plan,
-    ServiceProcess,
-    catalog,
-    deciding_entry,
-    egress_endpoint,
-    enforcement_point,
-    service_endpoint,
-)
+from complyroute.plan import Plan, ServiceProcess, catalog, deciding_entry
 
 
-def place(topology) -> Plan:
-    points = [deciding_entry(topology, "entry", reach=service_endpoint)]
+def router_name(node, slot: int) -> str:
+    return f"router-{node.name}-{slot + 1}"
+
+
+def place(topology, net) -> Plan:
+    points = [deciding_entry(topology, net, "entry", reach=net.service)]
     services = []
     router_index = 0
     for node in topology.service_nodes:
         on_node = [i for i in topology.instances if i.node == node]
         for slot in range(topology.routers_per_node):
             router_index += 1
-            router = enforcement_point(f"router-{node.name}-{slot + 1}", node, router_index)
+            router = net.point(router_name(node, slot), node, router_index)
             owned = on_node[slot :: topology.routers_per_node]
             known = list(owned)
             for instance in owned:
@@ -39,12 +34,12 @@ def place(topology) -> Plan:
                 egress = None
                 if next_step:
                     candidates = topology.instances_of(next_step)
-                    egress = egress_endpoint(node.address, instance)
+                    egress = net.hop(router, instance)
                     router.deciding.append(DecidingListener(f"from-{instance.id}", egress, sender=instance.id, step=next_step))
-                    router.destinations.update({c.id: service_endpoint(c) for c in candidates})
+                    router.destinations.update({c.id: net.service(c) for c in candidates})
                     known += [c for c in candidates if c not in known]
-                services.append(ServiceProcess(instance, service_endpoint(instance), next_step, egress.url if egress else None))
+                services.append(ServiceProcess(instance, net.service(instance), next_step, egress.url if egress else None))
             router.catalog = catalog(topology, known)
             points.append(router)
     services.sort(key=lambda s: s.instance.index)
-    return Plan(topology, ENTRY, points, services)
+    return Plan(topology, net.entry("entry"), points, services)

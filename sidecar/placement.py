@@ -6,41 +6,28 @@ which instance of the next step may receive it, so the hop is decided before the
 leaves the instance. The entry on the gateway node decides the first hop the same way.
 """
 
-from complyroute.enforcement import DecidingListener, Endpoint, ForwardingListener
-from complyroute.plan import (
-    ENTRY,
-    INGRESS_PORTS,
-    Plan,
-    ServiceProcess,
-    catalog,
-    deciding_entry,
-    egress_endpoint,
-    enforcement_point,
-    service_endpoint,
-)
+from complyroute.enforcement import DecidingListener, ForwardingListener
+from complyroute.plan import Plan, ServiceProcess, catalog, deciding_entry
 
 
-def ingress(instance) -> Endpoint:
-    return Endpoint(instance.node.address, INGRESS_PORTS + instance.index)
-
-
-def place(topology) -> Plan:
-    points = [deciding_entry(topology, "entry", reach=ingress)]
+def place(topology, net) -> Plan:
+    points = [deciding_entry(topology, net, "entry", reach=net.ingress)]
     services = []
     for instance in topology.instances:
-        sidecar = enforcement_point(f"sidecar-{instance.id}", instance.node, instance.index)
-        sidecar.forwarding.append(ForwardingListener("ingress", ingress(instance), service_endpoint(instance)))
+        sidecar = net.point(f"sidecar-{instance.id}", instance.node, instance.index)
+        sidecar.forwarding.append(ForwardingListener("ingress", net.ingress(instance), net.service(instance, beside=True)))
         next_step = topology.next_step(instance.step)
         egress = None
         if next_step:
             candidates = topology.instances_of(next_step)
-            egress = egress_endpoint(instance.node.address, instance)
+            egress = net.egress(instance)
             # The sidecar pins the next step: a service cannot send its record to another step.
             sidecar.deciding.append(DecidingListener("egress", egress, sender=instance.id, step=next_step))
-            sidecar.destinations = {c.id: ingress(c) for c in candidates}
+            sidecar.destinations = {c.id: net.ingress(c) for c in candidates}
             sidecar.catalog = catalog(topology, [instance, *candidates])
         else:
             sidecar.catalog = catalog(topology, [instance])
         points.append(sidecar)
-        services.append(ServiceProcess(instance, service_endpoint(instance), next_step, egress.url if egress else None))
-    return Plan(topology, ENTRY, points, services)
+        service = net.service(instance, beside=True)
+        services.append(ServiceProcess(instance, service, next_step, egress.url if egress else None))
+    return Plan(topology, net.entry("entry"), points, services)
