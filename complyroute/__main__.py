@@ -26,6 +26,31 @@ def cmd_deploy(args) -> int:
     return 0
 
 
+def cmd_render(args) -> int:
+    from . import kubernetes
+
+    topology = manifest.load(args.topology, args.services)
+    folder = deployment.RUNS / "k8s" / f"{topology.name}-{len(topology.instances)}"
+    output = folder.with_suffix(".yaml")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(kubernetes.render(topology, folder))
+    print(f"render: {topology.name} with {len(topology.instances)} services -> {output} (kustomization in {folder})")
+    return 0
+
+
+def cmd_k8s_deploy(args) -> int:
+    from . import kubernetes
+
+    topology = manifest.load(args.topology, args.services)
+    return kubernetes.apply(topology, deployment.RUNS / "k8s" / f"{topology.name}-{len(topology.instances)}", args.timeout)
+
+
+def cmd_k8s_undeploy(args) -> int:
+    from . import kubernetes
+
+    return kubernetes.delete()
+
+
 def cmd_demo(args) -> int:
     state = deployment.read_state()
     if not state or state["manifest"] != str(manifest.resolve(DEMO_MANIFEST)):
@@ -72,6 +97,19 @@ def main(argv: list[str] | None = None) -> int:
     deploy.add_argument("--topology", required=True, help="manifest name, alias or path")
     deploy.add_argument("--services", help="number of service instances, or a manifest whose services to deploy (overrides the manifest's)")
     deploy.set_defaults(run=cmd_deploy)
+
+    render = commands.add_parser("render", help="write a topology's Kubernetes manifests to a file")
+    render.add_argument("--topology", required=True)
+    render.add_argument("--services")
+    render.set_defaults(run=cmd_render)
+
+    k8s_deploy = commands.add_parser("k8s-deploy", help="apply a topology to the current kubectl context and wait for it")
+    k8s_deploy.add_argument("--topology", required=True)
+    k8s_deploy.add_argument("--services")
+    k8s_deploy.add_argument("--timeout", default="300s")
+    k8s_deploy.set_defaults(run=cmd_k8s_deploy)
+
+    commands.add_parser("k8s-undeploy", help="delete every complyroute namespace from the current kubectl context").set_defaults(run=cmd_k8s_undeploy)
 
     commands.add_parser("undeploy", help="stop the current deployment").set_defaults(run=lambda a: (deployment.stop(), 0)[1])
     commands.add_parser("status", help="show the parts of the current deployment").set_defaults(run=lambda a: deployment.status())

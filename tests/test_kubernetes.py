@@ -1,0 +1,114 @@
+"""Kubernetes manifests: every topology renders from its manifest and passes strict offline validation."""
+
+import json
+
+import pytest
+import yaml
+
+from complyroute import kubernetes, manifest
+from complyroute.deployment import POLICIES
+
+TOPOLOGIES = ["sidecar", "central-entity", "dynamic-router-3", "dynamic-router-6", "baseline"]
+
+
+def rendered(topology, services, tmp_path):
+    text = kubernetes.render(manifest.load(topology, services=services), tmp_path / "kustomization")
+    path = tmp_path / f"{topology}-{services}.yaml"
+    path.write_text(text)
+    return path, [o for o in yaml.safe_load_all(text) if o]
+
+
+def by_kind(objects, kind):
+    return {o["metadata"]["name"]: o for o in objects if o["kind"] == kind}
+
+
+@pytest.mark.parametrize("services", [5, 50])
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+def test_rendered_manifests_pass_strict_validation_allowed(topology, services, tmp_path):
+    path, objects = rendered(topology, services, tmp_path)
+    result = kubernetes.validate(path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"Valid: {len(objects)}, Invalid: 0, Errors: 0, Skipped: 0" in result.stdout
+
+
+def test_unknown_field_fails_strict_validation_denied(tmp_path):
+    path, objects = rendered("central-entity", 5, tmp_path)
+    deployment = next(o for o in objects if o["kind"] == "Deployment")
+    deployment["spec"]["template"]["spec"]["containers"][0]["imagePullPolicyy"] = "Always"
+    path.write_text(yaml.safe_dump_all(objects))
+    result = kubernetes.validate(path)
+    assert result.returncode != 0 and "Invalid: 1" in result.stdout, result.stdout
+
+
+def test_every_container_has_probes_and_resources(tmp_path):
+    for topology in TOPOLOGIES:
+        _, objects = rendered(topology, 5, tmp_path / topology)
+        for workload in [o for o in objects if o["kind"] in ("Deployment", "DaemonSet")]:
+            pod = workload["spec"]["template"]["spec"]
+            for container in pod["containers"] + pod.get("initContainers", []):
+                assert {"readinessProbe", "livenessProbe", "resources"} <= set(container), (topology, container["name"])
+                assert container["resources"]["limits"] and container["resources"]["requests"]
+
+
+def test_policy_configmap_is_generated_from_policies_folder(tmp_path):
+    _, objects = rendered("sidecar", 5, tmp_path)
+    policy = next(o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("policy-"))
+    expected = {p for p in POLICIES.rglob("*") if p.is_file() and p.suffix in (".rego", ".json")
+                and "examples" not in p.parts and not p.name.endswith("_test.rego")}
+    assert len(policy["data"]) == len(expected)
+    for path in expected:
+        assert policy["data"][".".join(path.relative_to(POLICIES).parts)] == path.read_text()
+
+
+def test_sidecars_are_native_sidecar_containers_in_each_service_pod(tmp_path):
+    _, objects = rendered("sidecar", 5, tmp_path)
+    deployments = by_kind(objects, "Deployment")
+    for n in range(1, 6):
+        pod = deployments[f"svc-{n:02d}"]["spec"]["template"]["spec"]
+        sidecars = {c["name"]: c for c in pod["initContainers"]}
+        assert all(c["restartPolicy"] == "Always" for c in sidecars.values())
+        # The last step decides nothing, so its sidecar has no OPA.
+        assert set(sidecars) == ({"envoy"} if n == 5 else {"opa", "envoy"})
+        service = pod["containers"][0]
+        assert {"name": "HOST", "value": "127.0.0.1"} in service["env"]  # reachable only through the sidecar
+    assert deployments["entry"]["spec"]["template"]["spec"]["nodeSelector"] == {kubernetes.NODE_LABEL: "gateway"}
+
+
+def test_each_sidecar_catalog_holds_itself_and_the_next_step_only(tmp_path):
+    _, objects = rendered("sidecar", 5, tmp_path)
+    catalog = next(o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("catalog-sidecar-svc-02"))
+    assert set(json.loads(catalog["data"]["data.json"])["instances"]) == {"svc-02", "svc-03"}
+
+
+@pytest.mark.parametrize("topology, sets", [("dynamic-router-3", 1), ("dynamic-router-6", 2)])
+def test_routers_are_daemonsets_behind_node_local_services(topology, sets, tmp_path):
+    _, objects = rendered(topology, 12, tmp_path)
+    daemonsets = by_kind(objects, "DaemonSet")
+    assert sorted(daemonsets) == [f"router-{k}" for k in range(1, sets + 1)]
+    services = by_kind(objects, "Service")
+    for name, daemonset in daemonsets.items():
+        assert daemonset["spec"]["template"]["spec"]["nodeSelector"] == {kubernetes.ROLE_LABEL: "service"}
+        assert services[name]["spec"]["internalTrafficPolicy"] == "Local"
+    # Each service sends its records on to its own router set, on its own port.
+    deployments = by_kind(objects, "Deployment")
+    egress = {n: next(e["value"] for e in d["spec"]["template"]["spec"]["containers"][0]["env"] if e["name"] == "EGRESS_URL")
+              for n, d in deployments.items() if n.startswith("svc-")}
+    assert egress["svc-01"].startswith(f"http://router-1.{kubernetes.namespace_of(manifest.load(topology))}.svc.cluster.local:")
+    assert egress["svc-12"] == ""
+
+
+def test_central_entity_is_pinned_to_the_gateway_and_services_reach_only_it(tmp_path):
+    _, objects = rendered("central-entity", 5, tmp_path)
+    central = by_kind(objects, "Deployment")["central-entity"]
+    assert central["spec"]["template"]["spec"]["nodeSelector"] == {kubernetes.NODE_LABEL: "gateway"}
+    policy = by_kind(objects, "NetworkPolicy")["services"]["spec"]
+    assert policy["ingress"][0]["from"][0]["podSelector"]["matchExpressions"][0]["values"] == ["central-entity"]
+    assert policy["egress"][1]["to"][0]["podSelector"]["matchExpressions"][0]["values"] == ["central-entity"]
+
+
+def test_baseline_lets_services_call_each_other_and_runs_no_opa(tmp_path):
+    _, objects = rendered("baseline", 5, tmp_path)
+    containers = [c["name"] for o in objects if o["kind"] == "Deployment" for c in o["spec"]["template"]["spec"]["containers"]]
+    assert "opa" not in containers
+    policy = by_kind(objects, "NetworkPolicy")["services"]["spec"]
+    assert policy["egress"][1]["to"][0]["podSelector"]["matchExpressions"][0]["values"] == ["service"]
