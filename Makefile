@@ -136,6 +136,38 @@ images: ## Build the service image where a Docker engine runs (Envoy and OPA use
 	  echo "images: on a machine with Docker: docker build -t complyroute/service:$(SERVICE_VERSION) services"; \
 	fi
 
+# The control plane `make k8s-e2e` runs: built from k8s.io/kubernetes (tools/kubernetes/go.mod)
+# with the version stamped in, since kubectl cannot parse an unstamped server version.
+K8S_VERSION := v1.34.4
+K8S_LDFLAGS := $(foreach pkg,k8s.io/component-base/version k8s.io/client-go/pkg/version,\
+  -X $(pkg).gitVersion=$(K8S_VERSION) -X $(pkg).gitMajor=1 -X $(pkg).gitMinor=34)
+K8S_BINARIES := $(BIN)/kube-apiserver $(BIN)/kube-controller-manager $(BIN)/kube-scheduler $(BIN)/kubectl
+
+$(K8S_BINARIES): tools/kubernetes/go.mod tools/kubernetes/go.sum
+	@echo "k8s-setup: building $(notdir $@) $(K8S_VERSION) (the first build of all four: see topologies/README.md)"
+	cd tools/kubernetes && $(GO_ENV) go build -ldflags "$(K8S_LDFLAGS)" -o $@ k8s.io/kubernetes/cmd/$(notdir $@)
+
+$(BIN)/kwok: tools/kwok/go.mod tools/kwok/go.sum
+	@echo "k8s-setup: building kwok"
+	cd tools/kwok && $(GO_ENV) go build -o $@ sigs.k8s.io/kwok/cmd/kwok
+
+.PHONY: etcd
+etcd:
+	@command -v etcd >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "k8s-setup: installing Debian's etcd-server"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null; \
+	  else \
+	    echo "k8s-setup: etcd is not installed. Install it: apt-get install etcd-server (as root)" >&2; exit 1; \
+	  fi; }
+
+.PHONY: k8s-setup
+k8s-setup: setup $(K8S_BINARIES) $(BIN)/kwok etcd ## Build the Kubernetes control plane (kube-apiserver, controllers, scheduler, kubectl, kwok) into ./bin
+
+.PHONY: k8s-e2e
+k8s-e2e: k8s-setup ## Apply every topology to a real kube-apiserver with kwok nodes and check placement, routers, sidecars, policies
+	$(PY) -m pytest -m k8s tests/k8s
+
 .PHONY: check-target
 check-target:
 	$(if $(filter local k8s,$(target)),,$(error target='$(target)' is unknown: use target=local (processes on this machine, the default) or target=k8s (the current kubectl context)))

@@ -1,0 +1,170 @@
+"""A real Kubernetes control plane on loopback, with fake nodes, to check rendered topologies.
+
+etcd (Debian's etcd-server), kube-apiserver, kube-controller-manager and kube-scheduler (built
+from k8s.io/kubernetes by `make k8s-setup`) run as processes; kwok fakes the nodes (one
+gateway, three service nodes, labelled as an operator would label real ones) and the pods
+the scheduler puts on them. Every object goes through the real API server, admission,
+controllers and scheduler; only the kubelet's work is simulated, so no container runs and
+no traffic flows: kwok's pod addresses are data in a status field, nothing is sent to them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import ssl
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import yaml
+
+from .kubernetes import NODE_LABEL, ROLE_LABEL
+from .manifest import REPO
+
+BIN = REPO / "bin"
+ETCD_CLIENT, ETCD_PEER, APISERVER, CONTROLLER_MANAGER, SCHEDULER = 32379, 32380, 36443, 30257, 30259
+TOKEN = "complyroute-k8s-e2e"
+# kwok stages shipped with the pinned kwok module: nodes become Ready and keep a lease,
+# pods become Ready (and go away when deleted) at once.
+KWOK_STAGES = ["kustomize/stage/node/fast/node-initialize.yaml", "kustomize/stage/node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
+               "kustomize/stage/pod/fast/pod-ready.yaml", "kustomize/stage/pod/fast/pod-complete.yaml", "kustomize/stage/pod/fast/pod-delete.yaml"]
+
+
+def kwok_module_dir() -> Path:
+    """Where the Go module cache holds the kwok version tools/kwok/go.mod pins."""
+    found = subprocess.run(
+        ["go", "list", "-m", "-f", "{{.Dir}}", "sigs.k8s.io/kwok"],
+        cwd=REPO / "tools" / "kwok", capture_output=True, text=True, env={**os.environ, "GOWORK": "off", "GOFLAGS": "-mod=mod"},
+    )
+    if found.returncode != 0:
+        raise RuntimeError(f"cannot find the kwok module: {found.stderr}")
+    return Path(found.stdout.strip())
+
+
+class LocalCluster:
+    def __init__(self, workdir: Path, service_nodes: int = 3):
+        self.workdir = workdir
+        self.nodes = [("gateway", "gateway")] + [(f"node-{n}", "service") for n in range(1, service_nodes + 1)]
+        self.kubeconfig = workdir / "kubeconfig"
+        self.processes: dict[str, subprocess.Popen] = {}
+
+    # ---- processes
+    def start_process(self, name: str, command: list[str]) -> None:
+        log = open(self.workdir / f"{name}.log", "ab")
+        self.processes[name] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def wait_for(self, what: str, check, timeout: float = 90) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for name, process in self.processes.items():
+                if process.poll() is not None:
+                    raise RuntimeError(f"{name} exited with {process.returncode}; see {self.workdir / (name + '.log')}")
+            if check():
+                return
+            time.sleep(0.5)
+        raise RuntimeError(f"{what} not ready after {timeout:.0f} s; logs in {self.workdir}")
+
+    def apiserver_ready(self) -> bool:
+        request = urllib.request.Request(f"https://127.0.0.1:{APISERVER}/readyz", headers={"Authorization": f"Bearer {TOKEN}"})
+        try:
+            with urllib.request.urlopen(request, context=ssl._create_unverified_context(), timeout=2) as answer:
+                return answer.status == 200
+        except OSError:
+            return False
+
+    def start(self) -> None:
+        if self.workdir.exists():
+            shutil.rmtree(self.workdir)
+        self.workdir.mkdir(parents=True)
+        keys = self.workdir / "keys"
+        keys.mkdir()
+        subprocess.run(["openssl", "genrsa", "-out", str(keys / "sa.key"), "2048"], check=True, capture_output=True)
+        subprocess.run(["openssl", "rsa", "-in", str(keys / "sa.key"), "-pubout", "-out", str(keys / "sa.pub")], check=True, capture_output=True)
+        (keys / "tokens.csv").write_text(f"{TOKEN},admin,admin,system:masters\n")
+        self.kubeconfig.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "local",
+            "clusters": [{"name": "local", "cluster": {"server": f"https://127.0.0.1:{APISERVER}", "insecure-skip-tls-verify": True}}],
+            "users": [{"name": "admin", "user": {"token": TOKEN}}],
+            "contexts": [{"name": "local", "context": {"cluster": "local", "user": "admin"}}],
+        }))
+
+        self.start_process("etcd", [
+            shutil.which("etcd") or "etcd", "--data-dir", str(self.workdir / "etcd"),
+            "--listen-client-urls", f"http://127.0.0.1:{ETCD_CLIENT}", "--advertise-client-urls", f"http://127.0.0.1:{ETCD_CLIENT}",
+            "--listen-peer-urls", f"http://127.0.0.1:{ETCD_PEER}", "--initial-advertise-peer-urls", f"http://127.0.0.1:{ETCD_PEER}",
+            "--initial-cluster", f"default=http://127.0.0.1:{ETCD_PEER}", "--name", "default",
+        ])
+        self.start_process("kube-apiserver", [
+            str(BIN / "kube-apiserver"), f"--etcd-servers=http://127.0.0.1:{ETCD_CLIENT}",
+            f"--secure-port={APISERVER}", "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+            f"--cert-dir={self.workdir / 'certs'}", f"--token-auth-file={keys / 'tokens.csv'}", "--authorization-mode=RBAC",
+            f"--service-account-key-file={keys / 'sa.pub'}", f"--service-account-signing-key-file={keys / 'sa.key'}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            # Addresses the API server hands out to Services: data only, nothing is routed.
+            "--service-cluster-ip-range=10.96.0.0/16", "--allow-privileged=true",
+        ])
+        self.wait_for("kube-apiserver", self.apiserver_ready)
+        self.start_process("kube-controller-manager", [
+            str(BIN / "kube-controller-manager"), f"--kubeconfig={self.kubeconfig}", "--leader-elect=false",
+            "--bind-address=127.0.0.1", f"--secure-port={CONTROLLER_MANAGER}",
+            f"--service-account-private-key-file={keys / 'sa.key'}", "--use-service-account-credentials=false",
+        ])
+        self.start_process("kube-scheduler", [
+            str(BIN / "kube-scheduler"), f"--kubeconfig={self.kubeconfig}", "--leader-elect=false",
+            "--bind-address=127.0.0.1", f"--secure-port={SCHEDULER}",
+        ])
+        stages = "\n---\n".join((kwok_module_dir() / stage).read_text() for stage in KWOK_STAGES)
+        (self.workdir / "kwok-stages.yaml").write_text(stages)
+        self.start_process("kwok", [
+            str(BIN / "kwok"), f"--kubeconfig={self.kubeconfig}", f"--config={self.workdir / 'kwok-stages.yaml'}",
+            "--manage-all-nodes=false", "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+            # Pod and node addresses kwok writes into status: data only, nothing is sent to them.
+            "--cidr=10.244.0.1/16", "--node-ip=10.240.0.1", "--node-lease-duration-seconds=40",
+        ])
+        self.kubectl("apply", "-f", "-", input=yaml.safe_dump_all([self.node(name, role) for name, role in self.nodes]))
+        self.wait_for("nodes", lambda: self.ready_nodes() == len(self.nodes))
+
+    @staticmethod
+    def node(name: str, role: str) -> dict:
+        return {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": name,
+                "annotations": {"kwok.x-k8s.io/node": "fake"},
+                "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "type": "kwok", NODE_LABEL: name, ROLE_LABEL: role},
+            },
+            "status": {
+                "capacity": {"cpu": "32", "memory": "256Gi", "pods": "250"},
+                "allocatable": {"cpu": "32", "memory": "256Gi", "pods": "250"},
+            },
+        }
+
+    def ready_nodes(self) -> int:
+        nodes = json.loads(self.kubectl("get", "nodes", "-o", "json", quiet=True).stdout)["items"]
+        return sum(any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"].get("conditions", [])) for n in nodes)
+
+    def kubectl(self, *args: str, input: str | None = None, quiet: bool = False, check: bool = True) -> subprocess.CompletedProcess:
+        result = subprocess.run([str(BIN / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args], input=input, capture_output=True, text=True)
+        if check and result.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
+        if not quiet and result.stdout.strip():
+            print(result.stdout.strip())
+        return result
+
+    def stop(self) -> None:
+        for process in reversed(list(self.processes.values())):
+            try:
+                os.killpg(process.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for process in self.processes.values():
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()

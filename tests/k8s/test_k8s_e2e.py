@@ -1,0 +1,82 @@
+"""Every topology applied to a real API server (etcd, kube-apiserver, controllers, scheduler)
+whose nodes kwok fakes: accepted, scheduled where the manifest says, and shaped as designed.
+
+Run by `make k8s-e2e`, not by the default pytest run (it needs the binaries `make k8s-setup`
+builds).
+"""
+
+import json
+from collections import Counter
+
+import pytest
+
+from complyroute import kubernetes, manifest
+from complyroute.localcluster import LocalCluster
+from complyroute.manifest import REPO
+
+pytestmark = pytest.mark.k8s
+
+TOPOLOGIES = ["sidecar", "central-entity", "dynamic-router-3", "dynamic-router-6", "baseline"]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    local = LocalCluster(REPO / "runs" / "k8s-e2e")
+    local.start()
+    yield local
+    local.stop()
+
+
+def get(cluster, kind, namespace):
+    return json.loads(cluster.kubectl("-n", namespace, "get", kind, "-o", "json", quiet=True).stdout)["items"]
+
+
+@pytest.mark.parametrize("services", [5, 50])
+@pytest.mark.parametrize("topology_name", TOPOLOGIES)
+def test_topology_is_accepted_scheduled_and_shaped_as_designed(cluster, topology_name, services, tmp_path):
+    topology = manifest.load(topology_name, services=services)
+    namespace = kubernetes.namespace_of(topology)
+    rendered = tmp_path / "rendered.yaml"
+    rendered.write_text(kubernetes.render(topology, tmp_path / "kustomization"))
+    objects = [line for line in rendered.read_text().split("\n---\n") if line.strip()]
+
+    # The API server accepts every object (server-side apply validates against its schemas).
+    applied = cluster.kubectl("apply", "--server-side", "-f", str(rendered), quiet=True).stdout.splitlines()
+    assert len(applied) == len(objects) and all(line.endswith("serverside-applied") for line in applied), applied
+    try:
+        cluster.kubectl("-n", namespace, "wait", "--for=condition=Available", "deployment", "--all", "--timeout=180s", quiet=True)
+        for daemonset in get(cluster, "daemonsets", namespace):
+            cluster.kubectl("-n", namespace, "rollout", "status", f"daemonset/{daemonset['metadata']['name']}", "--timeout=180s", quiet=True)
+
+        pods = get(cluster, "pods", namespace)
+        where = {i.id: i.node.name for i in topology.instances}
+        routers = Counter()
+        for pod in pods:
+            app, component, node = pod["metadata"]["labels"]["app"], pod["metadata"]["labels"]["component"], pod["spec"]["nodeName"]
+            if component == "service":
+                assert node == where[app], (app, node)  # the manifest's placement
+            elif component == "router":
+                routers[node] += 1
+            else:
+                assert node == "gateway", (app, node)  # entry, central entity, baseline gateway
+        assert sum(p["metadata"]["labels"]["component"] == "service" for p in pods) == services
+
+        # Each service node gets exactly the routers DR_3 and DR_6 call for; the gateway none.
+        expected_routers = topology.routers_per_node if topology.kind == "dynamic-router" else 0
+        assert routers == Counter({n.name: expected_routers for n in topology.service_nodes if expected_routers}), routers
+
+        if topology.kind == "sidecar":
+            for pod in [p for p in pods if p["metadata"]["labels"]["component"] == "service"]:
+                sidecars = {c["name"]: c.get("restartPolicy") for c in pod["spec"]["initContainers"]}
+                last = topology.next_step(topology.instances[[i.id for i in topology.instances].index(pod["metadata"]["labels"]["app"])].step) is None
+                assert sidecars == ({"envoy": "Always"} if last else {"opa": "Always", "envoy": "Always"})
+
+        policies = {p["metadata"]["name"]: p["spec"] for p in get(cluster, "networkpolicies", namespace)}
+        senders = {"sidecar": ["entry", "service"], "central-entity": ["central-entity"],
+                   "dynamic-router": ["entry", "router"], "baseline": ["gateway", "service"]}[topology.kind]
+        assert policies["services"]["ingress"][0]["from"][0]["podSelector"]["matchExpressions"][0]["values"] == senders
+        assert set(policies["services"]["policyTypes"]) == {"Ingress", "Egress"}
+        assert ("routers" in policies) == (topology.kind == "dynamic-router")
+    finally:
+        cluster.kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=180s", quiet=True)
+    assert cluster.kubectl("get", "namespace", namespace, check=False, quiet=True).returncode != 0

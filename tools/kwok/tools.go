@@ -1,0 +1,6 @@
+//go:build tools
+
+// Package tools records the tool dependency so `go mod tidy` keeps it pinned in go.mod and go.sum.
+package tools
+
+import _ "sigs.k8s.io/kwok/cmd/kwok"
