@@ -368,15 +368,20 @@ class Renderer:
         return folder
 
 
-def render(topology: Topology, folder: Path, policies: Path = POLICIES) -> str:
-    """Render the topology into a kustomization folder and return the built YAML."""
-    renderer = Renderer(topology, policies)
-    renderer.render()
+def build(renderer: Renderer, folder: Path) -> str:
+    """Write the renderer's kustomization folder and return the YAML kustomize builds from it."""
     renderer.write(folder)
     built = subprocess.run([str(KUSTOMIZE), "build", str(folder)], capture_output=True, text=True)
     if built.returncode != 0:
         raise RuntimeError(f"kustomize build {folder} failed:\n{built.stderr}")
     return built.stdout
+
+
+def render(topology: Topology, folder: Path, policies: Path = POLICIES) -> str:
+    """Render the topology into a kustomization folder and return the built YAML."""
+    renderer = Renderer(topology, policies)
+    renderer.render()
+    return build(renderer, folder)
 
 
 KUBERNETES_VERSION = "1.34.0"
@@ -431,15 +436,17 @@ def kubectl(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 
 def apply(topology: Topology, folder: Path, timeout: str = "300s") -> int:
     """Apply the rendered topology in its own namespace and wait until every workload is ready."""
+    renderer = Renderer(topology)
+    renderer.render()
     output = folder.with_suffix(".yaml")
     output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(render(topology, folder))
-    namespace = namespace_of(topology)
+    output.write_text(build(renderer, folder))
+    namespace = renderer.namespace
     kubectl("apply", "--server-side", "-f", str(output))
     kubectl("-n", namespace, "wait", "--for=condition=Available", "deployment", "--all", f"--timeout={timeout}")
-    for router in sorted(merge_router_sets([p for p in place(topology, KubernetesNetwork(namespace)).points if p.name.startswith("router-")])):
-        kubectl("-n", namespace, "rollout", "status", f"daemonset/{router}", f"--timeout={timeout}")
-    entry = next(o for o in ("entry", "central-entity", "gateway") if o in {p.name for p in place(topology).points})
+    for daemonset in [o["metadata"]["name"] for o in renderer.objects if o["kind"] == "DaemonSet"]:
+        kubectl("-n", namespace, "rollout", "status", f"daemonset/{daemonset}", f"--timeout={timeout}")
+    entry = renderer.plan.entry.reach.split(".")[0]  # the Service in front of the entry
     print(f"k8s: {topology.name} is running in namespace {namespace}. Reach its entry with\n"
           f"  kubectl -n {namespace} port-forward service/{entry} 8080:8080\n"
           f"and send records to http://127.0.0.1:8080/process")

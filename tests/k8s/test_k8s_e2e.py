@@ -6,6 +6,8 @@ builds).
 """
 
 import json
+import os
+import subprocess
 from collections import Counter
 
 import pytest
@@ -80,3 +82,16 @@ def test_topology_is_accepted_scheduled_and_shaped_as_designed(cluster, topology
     finally:
         cluster.kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=180s", quiet=True)
     assert cluster.kubectl("get", "namespace", namespace, check=False, quiet=True).returncode != 0
+
+
+def test_make_deploy_and_undeploy_target_k8s_drive_the_current_context(cluster):
+    """The operator's commands, against the current kubectl context (here: the local cluster)."""
+    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
+    deployed = subprocess.run(["make", "topology=dr6", "services=5", "deploy", "target=k8s"], cwd=REPO, env=env, capture_output=True, text=True)
+    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+    assert "port-forward service/entry 8080:8080" in deployed.stdout
+    assert len(get(cluster, "pods", "complyroute-dynamic-router-6")) == 5 + 1 + 6  # services, entry, 2 routers x 3 nodes
+
+    undeployed = subprocess.run(["make", "undeploy", "target=k8s"], cwd=REPO, env=env, capture_output=True, text=True)
+    assert undeployed.returncode == 0, undeployed.stdout + undeployed.stderr
+    assert cluster.kubectl("get", "namespace", "complyroute-dynamic-router-6", check=False, quiet=True).returncode != 0
