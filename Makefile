@@ -179,6 +179,11 @@ check-topology:
 	$(if $(services),$(if $(or $(shell [[ '$(services)' =~ ^[1-9][0-9]*$$ ]] && echo ok),$(wildcard $(services))),,$(error services='$(services)' must be a number of service instances (services=5) or a manifest whose services to deploy (services=topologies/examples/mixed-regions.yaml))))
 	@true
 
+##@ Experiments
+.PHONY: experiment
+experiment: setup ## Quick run of the paper's experiment (every topology and the baseline, 100 and 500 req/s, 5 and 10 services): about 10 minutes
+	$(PY) -m experiments run --profile quick
+
 ##@ Housekeeping
 .PHONY: clean
 clean: ## Remove run folders (not the installed tools)

@@ -15,6 +15,7 @@ import random
 import sys
 from pathlib import Path
 
+import gevent
 from locust import FastHttpUser, constant_throughput, events, task
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # Locust loads this file by path
@@ -28,14 +29,14 @@ BODY_TEXT = json.dumps(BODY)
 @events.init_command_line_parser.add_listener
 def add_arguments(parser):
     parser.add_argument("--requests-csv", required=True, help="file for one row per request")
-    parser.add_argument("--mix", choices=sorted(MIXES), default="allowed")
-    parser.add_argument("--user-rate", type=float, default=10.0, help="requests per second of one user at most")
+    parser.add_argument("--mix", choices=sorted(MIXES), required=True)
+    parser.add_argument("--user-rate", type=float, required=True, help="requests per second of one user at most")
     parser.add_argument("--services", type=int, required=True, help="length of the deployed chain")
     parser.add_argument("--enforcing", choices=("yes", "no"), required=True, help="no for the baseline")
 
 
 class RequestLog:
-    """The CSV every request event appends to; opened when the test starts."""
+    """The CSV every request event appends to; opened when Locust starts, closed when it quits."""
 
     def __init__(self):
         self.file = None
@@ -71,7 +72,7 @@ def close_log(**_):
 
 
 @events.request.add_listener
-def log_request(response_time, response, context, start_time, exception, **_):
+def log_request(response_time, response, context, start_time, **_):
     t_send = start_time * 1000
     status = getattr(response, "status_code", 0) or 0
     row = [f"{t_send:.3f}", f"{response_time:.3f}", status, context["record"], context["expected"]]
@@ -91,6 +92,12 @@ def log_request(response_time, response, context, start_time, exception, **_):
 class CellUser(FastHttpUser):
     records: list = []
     weights: list = []
+
+    def on_start(self):
+        # Users spawn at even intervals that are multiples of their own period, so without a
+        # random phase they would all send in the same instant: bursts, and queueing that the
+        # target rate alone does not cause.
+        gevent.sleep(random.uniform(0, 1 / self.environment.parsed_options.user_rate))
 
     @task
     def send_record(self):

@@ -1,0 +1,85 @@
+"""`python -m experiments run ...` and `python -m experiments report <run-id>`; see README.md."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from . import matrix
+from .mixes import MIXES
+from .runner import RESULTS, Runner, new_run_id
+
+
+def run_folder(results: Path, run_id: str) -> Path:
+    """A run by its id under the results folder, or by the path of its folder."""
+    candidate = Path(run_id)
+    return candidate if (candidate / "metadata.json").exists() else results / run_id
+
+
+def cmd_run(args) -> int:
+    given = {
+        "topologies": args.topologies, "rates": args.rates, "services": args.services, "repetitions": args.repetitions,
+        "duration": args.duration, "warmup": args.warmup, "mix": args.mix, "user_rate": args.user_rate,
+    }
+    if args.run_id and (run_folder(args.results, args.run_id) / "metadata.json").exists():
+        run_dir = run_folder(args.results, args.run_id)
+        stored = matrix.Parameters.from_json(json.loads((run_dir / "metadata.json").read_text())["parameters"])
+        differing = matrix.conflicts(stored, profile=args.profile, **given)
+        if differing:
+            print(f"error: run {run_dir.name} was started with other parameters; resuming keeps its own. Differing: "
+                  + "; ".join(differing), file=sys.stderr)
+            return 2
+        parameters = stored
+    else:
+        parameters = matrix.resolve(args.profile, **given)
+        run_dir = args.results / (args.run_id or new_run_id(parameters.profile))
+    return Runner(run_dir, parameters).run()
+
+
+def cmd_report(args) -> int:
+    from .report import build  # matplotlib only when a report is made
+
+    run_dir = run_folder(args.results, args.run_id)
+    if not (run_dir / "metadata.json").exists():
+        print(f"error: no run at {run_dir} (no metadata.json)", file=sys.stderr)
+        return 2
+    paths = build(run_dir)
+    print(f"report: {paths['html']}\nreport: {paths['markdown']}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m experiments", description=__doc__)
+    parser.add_argument("--results", type=Path, default=RESULTS, help=f"folder of the runs (default {RESULTS})")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    run = commands.add_parser("run", help="run the matrix (or resume a run), then write its report",
+                              description="Every matrix parameter defaults to the profile's (paper unless --profile quick).")
+    run.add_argument("--profile", choices=sorted(matrix.PROFILES), help="preset parameters (default paper)")
+    run.add_argument("--topologies", nargs="+", metavar="NAME", help=f"names or aliases (ce dr3 dr6 sa); default {' '.join(matrix.TOPOLOGIES)}")
+    run.add_argument("--rates", nargs="+", type=int, metavar="REQ_PER_S", help="offered rates (default 100 500 1000)")
+    run.add_argument("--services", nargs="+", type=int, metavar="N", help="chain lengths (default 5 10 25 50)")
+    run.add_argument("--repetitions", type=int, help="repetitions of every case (default 5)")
+    run.add_argument("--duration", type=int, metavar="SECONDS", help="measured seconds per cell, after the warm-up (paper 60, quick 20)")
+    run.add_argument("--warmup", type=int, metavar="SECONDS", help="seconds of load left out of the statistics (paper 10, quick 5)")
+    run.add_argument("--mix", choices=sorted(MIXES), help="records sent: allowed (default: all through the whole chain) or mixed (1 in 5 denied)")
+    run.add_argument("--user-rate", type=float, metavar="REQ_PER_S", help=f"requests per second of one Locust user at most (default {matrix.DEFAULT_USER_RATE:g})")
+    run.add_argument("--run-id", help="resume this run (finished cells are skipped), or name a new one")
+    run.set_defaults(handler=cmd_run)
+
+    report = commands.add_parser("report", help="write report.md and report.html of a run")
+    report.add_argument("run_id", help="a run id under the results folder, or a run folder's path")
+    report.set_defaults(handler=cmd_report)
+
+    args = parser.parse_args(argv)
+    try:
+        return args.handler(args)
+    except matrix.ParameterError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

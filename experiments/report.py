@@ -1,0 +1,575 @@
+"""A run's report: derived tables (report/tables/*.csv), figures (report/figures/*.png, .svg)
+and report.md / report.html (self-contained: the figures embedded).
+
+The report is built only from results/<run-id>/ (metadata.json and raw/), so it can be
+rebuilt at any time: `python -m experiments report <run-id>`.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import re
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib import cbook  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+from matplotlib.ticker import FuncFormatter  # noqa: E402
+
+from . import stats  # noqa: E402
+from .matrix import BASELINE, MAX_ERROR_RATE, MIN_ACHIEVED_SHARE, PAPER_NAMES, PROFILES, TOPOLOGIES  # noqa: E402
+
+PAPER_REFERENCE = Path(__file__).resolve().parent / "paper_reference.json"
+COLORS = {"central-entity": "#d62728", "dynamic-router-3": "#ff7f0e", "dynamic-router-6": "#bcbd22", "sidecar": "#1f77b4", "baseline": "#7f7f7f"}
+SPLIT_COLORS = {"in services": "#4c72b0", "transit": "#bbbbbb", "enforcement": "#dd8452"}
+# Outliers drawn per box at most: tens of thousands of points per box make unreadable,
+# heavy figures; the whiskers and the tables keep the extremes.
+MAX_FLIERS = 200
+SATURATED_MARK = "†"
+
+
+def load_paper_reference() -> dict:
+    return json.loads(PAPER_REFERENCE.read_text())
+
+
+# ---- derived tables -------------------------------------------------------------------
+
+def paper_w_avg_over(services: list[int], architecture: str, rate: int, reference: dict) -> float:
+    """The paper's W Avg over the service counts we ran, where its Table I row is legible."""
+    medians = reference["median_rtt_ms"].get(architecture, {}).get(str(rate), {})
+    if not services or any(str(n) not in medians for n in services):
+        return float("nan")
+    return float(np.mean([medians[str(n)] / n for n in services]))
+
+
+def w_avg_comparison(w_avg: pd.DataFrame, reference: dict) -> pd.DataFrame:
+    rows = []
+    for row in w_avg.itertuples():
+        architecture = PAPER_NAMES[row.topology]
+        services = [int(n) for n in row.services_run.split()]
+        rows.append({
+            "topology": row.topology, "rate": row.rate, "w_avg": row.w_avg, "services_run": row.services_run,
+            "paper_w_avg": reference["w_avg_ms"].get(architecture, {}).get(str(row.rate), float("nan")),
+            "paper_w_avg_same_services": paper_w_avg_over(services, architecture, row.rate, reference),
+            "any_saturated": row.any_saturated,
+        })
+    return pd.DataFrame(rows)
+
+
+# ---- formatting -----------------------------------------------------------------------
+
+def ms(value) -> str:
+    return "–" if pd.isna(value) else f"{value:.3f}"
+
+
+def rate_text(value) -> str:
+    return "–" if pd.isna(value) else f"{value:.1f}"
+
+
+def percent(value) -> str:
+    return "–" if pd.isna(value) else f"{value:.1%}"
+
+
+def cores(value) -> str:
+    return "–" if pd.isna(value) else f"{round(value, 2) + 0.0:.2f}"  # + 0.0: no "-0.00" from sampling noise
+
+
+def arch(topology: str) -> str:
+    return PAPER_NAMES.get(topology, topology)
+
+
+def table_one(table: pd.DataFrame, w_avg: pd.DataFrame) -> pd.DataFrame:
+    """Table I in the paper's layout; W Avg on the first row of each architecture and rate."""
+    w_avg_of = {(r.topology, r.rate): r.w_avg for r in w_avg.itertuples()}
+    rows, previous = [], None
+    for row in table.itertuples():
+        first = (row.topology, row.rate) != previous
+        previous = (row.topology, row.rate)
+        rows.append({
+            "Arch.": arch(row.topology) if first else "",
+            "Call Freq. (req/s)": str(row.rate) if first else "",
+            "Num. Serv.": f"{row.services}{' ' + SATURATED_MARK if row.saturated else ''}",
+            "Min (ms)": ms(row.min), "Q1 (ms)": ms(row.q1), "Median (ms)": ms(row.median), "Q3 (ms)": ms(row.q3),
+            "p95 (ms)": ms(row.p95), "Max (ms)": ms(row.max), "Mean (ms)": ms(row.mean), "STD": ms(row.std),
+            "W Avg (ms)": ms(w_avg_of.get((row.topology, row.rate))) if first else "",
+        })
+    return pd.DataFrame(rows)
+
+
+def load_view(cells: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame({
+        "Arch.": cells["topology"].map(arch), "Rate (req/s)": cells["rate"], "Serv.": cells["services"], "Rep.": cells["repetition"],
+        "Users": cells["users"], "Offered (req/s)": cells["offered_rate"].map(rate_text), "Achieved (req/s)": cells["achieved_rate"].map(rate_text),
+        "Achieved / offered": (cells["achieved_rate"] / cells["offered_rate"]).map(percent), "Errors": cells["error_rate"].map(percent),
+        "Saturated": cells["saturated"].map({True: f"yes {SATURATED_MARK}", False: "no"}), "Median RTT (ms)": cells["median"].map(ms),
+        "CPU machine": cells["cpu_machine"].map(cores), "CPU Locust": cells["cpu_locust"].map(cores),
+        "CPU deployment": cells["cpu_deployment"].map(cores), "CPU other": cells["cpu_other"].map(cores),
+    })
+
+
+def w_avg_view(comparison: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame({
+        "Arch.": comparison["topology"].map(arch), "Rate (req/s)": comparison["rate"],
+        "W Avg ours (ms)": [f"{ms(v)}{' ' + SATURATED_MARK if s else ''}" for v, s in zip(comparison["w_avg"], comparison["any_saturated"])],
+        "Services run": comparison["services_run"], "W Avg paper (ms, n = 5 10 25 50)": comparison["paper_w_avg"].map(ms),
+        "Paper over our n (ms)": comparison["paper_w_avg_same_services"].map(ms),
+    })
+
+
+def spread_view(spread: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame({
+        "Arch.": spread["topology"].map(arch), "Rate (req/s)": spread["rate"], "Serv.": spread["services"],
+        "Repetitions": spread["repetitions"], "Median of each repetition (ms)": spread["medians"],
+        "CV of the medians": spread["cv"].map(percent),
+    })
+
+
+def cost_view(cost: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame({
+        "Arch.": cost["topology"].map(arch), "Rate (req/s)": cost["rate"],
+        "Serv. (= hops)": [f"{n}{' ' + SATURATED_MARK if s else ''}" for n, s in zip(cost["services"], cost["saturated"])],
+        "Median RTT (ms)": cost["median"].map(ms), "Baseline median RTT (ms)": cost["baseline_median"].map(ms),
+        "Enforcement per hop (ms)": cost["cost_per_hop"].map(ms),
+    })
+
+
+def split_view(split: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
+    saturated = {(r.topology, r.rate, r.services) for r in table.itertuples() if r.saturated}
+    return pd.DataFrame({
+        "Arch.": split["topology"].map(arch), "Rate (req/s)": split["rate"],
+        "Serv.": [f"{n}{' ' + SATURATED_MARK if (t, r, n) in saturated else ''}" for t, r, n in zip(split["topology"], split["rate"], split["services"])],
+        "Mean RTT (ms)": split["rtt_ms"].map(ms), "In services (ms)": split["service_ms"].map(ms),
+        "Transit (ms)": split["transit_ms"].map(ms), "Enforcement (ms)": split["enforcement_ms"].map(ms),
+        "Enforcement share": (split["enforcement_ms"] / split["rtt_ms"]).map(percent),
+        "Enforcement per hop (ms)": split["enforcement_per_hop_ms"].map(ms),
+        "Median gap t_out→t_in (ms)": split["forward_gap_median_ms"].map(ms),
+        "Baseline gap (ms)": split["baseline_forward_gap_median_ms"].map(ms),
+        "Enforcement per gap (ms)": split["enforcement_per_gap_ms"].map(ms),
+    })
+
+
+# ---- figures --------------------------------------------------------------------------
+
+def save(figure, figures_dir: Path, name: str) -> Path:
+    png = figures_dir / f"{name}.png"
+    figure.savefig(png, dpi=130, bbox_inches="tight")
+    figure.savefig(figures_dir / f"{name}.svg", bbox_inches="tight")
+    plt.close(figure)
+    return png
+
+
+def topology_legend(topologies: list[str], extra: list | None = None) -> list:
+    return [Patch(facecolor=COLORS[t], edgecolor="black", label=arch(t)) for t in topologies] + (extra or [])
+
+
+def panels(count: int, width: float, height: float, columns: int = 2, **options):
+    """A grid of `count` panels, at most `columns` wide, so that a page shows them legibly."""
+    columns = min(columns, count)
+    rows = -(-count // columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(width * columns, height * rows), squeeze=False, **options)
+    flat = list(axes.flatten())
+    for unused in flat[count:]:
+        unused.set_visible(False)
+    return figure, flat[:count]
+
+
+def log_scale(ax) -> None:
+    """A log y axis labelled 2, 5, 10, 20, ... rather than 2 x 10^0."""
+    ax.set_yscale("log")
+    plain = FuncFormatter(lambda value, _: f"{value:g}")
+    ax.yaxis.set_major_formatter(plain)
+    ax.yaxis.set_minor_formatter(FuncFormatter(lambda value, _: f"{value:g}" if str(f"{value:g}")[0] in "25" else ""))
+
+
+def legend_below(figure, handles: list) -> None:
+    """One legend under all panels, where it hides no bar or box."""
+    figure.tight_layout(rect=(0, 0.08, 1, 1))
+    figure.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8, frameon=False)
+
+
+def box_figure(table: pd.DataFrame, requests: pd.DataFrame, figures_dir: Path) -> Path:
+    """Like the paper's Fig. 2: RTT distributions, one panel per rate, a box per topology
+    and service count; a log scale when the panel spans more than two decades."""
+    timed = stats.delivered(requests)
+    values = {key: group["rtt_ms"].to_numpy() for key, group in timed.groupby(stats.CASE, observed=True)}
+    rates = sorted(table["rate"].unique())
+    services = sorted(table["services"].unique())
+    topologies = [t for t in TOPOLOGIES if t in set(table["topology"])]
+    width = 0.8 / len(topologies)
+    figure, axes = panels(len(rates), max(7.0, 0.5 * len(services) * len(topologies) + 2), 3.4, columns=1)
+    rng = np.random.default_rng(0)
+    for ax, rate in zip(axes, rates):
+        for t_index, topology in enumerate(topologies):
+            for s_index, n in enumerate(services):
+                data = values.get((topology, rate, n))
+                if data is None or not len(data):
+                    continue
+                box = cbook.boxplot_stats(data, whis=1.5)[0]
+                if len(box["fliers"]) > MAX_FLIERS:
+                    box["fliers"] = rng.choice(box["fliers"], MAX_FLIERS, replace=False)
+                saturated = bool(table[(table.topology == topology) & (table.rate == rate) & (table.services == n)]["saturated"].any())
+                drawn = ax.bxp([box], positions=[s_index + (t_index - (len(topologies) - 1) / 2) * width], widths=width * 0.85,
+                               patch_artist=True, showfliers=True, flierprops={"marker": ".", "markersize": 2, "alpha": 0.4},
+                               medianprops={"color": "black", "linewidth": 1.5})
+                for patch in drawn["boxes"]:
+                    patch.set_facecolor(COLORS[topology])
+                    patch.set_hatch("///" if saturated else "")
+        positive = timed[timed["rate"] == rate]["rtt_ms"]
+        positive = positive[positive > 0]
+        if len(positive) and positive.max() / positive.min() > 100:
+            log_scale(ax)
+        ax.set_xticks(range(len(services)), [f"{n} services" for n in services])
+        ax.set_ylabel("RTT (ms)")
+        ax.set_title(f"{rate} requests/s (offered)")
+        ax.grid(axis="y", alpha=0.3, which="both")
+    legend_below(figure, topology_legend(topologies, [Patch(facecolor="white", edgecolor="black", hatch="///", label="saturated")]))
+    return save(figure, figures_dir, "rtt_boxplots")
+
+
+def grouped_bars(ax, groups: list, series: dict) -> None:
+    """Bars of every topology side by side in each group; series: topology -> one value per group."""
+    width = 0.8 / max(1, len(series))
+    for index, (topology, heights) in enumerate(series.items()):
+        positions = np.arange(len(groups)) + (index - (len(series) - 1) / 2) * width
+        ax.bar(positions, heights, width * 0.95, color=COLORS[topology], edgecolor="black", linewidth=0.5)
+    ax.set_xticks(range(len(groups)), groups)
+
+
+def w_avg_figure(comparison: pd.DataFrame, figures_dir: Path) -> Path:
+    """Our W Avg beside the paper's, per rate; log scale (the paper's CE is hundreds of ms)."""
+    rates = sorted(comparison["rate"].unique())
+    figure, axes = panels(len(rates), 4.6, 4.0)
+    for ax, rate in zip(axes, rates):
+        rows = comparison[comparison["rate"] == rate]
+        names = [arch(t) for t in rows["topology"]]
+        positions = np.arange(len(rows))
+        ours = ax.bar(positions - 0.2, rows["w_avg"], 0.4, color=[COLORS[t] for t in rows["topology"]], edgecolor="black", linewidth=0.5)
+        ax.bar(positions + 0.2, rows["paper_w_avg"].fillna(0), 0.4, color="white", edgecolor=[COLORS[t] for t in rows["topology"]], hatch="..", linewidth=1.2)
+        for bar, value, saturated in zip(ours, rows["w_avg"], rows["any_saturated"]):
+            ax.annotate(f"{value:.1f}{SATURATED_MARK if saturated else ''}", (bar.get_x() + bar.get_width() / 2, value), ha="center", va="bottom", fontsize=7)
+        for position, value in zip(positions, rows["paper_w_avg"]):
+            if not pd.isna(value):
+                ax.annotate(f"{value:.1f}", (position + 0.2, value), ha="center", va="bottom", fontsize=7, color="#444")
+        ax.set_xticks(positions, names)
+        log_scale(ax)
+        ax.set_title(f"{rate} requests/s (offered)")
+        ax.set_ylabel("W Avg (ms per service)")
+        ax.grid(axis="y", alpha=0.3, which="both")
+    legend_below(figure, [Patch(facecolor="#999", edgecolor="black", label="ours (n run: " + comparison["services_run"].iloc[0] + f"; {SATURATED_MARK}: saturated)"),
+                          Patch(facecolor="white", edgecolor="black", hatch="..", label="paper (n = 5 10 25 50)")])
+    return save(figure, figures_dir, "w_avg")
+
+
+def cost_figure(cost: pd.DataFrame, figures_dir: Path) -> Path:
+    """Enforcement per hop, one panel per rate; saturated cases hatched."""
+    rates = sorted(cost["rate"].unique())
+    services = sorted(cost["services"].unique())
+    topologies = [t for t in TOPOLOGIES if t in set(cost["topology"])]
+    figure, axes = panels(len(rates), max(4.6, 0.3 * len(services) * len(topologies) + 1.5), 3.8)
+    for ax, rate in zip(axes, rates):
+        rows = cost[cost["rate"] == rate]
+        series = {t: [rows[(rows.topology == t) & (rows.services == n)]["cost_per_hop"].sum(min_count=1) for n in services] for t in topologies}
+        grouped_bars(ax, [f"{n} services" for n in services], series)
+        saturated = {(r.topology, r.services) for r in rows.itertuples() if r.saturated}
+        for bar, key in zip(ax.patches, [(t, n) for t in topologies for n in services]):
+            bar.set_hatch("///" if key in saturated else "")
+        ax.axhline(0, color="black", linewidth=0.6)
+        ax.set_title(f"{rate} requests/s (offered)")
+        ax.set_ylabel("(median RTT − baseline's) / hops (ms)")
+        ax.grid(axis="y", alpha=0.3)
+    legend_below(figure, topology_legend(topologies, [Patch(facecolor="white", edgecolor="black", hatch="///", label="saturated")]))
+    return save(figure, figures_dir, "enforcement_per_hop")
+
+
+def split_figure(split: pd.DataFrame, table: pd.DataFrame, figures_dir: Path) -> Path:
+    """Stacked mean time per request: in services, transit, enforcement (topology − baseline);
+    saturated cases marked in their label."""
+    saturated = {(r.topology, r.rate, r.services) for r in table.itertuples() if r.saturated}
+    rates = sorted(split["rate"].unique())
+    figure, axes = panels(len(rates), max(6.0, 0.5 * split.groupby("rate").size().max() + 1.5), 4.0, columns=1)
+    for ax, rate in zip(axes, rates):
+        rows = split[split["rate"] == rate].reset_index(drop=True)
+        labels = [f"{arch(t)}\n{n}{' ' + SATURATED_MARK if (t, rate, n) in saturated else ''}" for t, n in zip(rows["topology"], rows["services"])]
+        bottom = np.zeros(len(rows))
+        parts = {
+            "in services": rows["service_ms"].to_numpy(),
+            "transit": rows["transit_ms"].fillna(rows["outside_ms"]).to_numpy(),
+            "enforcement": rows["enforcement_ms"].clip(lower=0).fillna(0).to_numpy(),
+        }
+        for name, heights in parts.items():
+            ax.bar(range(len(rows)), heights, 0.7, bottom=bottom, color=SPLIT_COLORS[name], edgecolor="black", linewidth=0.4)
+            bottom += heights
+        ax.set_xticks(range(len(rows)), labels, fontsize=7)
+        ax.set_title(f"{rate} requests/s (offered): mean per request")
+        ax.set_ylabel("ms")
+        ax.set_xlabel(f"architecture, services ({SATURATED_MARK}: saturated)")
+        ax.grid(axis="y", alpha=0.3)
+    legend_below(figure, [Patch(facecolor=color, edgecolor="black", label=name) for name, color in SPLIT_COLORS.items()])
+    return save(figure, figures_dir, "time_split")
+
+
+def load_figure(cells: pd.DataFrame, figures_dir: Path) -> Path:
+    """Achieved rate as a share of the offered one per case (mean over repetitions), the
+    achieved req/s written on each bar; one panel per service count."""
+    services = sorted(cells["services"].unique())
+    rates = sorted(cells["rate"].unique())
+    topologies = [t for t in TOPOLOGIES if t in set(cells["topology"])]
+    achieved = cells.groupby(["topology", "rate", "services"])["achieved_rate"].mean()
+    figure, axes = panels(len(services), max(4.4, 0.45 * len(rates) * len(topologies) + 1.5), 3.8)
+    for ax, n in zip(axes, services):
+        series = {t: [100 * achieved.get((t, r, n), np.nan) / r for r in rates] for t in topologies}
+        grouped_bars(ax, [f"{r} req/s offered" for r in rates], series)
+        for bar, (topology, rate) in zip(ax.patches, [(t, r) for t in topologies for r in rates]):
+            value = achieved.get((topology, rate, n), np.nan)
+            if not pd.isna(value):
+                ax.annotate(f"{value:.0f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=6)
+        ax.axhline(100, color="black", linewidth=1)
+        ax.axhline(100 * MIN_ACHIEVED_SHARE, color="black", linewidth=1, linestyle="dotted")
+        ax.set_ylim(0, 115)
+        ax.set_title(f"{n} services")
+        ax.set_ylabel("achieved / offered rate (%)")
+        ax.grid(axis="y", alpha=0.3)
+    figure.suptitle("Achieved share of the offered rate (on the bars: achieved req/s); below the dotted 95% line: saturated", fontsize=9)
+    legend_below(figure, topology_legend(topologies))
+    return save(figure, figures_dir, "offered_vs_achieved")
+
+
+# ---- documents ------------------------------------------------------------------------
+
+def markdown_table(frame: pd.DataFrame) -> str:
+    header = "| " + " | ".join(str(c) for c in frame.columns) + " |"
+    rule = "|" + "|".join("---" for _ in frame.columns) + "|"
+    body = ["| " + " | ".join(str(v).replace("|", "\\|") for v in row) + " |" for row in frame.itertuples(index=False)]
+    return "\n".join([header, rule, *body])
+
+
+def inline_html(text: str) -> str:
+    """Escape, then `code` and **bold**: the only markup the report's prose uses."""
+    escaped = html.escape(text)
+    escaped = re.sub(r"`([^`]+)`", r"<code>\1</code>", escaped)
+    return re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", escaped)
+
+
+def render_markdown(blocks: list[tuple], report_dir: Path) -> str:
+    out = []
+    for kind, *content in blocks:
+        if kind == "h1":
+            out.append(f"# {content[0]}")
+        elif kind == "h2":
+            out.append(f"## {content[0]}")
+        elif kind == "p":
+            out.append(content[0])
+        elif kind == "list":
+            out.append("\n".join(f"- {item}" for item in content[0]))
+        elif kind == "table":
+            out.append(markdown_table(content[0]))
+        elif kind == "figure":
+            path, caption = content
+            out.append(f"![{path.stem}]({path.relative_to(report_dir).as_posix()})\n\n*{caption}* (also as [SVG]({path.with_suffix('.svg').relative_to(report_dir).as_posix()}))")
+    return "\n\n".join(out) + "\n"
+
+
+HTML_STYLE = """
+body { font-family: system-ui, sans-serif; max-width: 1200px; margin: 2em auto; padding: 0 1em; color: #222; line-height: 1.45; }
+table { border-collapse: collapse; margin: 0.8em 0; font-size: 0.82em; }
+th, td { border: 1px solid #ccc; padding: 2px 6px; text-align: right; white-space: nowrap; }
+th { background: #f0f0f0; } td:first-child, th:first-child { text-align: left; }
+figure { margin: 1em 0; } figure img { max-width: 100%; } figcaption { font-size: 0.9em; color: #444; }
+code { background: #f4f4f4; padding: 0 3px; } h2 { border-bottom: 1px solid #ddd; margin-top: 1.6em; }
+.scroll { overflow-x: auto; }
+"""
+
+
+def render_html(blocks: list[tuple], title: str) -> str:
+    out = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{HTML_STYLE}</style></head><body>"]
+    for kind, *content in blocks:
+        if kind in ("h1", "h2"):
+            out.append(f"<{kind}>{inline_html(content[0])}</{kind}>")
+        elif kind == "p":
+            out.append(f"<p>{inline_html(content[0])}</p>")
+        elif kind == "list":
+            out.append("<ul>" + "".join(f"<li>{inline_html(item)}</li>" for item in content[0]) + "</ul>")
+        elif kind == "table":
+            out.append("<div class='scroll'>" + content[0].to_html(index=False, escape=True, border=0) + "</div>")
+        elif kind == "figure":
+            path, caption = content
+            encoded = base64.b64encode(path.read_bytes()).decode()
+            out.append(f"<figure><img alt='{html.escape(caption)}' src='data:image/png;base64,{encoded}'><figcaption>{inline_html(caption)}</figcaption></figure>")
+    out.append("</body></html>")
+    return "\n".join(out)
+
+
+METHOD = [
+    "**Closed loop.** Locust runs as one process of `FastHttpUser`s; each user sends at most `user_rate` requests per second "
+    "(`constant_throughput`, with a random phase so users do not fire together) and waits for each answer before its next request. "
+    "users = offered rate / user_rate. While the RTT stays under 1/user_rate the offered rate is kept; beyond it the users send less: "
+    "a slow system receives fewer requests. The offered rate is the target; the achieved rate is the number of requests sent in the "
+    "measured window divided by its length. Unlike an open-loop load (and like the paper's JMeter threads), an overloaded cell "
+    "therefore shows RTT ≈ users / achieved rate (Little's law) rather than an ever-growing queue.",
+    f"**Saturation.** A cell is saturated when it achieved less than {MIN_ACHIEVED_SHARE:.0%} of its offered rate or had more than "
+    f"{MAX_ERROR_RATE:.0%} errors (a status other than the one its record should get). Saturated cases are marked {SATURATED_MARK} "
+    "(any repetition saturated) and hatched in the box plots: their numbers describe an overloaded system at the achieved rate, not the "
+    "system at the offered rate.",
+    "**Warm-up and window.** t0 is a cell's first request. Requests sent before t0 + warm-up are left out; the window is the next "
+    "`duration` seconds. Requests still in flight at the end are given up to 30 s to finish, so slow answers to requests sent in the "
+    "window are not lost. Every request's send time, RTT and status is kept in raw/<cell>/requests.csv.gz, warm-up included.",
+    "**Statistics.** RTT statistics cover the delivered requests: records meant to go through the whole chain (all of them with the "
+    "default mix) that got their 200. Quantiles are pandas' (linear interpolation between closest ranks), STD the sample standard "
+    "deviation. Repetitions are pooled as in the paper (Table I); the median of each repetition and their coefficient of variation "
+    "show the spread between repetitions. W Avg = mean over the service counts n run of (median RTT_n / n); with n = 5, 10, 25, 50 "
+    "that is the paper's (RTT_5/5 + RTT_10/10 + RTT_25/25 + RTT_50/50)/4. With fewer service counts it is not comparable to the "
+    "paper's value as such: the paper's column \"over our n\" recomputes it from the one legible row of Table I (CE at 100 req/s).",
+    "**Time split.** Every instance reports t_in, t_out and t_back in the answer; with the client's send and receive times (same "
+    "clock, one machine) each delivered request's RTT splits exactly into: in services (Σ t_out − t_in), forward (Σ next t_in − t_out), "
+    "back (Σ t_back − the next one's answer time), entry (client → first service) and exit (first service → client). The baseline "
+    "enforces nothing and its services call each other directly, so its time outside the services is transit (loopback, the entry's "
+    "plain proxy, the client). For a topology, enforcement = its mean time outside the services − the baseline's at the same rate and "
+    "services; transit = the baseline's. Means are used because they add up to the mean RTT. Gap-based, per hop: the median gap "
+    "t_out → next t_in per gap, minus the baseline's. The timestamps are taken before the service's own work (t_in at the request "
+    "hook) and when it sends on (t_out), so queueing in a service's event loop before its handler runs counts as outside it.",
+    "**Cost of enforcement per hop.** (median RTT of the topology − median RTT of the baseline) / hops, at the same rate and services, "
+    "both measured in this run; hops = services (the entry's hop and the n − 1 between services are each decided). Under saturation "
+    "this mixes the decision cost with queueing, and should be read as such.",
+]
+
+
+def build(run_dir: Path) -> dict:
+    """Write report/ (tables, figures, report.md, report.html) for a run; return their paths."""
+    meta = json.loads((run_dir / "metadata.json").read_text())
+    cells, requests, failed = stats.load_run(run_dir)
+    report_dir = run_dir / "report"
+    tables_dir, figures_dir = report_dir / "tables", report_dir / "figures"
+    tables_dir.mkdir(parents=True, exist_ok=True)
+    figures_dir.mkdir(parents=True, exist_ok=True)
+    reference = load_paper_reference()
+    parameters = meta["parameters"]
+
+    blocks: list[tuple] = [("h1", f"complyroute experiment {meta['run_id']}")]
+    preset = PROFILES.get(parameters["profile"], {})
+    changed = [name for name, value in parameters.items() if name in preset and preset[name] != value]
+    blocks.append(("p", f"Profile `{parameters['profile']}`" + (f" (changed: {', '.join(changed)})" if changed else "") + f": topologies {', '.join(arch(t) for t in parameters['topologies'])}; "
+                        f"offered rates {', '.join(map(str, parameters['rates']))} req/s; {', '.join(map(str, parameters['services']))} services; "
+                        f"{parameters['repetitions']} repetition(s) of {parameters['duration']} s after a {parameters['warmup']} s warm-up; "
+                        f"record mix `{parameters['mix']}`; {parameters['user_rate']:g} req/s per Locust user. "
+                        f"Raw data: `{run_dir / 'raw'}`; tables: `{tables_dir}`; figures: `{figures_dir}`."))
+    expected = len(parameters["topologies"]) * len(parameters["rates"]) * len(parameters["services"]) * parameters["repetitions"]
+    if cells.empty:
+        blocks.append(("p", f"No cell of this run has finished yet (0 of {expected}); {len(failed)} failed."))
+        return write_documents(blocks, report_dir, meta)
+
+    cells.to_csv(tables_dir / "cells.csv", index=False)
+    table = stats.pooled(cells, requests)
+    table.to_csv(tables_dir / "table1.csv", index=False)
+    w_avg = stats.w_avg(table)
+    comparison = w_avg_comparison(w_avg, reference)
+    comparison.to_csv(tables_dir / "w_avg.csv", index=False)
+    spread = stats.repetition_spread(cells)
+    spread.to_csv(tables_dir / "repetitions.csv", index=False)
+    cost = stats.enforcement_cost(table)
+    cost.to_csv(tables_dir / "enforcement_cost.csv", index=False)
+    split = stats.time_split(requests)
+    split.to_csv(tables_dir / "time_split.csv", index=False)
+
+    machine, versions = meta["machine"], meta["versions"]
+    saturated = cells[cells["saturated"]]
+    blocks.append(("h2", "Read this first"))
+    blocks.append(("list", [
+        f"{len(cells)} of {expected} cells finished" + (f", {len(failed)} failed (listed at the end)" if failed else "") + ".",
+        f"**{len(saturated)} of {len(cells)} cells are saturated** ({SATURATED_MARK}: below {MIN_ACHIEVED_SHARE:.0%} of the offered rate or over "
+        f"{MAX_ERROR_RATE:.0%} errors). The load is a closed loop: a slow system receives fewer requests, so a saturated cell's RTTs belong to "
+        "its achieved rate, shown beside the offered one below.",
+        f"This machine has {machine['cores']} cores ({machine['cpu_model']}, {machine['memory_gib']} GiB), shared by Locust and every process "
+        "of the deployment (services, Envoys, OPAs): the paper ran on 4 nodes of 48 to 56 hardware threads, with the load from 5 other "
+        "machines. Absolute numbers are not comparable with the paper's; the ranking of the architectures and the trends are what to compare.",
+        "CPU columns: cores kept busy in the window by the whole machine, by Locust, by the deployment, and by anything else (\"other\": other "
+        "users of a shared machine disturb a cell when this is high).",
+    ]))
+    blocks.append(("h2", "Offered and achieved rate"))
+    blocks.append(("table", load_view(cells)))
+    blocks.append(("figure", load_figure(cells, figures_dir), "Achieved rate (mean over repetitions) against the offered rate."))
+
+    blocks.append(("h2", "Table I: RTT statistics (repetitions pooled)"))
+    blocks.append(("p", f"In the paper's layout, in ms. {SATURATED_MARK}: saturated case. p99 and the request counts are in `tables/table1.csv`."))
+    blocks.append(("table", table_one(table, w_avg)))
+    blocks.append(("figure", box_figure(table, requests, figures_dir),
+                   f"RTT distributions (as the paper's Fig. 2): boxes Q1–Q3 with the median, whiskers to 1.5 IQR, at most {MAX_FLIERS} outliers "
+                   "drawn per box (chosen at random); hatched: saturated."))
+
+    blocks.append(("h2", "W Avg: ours and the paper's"))
+    blocks.append(("table", w_avg_view(comparison)))
+    blocks.append(("figure", w_avg_figure(comparison, figures_dir),
+                   "W Avg per architecture and offered rate: ours (filled) beside the paper's published value (dotted; from "
+                   "experiments/paper_reference.json, citing ../shared/reference/). Log scale."))
+    blocks.append(("p", "The paper's W Avg averages over 5, 10, 25 and 50 services and its testbed had about 50 times the cores; ours averages "
+                        "over the service counts this run has. Compare the order of the architectures and how W Avg grows with the rate."))
+
+    if parameters["mix"] != "allowed":
+        kinds = stats.records(requests)
+        kinds.to_csv(tables_dir / "records.csv", index=False)
+        blocks.append(("h2", f"Records of the mix `{parameters['mix']}`"))
+        blocks.append(("p", "Table I and the figures time only the records meant for the whole chain. Here every kind of record, "
+                            "the status it should get (the baseline lets every record through) and the status it got, repetitions pooled."))
+        blocks.append(("table", pd.DataFrame({
+            "Arch.": kinds["topology"].map(arch), "Rate (req/s)": kinds["rate"], "Serv.": kinds["services"], "Record": kinds["record"],
+            "Expected": kinds["expected"], "Status": kinds["status"], "Requests": kinds["requests"], "Median RTT (ms)": kinds["median"].map(ms),
+        })))
+
+    blocks.append(("h2", "Spread between repetitions"))
+    blocks.append(("table", spread_view(spread)))
+
+    blocks.append(("h2", "Baseline and the cost of enforcement per hop"))
+    if cost.empty:
+        blocks.append(("p", "This run has no baseline (or no case the baseline shares with a topology), so the cost of enforcement is not computed."))
+    else:
+        baseline_rows = table[table["topology"] == BASELINE]
+        blocks.append(("p", "Baseline (no enforcement: a plain Envoy entry, services calling each other directly), median RTT: "
+                            + "; ".join(f"{r.rate} req/s, {r.services} services: {ms(r.median)} ms{' ' + SATURATED_MARK if r.saturated else ''}"
+                                        for r in baseline_rows.itertuples()) + "."))
+        blocks.append(("table", cost_view(cost)))
+        blocks.append(("figure", cost_figure(cost, figures_dir), "(median RTT − the baseline's median RTT) / hops, same rate and services, same run."))
+
+    blocks.append(("h2", "Where the time goes"))
+    if split["transit_ms"].isna().all():
+        blocks.append(("p", "Without a baseline in the run, time outside the services cannot be told apart into transit and enforcement; "
+                            "the figure shows it all as transit."))
+    blocks.append(("table", split_view(split, table)))
+    blocks.append(("figure", split_figure(split, table, figures_dir),
+                   "Mean time per delivered request: inside the services, transit (the baseline's time outside its services) and enforcement "
+                   "(the topology's time outside its services beyond the baseline's); negative enforcement (noise) is drawn as 0."))
+
+    if failed:
+        blocks.append(("h2", "Failed cells"))
+        blocks.append(("table", pd.DataFrame([{"Cell": f"{arch(f['cell']['topology'])} {f['cell']['rate']} req/s {f['cell']['services']} services rep {f['cell']['repetition']}",
+                                               "Error": f["error"].splitlines()[0], "At": f["at"]} for f in failed])))
+
+    blocks.append(("h2", "Method"))
+    blocks.extend(("p", paragraph) for paragraph in METHOD)
+    blocks.append(("h2", "Machine and versions"))
+    sessions = meta["sessions"]
+    blocks.append(("list", [
+        f"Commit {meta['git']['commit']} ({meta['git']['branch']}); read from .git at the run's start (uncommitted changes are not recorded).",
+        f"Envoy {versions['envoy']}, OPA {versions['opa']}, Node.js {versions['node']}, Locust {versions['locust']}, Python {versions['python']}, "
+        f"pandas {versions['pandas']}, matplotlib {versions['matplotlib']}.",
+        f"{machine['cores']} cores, {machine['cpu_model']}, {machine['memory_gib']} GiB memory, {machine['os']}; load average at start "
+        f"{', '.join(map(str, machine['load_average_at_start']))}.",
+        f"{len(sessions)} session(s): " + "; ".join(f"{s['started_at']} to {s.get('ended_at', '?')} ({s.get('outcome', 'running or killed')}, "
+                                                    f"{s.get('cells_run', '?')} cells)" for s in sessions) + ".",
+    ]))
+    return write_documents(blocks, report_dir, meta)
+
+
+def write_documents(blocks: list[tuple], report_dir: Path, meta: dict) -> dict:
+    report_dir.mkdir(parents=True, exist_ok=True)
+    markdown = report_dir / "report.md"
+    page = report_dir / "report.html"
+    markdown.write_text(render_markdown(blocks, report_dir))
+    page.write_text(render_html(blocks, f"complyroute experiment {meta['run_id']}"))
+    return {"markdown": markdown, "html": page}

@@ -1,0 +1,366 @@
+"""Run the matrix: for each cell deploy, check, load with Locust, collect, tear down.
+
+A run lives in results/<run-id>/: metadata.json (parameters, commit, versions, machine,
+sessions), raw/<cell>/ per cell. A cell is finished once its cell.json is written; a
+resumed run skips finished cells and redoes any other. Ctrl-C (or SIGTERM) stops Locust and
+the deployment, checks that none of their processes is left, and says how to resume.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import psutil
+from tqdm import tqdm
+
+from complyroute import deployment, manifest
+from complyroute.client import send
+from complyroute.manifest import REPO
+
+from . import metadata, stats
+from .matrix import BASELINE, Cell, Parameters
+from .mixes import ALLOWED_LABELS, BODY
+
+RESULTS = REPO / "experiments" / "results"
+LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
+# How long Locust lets requests in flight at the end finish (they were sent in the window).
+STOP_TIMEOUT_S = 30
+# Besides warm-up and duration: Locust's start, the stop timeout, and slack for a loaded machine.
+LOCUST_DEADLINE_SLACK_S = STOP_TIMEOUT_S + 90
+SAMPLE_INTERVAL_S = 1.0
+# Locust's run time starts before its first request (t0, where the window is counted from):
+# a second more keeps the whole window under load.
+RUN_TIME_MARGIN_S = 1
+
+
+class CellFailed(RuntimeError):
+    """A cell that could not be measured; recorded in its failed.json and retried on resume."""
+
+
+class MachineBusy(RuntimeError):
+    """Another deployment holds the ports: the run stops rather than fail every cell."""
+
+
+def new_run_id(profile: str) -> str:
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{profile}"
+
+
+def overhead_estimate(cell: Cell) -> float:
+    """Seconds a cell spends besides its load (deploy, check, Locust start, teardown).
+
+    Measured on the 2-core machine (see README): about 1.5 s plus 0.4 s per service, most of
+    it the services' start; waiting for slow answers at the end of a saturated cell adds up to
+    6 s more. Only the progress bar uses it; its ETA corrects itself as cells finish.
+    """
+    return 1.5 + 0.4 * cell.services
+
+
+def cell_estimate(cell: Cell, parameters: Parameters) -> float:
+    return overhead_estimate(cell) + parameters.warmup + parameters.duration + RUN_TIME_MARGIN_S
+
+
+def finished(cell_dir: Path) -> bool:
+    return (cell_dir / "cell.json").exists()
+
+
+def write_json(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    tmp.replace(path)
+
+
+class CpuSampler:
+    """Cumulative CPU seconds of the machine, of Locust and of the deployment, every second.
+
+    The report divides their increase over the measured window by its length: how many of
+    the cores the system under test, the load generator and anything else on the machine
+    (other users of a shared machine) kept busy.
+    """
+
+    COLUMNS = ("t_ms", "machine_busy_s", "locust_s", "deployment_s")
+
+    def __init__(self, path: Path, locust_pid: int, part_pids: list[int]):
+        self.file = path.open("w")
+        self.file.write(",".join(self.COLUMNS) + "\n")
+        self.locust = psutil.Process(locust_pid)
+        self.parts = []
+        for pid in part_pids:
+            try:
+                self.parts.append(psutil.Process(pid))
+            except psutil.NoSuchProcess:
+                pass
+
+    @staticmethod
+    def cpu_seconds(process: psutil.Process) -> float:
+        try:
+            times = process.cpu_times()
+        except psutil.Error:  # it exited: its share is no longer counted
+            return 0.0
+        return times.user + times.system
+
+    def sample(self) -> None:
+        machine = psutil.cpu_times()
+        # Work done on the cores (guest time is already in user and nice; steal is the host's).
+        busy = machine.user + machine.nice + machine.system + machine.irq + machine.softirq
+        deployment_cpu = sum(self.cpu_seconds(p) for p in self.parts)
+        self.file.write(f"{time.time() * 1000:.0f},{busy:.2f},{self.cpu_seconds(self.locust):.2f},{deployment_cpu:.2f}\n")
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class Runner:
+    def __init__(self, run_dir: Path, parameters: Parameters, out=sys.stdout):
+        self.run_dir = run_dir
+        self.raw = run_dir / "raw"
+        self.parameters = parameters
+        self.out = out
+        # What Ctrl-C has to stop: the Locust process and the deployment this run started.
+        self.locust: subprocess.Popen | None = None
+        self.deploying = False
+        self.deployment_dir: str | None = None
+        self.deployment_pids: list[int] = []
+
+    # ---- the run --------------------------------------------------------------------
+
+    def start_session(self) -> dict:
+        path = self.run_dir / "metadata.json"
+        taken = metadata.describe()
+        if path.exists():
+            meta = json.loads(path.read_text())
+        else:
+            meta = {"run_id": self.run_dir.name, "created_at": taken["taken_at"], "parameters": self.parameters.to_json(),
+                    "git": taken["git"], "versions": taken["versions"], "machine": taken["machine"],
+                    "locust": {"stop_timeout_s": STOP_TIMEOUT_S, "user_class": "FastHttpUser", "wait_time": "constant_throughput(user_rate) with a random phase per user"},
+                    "sessions": []}
+        # Every session records what it ran with: a resumed run may have changed machine or tools.
+        meta["sessions"].append({"started_at": taken["taken_at"], "git": taken["git"], "versions": taken["versions"],
+                                 "load_average_at_start": taken["machine"]["load_average_at_start"]})
+        write_json(path, meta)
+        return meta
+
+    def end_session(self, outcome: str, cells_run: int) -> None:
+        path = self.run_dir / "metadata.json"
+        meta = json.loads(path.read_text())
+        meta["sessions"][-1].update({"ended_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "outcome": outcome, "cells_run": cells_run})
+        write_json(path, meta)
+
+    def run(self) -> int:
+        self.raw.mkdir(parents=True, exist_ok=True)
+        self.start_session()
+        cells = self.parameters.cells()
+        pending = [cell for cell in cells if not finished(self.raw / cell.key)]
+        report_html = self.run_dir / "report" / "report.html"
+        print(f"experiments: run {self.run_dir.name}: {len(cells)} cells, {len(cells) - len(pending)} already finished, "
+              f"{len(pending)} to run", file=self.out)
+        print(f"experiments: raw data in {self.raw}", file=self.out)
+        print(f"experiments: the report will be {report_html} (and report.md beside it)", file=self.out)
+        # Ctrl-C and SIGTERM both stop the run cleanly, also when started where SIGINT is
+        # ignored (a background job of a script).
+        previous_handlers = {sig: signal.signal(sig, self.interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+        done = 0
+        progress = tqdm(total=sum(cell_estimate(c, self.parameters) for c in pending), unit="s", file=sys.stderr,
+                        bar_format="{desc} |{bar}| {percentage:3.0f}% [{elapsed} elapsed, ETA {remaining}]",
+                        dynamic_ncols=True, disable=not pending)
+        try:
+            for index, cell in enumerate(pending, 1):
+                progress.set_description(f"cell {index}/{len(pending)}: {cell.label}")
+                self.run_cell(cell, progress)
+                done += 1
+        except MachineBusy as error:
+            progress.close()
+            self.end_session("stopped: another deployment is running", done)
+            print(f"experiments: {error}", file=self.out)
+            return 2
+        except KeyboardInterrupt:
+            progress.close()
+            left = self.stop_everything()
+            self.end_session("interrupted", done)
+            if left:
+                print(f"experiments: interrupted; processes {left} are still running: stop them by hand", file=self.out)
+                return 1
+            print("experiments: interrupted; Locust and the deployment are stopped and no process of theirs is left", file=self.out)
+            results = "" if self.run_dir.parent == RESULTS else f" --results {self.run_dir.parent}"
+            print(f"experiments: resume with: python -m experiments{results} run --run-id {self.run_dir.name}", file=self.out)
+            return 130
+        finally:
+            for sig, handler in previous_handlers.items():
+                signal.signal(sig, handler)
+        progress.close()
+        self.end_session("finished", done)
+        failed = sorted(p.parent.name for p in self.raw.glob("*/failed.json"))
+        if failed:
+            print(f"experiments: {len(failed)} cells failed ({', '.join(failed)}); `--run-id {self.run_dir.name}` retries them", file=self.out)
+        from .report import build  # matplotlib only when a report is made
+
+        paths = build(self.run_dir)
+        print(f"experiments: report: {paths['html']}\nexperiments: report: {paths['markdown']}", file=self.out)
+        return 0
+
+    @staticmethod
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    # ---- one cell -------------------------------------------------------------------
+
+    def run_cell(self, cell: Cell, progress: tqdm) -> None:
+        cell_dir = self.raw / cell.key
+        if cell_dir.exists():
+            shutil.rmtree(cell_dir)  # what an interrupted or failed attempt left
+        cell_dir.mkdir(parents=True)
+        estimate = cell_estimate(cell, self.parameters)
+        shown = 0.0
+
+        def advance(seconds: float) -> None:
+            nonlocal shown
+            step = max(0.0, min(seconds, estimate - shown))
+            progress.update(step)
+            shown += step
+
+        started = time.monotonic()
+        timings = {}
+        record = {"cell": vars(cell), "offered_rate": cell.rate, "users": self.parameters.users(cell.rate),
+                  "user_rate": self.parameters.user_rate, "warmup_s": self.parameters.warmup,
+                  "duration_s": self.parameters.duration, "mix": self.parameters.mix}
+        with (cell_dir / "deploy.log").open("w") as log:
+            try:
+                state = self.deploy(cell, log)
+                timings["deploy_s"] = round(time.monotonic() - started, 2)
+                record["deployment"] = {"run_dir": state["run_dir"], "parts": len(state["parts"]),
+                                        "bring_up_seconds": state["bring_up_seconds"], "memory_mib": state["memory_mib"]}
+                advance(overhead_estimate(cell) * 0.7)
+                load_started = time.monotonic()
+                record["locust"] = self.load(cell, cell_dir, state, advance)
+                timings["load_s"] = round(time.monotonic() - load_started, 2)
+            except (deployment.DeploymentError, manifest.ManifestError, CellFailed) as error:
+                self.undeploy(log)
+                write_json(cell_dir / "failed.json", {**record, "error": str(error), "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+                advance(estimate)
+                tqdm.write(f"{cell.label}: FAILED: {str(error).splitlines()[0]}", file=self.out)
+                return
+            teardown_started = time.monotonic()
+            self.undeploy(log)
+        timings["teardown_s"] = round(time.monotonic() - teardown_started, 2)
+        timings["total_s"] = round(time.monotonic() - started, 2)
+        compress(cell_dir / "requests.csv")
+        record.update({"timings": timings, "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+        write_json(cell_dir / "cell.json", record)
+        advance(estimate)
+        summary = stats.summarize_cell(cell_dir)
+        tqdm.write(
+            f"{cell.label}: achieved {summary['achieved_rate']:.1f} of {cell.rate} req/s, median RTT {summary['median']:.1f} ms, "
+            f"errors {summary['error_rate']:.1%}{'  SATURATED' if summary['saturated'] else ''}",
+            file=self.out,
+        )
+
+    def deploy(self, cell: Cell, log) -> dict:
+        """Deploy through the same code as `make deploy`; it returns once every part is healthy.
+        One record through the whole chain then shows the chain works before it is loaded."""
+        running = deployment.read_state()
+        if running and any(deployment.alive(part["pid"]) for part in running["parts"]):
+            raise MachineBusy(f"another deployment is running ({running['topology']}, run folder {running['run_dir']}); "
+                              f"stop it (`make undeploy`) and resume with --run-id {self.run_dir.name}")
+        self.deploying = True  # from here on, whatever is deployed is this run's
+        state = deployment.deploy(manifest.load(cell.topology, services=cell.services), out=log)
+        self.deployment_dir = state["run_dir"]
+        self.deployment_pids = [part["pid"] for part in state["parts"]]
+        self.deploying = False
+        answer = send(state["entry_url"], ALLOWED_LABELS, BODY, request_id=f"experiment-check-{cell.key}", timeout=30)
+        hops = len(answer.body["path"]) if answer.status == 200 and answer.body else 0
+        if hops != cell.services:
+            raise CellFailed(f"the check record did not go through the {cell.services} services: {answer.summary()}")
+        return state
+
+    def load(self, cell: Cell, cell_dir: Path, state: dict, advance) -> dict:
+        entry = urlsplit(state["entry_url"])
+        users = self.parameters.users(cell.rate)
+        load_seconds = self.parameters.warmup + self.parameters.duration + RUN_TIME_MARGIN_S
+        command = [
+            sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless",
+            "--host", f"{entry.scheme}://{entry.netloc}",
+            "--users", str(users), "--spawn-rate", str(min(users, 100)),
+            "--run-time", f"{load_seconds}s",
+            "--stop-timeout", str(STOP_TIMEOUT_S), "--only-summary", "--loglevel", "WARNING",
+            "--exit-code-on-error", "0",
+            "--requests-csv", str(cell_dir / "requests.csv"), "--mix", self.parameters.mix,
+            "--user-rate", str(self.parameters.user_rate), "--services", str(cell.services),
+            "--enforcing", "no" if cell.topology == BASELINE else "yes",
+        ]
+        deadline = time.monotonic() + load_seconds + LOCUST_DEADLINE_SLACK_S
+        with (cell_dir / "locust.log").open("w") as log:
+            started_ms = time.time() * 1000
+            self.locust = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                           start_new_session=True)  # its own group: stopped by us, not by a terminal's Ctrl-C
+            sampler = CpuSampler(cell_dir / "cpu.csv", self.locust.pid, self.deployment_pids)
+            started = time.monotonic()
+            shown = 0.0
+            try:
+                while self.locust.poll() is None:
+                    sampler.sample()
+                    if time.monotonic() > deadline:
+                        self.stop_locust()
+                        raise CellFailed(f"Locust did not end within {load_seconds + LOCUST_DEADLINE_SLACK_S} s")
+                    elapsed = min(time.monotonic() - started, load_seconds)
+                    advance(elapsed - shown)
+                    shown = elapsed
+                    time.sleep(SAMPLE_INTERVAL_S)
+            finally:
+                sampler.close()
+        exit_code = self.locust.returncode
+        self.locust = None
+        if not (cell_dir / "requests.csv").exists() or exit_code != 0:
+            raise CellFailed(f"Locust exited with {exit_code}; see {cell_dir / 'locust.log'}")
+        return {"command": command, "exit_code": exit_code, "started_at_ms": round(started_ms), "ended_at_ms": round(time.time() * 1000)}
+
+    # ---- stopping -------------------------------------------------------------------
+
+    def stop_locust(self) -> None:
+        if self.locust is None or self.locust.poll() is not None:
+            return
+        for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
+            try:
+                os.killpg(self.locust.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.locust.wait(timeout=wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+
+    def undeploy(self, log) -> None:
+        state = deployment.read_state()
+        if state and (self.deploying or state["run_dir"] == self.deployment_dir):
+            deployment.stop(out=log)
+        self.deploying = False
+
+    def stop_everything(self) -> list[int]:
+        """Stop Locust and this run's deployment; return the pids of any of theirs still alive."""
+        locust = self.locust
+        self.stop_locust()
+        with open(os.devnull, "w") as quiet:
+            try:
+                self.undeploy(quiet)
+            except deployment.DeploymentError:
+                pass  # what is left is found and reported below
+        left = [locust.pid] if locust is not None and locust.poll() is None else []
+        left += [pid for pid in self.deployment_pids if deployment.alive(pid)]
+        if self.deployment_dir:
+            left += deployment.processes_using(self.deployment_dir)
+        return sorted(set(left))
+
+
+def compress(path: Path) -> None:
+    """requests.csv -> requests.csv.gz (written plain by Locust, whose CPU time is precious)."""
+    with path.open("rb") as plain, gzip.open(path.with_name(path.name + ".gz"), "wb", compresslevel=6) as packed:
+        shutil.copyfileobj(plain, packed)
+    path.unlink()

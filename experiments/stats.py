@@ -1,0 +1,225 @@
+"""Statistics of a run, with pandas: per cell, pooled per case (Table I), W Avg, spread,
+the cost of enforcement against the baseline, and where the time goes.
+
+Terms:
+- a *cell* is one repetition of one case; a *case* is (topology, rate, services).
+- the *window* of a cell is [t0 + warmup, t0 + warmup + duration) where t0 is its first
+  request's send time; requests sent before it are the warm-up and are left out.
+- a request is an *error* when its status is not the one its record should get (200, or 451
+  for a record the mix has denied); RTT statistics cover the *delivered* requests: records
+  meant to go through the whole chain that got their 200.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from .matrix import BASELINE, MAX_ERROR_RATE, MIN_ACHIEVED_SHARE, TOPOLOGIES
+from .timing import DURATIONS
+
+CASE = ["topology", "rate", "services"]
+CELL = [*CASE, "repetition"]
+RTT_COLUMNS = ["min", "q1", "median", "q3", "p95", "p99", "max", "mean", "std"]
+PERCENTILES = {0.25: "q1", 0.5: "median", 0.75: "q3", 0.95: "p95", 0.99: "p99"}
+REQUEST_DTYPES = {"t_send_ms": "float64", "rtt_ms": "float64", "status": "int16", "record": "category", "expected": "int16",
+                  "hops": "float32", **{name: "float32" for name in DURATIONS}}
+
+
+# ---- one cell -----------------------------------------------------------------------
+
+def read_requests(cell_dir: Path) -> pd.DataFrame:
+    return pd.read_csv(cell_dir / "requests.csv.gz", dtype=REQUEST_DTYPES)
+
+
+def in_window(requests: pd.DataFrame, warmup_s: float, duration_s: float) -> pd.DataFrame:
+    """The requests sent in the measured window (after the warm-up, before the end)."""
+    start = requests["t_send_ms"].min() + warmup_s * 1000
+    end = start + duration_s * 1000
+    return requests[(requests["t_send_ms"] >= start) & (requests["t_send_ms"] < end)]
+
+
+def delivered(requests: pd.DataFrame) -> pd.DataFrame:
+    """Records meant for the whole chain that went through it (the paper's RTT)."""
+    return requests[(requests["record"] == "allowed") & (requests["status"] == 200)]
+
+
+def rtt_statistics(rtt: pd.Series) -> dict:
+    """count, min, Q1, median, Q3, p95, p99, max, mean, std (sample, ddof 1) of RTTs in ms.
+
+    Quantiles are pandas' default (linear interpolation between closest ranks).
+    """
+    described = rtt.describe(percentiles=list(PERCENTILES)).rename(index={f"{p:.0%}": name for p, name in PERCENTILES.items()})
+    return {"count": int(described["count"]), **{name: float(described[name]) for name in RTT_COLUMNS}}
+
+
+def is_saturated(achieved_rate: float, offered_rate: float, error_rate: float) -> bool:
+    """Less than 95% of the target rate reached, or more than 1% errors."""
+    return bool(achieved_rate < MIN_ACHIEVED_SHARE * offered_rate or error_rate > MAX_ERROR_RATE)
+
+
+def cpu_cores(cpu: pd.DataFrame, start_ms: float, end_ms: float) -> dict:
+    """Cores kept busy over [start, end) by the machine, Locust, the deployment, and the rest."""
+    inside = cpu[(cpu["t_ms"] >= start_ms) & (cpu["t_ms"] <= end_ms)]
+    if len(inside) < 2:
+        return {"cpu_machine": float("nan"), "cpu_locust": float("nan"), "cpu_deployment": float("nan"), "cpu_other": float("nan")}
+    change = inside.iloc[-1] - inside.iloc[0]
+    seconds = change["t_ms"] / 1000
+    cores = {
+        "cpu_machine": change["machine_busy_s"] / seconds,
+        "cpu_locust": change["locust_s"] / seconds,
+        "cpu_deployment": change["deployment_s"] / seconds,
+    }
+    cores["cpu_other"] = cores["cpu_machine"] - cores["cpu_locust"] - cores["cpu_deployment"]
+    return cores
+
+
+def cell_statistics(requests: pd.DataFrame, meta: dict) -> dict:
+    """One cell's load, errors and RTT statistics from all its requests (warm-up included)."""
+    measured = in_window(requests, meta["warmup_s"], meta["duration_s"])
+    count = len(measured)
+    errors = int((measured["status"] != measured["expected"]).sum())
+    error_rate = errors / count if count else 1.0
+    achieved = count / meta["duration_s"]
+    return {
+        "requests": count,
+        "errors": errors,
+        "error_rate": error_rate,
+        "offered_rate": meta["offered_rate"],
+        "achieved_rate": achieved,
+        "saturated": is_saturated(achieved, meta["offered_rate"], error_rate),
+        "users": meta["users"],
+        **rtt_statistics(delivered(measured)["rtt_ms"]),
+    }
+
+
+def summarize_cell(cell_dir: Path) -> dict:
+    """A finished cell's statistics (what the runner prints after it)."""
+    return cell_statistics(read_requests(cell_dir), json.loads((cell_dir / "cell.json").read_text()))
+
+
+# ---- a run --------------------------------------------------------------------------
+
+def load_run(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame, list[dict]]:
+    """(cells, measured requests, failed cells) of a run.
+
+    cells: one row per finished cell with its statistics, CPU use and deployment figures;
+    requests: the in-window requests of every finished cell, with the cell's columns.
+    """
+    cell_rows, request_frames = [], []
+    for cell_json in sorted((run_dir / "raw").glob("*/cell.json")):
+        meta = json.loads(cell_json.read_text())
+        requests = read_requests(cell_json.parent)
+        measured = in_window(requests, meta["warmup_s"], meta["duration_s"])
+        start = requests["t_send_ms"].min() + meta["warmup_s"] * 1000
+        cpu = pd.read_csv(cell_json.parent / "cpu.csv")
+        cell_rows.append({
+            **meta["cell"],
+            **cell_statistics(requests, meta),
+            **cpu_cores(cpu, start, start + meta["duration_s"] * 1000),
+            "parts": meta["deployment"]["parts"],
+            "bring_up_s": meta["deployment"]["bring_up_seconds"],
+            "memory_mib": meta["deployment"]["memory_mib"]["total"],
+        })
+        request_frames.append(measured.assign(**meta["cell"]))
+    failed = [json.loads(path.read_text()) for path in sorted((run_dir / "raw").glob("*/failed.json"))]
+    cells = order(pd.DataFrame(cell_rows, columns=None if cell_rows else CELL))
+    requests = pd.concat(request_frames, ignore_index=True) if request_frames else pd.DataFrame(columns=[*REQUEST_DTYPES, *CELL])
+    return cells, requests, failed
+
+
+def order(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows in the paper's order: topology (CE, DR_3, DR_6, SA, baseline), rate, services."""
+    if frame.empty:
+        return frame
+    rank = {name: position for position, name in enumerate(TOPOLOGIES)}
+    keys = [key for key in CELL if key in frame.columns]
+    return frame.sort_values(keys, key=lambda column: column.map(rank) if column.name == "topology" else column).reset_index(drop=True)
+
+
+def pooled(cells: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFrame:
+    """Table I: every case's RTT statistics over its repetitions' delivered requests pooled
+    (as the paper did), with its load figures and whether any repetition was saturated."""
+    rtt = delivered(requests).groupby(CASE, observed=True)["rtt_ms"].describe(percentiles=list(PERCENTILES))
+    rtt = rtt.rename(columns={f"{p:.0%}": name for p, name in PERCENTILES.items()})[["count", *RTT_COLUMNS]]
+    load = cells.groupby(CASE).agg(
+        repetitions=("repetition", "size"),
+        requests=("requests", "sum"),
+        errors=("errors", "sum"),
+        offered_rate=("offered_rate", "first"),
+        achieved_rate=("achieved_rate", "mean"),
+        saturated=("saturated", "any"),
+    )
+    table = load.join(rtt, how="left").reset_index()
+    table["error_rate"] = table["errors"] / table["requests"]
+    return order(table)
+
+
+def w_avg(table: pd.DataFrame) -> pd.DataFrame:
+    """W Avg per topology and rate: the mean over the service counts n run of median RTT_n / n
+    (the paper's (RTT_5/5 + RTT_10/10 + RTT_25/25 + RTT_50/50) / 4 when all four ran)."""
+    per_service = table.assign(median_per_service=table["median"] / table["services"])
+    grouped = per_service.groupby(["topology", "rate"])
+    result = grouped.agg(w_avg=("median_per_service", "mean"), any_saturated=("saturated", "any")).reset_index()
+    result["services_run"] = grouped["services"].agg(lambda n: " ".join(str(v) for v in sorted(n))).to_numpy()
+    return order(result)
+
+
+def repetition_spread(cells: pd.DataFrame) -> pd.DataFrame:
+    """Per case, the median RTT of each repetition and their coefficient of variation
+    (standard deviation / mean of those medians; undefined for one repetition)."""
+    grouped = cells.groupby(CASE)["median"]
+    spread = grouped.agg(repetitions="size", mean_of_medians="mean", std_of_medians="std").reset_index()
+    spread["cv"] = spread["std_of_medians"] / spread["mean_of_medians"]
+    spread["medians"] = grouped.agg(lambda m: " ".join(f"{v:.3f}" for v in m)).to_numpy()
+    return order(spread)
+
+
+def enforcement_cost(table: pd.DataFrame) -> pd.DataFrame:
+    """Per case, (median RTT - the baseline's median RTT at the same rate and services) / hops.
+
+    Every hop into a service is decided (the entry's hop and the n - 1 between services),
+    so hops = services. Empty when the run has no baseline.
+    """
+    baseline = table[table["topology"] == BASELINE][["rate", "services", "median"]].rename(columns={"median": "baseline_median"})
+    enforcing = table[table["topology"] != BASELINE][[*CASE, "median", "saturated"]]
+    cost = enforcing.merge(baseline, on=["rate", "services"], how="inner")
+    cost["hops"] = cost["services"]
+    cost["cost_per_hop"] = (cost["median"] - cost["baseline_median"]) / cost["hops"]
+    return order(cost)
+
+
+def time_split(requests: pd.DataFrame) -> pd.DataFrame:
+    """Where the time of a delivered request goes, per case (means, which add up to the mean RTT).
+
+    Inside the services: service_ms. Outside them: between services (forward + back) and at
+    the edge (entry + exit). The baseline has no enforcement, so its time outside the services
+    is transit (loopback, the entry's plain proxy, the client); what a topology spends outside
+    its services beyond that, at the same rate and services, is enforcement (decisions and
+    proxying). Gap-based too: the median gap from one service's t_out to the next one's t_in,
+    per gap, against the baseline's.
+    """
+    timed = delivered(requests)
+    timed = timed[timed["hops"] == timed["services"]]
+    with_gap = timed.assign(forward_gap_ms=timed["forward_ms"] / (timed["services"] - 1).where(timed["services"] > 1))
+    grouped = with_gap.groupby(CASE, observed=True)
+    split = grouped[["rtt_ms", *DURATIONS]].mean()
+    split["forward_gap_median_ms"] = grouped["forward_gap_ms"].median()
+    split = split.reset_index()
+    split["outside_ms"] = split[["forward_ms", "back_ms", "entry_ms", "exit_ms"]].sum(axis=1)
+    baseline = split[split["topology"] == BASELINE][["rate", "services", "outside_ms", "forward_gap_median_ms"]]
+    split = split.merge(baseline.rename(columns={"outside_ms": "transit_ms", "forward_gap_median_ms": "baseline_forward_gap_median_ms"}),
+                        on=["rate", "services"], how="left")
+    split["enforcement_ms"] = split["outside_ms"] - split["transit_ms"]
+    split["enforcement_per_hop_ms"] = split["enforcement_ms"] / split["services"]
+    split["enforcement_per_gap_ms"] = split["forward_gap_median_ms"] - split["baseline_forward_gap_median_ms"]
+    return order(split)
+
+
+def records(requests: pd.DataFrame) -> pd.DataFrame:
+    """Per case, record kind and status: how many requests and their median RTT (a mix with
+    denials: a denied record's RTT covers the hops up to the one that stopped it)."""
+    grouped = requests.groupby([*CASE, "record", "expected", "status"], observed=True)["rtt_ms"]
+    return order(grouped.agg(requests="size", median="median").reset_index())

@@ -1,0 +1,80 @@
+"""A short real run end to end: deploy, Locust, collect, tear down, report; and Ctrl-C."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import pytest
+
+from complyroute import deployment
+from complyroute.manifest import REPO
+
+pytestmark = pytest.mark.e2e
+
+
+def experiments(results, *args):
+    return [sys.executable, "-m", "experiments", "--results", str(results), *args]
+
+
+@pytest.fixture
+def no_deployment():
+    """One deployment at a time on this machine: replace a running one, as the other e2e tests do."""
+    if deployment.read_state():
+        deployment.stop()
+    yield
+    assert deployment.read_state() is None, "the run left its deployment running"
+
+
+def test_one_topology_five_services_100_per_second_for_10_seconds(tmp_path, no_deployment):
+    run = subprocess.run(
+        experiments(tmp_path, "run", "--topologies", "sa", "--rates", "100", "--services", "5", "--repetitions", "1",
+                    "--duration", "10", "--warmup", "2", "--run-id", "e2e"),
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    run_dir = tmp_path / "e2e"
+    cell_dir = run_dir / "raw" / "sidecar_r100_n5_rep1"
+    cell = json.loads((cell_dir / "cell.json").read_text())
+    assert cell["deployment"]["parts"] > 5 and cell["locust"]["exit_code"] == 0
+    requests = pd.read_csv(cell_dir / "requests.csv.gz")
+    delivered = requests[requests["status"] == 200]
+    assert len(requests) > 500  # 12 s at up to 100 req/s
+    assert (delivered["hops"] == 5).all()
+    parts = delivered[["service_ms", "forward_ms", "back_ms", "entry_ms", "exit_ms"]].sum(axis=1)
+    assert (parts - delivered["rtt_ms"]).abs().max() < 0.01  # the split adds up to the RTT
+    meta = json.loads((run_dir / "metadata.json").read_text())
+    assert meta["versions"]["locust"] == "2.47.0" and meta["machine"]["cores"] >= 1
+    assert meta["sessions"][-1]["outcome"] == "finished"
+    table = pd.read_csv(run_dir / "report" / "tables" / "table1.csv")
+    assert table[["topology", "rate", "services"]].values.tolist() == [["sidecar", 100, 5]]
+    assert 0 < table.loc[0, "min"] <= table.loc[0, "median"] <= table.loc[0, "max"]
+    assert (run_dir / "report" / "report.html").exists()
+    assert str(run_dir / "report" / "report.html") in run.stdout
+
+
+def test_ctrl_c_stops_locust_and_the_deployment(tmp_path, no_deployment):
+    runner = subprocess.Popen(
+        experiments(tmp_path, "run", "--topologies", "ce", "--rates", "100", "--services", "5", "--repetitions", "1",
+                    "--duration", "60", "--warmup", "2", "--run-id", "interrupted"),
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    requests = tmp_path / "interrupted" / "raw" / "central-entity_r100_n5_rep1" / "requests.csv"
+    deadline = time.monotonic() + 60
+    while not requests.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert requests.exists(), "Locust did not start"
+    time.sleep(2)
+    state = deployment.read_state()
+    locust = subprocess.run(["pgrep", "-f", f"requests-csv {requests}"], capture_output=True, text=True).stdout.split()
+    assert state and locust
+    runner.send_signal(signal.SIGINT)
+    output, _ = runner.communicate(timeout=60)
+    assert runner.returncode == 130, output
+    assert "no process of theirs is left" in output and "--run-id interrupted" in output
+    assert not [pid for pid in map(int, locust) if deployment.alive(pid)]
+    assert not [p["pid"] for p in state["parts"] if deployment.alive(p["pid"])]
+    assert not deployment.processes_using(state["run_dir"])
+    assert json.loads((tmp_path / "interrupted" / "metadata.json").read_text())["sessions"][-1]["outcome"] == "interrupted"
