@@ -172,6 +172,14 @@ def write_state(run_dir: Path, state: dict) -> None:
     tmp.replace(run_dir / "state.json")
 
 
+def running() -> dict | None:
+    """The state of the current deployment while any of its processes runs, else None."""
+    state = read_state()
+    if state and any(alive(part["pid"]) for part in state["parts"]):
+        return state
+    return None
+
+
 def tail(path: str, lines: int = 20) -> str:
     try:
         return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
@@ -184,13 +192,13 @@ def deploy(topology: Topology, policies: Path = POLICIES, health_timeout: float 
 
     `policies` is the rule set every enforcement point loads (tests pass a modified copy).
     """
-    running = read_state()
-    if running and any(alive(p["pid"]) for p in running["parts"]):
+    current = running()
+    if current:
         raise DeploymentError(
-            f"a deployment is already running ({running['topology']}, {running['services']} services, run folder "
-            f"{running['run_dir']}): run `make undeploy` first"
+            f"a deployment is already running ({current['topology']}, {current['services']} services, run folder "
+            f"{current['run_dir']}): run `make undeploy` first"
         )
-    if running:
+    if read_state():
         stop(out=open(os.devnull, "w"))  # a stale deployment whose processes are gone: forget it
 
     plan = place(topology)

@@ -265,8 +265,8 @@ class Runner:
     def deploy(self, cell: Cell, log) -> dict:
         """Deploy through the same code as `make deploy`; it returns once every part is healthy.
         One record through the whole chain then shows the chain works before it is loaded."""
-        running = deployment.read_state()
-        if running and any(deployment.alive(part["pid"]) for part in running["parts"]):
+        running = deployment.running()
+        if running:
             raise MachineBusy(f"another deployment is running ({running['topology']}, run folder {running['run_dir']}); "
                               f"stop it (`make undeploy`) and resume with --run-id {self.run_dir.name}")
         self.deploying = True  # from here on, whatever is deployed is this run's
