@@ -18,7 +18,7 @@ need() { # need <command> <minimum major.minor or ""> <how to install>
   fi
 }
 need go 1.25 "https://go.dev/doc/install (or: apt-get install golang-go, if new enough)"
-need node 20.19 "Node.js 20 (apt-get install nodejs npm, or https://nodejs.org)"
+need node 20.19 "Node.js 20.19 or newer (https://nodejs.org, or apt-get install nodejs npm if new enough)"
 need npm "" "apt-get install npm"
 need python3 3.10 "apt-get install python3 python3-venv"
 need curl "" "apt-get install curl"
