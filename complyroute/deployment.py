@@ -115,20 +115,7 @@ def render(plan: Plan, run_dir: Path, policies: Path = POLICIES) -> list[Part]:
                 kind="service",
                 node=instance.node.name,
                 command=["node", str(SERVICE_SERVER)],
-                env={
-                    "INSTANCE_ID": instance.id,
-                    "STEP": instance.step,
-                    "REGION": instance.region,
-                    "NODE": instance.node.name,
-                    "CERTIFICATIONS": ",".join(instance.certifications),
-                    "PURPOSES": ",".join(instance.purposes),
-                    "NEXT_STEP": service.next_step or "",
-                    "EGRESS_URL": service.egress_url or "",
-                    "HOST": service.endpoint.address,
-                    "PORT": str(service.endpoint.port),
-                    "AUDIT_LOG": str(run_dir / "audit" / f"{instance.id}.jsonl"),
-                    "WORK_ITERATIONS": str(engine.get("work_iterations", 100)),
-                },
+                env=service.environment(engine, str(run_dir / "audit" / f"{instance.id}.jsonl")),
                 health_url=service.health_url,
                 log=str(run_dir / "logs" / f"{instance.id}.log"),
             )
@@ -263,7 +250,7 @@ def deploy(topology: Topology, policies: Path = POLICIES, health_timeout: float 
     state["memory_mib"] = memory(state)
     write_state(run_dir, state)
     print(f"deploy: {len(parts)} processes healthy in {state['bring_up_seconds']} s", file=out)
-    print("deploy: memory (PSS) " + ", ".join(f"{kind} {mib:.0f} MiB" for kind, mib in state["memory_mib"].items()), file=out)
+    print(f"deploy: memory (PSS) {describe_memory(state['memory_mib'])}", file=out)
     for node in [topology.gateway, *topology.service_nodes]:
         names = [p["name"] for p in state["parts"] if p["node"] == node.name]
         print(f"  {node.name} ({node.address}): {len(names)} processes", file=out)
@@ -289,6 +276,10 @@ def memory(state: dict) -> dict:
     return {kind: round(mib, 1) for kind, mib in totals.items()}
 
 
+def describe_memory(mib_by_kind: dict) -> str:
+    return ", ".join(f"{kind} {mib:.0f} MiB" for kind, mib in mib_by_kind.items())
+
+
 def status(out=sys.stdout) -> int:
     """Print every part and whether it is healthy; 0 when all are, 1 otherwise."""
     state = read_state()
@@ -301,8 +292,7 @@ def status(out=sys.stdout) -> int:
         ok = alive(part["pid"]) and healthy(part["health_url"])
         unhealthy += not ok
         print(f"  {'healthy  ' if ok else 'UNHEALTHY'} {part['name']:<32} {part['node']:<8} pid {part['pid']:<8} {part['health_url']}", file=out)
-    print(f"status: {len(state['parts']) - unhealthy}/{len(state['parts'])} healthy; memory (PSS) "
-          + ", ".join(f"{kind} {mib:.0f} MiB" for kind, mib in memory(state).items()), file=out)
+    print(f"status: {len(state['parts']) - unhealthy}/{len(state['parts'])} healthy; memory (PSS) {describe_memory(memory(state))}", file=out)
     return 1 if unhealthy else 0
 
 

@@ -237,14 +237,7 @@ class Renderer:
 
     def service_instance(self, process, sidecar: EnforcementPoint | None) -> None:
         instance = process.instance
-        env = {
-            "INSTANCE_ID": instance.id, "STEP": instance.step, "REGION": instance.region, "NODE": instance.node.name,
-            "CERTIFICATIONS": ",".join(instance.certifications), "PURPOSES": ",".join(instance.purposes),
-            "NEXT_STEP": process.next_step or "", "EGRESS_URL": process.egress_url or "",
-            "HOST": process.endpoint.address, "PORT": str(process.endpoint.port),
-            "AUDIT_LOG": f"{AUDIT_DIR}/{instance.id}.jsonl",
-            "WORK_ITERATIONS": str(self.topology.engine.get("work_iterations", 100)),
-        }
+        env = process.environment(self.topology.engine, f"{AUDIT_DIR}/{instance.id}.jsonl")
         # Beside a sidecar the service listens on the pod's loopback, so the kubelet probes it
         # through the sidecar's ingress.
         probe_port = self.net.INGRESS if sidecar else self.net.SERVICE

@@ -77,6 +77,24 @@ class ServiceProcess:
     def health_url(self) -> str:
         return f"{self.endpoint.url}/health"
 
+    def environment(self, engine: dict, audit_log: str) -> dict[str, str]:
+        """The service's configuration (services/config.js reads it), for any way of running it."""
+        instance = self.instance
+        return {
+            "INSTANCE_ID": instance.id,
+            "STEP": instance.step,
+            "REGION": instance.region,
+            "NODE": instance.node.name,
+            "CERTIFICATIONS": ",".join(instance.certifications),
+            "PURPOSES": ",".join(instance.purposes),
+            "NEXT_STEP": self.next_step or "",
+            "EGRESS_URL": self.egress_url or "",
+            "HOST": self.endpoint.address,
+            "PORT": str(self.endpoint.port),
+            "AUDIT_LOG": audit_log,
+            "WORK_ITERATIONS": str(engine.get("work_iterations", 100)),
+        }
+
 
 @dataclass
 class Plan:
