@@ -2,12 +2,22 @@
 
 import json
 import time
+import uuid
 from pathlib import Path
 
 from complyroute import deployment, manifest
+from complyroute.client import send
 
 MIXED_REGIONS = manifest.REPO / "topologies" / "examples" / "mixed-regions.yaml"
 REFERENCE = json.loads(manifest.REFERENCE_DATA.read_text())
+EU_PERSONAL = {"region": "EU", "category": "personal", "consent": "care,billing"}
+RECORD = {"subject": "alice", "reading": 42}
+
+
+def post(state, labels, record=RECORD, request_id=None, **kwargs):
+    """Send a record to the deployment's entry under a fresh request id; returns (id, answer)."""
+    request_id = request_id or f"e2e-{uuid.uuid4()}"
+    return request_id, send(state["entry_url"], labels, record, request_id=request_id, **kwargs)
 
 
 def mixed_regions(topology: str) -> manifest.Topology:

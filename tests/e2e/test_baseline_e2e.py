@@ -4,14 +4,11 @@ These tests pin that down, so a comparison with the baseline measures the cost o
 enforcement and nothing else: no policy is asked, no OPA runs.
 """
 
-import uuid
-
 import pytest
 
 from complyroute import deployment
-from complyroute.client import send
 
-from .helpers import deploy_mixed_regions, instances_reached, wait_for_audit
+from .helpers import deploy_mixed_regions, instances_reached, post, wait_for_audit
 
 pytestmark = pytest.mark.e2e
 
@@ -23,11 +20,6 @@ def baseline():
     state, _ = deploy_mixed_regions("baseline")
     yield state
     deployment.stop()
-
-
-def post(state, labels):
-    request_id = f"e2e-{uuid.uuid4()}"
-    return request_id, send(state["entry_url"], labels, {"subject": "alice"}, request_id=request_id)
 
 
 def test_baseline_runs_no_policy(baseline):

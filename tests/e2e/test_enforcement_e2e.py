@@ -17,15 +17,13 @@ import pytest
 from complyroute import deployment
 from complyroute.client import send
 
-from .helpers import REFERENCE, audit_lines, deploy_mixed_regions, instances_reached, wait_for_audit
+from .helpers import EU_PERSONAL, RECORD, REFERENCE, audit_lines, deploy_mixed_regions, instances_reached, post, wait_for_audit
 
 pytestmark = pytest.mark.e2e
 
 ENFORCING = ["sidecar", "central-entity", "dynamic-router-3", "dynamic-router-6"]
-EU_PERSONAL = {"region": "EU", "category": "personal", "consent": "care,billing"}
 US_PERSONAL = {"region": "US", "category": "personal", "consent": "care,billing"}
 EU_HEALTH = {"region": "EU", "category": "health", "consent": "care,billing"}
-RECORD = {"subject": "alice", "reading": 42}
 
 
 @pytest.fixture(scope="module", params=ENFORCING)
@@ -33,11 +31,6 @@ def deployed(request):
     state, topology = deploy_mixed_regions(request.param)
     yield state, topology
     deployment.stop()
-
-
-def post(state, labels, record=RECORD, **kwargs):
-    request_id = kwargs.pop("request_id", None) or f"e2e-{uuid.uuid4()}"
-    return request_id, send(state["entry_url"], labels, record, request_id=request_id, **kwargs)
 
 
 def test_eu_personal_record_travels_only_through_eu_instances_allowed(deployed):

@@ -9,12 +9,11 @@ import pytest
 from complyroute import deployment, manifest
 from complyroute.client import send
 
-from .helpers import deploy_mixed_regions, mixed_regions
+from .helpers import EU_PERSONAL, deploy_mixed_regions, mixed_regions
 
 pytestmark = pytest.mark.e2e
 
 ENFORCING = ["sidecar", "central-entity", "dynamic-router-3", "dynamic-router-6"]
-EU_PERSONAL = {"region": "EU", "category": "personal", "consent": "care,billing"}
 
 
 def path_of(state, labels):
