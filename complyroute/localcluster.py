@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import ssl
 import subprocess
 import time
@@ -27,11 +28,18 @@ from .manifest import REPO
 
 BIN = REPO / "bin"
 ETCD_CLIENT, ETCD_PEER, APISERVER, CONTROLLER_MANAGER, SCHEDULER = 32379, 32380, 36443, 30257, 30259
+PORTS = {"etcd client": ETCD_CLIENT, "etcd peer": ETCD_PEER, "kube-apiserver": APISERVER,
+         "kube-controller-manager": CONTROLLER_MANAGER, "kube-scheduler": SCHEDULER}
 TOKEN = "complyroute-k8s-e2e"
 # kwok stages shipped with the pinned kwok module: nodes become Ready and keep a lease,
 # pods become Ready (and go away when deleted) at once.
 KWOK_STAGES = ["kustomize/stage/node/fast/node-initialize.yaml", "kustomize/stage/node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
                "kustomize/stage/pod/fast/pod-ready.yaml", "kustomize/stage/pod/fast/pod-complete.yaml", "kustomize/stage/pod/fast/pod-delete.yaml"]
+
+
+def port_in_use(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
 def kwok_module_dir() -> Path:
@@ -77,6 +85,18 @@ class LocalCluster:
             return False
 
     def start(self) -> None:
+        """Start the control plane and the fake nodes; on any failure stop what had started."""
+        busy = [f"{port} ({what})" for what, port in PORTS.items() if port_in_use(port)]
+        if busy:
+            raise RuntimeError(f"ports in use: {', '.join(busy)}; is another local cluster still running? "
+                               "Stop it (pkill -f runs/k8s-e2e) and try again.")
+        try:
+            self.start_control_plane()
+        except BaseException:
+            self.stop()
+            raise
+
+    def start_control_plane(self) -> None:
         if self.workdir.exists():
             shutil.rmtree(self.workdir)
         self.workdir.mkdir(parents=True)
@@ -106,6 +126,11 @@ class LocalCluster:
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             # Addresses the API server hands out to Services: data only, nothing is routed.
             "--service-cluster-ip-range=10.96.0.0/16", "--allow-privileged=true",
+            # With WatchList on, the API server turns a watch from resourceVersion 0 (how kwok
+            # watches pods) into a watch-list stream, which needs etcd's RequestWatchProgress
+            # (etcd >= 3.4.31); Debian's 3.4.23 lacks it, so each such watch failed at once and
+            # kwok saw pods only when its backed-off re-list came round, up to 30 s late.
+            "--feature-gates=WatchList=false",
         ])
         self.wait_for("kube-apiserver", self.apiserver_ready)
         self.start_process("kube-controller-manager", [
@@ -159,14 +184,15 @@ class LocalCluster:
         return result
 
     def stop(self) -> None:
+        """Stop in reverse start order, each before the next: the API server shuts down
+        quickly while etcd is still there, and hangs retrying when etcd went first."""
         for process in reversed(list(self.processes.values())):
             try:
                 os.killpg(process.pid, signal.SIGTERM)
+                process.wait(timeout=15)
             except ProcessLookupError:
                 pass
-        for process in self.processes.values():
-            try:
-                process.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
+        self.processes.clear()
