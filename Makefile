@@ -103,6 +103,10 @@ decide: $(OPA) ## Show the decision for one input: make decide input=policies/ex
 	$(OPA) eval --format pretty --data policies --data $(catalog) --input $(input) \
 	  --ignore '*_test.rego' --ignore examples 'data.complyroute.compliance.decision'
 
+.PHONY: policy-bench
+policy-bench: setup ## What one decision costs at each topology's enforcement points, allowed and denied (opa bench, about 1 minute)
+	$(CONTROL) policy-bench
+
 ##@ Testing
 .PHONY: test
 test: setup policy-test ## Run every test: policy, services, control plane and end-to-end against real processes

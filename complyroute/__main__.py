@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from . import deployment, manifest
+from . import deployment, manifest, policybench
 from .client import send
 
 DEMO_MANIFEST = "topologies/examples/mixed-regions.yaml"
@@ -120,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     coverage.add_argument("--threshold", type=float, default=95)
     coverage.add_argument("paths", nargs="+")
     coverage.set_defaults(run=cmd_policy_coverage)
+
+    commands.add_parser("policy-bench", help="what one decision costs at each topology's enforcement points (opa bench)").set_defaults(
+        run=lambda a: policybench.run())
 
     args = parser.parse_args(argv)
     try:

@@ -59,10 +59,11 @@ catalog := data.complyroute.catalog
 
 instances := object.get(catalog, "instances", {})
 
-# Everything that may send: gateways and instances (an instance wins a clash).
-senders := object.union(object.get(catalog, "gateways", {}), instances)
+# The sender: an instance, else a gateway (an instance wins a clash). Looked up, not
+# merged: a union of both maps would copy the whole catalog on every decision.
+sender_entry := object.get(instances, input.sender, object.get(object.get(catalog, "gateways", {}), input.sender, null))
 
-sender_region := senders[input.sender].region
+sender_region := sender_entry.region
 
 # Candidates: the instances of the requested step, by id.
 candidates[id] := instance if {
@@ -122,7 +123,7 @@ required_because["consent"] := sprintf(" for category %q", [label.category])
 # evaluates the argument outside the negation; hence these helper rules.
 record_is_object if is_object(input.record)
 
-sender_known if senders[input.sender]
+sender_known if sender_entry != null
 
 default record_type := "nothing (body absent or not valid JSON)"
 
