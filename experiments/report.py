@@ -30,6 +30,8 @@ from .matrix import BASELINE, MAX_ERROR_RATE, MIN_ACHIEVED_SHARE, PAPER_NAMES, P
 PAPER_REFERENCE = Path(__file__).resolve().parent / "paper_reference.json"
 COLORS = {"central-entity": "#d62728", "dynamic-router-3": "#ff7f0e", "dynamic-router-6": "#bcbd22", "sidecar": "#1f77b4", "baseline": "#7f7f7f"}
 SPLIT_COLORS = {"in services": "#4c72b0", "transit": "#bbbbbb", "enforcement": "#dd8452"}
+CPU_COLORS = {"service": "#4c72b0", "envoy": "#55a868", "opa": "#c44e52"}
+CPU_LABELS = {"service": "services", "envoy": "Envoy", "opa": "OPA"}
 # Outliers drawn per box at most: tens of thousands of points per box make unreadable,
 # heavy figures; the whiskers and the tables keep the extremes.
 MAX_FLIERS = 200
@@ -153,6 +155,16 @@ def split_view(split: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
         "Median gap t_out→t_in (ms)": split["forward_gap_median_ms"].map(ms),
         "Baseline gap (ms)": split["baseline_forward_gap_median_ms"].map(ms),
         "Enforcement per gap (ms)": split["enforcement_per_gap_ms"].map(ms),
+    })
+
+
+def cpu_view(cpu: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame({
+        "Arch.": cpu["topology"].map(arch), "Rate (req/s)": cpu["rate"],
+        "Serv.": [f"{n}{' ' + SATURATED_MARK if s else ''}" for n, s in zip(cpu["services"], cpu["saturated"])],
+        "CPU per record (ms)": cpu["total_ms"].map(ms), "Services (ms)": cpu["service_ms"].map(ms),
+        "Envoy (ms)": cpu["envoy_ms"].map(ms), "OPA (ms)": cpu["opa_ms"].map(ms),
+        "Enforcement CPU per hop (ms)": cpu["enforcement_per_hop_ms"].map(ms),
     })
 
 
@@ -314,6 +326,28 @@ def split_figure(split: pd.DataFrame, table: pd.DataFrame, figures_dir: Path) ->
         ax.grid(axis="y", alpha=0.3)
     legend_below(figure, [Patch(facecolor=color, edgecolor="black", label=name) for name, color in SPLIT_COLORS.items()])
     return save(figure, figures_dir, "time_split")
+
+
+def cpu_figure(cpu: pd.DataFrame, figures_dir: Path) -> Path:
+    """Stacked CPU per record by kind of part (services, Envoy, OPA), one panel per rate;
+    saturated cases marked in their label."""
+    rates = sorted(cpu["rate"].unique())
+    figure, axes = panels(len(rates), max(6.0, 0.5 * cpu.groupby("rate").size().max() + 1.5), 4.0, columns=1)
+    for ax, rate in zip(axes, rates):
+        rows = cpu[cpu["rate"] == rate].reset_index(drop=True)
+        labels = [f"{arch(t)}\n{n}{' ' + SATURATED_MARK if s else ''}" for t, n, s in zip(rows["topology"], rows["services"], rows["saturated"])]
+        bottom = np.zeros(len(rows))
+        for kind, color in CPU_COLORS.items():
+            heights = rows[f"{kind}_ms"].fillna(0).to_numpy()
+            ax.bar(range(len(rows)), heights, 0.7, bottom=bottom, color=color, edgecolor="black", linewidth=0.4)
+            bottom += heights
+        ax.set_xticks(range(len(rows)), labels, fontsize=7)
+        ax.set_title(f"{rate} requests/s (offered): CPU per delivered record")
+        ax.set_ylabel("ms of CPU")
+        ax.set_xlabel(f"architecture, services ({SATURATED_MARK}: saturated)")
+        ax.grid(axis="y", alpha=0.3)
+    legend_below(figure, [Patch(facecolor=color, edgecolor="black", label=CPU_LABELS[kind]) for kind, color in CPU_COLORS.items()])
+    return save(figure, figures_dir, "cpu_per_record")
 
 
 def load_figure(cells: pd.DataFrame, figures_dir: Path) -> Path:
@@ -544,6 +578,21 @@ def build(run_dir: Path) -> dict:
     blocks.append(("figure", split_figure(split, table, figures_dir),
                    "Mean time per delivered request: inside the services, transit (the baseline's time outside its services) and enforcement "
                    "(the topology's time outside its services beyond the baseline's); negative enforcement (noise) is drawn as 0."))
+
+    blocks.append(("h2", "CPU per record: what enforcement costs in capacity"))
+    cpu = stats.cpu_per_record(cells)
+    cpu.to_csv(tables_dir / "cpu_per_record.csv", index=False)
+    blocks.append(("p", "The deployment's CPU time per delivered record: the cores its processes kept busy in the window divided by the "
+                        "achieved rate (mean over repetitions), split by kind of process. Unlike the RTT it hardly depends on queueing, "
+                        "so saturated cases compare too: 1000 ms divided by it is how many records per second one core carries. "
+                        "Enforcement CPU per hop: (CPU per record − the baseline's, same rate and services) / hops."
+                        + (" This run was recorded before cpu.csv split the CPU by kind of process: only the totals are known."
+                           if cpu["service_ms"].isna().all() else "")))
+    blocks.append(("table", cpu_view(cpu)))
+    if not cpu["service_ms"].isna().all():
+        blocks.append(("figure", cpu_figure(cpu, figures_dir),
+                       "CPU time per delivered record by kind of process: the services, the Envoys (entry, sidecars, routers or the "
+                       "central entity) and the OPAs."))
 
     if failed:
         blocks.append(("h2", "Failed cells"))

@@ -79,23 +79,26 @@ def write_json(path: Path, data: dict) -> None:
 
 
 class CpuSampler:
-    """Cumulative CPU seconds of the machine, of Locust and of the deployment, every second.
+    """Cumulative CPU seconds of the machine, of Locust and of the deployment, every second;
+    the deployment's also split by the kind of part (service, envoy, opa).
 
     The report divides their increase over the measured window by its length: how many of
     the cores the system under test, the load generator and anything else on the machine
-    (other users of a shared machine) kept busy.
+    (other users of a shared machine) kept busy; and, divided by the achieved rate, the CPU
+    each kind of part spent per record.
     """
 
-    COLUMNS = ("t_ms", "machine_busy_s", "locust_s", "deployment_s")
+    KINDS = ("service", "envoy", "opa")
+    COLUMNS = ("t_ms", "machine_busy_s", "locust_s", "deployment_s", *(f"{kind}_s" for kind in KINDS))
 
-    def __init__(self, path: Path, locust_pid: int, part_pids: list[int]):
+    def __init__(self, path: Path, locust_pid: int, parts: list[tuple[int, str]]):
         self.file = path.open("w")
         self.file.write(",".join(self.COLUMNS) + "\n")
         self.locust = psutil.Process(locust_pid)
-        self.parts = []
-        for pid in part_pids:
+        self.parts: list[tuple[psutil.Process, str]] = []
+        for pid, kind in parts:
             try:
-                self.parts.append(psutil.Process(pid))
+                self.parts.append((psutil.Process(pid), kind))
             except psutil.NoSuchProcess:
                 pass
 
@@ -111,8 +114,11 @@ class CpuSampler:
         machine = psutil.cpu_times()
         # Work done on the cores (guest time is already in user and nice; steal is the host's).
         busy = machine.user + machine.nice + machine.system + machine.irq + machine.softirq
-        deployment_cpu = sum(self.cpu_seconds(p) for p in self.parts)
-        self.file.write(f"{time.time() * 1000:.0f},{busy:.2f},{self.cpu_seconds(self.locust):.2f},{deployment_cpu:.2f}\n")
+        by_kind = dict.fromkeys(self.KINDS, 0.0)
+        for process, kind in self.parts:
+            by_kind[kind] += self.cpu_seconds(process)
+        kinds = ",".join(f"{by_kind[kind]:.2f}" for kind in self.KINDS)
+        self.file.write(f"{time.time() * 1000:.0f},{busy:.2f},{self.cpu_seconds(self.locust):.2f},{sum(by_kind.values()):.2f},{kinds}\n")
 
     def close(self) -> None:
         self.file.close()
@@ -128,7 +134,7 @@ class Runner:
         self.locust: subprocess.Popen | None = None
         self.deploying = False
         self.deployment_dir: str | None = None
-        self.deployment_pids: list[int] = []
+        self.deployment_parts: list[tuple[int, str]] = []  # (pid, kind)
 
     # ---- the run --------------------------------------------------------------------
 
@@ -272,7 +278,7 @@ class Runner:
         self.deploying = True  # from here on, whatever is deployed is this run's
         state = deployment.deploy(manifest.load(cell.topology, services=cell.services), out=log)
         self.deployment_dir = state["run_dir"]
-        self.deployment_pids = [part["pid"] for part in state["parts"]]
+        self.deployment_parts = [(part["pid"], part["kind"]) for part in state["parts"]]
         self.deploying = False
         answer = send(state["entry_url"], ALLOWED_LABELS, BODY, request_id=f"experiment-check-{cell.key}", timeout=30)
         hops = len(answer.body["path"]) if answer.status == 200 and answer.body else 0
@@ -300,7 +306,7 @@ class Runner:
             started_ms = time.time() * 1000
             self.locust = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                            start_new_session=True)  # its own group: stopped by us, not by a terminal's Ctrl-C
-            sampler = CpuSampler(cell_dir / "cpu.csv", self.locust.pid, self.deployment_pids)
+            sampler = CpuSampler(cell_dir / "cpu.csv", self.locust.pid, self.deployment_parts)
             started = time.monotonic()
             shown = 0.0
             try:
@@ -353,7 +359,7 @@ class Runner:
             except deployment.DeploymentError:
                 pass  # what is left is found and reported below
         left = [locust.pid] if locust is not None and locust.poll() is None else []
-        left += [pid for pid in self.deployment_pids if deployment.alive(pid)]
+        left += [pid for pid, _ in self.deployment_parts if deployment.alive(pid)]
         if self.deployment_dir:
             left += deployment.processes_using(self.deployment_dir)
         return sorted(set(left))

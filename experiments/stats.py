@@ -60,11 +60,16 @@ def is_saturated(achieved_rate: float, offered_rate: float, error_rate: float) -
     return bool(achieved_rate < MIN_ACHIEVED_SHARE * offered_rate or error_rate > MAX_ERROR_RATE)
 
 
+CPU_KINDS = ("service", "envoy", "opa")  # the kinds of deployment parts cpu.csv splits by
+
+
 def cpu_cores(cpu: pd.DataFrame, start_ms: float, end_ms: float) -> dict:
-    """Cores kept busy over [start, end) by the machine, Locust, the deployment, and the rest."""
+    """Cores kept busy over [start, end) by the machine, Locust, the deployment, the rest, and
+    each kind of deployment part (NaN for runs recorded before cpu.csv split by kind)."""
+    names = ["cpu_machine", "cpu_locust", "cpu_deployment", "cpu_other", *(f"cpu_{kind}" for kind in CPU_KINDS)]
     inside = cpu[(cpu["t_ms"] >= start_ms) & (cpu["t_ms"] <= end_ms)]
     if len(inside) < 2:
-        return {"cpu_machine": float("nan"), "cpu_locust": float("nan"), "cpu_deployment": float("nan"), "cpu_other": float("nan")}
+        return dict.fromkeys(names, float("nan"))
     change = inside.iloc[-1] - inside.iloc[0]
     seconds = change["t_ms"] / 1000
     cores = {
@@ -73,6 +78,8 @@ def cpu_cores(cpu: pd.DataFrame, start_ms: float, end_ms: float) -> dict:
         "cpu_deployment": change["deployment_s"] / seconds,
     }
     cores["cpu_other"] = cores["cpu_machine"] - cores["cpu_locust"] - cores["cpu_deployment"]
+    for kind in CPU_KINDS:
+        cores[f"cpu_{kind}"] = change[f"{kind}_s"] / seconds if f"{kind}_s" in change else float("nan")
     return cores
 
 
@@ -189,6 +196,29 @@ def enforcement_cost(table: pd.DataFrame) -> pd.DataFrame:
     cost["hops"] = cost["services"]
     cost["cost_per_hop"] = (cost["median"] - cost["baseline_median"]) / cost["hops"]
     return order(cost)
+
+
+def cpu_per_record(cells: pd.DataFrame) -> pd.DataFrame:
+    """Per case, the CPU the deployment spent per record (ms): in all, and by kind of part.
+
+    Cores kept busy divided by the achieved rate, per cell, then the mean over repetitions.
+    A capacity measure: unlike the RTT it hardly depends on queueing, so it still compares
+    saturated cases. Against the baseline at the same rate and services, (total - the
+    baseline's total) / hops is the CPU that enforcement costs per hop.
+    """
+    per_cell = cells[CELL].assign(
+        total_ms=cells["cpu_deployment"] * 1000 / cells["achieved_rate"],
+        **{f"{kind}_ms": cells[f"cpu_{kind}"] * 1000 / cells["achieved_rate"] for kind in CPU_KINDS},
+        saturated=cells["saturated"],
+    )
+    cpu = per_cell.groupby(CASE, observed=True).agg(
+        repetitions=("repetition", "count"), saturated=("saturated", "any"),
+        total_ms=("total_ms", "mean"), **{f"{kind}_ms": (f"{kind}_ms", "mean") for kind in CPU_KINDS},
+    ).reset_index()
+    baseline = cpu[cpu["topology"] == BASELINE][["rate", "services", "total_ms"]].rename(columns={"total_ms": "baseline_total_ms"})
+    cpu = cpu.merge(baseline, on=["rate", "services"], how="left")
+    cpu["enforcement_per_hop_ms"] = ((cpu["total_ms"] - cpu["baseline_total_ms"]) / cpu["services"]).where(cpu["topology"] != BASELINE)
+    return order(cpu)
 
 
 def time_split(requests: pd.DataFrame) -> pd.DataFrame:

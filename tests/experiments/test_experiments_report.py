@@ -55,8 +55,24 @@ def test_cells_give_the_load_and_the_machine(report):
     saturated = cells[cells["saturated"]][["topology", "services", "repetition"]].values.tolist()
     assert saturated == [["central-entity", 10, 2], ["baseline", 5, 2]]
     assert case(cells[cells["repetition"] == 2], "central-entity", 10)["achieved_rate"] == pytest.approx(9.0)
-    assert cells["cpu_machine"].tolist() == pytest.approx([1.5] * 7)
+    by_topology = cells.groupby("topology")
+    assert by_topology["cpu_machine"].apply(list).to_dict() == {"central-entity": pytest.approx([1.5] * 4), "baseline": pytest.approx([1.1] * 3)}
     assert cells["cpu_other"].tolist() == pytest.approx([0.4] * 7)
+    assert (cells["cpu_service"] + cells["cpu_envoy"] + cells["cpu_opa"]).tolist() == pytest.approx(cells["cpu_deployment"].tolist())
+
+
+def test_cpu_per_record_and_enforcement_cpu_per_hop(report):
+    _, _, tables = report
+    cpu = tables["cpu_per_record"]
+    ce5 = case(cpu, "central-entity", 5)  # 1 core at 10 records/s in both repetitions
+    assert [ce5[c] for c in ("total_ms", "service_ms", "envoy_ms", "opa_ms")] == pytest.approx([100, 50, 20, 30])
+    base10 = case(cpu, "baseline", 10)  # 0.6 cores at 10 records/s, one repetition
+    assert [base10[c] for c in ("total_ms", "service_ms", "envoy_ms", "opa_ms")] == pytest.approx([60, 40, 20, 0])
+    assert pd.isna(base10["enforcement_per_hop_ms"])
+    ce10 = case(cpu, "central-entity", 10)  # rep2 carried 9 records/s: 1000/9 ms each
+    assert ce10["total_ms"] == pytest.approx((100 + 1000 / 9) / 2)
+    assert ce10["enforcement_per_hop_ms"] == pytest.approx(((100 + 1000 / 9) / 2 - 60) / 10)
+    assert bool(ce10["saturated"]) and not bool(ce5["saturated"])
 
 
 def test_w_avg_and_the_papers(report):
@@ -86,18 +102,18 @@ def test_documents_and_figures(report):
     run_dir, paths, _ = report
     markdown = paths["markdown"].read_text()
     page = paths["html"].read_text()
-    for heading in ("Table I", "W Avg: ours and the paper", "Where the time goes", "Failed cells", "Method"):
+    for heading in ("Table I", "W Avg: ours and the paper", "Where the time goes", "CPU per record", "Failed cells", "Method"):
         assert heading in markdown and heading in page
     assert "| Arch. | Call Freq. (req/s) | Num. Serv. | Min (ms) | Q1 (ms) | Median (ms) | Q3 (ms) | p95 (ms) | Max (ms) | Mean (ms) | STD | W Avg (ms) |" in markdown
     assert "| CE | 10 | 5 | 50.000 | 55.000 | 60.000 | 65.000 | 69.000 | 70.000 | 60.000 |" in markdown
     assert "| 10 † |" in markdown  # the saturated case is marked
     assert "svc-03 exited" in markdown
     figures = run_dir / "report" / "figures"
-    for name in ("rtt_boxplots", "w_avg", "enforcement_per_hop", "time_split", "offered_vs_achieved"):
+    for name in ("rtt_boxplots", "w_avg", "enforcement_per_hop", "time_split", "offered_vs_achieved", "cpu_per_record"):
         assert (figures / f"{name}.png").stat().st_size > 5000
         assert (figures / f"{name}.svg").exists()
         assert f"figures/{name}.png" in markdown
-    assert page.count("data:image/png;base64,") == 5
+    assert page.count("data:image/png;base64,") == 6
     assert "<img" in page and "src='figures/" not in page  # self-contained
 
 

@@ -51,6 +51,10 @@ def test_one_topology_five_services_100_per_second_for_10_seconds(tmp_path, no_d
     table = pd.read_csv(run_dir / "report" / "tables" / "table1.csv")
     assert table[["topology", "rate", "services"]].values.tolist() == [["sidecar", 100, 5]]
     assert 0 < table.loc[0, "min"] <= table.loc[0, "median"] <= table.loc[0, "max"]
+    cpu = pd.read_csv(run_dir / "report" / "tables" / "cpu_per_record.csv").iloc[0]
+    # a sidecar deployment spends CPU in all three kinds of process, and they make up its total
+    assert cpu["service_ms"] > 0 and cpu["envoy_ms"] > 0 and cpu["opa_ms"] > 0
+    assert cpu[["service_ms", "envoy_ms", "opa_ms"]].sum() == pytest.approx(cpu["total_ms"], rel=0.02)
     assert (run_dir / "report" / "report.html").exists()
     assert str(run_dir / "report" / "report.html") in run.stdout
 

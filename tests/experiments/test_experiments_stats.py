@@ -137,3 +137,13 @@ def test_records_of_a_mix_are_counted_by_kind_and_status():
                              "record": ["allowed", "allowed", "denied-hop-1", "denied-hop-1"], "expected": [200, 200, 451, 451]})
     result = stats.records(requests)
     assert result[["record", "status", "requests", "median"]].values.tolist() == [["allowed", 200, 2, 20.0], ["denied-hop-1", 451, 2, 3.0]]
+
+
+def test_cpu_cores_split_by_kind_and_nan_for_runs_recorded_before_the_split():
+    split = pd.DataFrame({"t_ms": [0, 2000], "machine_busy_s": [0, 3.0], "locust_s": [0, 0.2], "deployment_s": [0, 2.0],
+                          "service_s": [0, 1.0], "envoy_s": [0, 0.6], "opa_s": [0, 0.4]})
+    cores = stats.cpu_cores(split, 0, 2000)
+    assert [cores[k] for k in ("cpu_machine", "cpu_locust", "cpu_deployment", "cpu_other", "cpu_service", "cpu_envoy", "cpu_opa")] == \
+        pytest.approx([1.5, 0.1, 1.0, 0.4, 0.5, 0.3, 0.2])
+    before = stats.cpu_cores(split[["t_ms", "machine_busy_s", "locust_s", "deployment_s"]], 0, 2000)
+    assert before["cpu_deployment"] == pytest.approx(1.0) and all(pd.isna(before[f"cpu_{k}"]) for k in ("service", "envoy", "opa"))
