@@ -104,7 +104,7 @@ decide: $(OPA) ## Show the decision for one input: make decide input=policies/ex
 	  --ignore '*_test.rego' --ignore examples 'data.complyroute.compliance.decision'
 
 .PHONY: policy-bench
-policy-bench: setup ## What one decision costs at each topology's enforcement points, allowed and denied (opa bench, about 1 minute)
+policy-bench: setup ## What one decision costs at each topology's enforcement points, allowed and denied (opa bench, under a minute)
 	$(CONTROL) policy-bench
 
 ##@ Testing
