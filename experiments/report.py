@@ -84,6 +84,11 @@ def cores(value) -> str:
     return "–" if pd.isna(value) else f"{round(value, 2) + 0.0:.2f}"  # + 0.0: no "-0.00" from sampling noise
 
 
+def marked(text, saturated: bool) -> str:
+    """A value with the saturated mark when its case is saturated."""
+    return f"{text} {SATURATED_MARK}" if saturated else f"{text}"
+
+
 def arch(topology: str) -> str:
     return PAPER_NAMES.get(topology, topology)
 
@@ -98,7 +103,7 @@ def table_one(table: pd.DataFrame, w_avg: pd.DataFrame) -> pd.DataFrame:
         rows.append({
             "Arch.": arch(row.topology) if first else "",
             "Call Freq. (req/s)": str(row.rate) if first else "",
-            "Num. Serv.": f"{row.services}{' ' + SATURATED_MARK if row.saturated else ''}",
+            "Num. Serv.": marked(row.services, row.saturated),
             "Min (ms)": ms(row.min), "Q1 (ms)": ms(row.q1), "Median (ms)": ms(row.median), "Q3 (ms)": ms(row.q3),
             "p95 (ms)": ms(row.p95), "Max (ms)": ms(row.max), "Mean (ms)": ms(row.mean), "STD": ms(row.std),
             "W Avg (ms)": ms(w_avg_of.get((row.topology, row.rate))) if first else "",
@@ -120,7 +125,7 @@ def load_view(cells: pd.DataFrame) -> pd.DataFrame:
 def w_avg_view(comparison: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({
         "Arch.": comparison["topology"].map(arch), "Rate (req/s)": comparison["rate"],
-        "W Avg ours (ms)": [f"{ms(v)}{' ' + SATURATED_MARK if s else ''}" for v, s in zip(comparison["w_avg"], comparison["any_saturated"])],
+        "W Avg ours (ms)": [marked(ms(v), s) for v, s in zip(comparison["w_avg"], comparison["any_saturated"])],
         "Services run": comparison["services_run"], "W Avg paper (ms, n = 5 10 25 50)": comparison["paper_w_avg"].map(ms),
         "Paper over our n (ms)": comparison["paper_w_avg_same_services"].map(ms),
     })
@@ -137,17 +142,16 @@ def spread_view(spread: pd.DataFrame) -> pd.DataFrame:
 def cost_view(cost: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({
         "Arch.": cost["topology"].map(arch), "Rate (req/s)": cost["rate"],
-        "Serv. (= hops)": [f"{n}{' ' + SATURATED_MARK if s else ''}" for n, s in zip(cost["services"], cost["saturated"])],
+        "Serv. (= hops)": [marked(n, s) for n, s in zip(cost["services"], cost["saturated"])],
         "Median RTT (ms)": cost["median"].map(ms), "Baseline median RTT (ms)": cost["baseline_median"].map(ms),
         "Enforcement per hop (ms)": cost["cost_per_hop"].map(ms),
     })
 
 
-def split_view(split: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
-    saturated = {(r.topology, r.rate, r.services) for r in table.itertuples() if r.saturated}
+def split_view(split: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({
         "Arch.": split["topology"].map(arch), "Rate (req/s)": split["rate"],
-        "Serv.": [f"{n}{' ' + SATURATED_MARK if (t, r, n) in saturated else ''}" for t, r, n in zip(split["topology"], split["rate"], split["services"])],
+        "Serv.": [marked(n, s) for n, s in zip(split["services"], split["saturated"])],
         "Mean RTT (ms)": split["rtt_ms"].map(ms), "In services (ms)": split["service_ms"].map(ms),
         "Transit (ms)": split["transit_ms"].map(ms), "Enforcement (ms)": split["enforcement_ms"].map(ms),
         "Enforcement share": (split["enforcement_ms"] / split["rtt_ms"]).map(percent),
@@ -161,7 +165,7 @@ def split_view(split: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
 def cpu_view(cpu: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({
         "Arch.": cpu["topology"].map(arch), "Rate (req/s)": cpu["rate"],
-        "Serv.": [f"{n}{' ' + SATURATED_MARK if s else ''}" for n, s in zip(cpu["services"], cpu["saturated"])],
+        "Serv.": [marked(n, s) for n, s in zip(cpu["services"], cpu["saturated"])],
         "CPU per record (ms)": cpu["total_ms"].map(ms), "Services (ms)": cpu["service_ms"].map(ms),
         "Envoy (ms)": cpu["envoy_ms"].map(ms), "OPA (ms)": cpu["opa_ms"].map(ms),
         "Enforcement CPU per hop (ms)": cpu["enforcement_per_hop_ms"].map(ms),
@@ -301,53 +305,42 @@ def cost_figure(cost: pd.DataFrame, figures_dir: Path) -> Path:
     return save(figure, figures_dir, "enforcement_per_hop")
 
 
-def split_figure(split: pd.DataFrame, table: pd.DataFrame, figures_dir: Path) -> Path:
-    """Stacked mean time per request: in services, transit, enforcement (topology − baseline);
-    saturated cases marked in their label."""
-    saturated = {(r.topology, r.rate, r.services) for r in table.itertuples() if r.saturated}
-    rates = sorted(split["rate"].unique())
-    figure, axes = panels(len(rates), max(6.0, 0.5 * split.groupby("rate").size().max() + 1.5), 4.0, columns=1)
+def stacked_figure(frame: pd.DataFrame, stacks: dict, title: str, ylabel: str, figures_dir: Path, name: str) -> Path:
+    """Stacked bars, one per case (topology and services), one panel per rate; saturated cases
+    marked in their label. stacks: legend label -> (colour, the heights for a panel's rows)."""
+    rates = sorted(frame["rate"].unique())
+    figure, axes = panels(len(rates), max(6.0, 0.5 * frame.groupby("rate").size().max() + 1.5), 4.0, columns=1)
     for ax, rate in zip(axes, rates):
-        rows = split[split["rate"] == rate].reset_index(drop=True)
-        labels = [f"{arch(t)}\n{n}{' ' + SATURATED_MARK if (t, rate, n) in saturated else ''}" for t, n in zip(rows["topology"], rows["services"])]
+        rows = frame[frame["rate"] == rate].reset_index(drop=True)
+        labels = [f"{arch(t)}\n{marked(n, s)}" for t, n, s in zip(rows["topology"], rows["services"], rows["saturated"])]
         bottom = np.zeros(len(rows))
-        parts = {
-            "in services": rows["service_ms"].to_numpy(),
-            "transit": rows["transit_ms"].fillna(rows["outside_ms"]).to_numpy(),
-            "enforcement": rows["enforcement_ms"].clip(lower=0).fillna(0).to_numpy(),
-        }
-        for name, heights in parts.items():
-            ax.bar(range(len(rows)), heights, 0.7, bottom=bottom, color=SPLIT_COLORS[name], edgecolor="black", linewidth=0.4)
-            bottom += heights
-        ax.set_xticks(range(len(rows)), labels, fontsize=7)
-        ax.set_title(f"{rate} requests/s (offered): mean per request")
-        ax.set_ylabel("ms")
-        ax.set_xlabel(f"architecture, services ({SATURATED_MARK}: saturated)")
-        ax.grid(axis="y", alpha=0.3)
-    legend_below(figure, [Patch(facecolor=color, edgecolor="black", label=name) for name, color in SPLIT_COLORS.items()])
-    return save(figure, figures_dir, "time_split")
-
-
-def cpu_figure(cpu: pd.DataFrame, figures_dir: Path) -> Path:
-    """Stacked CPU per record by kind of part (services, Envoy, OPA), one panel per rate;
-    saturated cases marked in their label."""
-    rates = sorted(cpu["rate"].unique())
-    figure, axes = panels(len(rates), max(6.0, 0.5 * cpu.groupby("rate").size().max() + 1.5), 4.0, columns=1)
-    for ax, rate in zip(axes, rates):
-        rows = cpu[cpu["rate"] == rate].reset_index(drop=True)
-        labels = [f"{arch(t)}\n{n}{' ' + SATURATED_MARK if s else ''}" for t, n, s in zip(rows["topology"], rows["services"], rows["saturated"])]
-        bottom = np.zeros(len(rows))
-        for kind, color in CPU_COLORS.items():
-            heights = rows[f"{kind}_ms"].fillna(0).to_numpy()
+        for color, heights_of in stacks.values():
+            heights = heights_of(rows)
             ax.bar(range(len(rows)), heights, 0.7, bottom=bottom, color=color, edgecolor="black", linewidth=0.4)
             bottom += heights
         ax.set_xticks(range(len(rows)), labels, fontsize=7)
-        ax.set_title(f"{rate} requests/s (offered): CPU per delivered record")
-        ax.set_ylabel("ms of CPU")
+        ax.set_title(f"{rate} requests/s (offered): {title}")
+        ax.set_ylabel(ylabel)
         ax.set_xlabel(f"architecture, services ({SATURATED_MARK}: saturated)")
         ax.grid(axis="y", alpha=0.3)
-    legend_below(figure, [Patch(facecolor=color, edgecolor="black", label=CPU_LABELS[kind]) for kind, color in CPU_COLORS.items()])
-    return save(figure, figures_dir, "cpu_per_record")
+    legend_below(figure, [Patch(facecolor=color, edgecolor="black", label=label) for label, (color, _) in stacks.items()])
+    return save(figure, figures_dir, name)
+
+
+def split_figure(split: pd.DataFrame, figures_dir: Path) -> Path:
+    """Stacked mean time per request: in services, transit, enforcement (topology − baseline)."""
+    return stacked_figure(split, {
+        "in services": (SPLIT_COLORS["in services"], lambda rows: rows["service_ms"].to_numpy()),
+        "transit": (SPLIT_COLORS["transit"], lambda rows: rows["transit_ms"].fillna(rows["outside_ms"]).to_numpy()),
+        "enforcement": (SPLIT_COLORS["enforcement"], lambda rows: rows["enforcement_ms"].clip(lower=0).fillna(0).to_numpy()),
+    }, "mean per request", "ms", figures_dir, "time_split")
+
+
+def cpu_figure(cpu: pd.DataFrame, figures_dir: Path) -> Path:
+    """Stacked CPU per record by kind of part (services, Envoy, OPA)."""
+    return stacked_figure(cpu, {
+        CPU_LABELS[kind]: (color, lambda rows, kind=kind: rows[f"{kind}_ms"].fillna(0).to_numpy()) for kind, color in CPU_COLORS.items()
+    }, "CPU per delivered record", "ms of CPU", figures_dir, "cpu_per_record")
 
 
 def load_figure(cells: pd.DataFrame, figures_dir: Path) -> Path:
@@ -511,6 +504,8 @@ def build(run_dir: Path) -> dict:
     cost.to_csv(tables_dir / "enforcement_cost.csv", index=False)
     split = stats.time_split(requests)
     split.to_csv(tables_dir / "time_split.csv", index=False)
+    saturated_cases = {(r.topology, r.rate, r.services) for r in table.itertuples() if r.saturated}
+    split["saturated"] = [(t, r, n) in saturated_cases for t, r, n in zip(split["topology"], split["rate"], split["services"])]
 
     machine, versions = meta["machine"], meta["versions"]
     saturated = cells[cells["saturated"]]
@@ -565,7 +560,7 @@ def build(run_dir: Path) -> dict:
     else:
         baseline_rows = table[table["topology"] == BASELINE]
         blocks.append(("p", "Baseline (no enforcement: a plain Envoy entry, services calling each other directly), median RTT: "
-                            + "; ".join(f"{r.rate} req/s, {r.services} services: {ms(r.median)} ms{' ' + SATURATED_MARK if r.saturated else ''}"
+                            + "; ".join(f"{r.rate} req/s, {r.services} services: {marked(f'{ms(r.median)} ms', r.saturated)}"
                                         for r in baseline_rows.itertuples()) + "."))
         blocks.append(("table", cost_view(cost)))
         blocks.append(("figure", cost_figure(cost, figures_dir), "(median RTT − the baseline's median RTT) / hops, same rate and services, same run."))
@@ -574,8 +569,8 @@ def build(run_dir: Path) -> dict:
     if split["transit_ms"].isna().all():
         blocks.append(("p", "Without a baseline in the run, time outside the services cannot be told apart into transit and enforcement; "
                             "the figure shows it all as transit."))
-    blocks.append(("table", split_view(split, table)))
-    blocks.append(("figure", split_figure(split, table, figures_dir),
+    blocks.append(("table", split_view(split)))
+    blocks.append(("figure", split_figure(split, figures_dir),
                    "Mean time per delivered request: inside the services, transit (the baseline's time outside its services) and enforcement "
                    "(the topology's time outside its services beyond the baseline's); negative enforcement (noise) is drawn as 0."))
 
