@@ -72,8 +72,7 @@ def render(plan: Plan, run_dir: Path, policies: Path = POLICIES) -> list[Part]:
     for point in plan.points:
         folder = run_dir / "points" / point.name
         data_dir = folder / "data"
-        (data_dir / "complyroute" / "catalog").mkdir(parents=True, exist_ok=True)
-        (data_dir / "complyroute" / "catalog" / "data.json").write_text(json.dumps(point.catalog, indent=2, sort_keys=True))
+        enforcement.write_catalog(data_dir, point.catalog)
         (folder / "opa.yaml").write_text(yaml.safe_dump(enforcement.opa_config(point), sort_keys=False))
         (folder / "envoy.yaml").write_text(yaml.safe_dump(enforcement.envoy_config(point, engine), sort_keys=False))
         if point.deciding:  # a point that only forwards (baseline, a last step's sidecar) needs no OPA

@@ -14,7 +14,9 @@ configuration. Two kinds of listener exist:
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 ROUTING_HEADER = "x-complyroute-destination"
 POLICY_QUERY = "complyroute/envoy/response"
@@ -254,6 +256,13 @@ def envoy_config(point: EnforcementPoint, engine: dict) -> dict:
         "admin": {"address": _socket(point.admin)},
         "static_resources": {"listeners": listeners, "clusters": clusters},
     }
+
+
+def write_catalog(data_dir: Path, catalog: dict) -> None:
+    """Write a catalog where OPA, given data_dir as data, finds it: data.complyroute.catalog."""
+    folder = data_dir / "complyroute" / "catalog"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "data.json").write_text(json.dumps(catalog, indent=2, sort_keys=True))
 
 
 def opa_config(point: EnforcementPoint) -> dict:

@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 from . import manifest
-from .enforcement import POLICY_QUERY
+from .enforcement import POLICY_QUERY, write_catalog
 from .manifest import GENERATED_PURPOSES, REPO
 from .plan import place
 
@@ -97,8 +97,7 @@ def run() -> int:
             for services in SIZES:
                 point, catalog, allowed, denied = cases(topology_name, services)
                 data_dir = Path(scratch) / f"{topology_name}-{services}"
-                (data_dir / "complyroute" / "catalog").mkdir(parents=True)
-                (data_dir / "complyroute" / "catalog" / "data.json").write_text(json.dumps(catalog))
+                write_catalog(data_dir, catalog)
                 for record, request in (("allowed", allowed), ("denied", denied)):
                     input_file = Path(scratch) / f"{topology_name}-{services}-{record}.json"  # not under --data
                     input_file.write_text(json.dumps(request))
