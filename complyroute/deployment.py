@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from . import enforcement
+from . import enforcement, engines
 from .manifest import REPO, Topology
 from .plan import Plan, place
 
@@ -65,6 +65,7 @@ def envoy_binary() -> str:
 def render(plan: Plan, run_dir: Path, policies: Path = POLICIES) -> list[Part]:
     """Write every configuration into the run folder and return the processes to start."""
     engine = plan.topology.engine
+    configs = engines.configure(engine["kind"], plan.points, engine, policies)
     parts: list[Part] = []
     envoy = envoy_binary()
     (run_dir / "audit").mkdir(parents=True, exist_ok=True)
@@ -72,10 +73,13 @@ def render(plan: Plan, run_dir: Path, policies: Path = POLICIES) -> list[Part]:
     for point in plan.points:
         folder = run_dir / "points" / point.name
         data_dir = folder / "data"
-        enforcement.write_catalog(data_dir, point.catalog)
-        (folder / "opa.yaml").write_text(yaml.safe_dump(enforcement.opa_config(point), sort_keys=False))
-        (folder / "envoy.yaml").write_text(yaml.safe_dump(enforcement.envoy_config(point, engine), sort_keys=False))
-        if point.deciding:  # a point that only forwards (baseline, a last step's sidecar) needs no OPA
+        config = configs[point.name]
+        folder.mkdir(parents=True, exist_ok=True)
+        # JSON, not YAML: a compiled route configuration can be large, and Envoy parses JSON faster.
+        (folder / "envoy.json").write_text(json.dumps(config.envoy, indent=1))
+        if config.opa is not None:
+            enforcement.write_data(data_dir, config.data)
+            (folder / "opa.yaml").write_text(yaml.safe_dump(config.opa, sort_keys=False))
             parts.append(
                 Part(
                     name=f"{point.name}/opa",
@@ -97,7 +101,7 @@ def render(plan: Plan, run_dir: Path, policies: Path = POLICIES) -> list[Part]:
                 kind="envoy",
                 node=point.node,
                 command=[
-                    envoy, "-c", str(folder / "envoy.yaml"), "--concurrency", str(point.concurrency),
+                    envoy, "-c", str(folder / "envoy.json"), "--concurrency", str(point.concurrency),
                     # No hot restart, so no shared memory: many Envoys coexist without --base-id.
                     "--disable-hot-restart", "--log-level", "warn",
                 ],

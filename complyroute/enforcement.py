@@ -10,6 +10,11 @@ configuration. Two kinds of listener exist:
   forwarding: `failure_mode_allow` is false.
 - a *forwarding* listener: plain proxying to one endpoint (a sidecar's ingress to its own
   service).
+
+How a deciding listener decides is the engine's business (complyroute/engines/): with
+envoy-opa every record goes through the decision route below; an engine may put a matcher
+tree in front of it (`matchers`), whose leaves route allowed hops without asking OPA and
+whose misses fall through to the decision route.
 """
 
 from __future__ import annotations
@@ -22,6 +27,11 @@ ROUTING_HEADER = "x-complyroute-destination"
 POLICY_QUERY = "complyroute/envoy/response"
 MAX_RECORD_BYTES = 64 * 1024
 UPSTREAM_IDLE_TIMEOUT = "30s"
+
+
+def hop_timeout_of(settings: dict) -> str:
+    """How long a hop may take, from a manifest's engine settings."""
+    return settings.get("hop_timeout", "60s")
 
 
 @dataclass(frozen=True)
@@ -51,6 +61,9 @@ class DecidingListener:
     endpoint: Endpoint
     sender: str  # the instance or gateway the records come from, as the catalog names it
     step: str | None = None  # pinned target step; None: taken from the sender's x-complyroute-step header
+    # Records come from outside (a client), not from a service: the body is unchecked until
+    # this point's decision, so every engine asks OPA here.
+    from_client: bool = False
 
 
 @dataclass(frozen=True)
@@ -185,7 +198,24 @@ def _connection_manager(stat_prefix: str, http_filters: list, virtual_host: dict
     }
 
 
-def _deciding_listener(listener: DecidingListener, decision_timeout: str, hop_timeout: str) -> dict:
+EXT_AUTHZ_PER_ROUTE = "type.googleapis.com/envoy.extensions.filters.http.ext_authz.v3.ExtAuthzPerRoute"
+
+
+def decision_route(hop_timeout: str) -> dict:
+    """The route of a record whose hop OPA decides: to the instance its decision names."""
+    return {"match": {"prefix": "/"}, "route": {"cluster_header": ROUTING_HEADER, "timeout": hop_timeout}}
+
+
+def decided_route(destination: str, hop_timeout: str) -> dict:
+    """The route of a record whose hop was decided ahead of time: no call to OPA."""
+    return {
+        "match": {"prefix": "/"},
+        "route": {"cluster": destination, "timeout": hop_timeout},
+        "typed_per_filter_config": {"envoy.filters.http.ext_authz": {"@type": EXT_AUTHZ_PER_ROUTE, "disabled": True}},
+    }
+
+
+def _deciding_listener(listener: DecidingListener, decision_timeout: str, hop_timeout: str, matcher: dict | None) -> dict:
     context = {"sender": listener.sender}
     if listener.step:
         context["step"] = listener.step
@@ -214,14 +244,17 @@ def _deciding_listener(listener: DecidingListener, decision_timeout: str, hop_ti
     virtual_host = {
         "name": listener.name,
         "domains": ["*"],
-        "routes": [{"match": {"prefix": "/"}, "route": {"cluster_header": ROUTING_HEADER, "timeout": hop_timeout}}],
         "typed_per_filter_config": {
             "envoy.filters.http.ext_authz": {
-                "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_authz.v3.ExtAuthzPerRoute",
+                "@type": EXT_AUTHZ_PER_ROUTE,
                 "check_settings": {"context_extensions": context},
             }
         },
     }
+    if matcher is None:
+        virtual_host["routes"] = [decision_route(hop_timeout)]
+    else:
+        virtual_host["matcher"] = matcher
     return {
         "name": listener.name,
         "address": _socket(listener.endpoint),
@@ -242,20 +275,30 @@ def _forwarding_listener(listener: ForwardingListener, hop_timeout: str) -> dict
     }
 
 
-def envoy_config(point: EnforcementPoint, engine: dict) -> dict:
-    """Envoy bootstrap for one enforcement point."""
+def envoy_config(point: EnforcementPoint, engine: dict, matchers: dict[str, dict] | None = None) -> dict:
+    """Envoy bootstrap for one enforcement point.
+
+    `matchers`: by deciding listener name, a route matcher tree (xds.type.matcher.v3.Matcher
+    whose actions are routes) that replaces the listener's single decision route.
+    """
     decision_timeout = engine.get("decision_timeout", "2s")
-    hop_timeout = engine.get("hop_timeout", "60s")
+    hop_timeout = hop_timeout_of(engine)
     clusters = [_cluster("opa", point.opa_grpc, http2=True)] if point.deciding else []
     clusters += [_cluster(instance, endpoint) for instance, endpoint in sorted(point.destinations.items())]
     clusters += [_cluster(f"upstream-{f.name}", f.upstream) for f in point.forwarding]
-    listeners = [_deciding_listener(d, decision_timeout, hop_timeout) for d in point.deciding]
+    listeners = [_deciding_listener(d, decision_timeout, hop_timeout, (matchers or {}).get(d.name)) for d in point.deciding]
     listeners += [_forwarding_listener(f, hop_timeout) for f in point.forwarding]
     return {
         "node": {"id": point.name, "cluster": point.node},
         "admin": {"address": _socket(point.admin)},
         "static_resources": {"listeners": listeners, "clusters": clusters},
     }
+
+
+def write_data(data_dir: Path, document: dict) -> None:
+    """Write the document a point's OPA loads beside the rule set, given data_dir as data."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    (data_dir / "data.json").write_text(json.dumps(document, indent=2, sort_keys=True))
 
 
 def write_catalog(data_dir: Path, catalog: dict) -> None:

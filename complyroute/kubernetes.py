@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from . import enforcement
+from . import enforcement, engines
 from .enforcement import EnforcementPoint, Endpoint
 from .manifest import REPO, Instance, Node, Topology
 from .plan import Plan, place
@@ -136,6 +136,7 @@ class Renderer:
         self.objects: list[dict] = []
         self.files: dict[str, str] = {}  # file name in the kustomization folder -> content
         self.generated: list[dict] = []  # configMapGenerator entries
+        self.configs: dict[str, engines.PointConfig] = {}  # by point name, once render() ran
 
     # ---- ConfigMaps
     def policy_files(self) -> list[tuple[str, str]]:
@@ -172,7 +173,7 @@ class Renderer:
             "resources": RESOURCES["opa"],
             "volumeMounts": [
                 {"name": "policy", "mountPath": "/policy", "readOnly": True},
-                {"name": f"catalog-{point.name}", "mountPath": "/catalog/complyroute/catalog", "readOnly": True},
+                {"name": f"catalog-{point.name}", "mountPath": "/catalog", "readOnly": True},
                 {"name": "opa-config", "mountPath": "/config", "readOnly": True},
             ],
         }
@@ -182,7 +183,7 @@ class Renderer:
         return {
             "name": "envoy",
             "image": ENVOY_IMAGE,
-            "args": ["-c", "/config/envoy.yaml", "--concurrency", str(point.concurrency), "--log-level", "warn"],
+            "args": ["-c", "/config/envoy.json", "--concurrency", str(point.concurrency), "--log-level", "warn"],
             # Envoy's own port names would clash across 50 listeners: numbers only.
             "ports": [{"containerPort": port} for port in sorted(set(listener_ports))] + [{"name": "envoy-admin", "containerPort": self.net.ENVOY_ADMIN}],
             "readinessProbe": _probe("/ready", self.net.ENVOY_ADMIN),
@@ -192,10 +193,12 @@ class Renderer:
         }
 
     def point_volumes(self, point: EnforcementPoint) -> list[dict]:
-        self.generate(f"envoy-{point.name}", {"envoy.yaml": yaml.safe_dump(enforcement.envoy_config(point, self.topology.engine), sort_keys=False)})
+        config = self.configs[point.name]
+        # Compact: a ConfigMap holds at most 1 MiB, and a compiled central entity at 50 services is large.
+        self.generate(f"envoy-{point.name}", {"envoy.json": json.dumps(config.envoy, separators=(",", ":"))})
         volumes = [_configmap_volume(f"envoy-{point.name}")]
-        if point.deciding:
-            self.generate(f"catalog-{point.name}", {"data.json": json.dumps(point.catalog, indent=2, sort_keys=True)})
+        if config.opa is not None:
+            self.generate(f"catalog-{point.name}", {"data.json": json.dumps(config.data, indent=2, sort_keys=True)})
             volumes += [
                 _configmap_volume("policy", self.policy_files()),
                 _configmap_volume(f"catalog-{point.name}"),
@@ -327,12 +330,16 @@ class Renderer:
             self.generate("opa-config", {"opa.yaml": yaml.safe_dump(enforcement.opa_config(any_point), sort_keys=False)})
             self.generate("policy", {key: (self.policies / path).read_text() for key, path in self.policy_files()})
         sidecars = {p.name.removeprefix("sidecar-"): p for p in self.plan.points if p.name.startswith("sidecar-")}
+        shared = [p for p in self.plan.points if p.name in ("entry", "central-entity", "gateway")]
+        routers = list(merge_router_sets([p for p in self.plan.points if p.name.startswith("router-")]).values())
+        # The points as their pods run them (a router DaemonSet carries its slot's routers of all nodes).
+        engine = self.topology.engine
+        self.configs = engines.configure(engine["kind"], [*sidecars.values(), *shared, *routers], engine, self.policies)
         for process in self.plan.services:
             self.service_instance(process, sidecars.get(process.instance.id))
-        for point in self.plan.points:
-            if point.name in ("entry", "central-entity", "gateway"):
-                self.shared_point(point, point.name)
-        for router in merge_router_sets([p for p in self.plan.points if p.name.startswith("router-")]).values():
+        for point in shared:
+            self.shared_point(point, point.name)
+        for router in routers:
             self.router_set(router)
         self.network_policies()
 

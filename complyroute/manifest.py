@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parent.parent
 REFERENCE_DATA = REPO / "policies" / "complyroute" / "reference" / "data.json"
 
 TOPOLOGIES = ("sidecar", "central-entity", "dynamic-router", "baseline")
-ENGINES = ("envoy-opa",)
+ENGINES = ("envoy-opa", "envoy-compiled")  # modules in complyroute/engines/
 ALIASES = {"sa": "sidecar", "ce": "central-entity", "dr3": "dynamic-router-3", "dr6": "dynamic-router-6"}
 
 # Default purposes of generated instances, cycled; the default record consents to all of them.
@@ -103,14 +103,17 @@ def read(path: Path) -> dict:
     return raw
 
 
-def load(name_or_path: str, services: int | str | list | None = None, overrides: dict | None = None) -> Topology:
-    """Load a manifest; `services` and `overrides` replace its fields.
+def load(name_or_path: str, services: int | str | list | None = None, overrides: dict | None = None, engine: str | None = None) -> Topology:
+    """Load a manifest; `services`, `overrides` and `engine` replace its fields.
 
     `services` is a count, a list of instances, or the path of another manifest whose
-    services (and gateway region) to deploy in this manifest's topology.
+    services (and gateway region) to deploy in this manifest's topology. `engine` replaces
+    engine.kind and keeps the manifest's other engine settings.
     """
     path = resolve(name_or_path)
     raw = {**read(path), **(overrides or {})}
+    if engine:
+        raw["engine"] = {**(raw.get("engine") or {}), "kind": engine}
     if isinstance(services, str) and not services.isdigit():
         source = Path(services)
         if not source.exists():

@@ -119,7 +119,7 @@ def deciding_entry(topology: Topology, net, name: str, reach: Callable[[Instance
     """
     first = topology.steps[0]
     entry = net.point(name, topology.gateway, 0, concurrency=int(topology.engine.get("gateway_concurrency", 2)))
-    entry.deciding.append(DecidingListener("entry", net.entry(name), sender=GATEWAY_SENDER, step=first))
+    entry.deciding.append(DecidingListener("entry", net.entry(name), sender=GATEWAY_SENDER, step=first, from_client=True))
     entry.destinations = {i.id: reach(i) for i in topology.instances_of(first)}
     entry.catalog = catalog(topology, topology.instances_of(first), gateway=True)
     return entry

@@ -11,8 +11,8 @@ from complyroute.deployment import POLICIES
 TOPOLOGIES = ["sidecar", "central-entity", "dynamic-router-3", "dynamic-router-6", "baseline"]
 
 
-def rendered(topology, services, tmp_path):
-    text = kubernetes.render(manifest.load(topology, services=services), tmp_path / "kustomization")
+def rendered(topology, services, tmp_path, engine=None):
+    text = kubernetes.render(manifest.load(topology, services=services, engine=engine), tmp_path / "kustomization")
     path = tmp_path / f"{topology}-{services}.yaml"
     path.write_text(text)
     return path, [o for o in yaml.safe_load_all(text) if o]
@@ -29,6 +29,18 @@ def test_rendered_manifests_pass_strict_validation_allowed(topology, services, t
     result = kubernetes.validate(path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"Valid: {len(objects)}, Invalid: 0, Errors: 0, Skipped: 0" in result.stdout
+
+
+@pytest.mark.parametrize("topology", ["sidecar", "central-entity", "dynamic-router-3"])
+def test_compiled_engine_renders_valid_configmaps_under_the_size_limit_allowed(topology, tmp_path):
+    path, objects = rendered(topology, 50, tmp_path, engine="envoy-compiled")
+    result = kubernetes.validate(path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    envoys = [o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("envoy-")]
+    compiled = [o for o in envoys if '"matcher"' in o["data"]["envoy.json"]]
+    assert compiled, "the compiled engine put matcher trees in front of the decision routes"
+    # The API server refuses a ConfigMap over 1 MiB.
+    assert max(len(o["data"]["envoy.json"]) for o in envoys) < 1024 * 1024
 
 
 def test_unknown_field_fails_strict_validation_denied(tmp_path):
@@ -77,7 +89,7 @@ def test_sidecars_are_native_sidecar_containers_in_each_service_pod(tmp_path):
 def test_each_sidecar_catalog_holds_itself_and_the_next_step_only(tmp_path):
     _, objects = rendered("sidecar", 5, tmp_path)
     catalog = next(o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("catalog-sidecar-svc-02"))
-    assert set(json.loads(catalog["data"]["data.json"])["instances"]) == {"svc-02", "svc-03"}
+    assert set(json.loads(catalog["data"]["data.json"])["complyroute"]["catalog"]["instances"]) == {"svc-02", "svc-03"}
 
 
 @pytest.mark.parametrize("topology, sets", [("dynamic-router-3", 1), ("dynamic-router-6", 2)])

@@ -1,0 +1,42 @@
+"""How enforcement points decide: one module per engine, behind one small interface.
+
+A topology manifest names its engine (`engine.kind`). An engine turns the enforcement points
+a placement produced into the configuration of each point's processes:
+
+    configure(points, settings, policies) -> {point name: PointConfig}
+
+- envoy-opa (envoy_opa.py): Envoy asks OPA over ext_authz before every hop.
+- envoy-compiled (envoy_compiled.py): OPA evaluates, ahead of time, each point's finite
+  decision space; the allowed outcomes become Envoy routes, so an allowed hop needs no call
+  out of Envoy. Everything else asks OPA as in envoy-opa.
+
+Both load the same rule set; neither re-implements it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..enforcement import EnforcementPoint
+from ..manifest import ENGINES
+
+
+@dataclass(frozen=True)
+class PointConfig:
+    envoy: dict  # Envoy's bootstrap
+    opa: dict | None  # OPA's configuration; None: the point only forwards and runs no OPA
+    data: dict | None  # the document OPA loads beside the rule set (data.complyroute.catalog)
+
+
+class EngineError(RuntimeError):
+    """An engine could not configure a point; the message says why and what to do."""
+
+
+def configure(kind: str, points: list[EnforcementPoint], settings: dict, policies: Path) -> dict[str, PointConfig]:
+    """The configuration of every point, by the engine `kind` (a manifest's engine.kind)."""
+    from . import envoy_compiled, envoy_opa
+
+    modules = {"envoy-opa": envoy_opa, "envoy-compiled": envoy_compiled}
+    assert set(modules) == set(ENGINES), "every engine a manifest may name has a module here"
+    return modules[kind].configure(points, settings, policies)

@@ -1,0 +1,67 @@
+# METADATA
+# title: Decision space of enforcement points (envoy-compiled engine)
+# description: |
+#   Asks the rule set, ahead of time, what Envoy would ask it at run time:
+#   data.complyroute.envoy.response for an ext_authz check of a POST /process
+#   with a JSON object as body, for every labelling of a listener's decision
+#   space. complyroute/engines/envoy_compiled.py writes the input and turns the
+#   answers into Envoy routes; nothing here decides anything itself.
+#
+#   Input:
+#     points      {point: {"data": <the point's OPA data document>,
+#                          "listeners": {listener: {"sender", "step", "consents"}}}}
+#                 consents: canonical x-data-consent values to try, null = absent
+#     regions     x-data-region values to try
+#     categories  x-data-category values to try
+package complyroute_engines.decision_space
+
+import data.complyroute.envoy
+
+# allowed: [point, listener, region, category, consent, destination] for every labelling
+# the rule set allows without changing the labels, with the instance it chose. A labelling
+# whose answer rewrites a label (not canonical) or does more than allow is left out: Envoy
+# keeps asking OPA for it.
+allowed contains [point_name, listener_name, region, category, consent, destination] if {
+	some point_name, point in input.points
+	some listener_name, listener in point.listeners
+	some region in input.regions
+	some category in input.categories
+	some consent in listener.consents
+	request := check_request(listener, region, category, consent)
+
+	# regal ignore:with-outside-test-context
+	response := envoy.response with input as request with data.complyroute.catalog as point.data.complyroute.catalog
+	response.allowed == true
+	destination := response.headers["x-complyroute-destination"]
+	changes_nothing(request, response)
+}
+
+check_request(listener, region, category, consent) := {"attributes": {
+	"request": {"http": {
+		"method": "POST",
+		"path": "/process",
+		"headers": object.union(
+			{"content-type": "application/json", "x-data-region": region, "x-data-category": category},
+			consent_header(consent),
+		),
+		"body": "{}",
+	}},
+	"contextExtensions": {"sender": listener.sender, "step": listener.step},
+}}
+
+consent_header(consent) := {"x-data-consent": consent} if consent != null
+
+default consent_header(_) := {}
+
+# The answer only allows and names the destination: the headers it sets already hold
+# those values, the headers it removes are absent.
+changes_nothing(request, response) if {
+	object.keys(response) - {"allowed", "headers", "request_headers_to_remove"} == set()
+	headers := request.attributes.request.http.headers
+	every name, value in object.remove(response.headers, ["x-complyroute-destination"]) {
+		headers[name] == value
+	}
+	every name in object.get(response, "request_headers_to_remove", []) {
+		not headers[name]
+	}
+}
