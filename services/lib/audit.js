@@ -1,12 +1,18 @@
 // Append-only audit log: one JSON line per record an instance accepted.
 //
-// The file is opened synchronously (a bad AUDIT_LOG fails at start, not on the
-// first record) and written through one fs.WriteStream, which batches the
-// lines of concurrent records. write() resolves once its line has been handed
-// to the file system; close() ends the stream and resolves once every pending
-// line has been written and the file is closed.
+// Group commit: the lines of the records accepted in one turn of the event loop are
+// written together, by one write(2) at the end of that turn (setImmediate), and each of
+// those records waits for that write. So under load one system call carries many lines,
+// and still no record is sent on or answered before its line is in the file: handed to
+// the kernel, where it survives a crash of the process (not of the machine: there is no
+// fsync, as before). A failed write fails every record of its batch and every later one
+// (they are answered 500 AUDIT_FAILED, not sent on): no line is lost silently.
+//
+// The write is synchronous: an append to the page cache costs microseconds, less than a
+// round trip through libuv's thread pool. The file is opened synchronously too, so a bad
+// AUDIT_LOG fails at start, not on the first record.
 
-import { mkdirSync, openSync, createWriteStream } from 'node:fs'
+import { closeSync, mkdirSync, openSync, writeSync } from 'node:fs'
 import { dirname } from 'node:path'
 
 /**
@@ -15,31 +21,46 @@ import { dirname } from 'node:path'
  */
 export function createAuditLog (path) {
   mkdirSync(dirname(path), { recursive: true })
-  const fd = openSync(path, 'a')
-  const stream = createWriteStream(null, { fd, flags: 'a' })
+  let fd = openSync(path, 'a')
   let failure = null
-  let closing = null
-  stream.on('error', (err) => { failure = err })
+  let batch = null // {text, written: Promise, resolve, reject, immediate}
+
+  function flush () {
+    const { text, resolve, reject } = batch
+    batch = null
+    try {
+      const bytes = Buffer.from(text)
+      for (let offset = 0; offset < bytes.length;) offset += writeSync(fd, bytes, offset)
+      resolve()
+    } catch (err) {
+      failure = err
+      reject(err)
+    }
+  }
 
   return {
     path,
     write (entry) {
       if (failure) return Promise.reject(failure)
-      if (closing) return Promise.reject(new Error(`audit log ${path} is closed`))
+      if (fd === null) return Promise.reject(new Error(`audit log ${path} is closed`))
       const line = JSON.stringify(entry) + '\n'
-      return new Promise((resolve, reject) => {
-        stream.write(line, (err) => (err ? reject(err) : resolve()))
-      })
-    },
-    close () {
-      if (!closing) {
-        closing = new Promise((resolve) => {
-          if (stream.destroyed) { resolve(); return }
-          stream.once('close', resolve)
-          stream.end()
-        })
+      if (batch) {
+        batch.text += line
+      } else {
+        batch = { text: line }
+        batch.written = new Promise((resolve, reject) => { batch.resolve = resolve; batch.reject = reject })
+        batch.immediate = setImmediate(flush)
       }
-      return closing
+      return batch.written
+    },
+    async close () {
+      if (fd === null) return
+      if (batch) {
+        clearImmediate(batch.immediate)
+        flush()
+      }
+      closeSync(fd)
+      fd = null
     }
   }
 }

@@ -1,7 +1,12 @@
-// The outgoing side: POST a record to `${EGRESS_URL}/process` (the enforcement
-// point) over a keep-alive undici Pool, with one deadline for the whole
-// exchange (connect, headers and body).
+// The outgoing side: POST a record to `${EGRESS_URL}/process` (the enforcement point)
+// over a keep-alive undici Pool, with one deadline for the whole exchange (waiting for a
+// connection, sending, the answer's headers and body).
+//
+// Per exchange this costs one handler object: the answer is collected from undici's
+// dispatch callbacks (no response stream), and the deadlines share one timer (no
+// AbortSignal and timer per request).
 
+import { performance } from 'node:perf_hooks'
 import { Pool } from 'undici'
 
 export const DEFAULT_CONNECTIONS = 64
@@ -21,39 +26,140 @@ function describe (err) {
 }
 
 /**
+ * The exchanges in flight, oldest first. Every exchange has the same time-out, so they
+ * expire in the order they started: one timer, armed for the oldest, is enough. It is
+ * not re-armed when an exchange ends; when it fires it expires what is due and is armed
+ * again for the oldest remaining exchange, so under steady load it fires about once
+ * per time-out.
+ */
+class Deadlines {
+  #timeoutMs
+  #inFlight = new Set()
+  #timer = null
+
+  constructor (timeoutMs) {
+    this.#timeoutMs = timeoutMs
+  }
+
+  add (exchange) {
+    exchange.deadline = performance.now() + this.#timeoutMs
+    this.#inFlight.add(exchange)
+    if (this.#timer === null) this.#arm(this.#timeoutMs)
+  }
+
+  delete (exchange) {
+    this.#inFlight.delete(exchange)
+  }
+
+  #arm (ms) {
+    this.#timer = setTimeout(() => this.#expire(), Math.max(1, Math.ceil(ms)))
+    this.#timer.unref()
+  }
+
+  #expire () {
+    this.#timer = null
+    const now = performance.now()
+    for (const exchange of this.#inFlight) {
+      if (exchange.deadline > now) {
+        this.#arm(exchange.deadline - now)
+        return
+      }
+      this.#inFlight.delete(exchange)
+      exchange.expire()
+    }
+  }
+}
+
+/**
+ * One exchange: an undici dispatch handler that settles its promise exactly once, with
+ * {status, body} or a ForwardError.
+ */
+class Exchange {
+  constructor (forwarder, resolve, reject) {
+    this.forwarder = forwarder
+    this.resolve = resolve
+    this.reject = reject
+    this.controller = null
+    this.settled = false
+    this.status = 0
+    this.chunks = []
+    this.size = 0
+    this.deadline = 0
+  }
+
+  fail (error, controller = this.controller) {
+    if (this.settled) return
+    this.settled = true
+    this.forwarder.deadlines.delete(this)
+    controller?.abort(error)
+    this.reject(error)
+  }
+
+  expire () {
+    this.fail(new ForwardError(`no answer within ${this.forwarder.timeoutMs} ms`))
+  }
+
+  onRequestStart (controller) {
+    this.controller = controller
+    // Expired while waiting for a connection: do not send it.
+    if (this.settled) controller.abort(new ForwardError('expired before it was sent'))
+  }
+
+  onResponseStart (controller, statusCode) {
+    if (statusCode >= 200) this.status = statusCode
+  }
+
+  onResponseData (controller, chunk) {
+    if (this.settled) return
+    this.size += chunk.length
+    if (this.size > this.forwarder.maxAnswerBytes) {
+      this.fail(new ForwardError(`answer larger than ${this.forwarder.maxAnswerBytes} bytes`), controller)
+      return
+    }
+    this.chunks.push(chunk)
+  }
+
+  onResponseEnd () {
+    if (this.settled) return
+    this.settled = true
+    this.forwarder.deadlines.delete(this)
+    const body = this.chunks.length === 1 ? this.chunks[0].toString('utf8') : Buffer.concat(this.chunks).toString('utf8')
+    this.resolve({ status: this.status, body })
+  }
+
+  onResponseError (controller, err) {
+    if (this.settled) return
+    this.settled = true
+    this.forwarder.deadlines.delete(this)
+    this.reject(err instanceof ForwardError ? err : new ForwardError(describe(err), { cause: err }))
+  }
+}
+
+/**
  * @param {object} options
  * @param {string} options.egressUrl origin of the enforcement point (http://host:port)
  * @param {number} options.timeoutMs deadline for one exchange
  * @param {number} [options.connections] size of the keep-alive pool
  * @param {number} [options.maxAnswerBytes] larger answers fail
- * @param {import('undici').Dispatcher} [options.dispatcher] for tests (an undici MockPool); not closed by close()
+ * @param {import('undici').Dispatcher} [options.dispatcher] for tests (an undici MockAgent); not closed by close()
  * @returns {{forward(request: {body: string, headers: Record<string, string>}): Promise<{status: number, body: string}>, close(): Promise<void>}}
  */
 export function createForwarder ({ egressUrl, timeoutMs, connections = DEFAULT_CONNECTIONS, maxAnswerBytes = DEFAULT_MAX_ANSWER_BYTES, dispatcher }) {
   const origin = new URL(egressUrl).origin
   const owned = dispatcher === undefined
   const pool = dispatcher ?? new Pool(origin, { connections, pipelining: 1 })
+  const shared = { timeoutMs, maxAnswerBytes, deadlines: new Deadlines(timeoutMs) }
 
-  async function forward ({ body, headers }) {
-    const signal = AbortSignal.timeout(timeoutMs)
-    try {
-      const answer = await pool.request({ origin, path: '/process', method: 'POST', headers, body, signal })
-      const chunks = []
-      let size = 0
-      for await (const chunk of answer.body) {
-        size += chunk.length
-        if (size > maxAnswerBytes) {
-          answer.body.destroy()
-          throw new ForwardError(`answer larger than ${maxAnswerBytes} bytes`)
-        }
-        chunks.push(chunk)
+  function forward ({ body, headers }) {
+    return new Promise((resolve, reject) => {
+      const exchange = new Exchange(shared, resolve, reject)
+      shared.deadlines.add(exchange)
+      try {
+        pool.dispatch({ origin, path: '/process', method: 'POST', headers, body }, exchange)
+      } catch (err) {
+        exchange.onResponseError(null, err)
       }
-      return { status: answer.statusCode, body: Buffer.concat(chunks).toString('utf8') }
-    } catch (err) {
-      if (err instanceof ForwardError) throw err
-      if (signal.aborted) throw new ForwardError(`no answer within ${timeoutMs} ms`, { cause: err })
-      throw new ForwardError(describe(err), { cause: err })
-    }
+    })
   }
 
   async function close () {

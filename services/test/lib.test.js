@@ -2,7 +2,7 @@
 // MockAgent: no socket is opened).
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs'
+import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { MockAgent } from 'undici'
@@ -37,23 +37,48 @@ test('audit log: an unwritable path fails at creation, a write after close is re
   await assert.rejects(audit.write({ n: 1 }), /closed/)
 })
 
+test('audit log: the lines of one turn go in one write, each record waits until its line is in the file', async (t) => {
+  const file = join(tempDir(t), 'c.jsonl')
+  const audit = createAuditLog(file)
+  t.after(() => audit.close())
+  const linesInFile = () => readFileSync(file, 'utf8').split('\n').length - 1
+  const seenWhenResolved = []
+  const sameTurn = Array.from({ length: 50 }, (_, n) => audit.write({ n }).then(() => seenWhenResolved.push(linesInFile())))
+  assert.equal(linesInFile(), 0) // nothing written yet, nothing resolved
+  await Promise.all(sameTurn)
+  assert.deepEqual(seenWhenResolved, Array(50).fill(50)) // all written together, before any resolved
+  await audit.write({ n: 50 }) // a later turn: a batch of its own
+  const lines = readFileSync(file, 'utf8').trim().split('\n').map((line) => JSON.parse(line))
+  assert.deepEqual(lines, Array.from({ length: 51 }, (_, n) => ({ n })))
+})
+
+test('audit log refused twin: a failed write fails its batch and every later write', { skip: !existsSync('/dev/full') && 'no /dev/full' }, async () => {
+  const audit = createAuditLog('/dev/full') // every write fails with ENOSPC
+  const batch = [audit.write({ n: 1 }), audit.write({ n: 2 })]
+  for (const written of batch) await assert.rejects(written, /ENOSPC/)
+  await assert.rejects(audit.write({ n: 3 }), /ENOSPC/)
+  await audit.close()
+})
+
 const ORIGIN = 'http://enforcement.test:12002'
 
+// The forwarder dispatches through the agent (which hands undici's handler interface to
+// its mock pool); the answers are set on the pool.
 function mock (t) {
   const agent = new MockAgent()
   agent.disableNetConnect()
   t.after(() => agent.close())
-  return agent.get(ORIGIN)
+  return { agent, pool: agent.get(ORIGIN) }
 }
 
 test('forwarder: POSTs the body and headers to /process and returns status and body', async (t) => {
-  const pool = mock(t)
+  const { agent, pool } = mock(t)
   let seen
   pool.intercept({ path: '/process', method: 'POST' }).reply((opts) => {
     seen = opts
     return { statusCode: 451, data: '{"code":"DENIED"}' }
   })
-  const forwarder = createForwarder({ egressUrl: ORIGIN, timeoutMs: 1000, dispatcher: pool })
+  const forwarder = createForwarder({ egressUrl: ORIGIN, timeoutMs: 1000, dispatcher: agent })
   const answer = await forwarder.forward({ body: '{"a":1}', headers: { 'content-type': 'application/json', 'x-complyroute-step': 'store' } })
   assert.deepEqual(answer, { status: 451, body: '{"code":"DENIED"}' })
   assert.equal(seen.body, '{"a":1}')
@@ -62,8 +87,8 @@ test('forwarder: POSTs the body and headers to /process and returns status and b
 })
 
 test('forwarder: connection errors, time-outs and oversized answers are ForwardErrors', async (t) => {
-  const pool = mock(t)
-  const forwarder = createForwarder({ egressUrl: ORIGIN, timeoutMs: 50, maxAnswerBytes: 10, dispatcher: pool })
+  const { agent, pool } = mock(t)
+  const forwarder = createForwarder({ egressUrl: ORIGIN, timeoutMs: 50, maxAnswerBytes: 10, dispatcher: agent })
   const request = { body: '{}', headers: { 'content-type': 'application/json' } }
 
   pool.intercept({ path: '/process', method: 'POST' }).replyWithError(Object.assign(new Error('connect ECONNREFUSED 127.0.0.1:12002'), { code: 'ECONNREFUSED' }))
@@ -74,4 +99,30 @@ test('forwarder: connection errors, time-outs and oversized answers are ForwardE
 
   pool.intercept({ path: '/process', method: 'POST' }).reply(200, 'x'.repeat(11))
   await assert.rejects(forwarder.forward(request), (err) => err instanceof ForwardError && /larger than 10 bytes/.test(err.message))
+})
+
+test('forwarder: every exchange has its own deadline, from when it started; one past it fails, one within is answered', async (t) => {
+  const { agent, pool } = mock(t)
+  const forwarder = createForwarder({ egressUrl: ORIGIN, timeoutMs: 150, dispatcher: agent })
+  const request = { body: '{}', headers: { 'content-type': 'application/json' } }
+  const settled = (promise, started) => promise.then(
+    (answer) => ({ answer, after: performance.now() - started }),
+    (err) => ({ err, after: performance.now() - started })
+  )
+  pool.intercept({ path: '/process', method: 'POST' }).reply(200, 'late').delay(1000)
+  pool.intercept({ path: '/process', method: 'POST' }).reply(200, 'in time').delay(120)
+  pool.intercept({ path: '/process', method: 'POST' }).reply(200, 'late too').delay(1000)
+
+  const first = settled(forwarder.forward(request), performance.now())
+  await new Promise((resolve) => setTimeout(resolve, 100))
+  // Started 100 ms later: the first one's deadline passes while they are in flight.
+  const secondStart = performance.now()
+  const second = settled(forwarder.forward(request), secondStart)
+  const third = settled(forwarder.forward(request), secondStart)
+
+  const [a, b, c] = await Promise.all([first, second, third])
+  assert.equal(a.err?.message, 'no answer within 150 ms')
+  assert.deepEqual(b.answer, { status: 200, body: 'in time' })
+  assert.equal(c.err?.message, 'no answer within 150 ms')
+  assert.ok(c.after >= 140, `the third expired ${c.after} ms after it started`)
 })
