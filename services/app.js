@@ -23,6 +23,9 @@ const REQUEST_ID = /^[\x21-\x7e]{1,200}$/
 
 const kTIn = Symbol('complyroute.t_in')
 const kOutcome = Symbol('complyroute.outcome')
+const kBodyText = Symbol('complyroute.body_text')
+
+const JSON_CONTENT_TYPE = 'application/json; charset=utf-8'
 
 export function defaultClock () {
   return performance.timeOrigin + performance.now()
@@ -32,11 +35,11 @@ export function isValidRequestId (value) {
   return typeof value === 'string' && REQUEST_ID.test(value)
 }
 
-/** The fixed work per record: `iterations` chained SHA-256 rounds over the serialized body. */
-export function doWork (serialized, iterations) {
+/** The fixed work per record: `iterations` chained SHA-256 rounds over the body. */
+export function doWork (body, iterations) {
   let digest = Buffer.alloc(0)
   for (let i = 0; i < iterations; i++) {
-    digest = createHash('sha256').update(digest).update(serialized).digest()
+    digest = createHash('sha256').update(digest).update(body).digest()
   }
   return digest.toString('hex')
 }
@@ -272,6 +275,50 @@ export function relayableError (parsed, status, requestId) {
   return body
 }
 
+// ---------------------------------------------------------------- delivered answers
+//
+// A 200 answer is written as text, not by a serializer: this hop's entry from a prefix
+// built once, then the downstream entries. Those are copied as they came when the next
+// hop's answer is in exactly the form written here, which one regular expression checks
+// (a linear scan in native code: no parse, no per-entry validation, no re-serialization),
+// so a hop's cost barely grows with the path behind it. The expression only matches
+// valid JSON with the contract's shape, so a hostile answer cannot make this hop's
+// answer invalid: any other answer is parsed, validated and rewritten entry by entry
+// (unknown fields dropped), or refused.
+
+const PLAIN_STRING = /"[^"\\\u0000-\u001f]*"/.source // a JSON string without escapes
+const FINITE_NUMBER = /-?(?:0|[1-9][0-9]{0,299})(?:\.[0-9]+)?/.source // no exponent: below 1e300
+const WRITTEN_PATH_ENTRY = `\\{"instance":${PLAIN_STRING},"step":${PLAIN_STRING},"region":${PLAIN_STRING},"node":${PLAIN_STRING},"t_in":${FINITE_NUMBER},"t_out":${FINITE_NUMBER}(?:,"t_back":${FINITE_NUMBER})?\\}`
+// A delivered answer as deliveredAnswer writes it; group 1: the path's entries.
+const WRITTEN_DELIVERED_ANSWER = new RegExp(`^\\{"request_id":${PLAIN_STRING},"path":\\[(${WRITTEN_PATH_ENTRY}(?:,${WRITTEN_PATH_ENTRY})*)\\]\\}$`)
+
+// The start of a path entry, up to its t_in value: built once per instance.
+function pathEntryPrefix ({ instance, step, region, node }) {
+  return `{"instance":${JSON.stringify(instance)},"step":${JSON.stringify(step)},"region":${JSON.stringify(region)},"node":${JSON.stringify(node)},"t_in":`
+}
+
+// Finite numbers only (the callers check): their JSON is their string.
+function pathEntryJson (prefix, tIn, tOut, tBack) {
+  return tBack === undefined ? `${prefix}${tIn},"t_out":${tOut}}` : `${prefix}${tIn},"t_out":${tOut},"t_back":${tBack}}`
+}
+
+// 200 {request_id, path: [own, ...downstream]}; `downstream` is JSON text of entries.
+function deliveredAnswer (requestId, own, downstream) {
+  return `{"request_id":${JSON.stringify(requestId)},"path":[${own}${downstream === undefined ? '' : `,${downstream}`}]}`
+}
+
+/**
+ * The entries of a next hop's 200 answer as JSON text (comma-separated), or null when
+ * the answer has no valid path.
+ */
+export function downstreamPathEntries (body) {
+  const written = WRITTEN_DELIVERED_ANSWER.exec(body)
+  if (written !== null) return written[1]
+  const parsed = parseJson(body)
+  if (!isPlainObject(parsed) || !Array.isArray(parsed.path) || parsed.path.length === 0 || !parsed.path.every(isPathEntry)) return null
+  return parsed.path.map((entry) => pathEntryJson(pathEntryPrefix(entry), entry.t_in, entry.t_out, entry.t_back)).join(',')
+}
+
 // ---------------------------------------------------------------- the plugin
 
 /**
@@ -291,13 +338,26 @@ export async function app (fastify, opts) {
   if (config.nextStep && typeof forward !== 'function') throw new Error('app: opts.forward is required when NEXT_STEP is set')
 
   const stats = Object.fromEntries(STAT_NAMES.map((name) => [name, 0]))
+  const ownEntryPrefix = pathEntryPrefix({ instance: config.instanceId, step: config.step, region: config.region, node: config.node })
 
   fastify.addSchema(errorSchema)
   // Records are JSON; text/plain (parsed by default) must answer 415 too.
   fastify.removeContentTypeParser('text/plain')
+  // Fastify's own JSON parser (it refuses __proto__ and constructor.prototype keys),
+  // keeping the text: the record is sent on as it came, not serialized again.
+  const parseJsonBody = fastify.getDefaultJsonParser('error', 'error')
+  fastify.removeContentTypeParser('application/json')
+  fastify.addContentTypeParser('application/json', { parseAs: 'string' }, function (request, text, done) {
+    request[kBodyText] = text
+    parseJsonBody(request, text, done)
+  })
+  // Present on every request from the start: one object shape for all of them.
+  fastify.decorateRequest(kTIn, 0)
+  fastify.decorateRequest(kOutcome, null)
+  fastify.decorateRequest(kBodyText, '')
 
   fastify.setErrorHandler(function (err, request, reply) {
-    request[kOutcome] = undefined
+    request[kOutcome] = null
     const classified = classifyError(err, request)
     // An AppError was logged where it was raised, with its cause.
     if (classified.status >= 500 && !(err instanceof AppError)) request.log.error({ err }, 'request failed')
@@ -310,8 +370,10 @@ export async function app (fastify, opts) {
     reply.code(404).send({ code: 'NOT_FOUND', message: `no route ${request.method} ${url}`, request_id: request.id })
   })
 
-  fastify.addHook('onSend', async function (request, reply) {
+  // The hooks take a callback: an async hook costs a promise per request.
+  fastify.addHook('onSend', function (request, reply, payload, done) {
     reply.header('x-request-id', request.id)
+    done(null, payload)
   })
 
   fastify.get('/health', { schema: healthSchema }, async function () {
@@ -331,23 +393,25 @@ export async function app (fastify, opts) {
 
   fastify.post('/process', {
     schema: processSchema,
-    onRequest: async function (request) {
+    onRequest: function (request, reply, done) {
       request[kTIn] = now()
       stats.received++
+      done()
     },
-    onSend: async function (request, reply) {
+    onSend: function (request, reply, payload, done) {
       // Exactly one counter per answered record: the handler's outcome, or
       // (the error handler cleared it) a refusal or an internal error.
       const outcome = request[kOutcome] ?? (reply.statusCode >= 500 ? 'internal_errors' : 'rejected')
       stats[outcome]++
+      done(null, payload)
     }
   }, async function processRecord (request, reply) {
     const tIn = request[kTIn]
     const requestId = request.id
     const headers = request.headers
-    const serialized = JSON.stringify(request.body)
+    const body = request[kBodyText]
 
-    doWork(serialized, config.workIterations)
+    doWork(body, config.workIterations)
 
     const consent = headers['x-data-consent']
     try {
@@ -365,12 +429,12 @@ export async function app (fastify, opts) {
       throw new AppError(500, 'AUDIT_FAILED', 'the audit log could not be written')
     }
 
-    const own = { instance: config.instanceId, step: config.step, region: config.region, node: config.node, t_in: tIn }
+    // Every answer from here is JSON; a delivered one is written as text.
+    reply.header('content-type', JSON_CONTENT_TYPE)
 
     if (!config.nextStep) {
-      own.t_out = now()
       request[kOutcome] = 'answered'
-      return { request_id: requestId, path: [own] }
+      return deliveredAnswer(requestId, pathEntryJson(ownEntryPrefix, tIn, now()))
     }
 
     // Built from scratch: only the labels, the request id and the next step
@@ -385,25 +449,25 @@ export async function app (fastify, opts) {
     if (consent !== undefined) outgoing['x-data-consent'] = consent
 
     stats.forwarded++
-    own.t_out = now()
+    const tOut = now()
     let answer
     try {
-      answer = await forward({ body: serialized, headers: outgoing })
+      answer = await forward({ body, headers: outgoing })
     } catch (err) {
       return nextHopFailed(request, reply, `next hop failed: ${err.message}`)
     }
-    own.t_back = now()
+    const tBack = now()
 
-    const parsed = parseJson(answer.body)
     if (answer.status === 200) {
-      if (isPlainObject(parsed) && Array.isArray(parsed.path) && parsed.path.length > 0 && parsed.path.every(isPathEntry)) {
+      const downstream = downstreamPathEntries(answer.body)
+      if (downstream !== null) {
         request[kOutcome] = 'answered'
-        return { request_id: requestId, path: [own, ...parsed.path] }
+        return deliveredAnswer(requestId, pathEntryJson(ownEntryPrefix, tIn, tOut, tBack), downstream)
       }
       return nextHopFailed(request, reply, 'next hop answered 200 without a valid path')
     }
     if (answer.status >= 400 && answer.status <= 599) {
-      const relayed = relayableError(parsed, answer.status, requestId)
+      const relayed = relayableError(parseJson(answer.body), answer.status, requestId)
       if (relayed) {
         request[kOutcome] = 'downstream_denied'
         request.log.info({ status: answer.status, code: relayed.code }, 'relaying the next hop\'s answer')

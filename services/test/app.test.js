@@ -2,7 +2,7 @@
 // audit log are fakes. Each allowed case has its refused twin next to it.
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
-import { buildApp, clientErrorHandler, doWork } from '../app.js'
+import { buildApp, clientErrorHandler, doWork, downstreamPathEntries } from '../app.js'
 import { parseConfig } from '../config.js'
 
 const LAST = parseConfig({ INSTANCE_ID: 'store-eu', STEP: 'store', REGION: 'EU', NODE: 'node-3', WORK_ITERATIONS: '3', LOG_LEVEL: 'silent' })
@@ -162,6 +162,133 @@ test('middle step refused twin: a missing label is answered here, nothing forwar
   assert.equal(res.json().reasons.length, 2)
   assert.equal(calls.length, 0)
   assert.equal(lines.length, 0)
+})
+
+test('middle step: the record is sent on as it came, byte for byte', async (t) => {
+  const { app, calls } = setup(t, MIDDLE)
+  const payload = '{ "subject" : "alice",\n  "amount": 12.50 }'
+  const res = await post(app, { payload })
+  assert.equal(res.statusCode, 200)
+  assert.equal(calls[0].body, payload)
+})
+
+test('sent-on refused twin: a body with a constructor.prototype key is refused, nothing sent on', async (t) => {
+  const { app, calls, lines } = setup(t, MIDDLE)
+  const res = await post(app, { payload: '{"constructor": {"prototype": {"polluted": true}}}' })
+  assert.equal(res.statusCode, 400)
+  assert.equal(res.json().code, 'BODY_INVALID')
+  assert.equal(calls.length, 0)
+  assert.equal(lines.length, 0)
+})
+
+// ---------------------------------------------------------------- delivered paths
+
+// The downstream path of a chain of three more hops, as a service writes it.
+const WRITTEN_PATH = Object.freeze([
+  { instance: 'analyse-eu', step: 'analyse', region: 'EU', node: 'node-2', t_in: 1000.5, t_out: 1000.75, t_back: 1003.5 },
+  { instance: 'enrich-eu', step: 'enrich', region: 'EU', node: 'node-1', t_in: 1001, t_out: 1001.25, t_back: 1003 },
+  { instance: 'store-eu', step: 'store', region: 'EU', node: 'node-3', t_in: 1002, t_out: 1002.5 }
+])
+const WRITTEN_ANSWER = JSON.stringify({ request_id: 'r-11', path: WRITTEN_PATH })
+
+test('middle step: a downstream answer as a service writes it is copied into the answer as it came', async (t) => {
+  // 1003.50 is how no serializer writes 1003.5: seeing it in the answer shows the copy.
+  const body = WRITTEN_ANSWER.replace('"t_back":1003.5', '"t_back":1003.50')
+  const { app } = setup(t, MIDDLE, { answer: { status: 200, body }, now: fakeClock() })
+  const res = await post(app, { headers: { ...LABELS, 'x-request-id': 'r-11' } })
+  assert.equal(res.statusCode, 200)
+  assert.ok(res.payload.endsWith(`,${body.slice(body.indexOf('[') + 1)}`), res.payload)
+  const { request_id: requestId, path } = res.json()
+  assert.equal(requestId, 'r-11')
+  assert.deepEqual(path.slice(1), WRITTEN_PATH)
+  assert.equal(path[0].instance, 'analyse-eu')
+  assert.ok(path[0].t_in < path[0].t_out && path[0].t_out < path[0].t_back, JSON.stringify(path[0]))
+})
+
+test('middle step: a valid downstream answer in another form is rewritten entry by entry', async (t) => {
+  const reordered = WRITTEN_PATH.map(({ t_in: tIn, ...rest }) => ({ t_in: tIn, ...rest }))
+  const forms = [
+    JSON.stringify({ path: WRITTEN_PATH, request_id: 'r-12' }, null, 2), // spaces, keys in another order
+    JSON.stringify({ request_id: 'r-12', path: reordered }), // entry keys in another order
+    JSON.stringify({ request_id: 'r-12', path: WRITTEN_PATH }).replace('"store-eu"', '"store\u002deu"'), // escapes
+    JSON.stringify({ request_id: 'r-12', path: WRITTEN_PATH }).replace('1002.5', '10025e-1') // an exponent
+  ]
+  for (const body of forms) {
+    const { app } = setup(t, MIDDLE, { answer: { status: 200, body } })
+    const res = await post(app)
+    assert.equal(res.statusCode, 200, body)
+    assert.deepEqual(res.json().path.slice(1), WRITTEN_PATH, body)
+    assert.equal(res.payload.includes(' '), false)
+  }
+})
+
+test('delivered refused twin: a 200 answer with a path entry out of the contract is refused with 502', async (t) => {
+  const entry = WRITTEN_PATH[2]
+  const bad = [
+    { ...entry, t_in: '1002' },
+    { ...entry, t_out: null },
+    { ...entry, t_back: 'late' },
+    { ...entry, instance: 7 },
+    without(entry, 'node')
+  ].map((e) => JSON.stringify({ request_id: 'r-13', path: [WRITTEN_PATH[0], e] }))
+  bad.push(WRITTEN_ANSWER.replace('1002.5', '1e999')) // parses to Infinity
+  bad.push(WRITTEN_ANSWER.replace('"t_out":1002.5', '"t_out":NaN'))
+  for (const body of bad) {
+    const { app } = setup(t, MIDDLE, { answer: { status: 200, body } })
+    const res = await post(app, { headers: { ...LABELS, 'x-request-id': 'r-13' } })
+    assert.equal(res.statusCode, 502, body)
+    assert.deepEqual(res.json(), { code: 'NEXT_HOP_FAILED', message: 'next hop answered 200 without a valid path', request_id: 'r-13' })
+  }
+})
+
+/** A deterministic pseudo-random generator (mulberry32). */
+function random (seed) {
+  return () => {
+    seed = (seed + 0x6d2b79f5) | 0
+    let x = Math.imul(seed ^ (seed >>> 15), 1 | seed)
+    x = (x + Math.imul(x ^ (x >>> 7), 61 | x)) ^ x
+    return ((x ^ (x >>> 14)) >>> 0) / 4294967296
+  }
+}
+
+test('hostile next hop: no mangled answer makes this hop write invalid JSON or an entry out of the contract', () => {
+  const next = random(8)
+  const pick = (text) => text[Math.floor(next() * text.length)]
+  const noise = '"\\{}[],:0123456789.eE+-ntuflasr \n\u0000\u2028é'
+  let kept = 0
+  for (let i = 0; i < 5000; i++) {
+    let body = WRITTEN_ANSWER
+    for (let edits = 1 + Math.floor(next() * 3); edits > 0; edits--) {
+      const at = Math.floor(next() * body.length)
+      const kind = next()
+      if (kind < 0.3) body = body.slice(0, at) + body.slice(at + 1) // drop a character
+      else if (kind < 0.6) body = body.slice(0, at) + pick(noise) + body.slice(at) // insert one
+      else if (kind < 0.9) body = body.slice(0, at) + pick(noise) + body.slice(at + 1) // replace one
+      else body = body.slice(0, at) + body.slice(at, at + 40) + body.slice(at) // repeat a stretch
+    }
+    const entries = downstreamPathEntries(body)
+    if (entries === null) continue
+    kept++
+    const path = JSON.parse(`[${entries}]`) // throws if this hop would write invalid JSON
+    for (const entry of path) {
+      assert.deepEqual(Object.keys(entry).filter((key) => !['instance', 'step', 'region', 'node', 't_in', 't_out', 't_back'].includes(key)), [], body)
+      for (const key of ['instance', 'step', 'region', 'node']) assert.equal(typeof entry[key], 'string', body)
+      for (const key of ['t_in', 't_out']) assert.ok(Number.isFinite(entry[key]), body)
+      assert.ok(entry.t_back === undefined || Number.isFinite(entry.t_back), body)
+    }
+  }
+  // Some mangled answers are still valid (a digit changed, a space added): they are kept.
+  assert.ok(kept > 0 && kept < 5000, `${kept} kept`)
+})
+
+test('hostile next hop: a 1 MiB answer that fails at its end is refused in linear time', () => {
+  const entry = JSON.stringify(WRITTEN_PATH[0])
+  const entries = Array(Math.floor(1024 * 1024 / (entry.length + 1))).fill(entry).join(',')
+  const started = performance.now()
+  assert.equal(downstreamPathEntries(`{"request_id":"r","path":[${entries}]}`).length, entries.length)
+  assert.equal(downstreamPathEntries(`{"request_id":"r","path":[${entries},{"instance":"x"]}`), null)
+  assert.equal(downstreamPathEntries(`{"request_id":"r","path":[${entries}`), null)
+  assert.ok(performance.now() - started < 2000, `${performance.now() - started} ms`)
 })
 
 // ---------------------------------------------------------------- relayed answers
