@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 
 from complyroute import manifest
 
@@ -14,17 +14,36 @@ TOPOLOGIES = ("central-entity", "dynamic-router-3", "dynamic-router-6", "sidecar
 PAPER_NAMES = {"central-entity": "CE", "dynamic-router-3": "DR_3", "dynamic-router-6": "DR_6", "sidecar": "SA", "baseline": "baseline"}
 BASELINE = "baseline"
 
+# How enforcing topologies decide (complyroute/engines/); the baseline decides nothing and has
+# none. envoy-opa, Envoy asking OPA over ext_authz before every hop, is the paper's
+# architecture and the reference the compiled engine is compared with.
+ENGINES = manifest.ENGINES
+REFERENCE_ENGINE = "envoy-opa"
+COMPILED_ENGINE = "envoy-compiled"
+ENGINE_NAMES = {"envoy-opa": "envoy-opa", "envoy-compiled": "compiled"}
+# Runs recorded before the experiment ran engines name none: they ran envoy-opa.
+ENGINE_OF_OLDER_RUNS = REFERENCE_ENGINE
+
+# Records per part and rounds of `make bench`'s measurement, which a run takes once per
+# session before its cells. CPU time is counted in 10 ms clock ticks: a bare Envoy traversal
+# (about 0.2 ms) needs about 1000 records a round to be known to a few percent; fewer than
+# `make bench`'s 1500 keep it under about two minutes.
+BENCH_RECORDS = 1000
+BENCH_ROUNDS = 3
+BENCH_CSV = "bench.csv"  # in a run's raw/: the latest session's bench
+
 PROFILES = {
     # The paper's matrix (III-e, III-f): 5 topologies x 3 rates x 4 service counts x 5 repetitions.
     # The paper does not say how long a case ran; a minute after a 10 s warm-up gives
     # 6,000 to 60,000 requests per cell at the target rate.
     "paper": {
-        "topologies": list(TOPOLOGIES), "rates": [100, 500, 1000], "services": [5, 10, 25, 50],
+        "topologies": list(TOPOLOGIES), "engines": list(ENGINES), "rates": [100, 500, 1000], "services": [5, 10, 25, 50],
         "repetitions": 5, "duration": 60, "warmup": 10,
     },
-    # `make experiment`: every topology, the two lower rates and the two smaller chains, once.
+    # `make experiment`: every topology under both engines, the two lower rates and the two
+    # smaller chains, once.
     "quick": {
-        "topologies": list(TOPOLOGIES), "rates": [100, 500], "services": [5, 10],
+        "topologies": list(TOPOLOGIES), "engines": list(ENGINES), "rates": [100, 500], "services": [5, 10],
         "repetitions": 1, "duration": 20, "warmup": 5,
     },
 }
@@ -51,22 +70,39 @@ def topology_name(name: str) -> str:
     return canonical
 
 
+def case_name(topology: str, engine: str | None) -> str:
+    """What the report calls a topology under an engine: "CE (envoy-opa)", "CE (compiled)", "baseline"."""
+    name = PAPER_NAMES.get(topology, topology)
+    return f"{name} ({ENGINE_NAMES.get(engine, engine)})" if engine and topology != BASELINE else name
+
+
 @dataclass(frozen=True)
 class Cell:
     """One deployment under one load: what a result folder raw/<key>/ holds."""
 
     topology: str
+    engine: str | None  # None for the baseline, which enforces nothing
     rate: int
     services: int
     repetition: int
 
     @property
     def key(self) -> str:
-        return f"{self.topology}_r{self.rate}_n{self.services}_rep{self.repetition}"
+        engine = f"_{self.engine}" if self.engine else ""
+        return f"{self.topology}{engine}_r{self.rate}_n{self.services}_rep{self.repetition}"
+
+    @property
+    def folder_names(self) -> list[str]:
+        """Where this cell's results may be: its key, and for envoy-opa also the key runs
+        recorded before engines gave it (resuming such a run keeps its finished cells)."""
+        names = [self.key]
+        if self.engine == ENGINE_OF_OLDER_RUNS:
+            names.append(f"{self.topology}_r{self.rate}_n{self.services}_rep{self.repetition}")
+        return names
 
     @property
     def label(self) -> str:
-        return f"{PAPER_NAMES[self.topology]} {self.rate} req/s {self.services} services rep {self.repetition}"
+        return f"{case_name(self.topology, self.engine)} {self.rate} req/s {self.services} services rep {self.repetition}"
 
 
 @dataclass
@@ -80,11 +116,21 @@ class Parameters:
     warmup: int  # seconds left out of the statistics
     mix: str = DEFAULT_MIX
     user_rate: float = DEFAULT_USER_RATE
+    engines: list[str] = field(default_factory=lambda: list(ENGINES))  # of the enforcing topologies
+    bench_records: int = BENCH_RECORDS
+    bench_rounds: int = BENCH_ROUNDS
 
     def __post_init__(self):
         self.topologies = [topology_name(t) for t in self.topologies]
         if len(set(self.topologies)) != len(self.topologies):
             raise ParameterError(f"topologies {self.topologies} name one twice")
+        for engine in self.engines:
+            if engine not in ENGINES:
+                raise ParameterError(f"engine '{engine}' is not one of {list(ENGINES)}")
+        if not self.engines or len(set(self.engines)) != len(self.engines):
+            raise ParameterError(f"engines {self.engines}: give one or more of {list(ENGINES)}, each once")
+        if self.bench_records < 1 or self.bench_rounds < 1:
+            raise ParameterError("bench records and rounds must be >= 1")
         for name in ("rates", "services"):
             values = getattr(self, name)
             if not values or any(v < 1 for v in values):
@@ -96,13 +142,16 @@ class Parameters:
 
     def cells(self) -> list[Cell]:
         """Repetitions outermost, so a stopped run has whole repetitions; the baseline of a
-        rate and chain length is measured right beside the topologies it is compared with."""
+        rate and chain length is measured once, right beside the topologies it is compared
+        with, and a topology's engines one after the other, so they are compared on the same
+        state of the machine."""
         return [
-            Cell(topology, rate, services, repetition)
+            Cell(topology, engine, rate, services, repetition)
             for repetition in range(1, self.repetitions + 1)
             for services in self.services
             for rate in self.rates
             for topology in self.topologies
+            for engine in ([None] if topology == BASELINE else self.engines)
         ]
 
     def users(self, rate: int) -> int:
@@ -113,7 +162,8 @@ class Parameters:
 
     @classmethod
     def from_json(cls, data: dict) -> "Parameters":
-        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+        """A run's parameters from its metadata.json; a run recorded before engines ran envoy-opa only."""
+        return cls(**{"engines": [ENGINE_OF_OLDER_RUNS], **{f.name: data[f.name] for f in fields(cls) if f.name in data}})
 
 
 def resolve(profile: str | None, **given) -> Parameters:
