@@ -20,8 +20,9 @@ def run_folder(results: Path, run_id: str) -> Path:
 
 def cmd_run(args) -> int:
     given = {
-        "topologies": args.topologies, "rates": args.rates, "services": args.services, "repetitions": args.repetitions,
-        "duration": args.duration, "warmup": args.warmup, "mix": args.mix, "user_rate": args.user_rate,
+        "topologies": args.topologies, "engines": args.engines, "rates": args.rates, "services": args.services,
+        "repetitions": args.repetitions, "duration": args.duration, "warmup": args.warmup, "mix": args.mix, "user_rate": args.user_rate,
+        "bench_records": args.bench_records, "bench_rounds": args.bench_rounds,
     }
     if args.run_id and (run_folder(args.results, args.run_id) / "metadata.json").exists():
         run_dir = run_folder(args.results, args.run_id)
@@ -59,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
                               description="Every matrix parameter defaults to the profile's (paper unless --profile quick).")
     run.add_argument("--profile", choices=sorted(matrix.PROFILES), help="preset parameters (default paper)")
     run.add_argument("--topologies", nargs="+", metavar="NAME", help=f"names or aliases (ce dr3 dr6 sa); default {' '.join(matrix.TOPOLOGIES)}")
+    run.add_argument("--engines", nargs="+", metavar="ENGINE",
+                     help=f"how the enforcing topologies decide, each run under every one given (default both: {' '.join(matrix.ENGINES)})")
     run.add_argument("--rates", nargs="+", type=int, metavar="REQ_PER_S", help="offered rates (default 100 500 1000)")
     run.add_argument("--services", nargs="+", type=int, metavar="N", help="chain lengths (default 5 10 25 50)")
     run.add_argument("--repetitions", type=int, help="repetitions of every case (default 5)")
@@ -66,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--warmup", type=int, metavar="SECONDS", help="seconds of load left out of the statistics (paper 10, quick 5)")
     run.add_argument("--mix", choices=sorted(MIXES), help="records sent: allowed (default: all through the whole chain) or mixed (1 in 5 denied)")
     run.add_argument("--user-rate", type=float, metavar="REQ_PER_S", help=f"requests per second of one Locust user at most (default {matrix.DEFAULT_USER_RATE:g})")
+    run.add_argument("--bench-records", type=int, metavar="N",
+                     help=f"records per part and round of the bench each session takes before its cells (default {matrix.BENCH_RECORDS})")
+    run.add_argument("--bench-rounds", type=int, metavar="N", help=f"rounds of that bench (default {matrix.BENCH_ROUNDS})")
     run.add_argument("--run-id", help="resume this run (finished cells are skipped), or name a new one")
     run.set_defaults(handler=cmd_run)
 
