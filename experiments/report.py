@@ -21,14 +21,20 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib import cbook  # noqa: E402
+from matplotlib.colors import to_rgb  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from . import stats  # noqa: E402
-from .matrix import BASELINE, MAX_ERROR_RATE, MIN_ACHIEVED_SHARE, PAPER_NAMES, PROFILES, TOPOLOGIES  # noqa: E402
+from .matrix import (BASELINE, BENCH_CSV, COMPILED_ENGINE, ENGINE_NAMES, ENGINES, MAX_ERROR_RATE, MIN_ACHIEVED_SHARE,  # noqa: E402
+                     PAPER_NAMES, PROFILES, TOPOLOGIES, Parameters, case_name)
 
 PAPER_REFERENCE = Path(__file__).resolve().parent / "paper_reference.json"
 COLORS = {"central-entity": "#d62728", "dynamic-router-3": "#ff7f0e", "dynamic-router-6": "#bcbd22", "sidecar": "#1f77b4", "baseline": "#7f7f7f"}
+# The compiled engine's boxes and bars: its topology's colour this much lighter, drawn right
+# after the same topology's envoy-opa ones, so each pair reads as one topology.
+COMPILED_LIGHTER = 0.55
+VERDICT_COLORS = {"met": "#55a868", "NOT MET": "#c44e52", "": "#999999"}
 SPLIT_COLORS = {"in services": "#4c72b0", "transit": "#bbbbbb", "enforcement": "#dd8452"}
 CPU_COLORS = {"service": "#4c72b0", "envoy": "#55a868", "opa": "#c44e52"}
 CPU_LABELS = {"service": "services", "envoy": "Envoy", "opa": "OPA"}
@@ -53,17 +59,20 @@ def paper_w_avg_over(services: list[int], architecture: str, rate: int, referenc
 
 
 def w_avg_comparison(w_avg: pd.DataFrame, reference: dict) -> pd.DataFrame:
+    """Our W Avg per topology, engine and rate beside the paper's for that topology: the paper
+    had one engine, whose architecture is envoy-opa's, so both engines are set against it.
+    Ordered by topology, rate, engine: a topology's engines side by side at each rate."""
     rows = []
     for row in w_avg.itertuples():
         architecture = PAPER_NAMES[row.topology]
         services = [int(n) for n in row.services_run.split()]
         rows.append({
-            "topology": row.topology, "rate": row.rate, "w_avg": row.w_avg, "services_run": row.services_run,
+            "topology": row.topology, "engine": row.engine, "rate": row.rate, "w_avg": row.w_avg, "services_run": row.services_run,
             "paper_w_avg": reference["w_avg_ms"].get(architecture, {}).get(str(row.rate), float("nan")),
             "paper_w_avg_same_services": paper_w_avg_over(services, architecture, row.rate, reference),
             "any_saturated": row.any_saturated,
         })
-    return pd.DataFrame(rows)
+    return stats.order(pd.DataFrame(rows), by=["topology", "rate", "engine"])
 
 
 # ---- formatting -----------------------------------------------------------------------
@@ -84,6 +93,10 @@ def cores(value) -> str:
     return "–" if pd.isna(value) else f"{round(value, 2) + 0.0:.2f}"  # + 0.0: no "-0.00" from sampling noise
 
 
+def ratio_text(value) -> str:
+    return "–" if pd.isna(value) else f"{value:.2f}×"
+
+
 def marked(text, saturated: bool) -> str:
     """A value with the saturated mark when its case is saturated."""
     return f"{text} {SATURATED_MARK}" if saturated else f"{text}"
@@ -93,27 +106,33 @@ def arch(topology: str) -> str:
     return PAPER_NAMES.get(topology, topology)
 
 
+def names(frame: pd.DataFrame) -> list[str]:
+    """Each row's topology under its engine, as an architect reads it: "CE (envoy-opa)", "CE (compiled)", "baseline"."""
+    return [case_name(topology, engine) for topology, engine in zip(frame["topology"], frame["engine"])]
+
+
 def table_one(table: pd.DataFrame, w_avg: pd.DataFrame) -> pd.DataFrame:
-    """Table I in the paper's layout; W Avg on the first row of each architecture and rate."""
-    w_avg_of = {(r.topology, r.rate): r.w_avg for r in w_avg.itertuples()}
+    """Table I in the paper's layout, a topology under each engine as an architecture of its
+    own; W Avg on the first row of each architecture and rate."""
+    w_avg_of = {(r.topology, r.engine, r.rate): r.w_avg for r in w_avg.itertuples()}
     rows, previous = [], None
     for row in table.itertuples():
-        first = (row.topology, row.rate) != previous
-        previous = (row.topology, row.rate)
+        first = (row.topology, row.engine, row.rate) != previous
+        previous = (row.topology, row.engine, row.rate)
         rows.append({
-            "Arch.": arch(row.topology) if first else "",
+            "Arch.": case_name(row.topology, row.engine) if first else "",
             "Call Freq. (req/s)": str(row.rate) if first else "",
             "Num. Serv.": marked(row.services, row.saturated),
             "Min (ms)": ms(row.min), "Q1 (ms)": ms(row.q1), "Median (ms)": ms(row.median), "Q3 (ms)": ms(row.q3),
             "p95 (ms)": ms(row.p95), "Max (ms)": ms(row.max), "Mean (ms)": ms(row.mean), "STD": ms(row.std),
-            "W Avg (ms)": ms(w_avg_of.get((row.topology, row.rate))) if first else "",
+            "W Avg (ms)": ms(w_avg_of.get((row.topology, row.engine, row.rate))) if first else "",
         })
     return pd.DataFrame(rows)
 
 
 def load_view(cells: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({
-        "Arch.": cells["topology"].map(arch), "Rate (req/s)": cells["rate"], "Serv.": cells["services"], "Rep.": cells["repetition"],
+        "Arch.": names(cells), "Rate (req/s)": cells["rate"], "Serv.": cells["services"], "Rep.": cells["repetition"],
         "Users": cells["users"], "Offered (req/s)": cells["offered_rate"].map(rate_text), "Achieved (req/s)": cells["achieved_rate"].map(rate_text),
         "Achieved / offered": (cells["achieved_rate"] / cells["offered_rate"]).map(percent), "Errors": cells["error_rate"].map(percent),
         "Saturated": cells["saturated"].map({True: f"yes {SATURATED_MARK}", False: "no"}), "Median RTT (ms)": cells["median"].map(ms),
@@ -124,16 +143,17 @@ def load_view(cells: pd.DataFrame) -> pd.DataFrame:
 
 def w_avg_view(comparison: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({
-        "Arch.": comparison["topology"].map(arch), "Rate (req/s)": comparison["rate"],
+        "Arch.": names(comparison), "Rate (req/s)": comparison["rate"],
         "W Avg ours (ms)": [marked(ms(v), s) for v, s in zip(comparison["w_avg"], comparison["any_saturated"])],
-        "Services run": comparison["services_run"], "W Avg paper (ms, n = 5 10 25 50)": comparison["paper_w_avg"].map(ms),
+        "Services run": comparison["services_run"],
+        "W Avg paper, its architecture = envoy-opa (ms, n = 5 10 25 50)": comparison["paper_w_avg"].map(ms),
         "Paper over our n (ms)": comparison["paper_w_avg_same_services"].map(ms),
     })
 
 
 def spread_view(spread: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({
-        "Arch.": spread["topology"].map(arch), "Rate (req/s)": spread["rate"], "Serv.": spread["services"],
+        "Arch.": names(spread), "Rate (req/s)": spread["rate"], "Serv.": spread["services"],
         "Repetitions": spread["repetitions"], "Median of each repetition (ms)": spread["medians"],
         "CV of the medians": spread["cv"].map(percent),
     })
@@ -141,7 +161,7 @@ def spread_view(spread: pd.DataFrame) -> pd.DataFrame:
 
 def cost_view(cost: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({
-        "Arch.": cost["topology"].map(arch), "Rate (req/s)": cost["rate"],
+        "Arch.": names(cost), "Rate (req/s)": cost["rate"],
         "Serv. (= hops)": [marked(n, s) for n, s in zip(cost["services"], cost["saturated"])],
         "Median RTT (ms)": cost["median"].map(ms), "Baseline median RTT (ms)": cost["baseline_median"].map(ms),
         "Enforcement per hop (ms)": cost["cost_per_hop"].map(ms),
@@ -150,7 +170,7 @@ def cost_view(cost: pd.DataFrame) -> pd.DataFrame:
 
 def split_view(split: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({
-        "Arch.": split["topology"].map(arch), "Rate (req/s)": split["rate"],
+        "Arch.": names(split), "Rate (req/s)": split["rate"],
         "Serv.": [marked(n, s) for n, s in zip(split["services"], split["saturated"])],
         "Mean RTT (ms)": split["rtt_ms"].map(ms), "In services (ms)": split["service_ms"].map(ms),
         "Transit (ms)": split["transit_ms"].map(ms), "Enforcement (ms)": split["enforcement_ms"].map(ms),
@@ -164,11 +184,39 @@ def split_view(split: pd.DataFrame) -> pd.DataFrame:
 
 def cpu_view(cpu: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({
-        "Arch.": cpu["topology"].map(arch), "Rate (req/s)": cpu["rate"],
+        "Arch.": names(cpu), "Rate (req/s)": cpu["rate"],
         "Serv.": [marked(n, s) for n, s in zip(cpu["services"], cpu["saturated"])],
         "CPU per record (ms)": cpu["total_ms"].map(ms), "Services (ms)": cpu["service_ms"].map(ms),
         "Envoy (ms)": cpu["envoy_ms"].map(ms), "OPA (ms)": cpu["opa_ms"].map(ms),
         "Enforcement CPU per hop (ms)": cpu["enforcement_per_hop_ms"].map(ms),
+    })
+
+
+def engines_view(comparison: pd.DataFrame) -> pd.DataFrame:
+    """One topology's rows of stats.engine_comparison, for an architect: each measure under
+    envoy-opa, under the compiled engine, compiled ÷ envoy-opa, and the baseline's."""
+    saturated_opa, saturated_compiled = comparison["saturated_opa"], comparison["saturated_compiled"]
+    return pd.DataFrame({
+        "Rate (req/s)": comparison["rate"], "Serv.": comparison["services"],
+        "Median RTT, envoy-opa (ms)": [marked(ms(v), s) for v, s in zip(comparison["median_opa"], saturated_opa)],
+        "Median RTT, compiled (ms)": [marked(ms(v), s) for v, s in zip(comparison["median_compiled"], saturated_compiled)],
+        "Median RTT, compiled ÷ envoy-opa": comparison["median_ratio"].map(ratio_text),
+        "Median RTT, baseline (ms)": comparison["baseline_median"].map(ms),
+        "Achieved, envoy-opa (req/s)": [marked(rate_text(v), s) for v, s in zip(comparison["achieved_rate_opa"], saturated_opa)],
+        "Achieved, compiled (req/s)": [marked(rate_text(v), s) for v, s in zip(comparison["achieved_rate_compiled"], saturated_compiled)],
+        "Achieved, compiled ÷ envoy-opa": comparison["achieved_rate_ratio"].map(ratio_text),
+        "CPU per record, envoy-opa (ms)": comparison["total_ms_opa"].map(ms),
+        "CPU per record, compiled (ms)": comparison["total_ms_compiled"].map(ms),
+        "CPU per record, compiled ÷ envoy-opa": comparison["total_ms_ratio"].map(ratio_text),
+        "CPU per record, baseline (ms)": comparison["baseline_total_ms"].map(ms),
+    })
+
+
+def bench_view(bench: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame({
+        "Part": bench["part"], "Process": bench["process"], "CPU": [f"{v:.4g} {unit}" for v, unit in zip(bench["value"], bench["unit"])],
+        "Floor": bench["floor"].fillna(""), "Floor's CPU": bench["floor_value"].map(lambda v: "–" if pd.isna(v) else f"{v:.4g}"), "Ratio to the floor": bench["ratio"].map(ratio_text),
+        "Target": bench["target"].map(lambda t: "" if pd.isna(t) else f"≤ {t:g}×"), "Verdict": bench["verdict"].fillna(""),
     })
 
 
@@ -182,8 +230,23 @@ def save(figure, figures_dir: Path, name: str) -> Path:
     return png
 
 
-def topology_legend(topologies: list[str], extra: list | None = None) -> list:
-    return [Patch(facecolor=COLORS[t], edgecolor="black", label=arch(t)) for t in topologies] + (extra or [])
+def color(topology: str, engine: str) -> tuple:
+    """The topology's colour; lighter under the compiled engine."""
+    base = np.array(to_rgb(COLORS[topology]))
+    return tuple(base + (1 - base) * COMPILED_LIGHTER) if engine == COMPILED_ENGINE else tuple(base)
+
+
+def series_of(frame: pd.DataFrame) -> list[tuple[str, str]]:
+    """The (topology, engine) pairs a frame holds, in the report's order: a topology's engines side by side."""
+    present = set(zip(frame["topology"], frame["engine"]))
+    return [(t, e) for t in TOPOLOGIES for e in [*ENGINES, stats.NO_ENGINE] if (t, e) in present]
+
+
+def series_legend(pairs: list[tuple[str, str]], extra: list | None = None) -> list:
+    return [Patch(facecolor=color(t, e), edgecolor="black", label=case_name(t, e)) for t, e in pairs] + (extra or [])
+
+
+SATURATED_PATCH = Patch(facecolor="white", edgecolor="black", hatch="///", label="saturated")
 
 
 def panels(count: int, width: float, height: float, columns: int = 2, **options):
@@ -205,39 +268,43 @@ def log_scale(ax) -> None:
     ax.yaxis.set_minor_formatter(FuncFormatter(lambda value, _: f"{value:g}" if str(f"{value:g}")[0] in "25" else ""))
 
 
+LEGEND_COLUMNS = 5  # entries per legend row: a topology's two engines and the baseline fit twice
+
+
 def legend_below(figure, handles: list) -> None:
     """One legend under all panels, where it hides no bar or box."""
-    figure.tight_layout(rect=(0, 0.08, 1, 1))
-    figure.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8, frameon=False)
+    rows = -(-len(handles) // LEGEND_COLUMNS)
+    figure.tight_layout(rect=(0, 0.04 + 0.04 * rows, 1, 1))
+    figure.legend(handles=handles, loc="lower center", ncol=min(len(handles), LEGEND_COLUMNS), fontsize=8, frameon=False)
 
 
 def box_figure(table: pd.DataFrame, requests: pd.DataFrame, figures_dir: Path) -> Path:
-    """Like the paper's Fig. 2: RTT distributions, one panel per rate, a box per topology
-    and service count; a log scale when the panel spans more than two decades."""
+    """Like the paper's Fig. 2: RTT distributions, one panel per rate, a box per topology,
+    engine and service count; a log scale when the panel spans more than two decades."""
     timed = stats.delivered(requests)
     values = {key: group["rtt_ms"].to_numpy() for key, group in timed.groupby(stats.CASE, observed=True)}
+    saturated_cases = {(r.topology, r.engine, r.rate, r.services) for r in table.itertuples() if r.saturated}
     rates = sorted(table["rate"].unique())
     services = sorted(table["services"].unique())
-    topologies = [t for t in TOPOLOGIES if t in set(table["topology"])]
-    width = 0.8 / len(topologies)
-    figure, axes = panels(len(rates), max(7.0, 0.5 * len(services) * len(topologies) + 2), 3.4, columns=1)
+    pairs = series_of(table)
+    width = 0.8 / len(pairs)
+    figure, axes = panels(len(rates), max(7.0, 0.5 * len(services) * len(pairs) + 2), 3.4, columns=1)
     rng = np.random.default_rng(0)
     for ax, rate in zip(axes, rates):
-        for t_index, topology in enumerate(topologies):
+        for p_index, (topology, engine) in enumerate(pairs):
             for s_index, n in enumerate(services):
-                data = values.get((topology, rate, n))
+                data = values.get((topology, engine, rate, n))
                 if data is None or not len(data):
                     continue
                 box = cbook.boxplot_stats(data, whis=1.5)[0]
                 if len(box["fliers"]) > MAX_FLIERS:
                     box["fliers"] = rng.choice(box["fliers"], MAX_FLIERS, replace=False)
-                saturated = bool(table[(table.topology == topology) & (table.rate == rate) & (table.services == n)]["saturated"].any())
-                drawn = ax.bxp([box], positions=[s_index + (t_index - (len(topologies) - 1) / 2) * width], widths=width * 0.85,
+                drawn = ax.bxp([box], positions=[s_index + (p_index - (len(pairs) - 1) / 2) * width], widths=width * 0.85,
                                patch_artist=True, showfliers=True, flierprops={"marker": ".", "markersize": 2, "alpha": 0.4},
                                medianprops={"color": "black", "linewidth": 1.5})
                 for patch in drawn["boxes"]:
-                    patch.set_facecolor(COLORS[topology])
-                    patch.set_hatch("///" if saturated else "")
+                    patch.set_facecolor(color(topology, engine))
+                    patch.set_hatch("///" if (topology, engine, rate, n) in saturated_cases else "")
         positive = timed[timed["rate"] == rate]["rtt_ms"]
         positive = positive[positive > 0]
         if len(positive) and positive.max() / positive.min() > 100:
@@ -246,84 +313,95 @@ def box_figure(table: pd.DataFrame, requests: pd.DataFrame, figures_dir: Path) -
         ax.set_ylabel("RTT (ms)")
         ax.set_title(f"{rate} requests/s (offered)")
         ax.grid(axis="y", alpha=0.3, which="both")
-    legend_below(figure, topology_legend(topologies, [Patch(facecolor="white", edgecolor="black", hatch="///", label="saturated")]))
+    legend_below(figure, series_legend(pairs, [SATURATED_PATCH]))
     return save(figure, figures_dir, "rtt_boxplots")
 
 
 def grouped_bars(ax, groups: list, series: dict) -> None:
-    """Bars of every topology side by side in each group; series: topology -> one value per group."""
+    """Bars of every (topology, engine) side by side in each group; series: that pair -> one value per group."""
     width = 0.8 / max(1, len(series))
-    for index, (topology, heights) in enumerate(series.items()):
+    for index, ((topology, engine), heights) in enumerate(series.items()):
         positions = np.arange(len(groups)) + (index - (len(series) - 1) / 2) * width
-        ax.bar(positions, heights, width * 0.95, color=COLORS[topology], edgecolor="black", linewidth=0.5)
+        ax.bar(positions, heights, width * 0.95, color=color(topology, engine), edgecolor="black", linewidth=0.5)
     ax.set_xticks(range(len(groups)), groups)
 
 
 def w_avg_figure(comparison: pd.DataFrame, figures_dir: Path) -> Path:
-    """Our W Avg beside the paper's, per rate; log scale (the paper's CE is hundreds of ms)."""
+    """Our W Avg under each engine beside the paper's, per rate; log scale (the paper's CE is
+    hundreds of ms). A group of bars per topology: its engines, then the paper's value."""
     rates = sorted(comparison["rate"].unique())
-    figure, axes = panels(len(rates), 4.6, 4.0)
+    pairs = series_of(comparison)
+    topologies = list(dict.fromkeys(t for t, _ in pairs))
+    figure, axes = panels(len(rates), max(4.6, 0.45 * (len(pairs) + len(topologies)) + 1.5), 4.0)
     for ax, rate in zip(axes, rates):
         rows = comparison[comparison["rate"] == rate]
-        names = [arch(t) for t in rows["topology"]]
-        positions = np.arange(len(rows))
-        ours = ax.bar(positions - 0.2, rows["w_avg"], 0.4, color=[COLORS[t] for t in rows["topology"]], edgecolor="black", linewidth=0.5)
-        ax.bar(positions + 0.2, rows["paper_w_avg"].fillna(0), 0.4, color="white", edgecolor=[COLORS[t] for t in rows["topology"]], hatch="..", linewidth=1.2)
-        for bar, value, saturated in zip(ours, rows["w_avg"], rows["any_saturated"]):
-            ax.annotate(f"{value:.1f}{SATURATED_MARK if saturated else ''}", (bar.get_x() + bar.get_width() / 2, value), ha="center", va="bottom", fontsize=7)
-        for position, value in zip(positions, rows["paper_w_avg"]):
-            if not pd.isna(value):
-                ax.annotate(f"{value:.1f}", (position + 0.2, value), ha="center", va="bottom", fontsize=7, color="#444")
-        ax.set_xticks(positions, names)
+        position, centres = 0.0, []
+        for topology in topologies:
+            first = position
+            for row in rows[rows["topology"] == topology].itertuples():
+                ax.bar(position, row.w_avg, 0.9, color=color(topology, row.engine), edgecolor="black", linewidth=0.5)
+                ax.annotate(f"{row.w_avg:.1f}{SATURATED_MARK if row.any_saturated else ''}", (position, row.w_avg), ha="center", va="bottom", fontsize=7)
+                position += 1
+            paper = rows[rows["topology"] == topology]["paper_w_avg"].dropna()
+            if len(paper):
+                ax.bar(position, paper.iloc[0], 0.9, color="white", edgecolor=COLORS[topology], hatch="..", linewidth=1.2)
+                ax.annotate(f"{paper.iloc[0]:.1f}", (position, paper.iloc[0]), ha="center", va="bottom", fontsize=7, color="#444")
+                position += 1
+            centres.append((first + position - 1) / 2)
+            position += 0.6  # a gap between topologies
+        ax.set_xticks(centres, [arch(t) for t in topologies])
         log_scale(ax)
+        heights = pd.concat([rows["w_avg"], rows["paper_w_avg"]]).dropna()
+        ax.set_ylim(heights.min() / 2, heights.max() * 2)  # room for the labels above the bars; bars start below the axis
         ax.set_title(f"{rate} requests/s (offered)")
         ax.set_ylabel("W Avg (ms per service)")
         ax.grid(axis="y", alpha=0.3, which="both")
-    legend_below(figure, [Patch(facecolor="#999", edgecolor="black", label="ours (n run: " + comparison["services_run"].iloc[0] + f"; {SATURATED_MARK}: saturated)"),
-                          Patch(facecolor="white", edgecolor="black", hatch="..", label="paper (n = 5 10 25 50)")])
+    figure.suptitle(f"Ours over n = {comparison['services_run'].iloc[0]} ({SATURATED_MARK}: saturated); the paper's over n = 5 10 25 50", fontsize=9)
+    legend_below(figure, series_legend(pairs, [Patch(facecolor="white", edgecolor="black", hatch="..", label="paper (its architecture = envoy-opa)")]))
     return save(figure, figures_dir, "w_avg")
 
 
 def cost_figure(cost: pd.DataFrame, figures_dir: Path) -> Path:
-    """Enforcement per hop, one panel per rate; saturated cases hatched."""
+    """Enforcement per hop, one panel per rate, a bar per topology and engine; saturated cases hatched."""
     rates = sorted(cost["rate"].unique())
     services = sorted(cost["services"].unique())
-    topologies = [t for t in TOPOLOGIES if t in set(cost["topology"])]
-    figure, axes = panels(len(rates), max(4.6, 0.3 * len(services) * len(topologies) + 1.5), 3.8)
+    pairs = series_of(cost)
+    figure, axes = panels(len(rates), max(4.6, 0.3 * len(services) * len(pairs) + 1.5), 3.8)
     for ax, rate in zip(axes, rates):
         rows = cost[cost["rate"] == rate]
-        series = {t: [rows[(rows.topology == t) & (rows.services == n)]["cost_per_hop"].sum(min_count=1) for n in services] for t in topologies}
+        series = {(t, e): [rows[(rows.topology == t) & (rows.engine == e) & (rows.services == n)]["cost_per_hop"].sum(min_count=1) for n in services]
+                  for t, e in pairs}
         grouped_bars(ax, [f"{n} services" for n in services], series)
-        saturated = {(r.topology, r.services) for r in rows.itertuples() if r.saturated}
-        for bar, key in zip(ax.patches, [(t, n) for t in topologies for n in services]):
+        saturated = {(r.topology, r.engine, r.services) for r in rows.itertuples() if r.saturated}
+        for bar, key in zip(ax.patches, [(t, e, n) for t, e in pairs for n in services]):
             bar.set_hatch("///" if key in saturated else "")
         ax.axhline(0, color="black", linewidth=0.6)
         ax.set_title(f"{rate} requests/s (offered)")
         ax.set_ylabel("(median RTT − baseline's) / hops (ms)")
         ax.grid(axis="y", alpha=0.3)
-    legend_below(figure, topology_legend(topologies, [Patch(facecolor="white", edgecolor="black", hatch="///", label="saturated")]))
+    legend_below(figure, series_legend(pairs, [SATURATED_PATCH]))
     return save(figure, figures_dir, "enforcement_per_hop")
 
 
 def stacked_figure(frame: pd.DataFrame, stacks: dict, title: str, ylabel: str, figures_dir: Path, name: str) -> Path:
-    """Stacked bars, one per case (topology and services), one panel per rate; saturated cases
-    marked in their label. stacks: legend label -> (colour, the heights for a panel's rows)."""
+    """Stacked bars, one per case (topology, engine and services), one panel per rate; saturated
+    cases marked in their label. stacks: legend label -> (colour, the heights for a panel's rows)."""
     rates = sorted(frame["rate"].unique())
-    figure, axes = panels(len(rates), max(6.0, 0.5 * frame.groupby("rate").size().max() + 1.5), 4.0, columns=1)
+    figure, axes = panels(len(rates), max(6.0, 0.6 * frame.groupby("rate").size().max() + 1.5), 4.2, columns=1)
     for ax, rate in zip(axes, rates):
         rows = frame[frame["rate"] == rate].reset_index(drop=True)
-        labels = [f"{arch(t)}\n{marked(n, s)}" for t, n, s in zip(rows["topology"], rows["services"], rows["saturated"])]
+        labels = [f"{arch(t)}\n{ENGINE_NAMES.get(e, '')}\n{marked(n, s)}" for t, e, n, s in zip(rows["topology"], rows["engine"], rows["services"], rows["saturated"])]
         bottom = np.zeros(len(rows))
-        for color, heights_of in stacks.values():
+        for fill, heights_of in stacks.values():
             heights = heights_of(rows)
-            ax.bar(range(len(rows)), heights, 0.7, bottom=bottom, color=color, edgecolor="black", linewidth=0.4)
+            ax.bar(range(len(rows)), heights, 0.7, bottom=bottom, color=fill, edgecolor="black", linewidth=0.4)
             bottom += heights
         ax.set_xticks(range(len(rows)), labels, fontsize=7)
         ax.set_title(f"{rate} requests/s (offered): {title}")
         ax.set_ylabel(ylabel)
-        ax.set_xlabel(f"architecture, services ({SATURATED_MARK}: saturated)")
+        ax.set_xlabel(f"architecture, engine, services ({SATURATED_MARK}: saturated)")
         ax.grid(axis="y", alpha=0.3)
-    legend_below(figure, [Patch(facecolor=color, edgecolor="black", label=label) for label, (color, _) in stacks.items()])
+    legend_below(figure, [Patch(facecolor=fill, edgecolor="black", label=label) for label, (fill, _) in stacks.items()])
     return save(figure, figures_dir, name)
 
 
@@ -339,7 +417,7 @@ def split_figure(split: pd.DataFrame, figures_dir: Path) -> Path:
 def cpu_figure(cpu: pd.DataFrame, figures_dir: Path) -> Path:
     """Stacked CPU per record by kind of part (services, Envoy, OPA)."""
     return stacked_figure(cpu, {
-        CPU_LABELS[kind]: (color, lambda rows, kind=kind: rows[f"{kind}_ms"].fillna(0).to_numpy()) for kind, color in CPU_COLORS.items()
+        CPU_LABELS[kind]: (fill, lambda rows, kind=kind: rows[f"{kind}_ms"].fillna(0).to_numpy()) for kind, fill in CPU_COLORS.items()
     }, "CPU per delivered record", "ms of CPU", figures_dir, "cpu_per_record")
 
 
@@ -348,14 +426,14 @@ def load_figure(cells: pd.DataFrame, figures_dir: Path) -> Path:
     achieved req/s written on each bar; one panel per service count."""
     services = sorted(cells["services"].unique())
     rates = sorted(cells["rate"].unique())
-    topologies = [t for t in TOPOLOGIES if t in set(cells["topology"])]
-    achieved = cells.groupby(["topology", "rate", "services"])["achieved_rate"].mean()
-    figure, axes = panels(len(services), max(4.4, 0.45 * len(rates) * len(topologies) + 1.5), 3.8)
+    pairs = series_of(cells)
+    achieved = cells.groupby(["topology", "engine", "rate", "services"])["achieved_rate"].mean()
+    figure, axes = panels(len(services), max(4.4, 0.45 * len(rates) * len(pairs) + 1.5), 3.8)
     for ax, n in zip(axes, services):
-        series = {t: [100 * achieved.get((t, r, n), np.nan) / r for r in rates] for t in topologies}
+        series = {(t, e): [100 * achieved.get((t, e, r, n), np.nan) / r for r in rates] for t, e in pairs}
         grouped_bars(ax, [f"{r} req/s offered" for r in rates], series)
-        for bar, (topology, rate) in zip(ax.patches, [(t, r) for t in topologies for r in rates]):
-            value = achieved.get((topology, rate, n), np.nan)
+        for bar, (topology, engine, rate) in zip(ax.patches, [(t, e, r) for t, e in pairs for r in rates]):
+            value = achieved.get((topology, engine, rate, n), np.nan)
             if not pd.isna(value):
                 ax.annotate(f"{value:.0f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=6)
         ax.axhline(100, color="black", linewidth=1)
@@ -365,8 +443,59 @@ def load_figure(cells: pd.DataFrame, figures_dir: Path) -> Path:
         ax.set_ylabel("achieved / offered rate (%)")
         ax.grid(axis="y", alpha=0.3)
     figure.suptitle("Achieved share of the offered rate (on the bars: achieved req/s); below the dotted 95% line: saturated", fontsize=9)
-    legend_below(figure, topology_legend(topologies))
+    legend_below(figure, series_legend(pairs))
     return save(figure, figures_dir, "offered_vs_achieved")
+
+
+ENGINE_MEASURES = {"median": "median RTT", "total_ms": "CPU per record", "achieved_rate": "achieved rate"}
+
+
+def engines_figure(comparison: pd.DataFrame, figures_dir: Path) -> Path:
+    """compiled ÷ envoy-opa per topology, one panel per measure, a group per rate and services;
+    under 1 the compiled engine took less time or CPU (or, for the rate, carried fewer records)."""
+    cases = list(dict.fromkeys(zip(comparison["rate"], comparison["services"])))
+    topologies = [t for t in TOPOLOGIES if t in set(comparison["topology"])]
+    figure, axes = panels(len(ENGINE_MEASURES), max(6.0, 0.3 * len(cases) * len(topologies) + 1.5), 3.2, columns=1)
+    for ax, (measure, label) in zip(axes, ENGINE_MEASURES.items()):
+        width = 0.8 / len(topologies)
+        for index, topology in enumerate(topologies):
+            rows = comparison[comparison["topology"] == topology].set_index(["rate", "services"])
+            for c_index, key in enumerate(cases):
+                if key not in rows.index:
+                    continue
+                row = rows.loc[key]
+                ax.bar(c_index + (index - (len(topologies) - 1) / 2) * width, row[f"{measure}_ratio"], width * 0.95, color=COLORS[topology],
+                       edgecolor="black", linewidth=0.5, hatch="///" if row["saturated_opa"] or row["saturated_compiled"] else "")
+        ax.axhline(1, color="black", linewidth=1)
+        ax.set_xticks(range(len(cases)), [f"{r} req/s\n{n} serv." for r, n in cases], fontsize=7)
+        ax.set_title(f"{label}: compiled ÷ envoy-opa", fontsize=9)
+        ax.grid(axis="y", alpha=0.3)
+    legend_below(figure, [Patch(facecolor=COLORS[t], edgecolor="black", label=arch(t)) for t in topologies]
+                 + [Patch(facecolor="white", edgecolor="black", hatch="///", label="saturated under either engine")])
+    return save(figure, figures_dir, "engines")
+
+
+def bench_figure(bench: pd.DataFrame, figures_dir: Path) -> Path:
+    """Each part's CPU as a multiple of its floor (log scale, 1× = the floor), its target marked."""
+    rows = bench[bench["ratio"].notna()].iloc[::-1]
+    figure, ax = plt.subplots(figsize=(8.5, 0.32 * len(rows) + 1.2))
+    positions = np.arange(len(rows))
+    ax.barh(positions, rows["ratio"], 0.7, color=[VERDICT_COLORS[v] for v in rows["verdict"].fillna("")], edgecolor="black", linewidth=0.5)
+    targets = rows["target"]
+    ax.scatter(targets, positions, marker="|", s=250, color="black", zorder=3)
+    for position, value, target in zip(positions, rows["ratio"], targets):
+        ax.annotate(f" {value:.2f}×", (max(value, 0 if pd.isna(target) else target), position), va="center", fontsize=7)
+    ax.axvline(1, color="black", linewidth=1)
+    ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}×"))
+    ax.set_yticks(positions, rows["part"], fontsize=7)
+    ax.set_xlabel("CPU per request ÷ its floor's (log scale)")
+    ax.grid(axis="x", alpha=0.3, which="both")
+    legend_below(figure, [Patch(facecolor=VERDICT_COLORS["met"], edgecolor="black", label="target met"),
+                          Patch(facecolor=VERDICT_COLORS["NOT MET"], edgecolor="black", label="target NOT MET"),
+                          Patch(facecolor=VERDICT_COLORS[""], edgecolor="black", label="no target"),
+                          plt.Line2D([], [], marker="|", linestyle="", color="black", markersize=12, label="target")])
+    return save(figure, figures_dir, "bench")
 
 
 # ---- documents ------------------------------------------------------------------------
@@ -388,10 +517,8 @@ def inline_html(text: str) -> str:
 def render_markdown(blocks: list[tuple], report_dir: Path) -> str:
     out = []
     for kind, *content in blocks:
-        if kind == "h1":
-            out.append(f"# {content[0]}")
-        elif kind == "h2":
-            out.append(f"## {content[0]}")
+        if kind in ("h1", "h2", "h3"):
+            out.append(f"{'#' * int(kind[1])} {content[0]}")
         elif kind == "p":
             out.append(content[0])
         elif kind == "list":
@@ -418,7 +545,7 @@ code { background: #f4f4f4; padding: 0 3px; } h2 { border-bottom: 1px solid #ddd
 def render_html(blocks: list[tuple], title: str) -> str:
     out = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{HTML_STYLE}</style></head><body>"]
     for kind, *content in blocks:
-        if kind in ("h1", "h2"):
+        if kind in ("h1", "h2", "h3"):
             out.append(f"<{kind}>{inline_html(content[0])}</{kind}>")
         elif kind == "p":
             out.append(f"<p>{inline_html(content[0])}</p>")
@@ -434,6 +561,13 @@ def render_html(blocks: list[tuple], title: str) -> str:
     return "\n".join(out)
 
 
+ENGINES_TEXT = (
+    "envoy-opa: Envoy asks OPA over ext_authz before every hop (the paper's architecture: a decision asked for each routing step). "
+    "compiled (envoy-compiled): at deployment OPA evaluates the same rule set over each enforcement point's finite decision space, and "
+    "the hops it allowed become Envoy routes that need no call to OPA; anything else (denials, unknown or malformed labels, a body to "
+    "check) still asks OPA."
+)
+
 METHOD = [
     "**Closed loop.** Locust runs as one process of `FastHttpUser`s; each user sends at most `user_rate` requests per second "
     "(`constant_throughput`, with a random phase so users do not fire together) and waits for each answer before its next request. "
@@ -441,6 +575,9 @@ METHOD = [
     "a slow system receives fewer requests. The offered rate is the target; the achieved rate is the number of requests sent in the "
     "measured window divided by its length. Unlike an open-loop load (and like the paper's JMeter threads), an overloaded cell "
     "therefore shows RTT ≈ users / achieved rate (Little's law) rather than an ever-growing queue.",
+    f"**Engines.** {ENGINES_TEXT} Every enforcing topology is deployed under each engine of the run, one right after the other at the "
+    "same rate and services; the baseline enforces nothing, has no engine, and is measured once per rate and services as the reference "
+    "of both. Runs recorded before engines were run ran envoy-opa.",
     f"**Saturation.** A cell is saturated when it achieved less than {MIN_ACHIEVED_SHARE:.0%} of its offered rate or had more than "
     f"{MAX_ERROR_RATE:.0%} errors (a status other than the one its record should get). Saturated cases are marked {SATURATED_MARK} "
     "(any repetition saturated) and hatched in the box plots: their numbers describe an overloaded system at the achieved rate, not the "
@@ -468,6 +605,59 @@ METHOD = [
 ]
 
 
+def engines_blocks(comparison: pd.DataFrame, run: Parameters, figures_dir: Path) -> list[tuple]:
+    """The compiled engine against envoy-opa: a figure of the ratios, then a short table per topology."""
+    blocks: list[tuple] = [("h2", "Engines compared: compiled against envoy-opa")]
+    if len(run.engines) < 2:
+        return blocks + [("p", f"This run measured one engine, {ENGINE_NAMES[run.engines[0]]}: there is nothing to compare.")]
+    if comparison.empty:
+        return blocks + [("p", "No case of this run has finished under both engines yet.")]
+    blocks.append(("p", "Per topology, at each rate and chain length run under both engines: the median RTT, the achieved rate and the "
+                        "deployment's CPU per delivered record under envoy-opa and under the compiled engine, compiled ÷ envoy-opa, and the "
+                        "baseline's (no enforcement: the floor both approach). Below 1× the compiled engine took less time or CPU; for "
+                        f"the achieved rate, above 1× it carried more records. {SATURATED_MARK}: saturated. The sections below give every "
+                        "figure per engine."))
+    blocks.append(("figure", engines_figure(comparison, figures_dir),
+                   "compiled ÷ envoy-opa per topology: median RTT, CPU per record, achieved rate; 1 = no difference; hatched: saturated under "
+                   "either engine."))
+    for topology, rows in comparison.groupby("topology", sort=False):
+        blocks.append(("h3", arch(topology)))
+        blocks.append(("table", engines_view(rows)))
+    return blocks
+
+
+def bench_blocks(run_dir: Path, meta: dict, figures_dir: Path) -> list[tuple]:
+    """`make bench`'s table as the run measured it (raw/bench.csv); nothing for a run without one."""
+    path = run_dir / "raw" / BENCH_CSV
+    sessions = meta["sessions"]
+    failures = [(number, s["bench"]["error"]) for number, s in enumerate(sessions, 1) if "error" in s.get("bench", {})]
+    if not path.exists() and not failures:
+        return []
+    blocks: list[tuple] = [("h2", "What each part of a hop costs, beside its floor")]
+    blocks.extend(("p", f"The bench failed in session {number}: {error.splitlines()[0]}") for number, error in failures)
+    if not path.exists():
+        return blocks
+    bench = pd.read_csv(path, keep_default_na=False, na_values=[""])
+    measured_by = next(((number, s) for number, s in enumerate(sessions, 1) if s.get("bench", {}).get("csv") == BENCH_CSV), None)
+    earlier = [s["bench"]["csv"] for s in sessions if s.get("bench", {}).get("csv", BENCH_CSV) != BENCH_CSV]
+    blocks.append(("p", "The CPU time one process spends per request, beside its floor: the least the same job costs, measured in the same "
+                        "run on the same machine. Read the ratio, not the value: 1× is the floor itself, 1.3× means 30% more CPU than the "
+                        "floor, 5× five times as much. This machine is slow and shared, so absolute values describe only it; the ratios are "
+                        "what carries over to another machine. Target: the most a part may cost against its floor; verdict: whether this "
+                        "run met it. How: before its cells, every session takes `make bench`'s measurement (experiments/bench.py): each "
+                        "part and its floor run side by side on loopback, outside any deployment, and get the same sequential records in "
+                        "turns; a part's figure is the CPU time its process used divided by the records, the median over the rounds."
+                        + (f" Measured at the start of session {measured_by[0]} ({measured_by[1]['started_at']}): "
+                           f"{measured_by[1]['bench']['rounds']} rounds of {measured_by[1]['bench']['records']} sequential records per part, "
+                           f"{measured_by[1]['bench']['seconds']:.0f} s." if measured_by else "")
+                        + (f" Earlier sessions' measurements: {', '.join(f'`raw/{name}`' for name in earlier)}." if earlier else "")))
+    blocks.append(("table", bench_view(bench)))
+    if bench["ratio"].notna().any():
+        blocks.append(("figure", bench_figure(bench, figures_dir),
+                       "Each part's CPU per request as a multiple of its floor's, log scale; the black tick is its target."))
+    return blocks
+
+
 def build(run_dir: Path) -> dict:
     """Write report/ (tables, figures, report.md, report.html) for a run; return their paths."""
     meta = json.loads((run_dir / "metadata.json").read_text())
@@ -477,20 +667,23 @@ def build(run_dir: Path) -> dict:
     tables_dir.mkdir(parents=True, exist_ok=True)
     figures_dir.mkdir(parents=True, exist_ok=True)
     reference = load_paper_reference()
-    parameters = meta["parameters"]
+    recorded = meta["parameters"]
+    run = Parameters.from_json(recorded)  # with what a run recorded before engines ran
 
     blocks: list[tuple] = [("h1", f"complyroute experiment {meta['run_id']}")]
-    preset = PROFILES.get(parameters["profile"], {})
-    changed = [name for name, value in parameters.items() if name in preset and preset[name] != value]
-    blocks.append(("p", f"Profile `{parameters['profile']}`" + (f" (changed: {', '.join(changed)})" if changed else "") + f": topologies {', '.join(arch(t) for t in parameters['topologies'])}; "
-                        f"offered rates {', '.join(map(str, parameters['rates']))} req/s; {', '.join(map(str, parameters['services']))} services; "
-                        f"{parameters['repetitions']} repetition(s) of {parameters['duration']} s after a {parameters['warmup']} s warm-up; "
-                        f"record mix `{parameters['mix']}`; {parameters['user_rate']:g} req/s per Locust user. "
+    preset = PROFILES.get(run.profile, {})
+    changed = [name for name, value in recorded.items() if name in preset and preset[name] != value]
+    blocks.append(("p", f"Profile `{run.profile}`" + (f" (changed: {', '.join(changed)})" if changed else "") + f": topologies {', '.join(arch(t) for t in run.topologies)}; "
+                        f"engines {', '.join(ENGINE_NAMES[e] for e in run.engines)} (the baseline has none); "
+                        f"offered rates {', '.join(map(str, run.rates))} req/s; {', '.join(map(str, run.services))} services; "
+                        f"{run.repetitions} repetition(s) of {run.duration} s after a {run.warmup} s warm-up; "
+                        f"record mix `{run.mix}`; {run.user_rate:g} req/s per Locust user. "
                         f"Raw data: `{run_dir / 'raw'}`; tables: `{tables_dir}`; figures: `{figures_dir}`."))
-    expected = len(parameters["topologies"]) * len(parameters["rates"]) * len(parameters["services"]) * parameters["repetitions"]
+    expected = len(run.cells())
+    bench = bench_blocks(run_dir, meta, figures_dir)
     if cells.empty:
         blocks.append(("p", f"No cell of this run has finished yet (0 of {expected}); {len(failed)} failed."))
-        return write_documents(blocks, report_dir, meta)
+        return write_documents(blocks + bench, report_dir, meta)
 
     cells.to_csv(tables_dir / "cells.csv", index=False)
     table = stats.pooled(cells, requests)
@@ -504,8 +697,11 @@ def build(run_dir: Path) -> dict:
     cost.to_csv(tables_dir / "enforcement_cost.csv", index=False)
     split = stats.time_split(requests)
     split.to_csv(tables_dir / "time_split.csv", index=False)
-    saturated_cases = {(r.topology, r.rate, r.services) for r in table.itertuples() if r.saturated}
-    split["saturated"] = [(t, r, n) in saturated_cases for t, r, n in zip(split["topology"], split["rate"], split["services"])]
+    split = split.merge(table[[*stats.CASE, "saturated"]], on=stats.CASE, how="left")
+    cpu = stats.cpu_per_record(cells)
+    cpu.to_csv(tables_dir / "cpu_per_record.csv", index=False)
+    engines = stats.engine_comparison(table, cpu)
+    engines.to_csv(tables_dir / "engines.csv", index=False)
 
     machine, versions = meta["machine"], meta["versions"]
     saturated = cells[cells["saturated"]]
@@ -515,39 +711,47 @@ def build(run_dir: Path) -> dict:
         f"**{len(saturated)} of {len(cells)} cells are saturated** ({SATURATED_MARK}: below {MIN_ACHIEVED_SHARE:.0%} of the offered rate or over "
         f"{MAX_ERROR_RATE:.0%} errors). The load is a closed loop: a slow system receives fewer requests, so a saturated cell's RTTs belong to "
         "its achieved rate, shown beside the offered one below.",
+        f"**Engines.** Every figure names the engine it belongs to: \"CE (envoy-opa)\", \"CE (compiled)\"; the baseline has none. {ENGINES_TEXT} "
+        + ("This run was recorded before engines were run: its topologies ran envoy-opa." if "engines" not in recorded else
+           f"This run measured {' and '.join(ENGINE_NAMES[e] for e in run.engines)}."),
         f"This machine has {machine['cores']} cores ({machine['cpu_model']}, {machine['memory_gib']} GiB), shared by Locust and every process "
         "of the deployment (services, Envoys, OPAs): the paper ran on 4 nodes of 48 to 56 hardware threads, with the load from 5 other "
         "machines. Absolute numbers are not comparable with the paper's; the ranking of the architectures and the trends are what to compare.",
         "CPU columns: cores kept busy in the window by the whole machine, by Locust, by the deployment, and by anything else (\"other\": other "
         "users of a shared machine disturb a cell when this is high).",
     ]))
+    blocks.extend(engines_blocks(engines, run, figures_dir))
+
     blocks.append(("h2", "Offered and achieved rate"))
     blocks.append(("table", load_view(cells)))
-    blocks.append(("figure", load_figure(cells, figures_dir), "Achieved rate (mean over repetitions) against the offered rate."))
+    blocks.append(("figure", load_figure(cells, figures_dir), "Achieved rate (mean over repetitions) against the offered rate, per topology and engine."))
 
     blocks.append(("h2", "Table I: RTT statistics (repetitions pooled)"))
-    blocks.append(("p", f"In the paper's layout, in ms. {SATURATED_MARK}: saturated case. p99 and the request counts are in `tables/table1.csv`."))
+    blocks.append(("p", f"In the paper's layout, in ms, a topology under each engine as an architecture of its own. {SATURATED_MARK}: saturated "
+                        "case. p99 and the request counts are in `tables/table1.csv`."))
     blocks.append(("table", table_one(table, w_avg)))
     blocks.append(("figure", box_figure(table, requests, figures_dir),
                    f"RTT distributions (as the paper's Fig. 2): boxes Q1–Q3 with the median, whiskers to 1.5 IQR, at most {MAX_FLIERS} outliers "
-                   "drawn per box (chosen at random); hatched: saturated."))
+                   "drawn per box (chosen at random); a topology's colour, lighter under the compiled engine; hatched: saturated."))
 
     blocks.append(("h2", "W Avg: ours and the paper's"))
+    blocks.append(("p", "The paper measured one engine, and its architecture is envoy-opa's (a decision asked for every hop): its values "
+                        "stand beside both of ours, the envoy-opa row being the one to compare with it."))
     blocks.append(("table", w_avg_view(comparison)))
     blocks.append(("figure", w_avg_figure(comparison, figures_dir),
-                   "W Avg per architecture and offered rate: ours (filled) beside the paper's published value (dotted; from "
-                   "experiments/paper_reference.json, citing ../shared/reference/). Log scale."))
+                   "W Avg per architecture, engine and offered rate: ours (filled; lighter: compiled) beside the paper's published value "
+                   "(dotted; from experiments/paper_reference.json, citing ../shared/reference/). Log scale."))
     blocks.append(("p", "The paper's W Avg averages over 5, 10, 25 and 50 services and its testbed had about 50 times the cores; ours averages "
                         "over the service counts this run has. Compare the order of the architectures and how W Avg grows with the rate."))
 
-    if parameters["mix"] != "allowed":
+    if run.mix != "allowed":
         kinds = stats.records(requests)
         kinds.to_csv(tables_dir / "records.csv", index=False)
-        blocks.append(("h2", f"Records of the mix `{parameters['mix']}`"))
+        blocks.append(("h2", f"Records of the mix `{run.mix}`"))
         blocks.append(("p", "Table I and the figures time only the records meant for the whole chain. Here every kind of record, "
                             "the status it should get (the baseline lets every record through) and the status it got, repetitions pooled."))
         blocks.append(("table", pd.DataFrame({
-            "Arch.": kinds["topology"].map(arch), "Rate (req/s)": kinds["rate"], "Serv.": kinds["services"], "Record": kinds["record"],
+            "Arch.": names(kinds), "Rate (req/s)": kinds["rate"], "Serv.": kinds["services"], "Record": kinds["record"],
             "Expected": kinds["expected"], "Status": kinds["status"], "Requests": kinds["requests"], "Median RTT (ms)": kinds["median"].map(ms),
         })))
 
@@ -559,11 +763,13 @@ def build(run_dir: Path) -> dict:
         blocks.append(("p", "This run has no baseline (or no case the baseline shares with a topology), so the cost of enforcement is not computed."))
     else:
         baseline_rows = table[table["topology"] == BASELINE]
-        blocks.append(("p", "Baseline (no enforcement: a plain Envoy entry, services calling each other directly), median RTT: "
+        blocks.append(("p", "Baseline (no enforcement: a plain Envoy entry, services calling each other directly; the reference of both "
+                            "engines), median RTT: "
                             + "; ".join(f"{r.rate} req/s, {r.services} services: {marked(f'{ms(r.median)} ms', r.saturated)}"
                                         for r in baseline_rows.itertuples()) + "."))
         blocks.append(("table", cost_view(cost)))
-        blocks.append(("figure", cost_figure(cost, figures_dir), "(median RTT − the baseline's median RTT) / hops, same rate and services, same run."))
+        blocks.append(("figure", cost_figure(cost, figures_dir),
+                       "(median RTT − the baseline's median RTT) / hops, same rate and services, same run; lighter: compiled engine."))
 
     blocks.append(("h2", "Where the time goes"))
     if split["transit_ms"].isna().all():
@@ -575,8 +781,6 @@ def build(run_dir: Path) -> dict:
                    "(the topology's time outside its services beyond the baseline's); negative enforcement (noise) is drawn as 0."))
 
     blocks.append(("h2", "CPU per record: what enforcement costs in capacity"))
-    cpu = stats.cpu_per_record(cells)
-    cpu.to_csv(tables_dir / "cpu_per_record.csv", index=False)
     blocks.append(("p", "The deployment's CPU time per delivered record: the cores its processes kept busy in the window divided by the "
                         "achieved rate (mean over repetitions), split by kind of process. Unlike the RTT it hardly depends on queueing, "
                         "so saturated cases compare too: 1000 ms divided by it is how many records per second one core carries. "
@@ -589,10 +793,16 @@ def build(run_dir: Path) -> dict:
                        "CPU time per delivered record by kind of process: the services, the Envoys (entry, sidecars, routers or the "
                        "central entity) and the OPAs."))
 
+    blocks.extend(bench)
+
     if failed:
         blocks.append(("h2", "Failed cells"))
-        blocks.append(("table", pd.DataFrame([{"Cell": f"{arch(f['cell']['topology'])} {f['cell']['rate']} req/s {f['cell']['services']} services rep {f['cell']['repetition']}",
-                                               "Error": f["error"].splitlines()[0], "At": f["at"]} for f in failed])))
+        rows = []
+        for record in failed:
+            cell = stats.identity(record["cell"])
+            rows.append({"Cell": f"{case_name(cell['topology'], cell['engine'])} {cell['rate']} req/s {cell['services']} services rep {cell['repetition']}",
+                         "Error": record["error"].splitlines()[0], "At": record["at"]})
+        blocks.append(("table", pd.DataFrame(rows)))
 
     blocks.append(("h2", "Method"))
     blocks.extend(("p", paragraph) for paragraph in METHOD)

@@ -2,7 +2,9 @@
 the cost of enforcement against the baseline, and where the time goes.
 
 Terms:
-- a *cell* is one repetition of one case; a *case* is (topology, rate, services).
+- a *cell* is one repetition of one case; a *case* is (topology, engine, rate, services). The
+  baseline enforces nothing: its engine is "none", and it is measured once per rate and
+  services, the reference of both engines.
 - the *window* of a cell is [t0 + warmup, t0 + warmup + duration) where t0 is its first
   request's send time; requests sent before it are the warm-up and are left out.
 - a request is an *error* when its status is not the one its record should get (200, or 451
@@ -17,10 +19,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from .matrix import BASELINE, MAX_ERROR_RATE, MIN_ACHIEVED_SHARE, TOPOLOGIES
+from .matrix import (BASELINE, COMPILED_ENGINE, ENGINE_OF_OLDER_RUNS, ENGINES, MAX_ERROR_RATE, MIN_ACHIEVED_SHARE,
+                     REFERENCE_ENGINE, TOPOLOGIES)
 from .timing import DURATIONS
 
-CASE = ["topology", "rate", "services"]
+# The baseline's engine in the tables: a value, not a missing one, since pandas leaves rows
+# with a missing key out of every grouping.
+NO_ENGINE = "none"
+CASE = ["topology", "engine", "rate", "services"]
 CELL = [*CASE, "repetition"]
 RTT_COLUMNS = ["min", "q1", "median", "q3", "p95", "p99", "max", "mean", "std"]
 PERCENTILES = {0.25: "q1", 0.5: "median", 0.75: "q3", 0.95: "p95", 0.99: "p99"}
@@ -109,6 +115,13 @@ def summarize_cell(cell_dir: Path) -> dict:
 
 # ---- a run --------------------------------------------------------------------------
 
+def identity(cell: dict) -> dict:
+    """A cell as cell.json or failed.json records it, with its engine as the tables name it: the
+    baseline's "none", and envoy-opa for an enforcing cell recorded before engines were run."""
+    engine = NO_ENGINE if cell["topology"] == BASELINE else cell.get("engine") or ENGINE_OF_OLDER_RUNS
+    return {**cell, "engine": engine}
+
+
 def load_run(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame, list[dict]]:
     """(cells, measured requests, failed cells) of a run.
 
@@ -122,28 +135,31 @@ def load_run(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame, list[dict]]:
         measured = in_window(requests, meta["warmup_s"], meta["duration_s"])
         start = requests["t_send_ms"].min() + meta["warmup_s"] * 1000
         cpu = pd.read_csv(cell_json.parent / "cpu.csv")
+        cell = identity(meta["cell"])
         cell_rows.append({
-            **meta["cell"],
+            **cell,
             **cell_statistics(requests, meta),
             **cpu_cores(cpu, start, start + meta["duration_s"] * 1000),
             "parts": meta["deployment"]["parts"],
             "bring_up_s": meta["deployment"]["bring_up_seconds"],
             "memory_mib": meta["deployment"]["memory_mib"]["total"],
         })
-        request_frames.append(measured.assign(**meta["cell"]))
+        request_frames.append(measured.assign(**cell))
     failed = [json.loads(path.read_text()) for path in sorted((run_dir / "raw").glob("*/failed.json"))]
     cells = order(pd.DataFrame(cell_rows, columns=None if cell_rows else CELL))
     requests = pd.concat(request_frames, ignore_index=True) if request_frames else pd.DataFrame(columns=[*REQUEST_DTYPES, *CELL])
     return cells, requests, failed
 
 
-def order(frame: pd.DataFrame) -> pd.DataFrame:
-    """Rows in the paper's order: topology (CE, DR_3, DR_6, SA, baseline), rate, services."""
+def order(frame: pd.DataFrame, by: list[str] = CELL) -> pd.DataFrame:
+    """Rows in the paper's order: topology (CE, DR_3, DR_6, SA, baseline), engine (envoy-opa,
+    compiled), rate, services; or in the order of the columns `by`, each in its own order."""
     if frame.empty:
         return frame
-    rank = {name: position for position, name in enumerate(TOPOLOGIES)}
-    keys = [key for key in CELL if key in frame.columns]
-    return frame.sort_values(keys, key=lambda column: column.map(rank) if column.name == "topology" else column).reset_index(drop=True)
+    ranks = {"topology": {name: position for position, name in enumerate(TOPOLOGIES)},
+             "engine": {name: position for position, name in enumerate([*ENGINES, NO_ENGINE])}}
+    keys = [key for key in by if key in frame.columns]
+    return frame.sort_values(keys, key=lambda column: column.map(ranks[column.name]) if column.name in ranks else column).reset_index(drop=True)
 
 
 def pooled(cells: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFrame:
@@ -165,10 +181,10 @@ def pooled(cells: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFrame:
 
 
 def w_avg(table: pd.DataFrame) -> pd.DataFrame:
-    """W Avg per topology and rate: the mean over the service counts n run of median RTT_n / n
-    (the paper's (RTT_5/5 + RTT_10/10 + RTT_25/25 + RTT_50/50) / 4 when all four ran)."""
+    """W Avg per topology, engine and rate: the mean over the service counts n run of median
+    RTT_n / n (the paper's (RTT_5/5 + RTT_10/10 + RTT_25/25 + RTT_50/50) / 4 when all four ran)."""
     per_service = table.assign(median_per_service=table["median"] / table["services"])
-    grouped = per_service.groupby(["topology", "rate"])
+    grouped = per_service.groupby(["topology", "engine", "rate"])
     result = grouped.agg(w_avg=("median_per_service", "mean"), any_saturated=("saturated", "any")).reset_index()
     result["services_run"] = grouped["services"].agg(lambda n: " ".join(str(v) for v in sorted(n))).to_numpy()
     return order(result)
@@ -185,7 +201,8 @@ def repetition_spread(cells: pd.DataFrame) -> pd.DataFrame:
 
 
 def enforcement_cost(table: pd.DataFrame) -> pd.DataFrame:
-    """Per case, (median RTT - the baseline's median RTT at the same rate and services) / hops.
+    """Per case, (median RTT - the baseline's median RTT at the same rate and services) / hops;
+    both engines against the same baseline.
 
     Every hop into a service is decided (the entry's hop and the n - 1 between services),
     so hops = services. Empty when the run has no baseline.
@@ -253,3 +270,20 @@ def records(requests: pd.DataFrame) -> pd.DataFrame:
     denials: a denied record's RTT covers the hops up to the one that stopped it)."""
     grouped = requests.groupby([*CASE, "record", "expected", "status"], observed=True)["rtt_ms"]
     return order(grouped.agg(requests="size", median="median").reset_index())
+
+
+def engine_comparison(table: pd.DataFrame, cpu: pd.DataFrame) -> pd.DataFrame:
+    """Per enforcing topology, rate and services run under both engines: the compiled engine
+    beside envoy-opa in median RTT, achieved rate and CPU per record, each as compiled /
+    envoy-opa (under 1: the compiled engine took less time or CPU; over 1: it carried more
+    records), with the baseline's median RTT and CPU per record, the floor both approach."""
+    measures = table[[*CASE, "median", "achieved_rate", "saturated"]].merge(cpu[[*CASE, "total_ms"]], on=CASE, how="left")
+    per_engine = {engine: measures[measures["engine"] == engine].drop(columns="engine") for engine in (REFERENCE_ENGINE, COMPILED_ENGINE)}
+    both = per_engine[REFERENCE_ENGINE].merge(per_engine[COMPILED_ENGINE], on=["topology", "rate", "services"],
+                                              suffixes=("_opa", "_compiled"))
+    for measure in ("median", "achieved_rate", "total_ms"):
+        both[f"{measure}_ratio"] = both[f"{measure}_compiled"] / both[f"{measure}_opa"]
+    baseline = measures[measures["topology"] == BASELINE][["rate", "services", "median", "total_ms"]]
+    both = both.merge(baseline.rename(columns={"median": "baseline_median", "total_ms": "baseline_total_ms"}),
+                      on=["rate", "services"], how="left")
+    return order(both)

@@ -1,6 +1,8 @@
-"""The report built from the committed raw-results fixture (fixtures/README.md): its tables
-checked against values worked out by hand, its documents and figures written."""
+"""The reports built from the committed raw-results fixtures (fixtures/README.md): small-run,
+recorded before engines were run, and two-engines; their tables checked against values worked
+out by hand, their documents and figures written."""
 
+import json
 import shutil
 from pathlib import Path
 
@@ -8,9 +10,10 @@ import pandas as pd
 import pytest
 
 from experiments.__main__ import main
-from experiments.report import build
+from experiments.report import bench_blocks, build
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "small-run"
+TWO_ENGINES = Path(__file__).resolve().parent / "fixtures" / "two-engines"
 
 
 @pytest.fixture(scope="module")
@@ -22,8 +25,10 @@ def report(tmp_path_factory):
     return run_dir, paths, tables
 
 
-def case(table, topology, services):
+def case(table, topology, services, engine=None):
     rows = table[(table["topology"] == topology) & (table["services"] == services)]
+    if engine:
+        rows = rows[rows["engine"] == engine]
     assert len(rows) == 1
     return rows.iloc[0]
 
@@ -105,7 +110,7 @@ def test_documents_and_figures(report):
     for heading in ("Table I", "W Avg: ours and the paper", "Where the time goes", "CPU per record", "Failed cells", "Method"):
         assert heading in markdown and heading in page
     assert "| Arch. | Call Freq. (req/s) | Num. Serv. | Min (ms) | Q1 (ms) | Median (ms) | Q3 (ms) | p95 (ms) | Max (ms) | Mean (ms) | STD | W Avg (ms) |" in markdown
-    assert "| CE | 10 | 5 | 50.000 | 55.000 | 60.000 | 65.000 | 69.000 | 70.000 | 60.000 |" in markdown
+    assert "| CE (envoy-opa) | 10 | 5 | 50.000 | 55.000 | 60.000 | 65.000 | 69.000 | 70.000 | 60.000 |" in markdown
     assert "| 10 † |" in markdown  # the saturated case is marked
     assert "svc-03 exited" in markdown
     figures = run_dir / "report" / "figures"
@@ -117,9 +122,151 @@ def test_documents_and_figures(report):
     assert "<img" in page and "src='figures/" not in page  # self-contained
 
 
+def test_a_run_recorded_before_engines_ran_envoy_opa(report):
+    run_dir, paths, tables = report
+    assert tables["cells"].groupby("topology")["engine"].unique().apply(list).to_dict() == {"central-entity": ["envoy-opa"], "baseline": ["none"]}
+    markdown = paths["markdown"].read_text()
+    assert "This run was recorded before engines were run: its topologies ran envoy-opa." in markdown
+    assert "This run measured one engine, envoy-opa: there is nothing to compare." in markdown
+    assert tables["engines"].empty
+    assert "| baseline 10 req/s 10 services rep 2 | svc-03 exited" in markdown  # a failed cell, named as before
+    assert "What each part of a hop costs" not in markdown  # no raw/bench.csv: no section
+    assert not (run_dir / "report" / "figures" / "engines.png").exists()
+
+
 def test_report_command_accepts_a_run_folder(tmp_path, capsys):
     run_dir = tmp_path / "small-run"
     shutil.copytree(FIXTURE, run_dir)
     assert main(["report", str(run_dir)]) == 0
     assert str(run_dir / "report" / "report.html") in capsys.readouterr().out
     assert main(["--results", str(tmp_path), "report", "no-such-run"]) == 2
+
+
+# ---- two engines (fixtures/two-engines) ----------------------------------------------------
+
+@pytest.fixture(scope="module")
+def engines_report(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("results") / "two-engines"
+    shutil.copytree(TWO_ENGINES, run_dir)
+    paths = build(run_dir)
+    tables = {path.stem: pd.read_csv(path) for path in (run_dir / "report" / "tables").glob("*.csv")}
+    return run_dir, paths, tables
+
+
+def test_every_table_has_the_engine_and_the_baseline_none(engines_report):
+    _, _, tables = engines_report
+    for name in ("cells", "table1", "w_avg", "repetitions", "time_split", "cpu_per_record"):
+        engines = tables[name].groupby("topology")["engine"].unique().apply(sorted).to_dict()
+        assert engines == {"central-entity": ["envoy-compiled", "envoy-opa"], "sidecar": ["envoy-compiled", "envoy-opa"], "baseline": ["none"]}, name
+    assert set(tables["enforcement_cost"]["engine"]) == {"envoy-opa", "envoy-compiled"}  # the baseline is what it is compared with
+
+
+def test_table_one_and_w_avg_per_engine(engines_report):
+    _, _, tables = engines_report
+    table = tables["table1"]
+    # 20 requests with RTTs 30..49 ms
+    compiled = case(table, "central-entity", 5, "envoy-compiled")
+    assert [compiled[c] for c in ("count", "min", "q1", "median", "q3", "max", "mean")] == [20, 30, 34.75, 39.5, 44.25, 49, 39.5]
+    opa10 = case(table, "central-entity", 10, "envoy-opa")  # 18 requests in 2 s: 9 req/s of 10, saturated
+    assert (opa10["count"], opa10["median"], bool(opa10["saturated"])) == (18, 108.5, True)
+    assert not bool(case(table, "central-entity", 10, "envoy-compiled")["saturated"])
+    w_avg = tables["w_avg"].set_index(["topology", "engine"])
+    assert w_avg.loc[("central-entity", "envoy-opa"), "w_avg"] == pytest.approx((59.5 / 5 + 108.5 / 10) / 2)
+    assert w_avg.loc[("central-entity", "envoy-compiled"), "w_avg"] == pytest.approx((39.5 / 5 + 69.5 / 10) / 2)
+    assert w_avg.loc[("baseline", "none"), "w_avg"] == pytest.approx((19.5 / 5 + 29.5 / 10) / 2)
+    # a topology's engines side by side, as the paper's value stands beside both
+    assert tables["w_avg"][["topology", "engine"]].values.tolist()[:2] == [["central-entity", "envoy-opa"], ["central-entity", "envoy-compiled"]]
+
+
+def test_both_engines_against_one_baseline(engines_report):
+    _, _, tables = engines_report
+    cost = tables["enforcement_cost"]
+    assert case(cost, "central-entity", 5, "envoy-opa")["cost_per_hop"] == pytest.approx((59.5 - 19.5) / 5)
+    assert case(cost, "central-entity", 5, "envoy-compiled")["cost_per_hop"] == pytest.approx((39.5 - 19.5) / 5)
+    assert case(cost, "sidecar", 10, "envoy-compiled")["cost_per_hop"] == pytest.approx((89.5 - 29.5) / 10)
+    split = case(tables["time_split"], "central-entity", 5, "envoy-compiled")
+    assert split["transit_ms"] == pytest.approx(19.5 - 5)  # the baseline's mean RTT outside its 5 ms of services
+    assert split["enforcement_ms"] == pytest.approx(39.5 - 5 - 14.5)
+    assert split["enforcement_per_hop_ms"] == pytest.approx(4)
+    cpu = tables["cpu_per_record"]
+    compiled = case(cpu, "central-entity", 5, "envoy-compiled")  # 0.8 cores at 10 records/s
+    assert [compiled[c] for c in ("total_ms", "service_ms", "envoy_ms", "opa_ms")] == pytest.approx([80, 50, 25, 5])
+    assert compiled["enforcement_per_hop_ms"] == pytest.approx((80 - 60) / 5)
+    assert case(cpu, "central-entity", 10, "envoy-opa")["total_ms"] == pytest.approx(1000 / 9)  # 1 core at 9 records/s
+
+
+def test_engine_comparison_per_topology(engines_report):
+    _, _, tables = engines_report
+    engines = tables["engines"]
+    assert engines[["topology", "services"]].values.tolist() == [["central-entity", 5], ["central-entity", 10], ["sidecar", 5], ["sidecar", 10]]
+    ce5 = case(engines, "central-entity", 5)
+    assert [ce5[c] for c in ("median_opa", "median_compiled", "baseline_median")] == [59.5, 39.5, 19.5]
+    assert [ce5[c] for c in ("median_ratio", "achieved_rate_ratio", "total_ms_ratio")] == pytest.approx([39.5 / 59.5, 1.0, 80 / 100])
+    ce10 = case(engines, "central-entity", 10)
+    assert [ce10[c] for c in ("median_ratio", "achieved_rate_ratio", "total_ms_ratio")] == pytest.approx([69.5 / 108.5, 10 / 9, 80 / (1000 / 9)])
+    assert bool(ce10["saturated_opa"]) and not bool(ce10["saturated_compiled"])
+    sa10 = case(engines, "sidecar", 10)
+    assert [sa10[c] for c in ("median_ratio", "total_ms_ratio", "baseline_total_ms")] == pytest.approx([89.5 / 149.5, 90 / 120, 60])
+
+
+def test_the_report_names_the_engine_of_every_figure(engines_report):
+    run_dir, paths, _ = engines_report
+    markdown = paths["markdown"].read_text()
+    page = paths["html"].read_text()
+    for heading in ("## Engines compared: compiled against envoy-opa", "### CE", "### SA", "## What each part of a hop costs, beside its floor"):
+        assert heading in markdown
+    assert "<h3>CE</h3>" in page
+    assert "| CE (compiled) | 10 | 5 | 30.000 | 34.750 | 39.500 | 44.250 | 48.050 | 49.000 | 39.500 |" in markdown  # Table I
+    assert "| CE (envoy-opa) | 10 | 10 † | 108.500 | 29.500 | 7.900 |" in markdown  # enforcement per hop
+    assert "| SA (compiled) | 10 | 5 | 90.000 | 50.000 | 35.000 | 5.000 | 6.000 |" in markdown  # CPU per record
+    assert "| 10 | 10 | 108.500 † | 69.500 | 0.64× | 29.500 | 9.0 † | 10.0 | 1.11× | 111.111 | 80.000 | 0.72× | 60.000 |" in markdown
+    assert "its architecture = envoy-opa" in markdown  # W Avg beside the paper's
+    assert "This run measured envoy-opa and compiled." in markdown
+    figures = run_dir / "report" / "figures"
+    for name in ("rtt_boxplots", "w_avg", "enforcement_per_hop", "time_split", "offered_vs_achieved", "cpu_per_record", "engines", "bench"):
+        assert (figures / f"{name}.png").stat().st_size > 5000
+        assert f"figures/{name}.png" in markdown
+    assert page.count("data:image/png;base64,") == 8
+
+
+def test_the_bench_table_and_how_to_read_it(engines_report):
+    _, paths, _ = engines_report
+    markdown = paths["markdown"].read_text()
+    assert "Read the ratio, not the value: 1× is the floor itself, 1.3× means 30% more CPU than the floor" in markdown
+    assert "Measured at the start of session 1 (2026-11-22T09:00:00+0000): 3 rounds of 1000 sequential records per part, 95 s." in markdown
+    assert "| Part | Process | CPU | Floor | Floor's CPU | Ratio to the floor | Target | Verdict |" in markdown
+    assert ("| compiled engine: Envoy deciding the hop | envoy-compiled/envoy | 0.28 ms CPU/request | Envoy, router filter only | 0.2 "
+            "| 1.40× | ≤ 1.3× | NOT MET |") in markdown
+    assert "| service hop, beyond its work | service | 0.5 ms CPU/request | service hop floor (Fastify + undici) | 0.4 | 1.25× | ≤ 1.5× | met |" in markdown
+    assert "| Envoy, router filter only | bare-envoy | 0.2 ms CPU/request |  | – | – |  |  |" in markdown  # a floor itself
+
+
+def bench_text(run_dir: Path, meta: dict) -> str:
+    """The bench section's text as the report would write it for this metadata."""
+    (run_dir / "figures").mkdir(exist_ok=True)
+    return "\n".join(str(content[0]) for kind, *content in bench_blocks(run_dir, meta, run_dir / "figures") if kind in ("h2", "p"))
+
+
+def test_a_failed_bench_is_reported_and_an_earlier_sessions_bench_named(tmp_path):
+    run_dir = tmp_path / "two-engines"
+    shutil.copytree(TWO_ENGINES, run_dir)
+    meta = json.loads((run_dir / "metadata.json").read_text())
+    (run_dir / "raw" / "bench.csv").rename(run_dir / "raw" / "bench-session1.csv")  # what the runner keeps of session 1's
+    meta["sessions"][0]["bench"]["csv"] = "bench-session1.csv"
+    meta["sessions"].append({"started_at": "2026-11-23T09:00:00+0000", "bench": {"records": 1000, "rounds": 3, "error": "RuntimeError: bench: sink did not start"}})
+    text = bench_text(run_dir, meta)
+    assert "The bench failed in session 2: RuntimeError: bench: sink did not start" in text
+    assert "Read the ratio" not in text  # no session left a bench.csv to show
+
+    shutil.copy(run_dir / "raw" / "bench-session1.csv", run_dir / "raw" / "bench.csv")
+    meta["sessions"][1]["bench"] = {"csv": "bench.csv", "records": 500, "rounds": 2, "seconds": 40.0, "targets_not_met": []}
+    text = bench_text(run_dir, meta)
+    assert "Measured at the start of session 2 (2026-11-23T09:00:00+0000): 2 rounds of 500 sequential records per part, 40 s." in text
+    assert "Earlier sessions' measurements: `raw/bench-session1.csv`." in text
+
+
+def test_a_run_without_bench_csv_has_no_bench_section(tmp_path):
+    run_dir = tmp_path / "two-engines"
+    shutil.copytree(TWO_ENGINES, run_dir)
+    (run_dir / "raw" / "bench.csv").unlink()
+    assert bench_blocks(run_dir, json.loads((run_dir / "metadata.json").read_text()), run_dir) == []

@@ -31,7 +31,7 @@ def test_p95_of_a_skewed_sample():
 
 def test_w_avg_reproduces_the_papers_central_entity_at_100_per_second():
     table = pd.DataFrame({
-        "topology": "central-entity", "rate": 100, "services": [5, 10, 25, 50],
+        "topology": "central-entity", "engine": "envoy-opa", "rate": 100, "services": [5, 10, 25, 50],
         "median": [37.884, 136.734, 1438.716, 3486.238], "saturated": False,
     })
     row = stats.w_avg(table).iloc[0]
@@ -41,12 +41,21 @@ def test_w_avg_reproduces_the_papers_central_entity_at_100_per_second():
 
 
 def test_w_avg_averages_over_the_service_counts_run_only():
-    table = pd.DataFrame({"topology": "sidecar", "rate": [100, 100, 500], "services": [5, 10, 5],
+    table = pd.DataFrame({"topology": "sidecar", "engine": "envoy-opa", "rate": [100, 100, 500], "services": [5, 10, 5],
                           "median": [20.0, 60.0, 50.0], "saturated": [False, False, True]})
     result = stats.w_avg(table).set_index("rate")
     assert result.loc[100, "w_avg"] == pytest.approx((20 / 5 + 60 / 10) / 2)
     assert result.loc[500, "w_avg"] == pytest.approx(10)
     assert list(result["any_saturated"]) == [False, True]
+
+
+def test_w_avg_of_each_engine_apart():
+    table = pd.DataFrame({"topology": "sidecar", "engine": ["envoy-opa", "envoy-opa", "envoy-compiled", "envoy-compiled"],
+                          "rate": 100, "services": [5, 10, 5, 10], "median": [20.0, 60.0, 10.0, 20.0], "saturated": False})
+    result = stats.w_avg(table).set_index("engine")
+    assert result.loc["envoy-opa", "w_avg"] == pytest.approx((20 / 5 + 60 / 10) / 2)
+    assert result.loc["envoy-compiled", "w_avg"] == pytest.approx((10 / 5 + 20 / 10) / 2)
+    assert list(result.index) == ["envoy-opa", "envoy-compiled"]  # the reference engine first
 
 
 @pytest.mark.parametrize(("achieved", "offered", "error_rate", "saturated"), [
@@ -86,18 +95,20 @@ def test_denied_records_are_counted_but_not_timed():
 
 
 def test_repetition_spread_is_the_coefficient_of_variation_of_the_medians():
-    cells = pd.DataFrame({"topology": "sidecar", "rate": 100, "services": 5, "repetition": [1, 2, 3], "median": [10.0, 20.0, 30.0]})
+    cells = pd.DataFrame({"topology": "sidecar", "engine": "envoy-opa", "rate": 100, "services": 5, "repetition": [1, 2, 3],
+                          "median": [10.0, 20.0, 30.0]})
     row = stats.repetition_spread(cells).iloc[0]
     assert row["medians"] == "10.000 20.000 30.000"
     assert row["cv"] == pytest.approx(10 / 20)  # sample std 10, mean 20
 
 
-def test_enforcement_cost_per_hop_against_the_baseline():
-    table = pd.DataFrame({"topology": ["sidecar", "baseline", "sidecar"], "rate": [100, 100, 500], "services": 10,
-                          "median": [45.0, 15.0, 80.0], "saturated": False})
+def test_enforcement_cost_per_hop_of_both_engines_against_one_baseline():
+    table = pd.DataFrame({"topology": ["sidecar", "sidecar", "baseline", "sidecar"],
+                          "engine": ["envoy-compiled", "envoy-opa", "none", "envoy-opa"], "rate": [100, 100, 100, 500], "services": 10,
+                          "median": [25.0, 45.0, 15.0, 80.0], "saturated": False})
     cost = stats.enforcement_cost(table)
-    assert len(cost) == 1  # 500 req/s has no baseline to compare with
-    assert cost.iloc[0]["cost_per_hop"] == pytest.approx(3.0)  # (45 - 15) / 10 hops
+    assert cost["engine"].tolist() == ["envoy-opa", "envoy-compiled"]  # 500 req/s has no baseline to compare with
+    assert cost["cost_per_hop"].tolist() == pytest.approx([3.0, 1.0])  # (45 - 15) / 10 hops, (25 - 15) / 10
 
 
 def test_time_split_of_one_request_adds_up_to_its_rtt():
@@ -118,21 +129,23 @@ def test_time_split_of_one_request_adds_up_to_its_rtt():
 
 
 def test_time_split_of_a_case_takes_transit_from_the_baseline():
-    def rows(topology, outside):
-        return [{"topology": topology, "rate": 100, "services": 2, "t_send_ms": 0.0, "rtt_ms": 4.0 + outside, "status": 200,
-                 "record": "allowed", "expected": 200, "hops": 2.0, "service_ms": 4.0, "forward_ms": outside / 2,
+    def rows(topology, engine, outside):
+        return [{"topology": topology, "engine": engine, "rate": 100, "services": 2, "t_send_ms": 0.0, "rtt_ms": 4.0 + outside,
+                 "status": 200, "record": "allowed", "expected": 200, "hops": 2.0, "service_ms": 4.0, "forward_ms": outside / 2,
                  "back_ms": outside / 4, "entry_ms": outside / 8, "exit_ms": outside / 8}]
-    requests = pd.DataFrame(rows("sidecar", 16.0) + rows("baseline", 4.0))
-    result = stats.time_split(requests).set_index("topology")
-    assert result.loc["sidecar", "transit_ms"] == pytest.approx(4.0)
-    assert result.loc["sidecar", "enforcement_ms"] == pytest.approx(12.0)
-    assert result.loc["sidecar", "enforcement_per_hop_ms"] == pytest.approx(6.0)
-    assert result.loc["sidecar", "enforcement_per_gap_ms"] == pytest.approx(8.0 - 2.0)  # one gap: forward 8 vs 2
-    assert result.loc["baseline", "enforcement_ms"] == pytest.approx(0.0)
+    requests = pd.DataFrame(rows("sidecar", "envoy-opa", 16.0) + rows("sidecar", "envoy-compiled", 8.0) + rows("baseline", "none", 4.0))
+    result = stats.time_split(requests).set_index("engine")
+    assert result.loc["envoy-opa", "transit_ms"] == pytest.approx(4.0)
+    assert result.loc["envoy-opa", "enforcement_ms"] == pytest.approx(12.0)
+    assert result.loc["envoy-opa", "enforcement_per_hop_ms"] == pytest.approx(6.0)
+    assert result.loc["envoy-opa", "enforcement_per_gap_ms"] == pytest.approx(8.0 - 2.0)  # one gap: forward 8 vs 2
+    # the compiled engine against the same baseline: 8 ms outside its services, 4 of them transit
+    assert (result.loc["envoy-compiled", "transit_ms"], result.loc["envoy-compiled", "enforcement_ms"]) == pytest.approx((4.0, 4.0))
+    assert result.loc["none", "enforcement_ms"] == pytest.approx(0.0)
 
 
 def test_records_of_a_mix_are_counted_by_kind_and_status():
-    requests = pd.DataFrame({"topology": "sidecar", "rate": 100, "services": 5, "t_send_ms": 0.0,
+    requests = pd.DataFrame({"topology": "sidecar", "engine": "envoy-opa", "rate": 100, "services": 5, "t_send_ms": 0.0,
                              "rtt_ms": [10.0, 30.0, 2.0, 4.0], "status": [200, 200, 451, 451],
                              "record": ["allowed", "allowed", "denied-hop-1", "denied-hop-1"], "expected": [200, 200, 451, 451]})
     result = stats.records(requests)
@@ -147,3 +160,31 @@ def test_cpu_cores_split_by_kind_and_nan_for_runs_recorded_before_the_split():
         pytest.approx([1.5, 0.1, 1.0, 0.4, 0.5, 0.3, 0.2])
     before = stats.cpu_cores(split[["t_ms", "machine_busy_s", "locust_s", "deployment_s"]], 0, 2000)
     assert before["cpu_deployment"] == pytest.approx(1.0) and all(pd.isna(before[f"cpu_{k}"]) for k in ("service", "envoy", "opa"))
+
+
+@pytest.mark.parametrize(("cell", "engine"), [
+    ({"topology": "central-entity", "engine": "envoy-compiled"}, "envoy-compiled"),
+    ({"topology": "central-entity", "engine": "envoy-opa"}, "envoy-opa"),
+    ({"topology": "central-entity"}, "envoy-opa"),  # recorded before engines were run
+    ({"topology": "baseline", "engine": None}, "none"),
+    ({"topology": "baseline"}, "none"),
+])
+def test_a_cells_engine_as_the_tables_name_it(cell, engine):
+    assert stats.identity({**cell, "rate": 100, "services": 5, "repetition": 1})["engine"] == engine
+
+
+def test_engine_comparison_sets_compiled_beside_envoy_opa_and_the_baseline():
+    def case(topology, engine, services, median, achieved, saturated=False):
+        return {"topology": topology, "engine": engine, "rate": 100, "services": services, "median": median,
+                "achieved_rate": achieved, "saturated": saturated}
+    table = pd.DataFrame([case("sidecar", "envoy-opa", 5, 40.0, 80.0, True), case("sidecar", "envoy-compiled", 5, 20.0, 100.0),
+                          case("baseline", "none", 5, 10.0, 100.0), case("sidecar", "envoy-opa", 10, 90.0, 50.0, True)])
+    cpu = table[stats.CASE].assign(total_ms=[20.0, 12.0, 8.0, 30.0])
+    result = stats.engine_comparison(table, cpu)
+    assert len(result) == 1  # 10 services ran under one engine only: nothing to compare
+    row = result.iloc[0]
+    assert (row["median_opa"], row["median_compiled"], row["median_ratio"]) == pytest.approx((40, 20, 0.5))
+    assert row["achieved_rate_ratio"] == pytest.approx(100 / 80)
+    assert row["total_ms_ratio"] == pytest.approx(12 / 20)
+    assert (row["baseline_median"], row["baseline_total_ms"]) == pytest.approx((10, 8))
+    assert bool(row["saturated_opa"]) and not bool(row["saturated_compiled"])
