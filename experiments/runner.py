@@ -1,9 +1,11 @@
 """Run the matrix: for each cell deploy, check, load with Locust, collect, tear down.
 
 A run lives in results/<run-id>/: metadata.json (parameters, commit, versions, machine,
-sessions), raw/<cell>/ per cell. A cell is finished once its cell.json is written; a
-resumed run skips finished cells and redoes any other. Ctrl-C (or SIGTERM) stops Locust and
-the deployment, checks that none of their processes is left, and says how to resume.
+sessions), raw/<cell>/ per cell, raw/bench.csv (`make bench`'s measurement, taken by every
+session before its cells). A cell is finished once its cell.json is written; a resumed run
+skips finished cells and redoes any other. Ctrl-C (or SIGTERM) stops Locust and the
+deployment (a bench stops its own processes), checks that none of their processes is left,
+and says how to resume.
 """
 
 from __future__ import annotations
@@ -27,10 +29,11 @@ from complyroute.client import send
 from complyroute.manifest import REPO
 
 from . import metadata, stats
-from .matrix import BASELINE, Cell, Parameters
+from .matrix import BASELINE, BENCH_CSV, Cell, Parameters
 from .mixes import ALLOWED_LABELS, BODY
 
 RESULTS = REPO / "experiments" / "results"
+BENCH_LOG = "bench.log"  # in raw/: what the bench printed, every session's
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
 # How long Locust lets requests in flight at the end finish (they were sent in the window).
 STOP_TIMEOUT_S = 30
@@ -70,6 +73,12 @@ def cell_estimate(cell: Cell, parameters: Parameters) -> float:
 
 def finished(cell_dir: Path) -> bool:
     return (cell_dir / "cell.json").exists()
+
+
+def finished_cell(raw: Path, cell: Cell) -> bool:
+    """Whether the cell's results are in raw/, under its key or, in a run recorded before
+    engines, under the key it had then."""
+    return any(finished(raw / name) for name in cell.folder_names)
 
 
 def write_json(path: Path, data: dict) -> None:
@@ -164,7 +173,7 @@ class Runner:
         self.raw.mkdir(parents=True, exist_ok=True)
         self.start_session()
         cells = self.parameters.cells()
-        pending = [cell for cell in cells if not finished(self.raw / cell.key)]
+        pending = [cell for cell in cells if not finished_cell(self.raw, cell)]
         report_html = self.run_dir / "report" / "report.html"
         print(f"experiments: run {self.run_dir.name}: {len(cells)} cells, {len(cells) - len(pending)} already finished, "
               f"{len(pending)} to run", file=self.out)
@@ -174,21 +183,21 @@ class Runner:
         # ignored (a background job of a script).
         previous_handlers = {sig: signal.signal(sig, self.interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
         done = 0
-        progress = tqdm(total=sum(cell_estimate(c, self.parameters) for c in pending), unit="s", file=sys.stderr,
-                        bar_format="{desc} |{bar}| {percentage:3.0f}% [{elapsed} elapsed, ETA {remaining}]",
-                        dynamic_ncols=True, disable=not pending)
         try:
-            for index, cell in enumerate(pending, 1):
-                progress.set_description(f"cell {index}/{len(pending)}: {cell.label}")
-                self.run_cell(cell, progress)
-                done += 1
+            if pending:
+                self.measure_bench()
+            with tqdm(total=sum(cell_estimate(c, self.parameters) for c in pending), unit="s", file=sys.stderr,
+                      bar_format="{desc} |{bar}| {percentage:3.0f}% [{elapsed} elapsed, ETA {remaining}]",
+                      dynamic_ncols=True, disable=not pending) as progress:
+                for index, cell in enumerate(pending, 1):
+                    progress.set_description(f"cell {index}/{len(pending)}: {cell.label}")
+                    self.run_cell(cell, progress)
+                    done += 1
         except MachineBusy as error:
-            progress.close()
             self.end_session("stopped: another deployment is running", done)
             print(f"experiments: {error}", file=self.out)
             return 2
         except KeyboardInterrupt:
-            progress.close()
             left = self.stop_everything()
             self.end_session("interrupted", done)
             if left:
@@ -201,7 +210,6 @@ class Runner:
         finally:
             for sig, handler in previous_handlers.items():
                 signal.signal(sig, handler)
-        progress.close()
         self.end_session("finished", done)
         failed = sorted(p.parent.name for p in self.raw.glob("*/failed.json"))
         if failed:
@@ -216,12 +224,55 @@ class Runner:
     def interrupt(signum, frame):
         raise KeyboardInterrupt
 
+    def check_no_deployment(self) -> None:
+        running = deployment.running()
+        if running:
+            raise MachineBusy(f"another deployment is running ({running['topology']}, run folder {running['run_dir']}); "
+                              f"stop it (`make undeploy`) and resume with --run-id {self.run_dir.name}")
+
+    def measure_bench(self) -> None:
+        """`make bench`'s measurement, once per session before its cells, into raw/bench.csv:
+        what each part of a hop costs beside its floor, with the code and on the machine the
+        cells then run with. An earlier session's bench.csv is kept as bench-session<k>.csv.
+        A bench that fails is recorded and the cells run all the same: it is not what they measure."""
+        self.check_no_deployment()  # its processes would share the cores the bench measures
+        path = self.run_dir / "metadata.json"
+        meta = json.loads(path.read_text())
+        csv_file = self.raw / BENCH_CSV
+        for number, session in enumerate(meta["sessions"][:-1], 1):
+            if session.get("bench", {}).get("csv") == BENCH_CSV and csv_file.exists():
+                kept = f"bench-session{number}.csv"
+                csv_file.replace(self.raw / kept)
+                session["bench"]["csv"] = kept
+        size = {"records": self.parameters.bench_records, "rounds": self.parameters.bench_rounds}
+        print(f"experiments: measuring what each part of a hop costs ({size['rounds']} rounds of {size['records']} records per part; "
+              f"its output: {self.raw / BENCH_LOG})", file=self.out, flush=True)
+        started = time.monotonic()
+        with (self.raw / BENCH_LOG).open("a") as log:
+            print(f"---- session {len(meta['sessions'])}, {time.strftime('%Y-%m-%dT%H:%M:%S%z')}", file=log, flush=True)
+            try:
+                from . import bench  # imported here: a bench that cannot even load is a failed bench
+
+                rows = bench.run(out_file=csv_file, out=log, **size)
+            except Exception as error:  # whatever stops the bench, the cells still run
+                meta["sessions"][-1]["bench"] = {**size, "error": f"{type(error).__name__}: {error}"}
+                write_json(path, meta)
+                print(f"experiments: the bench failed ({str(error).splitlines()[0]}); see {self.raw / BENCH_LOG}", file=self.out)
+                return
+        seconds = round(time.monotonic() - started, 1)
+        not_met = [row.part for row in rows if row.verdict == "NOT MET"]
+        meta["sessions"][-1]["bench"] = {"csv": BENCH_CSV, **size, "seconds": seconds, "targets_not_met": not_met}
+        write_json(path, meta)
+        print(f"experiments: bench measured in {seconds:.0f} s: {csv_file}"
+              + (f"; targets not met: {', '.join(not_met)}" if not_met else "; every target met"), file=self.out)
+
     # ---- one cell -------------------------------------------------------------------
 
     def run_cell(self, cell: Cell, progress: tqdm) -> None:
+        for name in cell.folder_names:  # what an interrupted or failed attempt left
+            if (self.raw / name).exists():
+                shutil.rmtree(self.raw / name)
         cell_dir = self.raw / cell.key
-        if cell_dir.exists():
-            shutil.rmtree(cell_dir)  # what an interrupted or failed attempt left
         cell_dir.mkdir(parents=True)
         estimate = cell_estimate(cell, self.parameters)
         shown = 0.0
@@ -271,15 +322,14 @@ class Runner:
     def deploy(self, cell: Cell, log) -> dict:
         """Deploy through the same code as `make deploy`; it returns once every part is healthy.
         One record through the whole chain then shows the chain works before it is loaded."""
-        running = deployment.running()
-        if running:
-            raise MachineBusy(f"another deployment is running ({running['topology']}, run folder {running['run_dir']}); "
-                              f"stop it (`make undeploy`) and resume with --run-id {self.run_dir.name}")
+        self.check_no_deployment()
         self.deploying = True  # from here on, whatever is deployed is this run's
-        state = deployment.deploy(manifest.load(cell.topology, services=cell.services), out=log)
+        state = deployment.deploy(manifest.load(cell.topology, services=cell.services, engine=cell.engine), out=log)
         self.deployment_dir = state["run_dir"]
         self.deployment_parts = [(part["pid"], part["kind"]) for part in state["parts"]]
         self.deploying = False
+        if cell.engine and state["engine"] != cell.engine:
+            raise CellFailed(f"deployed with engine {state['engine']} instead of {cell.engine}")
         answer = send(state["entry_url"], ALLOWED_LABELS, BODY, request_id=f"experiment-check-{cell.key}", timeout=30)
         hops = len(answer.body["path"]) if answer.status == 200 and answer.body else 0
         if hops != cell.services:

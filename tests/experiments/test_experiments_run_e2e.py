@@ -1,4 +1,5 @@
-"""A short real run end to end: deploy, Locust, collect, tear down, report; and Ctrl-C."""
+"""A short real run end to end: the bench, then a topology under both engines (deploy,
+Locust, collect, tear down), the report; and Ctrl-C."""
 
 import json
 import signal
@@ -28,45 +29,58 @@ def no_deployment():
     assert deployment.read_state() is None, "the run left its deployment running"
 
 
-def test_one_topology_five_services_100_per_second_for_10_seconds(tmp_path, no_deployment):
+def test_one_topology_under_both_engines_five_services_100_per_second_for_10_seconds(tmp_path, no_deployment):
     run = subprocess.run(
         experiments(tmp_path, "run", "--topologies", "sa", "--rates", "100", "--services", "5", "--repetitions", "1",
-                    "--duration", "10", "--warmup", "2", "--run-id", "e2e"),
-        cwd=REPO, capture_output=True, text=True, timeout=300,
+                    "--duration", "10", "--warmup", "2", "--bench-records", "100", "--bench-rounds", "1", "--run-id", "e2e"),
+        cwd=REPO, capture_output=True, text=True, timeout=420,
     )
     assert run.returncode == 0, run.stdout + run.stderr
     run_dir = tmp_path / "e2e"
-    cell_dir = run_dir / "raw" / "sidecar_r100_n5_rep1"
-    cell = json.loads((cell_dir / "cell.json").read_text())
-    assert cell["deployment"]["parts"] > 5 and cell["locust"]["exit_code"] == 0
-    requests = pd.read_csv(cell_dir / "requests.csv.gz")
-    delivered = requests[requests["status"] == 200]
-    assert len(requests) > 500  # 12 s at up to 100 req/s
-    assert (delivered["hops"] == 5).all()
-    parts = delivered[["service_ms", "forward_ms", "back_ms", "entry_ms", "exit_ms"]].sum(axis=1)
-    assert (parts - delivered["rtt_ms"]).abs().max() < 0.01  # the split adds up to the RTT
+    for engine in ("envoy-opa", "envoy-compiled"):
+        cell_dir = run_dir / "raw" / f"sidecar_{engine}_r100_n5_rep1"
+        cell = json.loads((cell_dir / "cell.json").read_text())
+        assert cell["cell"]["engine"] == engine
+        assert cell["deployment"]["parts"] > 5 and cell["locust"]["exit_code"] == 0
+        requests = pd.read_csv(cell_dir / "requests.csv.gz")
+        delivered = requests[requests["status"] == 200]
+        assert len(requests) > 500  # 12 s at up to 100 req/s
+        assert (delivered["hops"] == 5).all()
+        parts = delivered[["service_ms", "forward_ms", "back_ms", "entry_ms", "exit_ms"]].sum(axis=1)
+        assert (parts - delivered["rtt_ms"]).abs().max() < 0.01  # the split adds up to the RTT
     meta = json.loads((run_dir / "metadata.json").read_text())
     assert meta["versions"]["locust"] == "2.47.0" and meta["machine"]["cores"] >= 1
+    assert meta["parameters"]["engines"] == ["envoy-opa", "envoy-compiled"]
     assert meta["sessions"][-1]["outcome"] == "finished"
+    assert meta["sessions"][-1]["bench"]["csv"] == "bench.csv", meta["sessions"][-1]["bench"]
+    bench = pd.read_csv(run_dir / "raw" / "bench.csv")
+    assert "compiled engine: Envoy deciding the hop" in set(bench["part"]) and (bench["value"] >= 0).all()
     table = pd.read_csv(run_dir / "report" / "tables" / "table1.csv")
-    assert table[["topology", "rate", "services"]].values.tolist() == [["sidecar", 100, 5]]
-    assert 0 < table.loc[0, "min"] <= table.loc[0, "median"] <= table.loc[0, "max"]
-    cpu = pd.read_csv(run_dir / "report" / "tables" / "cpu_per_record.csv").iloc[0]
-    # a sidecar deployment spends CPU in all three kinds of process, and they make up its total
-    assert cpu["service_ms"] > 0 and cpu["envoy_ms"] > 0 and cpu["opa_ms"] > 0
-    assert cpu[["service_ms", "envoy_ms", "opa_ms"]].sum() == pytest.approx(cpu["total_ms"], rel=0.02)
+    assert table[["topology", "engine", "rate", "services"]].values.tolist() == [["sidecar", "envoy-opa", 100, 5], ["sidecar", "envoy-compiled", 100, 5]]
+    assert ((0 < table["min"]) & (table["min"] <= table["median"]) & (table["median"] <= table["max"])).all()
+    cpu = pd.read_csv(run_dir / "report" / "tables" / "cpu_per_record.csv").set_index("engine")
+    # a sidecar deployment spends CPU in all three kinds of process, and they make up its total; under the compiled
+    # engine its OPAs are asked nothing for allowed records, so only envoy-opa's must have used CPU
+    assert cpu.loc["envoy-opa", "opa_ms"] > 0
+    for engine in ("envoy-opa", "envoy-compiled"):
+        assert cpu.loc[engine, "service_ms"] > 0 and cpu.loc[engine, "envoy_ms"] > 0
+        assert cpu.loc[engine, ["service_ms", "envoy_ms", "opa_ms"]].sum() == pytest.approx(cpu.loc[engine, "total_ms"], rel=0.02)
+    assert len(pd.read_csv(run_dir / "report" / "tables" / "engines.csv")) == 1
+    markdown = (run_dir / "report" / "report.md").read_text()
+    assert "### SA" in markdown and "What each part of a hop costs, beside its floor" in markdown
     assert (run_dir / "report" / "report.html").exists()
     assert str(run_dir / "report" / "report.html") in run.stdout
 
 
 def test_ctrl_c_stops_locust_and_the_deployment(tmp_path, no_deployment):
     runner = subprocess.Popen(
-        experiments(tmp_path, "run", "--topologies", "ce", "--rates", "100", "--services", "5", "--repetitions", "1",
-                    "--duration", "60", "--warmup", "2", "--run-id", "interrupted"),
+        experiments(tmp_path, "run", "--topologies", "ce", "--engines", "envoy-opa", "--rates", "100", "--services", "5",
+                    "--repetitions", "1", "--duration", "60", "--warmup", "2", "--bench-records", "100", "--bench-rounds", "1",
+                    "--run-id", "interrupted"),
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
-    requests = tmp_path / "interrupted" / "raw" / "central-entity_r100_n5_rep1" / "requests.csv"
-    deadline = time.monotonic() + 60
+    requests = tmp_path / "interrupted" / "raw" / "central-entity_envoy-opa_r100_n5_rep1" / "requests.csv"
+    deadline = time.monotonic() + 180  # the session's bench first, then the cell's deployment
     while not requests.exists() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert requests.exists(), "Locust did not start"

@@ -1,0 +1,204 @@
+"""The runner's parts that need no deployment: which engine a cell deploys, which cells a
+resumed run has finished, the bench a session measures before its cells, and the command
+line's engines. Deployments, the bench and the Runner itself are replaced by stand-ins that
+record what they were asked: nothing here starts a process."""
+
+import io
+import json
+import shutil
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+import experiments
+from complyroute.client import Answer
+from experiments import __main__ as cli
+from experiments import runner
+from experiments.matrix import Cell, resolve
+
+SMALL_RUN = Path(__file__).resolve().parent / "fixtures" / "small-run"
+
+
+@pytest.fixture(autouse=True)
+def described(monkeypatch):
+    """The run's metadata without asking Envoy, OPA and Node.js for their versions."""
+    monkeypatch.setattr(runner.metadata, "describe", lambda: {
+        "taken_at": "2026-11-22T09:00:00+0000", "git": {"commit": None, "branch": None}, "versions": {},
+        "machine": {"load_average_at_start": [0.1, 0.1, 0.1]}})
+
+
+def new_runner(tmp_path, **given) -> runner.Runner:
+    run = runner.Runner(tmp_path / "run", resolve("quick", **given), out=io.StringIO())
+    run.raw.mkdir(parents=True)
+    run.start_session()
+    return run
+
+
+@pytest.fixture
+def deployments(monkeypatch):
+    """deployment.deploy and the check record, standing in for real processes; records each topology deployed."""
+    deployed = []
+
+    def deploy(topology, out):
+        deployed.append(topology)
+        return {"run_dir": f"runs/{topology.name}", "parts": [], "engine": deployed_engine.get(topology.name, topology.engine["kind"]),
+                "entry_url": "http://127.0.0.1:8080/process"}
+
+    deployed_engine = {}
+    monkeypatch.setattr(runner.deployment, "running", lambda: None)
+    monkeypatch.setattr(runner.deployment, "deploy", deploy)
+    monkeypatch.setattr(runner, "send", lambda url, labels, body, request_id, timeout: Answer(
+        200, {"path": [{"instance": f"svc-{k}"} for k in range(len(deployed[-1].instances))]}, ""))
+    return deployed, deployed_engine
+
+
+@pytest.mark.parametrize("engine", ["envoy-opa", "envoy-compiled"])
+def test_a_cell_deploys_its_engine(tmp_path, deployments, engine):
+    deployed, _ = deployments
+    new_runner(tmp_path).deploy(Cell("central-entity", engine, 100, 5, 1), io.StringIO())
+    assert deployed[-1].engine["kind"] == engine
+    assert deployed[-1].engine["work_iterations"] == 100  # the manifest's other engine settings are kept
+
+
+def test_the_baseline_deploys_its_manifest_as_it_is(tmp_path, deployments):
+    deployed, _ = deployments
+    new_runner(tmp_path).deploy(Cell("baseline", None, 100, 5, 1), io.StringIO())
+    assert deployed[-1].kind == "baseline"
+
+
+def test_a_deployment_under_another_engine_fails_the_cell(tmp_path, deployments):
+    _, deployed_engine = deployments
+    deployed_engine["central-entity"] = "envoy-opa"  # as if the override had been lost on the way
+    with pytest.raises(runner.CellFailed, match="deployed with engine envoy-opa instead of envoy-compiled"):
+        new_runner(tmp_path).deploy(Cell("central-entity", "envoy-compiled", 100, 5, 1), io.StringIO())
+
+
+def test_a_resumed_run_finds_cells_finished_before_engines_were_run(tmp_path):
+    raw = tmp_path / "raw"
+    (raw / "central-entity_r100_n5_rep1").mkdir(parents=True)
+    (raw / "central-entity_r100_n5_rep1" / "cell.json").write_text("{}")
+    (raw / "sidecar_r100_n5_rep1").mkdir()
+    (raw / "sidecar_r100_n5_rep1" / "failed.json").write_text("{}")  # failed: run again
+    assert runner.finished_cell(raw, Cell("central-entity", "envoy-opa", 100, 5, 1))
+    assert not runner.finished_cell(raw, Cell("central-entity", "envoy-compiled", 100, 5, 1))
+    assert not runner.finished_cell(raw, Cell("sidecar", "envoy-opa", 100, 5, 1))
+
+
+# ---- the bench of a session -------------------------------------------------------------
+
+class Row:
+    def __init__(self, part, verdict):
+        self.part, self.verdict = part, verdict
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    """experiments.bench standing in: writes a one-line CSV, or raises what `failure` holds."""
+    calls, failure = [], []
+
+    def run(out_file, records, rounds, out):
+        calls.append({"out_file": out_file, "records": records, "rounds": rounds})
+        print("bench: measuring", file=out)
+        if failure:
+            raise failure[0]
+        out_file.write_text(f"part,verdict\nsession {len(calls)},met\n")
+        return [Row("service hop, beyond its work", "met"), Row("compiled engine: Envoy deciding the hop", "NOT MET")]
+
+    stand_in = types.SimpleNamespace(run=run)
+    monkeypatch.setitem(sys.modules, "experiments.bench", stand_in)
+    monkeypatch.setattr(experiments, "bench", stand_in, raising=False)
+    monkeypatch.setattr(runner.deployment, "running", lambda: None)
+    return calls, failure
+
+
+def sessions(run: runner.Runner) -> list[dict]:
+    return json.loads((run.run_dir / "metadata.json").read_text())["sessions"]
+
+
+def test_a_session_measures_the_bench_at_the_runs_size(tmp_path, bench):
+    calls, _ = bench
+    run = new_runner(tmp_path)
+    run.measure_bench()
+    assert calls == [{"out_file": run.raw / "bench.csv", "records": 1000, "rounds": 3}]
+    recorded = sessions(run)[-1]["bench"]
+    assert (recorded["csv"], recorded["records"], recorded["rounds"]) == ("bench.csv", 1000, 3)
+    assert recorded["targets_not_met"] == ["compiled engine: Envoy deciding the hop"]
+    assert "bench: measuring" in (run.raw / "bench.log").read_text()
+    assert "targets not met: compiled engine: Envoy deciding the hop" in run.out.getvalue()
+
+
+def test_a_resumed_session_keeps_the_earlier_bench(tmp_path, bench):
+    run = new_runner(tmp_path, bench_records=200, bench_rounds=1)
+    run.measure_bench()
+    run.start_session()  # resumed
+    run.measure_bench()
+    assert (run.raw / "bench-session1.csv").read_text().endswith("session 1,met\n")
+    assert (run.raw / "bench.csv").read_text().endswith("session 2,met\n")
+    assert [s["bench"]["csv"] for s in sessions(run)] == ["bench-session1.csv", "bench.csv"]
+    assert (run.raw / "bench.log").read_text().count("---- session") == 2
+
+
+def test_a_failed_bench_is_recorded_and_the_cells_still_run(tmp_path, bench):
+    _, failure = bench
+    failure.append(RuntimeError("bench: sink did not start; its log is in runs/bench"))
+    run = new_runner(tmp_path)
+    run.measure_bench()  # does not raise
+    assert sessions(run)[-1]["bench"]["error"] == "RuntimeError: bench: sink did not start; its log is in runs/bench"
+    assert not (run.raw / "bench.csv").exists()
+    assert "the bench failed" in run.out.getvalue()
+
+
+def test_no_bench_while_another_deployment_runs(tmp_path, bench, monkeypatch):
+    calls, _ = bench
+    monkeypatch.setattr(runner.deployment, "running", lambda: {"topology": "sidecar", "run_dir": "runs/sidecar-5"})
+    with pytest.raises(runner.MachineBusy, match="another deployment is running"):
+        new_runner(tmp_path).measure_bench()
+    assert calls == []
+
+
+# ---- the command line -------------------------------------------------------------------
+
+@pytest.fixture
+def started(monkeypatch):
+    """The parameters `run` would start a Runner with, without running it."""
+    runs = []
+
+    class NotRunning:
+        def __init__(self, run_dir, parameters):
+            runs.append((run_dir, parameters))
+
+        def run(self):
+            return 0
+
+    monkeypatch.setattr(cli, "Runner", NotRunning)
+    return runs
+
+
+def test_an_unknown_engine_is_refused_on_the_command_line(tmp_path, started, capsys):
+    assert cli.main(["--results", str(tmp_path), "run", "--profile", "quick", "--engines", "compiled"]) == 2
+    assert "engine 'compiled' is not one of ['envoy-opa', 'envoy-compiled']" in capsys.readouterr().err
+    assert started == []
+    assert cli.main(["--results", str(tmp_path), "run", "--profile", "quick", "--engines", "envoy-compiled"]) == 0
+    assert started[-1][1].engines == ["envoy-compiled"]
+
+
+def test_resuming_a_run_recorded_before_engines_keeps_envoy_opa(tmp_path, started, capsys):
+    shutil.copytree(SMALL_RUN, tmp_path / "small-run")
+    resume = ["--results", str(tmp_path), "run", "--run-id", "small-run"]
+    assert cli.main([*resume, "--engines", "envoy-opa", "envoy-compiled"]) == 2
+    assert "--engines ['envoy-opa', 'envoy-compiled'] (the run has ['envoy-opa'])" in capsys.readouterr().err
+    assert started == []
+    assert cli.main([*resume, "--engines", "envoy-opa"]) == 0
+    assert cli.main(resume) == 0
+    assert [parameters.engines for _, parameters in started] == [["envoy-opa"], ["envoy-opa"]]
+
+
+def test_a_bench_that_cannot_load_is_a_failed_bench(tmp_path, monkeypatch):
+    monkeypatch.setattr(runner.deployment, "running", lambda: None)
+    monkeypatch.delattr(experiments, "bench", raising=False)
+    monkeypatch.setitem(sys.modules, "experiments.bench", None)  # importing it raises ImportError
+    run = new_runner(tmp_path)
+    run.measure_bench()
+    assert sessions(run)[-1]["bench"]["error"].startswith("ModuleNotFoundError")
