@@ -104,6 +104,12 @@ personal if category.personal == true
 
 consent := object.get(label_values, "consent", set())
 
+# The labels in their canonical form, as the rules read them: region and category their
+# one value, consent its values sorted and joined with "," ("" when it has none). Defined
+# when region and category have one value each; the Envoy adapter writes them back on an
+# allowed hop, so that later enforcement points see them exactly so.
+canonical_labels := {"region": label.region, "category": label.category, "consent": concat(",", sort(consent))}
+
 required_labels contains name if some name in single_valued_labels
 
 required_labels contains "consent" if personal

@@ -6,6 +6,13 @@
 #   result object. The plugin queries data.complyroute.envoy.response by path
 #   (its "path" setting: complyroute/envoy/response) and runs with
 #   skip-request-body-parse, so the body arrives as a raw string.
+#
+#   Result: allowed, {"allowed": true, "headers": {x-complyroute-destination,
+#   x-data-region, x-data-category, x-data-consent}} with the labels rewritten
+#   to their canonical form (one trimmed value; consent sorted, each once,
+#   joined with ","), plus "request_headers_to_remove": ["x-data-consent"]
+#   when the record has no consent values; denied, {"allowed": false,
+#   "http_status", "headers": {"content-type"}, "body"}.
 package complyroute.envoy
 
 import data.complyroute.compliance
@@ -50,6 +57,12 @@ decision := result if {
 	result := compliance.decision with input as compliance_input
 }
 
+# Asked for an allowed hop only, so its labels have one region and one category.
+canonical_labels := result if {
+	# regal ignore:with-outside-test-context
+	result := compliance.canonical_labels with input as compliance_input
+}
+
 default request_id := null
 
 request_id := headers["x-request-id"]
@@ -63,10 +76,23 @@ wire_status := 403 if decision.status == 451
 
 else := decision.status
 
-response := {
-	"allowed": true,
-	"headers": {"x-complyroute-destination": decision.destination},
-} if {
+# An allowed hop carries its labels on in their canonical form (compliance.canonical_labels),
+# so that later enforcement points can match them exactly. opa-envoy-plugin sends `headers`
+# as HeaderValueOptions without append, which ext_authz applies as overwriting every value
+# the request had; a record without consent values loses its x-data-consent header.
+label_headers["x-data-region"] := canonical_labels.region
+
+label_headers["x-data-category"] := canonical_labels.category
+
+label_headers["x-data-consent"] := canonical_labels.consent if canonical_labels.consent != ""
+
+allowed_response := {"allowed": true, "headers": headers_to_set} if {
+	canonical_labels.consent != ""
+} else := {"allowed": true, "headers": headers_to_set, "request_headers_to_remove": ["x-data-consent"]}
+
+headers_to_set := object.union(label_headers, {"x-complyroute-destination": decision.destination})
+
+response := allowed_response if {
 	decision.allowed == true
 } else := {
 	"allowed": false,

@@ -3,8 +3,9 @@
 # description: |
 #   Table-driven like the compliance tests: each case is an allowed ext_authz
 #   request (`given`, merged into base_request) with the expected destination
-#   header; each of its `twins` adds ONE change and expects a denial, checked
-#   on the plugin result and on the decoded JSON body.
+#   header and, where they differ from the headers sent, the canonical label
+#   headers (`labels`, `removed`); each of its `twins` adds ONE change and
+#   expects a denial, checked on the plugin result and on the decoded JSON body.
 package complyroute.envoy_test
 
 import data.complyroute.compliance_test
@@ -50,8 +51,24 @@ respond(change) := [result |
 allowed_failures(cases) := {name: got |
 	some name, case in cases
 	got := respond(case.given)
-	got != [{"allowed": true, "headers": {"x-complyroute-destination": case.destination}}]
+	got != [allowed_response(case)]
 }
+
+# An allowed answer names the destination and sets the labels to `labels` (the label
+# headers as sent when a case does not say: they are canonical already), removing those
+# listed in `removed`.
+allowed_response(case) := object.union(
+	{"allowed": true, "headers": object.union(
+		object.get(case, "labels", sent_labels(case.given)),
+		{"x-complyroute-destination": case.destination},
+	)},
+	{"request_headers_to_remove": removed | removed := case.removed},
+)
+
+sent_labels(given) := object.filter(
+	object.get(compliance_test.apply(base_request, given, "set", "unset"), split(headers_path, "/"), {}),
+	{"x-data-region", "x-data-category", "x-data-consent"},
+)
 
 denied_failures(cases) := {concat(" / ", [name, twin_name]): got |
 	some name, case in cases
@@ -203,6 +220,59 @@ adapter_cases := {
 				"PURPOSE_NOT_CONSENTED",
 				"RESIDENCY_VIOLATION",
 			],
+		}},
+	},
+}
+
+# --- canonical labels on an allowed hop ------------------------------------------
+
+test_canonical_labels_allowed if allowed_failures(canonical_label_cases) == {}
+
+test_canonical_labels_denied if denied_failures(canonical_label_cases) == {}
+
+canonical_label_cases := {
+	"blanks, repeats and unsorted consent are rewritten": {
+		"given": {"set": {"attributes": {"request": {"http": {"headers": {
+			"x-data-region": " EU ",
+			"x-data-category": "personal,personal",
+			"x-data-consent": "care, billing,analytics,care",
+		}}}}}},
+		"destination": "analyse-eu-a",
+		"labels": {"x-data-region": "EU", "x-data-category": "personal", "x-data-consent": "analytics,billing,care"},
+		"twins": {"a second, different category": {
+			"change": set_header("x-data-category", "personal,health"),
+			"status": 400,
+			"code": "LABELS_CONTRADICTORY",
+			"reasons": ["LABELS_CONTRADICTORY"],
+		}},
+	},
+	"anonymous record without consent: the consent header is removed": {
+		"given": {"set": {"attributes": {"request": {"http": {"headers": {
+			"x-data-category": "anonymous",
+			"x-data-consent": " , ",
+		}}}}}},
+		"destination": "analyse-eu-a",
+		"labels": {"x-data-region": "EU", "x-data-category": "anonymous"},
+		"removed": ["x-data-consent"],
+		"twins": {"personal record without consent": {
+			"change": set_header("x-data-category", "personal"),
+			"status": 400,
+			"code": "LABEL_MISSING",
+			"reasons": ["LABEL_MISSING"],
+		}},
+	},
+	"anonymous record with consent keeps it": {
+		"given": {"set": {"attributes": {"request": {"http": {"headers": {
+			"x-data-category": " anonymous",
+			"x-data-consent": "billing",
+		}}}}}},
+		"destination": "analyse-eu-a",
+		"labels": {"x-data-region": "EU", "x-data-category": "anonymous", "x-data-consent": "billing"},
+		"twins": {"an unknown consent purpose": {
+			"change": set_header("x-data-consent", "billing,Billing"),
+			"status": 400,
+			"code": "LABEL_UNKNOWN",
+			"reasons": ["LABEL_UNKNOWN"],
 		}},
 	},
 }
