@@ -9,6 +9,8 @@ from complyroute import deployment, manifest
 from complyroute.client import send
 
 MIXED_REGIONS = manifest.REPO / "topologies" / "examples" / "mixed-regions.yaml"
+ENFORCING = ["sidecar", "central-entity", "dynamic-router-3", "dynamic-router-6"]
+ENGINES = list(manifest.ENGINES)
 REFERENCE = json.loads(manifest.REFERENCE_DATA.read_text())
 EU_PERSONAL = {"region": "EU", "category": "personal", "consent": "care,billing"}
 RECORD = {"subject": "alice", "reading": 42}
@@ -20,16 +22,16 @@ def post(state, labels, record=RECORD, request_id=None, **kwargs):
     return request_id, send(state["entry_url"], labels, record, request_id=request_id, **kwargs)
 
 
-def mixed_regions(topology: str) -> manifest.Topology:
+def mixed_regions(topology: str, engine: str | None = None) -> manifest.Topology:
     """The mixed-regions example's services and gateway, in the given topology's manifest."""
-    return manifest.load(topology, services=str(MIXED_REGIONS))
+    return manifest.load(topology, services=str(MIXED_REGIONS), engine=engine)
 
 
-def deploy_mixed_regions(topology: str, policies: Path = deployment.POLICIES):
+def deploy_mixed_regions(topology: str, policies: Path = deployment.POLICIES, engine: str | None = None):
     """Deploy the example in a topology, replacing a running deployment (the entry port is one)."""
     if deployment.read_state():
         deployment.stop()
-    loaded = mixed_regions(topology)
+    loaded = mixed_regions(topology, engine)
     return deployment.deploy(loaded, policies=policies), loaded
 
 

@@ -1,10 +1,10 @@
-"""End to end, for every enforcing topology: real Envoy, OPA and service processes.
+"""End to end, for every enforcing topology and engine: real Envoy, OPA and service processes.
 
 The mixed-regions example (five instances in three steps, ingest -> analyse -> store, with
-EU and US replicas; the gateway is in the US) is deployed in each topology in turn. Records
-are sent to the real entry; the answers, and afterwards the audit log every instance wrote,
-show where each record went. The assertions are the same for every topology: the rules are
-one rule set, whatever enforces them.
+EU and US replicas; the gateway is in the US) is deployed in each topology under each engine
+in turn. Records are sent to the real entry; the answers, and afterwards the audit log every
+instance wrote, show where each record went. The assertions are the same for every topology
+and engine: the rules are one rule set, whatever enforces them.
 """
 
 import os
@@ -16,20 +16,21 @@ import pytest
 
 from complyroute import deployment
 from complyroute.client import send
+from complyroute.plan import GATEWAY_SENDER
 
-from .helpers import EU_PERSONAL, RECORD, REFERENCE, audit_lines, deploy_mixed_regions, instances_reached, post, wait_for_audit
+from .helpers import ENFORCING, ENGINES, EU_PERSONAL, RECORD, REFERENCE, audit_lines, deploy_mixed_regions, instances_reached, post, wait_for_audit
 
 pytestmark = pytest.mark.e2e
 
-ENFORCING = ["sidecar", "central-entity", "dynamic-router-3", "dynamic-router-6"]
 US_PERSONAL = {"region": "US", "category": "personal", "consent": "care,billing"}
 EU_HEALTH = {"region": "EU", "category": "health", "consent": "care,billing"}
 
 
-@pytest.fixture(scope="module", params=ENFORCING)
+@pytest.fixture(scope="module", params=[(t, e) for e in ENGINES for t in ENFORCING], ids="-".join)
 def deployed(request):
-    state, topology = deploy_mixed_regions(request.param)
-    yield state, topology
+    topology, engine = request.param
+    state, loaded = deploy_mixed_regions(topology, engine=engine)
+    yield state, loaded
     deployment.stop()
 
 
@@ -183,7 +184,7 @@ def hops_before(path_senders, killed_senders):
 
 
 def test_killed_opa_fails_its_hops_closed_while_the_rest_works(deployed):
-    state, _ = deployed
+    state, topology = deployed
     # Kill the OPA of the point that decides the hop out of ingest-us (its sidecar, its
     # router, or the central entity, which decides every hop).
     point = next(p for p in state["points"] if "ingest-us" in p["senders"])
@@ -192,25 +193,35 @@ def test_killed_opa_fails_its_hops_closed_while_the_rest_works(deployed):
     deadline = time.monotonic() + 5
     while deployment.alive(opa["pid"]) and time.monotonic() < deadline:
         time.sleep(0.05)
-
-    us_path = [("gateway", "ingest-us"), ("ingest-us", "analyse-us"), ("analyse-us", "store-eu")]
-    expected, delivered = hops_before(us_path, point["senders"])
-    assert not delivered
-    request_id, answer = post(state, US_PERSONAL)
-    assert answer.status == 503, answer.text
-    assert answer.body["code"] == "DECISION_UNAVAILABLE"
-    time.sleep(0.2)
-    assert instances_reached(state, request_id) == expected  # nothing forwarded past the failed point
-
-    # EU records get through unless the failed point also decides one of their hops (the
-    # central entity decides them all: there, nothing gets through, and nothing leaks).
-    eu_path = [("gateway", "ingest-eu"), ("ingest-eu", "analyse-eu"), ("analyse-eu", "store-eu")]
-    expected, delivered = hops_before(eu_path, point["senders"])
-    request_id, answer = post(state, EU_PERSONAL)
-    if delivered:
-        assert answer.status == 200, answer.text
-        assert [hop["instance"] for hop in answer.body["path"]] == ["ingest-eu", "analyse-eu", "store-eu"]
+    # The hops that still need the killed OPA: with envoy-opa every hop the point decides; with
+    # envoy-compiled, only its hop from clients (the entry) and the hops it denies: the hops it
+    # allows from services were decided ahead of time.
+    if topology.engine["kind"] == "envoy-compiled":
+        needing_opa = {sender for sender in point["senders"] if sender == GATEWAY_SENDER}
     else:
+        needing_opa = set(point["senders"])
+
+    # Sent on by ingest-us, a record the point would deny (no consent to analysis), and one
+    # whose labels are not canonical: both need its OPA under either engine, so both fail
+    # closed and reach no instance.
+    ingest_us = next(p for p in state["parts"] if p["name"] == "ingest-us")
+    for labels in ({**US_PERSONAL, "consent": "billing"}, {**US_PERSONAL, "consent": "care, billing"}):
+        request_id = f"e2e-{uuid.uuid4()}"
+        answer = send(f"{ingest_us['env']['EGRESS_URL']}/process", labels, RECORD, request_id=request_id)
         assert answer.status == 503 and answer.body["code"] == "DECISION_UNAVAILABLE", answer.text
         time.sleep(0.2)
-        assert instances_reached(state, request_id) == expected
+        assert instances_reached(state, request_id) == set()
+
+    for labels, path in (
+        (US_PERSONAL, [("gateway", "ingest-us"), ("ingest-us", "analyse-us"), ("analyse-us", "store-eu")]),
+        (EU_PERSONAL, [("gateway", "ingest-eu"), ("ingest-eu", "analyse-eu"), ("analyse-eu", "store-eu")]),
+    ):
+        expected, delivered = hops_before(path, needing_opa)
+        request_id, answer = post(state, labels)
+        if delivered:
+            assert answer.status == 200, answer.text
+            assert [hop["instance"] for hop in answer.body["path"]] == [instance for _, instance in path]
+        else:
+            assert answer.status == 503 and answer.body["code"] == "DECISION_UNAVAILABLE", answer.text
+            time.sleep(0.2)
+            assert instances_reached(state, request_id) == expected  # nothing forwarded past the failed point

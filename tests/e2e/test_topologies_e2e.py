@@ -9,11 +9,9 @@ import pytest
 from complyroute import deployment, manifest
 from complyroute.client import send
 
-from .helpers import EU_PERSONAL, deploy_mixed_regions, mixed_regions
+from .helpers import ENFORCING, ENGINES, EU_PERSONAL, deploy_mixed_regions, mixed_regions
 
 pytestmark = pytest.mark.e2e
-
-ENFORCING = ["sidecar", "central-entity", "dynamic-router-3", "dynamic-router-6"]
 
 
 def path_of(state, labels):
@@ -34,13 +32,14 @@ def us_adequate_policies(tmp_path_factory):
     return policies
 
 
-def test_policy_routing_change_is_seen_identically_by_every_topology(us_adequate_policies):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_policy_routing_change_is_seen_identically_by_every_topology(us_adequate_policies, engine):
     paths = {}
     for topology in ENFORCING:
-        state, _ = deploy_mixed_regions(topology)
+        state, _ = deploy_mixed_regions(topology, engine=engine)
         before = path_of(state, EU_PERSONAL)
         deployment.stop()
-        state, _ = deploy_mixed_regions(topology, policies=us_adequate_policies)
+        state, _ = deploy_mixed_regions(topology, policies=us_adequate_policies, engine=engine)
         paths[topology] = (before, path_of(state, EU_PERSONAL))
         deployment.stop()
     # With the US adequate, an EU record may take the US replicas the US gateway prefers.
@@ -60,16 +59,16 @@ def test_second_deployment_is_refused_while_one_runs():
     assert deployment.read_state() is None
 
 
-@pytest.mark.parametrize("topology", ["baseline", *ENFORCING])
-def test_fifty_services_deploy_and_carry_a_record_through_all_of_them(topology):
+@pytest.mark.parametrize("topology, engine", [("baseline", None)] + [(t, e) for e in ENGINES for t in ENFORCING])
+def test_fifty_services_deploy_and_carry_a_record_through_all_of_them(topology, engine):
     if deployment.read_state():
         deployment.stop()
-    state = deployment.deploy(manifest.load(topology, services=50))
+    state = deployment.deploy(manifest.load(topology, services=50, engine=engine))
     try:
         consent = "billing,analytics,care"  # the purposes generated instances process for
         path = path_of(state, {"region": "EU", "category": "personal", "consent": consent})
         assert path == [f"svc-{n:02d}" for n in range(1, 51)]
-        print(f"{topology}: 50 services, {len(state['parts'])} processes, up in {state['bring_up_seconds']} s, "
+        print(f"{topology} ({engine}): 50 services, {len(state['parts'])} processes, up in {state['bring_up_seconds']} s, "
               f"memory {state['memory_mib']['total']:.0f} MiB")
     finally:
         pids = [p["pid"] for p in state["parts"]]
