@@ -1,0 +1,46 @@
+"""What each enforcement point's OPA loads beside the rule set, derived by the rule set itself.
+
+The compliance policy does not read a point's catalog as the control plane writes it: it reads
+an index of it, data.complyroute.index, shaped for the lookups a decision makes. Package
+complyroute.indexing (policies/complyroute/indexing/indexing.rego) derives that index from the
+catalog and the reference data; this module has OPA evaluate the derivation ahead of time, for
+every point of a deployment in one `opa eval`, and hands back the documents to write.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from .manifest import REPO
+
+OPA = REPO / "bin" / "opa"
+POLICIES = REPO / "policies"
+QUERY = "data.complyroute.indexing.documents"
+
+
+class PolicyDataError(RuntimeError):
+    """OPA could not derive the points' data; the message carries OPA's."""
+
+
+def opa_data(catalogs: dict[str, dict], policies: Path = POLICIES) -> dict[str, dict]:
+    """{point: the data document its OPA loads at the root} for every {point: catalog}, in one OPA run.
+
+    `policies` is the rule set the points run: its indexing package and its reference data
+    derive the documents. A rule set without the package (a stand-in that allows everything,
+    say) reads no data of its own, and every point gets an empty document.
+    """
+    if not catalogs:
+        return {}
+    result = subprocess.run(
+        [str(OPA), "eval", "--format", "json", "--data", str(policies), "--ignore", "*_test.rego",
+         "--ignore", "examples", "--stdin-input", QUERY],
+        input=json.dumps({"catalogs": catalogs}), capture_output=True, text=True,
+    )
+    if result.returncode != 0:
+        raise PolicyDataError(f"OPA could not derive the enforcement points' data: {(result.stderr or result.stdout).strip()}")
+    answers = json.loads(result.stdout).get("result")
+    if not answers:
+        return {point: {} for point in catalogs}
+    return answers[0]["expressions"][0]["value"]
