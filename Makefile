@@ -104,7 +104,8 @@ policy-test: $(OPA) $(REGAL) ## Format check, strict check, Regal lint and unit 
 .PHONY: decide
 decide: $(OPA) ## Show the decision for one input: make decide input=policies/examples/eu-health-denied.json
 	$(OPA) eval --format pretty --data policies --data $(catalog) --input $(input) \
-	  --ignore '*_test.rego' --ignore examples 'data.complyroute.compliance.decision'
+	  --ignore '*_test.rego' --ignore examples \
+	  'data.complyroute.compliance.decision with data.complyroute.index as data.complyroute.indexing.index(data.complyroute.catalog)'
 
 .PHONY: policy-bench
 policy-bench: setup ## What one decision costs at each topology's enforcement points, allowed and denied (opa bench, under a minute)

@@ -84,7 +84,7 @@ class EnforcementPoint:
     deciding: list[DecidingListener] = field(default_factory=list)
     forwarding: list[ForwardingListener] = field(default_factory=list)
     destinations: dict[str, Endpoint] = field(default_factory=dict)  # instance id -> where it is reached
-    catalog: dict = field(default_factory=dict)  # data.complyroute.catalog for this point's OPA
+    catalog: dict = field(default_factory=dict)  # the catalog slice it decides with (its OPA loads it indexed: policydata)
 
     @property
     def opa_health_url(self) -> str:
@@ -299,13 +299,6 @@ def write_data(data_dir: Path, document: dict) -> None:
     """Write the document a point's OPA loads beside the rule set, given data_dir as data."""
     data_dir.mkdir(parents=True, exist_ok=True)
     (data_dir / "data.json").write_text(json.dumps(document, indent=2, sort_keys=True))
-
-
-def write_catalog(data_dir: Path, catalog: dict) -> None:
-    """Write a catalog where OPA, given data_dir as data, finds it: data.complyroute.catalog."""
-    folder = data_dir / "complyroute" / "catalog"
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "data.json").write_text(json.dumps(catalog, indent=2, sort_keys=True))
 
 
 def opa_config(point: EnforcementPoint) -> dict:

@@ -20,8 +20,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from . import manifest
-from .enforcement import POLICY_QUERY, write_catalog
+from . import manifest, policydata
+from .enforcement import POLICY_QUERY, write_data
 from .manifest import GENERATED_PURPOSES, REPO
 from .plan import place
 
@@ -92,24 +92,24 @@ def run() -> int:
     header = f"{'topology':<18}{'services':>8}  {'decides at':<22}{'catalog':>8}  {'record':<8}{'decision':<34}{'median':>10}{'p99':>10}{'allocs':>8}"
     print(header)
     rows = []
+    every_case = {(topology_name, services): cases(topology_name, services) for topology_name in TOPOLOGIES for services in SIZES}
+    documents = policydata.opa_data({f"{t}-{n}": catalog for (t, n), (_, catalog, _, _) in every_case.items()})
     with tempfile.TemporaryDirectory() as scratch:
-        for topology_name in TOPOLOGIES:
-            for services in SIZES:
-                point, catalog, allowed, denied = cases(topology_name, services)
-                data_dir = Path(scratch) / f"{topology_name}-{services}"
-                write_catalog(data_dir, catalog)
-                for record, request in (("allowed", allowed), ("denied", denied)):
-                    input_file = Path(scratch) / f"{topology_name}-{services}-{record}.json"  # not under --data
-                    input_file.write_text(json.dumps(request))
-                    decision, bench = measure(data_dir, input_file)
-                    if decision.get("allowed") != (record == "allowed"):
-                        raise RuntimeError(f"{topology_name}-{services}: the {record} record was {outcome(decision)}")
-                    median = bench["Extra"]["histogram_timer_rego_query_eval_ns_median"] / 1000
-                    p99 = bench["Extra"]["histogram_timer_rego_query_eval_ns_99%"] / 1000
-                    allocs = bench["MemAllocs"] / bench["N"]
-                    rows.append((topology_name, services, record, median))
-                    print(f"{topology_name:<18}{services:>8}  {point:<22}{len(catalog['instances']):>8}  {record:<8}"
-                          f"{outcome(decision):<34}{median:>8.0f}µs{p99:>8.0f}µs{allocs:>8.0f}", flush=True)
+        for (topology_name, services), (point, catalog, allowed, denied) in every_case.items():
+            data_dir = Path(scratch) / f"{topology_name}-{services}"
+            write_data(data_dir, documents[f"{topology_name}-{services}"])
+            for record, request in (("allowed", allowed), ("denied", denied)):
+                input_file = Path(scratch) / f"{topology_name}-{services}-{record}.json"  # not under --data
+                input_file.write_text(json.dumps(request))
+                decision, bench = measure(data_dir, input_file)
+                if decision.get("allowed") != (record == "allowed"):
+                    raise RuntimeError(f"{topology_name}-{services}: the {record} record was {outcome(decision)}")
+                median = bench["Extra"]["histogram_timer_rego_query_eval_ns_median"] / 1000
+                p99 = bench["Extra"]["histogram_timer_rego_query_eval_ns_99%"] / 1000
+                allocs = bench["MemAllocs"] / bench["N"]
+                rows.append((topology_name, services, record, median))
+                print(f"{topology_name:<18}{services:>8}  {point:<22}{len(catalog['instances']):>8}  {record:<8}"
+                      f"{outcome(decision):<34}{median:>8.0f}µs{p99:>8.0f}µs{allocs:>8.0f}", flush=True)
     fastest = min(median for *_, median in rows)
     print(f"\nmedian / fastest median ({fastest:.0f} µs), same run:")
     for topology_name, services, record, median in rows:

@@ -89,7 +89,9 @@ def test_sidecars_are_native_sidecar_containers_in_each_service_pod(tmp_path):
 def test_each_sidecar_catalog_holds_itself_and_the_next_step_only(tmp_path):
     _, objects = rendered("sidecar", 5, tmp_path)
     catalog = next(o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("catalog-sidecar-svc-02"))
-    assert set(json.loads(catalog["data"]["data.json"])["complyroute"]["catalog"]["instances"]) == {"svc-02", "svc-03"}
+    index = json.loads(catalog["data"]["data.json"])["complyroute"]["index"]
+    assert set(index["senders"]) == {"svc-02", "svc-03"}
+    assert {step: set(candidates) for step, candidates in index["steps"].items()} == {"step-02": {"svc-02"}, "step-03": {"svc-03"}}
 
 
 @pytest.mark.parametrize("topology, sets", [("dynamic-router-3", 1), ("dynamic-router-6", 2)])

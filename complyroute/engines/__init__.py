@@ -26,7 +26,7 @@ from ..manifest import ENGINES
 class PointConfig:
     envoy: dict  # Envoy's bootstrap
     opa: dict | None  # OPA's configuration; None: the point only forwards and runs no OPA
-    data: dict | None  # the document OPA loads beside the rule set (data.complyroute.catalog)
+    data: dict | None  # the document OPA loads beside the rule set (data.complyroute.index, see policydata)
 
 
 class EngineError(RuntimeError):

@@ -30,7 +30,7 @@ allowed contains [point_name, listener_name, region, category, consent, destinat
 	request := check_request(listener, region, category, consent)
 
 	# regal ignore:with-outside-test-context
-	response := envoy.response with input as request with data.complyroute.catalog as point.data.complyroute.catalog
+	response := envoy.response with input as request with data.complyroute.index as point.data.complyroute.index
 	response.allowed == true
 	destination := response.headers["x-complyroute-destination"]
 	changes_nothing(request, response)

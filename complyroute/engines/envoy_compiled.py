@@ -94,8 +94,11 @@ def reference(policies: Path) -> dict:
     return json.loads((policies / "complyroute" / "reference" / "data.json").read_text())
 
 
-def evaluate(points: list[EnforcementPoint], policies: Path) -> dict[tuple[str, str], dict[tuple[str, str], dict[str | None, str]]]:
-    """OPA's allowed outcomes: {(point, listener): {(category, region): {consent: destination}}}."""
+def evaluate(points: list[EnforcementPoint], policies: Path, data: dict[str, dict]) -> dict[tuple[str, str], dict[tuple[str, str], dict[str | None, str]]]:
+    """OPA's allowed outcomes: {(point, listener): {(category, region): {consent: destination}}}.
+
+    `data`: each point's OPA data document (envoy_opa.opa_data).
+    """
     known = reference(policies)
     classes_by_point = {p.name: consent_classes(list(known["purposes"]), processed_purposes(p.catalog)) for p in points}
     space = {
@@ -103,7 +106,7 @@ def evaluate(points: list[EnforcementPoint], policies: Path) -> dict[tuple[str, 
         "categories": sorted(known["categories"]),
         "points": {
             point.name: {
-                "data": envoy_opa.opa_data(point),
+                "data": data[point.name],
                 "listeners": {
                     listener.name: {"sender": listener.sender, "step": listener.step, "consents": list(classes_by_point[point.name])}
                     for listener in compiled_listeners(point)
@@ -236,7 +239,8 @@ def listener_matcher(outcomes: dict[tuple[str, str], dict[str | None, str]], hop
 
 
 def configure(points: list[EnforcementPoint], settings: dict, policies: Path) -> dict[str, PointConfig]:
-    outcomes = evaluate(points, policies)
+    data = envoy_opa.opa_data(points, policies)
+    outcomes = evaluate(points, policies, data)
     hop_timeout = enforcement.hop_timeout_of(settings)
     configs = {}
     for point in points:
@@ -244,5 +248,5 @@ def configure(points: list[EnforcementPoint], settings: dict, policies: Path) ->
             listener.name: listener_matcher(outcomes.get((point.name, listener.name), {}), hop_timeout)
             for listener in compiled_listeners(point)
         }
-        configs[point.name] = envoy_opa.point_config(point, settings, matchers)
+        configs[point.name] = envoy_opa.point_config(point, settings, data.get(point.name), matchers)
     return configs

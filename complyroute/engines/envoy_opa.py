@@ -4,21 +4,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import enforcement
+from .. import enforcement, policydata
 from ..enforcement import EnforcementPoint
 from . import PointConfig
 
 
-def opa_data(point: EnforcementPoint) -> dict:
-    """What a point's OPA loads beside the rule set: its slice of the catalog."""
-    return {"complyroute": {"catalog": point.catalog}}
+def opa_data(points: list[EnforcementPoint], policies: Path) -> dict[str, dict]:
+    """What each deciding point's OPA loads beside the rule set: its catalog, indexed by the rule set."""
+    return policydata.opa_data({point.name: point.catalog for point in points if point.deciding}, policies)
 
 
-def point_config(point: EnforcementPoint, settings: dict, matchers: dict[str, dict] | None = None) -> PointConfig:
+def point_config(point: EnforcementPoint, settings: dict, data: dict | None, matchers: dict[str, dict] | None = None) -> PointConfig:
     if not point.deciding:  # a point that only forwards (baseline, a last step's sidecar) needs no OPA
         return PointConfig(enforcement.envoy_config(point, settings), None, None)
-    return PointConfig(enforcement.envoy_config(point, settings, matchers), enforcement.opa_config(point), opa_data(point))
+    return PointConfig(enforcement.envoy_config(point, settings, matchers), enforcement.opa_config(point), data)
 
 
 def configure(points: list[EnforcementPoint], settings: dict, policies: Path) -> dict[str, PointConfig]:
-    return {point.name: point_config(point, settings) for point in points}
+    data = opa_data(points, policies)
+    return {point.name: point_config(point, settings, data.get(point.name)) for point in points}

@@ -30,7 +30,8 @@ package complyroute.compliance
 #     sender      id of the sending instance or gateway (catalog)
 #     step        the step the record goes to next
 #     request_id  correlation id (not used by the rules)
-#   Data: data.complyroute.reference and data.complyroute.catalog.
+#   Data: data.complyroute.reference and data.complyroute.index (the
+#   enforcement point's catalog, indexed: package complyroute.indexing).
 #
 #   Output:
 #     allowed:  {"allowed": true, "status": 200, "destination": id, "reasons": []}
@@ -53,28 +54,20 @@ decision := denial(400, "INPUT_INVALID", "input rejected", record_violations) if
 
 reference := data.complyroute.reference
 
-default catalog := {}
+# The enforcement point's catalog, indexed (package complyroute.indexing).
+default index := {}
 
-catalog := data.complyroute.catalog
+index := data.complyroute.index
 
-instances := object.get(catalog, "instances", {})
-
-# The sender: an instance, else a gateway (an instance wins a clash). Looked up, not
-# merged: a union of both maps would copy the whole catalog on every decision.
-sender_entry := object.get(instances, input.sender, object.get(object.get(catalog, "gateways", {}), input.sender, null))
+# The sender: an instance or a gateway of the catalog.
+sender_entry := index.senders[input.sender]
 
 sender_region := sender_entry.region
 
 # Candidates: the instances of the requested step, by id.
-candidates[id] := instance if {
-	some id, instance in instances
-	instance.step == input.step
-}
+default candidates := {}
 
-# Regions an instance may be in to receive personal data of GDPR subjects.
-protected_regions := {code | some code, info in reference.regions; info.gdpr == true} | {code |
-	some code in reference.adequacy
-}
+candidates := index.steps[input.step]
 
 # --- labels -------------------------------------------------------------------
 
@@ -114,10 +107,11 @@ required_labels contains name if some name in single_valued_labels
 
 required_labels contains "consent" if personal
 
+# The reference entries each label's values must be keys of.
 known_values := {
-	"region": object.keys(reference.regions),
-	"category": object.keys(reference.categories),
-	"consent": object.keys(reference.purposes),
+	"region": reference.regions,
+	"category": reference.categories,
+	"consent": reference.purposes,
 }
 
 # Why a label is required (appended to LABEL_MISSING messages).
@@ -129,7 +123,7 @@ required_because["consent"] := sprintf(" for category %q", [label.category])
 # evaluates the argument outside the negation; hence these helper rules.
 record_is_object if is_object(input.record)
 
-sender_known if sender_entry != null
+sender_known if sender_entry
 
 default record_type := "nothing (body absent or not valid JSON)"
 
@@ -158,8 +152,8 @@ record_violations contains violation(rego.metadata.rule(), detail) if {
 record_violations contains violation(rego.metadata.rule(), detail) if {
 	some name, values in label_values
 	some value in values
-	not value in known_values[name]
-	detail := sprintf("%s %q is unknown (known: %s)", [name, value, concat(", ", sort(known_values[name]))])
+	not known_values[name][value]
+	detail := sprintf("%s %q is unknown (known: %s)", [name, value, concat(", ", sort(object.keys(known_values[name])))])
 }
 
 # METADATA
@@ -206,7 +200,7 @@ record_violations contains violation(rego.metadata.rule(), detail) if {
 #   message: no instance of the requested step is in this enforcement point's catalog
 record_violations contains violation(rego.metadata.rule(), detail) if {
 	count(candidates) == 0
-	known := concat(", ", sort({instance.step | some instance in instances}))
+	known := concat(", ", sort(object.keys(object.get(index, "steps", {}))))
 	detail := sprintf("step %s (steps here: %s)", [shown("step"), known])
 }
 
@@ -223,9 +217,9 @@ record_violations contains violation(rego.metadata.rule(), detail) if {
 exclusions contains exclusion(rego.metadata.rule(), id, detail) if {
 	personal
 	region.gdpr == true
-	some id, instance in candidates
-	where := object.get(instance, "region", "no region")
-	not where in protected_regions
+	some id, candidate in candidates
+	not candidate.protected
+	where := object.get(candidate, "region", "no region")
 	detail := sprintf("%s is in %v; subject region %s, category %s", [id, where, label.region, label.category])
 }
 
@@ -237,10 +231,10 @@ exclusions contains exclusion(rego.metadata.rule(), id, detail) if {
 #   message: the instance lacks the certification the category requires
 exclusions contains exclusion(rego.metadata.rule(), id, detail) if {
 	required := category.requires_certification
-	some id, instance in candidates
-	held := as_set(object.get(instance, "certifications", []))
-	not required in held
-	detail := sprintf("%s holds %s; category %s requires %q", [id, listed(held), label.category, required])
+	some id, candidate in candidates
+	not candidate.certifications[required]
+	held := listed(object.keys(candidate.certifications))
+	detail := sprintf("%s holds %s; category %s requires %q", [id, held, label.category, required])
 }
 
 # METADATA
@@ -253,9 +247,8 @@ exclusions contains exclusion(rego.metadata.rule(), id, detail) if {
 #   message: the instance processes for purposes the subject did not consent to
 exclusions contains exclusion(rego.metadata.rule(), id, detail) if {
 	personal
-	some id, instance in candidates
-	purposes := as_set(object.get(instance, "purposes", []))
-	not_consented := purposes - consent
+	some id, candidate in candidates
+	not_consented := object.keys(candidate.purposes) - consent
 	count(not_consented) > 0
 	detail := sprintf("%s processes for %s; consent is %s", [id, listed(not_consented), listed(consent)])
 }
@@ -303,11 +296,6 @@ shared_code(reasons, fallback_code) := code if {
 	count(codes) == 1
 	some code in codes
 } else := fallback_code
-
-# as_set accepts a list or a comma-separated string (catalog values).
-as_set(value) := {item | some part in split(value, ","); item := trim_space(part); item != ""} if {
-	is_string(value)
-} else := {item | some item in value}
 
 listed(values) := "none" if {
 	count(values) == 0

@@ -12,6 +12,7 @@
 package complyroute.compliance_test
 
 import data.complyroute.compliance
+import data.complyroute.indexing
 
 fixture_catalog := {
 	"gateways": {
@@ -72,7 +73,7 @@ combine(given, change) := object.union(
 # decide(change): the decisions for the changed scenario, as a list (empty when undefined).
 decide(change) := [result |
 	result := compliance.decision with input as apply(base_input, change, "set", "unset")
-		with data.complyroute.catalog as apply(fixture_catalog, change, "catalog_set", "catalog_unset")
+		with data.complyroute.index as indexing.index(apply(fixture_catalog, change, "catalog_set", "catalog_unset"))
 ]
 
 reason_key(reason) := concat(" ", [reason.code, reason.instance]) if {
@@ -599,7 +600,7 @@ multiple_reasons_cases := {"EU health data to store": {
 # --- no catalog at all (the default catalog is empty) ---------------------------
 
 test_catalog_absent_allowed if {
-	decision := compliance.decision with input as base_input with data.complyroute.catalog as fixture_catalog
+	decision := compliance.decision with input as base_input with data.complyroute.index as indexing.index(fixture_catalog)
 	decision.destination == "analyse-eu-a"
 }
 

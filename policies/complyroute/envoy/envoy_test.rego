@@ -10,6 +10,7 @@ package complyroute.envoy_test
 
 import data.complyroute.compliance_test
 import data.complyroute.envoy
+import data.complyroute.indexing
 
 base_request := {"attributes": {
 	"request": {"http": {
@@ -40,12 +41,12 @@ set_context(name, value) := {"set": {"attributes": {"contextExtensions": {name: 
 # respond(change): the plugin result for the changed request, as a list (empty when undefined).
 respond(change) := [result |
 	result := envoy.response with input as compliance_test.apply(base_request, change, "set", "unset")
-		with data.complyroute.catalog as compliance_test.apply(
+		with data.complyroute.index as indexing.index(compliance_test.apply(
 			compliance_test.fixture_catalog,
 			change,
 			"catalog_set",
 			"catalog_unset",
-		)
+		))
 ]
 
 allowed_failures(cases) := {name: got |
@@ -294,6 +295,7 @@ test_direct_input_denied if {
 	request := compliance_test.apply(base_request, no_headers_no_body, "set", "unset")
 	got := envoy.compliance_input with input as request
 	got == {"labels": {}, "sender": "entry-eu"}
-	response := envoy.response with input as request with data.complyroute.catalog as compliance_test.fixture_catalog
+	response := envoy.response with input as request
+		with data.complyroute.index as indexing.index(compliance_test.fixture_catalog)
 	response.http_status == 400
 }
