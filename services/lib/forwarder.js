@@ -75,8 +75,8 @@ class Deadlines {
  * {status, body} or a ForwardError.
  */
 class Exchange {
-  constructor (forwarder, resolve, reject) {
-    this.forwarder = forwarder
+  constructor (limits, resolve, reject) {
+    this.limits = limits // {timeoutMs, maxAnswerBytes, deadlines}: the forwarder's
     this.resolve = resolve
     this.reject = reject
     this.controller = null
@@ -90,13 +90,13 @@ class Exchange {
   fail (error, controller = this.controller) {
     if (this.settled) return
     this.settled = true
-    this.forwarder.deadlines.delete(this)
+    this.limits.deadlines.delete(this)
     controller?.abort(error)
     this.reject(error)
   }
 
   expire () {
-    this.fail(new ForwardError(`no answer within ${this.forwarder.timeoutMs} ms`))
+    this.fail(new ForwardError(`no answer within ${this.limits.timeoutMs} ms`))
   }
 
   onRequestStart (controller) {
@@ -112,8 +112,8 @@ class Exchange {
   onResponseData (controller, chunk) {
     if (this.settled) return
     this.size += chunk.length
-    if (this.size > this.forwarder.maxAnswerBytes) {
-      this.fail(new ForwardError(`answer larger than ${this.forwarder.maxAnswerBytes} bytes`), controller)
+    if (this.size > this.limits.maxAnswerBytes) {
+      this.fail(new ForwardError(`answer larger than ${this.limits.maxAnswerBytes} bytes`), controller)
       return
     }
     this.chunks.push(chunk)
@@ -122,7 +122,7 @@ class Exchange {
   onResponseEnd () {
     if (this.settled) return
     this.settled = true
-    this.forwarder.deadlines.delete(this)
+    this.limits.deadlines.delete(this)
     const body = this.chunks.length === 1 ? this.chunks[0].toString('utf8') : Buffer.concat(this.chunks).toString('utf8')
     this.resolve({ status: this.status, body })
   }
@@ -130,7 +130,7 @@ class Exchange {
   onResponseError (controller, err) {
     if (this.settled) return
     this.settled = true
-    this.forwarder.deadlines.delete(this)
+    this.limits.deadlines.delete(this)
     this.reject(err instanceof ForwardError ? err : new ForwardError(describe(err), { cause: err }))
   }
 }
@@ -148,12 +148,12 @@ export function createForwarder ({ egressUrl, timeoutMs, connections = DEFAULT_C
   const origin = new URL(egressUrl).origin
   const owned = dispatcher === undefined
   const pool = dispatcher ?? new Pool(origin, { connections, pipelining: 1 })
-  const shared = { timeoutMs, maxAnswerBytes, deadlines: new Deadlines(timeoutMs) }
+  const limits = { timeoutMs, maxAnswerBytes, deadlines: new Deadlines(timeoutMs) }
 
   function forward ({ body, headers }) {
     return new Promise((resolve, reject) => {
-      const exchange = new Exchange(shared, resolve, reject)
-      shared.deadlines.add(exchange)
+      const exchange = new Exchange(limits, resolve, reject)
+      limits.deadlines.add(exchange)
       try {
         pool.dispatch({ origin, path: '/process', method: 'POST', headers, body }, exchange)
       } catch (err) {
