@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from . import enforcement, engines
+from . import enforcement, engines, policydata
 from .manifest import REPO, Topology
 from .enforcement import EnforcementPoint
 from .plan import Plan, ServiceProcess, place
@@ -81,6 +81,7 @@ def point_parts(point: EnforcementPoint, config: engines.PointConfig, folder: Pa
                 command=[
                     str(OPA), "run", "--server", "--addr", f"{point.opa_http.address}:{point.opa_http.port}",
                     "--config-file", str(folder / "opa.yaml"), "--skip-version-check", "--log-level", "error",
+                    *policydata.OPA_RUN_FLAGS,
                     "--ignore", "*_test.rego", "--ignore", "examples", str(policies), str(data_dir),
                 ],
                 env={"GOMAXPROCS": str(point.concurrency)},

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from . import enforcement, engines
+from . import enforcement, engines, policydata
 from .enforcement import EnforcementPoint, Endpoint
 from .manifest import REPO, Instance, Node, Topology
 from .plan import Plan, place
@@ -164,7 +164,7 @@ class Renderer:
             "args": [
                 "run", "--server", f"--addr=0.0.0.0:{self.net.OPA_HTTP}", "--config-file=/config/opa.yaml",
                 # ConfigMap volumes hold hidden ..data folders; loaded, they would add data twice.
-                "--skip-version-check", "--log-level=error", "--ignore=.*", "/policy", "/catalog",
+                "--skip-version-check", "--log-level=error", *policydata.OPA_RUN_FLAGS, "--ignore=.*", "/policy", "/catalog",
             ],
             "env": [{"name": "GOMAXPROCS", "value": str(point.concurrency)}],
             "ports": [{"name": "opa-http", "containerPort": self.net.OPA_HTTP}, {"name": "opa-grpc", "containerPort": self.net.OPA_GRPC}],

@@ -18,6 +18,9 @@ from .manifest import REPO
 OPA = REPO / "bin" / "opa"
 POLICIES = REPO / "policies"
 QUERY = "data.complyroute.indexing.documents"
+# A point's OPA reads its index on every decision and never writes it: held as OPA's own
+# values rather than as JSON, a decision's lookups convert nothing.
+OPA_RUN_FLAGS = ["--optimize-store-for-read-speed"]
 
 
 class PolicyDataError(RuntimeError):

@@ -83,8 +83,8 @@ label_values[name] := values if {
 
 # label[name]: the value of a single-valued label that has exactly one value.
 label[name] := value if {
-	some name in single_valued_labels
-	values := label_values[name]
+	some name, values in label_values
+	name in single_valued_labels
 	count(values) == 1
 	some value in values
 }
@@ -165,9 +165,10 @@ record_violations contains violation(rego.metadata.rule(), detail) if {
 #   code: LABELS_CONTRADICTORY
 #   message: a single-valued label has several values
 record_violations contains violation(rego.metadata.rule(), detail) if {
-	some name in single_valued_labels
-	count(label_values[name]) > 1
-	detail := sprintf("%s has the values %s; send exactly one", [name, concat(", ", sort(label_values[name]))])
+	some name, values in label_values
+	name in single_valued_labels
+	count(values) > 1
+	detail := sprintf("%s has the values %s; send exactly one", [name, concat(", ", sort(values))])
 }
 
 # METADATA

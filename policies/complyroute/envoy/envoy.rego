@@ -7,6 +7,10 @@
 #   (its "path" setting: complyroute/envoy/response) and runs with
 #   skip-request-body-parse, so the body arrives as a raw string.
 #
+#   Most hops are allowed, and most are decided by lookups: `response` first
+#   tries the quick path (see there), and only when that does not apply asks
+#   the compliance policy, which decides and explains every other case.
+#
 #   Result: allowed, {"allowed": true, "headers": {x-complyroute-destination,
 #   x-data-region, x-data-category, x-data-consent}} with the labels rewritten
 #   to their canonical form (one trimmed value; consent sorted, each once,
@@ -31,7 +35,9 @@ context_extensions := object.get(
 	object.get(input, ["attributes", "context_extensions"], {}),
 )
 
-labels[name] := headers[concat("", ["x-data-", name])] if some name in ["region", "category", "consent"]
+labels[name] := headers[header] if {
+	some name, header in {"region": "x-data-region", "category": "x-data-category", "consent": "x-data-consent"}
+}
 
 # The step comes from the route (contextExtensions.step) when set, else from the sender's header.
 step := context_extensions.step if {
@@ -92,9 +98,76 @@ allowed_response := {"allowed": true, "headers": headers_to_set} if {
 
 headers_to_set := object.union(label_headers, {"x-complyroute-destination": decision.destination})
 
-response := allowed_response if {
+# METADATA
+# title: Plugin result
+# description: |
+#   The entrypoint opa-envoy-plugin queries. Most hops are allowed, and the
+#   quick path decides them by lookups in the point's index, without
+#   evaluating a rule of the compliance policy: when the region and category
+#   labels are codes of the reference data as they are, the consent label is
+#   canonical (index.consents: known purposes, sorted, each once), the body is
+#   a JSON object, the route pins sender and step, and the instance the
+#   destination rule prefers for them (index.preferred) holds what the labels
+#   ask (index.asks) and is consented what it needs (its needs), then no
+#   record-level rule can apply and that instance is the destination the
+#   compliance policy would choose. Labels arrive canonical from every point
+#   that allowed a hop before; a client's consent values in another order take
+#   the same path sorted (client_labels_response). The index states asks and
+#   needs from the exclusion rules (indexing.rego); the tests check on every
+#   scenario that the quick path answers as the compliance policy does.
+#   Anything else (other label forms, a preferred instance that is excluded,
+#   every denial) is the compliance policy's, with its reasons.
+# entrypoint: true
+response := {"allowed": true, "headers": {
+	"x-complyroute-destination": destination,
+	"x-data-region": region,
+	"x-data-category": category,
+	"x-data-consent": headers["x-data-consent"],
+}} if {
+	index := data.complyroute.index
+	headers := input.attributes.request.http.headers
+	consent := index.consents[headers["x-data-consent"]]
+	region := headers["x-data-region"]
+	category := headers["x-data-category"]
+	body := input.attributes.request.http.body
+	json.is_valid(body)
+	startswith(body, "{")
+	step := input.attributes.contextExtensions.step
+	destination := index.preferred[input.attributes.contextExtensions.sender][step]
+	candidate := index.steps[step][destination]
+	object.subset(candidate, index.asks[region][category])
+	object.subset(consent, candidate.needs[category])
+} else := client_labels_response
+
+# The quick path again, for consent values in another order than the canonical one,
+# as a client may send them to the entry: sorted, they name the consent. Else the
+# compliance policy answers.
+client_labels_response := {"allowed": true, "headers": {
+	"x-complyroute-destination": destination,
+	"x-data-region": region,
+	"x-data-category": category,
+	"x-data-consent": consent_label,
+}} if {
+	index := data.complyroute.index
+	headers := input.attributes.request.http.headers
+	consent_label := concat(",", sort(split(headers["x-data-consent"], ",")))
+	consent_label != headers["x-data-consent"] # canonical already: response's own quick path did not apply
+	consent := index.consents[consent_label]
+	region := headers["x-data-region"]
+	category := headers["x-data-category"]
+	body := input.attributes.request.http.body
+	json.is_valid(body)
+	startswith(body, "{")
+	step := input.attributes.contextExtensions.step
+	destination := index.preferred[input.attributes.contextExtensions.sender][step]
+	candidate := index.steps[step][destination]
+	object.subset(candidate, index.asks[region][category])
+	object.subset(consent, candidate.needs[category])
+} else := allowed_response if {
 	decision.allowed == true
-} else := {
+} else := denied_response
+
+denied_response := {
 	"allowed": false,
 	"http_status": wire_status,
 	"headers": {"content-type": "application/json"},

@@ -8,6 +8,7 @@
 #   expects a denial, checked on the plugin result and on the decoded JSON body.
 package complyroute.envoy_test
 
+import data.complyroute.compliance
 import data.complyroute.compliance_test
 import data.complyroute.envoy
 import data.complyroute.indexing
@@ -232,6 +233,17 @@ test_canonical_labels_allowed if allowed_failures(canonical_label_cases) == {}
 test_canonical_labels_denied if denied_failures(canonical_label_cases) == {}
 
 canonical_label_cases := {
+	"consent values in another order are sorted": {
+		"given": object.union(set_header("x-data-consent", "care,analytics,billing"), set_context("step", "analyse")),
+		"destination": "analyse-eu-a",
+		"labels": {"x-data-region": "EU", "x-data-category": "personal", "x-data-consent": "analytics,billing,care"},
+		"twins": {"one of them unknown": {
+			"change": set_header("x-data-consent", "care,analytics,billing,spying"),
+			"status": 400,
+			"code": "LABEL_UNKNOWN",
+			"reasons": ["LABEL_UNKNOWN"],
+		}},
+	},
 	"blanks, repeats and unsorted consent are rewritten": {
 		"given": {"set": {"attributes": {"request": {"http": {"headers": {
 			"x-data-region": " EU ",
@@ -277,6 +289,123 @@ canonical_label_cases := {
 		}},
 	},
 }
+
+# --- the quick path answers as the compliance policy does -------------------------
+
+# Every allowed scenario and every twin of every table, as Envoy sends it: the
+# compliance tables' direct inputs in Envoy's form, and the adapter's own tables.
+scenarios[outcome] := object.union(
+	{concat(": ", [table_name, name]): scenario(
+		as_check_request(compliance_test.apply(compliance_test.base_input, change, "set", "unset")),
+		change,
+	) |
+		some table_name, table in compliance_tables
+		some name, change in changes(table, outcome)
+	},
+	{concat(": ", [table_name, name]): scenario(compliance_test.apply(base_request, change, "set", "unset"), change) |
+		some table_name, table in {"adapter": adapter_cases, "canonical labels": canonical_label_cases}
+		some name, change in changes(table, outcome)
+	},
+) if {
+	some outcome in ["allowed", "denied"]
+}
+
+# A request and the index of its catalog, derived once.
+scenario(request, change) := {
+	"request": request,
+	"index": indexing.index(compliance_test.apply(
+		compliance_test.fixture_catalog,
+		change,
+		"catalog_set",
+		"catalog_unset",
+	)),
+}
+
+compliance_tables := {
+	"routing": compliance_test.routing_cases,
+	"adequacy": compliance_test.adequacy_cases,
+	"certification": compliance_test.certification_cases,
+	"purpose": compliance_test.purpose_cases,
+	"anonymous": compliance_test.anonymous_cases,
+	"labels": compliance_test.label_cases,
+	"record": compliance_test.record_cases,
+	"sender and step": compliance_test.sender_step_cases,
+	"several reasons": compliance_test.multiple_reasons_cases,
+}
+
+changes(table, "allowed") := {name: case.given | some name, case in table}
+
+changes(table, "denied") := {concat(" / ", [name, twin_name]): compliance_test.combine(case.given, twin.change) |
+	some name, case in table
+	some twin_name, twin in case.twins
+}
+
+# A direct input as Envoy's check request: labels as headers, the record as the body,
+# sender and step in the route's context; what is absent stays absent.
+as_check_request(direct) := {"attributes": {
+	"request": {"http": object.union(
+		{"headers": object.union(
+			{concat("", ["x-data-", name]): value | some name, value in object.get(direct, "labels", {})},
+			{"x-request-id": id | id := direct.request_id},
+		)},
+		{"body": json.marshal(record) | record := direct.record},
+	)},
+	"contextExtensions": {key: value | some key in ["sender", "step"]; value := direct[key]},
+}}
+
+# answer(scenario): the plugin result; explained(scenario): the compliance
+# policy's own, with the quick path out of the way (no preferred instance to try).
+answer(scenario) := response if {
+	response := envoy.response with input as scenario.request
+		with data.complyroute.index as scenario.index
+}
+
+explained(scenario) := response if {
+	response := envoy.response with input as scenario.request
+		with data.complyroute.index as object.remove(scenario.index, ["preferred"])
+}
+
+# Answered by the quick path: allowed though the compliance policy would deny everything.
+quick(scenario) if {
+	response := envoy.response with input as scenario.request
+		with data.complyroute.index as scenario.index
+		with compliance.decision as {"allowed": false, "status": 400, "code": "NOT_ASKED"}
+	response.allowed == true
+}
+
+quick_answers(outcome) := {name | some name, scenario in scenarios[outcome]; quick(scenario)}
+
+# The quick path answers every allowed scenario but those it leaves to the
+# compliance policy (for the reason given), and it answers as the compliance
+# policy does. (Where it does not answer, the compliance policy answers alone.)
+test_quick_path_allowed if {
+	answered := quick_answers("allowed")
+	object.keys(scenarios.allowed) - answered == object.keys(left_to_the_compliance_policy)
+	disagreements := {name: answers |
+		some name in answered
+		answers := [answer(scenarios.allowed[name]), explained(scenarios.allowed[name])]
+		answers[0] != answers[1]
+	}
+	disagreements == {}
+}
+
+left_to_the_compliance_policy := {
+	"adapter: labels and step from the headers, sender from the route": "the route pins no step",
+	"adapter: no request id": "the route pins no step",
+	"adapter: the destination header a client sent is replaced": "the route pins no step",
+	"adapter: snake_case context_extensions (v2 API) are read too": "no contextExtensions",
+	"labels: the same region repeated is one region": "a label that is not a plain code",
+	"labels: blanks around values are ignored": "a label that is not a plain code",
+	"canonical labels: blanks, repeats and unsorted consent are rewritten": "a label that is not a plain code",
+	"canonical labels: anonymous record with consent keeps it": "a label that is not a plain code",
+	"canonical labels: anonymous record without consent: the consent header is removed": "no consent purposes",
+	"anonymous: anonymous data needs no consent": "no consent label",
+	"adequacy: CH is adequate for EU personal data (US sender, US replica excluded)": "the preferred instance is excluded",
+	"routing: US sender, EU subject: preferred US replica excluded": "the preferred instance is excluded",
+}
+
+# A denial is always the compliance policy's, reasons and all.
+test_quick_path_denied if quick_answers("denied") == set()
 
 # The adapted direct input, checked once in full; absent headers and body stay absent.
 test_direct_input_allowed if {
