@@ -108,7 +108,7 @@ decide: $(OPA) ## Show the decision for one input: make decide input=policies/ex
 	  'data.complyroute.compliance.decision with data.complyroute.index as data.complyroute.indexing.index(data.complyroute.catalog)'
 
 .PHONY: policy-bench
-policy-bench: setup ## What one decision costs at each topology's enforcement points, allowed and denied (opa bench, under a minute)
+policy-bench: setup ## What one decision costs at each topology's enforcement points, allowed and denied, against commit d2d81e4's rule set (opa bench, about a minute)
 	$(CONTROL) policy-bench
 
 ##@ Testing

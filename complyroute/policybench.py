@@ -1,23 +1,32 @@
-"""What one policy decision costs at each topology's enforcement points: `opa bench`.
+"""What one policy decision costs at each topology's enforcement points: `opa bench`, this rule
+set against the one of commit d2d81e4 (before the lean OPA path), in the same run.
 
 For every topology at 5 and at 50 services, the enforcement point that decides the hop into
 the last service evaluates the query its OPA answers for Envoy (data.complyroute.envoy.response)
 with exactly the catalog slice that point holds: a sidecar knows the next step's instances, a
 router its node's services and their next steps, the central entity everything. Each point
 gets an allowed record and its denied twin (the same record without consent to the last
-service's purpose), and the decision is checked before it is timed: a benchmark of the wrong
-path measures nothing.
+service's purpose), labelled as that point receives them: canonical, the way every point that
+allowed a hop before rewrote them (one value each, consent sorted).
 
-Printed per case: the median and p99 evaluation time over all of `opa bench`'s iterations,
-and allocations per decision; then the ratio of each point's median to the smallest one,
-all from this one run.
+Each rule set is timed as its enforcement points run it: today's with its catalog indexed
+(complyroute/policydata.py) and OPA's store optimised for reads; d2d81e4's with the catalog
+itself at data.complyroute.catalog, and OPA's default store; both with the point's GOMAXPROCS
+(its concurrency: 1 for sidecars and routers, 2 for the central entity), on the same CPUs. Both decisions are checked before
+anything is timed: each must be the one the case expects, and both must agree (a benchmark of
+the wrong path measures nothing). Old and new are timed one after the other for each case, so
+that a noisy machine weighs on both alike.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import manifest, policydata
@@ -29,6 +38,7 @@ OPA = REPO / "bin" / "opa"
 QUERY = "data." + POLICY_QUERY.replace("/", ".")
 TOPOLOGIES = ["sidecar", "dynamic-router-3", "dynamic-router-6", "central-entity"]
 SIZES = [5, 50]
+BASELINE_COMMIT = "d2d81e4"  # the rule set before the lean OPA path
 
 
 def envoy_input(sender: str, step: str, consent: list[str]) -> dict:
@@ -51,67 +61,189 @@ def envoy_input(sender: str, step: str, consent: list[str]) -> dict:
 
 
 def cases(topology_name: str, services: int):
-    """(point name, catalog, allowed input, denied input) for the hop into the last service."""
+    """(enforcement point, allowed input, denied input) for the hop into the last service."""
     topology = manifest.load(topology_name, services=services)
     last = topology.instances_of(topology.steps[-1])[0]
     sender = topology.instances_of(topology.steps[-2])[0].id
     for point in place(topology).points:
         for listener in point.deciding:
             if listener.sender == sender:
-                allowed = envoy_input(sender, listener.step, list(GENERATED_PURPOSES))
-                denied = envoy_input(sender, listener.step, [p for p in GENERATED_PURPOSES if p not in last.purposes])
-                return point.name, point.catalog, allowed, denied
+                allowed = envoy_input(sender, listener.step, sorted(GENERATED_PURPOSES))
+                denied = envoy_input(sender, listener.step, sorted(p for p in GENERATED_PURPOSES if p not in last.purposes))
+                return point, allowed, denied
     raise RuntimeError(f"{topology_name}: no enforcement point decides the hop from {sender}")
 
 
-def opa(*args: str) -> str:
-    result = subprocess.run([str(OPA), *args], capture_output=True, text=True)
+@dataclass(frozen=True)
+class RuleSet:
+    """A rule set as its enforcement points run it: its policies, the data it reads, OPA's flags."""
+
+    name: str
+    policies: Path
+    data_key: str  # it reads a point's catalog as data.complyroute.<data_key>
+    data: Callable[[dict[str, dict]], dict[str, dict]]  # {point: catalog} -> {point: what its OPA loads}
+    flags: list[str] = field(default_factory=list)
+
+
+class BaselineUnavailable(RuntimeError):
+    """The rule set of BASELINE_COMMIT cannot be had (a shallow clone, an export without .git)."""
+
+
+def current() -> RuleSet:
+    return RuleSet("current", policydata.POLICIES, "index", policydata.opa_data, policydata.OPA_RUN_FLAGS)
+
+
+def baseline(scratch: Path) -> RuleSet:
+    """The rule set of BASELINE_COMMIT, extracted into scratch, with its catalog as it read it."""
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", BASELINE_COMMIT, "policies"], capture_output=True)
+    if archive.returncode != 0:
+        raise BaselineUnavailable(f"commit {BASELINE_COMMIT} is not available: {archive.stderr.decode().strip()}")
+    scratch.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["tar", "-x", "-C", str(scratch)], input=archive.stdout, check=True)
+    as_catalogs = lambda catalogs: {point: {"complyroute": {"catalog": catalog}} for point, catalog in catalogs.items()}
+    return RuleSet(BASELINE_COMMIT, scratch / "policies", "catalog", as_catalogs)
+
+
+def opa(*args: str, env: dict | None = None, cpus: set[int] | None = None) -> str:
+    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+    result = subprocess.run([str(OPA), *args], capture_output=True, text=True, env=env, preexec_fn=pin)
     if result.returncode != 0:
         raise RuntimeError(f"opa {args[0]} failed: {(result.stderr or result.stdout).strip()}")
     return result.stdout
 
 
-def measure(data_dir: Path, input_file: Path) -> tuple[dict, dict]:
-    """The decision for one input, and `opa bench`'s figures for evaluating it."""
-    common = ["--data", str(REPO / "policies"), "--ignore", "*_test.rego", "--ignore", "examples",
-              "--data", str(data_dir), "--input", str(input_file)]
-    decision = json.loads(opa("eval", "--format", "json", *common, QUERY))["result"][0]["expressions"][0]["value"]
-    bench = json.loads(opa("bench", "--format", "json", *common, QUERY))
-    return decision, bench
+def loading(rule_set: RuleSet, data_dir: Path) -> list[str]:
+    return ["--data", str(rule_set.policies), "--ignore", "*_test.rego", "--ignore", "examples", "--data", str(data_dir)]
+
+
+def decisions(rule_set: RuleSet, asked: dict[str, tuple[dict, dict]], scratch: Path) -> dict[str, dict]:
+    """{name: the rule set's answer} for every {name: (a point's data document, request)}, in one OPA run."""
+    data_dir = scratch / f"{rule_set.name}-decisions"
+    write_data(data_dir, {"bench": {name: {"data": document, "request": request} for name, (document, request) in asked.items()}})
+    key = rule_set.data_key
+    query = (f"some name, asked in data.bench; answer := {QUERY} with input as asked.request "
+             f"with data.complyroute.{key} as asked.data.complyroute.{key}")
+    results = json.loads(opa("eval", "--format", "json", *loading(rule_set, data_dir), query)).get("result", [])
+    return {result["bindings"]["name"]: result["bindings"]["answer"] for result in results}
+
+
+def bench(rule_set: RuleSet, data_dir: Path, request: dict, scratch: Path, concurrency: int | None = None) -> dict:
+    """`opa bench`'s figures for one request: median and p99 in µs, allocations per evaluation.
+
+    `concurrency`: the GOMAXPROCS of the point's OPA (EnforcementPoint.concurrency), so that OPA
+    evaluates as it does there, on as many CPUs: always the same ones (the last of this
+    process's), since the cores of a shared machine need not run alike. None leaves both to the
+    Go runtime and the kernel.
+    """
+    input_file = scratch / "input.json"  # not under --data
+    input_file.write_text(json.dumps(request))
+    env = cpus = None
+    if concurrency is not None:
+        env = {**os.environ, "GOMAXPROCS": str(concurrency)}
+        cpus = set(sorted(os.sched_getaffinity(0))[-concurrency:])
+    figures = json.loads(opa("bench", "--format", "json", *rule_set.flags, *loading(rule_set, data_dir), "--input", str(input_file),
+                             QUERY, env=env, cpus=cpus))
+    return {
+        "median_us": figures["Extra"]["histogram_timer_rego_query_eval_ns_median"] / 1000,
+        "p99_us": figures["Extra"]["histogram_timer_rego_query_eval_ns_99%"] / 1000,
+        "allocs": figures["MemAllocs"] / figures["N"],
+    }
+
+
+def bench_query(catalog: dict, request: dict, scratch: Path, concurrency: int | None = None) -> tuple[dict, dict]:
+    """This rule set's answer to one request at a point holding `catalog`, and `opa bench`'s figures."""
+    rule_set = current()
+    document = rule_set.data({"point": catalog})["point"]
+    data_dir = scratch / "bench-query"
+    write_data(data_dir, document)
+    answer = decisions(rule_set, {"query": (document, request)}, scratch)["query"]
+    return answer, bench(rule_set, data_dir, request, scratch, concurrency)
 
 
 def outcome(decision: dict) -> str:
-    headers = decision.get("headers", {})
+    """What an answer says, in the terms both rule sets share."""
     if decision.get("allowed"):
-        return f"allowed -> {headers.get('x-complyroute-destination')}"
-    return f"denied {json.loads(decision.get('body', '{}')).get('code')}"
+        return f"allowed -> {decision.get('headers', {}).get('x-complyroute-destination')}"
+    return f"denied {decision.get('http_status')} {json.loads(decision.get('body', '{}')).get('code')}"
+
+
+def compare(rule_sets: list[RuleSet] | None = None, out=None) -> list[dict]:
+    """One row per case and record: {case, topology, services, point, instances, gomaxprocs,
+    record, decision, old_us, new_us (medians), old_p99_us, new_p99_us, old_allocs, new_allocs,
+    ratio (new_us / old_us)}.
+
+    Without `rule_sets`: this rule set (new) against BASELINE_COMMIT's (old); BaselineUnavailable
+    when that commit cannot be had. `out`: a file to print each row to as it is measured.
+    """
+    with tempfile.TemporaryDirectory() as scratch_name:
+        scratch = Path(scratch_name)
+        if rule_sets is None:
+            rule_sets = [baseline(scratch), current()]
+        every_case = {f"{t}-{n}": (t, n, *cases(t, n)) for t in TOPOLOGIES for n in SIZES}
+        catalogs = {case: point.catalog for case, (_, _, point, _, _) in every_case.items()}
+        requests = {f"{case} {record}": request for case, (*_, allowed, denied) in every_case.items()
+                    for record, request in (("allowed", allowed), ("denied", denied))}
+        documents = {rule_set.name: rule_set.data(catalogs) for rule_set in rule_sets}
+        answers = {
+            rule_set.name: decisions(rule_set, {name: (documents[rule_set.name][name.rsplit(" ", 1)[0]], request)
+                                                for name, request in requests.items()}, scratch)
+            for rule_set in rule_sets
+        }
+        for name, request in requests.items():
+            said = {rule_set.name: outcome(answers[rule_set.name][name]) for rule_set in rule_sets}
+            record = name.rsplit(" ", 1)[1]
+            if any(answer.startswith("allowed") != (record == "allowed") for answer in said.values()) or len(set(said.values())) > 1:
+                raise RuntimeError(f"{name}: expected {record}, got {said}")
+        rows = []
+        for case, (topology_name, services, point, _, _) in every_case.items():
+            data_dirs = {}
+            for rule_set in rule_sets:
+                data_dirs[rule_set.name] = scratch / rule_set.name / case
+                write_data(data_dirs[rule_set.name], documents[rule_set.name][case])
+            for record in ("allowed", "denied"):
+                name = f"{case} {record}"
+                row = {"case": name, "topology": topology_name, "services": services, "point": point.name,
+                       "instances": len(point.catalog["instances"]), "gomaxprocs": point.concurrency, "record": record,
+                       "decision": outcome(answers[rule_sets[-1].name][name])}
+                for label, rule_set in zip(("old", "new"), rule_sets):
+                    figures = bench(rule_set, data_dirs[rule_set.name], requests[name], scratch, point.concurrency)
+                    row.update({f"{label}_us": figures["median_us"], f"{label}_p99_us": figures["p99_us"],
+                                f"{label}_allocs": figures["allocs"]})
+                row["ratio"] = row["new_us"] / row["old_us"]
+                rows.append(row)
+                if out:
+                    print(format_row(row), file=out, flush=True)
+        return rows
+
+
+HEADER = (f"{'topology':<18}{'services':>8}  {'decides at':<20}{'catalog':>8}  {'record':<8}{'decision':<34}"
+          f"{'old':>9}{'new':>9}{'new/old':>9}{'allocs old/new':>17}")
+
+
+def format_row(row: dict) -> str:
+    return (f"{row['topology']:<18}{row['services']:>8}  {row['point']:<20}{row['instances']:>8}  {row['record']:<8}"
+            f"{row['decision']:<34}{row['old_us']:>7.0f}µs{row['new_us']:>7.0f}µs{row['ratio']:>9.3f}"
+            f"{row['old_allocs']:>9.0f}/{row['new_allocs']:<7.0f}")
 
 
 def run() -> int:
-    print(f"policy-bench: `opa bench` of {QUERY}, the hop into the last service, one run")
-    header = f"{'topology':<18}{'services':>8}  {'decides at':<22}{'catalog':>8}  {'record':<8}{'decision':<34}{'median':>10}{'p99':>10}{'allocs':>8}"
-    print(header)
-    rows = []
-    every_case = {(topology_name, services): cases(topology_name, services) for topology_name in TOPOLOGIES for services in SIZES}
-    documents = policydata.opa_data({f"{t}-{n}": catalog for (t, n), (_, catalog, _, _) in every_case.items()})
-    with tempfile.TemporaryDirectory() as scratch:
-        for (topology_name, services), (point, catalog, allowed, denied) in every_case.items():
-            data_dir = Path(scratch) / f"{topology_name}-{services}"
-            write_data(data_dir, documents[f"{topology_name}-{services}"])
-            for record, request in (("allowed", allowed), ("denied", denied)):
-                input_file = Path(scratch) / f"{topology_name}-{services}-{record}.json"  # not under --data
-                input_file.write_text(json.dumps(request))
-                decision, bench = measure(data_dir, input_file)
-                if decision.get("allowed") != (record == "allowed"):
-                    raise RuntimeError(f"{topology_name}-{services}: the {record} record was {outcome(decision)}")
-                median = bench["Extra"]["histogram_timer_rego_query_eval_ns_median"] / 1000
-                p99 = bench["Extra"]["histogram_timer_rego_query_eval_ns_99%"] / 1000
-                allocs = bench["MemAllocs"] / bench["N"]
-                rows.append((topology_name, services, record, median))
-                print(f"{topology_name:<18}{services:>8}  {point:<22}{len(catalog['instances']):>8}  {record:<8}"
-                      f"{outcome(decision):<34}{median:>8.0f}µs{p99:>8.0f}µs{allocs:>8.0f}", flush=True)
-    fastest = min(median for *_, median in rows)
-    print(f"\nmedian / fastest median ({fastest:.0f} µs), same run:")
-    for topology_name, services, record, median in rows:
-        print(f"  {topology_name}-{services} {record}: {median / fastest:.2f}")
+    print(f"policy-bench: `opa bench` of {QUERY}, the hop into the last service; medians of one run, "
+          f"this rule set (new) against commit {BASELINE_COMMIT}'s (old)")
+    print(HEADER)
+    try:
+        rows = compare(out=sys.stdout)
+    except BaselineUnavailable as error:
+        print(f"policy-bench: {error}; this rule set alone, no comparison")
+        with tempfile.TemporaryDirectory() as scratch_name:
+            for topology_name in TOPOLOGIES:
+                for services in SIZES:
+                    point, allowed, denied = cases(topology_name, services)
+                    for record, request in (("allowed", allowed), ("denied", denied)):
+                        answer, figures = bench_query(point.catalog, request, Path(scratch_name), point.concurrency)
+                        print(f"{topology_name:<18}{services:>8}  {point.name:<20}{len(point.catalog['instances']):>8}  {record:<8}"
+                              f"{outcome(answer):<34}{figures['median_us']:>16.0f}µs{figures['allocs']:>26.0f}", flush=True)
+        return 0
+    allowed = [row["ratio"] for row in rows if row["record"] == "allowed"]
+    denied = [row["ratio"] for row in rows if row["record"] == "denied"]
+    print(f"\nnew / old median: allowed {min(allowed):.3f} to {max(allowed):.3f}, denied {min(denied):.3f} to {max(denied):.3f}")
     return 0
