@@ -16,7 +16,10 @@
 #   to their canonical form (one trimmed value; consent sorted, each once,
 #   joined with ","), plus "request_headers_to_remove": ["x-data-consent"]
 #   when the record has no consent values; denied, {"allowed": false,
-#   "http_status", "headers": {"content-type"}, "body"}.
+#   "http_status", "headers": {"content-type"}, "body"}. The plugin sends
+#   `headers` as HeaderValueOptions without append, which ext_authz applies
+#   as overwriting every value the request had, so later enforcement points
+#   see exactly the canonical labels.
 package complyroute.envoy
 
 import data.complyroute.compliance
