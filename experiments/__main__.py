@@ -1,4 +1,4 @@
-"""`python -m experiments run ...` and `python -m experiments report <run-id>`; see README.md."""
+"""`python -m experiments run ...`, `... report <run-id>` and `... bench`; see README.md."""
 
 from __future__ import annotations
 
@@ -51,6 +51,13 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_bench(args) -> int:
+    from . import bench
+
+    rows = bench.run(args.out, records=args.records, rounds=args.rounds)
+    return 0 if all(row.verdict != "NOT MET" for row in rows) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments", description=__doc__)
     parser.add_argument("--results", type=Path, default=RESULTS, help=f"folder of the runs (default {RESULTS})")
@@ -78,6 +85,12 @@ def main(argv: list[str] | None = None) -> int:
     report = commands.add_parser("report", help="write report.md and report.html of a run")
     report.add_argument("run_id", help="a run id under the results folder, or a run folder's path")
     report.set_defaults(handler=cmd_report)
+
+    bench = commands.add_parser("bench", help="CPU per request of each part of a hop beside its floor (make bench)")
+    bench.add_argument("--out", type=Path, help="CSV file to write (default runs/bench/<time>/bench.csv)")
+    bench.add_argument("--records", type=int, default=1500, help="sequential records per part and round (default 1500)")
+    bench.add_argument("--rounds", type=int, default=3, help="rounds; every figure is the median over them (default 3)")
+    bench.set_defaults(handler=cmd_bench)
 
     args = parser.parse_args(argv)
     try:

@@ -1,0 +1,371 @@
+"""`make bench`: the CPU each part of a hop costs, beside a floor measured in the same run.
+
+This machine is slow and shared, so absolute figures only describe it; the ratios of a part
+to its floor are what count. Every part and its floor run side by side on loopback and are
+measured in turns (several rounds, medians), each as the CPU time (user + system, all
+threads) its process used for a fixed number of sequential records, divided by their number:
+
+- service hop: a service instance (services/server.js) that receives a record, forwards it
+  and answers, with no configured work, against a minimal Fastify app doing the same with the
+  same client (services/bench/floor.js); the configured work is shown apart. Both forward to
+  the same minimal app, which is not measured. A second pair has the next hop answer a path
+  of 49 entries, as at the head of a 50-service chain: a hop must not grow with the chain.
+- Envoy traversal: a forwarding listener as enforcement points render it, against an Envoy
+  with nothing but the router filter.
+- decision through ext_authz (engine envoy-opa): the central entity's listener for the hop
+  into its last service, at 5 services. Envoy against the bare Envoy; OPA against `opa
+  bench` of the same query on the same check request. An OPA whose policy allows everything,
+  behind the same ext_authz, shows what the plugin costs before any rule runs.
+- compiled engine (envoy-compiled): the same listener and record; Envoy against the bare
+  Envoy. Its OPA must receive no call (checked on Envoy's ext_authz counter).
+- the policy: `opa bench` of the decision, this rule set against the one of commit d2d81e4
+  (complyroute.policybench.compare).
+
+Prints a table and writes it as CSV (default runs/bench/<time>/bench.csv).
+"""
+
+from __future__ import annotations
+
+import csv
+import http.client
+import json
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import psutil
+
+from complyroute import deployment, engines, manifest, policybench
+from complyroute.enforcement import DecidingListener, EnforcementPoint, Endpoint, ForwardingListener
+from complyroute.manifest import REPO
+from complyroute.plan import place
+
+FLOOR_APP = REPO / "services" / "bench" / "floor.js"
+RUNS = REPO / "runs" / "bench"
+HOST = "127.0.0.1"
+BASE_PORT = 33000  # clear of deployments (8080, 20000-25999)
+# Canonical labels (one value each, consent sorted), as an entry hands them on.
+LABELS = {"x-data-region": "EU", "x-data-category": "personal", "x-data-consent": "analytics,billing,care"}
+BODY = json.dumps({"subject": "alice", "amount": 12}).encode()
+WORK_ITERATIONS = 100  # the manifests' default
+LONG_PATH = 49  # path entries a next hop answers at the head of a 50-service chain
+CSV_FIELDS = ["part", "process", "value", "unit", "floor", "floor_value", "ratio", "target", "verdict"]
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A part measured in every round, and the row it is compared with."""
+
+    part: str  # the row's name
+    process: str  # the running process measured (a key of Bench.pids)
+    url: str  # where the records go
+    floor: str = ""  # the row it is compared with; "" for a row shown alone
+    target: float | None = None  # the ratio to its floor must stay at or under this
+
+
+@dataclass
+class Row:
+    part: str
+    process: str
+    value: float  # ms of CPU per request (or `unit`), median over the rounds
+    floor: str = ""
+    floor_value: float | None = None
+    target: float | None = None
+    unit: str = "ms CPU/request"
+
+    @property
+    def ratio(self) -> float | None:
+        return self.value / self.floor_value if self.floor_value else None
+
+    @property
+    def verdict(self) -> str:
+        if self.target is None or self.ratio is None:
+            return ""
+        return "met" if self.ratio <= self.target else "NOT MET"
+
+    def to_csv(self) -> dict:
+        rounded = lambda x, digits: None if x is None else round(x, digits)
+        return {
+            "part": self.part, "process": self.process, "value": rounded(self.value, 4), "unit": self.unit,
+            "floor": self.floor, "floor_value": rounded(self.floor_value, 4), "ratio": rounded(self.ratio, 3),
+            "target": self.target, "verdict": self.verdict,
+        }
+
+
+class Bench:
+    """The processes of one bench run: started together, measured in turns, stopped together."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.pids: dict[str, int] = {}
+        self.urls: dict[str, str] = {}
+        self.last_port = BASE_PORT
+
+    def endpoint(self) -> Endpoint:
+        self.last_port += 1
+        return Endpoint(HOST, self.last_port)
+
+    def start(self, part: deployment.Part) -> None:
+        self.pids[part.name] = deployment.start(part)
+
+    def node_app(self, name: str, script: Path, env: dict) -> Endpoint:
+        endpoint = self.endpoint()
+        env = {**env, "HOST": endpoint.address, "PORT": str(endpoint.port)}
+        self.start(deployment.Part(name, "service", "bench", ["node", str(script)], env, "", str(self.folder / f"{name}.log")))
+        self.urls[name] = endpoint.url
+        return endpoint
+
+    def enforcement_point(self, name: str) -> EnforcementPoint:
+        return EnforcementPoint(name, "bench", admin=self.endpoint(), opa_grpc=self.endpoint(), opa_http=self.endpoint())
+
+    def point(self, point: EnforcementPoint, kind: str, settings: dict, policies: Path = deployment.POLICIES) -> None:
+        config = engines.configure(kind, [point], settings, deployment.POLICIES)[point.name]
+        for part in deployment.point_parts(point, config, self.folder / point.name, self.folder, policies):
+            self.start(part)
+
+    def wait_until_listening(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        for name, pid in self.pids.items():
+            while not listening(pid):
+                if not deployment.alive(pid) or time.monotonic() > deadline:
+                    raise RuntimeError(f"bench: {name} did not start; its log is in {self.folder}")
+                time.sleep(0.1)
+
+    def cpu_seconds(self, name: str) -> float:
+        times = psutil.Process(self.pids[name]).cpu_times()
+        return times.user + times.system
+
+    def stop(self) -> None:
+        for pid in self.pids.values():
+            try:
+                os.killpg(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(deployment.alive(pid) for pid in self.pids.values()):
+            time.sleep(0.1)
+        for pid in self.pids.values():
+            if deployment.alive(pid):
+                os.killpg(pid, signal.SIGKILL)
+
+
+def listening(pid: int) -> bool:
+    try:
+        return any(c.status == psutil.CONN_LISTEN for c in psutil.Process(pid).net_connections())
+    except psutil.Error:
+        return False
+
+
+def send(url: str, records: int) -> None:
+    """`records` sequential POSTs over one keep-alive connection; each must be answered 200."""
+    host, port = url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        for _ in range(records):
+            connection.request("POST", "/process", body=BODY, headers={"content-type": "application/json", **LABELS})
+            answer = connection.getresponse()
+            body = answer.read()
+            if answer.status != 200:
+                raise RuntimeError(f"bench: {url} answered {answer.status}: {body[:300]!r}")
+    finally:
+        connection.close()
+
+
+def envoy_counter(admin: Endpoint, name: str) -> int:
+    with urllib.request.urlopen(f"{admin.url}/stats?filter=^{name}$") as answer:
+        text = answer.read().decode().strip()
+    return int(text.rsplit(":", 1)[1]) if text else 0
+
+
+def plugin_handler_ms(opa: Endpoint) -> float:
+    """Mean wall time of a check inside opa-envoy-plugin (its grpc_request_duration_seconds)."""
+    with urllib.request.urlopen(f"{opa.url}/metrics") as answer:
+        lines = answer.read().decode().splitlines()
+    total = {}
+    for line in lines:
+        for suffix in ("_sum", "_count"):
+            if line.startswith(f"grpc_request_duration_seconds{suffix}"):
+                total[suffix] = total.get(suffix, 0.0) + float(line.rsplit(" ", 1)[1])
+    if not total.get("_count"):
+        raise RuntimeError(f"bench: {opa.url}/metrics has no grpc_request_duration_seconds (enable-performance-metrics)")
+    return total["_sum"] / total["_count"] * 1000
+
+
+def bare_envoy(listener: Endpoint, upstream: Endpoint, admin: Endpoint) -> dict:
+    """An Envoy that forwards with nothing but the router filter: the floor of a traversal."""
+    socket = lambda e: {"socket_address": {"address": e.address, "port_value": e.port}}
+    manager = {
+        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+        "stat_prefix": "bare",
+        "route_config": {"virtual_hosts": [{"name": "bare", "domains": ["*"], "routes": [{"match": {"prefix": "/"}, "route": {"cluster": "upstream"}}]}]},
+        "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}],
+    }
+    return {
+        "admin": {"address": socket(admin)},
+        "static_resources": {
+            "listeners": [{"name": "bare", "address": socket(listener),
+                           "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": manager}]}]}],
+            "clusters": [{"name": "upstream", "type": "STATIC",
+                          "load_assignment": {"cluster_name": "upstream", "endpoints": [{"lb_endpoints": [{"endpoint": {"address": socket(upstream)}}]}]}}],
+        },
+    }
+
+
+ALLOW_ALL_POLICY = """package complyroute.envoy
+
+# make bench: a decision through ext_authz without any rule, the floor of the plugin's own cost.
+response := {"allowed": true, "headers": {"x-complyroute-destination": "%s"}}
+"""
+
+
+def start_parts(bench: Bench, scratch: Path) -> tuple[list[Pair], dict]:
+    """Start every part and floor; returns the pairs to measure and what the checks need."""
+    topology = manifest.load("central-entity", services=5)
+    plan = place(topology)
+    central = plan.points[0]
+    hop = next(listener for listener in central.deciding if listener.sender == "svc-04")
+    destination = next(i.id for i in topology.instances if i.step == hop.step)
+    settings = dict(topology.engine)
+
+    sink = bench.node_app("sink", FLOOR_APP, {})
+    long_sink = bench.node_app("sink-49", FLOOR_APP, {"ANSWER_PATH_LENGTH": str(LONG_PATH)})
+    bench.node_app("floor-forwarder", FLOOR_APP, {"EGRESS_URL": sink.url})
+    bench.node_app("floor-forwarder-49", FLOOR_APP, {"EGRESS_URL": long_sink.url})
+    sender = next(s for s in plan.services if s.instance.id == hop.sender)
+    for name, work, upstream in (("service", 0, sink), ("service-work", WORK_ITERATIONS, sink), ("service-49", 0, long_sink)):
+        endpoint = bench.endpoint()
+        process = replace(sender, endpoint=endpoint, egress_url=upstream.url)
+        part = deployment.service_part(process, {"work_iterations": work}, scratch / f"{name}.audit.jsonl", bench.folder)
+        bench.start(replace(part, name=name))
+        bench.urls[name] = endpoint.url
+
+    listener, admin = bench.endpoint(), bench.endpoint()
+    (scratch / "bare-envoy.json").write_text(json.dumps(bare_envoy(listener, sink, admin)))
+    bench.start(deployment.Part("bare-envoy", "envoy", "bench",
+                                [deployment.envoy_binary(), "-c", str(scratch / "bare-envoy.json"), "--concurrency", "1", "--disable-hot-restart", "--log-level", "warn"],
+                                {}, "", str(bench.folder / "bare-envoy.log")))
+    bench.urls["bare-envoy"] = listener.url
+
+    forwarding = bench.enforcement_point("forwarding")
+    forwarding.forwarding.append(ForwardingListener("forward", bench.endpoint(), sink))
+    bench.point(forwarding, "envoy-opa", settings)
+    bench.urls["forwarding"] = forwarding.forwarding[0].endpoint.url
+
+    allow_all = scratch / "allow-all"
+    (allow_all / "complyroute" / "envoy").mkdir(parents=True)
+    (allow_all / "complyroute" / "envoy" / "response.rego").write_text(ALLOW_ALL_POLICY % destination)
+    admins, opas = {}, {}
+    for name, kind, policies in (("envoy-opa", "envoy-opa", deployment.POLICIES), ("allow-all", "envoy-opa", allow_all),
+                                 ("envoy-compiled", "envoy-compiled", deployment.POLICIES)):
+        point = bench.enforcement_point(name)
+        point.deciding.append(DecidingListener(hop.name, bench.endpoint(), sender=hop.sender, step=hop.step))
+        point.destinations = {destination: sink}
+        point.catalog = central.catalog
+        bench.point(point, kind, settings, policies)
+        bench.urls[name] = point.deciding[0].endpoint.url
+        admins[name] = point.admin
+        opas[name] = point.opa_http
+
+    bare = "Envoy, router filter only"
+    opa_alone = "policy evaluation alone (opa bench, same query)"
+    pairs = [
+        Pair("service hop floor (Fastify + undici)", "floor-forwarder", bench.urls["floor-forwarder"]),
+        Pair("service hop, beyond its work", "service", bench.urls["service"], "service hop floor (Fastify + undici)", 1.5),
+        Pair(f"service hop with its work ({WORK_ITERATIONS} iterations)", "service-work", bench.urls["service-work"], "service hop, beyond its work"),
+        Pair(f"service hop floor, next hop answers {LONG_PATH} path entries", "floor-forwarder-49", bench.urls["floor-forwarder-49"]),
+        Pair(f"service hop, next hop answers {LONG_PATH} path entries", "service-49", bench.urls["service-49"],
+             f"service hop floor, next hop answers {LONG_PATH} path entries", 1.5),
+        Pair(bare, "bare-envoy", bench.urls["bare-envoy"]),
+        Pair("Envoy traversal (forwarding listener)", "forwarding/envoy", bench.urls["forwarding"], bare),
+        Pair("decision through ext_authz: Envoy", "envoy-opa/envoy", bench.urls["envoy-opa"], bare),
+        Pair("decision through ext_authz: OPA", "envoy-opa/opa", bench.urls["envoy-opa"], opa_alone),
+        Pair("OPA allowing everything, through ext_authz", "allow-all/opa", bench.urls["allow-all"], opa_alone),
+        Pair("compiled engine: Envoy deciding the hop", "envoy-compiled/envoy", bench.urls["envoy-compiled"], bare, 1.3),
+        Pair("compiled engine: its OPA", "envoy-compiled/opa", bench.urls["envoy-compiled"]),
+    ]
+    context = {"admins": admins, "opas": opas, "concurrency": central.concurrency, "listener": hop.name, "catalog": central.catalog, "sender": hop.sender, "step": hop.step,
+               "consent": LABELS["x-data-consent"].split(","), "opa_alone": opa_alone}
+    return pairs, context
+
+
+def measure(bench: Bench, pairs: list[Pair], records: int, rounds: int, out=sys.stdout) -> dict[str, float]:
+    """Median ms of CPU per record of every pair's process, over `rounds` turns of `records` each."""
+    samples: dict[str, list[float]] = {pair.part: [] for pair in pairs}
+    for pair in pairs:  # warm every path up: connections, JIT, caches
+        send(pair.url, 200)
+    for round_number in range(1, rounds + 1):
+        for pair in pairs:
+            before = bench.cpu_seconds(pair.process)
+            send(pair.url, records)
+            samples[pair.part].append((bench.cpu_seconds(pair.process) - before) * 1000 / records)
+        print(f"bench: round {round_number}/{rounds} measured", file=out, flush=True)
+    return {part: statistics.median(values) for part, values in samples.items()}
+
+
+def policy_evaluation(context: dict, scratch: Path) -> float:
+    """ms per evaluation of the query Envoy asks, by `opa bench`, on the bench's check request."""
+    request = policybench.envoy_input(context["sender"], context["step"], context["consent"])
+    decision, figures = policybench.bench_query(context["catalog"], request, scratch, context["concurrency"])
+    if not decision.get("allowed"):
+        raise RuntimeError(f"bench: the policy does not allow the bench's record: {decision}")
+    return figures["median_us"] / 1000
+
+
+def run(out_file: Path | None = None, records: int = 1500, rounds: int = 3, out=sys.stdout) -> list[Row]:
+    """Measure everything once; print the table, write the CSV, return the rows."""
+    out_file = out_file or RUNS / time.strftime("%Y%m%d-%H%M%S") / "bench.csv"
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    print(f"bench: {rounds} rounds of {records} sequential records per part; CSV: {out_file}", file=out, flush=True)
+    with tempfile.TemporaryDirectory() as scratch_name:
+        scratch = Path(scratch_name)
+        bench = Bench(out_file.parent / "processes")
+        bench.folder.mkdir(parents=True, exist_ok=True)
+        try:
+            pairs, context = start_parts(bench, scratch)
+            bench.wait_until_listening()
+            medians = measure(bench, pairs, records, rounds, out)
+            handler_ms = plugin_handler_ms(context["opas"]["envoy-opa"])
+            compiled_asked = envoy_counter(context["admins"]["envoy-compiled"], f"http.{context['listener']}.ext_authz.ok")
+            if compiled_asked:
+                raise RuntimeError(f"bench: the compiled engine asked OPA {compiled_asked} times for records it should route itself")
+        finally:
+            bench.stop()
+        medians[context["opa_alone"]] = policy_evaluation(context, scratch)
+    rows = [Row(pair.part, pair.process, medians[pair.part], pair.floor, medians.get(pair.floor), pair.target) for pair in pairs]
+    at = [r.part for r in rows].index("decision through ext_authz: OPA")
+    rows[at:at] = [
+        Row(context["opa_alone"], "opa bench", medians[context["opa_alone"]], unit="ms/evaluation"),
+        Row("decision through ext_authz: inside the plugin (wall time)", "envoy-opa/opa", handler_ms, context["opa_alone"],
+            medians[context["opa_alone"]], unit="ms/decision"),
+    ]
+    print("bench: the policy, this rule set against commit d2d81e4 (opa bench, medians)", file=out, flush=True)
+    for case in policybench.compare(out=out):
+        # The target is the allowed hop's, the common case; a denial evaluates every rule to explain itself.
+        target = 0.1 if case["record"] == "allowed" else None
+        rows.append(Row(f"policy: {case['case']}", "opa bench", case["new_us"] / 1000, f"the same case at {policybench.BASELINE_COMMIT}",
+                        case["old_us"] / 1000, target, unit="ms/evaluation"))
+    with out_file.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=CSV_FIELDS)
+        writer.writeheader()
+        writer.writerows(row.to_csv() for row in rows)
+    print(table(rows), file=out)
+    print(f"bench: {out_file}", file=out)
+    return rows
+
+
+def table(rows: list[Row]) -> str:
+    lines = [f"{'part':<58}{'value':>9}  {'unit':<15}{'floor':>9}  {'ratio':>7}  {'target':>7}  verdict",]
+    for row in rows:
+        floor = f"{row.floor_value:9.3f}" if row.floor_value is not None else " " * 9
+        ratio = f"{row.ratio:6.2f}x" if row.ratio is not None else " " * 7
+        target = f"<={row.target:g}x" if row.target is not None else ""
+        lines.append(f"{row.part:<58}{row.value:9.3f}  {row.unit:<15}{floor}  {ratio}  {target:>7}  {row.verdict}")
+        if row.floor:
+            lines.append(f"{'':<4}floor: {row.floor}")
+    return "\n".join(lines)
