@@ -115,7 +115,7 @@ headers_to_set := object.union(label_headers, {"x-complyroute-destination": deci
 #   record-level rule can apply and that instance is the destination the
 #   compliance policy would choose. Labels arrive canonical from every point
 #   that allowed a hop before; a client's consent values in another order take
-#   the same path sorted (client_labels_response). The index states asks and
+#   the same path sorted (quick_consent_label). The index states asks and
 #   needs from the exclusion rules (indexing.rego); the tests check on every
 #   scenario that the quick path answers as the compliance policy does.
 #   Anything else (other label forms, a preferred instance that is excluded,
@@ -125,42 +125,15 @@ response := {"allowed": true, "headers": {
 	"x-complyroute-destination": destination,
 	"x-data-region": region,
 	"x-data-category": category,
-	"x-data-consent": headers["x-data-consent"],
+	"x-data-consent": quick_consent_label,
 }} if {
 	index := data.complyroute.index
-	headers := input.attributes.request.http.headers
-	consent := index.consents[headers["x-data-consent"]]
-	region := headers["x-data-region"]
-	category := headers["x-data-category"]
-	body := input.attributes.request.http.body
-	json.is_valid(body)
-	startswith(body, "{")
-	step := input.attributes.contextExtensions.step
-	destination := index.preferred[input.attributes.contextExtensions.sender][step]
-	candidate := index.steps[step][destination]
-	object.subset(candidate, index.asks[region][category])
-	object.subset(consent, candidate.needs[category])
-} else := client_labels_response
-
-# The quick path again, for consent values in another order than the canonical one,
-# as a client may send them to the entry: sorted, they name the consent. Else the
-# compliance policy answers.
-client_labels_response := {"allowed": true, "headers": {
-	"x-complyroute-destination": destination,
-	"x-data-region": region,
-	"x-data-category": category,
-	"x-data-consent": consent_label,
-}} if {
-	index := data.complyroute.index
-	headers := input.attributes.request.http.headers
-	consent_label := concat(",", sort(split(headers["x-data-consent"], ",")))
-	consent_label != headers["x-data-consent"] # canonical already: response's own quick path did not apply
-	consent := index.consents[consent_label]
-	region := headers["x-data-region"]
-	category := headers["x-data-category"]
-	body := input.attributes.request.http.body
-	json.is_valid(body)
-	startswith(body, "{")
+	consent := index.consents[quick_consent_label]
+	checked := input.attributes.request.http
+	region := checked.headers["x-data-region"]
+	category := checked.headers["x-data-category"]
+	json.is_valid(checked.body)
+	startswith(checked.body, "{")
 	step := input.attributes.contextExtensions.step
 	destination := index.preferred[input.attributes.contextExtensions.sender][step]
 	candidate := index.steps[step][destination]
@@ -169,6 +142,13 @@ client_labels_response := {"allowed": true, "headers": {
 } else := allowed_response if {
 	decision.allowed == true
 } else := denied_response
+
+# The consent label the quick path looks up: as it came when canonical (every point after
+# the entry), else sorted, as a client may send its values in another order.
+quick_consent_label := label if {
+	label := input.attributes.request.http.headers["x-data-consent"]
+	data.complyroute.index.consents[label]
+} else := concat(",", sort(split(headers["x-data-consent"], ",")))
 
 denied_response := {
 	"allowed": false,
