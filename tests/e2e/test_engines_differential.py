@@ -25,6 +25,7 @@ import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import pytest
 
@@ -122,11 +123,14 @@ class Engine:
     def __enter__(self):
         logs = self.folder / "logs"
         logs.mkdir(parents=True)
-        configs = engines.configure(self.kind, self.plan.points, self.plan.topology.engine, deployment.POLICIES)
+        # Only the deciding side of each point: a sidecar's ingress would take the sink's
+        # addresses (its service's, which the sink stands in for).
+        points = [replace(point, forwarding=[]) for point in self.plan.points if point.deciding]
+        configs = engines.configure(self.kind, points, self.plan.topology.engine, deployment.POLICIES)
         parts = []
-        for point in self.plan.points:
+        for point in points:
             parts += deployment.point_parts(point, configs[point.name], self.folder / point.name, logs)
-        destinations = {i: e for point in self.plan.points for i, e in point.destinations.items()}
+        destinations = {i: e for point in points for i, e in point.destinations.items()}
         sink_admin = Endpoint("127.0.0.1", 39990)
         (self.folder / "sink.json").write_text(json.dumps(sink_envoy(destinations, sink_admin)))
         parts.append(deployment.Part("sink", "envoy", "test", [deployment.envoy_binary(), "-c", str(self.folder / "sink.json"), "--disable-hot-restart", "--log-level", "warn"],
