@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--user-rate", type=float, metavar="REQ_PER_S", help=f"requests per second of one Locust user at most (default {matrix.DEFAULT_USER_RATE:g})")
     run.add_argument("--bench-records", type=int, metavar="N",
                      help=f"records per part and round of the bench each session takes before its cells (default {matrix.BENCH_RECORDS})")
-    run.add_argument("--bench-rounds", type=int, metavar="N", help=f"rounds of that bench (default {matrix.BENCH_ROUNDS})")
+    run.add_argument("--bench-rounds", type=int, metavar="N", help=f"rounds of that bench (default {matrix.BENCH_ROUNDS}; 0: no bench)")
     run.add_argument("--run-id", help="resume this run (finished cells are skipped), or name a new one")
     run.set_defaults(handler=cmd_run)
 

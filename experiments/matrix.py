@@ -129,8 +129,8 @@ class Parameters:
                 raise ParameterError(f"engine '{engine}' is not one of {list(ENGINES)}")
         if not self.engines or len(set(self.engines)) != len(self.engines):
             raise ParameterError(f"engines {self.engines}: give one or more of {list(ENGINES)}, each once")
-        if self.bench_records < 1 or self.bench_rounds < 1:
-            raise ParameterError("bench records and rounds must be >= 1")
+        if self.bench_records < 1 or self.bench_rounds < 0:
+            raise ParameterError("bench records must be >= 1 and bench rounds >= 0 (0: no bench)")
         for name in ("rates", "services"):
             values = getattr(self, name)
             if not values or any(v < 1 for v in values):

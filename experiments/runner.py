@@ -235,9 +235,14 @@ class Runner:
         what each part of a hop costs beside its floor, with the code and on the machine the
         cells then run with. An earlier session's bench.csv is kept as bench-session<k>.csv.
         A bench that fails is recorded and the cells run all the same: it is not what they measure."""
-        self.check_no_deployment()  # its processes would share the cores the bench measures
         path = self.run_dir / "metadata.json"
         meta = json.loads(path.read_text())
+        if self.parameters.bench_rounds == 0:
+            meta["sessions"][-1]["bench"] = {"skipped": "--bench-rounds 0"}
+            write_json(path, meta)
+            print("experiments: no bench (--bench-rounds 0)", file=self.out)
+            return
+        self.check_no_deployment()  # its processes would share the cores the bench measures
         csv_file = self.raw / BENCH_CSV
         for number, session in enumerate(meta["sessions"][:-1], 1):
             if session.get("bench", {}).get("csv") == BENCH_CSV and csv_file.exists():

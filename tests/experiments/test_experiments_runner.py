@@ -129,6 +129,15 @@ def test_a_session_measures_the_bench_at_the_runs_size(tmp_path, bench):
     assert "targets not met: compiled engine: Envoy deciding the hop" in run.out.getvalue()
 
 
+def test_bench_rounds_zero_runs_no_bench_and_says_so(tmp_path, bench):
+    calls, _ = bench
+    run = new_runner(tmp_path, bench_rounds=0)
+    run.measure_bench()
+    assert calls == [] and not (run.raw / "bench.csv").exists()
+    assert sessions(run)[-1]["bench"] == {"skipped": "--bench-rounds 0"}
+    assert "no bench" in run.out.getvalue()
+
+
 def test_a_resumed_session_keeps_the_earlier_bench(tmp_path, bench):
     run = new_runner(tmp_path, bench_records=200, bench_rounds=1)
     run.measure_bench()
