@@ -16,13 +16,18 @@ FIXTURE = Path(__file__).resolve().parent / "fixtures" / "small-run"
 TWO_ENGINES = Path(__file__).resolve().parent / "fixtures" / "two-engines"
 
 
-@pytest.fixture(scope="module")
-def report(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("results") / "small-run"
-    shutil.copytree(FIXTURE, run_dir)
+def built(fixture: Path, tmp_path_factory):
+    """A copy of a fixture run with its report built: (run folder, report paths, tables by name)."""
+    run_dir = tmp_path_factory.mktemp("results") / fixture.name
+    shutil.copytree(fixture, run_dir)
     paths = build(run_dir)
     tables = {path.stem: pd.read_csv(path) for path in (run_dir / "report" / "tables").glob("*.csv")}
     return run_dir, paths, tables
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    return built(FIXTURE, tmp_path_factory)
 
 
 def case(table, topology, services, engine=None):
@@ -146,11 +151,7 @@ def test_report_command_accepts_a_run_folder(tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def engines_report(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("results") / "two-engines"
-    shutil.copytree(TWO_ENGINES, run_dir)
-    paths = build(run_dir)
-    tables = {path.stem: pd.read_csv(path) for path in (run_dir / "report" / "tables").glob("*.csv")}
-    return run_dir, paths, tables
+    return built(TWO_ENGINES, tmp_path_factory)
 
 
 def test_every_table_has_the_engine_and_the_baseline_none(engines_report):
