@@ -201,6 +201,19 @@ def tail(path: str, lines: int = 20) -> str:
         return "(no log written)"
 
 
+def new_run_dir(name: str) -> Path:
+    """A fresh folder under runs/: deployments started in the same second get -2, -3, ..."""
+    RUNS.mkdir(parents=True, exist_ok=True)
+    for attempt in range(1, 1000):
+        run_dir = RUNS / (name if attempt == 1 else f"{name}-{attempt}")
+        try:
+            run_dir.mkdir()
+            return run_dir
+        except FileExistsError:
+            continue
+    raise DeploymentError(f"no free run folder name for {name} under {RUNS}")
+
+
 def deploy(topology: Topology, policies: Path = POLICIES, health_timeout: float | None = None, out=sys.stdout) -> dict:
     """Start every part of the topology and wait until each answers its health check.
 
@@ -217,8 +230,7 @@ def deploy(topology: Topology, policies: Path = POLICIES, health_timeout: float 
 
     plan = place(topology)
     started = time.monotonic()
-    run_dir = RUNS / f"{topology.name}-{len(topology.instances)}-{time.strftime('%Y%m%d-%H%M%S')}"
-    run_dir.mkdir(parents=True)
+    run_dir = new_run_dir(f"{topology.name}-{len(topology.instances)}-{time.strftime('%Y%m%d-%H%M%S')}")
     parts = render(plan, run_dir, policies)
     state = {
         "topology": topology.name,
