@@ -9,17 +9,27 @@ import { createHash, randomUUID } from 'node:crypto'
 import { STATUS_CODES } from 'node:http'
 import { performance } from 'node:perf_hooks'
 import Fastify, { LogController } from 'fastify'
-import { createAuditLog } from './lib/audit.js'
+import { createAuditLog, sha256Hex } from './lib/audit.js'
 import { createForwarder } from './lib/forwarder.js'
 
 export const LABEL_HEADERS = Object.freeze(['x-data-region', 'x-data-category', 'x-data-consent'])
 export const REQUIRED_LABEL_HEADERS = Object.freeze(['x-data-region', 'x-data-category'])
+// Set by the enforcement point that decided the hop into this instance, overwriting any
+// value a sender chose (complyroute/enforcement.py _deciding_listener); absent when no
+// point decided it (the baseline, or a record that bypassed the enforcement points).
+export const DECISION_HEADERS = Object.freeze({
+  sender: 'x-complyroute-sender',
+  decided_by: 'x-complyroute-decided-by',
+  revision: 'x-complyroute-revision'
+})
 export const BODY_LIMIT = 1024 * 1024
 
-// A client's x-request-id is kept when it is 1 to 200 visible ASCII characters;
-// an absent or empty one is replaced by a UUID; anything else is refused (400).
-const REQUEST_ID_PATTERN = '^([\\x21-\\x7e]{1,200})?$'
-const REQUEST_ID = /^[\x21-\x7e]{1,200}$/
+// A client's x-request-id is kept when it is 1 to 200 visible ASCII characters other than
+// ','; an absent or empty one is replaced by a UUID; anything else is refused (400). The
+// comma is refused because it is what a repeated header is joined with (Envoy joins with
+// ',', Node with ', '): an id sent twice must be refused, not taken as an id nobody sent.
+const REQUEST_ID_PATTERN = '^([\\x21-\\x2b\\x2d-\\x7e]{1,200})?$'
+const REQUEST_ID = /^[\x21-\x2b\x2d-\x7e]{1,200}$/
 
 const kTIn = Symbol('complyroute.t_in')
 const kOutcome = Symbol('complyroute.outcome')
@@ -190,7 +200,7 @@ export function classifyError (err, request) {
           reasons: missing.map((name) => ({ code: 'LABEL_MISSING', message: `header ${name} is missing or empty` }))
         }
       }
-      return { status: 400, code: 'REQUEST_ID_INVALID', message: 'x-request-id must be 1 to 200 visible ASCII characters' }
+      return { status: 400, code: 'REQUEST_ID_INVALID', message: 'x-request-id must be sent once, as 1 to 200 visible ASCII characters other than \',\'' }
     }
     if (err.validationContext === 'body') {
       return { status: 400, code: 'BODY_INVALID', message: 'body must be a JSON object' }
@@ -338,6 +348,24 @@ export async function app (fastify, opts) {
   if (config.nextStep && typeof forward !== 'function') throw new Error('app: opts.forward is required when NEXT_STEP is set')
 
   const stats = Object.fromEntries(STAT_NAMES.map((name) => [name, 0]))
+
+  // The audit line of an accepted record (lib/audit.js adds the chain link): the labels as
+  // they arrived, which are canonical when an enforcement point allowed the hop (it rewrites
+  // them); the digest of the exact text sent on; who decided the hop, with which rule set.
+  function auditEntry (tIn, requestId, headers, body) {
+    const consent = headers['x-data-consent']
+    return {
+      ts: tIn,
+      instance: config.instanceId,
+      step: config.step,
+      request_id: requestId,
+      labels: { region: headers['x-data-region'], category: headers['x-data-category'], consent: consent ?? null },
+      digest: `sha256:${sha256Hex(body)}`,
+      sender: headers[DECISION_HEADERS.sender] ?? null,
+      decided_by: headers[DECISION_HEADERS.decided_by] ?? null,
+      revision: headers[DECISION_HEADERS.revision] ?? null
+    }
+  }
   const ownEntryPrefix = pathEntryPrefix({ instance: config.instanceId, step: config.step, region: config.region, node: config.node })
 
   fastify.addSchema(errorSchema)
@@ -415,15 +443,7 @@ export async function app (fastify, opts) {
 
     const consent = headers['x-data-consent']
     try {
-      await audit.write({
-        ts: tIn,
-        instance: config.instanceId,
-        step: config.step,
-        request_id: requestId,
-        region: headers['x-data-region'],
-        category: headers['x-data-category'],
-        consent: consent === undefined ? null : consent
-      })
+      await audit.write(auditEntry(tIn, requestId, headers, body))
     } catch (err) {
       request.log.error({ err }, 'audit log write failed')
       throw new AppError(500, 'AUDIT_FAILED', 'the audit log could not be written')

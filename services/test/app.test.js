@@ -2,8 +2,13 @@
 // audit log are fakes. Each allowed case has its refused twin next to it.
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
+import { createHash } from 'node:crypto'
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { dirname, join } from 'node:path'
 import { buildApp, clientErrorHandler, doWork, downstreamPathEntries } from '../app.js'
 import { parseConfig } from '../config.js'
+import { GENESIS, createAuditLog } from '../lib/audit.js'
 
 const LAST = parseConfig({ INSTANCE_ID: 'store-eu', STEP: 'store', REGION: 'EU', NODE: 'node-3', WORK_ITERATIONS: '3', LOG_LEVEL: 'silent' })
 const MIDDLE = parseConfig({
@@ -19,6 +24,13 @@ const MIDDLE = parseConfig({
 
 const LABELS = Object.freeze({ 'x-data-region': 'EU', 'x-data-category': 'personal', 'x-data-consent': 'billing,care' })
 const RECORD = Object.freeze({ subject: 'alice', amount: 12 })
+// What the enforcement point that decided a hop adds to it (complyroute/enforcement.py).
+const DECIDED = Object.freeze({
+  'x-complyroute-sender': 'ingest-eu',
+  'x-complyroute-decided-by': 'router-1',
+  'x-complyroute-revision': '0123abc'
+})
+
 const DOWNSTREAM_PATH = Object.freeze([
   { instance: 'store-eu', step: 'store', region: 'EU', node: 'node-3', t_in: 1000.5, t_out: 1001.25 }
 ])
@@ -117,6 +129,7 @@ test('middle step: forwards exactly the specified headers and body, prepends its
       'x-request-id': 'r-2',
       'x-complyroute-destination': 'store-us', // a client's choice is never forwarded
       'x-complyroute-step': 'elsewhere',
+      ...DECIDED, // set for this hop by the point that decided it, never passed on
       cookie: 'a=b'
     }
   })
@@ -444,21 +457,48 @@ test('GET /health answers 200 {status, instance, step}', async (t) => {
 
 // ---------------------------------------------------------------- audit
 
-test('an accepted record writes one audit line', async (t) => {
+test('an accepted record writes one audit line: labels, digest of the bytes received, id, who decided and with which rules', async (t) => {
   const { app, lines } = setup(t, MIDDLE, { now: fakeClock(5000) })
-  const res = await post(app, { headers: { ...LABELS, 'x-request-id': 'r-8' } })
+  const payload = '{ "subject": "alice",  "amount": 12 }' // as sent, spaces and all
+  const res = await post(app, { headers: { ...LABELS, ...DECIDED, 'x-request-id': 'r-8' }, payload })
   assert.equal(res.statusCode, 200)
   assert.deepEqual(lines, [{
     ts: res.json().path[0].t_in,
     instance: 'analyse-eu',
     step: 'analyse',
     request_id: 'r-8',
-    region: 'EU',
-    category: 'personal',
-    consent: 'billing,care'
+    labels: { region: 'EU', category: 'personal', consent: 'billing,care' },
+    digest: `sha256:${createHash('sha256').update(payload).digest('hex')}`,
+    sender: 'ingest-eu',
+    decided_by: 'router-1',
+    revision: '0123abc'
   }])
-  await post(app, { headers: without(LABELS, 'x-data-consent') })
-  assert.equal(lines[1].consent, null)
+})
+
+test('audit line twin: a record no enforcement point decided says so (null), one without consent has consent null', async (t) => {
+  const { app, lines } = setup(t, MIDDLE)
+  await post(app, { headers: without(LABELS, 'x-data-consent'), payload: '{"subject":"bob"}' })
+  assert.deepEqual(lines[0].labels, { region: 'EU', category: 'personal', consent: null })
+  assert.equal(lines[0].digest, `sha256:${createHash('sha256').update('{"subject":"bob"}').digest('hex')}`)
+  assert.deepEqual([lines[0].sender, lines[0].decided_by, lines[0].revision], [null, null, null])
+})
+
+test('audit lines through the real log: one chained line per accepted record, none for a refused one', async (t) => {
+  const file = join(mkdtempSync(join(tmpdir(), 'complyroute-app-')), 'analyse-eu.jsonl')
+  t.after(() => rmSync(dirname(file), { recursive: true, force: true }))
+  const audit = createAuditLog(file)
+  const { app } = setup(t, MIDDLE, { audit })
+  const sent = await Promise.all(['a', 'b', 'c'].map((id) => post(app, { headers: { ...LABELS, ...DECIDED, 'x-request-id': id } })))
+  assert.deepEqual(sent.map((res) => res.statusCode), [200, 200, 200])
+  assert.equal((await post(app, { headers: { ...LABELS, 'x-request-id': 'd,d' } })).statusCode, 400)
+  await audit.close()
+  const lines = readFileSync(file, 'utf8').trim().split('\n')
+  assert.deepEqual(lines.map((line) => JSON.parse(line).request_id).sort(), ['a', 'b', 'c'])
+  let expected = GENESIS
+  for (const line of lines) {
+    assert.equal(JSON.parse(line).prev, expected)
+    expected = createHash('sha256').update(line).digest('hex')
+  }
 })
 
 test('an accepted record is audited even when the next hop then denies it', async (t) => {
@@ -516,7 +556,8 @@ test('the default request id is a UUID', async (t) => {
 
 test('request id refused twin: an invalid x-request-id answers 400 REQUEST_ID_INVALID with a generated id', async (t) => {
   const { app, calls } = setup(t, MIDDLE, { genId: () => 'uuid-2' })
-  for (const id of ['has space', 'x'.repeat(201), 'é']) {
+  // An id sent twice arrives joined: 'r-1,r-1' through Envoy, 'r-1, r-1' from Node's parser.
+  for (const id of ['has space', 'x'.repeat(201), 'é', 'r-1,r-1', 'r-1, r-1']) {
     const res = await post(app, { headers: { ...LABELS, 'x-request-id': id } })
     assert.equal(res.statusCode, 400)
     assert.equal(res.json().code, 'REQUEST_ID_INVALID')

@@ -2,12 +2,38 @@
 // MockAgent: no socket is opened).
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
-import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs'
+import { createHash } from 'node:crypto'
+import { appendFileSync, existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { MockAgent } from 'undici'
-import { createAuditLog } from '../lib/audit.js'
+import { GENESIS, createAuditLog } from '../lib/audit.js'
 import { ForwardError, createForwarder } from '../lib/forwarder.js'
+
+// A file's lines as written, and the entries without their chain link.
+function fileLines (file) {
+  const lines = readFileSync(file, 'utf8').split('\n')
+  assert.equal(lines.pop(), '') // every line ends with a newline
+  return lines
+}
+
+function entries (file) {
+  return fileLines(file).map((line) => {
+    const { prev, ...entry } = JSON.parse(line)
+    return entry
+  })
+}
+
+// Recomputes every link, as the verifier (complyroute/audit.py) does: the index of the
+// first line whose prev is not the hash of the line before it (GENESIS for the first), or -1.
+function firstBrokenLink (lines) {
+  let expected = GENESIS
+  for (const [index, line] of lines.entries()) {
+    if (JSON.parse(line).prev !== expected) return index
+    expected = createHash('sha256').update(line).digest('hex')
+  }
+  return -1
+}
 
 function tempDir (t) {
   const dir = mkdtempSync(join(tmpdir(), 'complyroute-test-'))
@@ -24,9 +50,50 @@ test('audit log: lines are appended as JSON and flushed by close()', async (t) =
   const second = createAuditLog(file) // appends, never truncates
   second.write({ n: 3 }) // not awaited: close() still flushes it
   await second.close()
-  const lines = readFileSync(file, 'utf8').split('\n')
-  assert.equal(lines.pop(), '')
-  assert.deepEqual(lines.map((line) => JSON.parse(line)), [{ n: 1 }, { n: 2 }, { n: 3 }])
+  assert.deepEqual(entries(file), [{ n: 1 }, { n: 2 }, { n: 3 }])
+  assert.equal(firstBrokenLink(fileLines(file)), -1) // the second log went on from the first's last line
+})
+
+test('audit log: each line carries the SHA-256 of the line before it, the first the genesis', async (t) => {
+  const file = join(tempDir(t), 'chain.jsonl')
+  const audit = createAuditLog(file)
+  await Promise.all([audit.write({ n: 1 }), audit.write({ n: 2 })]) // one batch
+  await audit.write({ n: 3 }) // the next
+  await audit.close()
+  const lines = fileLines(file)
+  assert.equal(JSON.parse(lines[0]).prev, GENESIS)
+  assert.equal(JSON.parse(lines[2]).prev, createHash('sha256').update(lines[1]).digest('hex'))
+  assert.ok(lines.every((line) => line.endsWith(`,"prev":"${JSON.parse(line).prev}"}`)), 'prev is the last field, appended as written')
+  assert.equal(firstBrokenLink(lines), -1)
+})
+
+test('audit log refused twin: an edited, a removed or an inserted line breaks the chain at the line after it', async (t) => {
+  const file = join(tempDir(t), 'chain.jsonl')
+  const audit = createAuditLog(file)
+  for (let n = 0; n < 4; n++) await audit.write({ n })
+  await audit.close()
+  const lines = fileLines(file)
+  assert.equal(firstBrokenLink(lines.with(1, lines[1].replace('"n":1', '"n":7'))), 2)
+  assert.equal(firstBrokenLink(lines.toSpliced(1, 1)), 1)
+  assert.equal(firstBrokenLink(lines.toSpliced(2, 0, lines[0])), 2)
+})
+
+test('audit log: a restart goes on from the last line of the file; a partial last line gets a line of its own', async (t) => {
+  const dir = tempDir(t)
+  const file = join(dir, 'restart.jsonl')
+  writeFileSync(file, '')
+  const first = createAuditLog(file) // an empty file starts at the genesis
+  await first.write({ n: 1 })
+  await first.close()
+  appendFileSync(file, '{"n":2,"prev":"cut') // a crash in the middle of a write
+  const second = createAuditLog(file)
+  await second.write({ n: 3 })
+  await second.close()
+  const lines = fileLines(file)
+  assert.equal(lines.length, 3)
+  assert.equal(JSON.parse(lines[0]).prev, GENESIS)
+  assert.equal(lines[1], '{"n":2,"prev":"cut')
+  assert.equal(JSON.parse(lines[2]).prev, createHash('sha256').update(lines[1]).digest('hex'))
 })
 
 test('audit log: an unwritable path fails at creation, a write after close is refused', async (t) => {
@@ -48,8 +115,8 @@ test('audit log: the lines of one turn go in one write, each record waits until 
   await Promise.all(sameTurn)
   assert.deepEqual(seenWhenResolved, Array(50).fill(50)) // all written together, before any resolved
   await audit.write({ n: 50 }) // a later turn: a batch of its own
-  const lines = readFileSync(file, 'utf8').trim().split('\n').map((line) => JSON.parse(line))
-  assert.deepEqual(lines, Array.from({ length: 51 }, (_, n) => ({ n })))
+  assert.deepEqual(entries(file), Array.from({ length: 51 }, (_, n) => ({ n })))
+  assert.equal(firstBrokenLink(fileLines(file)), -1)
 })
 
 test('audit log refused twin: a failed write fails its batch and every later write', { skip: !existsSync('/dev/full') && 'no /dev/full' }, async () => {
