@@ -22,7 +22,9 @@ export const DECISION_HEADERS = Object.freeze({
   decided_by: 'x-complyroute-decided-by',
   revision: 'x-complyroute-revision'
 })
-export const BODY_LIMIT = 1024 * 1024
+// The largest record: the enforcement points' limit too (complyroute/enforcement.py
+// MAX_RECORD_BYTES), so a record one part takes, every part takes.
+export const BODY_LIMIT = 64 * 1024
 
 // A client's x-request-id is kept when it is 1 to 200 visible ASCII characters other than
 // ','; an absent or empty one is replaced by a UUID; anything else is refused (400). The

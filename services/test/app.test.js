@@ -417,12 +417,14 @@ test('wrong content types answer 415, too large bodies 413, both as JSON', async
     assert.equal(res.statusCode, 415, type)
     assert.deepEqual(without(res.json(), 'request_id'), { code: 'CONTENT_TYPE_UNSUPPORTED', message: 'content-type must be application/json' })
   }
-  const big = await post(app, { body: { blob: 'x'.repeat(1024 * 1024) } })
+  const big = await post(app, { body: { blob: 'x'.repeat(64 * 1024) } })
   assert.equal(big.statusCode, 413)
   assert.equal(big.json().code, 'BODY_TOO_LARGE')
   assert.equal(lines.length, 0)
   const charset = await post(app, { headers: { ...LABELS, 'content-type': 'application/json; charset=utf-8' } })
   assert.equal(charset.statusCode, 200)
+  const largest = await post(app, { body: { blob: 'x'.repeat(64 * 1024 - '{"blob":""}'.length) } })
+  assert.equal(largest.statusCode, 200, 'a record of exactly 64 KiB is taken')
 })
 
 test('empty label values count as missing; an empty consent is carried', async (t) => {
