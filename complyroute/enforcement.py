@@ -23,6 +23,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import policydata
+
 ROUTING_HEADER = "x-complyroute-destination"
 POLICY_QUERY = "complyroute/envoy/response"
 MAX_RECORD_BYTES = 64 * 1024
@@ -215,7 +217,7 @@ def decided_route(destination: str, hop_timeout: str) -> dict:
     }
 
 
-def _deciding_listener(listener: DecidingListener, decision_timeout: str, hop_timeout: str, matcher: dict | None) -> dict:
+def _deciding_listener(listener: DecidingListener, decision_timeout: str, hop_timeout: str, matcher: dict | None, point: str) -> dict:
     context = {"sender": listener.sender}
     if listener.step:
         context["step"] = listener.step
@@ -250,6 +252,17 @@ def _deciding_listener(listener: DecidingListener, decision_timeout: str, hop_ti
                 "check_settings": {"context_extensions": context},
             }
         },
+        # Every record this listener passes says who sent it, which point decided its hop and
+        # with which rule set; the receiving service writes them into its audit line
+        # (complyroute/audit.py checks them). Overwritten: a sender cannot choose them.
+        "request_headers_to_add": [
+            {"header": {"key": key, "value": value}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}
+            for key, value in [
+                ("x-complyroute-sender", listener.sender),
+                ("x-complyroute-decided-by", point),
+                ("x-complyroute-revision", policydata.revision()),
+            ]
+        ],
     }
     if matcher is None:
         virtual_host["routes"] = [decision_route(hop_timeout)]
@@ -286,7 +299,7 @@ def envoy_config(point: EnforcementPoint, engine: dict, matchers: dict[str, dict
     clusters = [_cluster("opa", point.opa_grpc, http2=True)] if point.deciding else []
     clusters += [_cluster(instance, endpoint) for instance, endpoint in sorted(point.destinations.items())]
     clusters += [_cluster(f"upstream-{f.name}", f.upstream) for f in point.forwarding]
-    listeners = [_deciding_listener(d, decision_timeout, hop_timeout, (matchers or {}).get(d.name)) for d in point.deciding]
+    listeners = [_deciding_listener(d, decision_timeout, hop_timeout, (matchers or {}).get(d.name), point.name) for d in point.deciding]
     listeners += [_forwarding_listener(f, hop_timeout) for f in point.forwarding]
     return {
         "node": {"id": point.name, "cluster": point.node},
