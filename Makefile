@@ -13,6 +13,8 @@ services ?=
 target ?= local
 # How enforcement points decide: empty keeps the manifest's engine.kind (envoy-opa or envoy-compiled).
 engine ?=
+# Run folders `make audit` checks; empty: every one under runs/.
+runs ?=
 # What `make decide` evaluates.
 input ?= policies/examples/eu-personal-allowed.json
 catalog ?= policies/examples/catalog.json
@@ -129,6 +131,10 @@ undeploy: check-target ## Stop everything the current deployment started [target
 .PHONY: status
 status: ## Show the parts of the current deployment and whether each is healthy
 	$(CONTROL) status
+
+.PHONY: audit
+audit: setup ## Check the audit lines of every run under runs/ (or runs="runs/a runs/b"): chains intact, no forbidden reception, none without a decision
+	$(CONTROL) audit $(runs)
 
 ##@ Kubernetes
 .PHONY: render

@@ -6,8 +6,9 @@ import argparse
 import json
 import subprocess
 import sys
+from pathlib import Path
 
-from . import deployment, manifest, policybench
+from . import audit, deployment, manifest, policybench
 from .client import send
 
 DEMO_MANIFEST = "topologies/examples/mixed-regions.yaml"
@@ -116,6 +117,11 @@ def main(argv: list[str] | None = None) -> int:
 
     commands.add_parser("undeploy", help="stop the current deployment").set_defaults(run=lambda a: (deployment.stop(), 0)[1])
     commands.add_parser("status", help="show the parts of the current deployment").set_defaults(run=lambda a: deployment.status())
+    audit_runs = commands.add_parser(
+        "audit", help="verify every audit chain of runs, re-check every line against the rules, print a verdict per run and in total")
+    audit_runs.add_argument("runs", nargs="*", type=Path, help="run folders (default: every one under runs/)")
+    audit_runs.set_defaults(run=lambda a: audit.main(a.runs))
+
     commands.add_parser("demo", help="deploy the mixed-regions example and send sample records").set_defaults(run=cmd_demo)
 
     coverage = commands.add_parser("policy-coverage", help="policy tests with a coverage threshold")
@@ -130,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.run(args)
-    except (manifest.ManifestError, deployment.DeploymentError) as error:
+    except (manifest.ManifestError, deployment.DeploymentError, audit.AuditError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
 

@@ -1,0 +1,266 @@
+"""Check what a run's audit lines say: every chain intact, every reception decided and allowed.
+
+Every service instance appends one line per record it accepted to runs/<run>/audit/<instance>.jsonl
+(services/lib/audit.js): the labels it received, the digest of the record, the request id, who
+sent the record, which enforcement point decided the hop and with which revision of the rule set,
+and "prev", the SHA-256 of the line before it in the file (GENESIS for the first).
+
+A run's verdict:
+
+- chains intact: in every file, every line's "prev" is the hash of the bytes of the line before
+  it. An edited, removed or inserted line breaks the chain at the line after it (the last line
+  of a file has no line after it: see docs/architecture.md, Audit lines).
+- receptions without a decision: lines that name no deciding point, sender or revision, or name
+  a point that does not decide hops from that sender into that instance (the run's state.json
+  says which point decides what). A record that bypassed the enforcement points.
+- forbidden receptions: the rule set, asked again (recheck.rego, one `opa eval` for a run's
+  distinct hops, with the data each point loaded), does not allow that hop into that instance.
+
+A baseline run has no deciding point: its chains are checked, its receptions are reported as
+received without a policy, not as failures.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .manifest import REPO
+
+OPA = REPO / "bin" / "opa"
+POLICIES = REPO / "policies"
+RUNS = REPO / "runs"
+RECHECK = Path(__file__).with_name("recheck.rego")
+QUERY = "data.complyroute_audit.recheck.allowed"
+GENESIS = "0" * 64  # the "prev" of a file's first line (services/lib/audit.js GENESIS)
+DECISION_FIELDS = ("sender", "decided_by", "revision")
+PROGRESS_EVERY = 100_000  # lines: how often a long run reports how far it got
+SHOWN_PROBLEMS = 5  # per run and kind
+
+
+class AuditError(RuntimeError):
+    """A folder that is not a run, or a rule set OPA could not evaluate."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    kind: str  # chain | undecided | forbidden
+    where: str  # file:line
+    detail: str
+
+
+@dataclass
+class Line:
+    where: str
+    instance: str  # the instance whose log holds it
+    entry: dict
+
+
+@dataclass
+class Verdict:
+    run: Path
+    policy: bool  # False: a run without deciding points (the baseline)
+    description: str
+    lines: int = 0
+    chains: int = 0
+    broken_chains: int = 0
+    forbidden: int = 0
+    undecided: int = 0
+    revisions: Counter = field(default_factory=Counter)
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def clean(self) -> bool:
+        return self.broken_chains == 0 and self.forbidden == 0 and self.undecided == 0
+
+    def summary(self) -> str:
+        counts = f"{self.lines} lines checked, chains intact {self.chains - self.broken_chains}/{self.chains}"
+        if not self.policy:
+            return f"{counts}: no policy (nothing decided its receptions){'' if self.clean else ': CHAIN BROKEN'}"
+        counts += f", forbidden receptions {self.forbidden}, receptions without a decision {self.undecided}"
+        return f"{counts}: {'clean' if self.clean else 'FAILED'}"
+
+
+def line_hash(raw: bytes) -> str:
+    return hashlib.sha256(raw).hexdigest()
+
+
+def read_chain(path: Path, name: str, progress=None) -> tuple[int, list[Line], list[Problem]]:
+    """How many lines one instance's log has, those that are JSON objects, and the links that do not hold.
+
+    After a broken link the chain is followed on from the line that broke it, so each
+    edit, removal or insertion is reported once.
+    """
+    lines, problems = [], []
+    expected = GENESIS
+    number = 0
+    with path.open("rb") as file:
+        for number, raw in enumerate(file, 1):
+            where = f"{name}:{number}"
+            raw = raw.removesuffix(b"\n")
+            try:
+                entry = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                entry = None
+            if not isinstance(entry, dict):
+                problems.append(Problem("chain", where, "not a JSON object"))
+            elif "prev" not in entry:
+                problems.append(Problem("chain", where, "no prev: not a chained audit line"))
+            elif entry["prev"] != expected:
+                problems.append(Problem("chain", where, "prev is not the hash of the line before it" if number > 1 else "the first line does not start from the genesis"))
+            if isinstance(entry, dict):
+                lines.append(Line(where, path.stem, entry))
+            expected = line_hash(raw)
+            if progress and number % PROGRESS_EVERY == 0:
+                progress(f"{name}: {number} lines")
+    return number, lines, problems
+
+
+def undecided_because(line: Line, points: dict[str, dict]) -> str | None:
+    """Why no deciding point stands behind a line, or None when one does."""
+    entry = line.entry
+    missing = [name for name in DECISION_FIELDS if not isinstance(entry.get(name), str) or not entry[name]]
+    if missing:
+        return f"no {', '.join(missing)}: no enforcement point decided this hop"
+    if entry.get("instance") != line.instance:
+        return f"the line names {entry.get('instance')!r} in the log of {line.instance}"
+    point = points.get(entry["decided_by"])
+    if point is None:
+        return f"{entry['decided_by']!r} is no enforcement point of this run"
+    if line.instance not in point["destinations"] or entry["sender"] not in point["senders"]:
+        return f"{entry['decided_by']} decides no hop from {entry['sender']} into {line.instance}"
+    return None
+
+
+def allowed_hops(hops: list[dict], point_data: dict[str, dict], policies: Path = POLICIES) -> set[int]:
+    """Which hops the rule set allows into their instance: one `opa eval` for all of them."""
+    if not hops:
+        return set()
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as input_file:
+        json.dump({"points": point_data, "hops": hops}, input_file)
+        input_file.flush()
+        result = subprocess.run(
+            [str(OPA), "eval", "--format", "json", "--data", str(policies), "--data", str(RECHECK),
+             "--ignore", "*_test.rego", "--ignore", "examples", "--input", input_file.name, QUERY],
+            capture_output=True, text=True,
+        )
+    if result.returncode != 0:
+        raise AuditError(f"OPA could not re-check the audit lines: {(result.stderr or result.stdout).strip()}")
+    answers = json.loads(result.stdout).get("result") or [{"expressions": [{"value": []}]}]
+    return set(answers[0]["expressions"][0]["value"])
+
+
+def hop_of(line: Line) -> dict:
+    entry = line.entry
+    labels = entry.get("labels") if isinstance(entry.get("labels"), dict) else {}
+    return {
+        "point": entry["decided_by"], "sender": entry["sender"], "step": entry.get("step"), "instance": line.instance,
+        "labels": {name: labels.get(name) for name in ("region", "category", "consent")},
+    }
+
+
+def audit_run(run_dir: Path, policies: Path = POLICIES, progress=None) -> Verdict:
+    """The verdict over one run folder (it holds state.json and audit/)."""
+    state_file = run_dir / "state.json"
+    if not state_file.is_file():
+        raise AuditError(f"{run_dir} is not a run folder (no state.json)")
+    state = json.loads(state_file.read_text())
+    points = {p["name"]: p for p in state.get("points", []) if p.get("senders")}
+    policy = state.get("kind") != "baseline"
+    verdict = Verdict(run_dir, policy, f"{state.get('topology', '?')}, {state.get('engine', 'envoy-opa')}")
+
+    lines: list[Line] = []
+    for path in sorted((run_dir / "audit").glob("*.jsonl")):
+        count, read, broken = read_chain(path, f"audit/{path.name}", progress)
+        lines += read
+        verdict.lines += count
+        verdict.chains += 1
+        verdict.broken_chains += bool(broken)
+        verdict.problems += broken
+    if not policy:
+        return verdict
+
+    decided: list[Line] = []
+    for line in lines:
+        reason = undecided_because(line, points)
+        if reason:
+            verdict.undecided += 1
+            verdict.problems.append(Problem("undecided", line.where, f"request {line.entry.get('request_id')}: {reason}"))
+        else:
+            decided.append(line)
+            verdict.revisions[line.entry["revision"]] += 1
+
+    # Most lines repeat a few hops: each distinct one is asked once.
+    distinct: dict[str, int] = {}
+    hops = []
+    for line in decided:
+        key = json.dumps(hop_of(line), sort_keys=True)
+        if key not in distinct:
+            distinct[key] = len(hops)
+            hops.append(hop_of(line))
+    if progress and hops:
+        progress(f"re-checking {len(hops)} distinct hops of {len(decided)} lines with the rule set")
+    point_data = {
+        name: json.loads((run_dir / "points" / name / "data" / "data.json").read_text())
+        for name in sorted({hop["point"] for hop in hops})
+    }
+    allowed = allowed_hops(hops, point_data, policies)
+    for line in decided:
+        if distinct[json.dumps(hop_of(line), sort_keys=True)] not in allowed:
+            hop = hop_of(line)
+            verdict.forbidden += 1
+            verdict.problems.append(Problem(
+                "forbidden", line.where,
+                f"request {line.entry.get('request_id')}: the rules do not allow {hop['sender']} -> {line.instance} "
+                f"(step {hop['step']}, labels {json.dumps(hop['labels'])}), decided by {hop['point']}",
+            ))
+    return verdict
+
+
+def run_folders(root: Path = RUNS) -> list[Path]:
+    """Every run folder under runs/ (runs/current is a link to one of them)."""
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink() and (p / "state.json").is_file())
+
+
+def report(verdict: Verdict, out) -> None:
+    revisions = ", ".join(sorted(verdict.revisions)) or "none"
+    header = f"{verdict.run.name} ({verdict.description}" + (f"; rule set {revisions})" if verdict.policy else "; no deciding point)")
+    print(f"{header}: {verdict.summary()}", file=out)
+    for kind in ("chain", "undecided", "forbidden"):
+        problems = [p for p in verdict.problems if p.kind == kind]
+        for problem in problems[:SHOWN_PROBLEMS]:
+            print(f"  {kind}: {problem.where}: {problem.detail}", file=out)
+        if len(problems) > SHOWN_PROBLEMS:
+            print(f"  {kind}: ... and {len(problems) - SHOWN_PROBLEMS} more", file=out)
+
+
+def main(run_dirs: list[Path], policies: Path = POLICIES, out=sys.stdout, err=sys.stderr) -> int:
+    """Audit every run folder given (default: every one under runs/); 0 when every verdict is clean."""
+    folders = run_dirs or run_folders()
+    if not folders:
+        print("audit: no run folders (deploy a topology, or run the end-to-end tests, first)", file=out)
+        return 0
+    verdicts = []
+    for number, folder in enumerate(folders, 1):
+        print(f"audit: [{number}/{len(folders)}] {folder}", file=err)
+        verdicts.append(audit_run(folder, policies, progress=lambda message: print(f"audit:   {message}", file=err)))
+        report(verdicts[-1], out)
+    enforced = [v for v in verdicts if v.policy]
+    total = (
+        f"{sum(v.lines for v in verdicts)} lines checked, "
+        f"chains intact {sum(v.chains - v.broken_chains for v in verdicts)}/{sum(v.chains for v in verdicts)}, "
+        f"forbidden receptions {sum(v.forbidden for v in enforced)}, "
+        f"receptions without a decision {sum(v.undecided for v in enforced)}"
+    )
+    failed = [v for v in verdicts if not v.clean]
+    print(f"audit: {len(verdicts)} runs ({len(verdicts) - len(enforced)} without policy): {total}: "
+          f"{'clean' if not failed else f'FAILED ({len(failed)} runs)'}", file=out)
+    return 1 if failed else 0

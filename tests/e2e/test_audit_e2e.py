@@ -1,0 +1,82 @@
+"""End to end: the audit lines real services write, checked by `python -m complyroute audit`.
+
+The mixed-regions example in the sidecar topology (every hop decided by the sender's own
+sidecar, delivered through the receiver's forwarding ingress) under each engine: records sent
+to the real entry leave lines the audit finds clean; a record posted straight to a service's
+port, as a hostile process on the machine could, leaves a line the audit reports as received
+without a decision.
+"""
+
+import hashlib
+import json
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+from complyroute import deployment, manifest, policydata
+from complyroute.client import send
+
+from .helpers import ENGINES, EU_PERSONAL, RECORD, deploy_mixed_regions, post, wait_for_audit
+
+pytestmark = pytest.mark.e2e
+
+US_PERSONAL = {"region": "US", "category": "personal", "consent": "care,billing"}
+
+
+@pytest.fixture(scope="module", params=ENGINES)
+def deployed(request):
+    state, _ = deploy_mixed_regions("sidecar", engine=request.param)
+    yield state
+    deployment.stop()
+
+
+def audit(state):
+    """The audit command as a user runs it, on this deployment's run folder."""
+    return subprocess.run([sys.executable, "-m", "complyroute", "audit", state["run_dir"]],
+                          cwd=manifest.REPO, capture_output=True, text=True, timeout=120)
+
+
+def test_allowed_records_leave_lines_the_audit_finds_clean_allowed(deployed):
+    state = deployed
+    # Consent as a client may write it: the lines hold it as the deciding point rewrote it.
+    request_id, answer = post(state, {**EU_PERSONAL, "consent": " care , billing"})
+    assert answer.status == 200, answer.text
+    assert post(state, US_PERSONAL)[1].status == 200
+    denied_id, denied = post(state, {**EU_PERSONAL, "consent": "care"})  # reaches analyse-eu, not store-eu
+    assert denied.status == 451, denied.text
+    wait_for_audit(state, denied_id, 2)
+
+    lines = {line["instance"]: line for line in wait_for_audit(state, request_id, 3)}
+    assert set(lines) == {"ingest-eu", "analyse-eu", "store-eu"}
+    assert {name: (line["sender"], line["decided_by"]) for name, line in lines.items()} == {
+        "ingest-eu": ("gateway", "entry"),
+        "analyse-eu": ("ingest-eu", "sidecar-ingest-eu"),
+        "store-eu": ("analyse-eu", "sidecar-analyse-eu"),
+    }
+    for line in lines.values():
+        assert line["labels"] == {"region": "EU", "category": "personal", "consent": "billing,care"}
+        assert line["digest"] == "sha256:" + hashlib.sha256(json.dumps(RECORD).encode()).hexdigest()
+        assert line["revision"] == policydata.revision()
+
+    result = audit(state)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "forbidden receptions 0, receptions without a decision 0: clean" in result.stdout
+
+
+def test_a_record_posted_straight_to_a_service_is_reported_without_a_decision_denied(deployed):
+    state = deployed
+    store_eu = next(p for p in state["parts"] if p["name"] == "store-eu")
+    # Past every enforcement point, with the headers a decided hop carries, but for the ones
+    # only a deciding point sets.
+    request_id = f"e2e-{uuid.uuid4()}"
+    answer = send(store_eu["health_url"].removesuffix("/health") + "/process", EU_PERSONAL, RECORD,
+                  request_id=request_id, headers={"x-complyroute-sender": "analyse-eu"})
+    assert answer.status == 200, answer.text  # the service cannot tell: the audit can
+    assert len(wait_for_audit(state, request_id, 1)) == 1
+
+    result = audit(state)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "forbidden receptions 0, receptions without a decision 1: FAILED" in result.stdout
+    assert f"request {request_id}: no decided_by, revision: no enforcement point decided this hop" in result.stdout
