@@ -13,6 +13,7 @@ class Answer:
     status: int
     body: dict | None
     text: str
+    request_id: str | None = None  # the record's id (x-request-id of the answer): the entry assigns it
 
     def summary(self) -> str:
         if self.status == 200 and self.body:
@@ -33,11 +34,11 @@ def send(url: str, labels: dict[str, str], record: dict | str, request_id: str |
     request = urllib.request.Request(url, data=data.encode(), headers=request_headers, method="POST")
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
-            status, text = response.status, response.read().decode()
+            status, text, assigned = response.status, response.read().decode(), response.headers.get("x-request-id")
     except urllib.error.HTTPError as error:
-        status, text = error.code, error.read().decode()
+        status, text, assigned = error.code, error.read().decode(), error.headers.get("x-request-id")
     try:
         body = json.loads(text)
     except json.JSONDecodeError:
         body = None
-    return Answer(status, body if isinstance(body, dict) else None, text)
+    return Answer(status, body if isinstance(body, dict) else None, text, assigned)

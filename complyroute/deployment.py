@@ -80,6 +80,7 @@ def point_parts(point: EnforcementPoint, config: engines.PointConfig, folder: Pa
                 node=point.node,
                 command=[
                     str(OPA), "run", "--server", "--addr", f"{point.opa_http.address}:{point.opa_http.port}",
+                    "--diagnostic-addr", f"{point.opa_diagnostic.address}:{point.opa_diagnostic.port}", *enforcement.OPA_SERVER_FLAGS,
                     "--config-file", str(folder / "opa.yaml"), "--skip-version-check", "--log-level", "error",
                     *policydata.OPA_RUN_FLAGS,
                     "--ignore", "*_test.rego", "--ignore", "examples", str(policies), str(data_dir),

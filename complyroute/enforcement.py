@@ -27,13 +27,41 @@ from . import policydata
 
 ROUTING_HEADER = "x-complyroute-destination"
 POLICY_QUERY = "complyroute/envoy/response"
+# The largest record any part accepts: Envoy's ext_authz buffer, the compiled engine's
+# content-length matcher and the services' bodyLimit (services/app.js BODY_LIMIT) agree.
 MAX_RECORD_BYTES = 64 * 1024
 UPSTREAM_IDLE_TIMEOUT = "30s"
+RECORD_PATH = "/process"
+READY_PATH = "/ready"
 
 
 def hop_timeout_of(settings: dict) -> str:
     """How long a hop may take, from a manifest's engine settings."""
     return settings.get("hop_timeout", "60s")
+
+
+def _seconds(duration: str) -> float:
+    if not duration.endswith("s") or duration.endswith("ms"):
+        raise ValueError(f"durations are written in seconds, such as '2s' or '0.5s': got {duration!r}")
+    return float(duration[:-1])
+
+
+def receive_timeouts(settings: dict) -> tuple[str, str]:
+    """(request_headers_timeout, request_timeout) of every listener, from the engine settings.
+
+    A record is at most MAX_RECORD_BYTES, so its whole request arrives in well under a second
+    from any sender that means to send it; a sender that stops half way must not hold a stream
+    (and the point's buffer) for as long as a hop may take. `receive_timeout` (default: a
+    tenth of the hop timeout, at most 10 s) bounds the headers; the whole request may take that
+    plus one decision, since Envoy counts the ext_authz call (which holds the body) into it.
+    Both answer 408 in the JSON error shape.
+    """
+    hop = _seconds(hop_timeout_of(settings))
+    receive = _seconds(settings.get("receive_timeout", f"{min(hop / 10, 10.0):g}s"))
+    decision = _seconds(settings.get("decision_timeout", "2s"))
+    if receive + decision > hop:
+        raise ValueError(f"receive_timeout ({receive:g}s) plus decision_timeout ({decision:g}s) exceed hop_timeout ({hop:g}s)")
+    return f"{receive:g}s", f"{receive + decision:g}s"
 
 
 @dataclass(frozen=True)
@@ -79,9 +107,11 @@ class ForwardingListener:
 class EnforcementPoint:
     name: str
     node: str
-    admin: Endpoint  # Envoy's admin interface; /ready is its health check
+    admin: Endpoint  # Envoy's admin interface: loopback only, for operators and make bench
+    ready: Endpoint  # Envoy's readiness listener: GET /ready, its health check, and nothing else
     opa_grpc: Endpoint  # the ext_authz server Envoy asks
-    opa_http: Endpoint  # OPA's REST API; /health?plugins is its health check
+    opa_http: Endpoint  # OPA's REST API: loopback only, read-only (OPA_AUTHZ_POLICY)
+    opa_diagnostic: Endpoint  # OPA's --diagnostic-addr: /health?plugins is its health check, /metrics
     concurrency: int = 1
     deciding: list[DecidingListener] = field(default_factory=list)
     forwarding: list[ForwardingListener] = field(default_factory=list)
@@ -90,11 +120,15 @@ class EnforcementPoint:
 
     @property
     def opa_health_url(self) -> str:
-        return f"{self.opa_http.url}/health?plugins"
+        return f"{self.opa_diagnostic.url}/health?plugins"
+
+    @property
+    def opa_metrics_url(self) -> str:
+        return f"{self.opa_diagnostic.url}/metrics"
 
     @property
     def envoy_ready_url(self) -> str:
-        return f"{self.admin.url}/ready"
+        return f"{self.ready.url}{READY_PATH}"
 
 
 def _socket(endpoint: Endpoint) -> dict:
@@ -154,44 +188,115 @@ def _status_equal(value: int) -> dict:
     return _status("EQ", value)
 
 
-# Envoy's own error answers become {code, message} JSON like every other error in the system.
-# Denials by the policy (400/451) carry OPA's body and are left untouched.
+UAEX = {"response_flag_filter": {"flags": ["UAEX"]}}  # the answer is ext_authz's (a denial, or no decision)
+
+# Envoy's own refusals, by status: the codes the services give the same statuses
+# (services/app.js CODE_BY_STATUS), so a client reads one vocabulary whichever part refused.
+REFUSALS = {
+    400: ("BAD_REQUEST", "the enforcement point refused a malformed request"),
+    404: ("NOT_FOUND", "the only route here is POST /process"),
+    405: ("METHOD_NOT_ALLOWED", "a record is sent with POST"),
+    408: ("REQUEST_TIMEOUT", "the request did not arrive in time"),
+    413: ("BODY_TOO_LARGE", f"a record is at most {MAX_RECORD_BYTES} bytes"),
+    426: ("UPGRADE_REQUIRED", "HTTP/1.1 or HTTP/2 is required"),
+    431: ("HEADERS_TOO_LARGE", "the request headers are too large"),
+}
+
+# Every answer Envoy or the plugin makes on its own is {code, message, request_id} JSON, like
+# every other error in the system; %RESPONSE_CODE_DETAILS% says which check refused (for a
+# codec error, before any request id exists, request_id is null). Denials by the policy (400,
+# 451) carry OPA's body and keep it: a mapper's first match wins, so they are matched first.
 LOCAL_REPLIES = {
     "mappers": [
         # The policy's 451 reaches Envoy as 403 (ext_authz's status enum has no 451; see
         # wire_status in policies/complyroute/envoy/envoy.rego); restore it, body untouched.
-        {
-            "filter": {"and_filter": {"filters": [{"response_flag_filter": {"flags": ["UAEX"]}}, _status_equal(403)]}},
-            "status_code": 451,
-        },
+        {"filter": {"and_filter": {"filters": [UAEX, _status_equal(403)]}}, "status_code": 451},
         _json_reply(
-            {"and_filter": {"filters": [{"response_flag_filter": {"flags": ["UAEX"]}}, _status_at_least(500)]}},
+            {"and_filter": {"filters": [UAEX, _status_at_least(500)]}},
             "DECISION_UNAVAILABLE",
             "no policy decision could be obtained (%RESPONSE_CODE_DETAILS%); the record was not forwarded",
         ),
+        # Any other ext_authz answer is the policy's denial: as OPA wrote it. (The plugin's own
+        # plain-text 400, request_parse_error, comes from a path or query it cannot unescape;
+        # only an exact `:path: /process` reaches ext_authz, so it never answers here.)
+        {"filter": UAEX},
         _json_reply(
             _status_at_least(500),
             "HOP_UNAVAILABLE",
             "the enforcement point could not deliver the record (%RESPONSE_CODE_DETAILS%)",
         ),
-        _json_reply(
-            _status_equal(404),
-            "NO_ROUTE",
-            "the enforcement point has no route for this request (%RESPONSE_CODE_DETAILS%)",
-        ),
+        *[_json_reply(_status_equal(status), code, f"{message} (%RESPONSE_CODE_DETAILS%)") for status, (code, message) in REFUSALS.items()],
+        _json_reply(_status_at_least(400), "REQUEST_REFUSED", "the enforcement point refused the request (%RESPONSE_CODE_DETAILS%)"),
     ]
 }
 
+EXT_AUTHZ_PER_ROUTE = "type.googleapis.com/envoy.extensions.filters.http.ext_authz.v3.ExtAuthzPerRoute"
+EXT_AUTHZ_DISABLED = {"envoy.filters.http.ext_authz": {"@type": EXT_AUTHZ_PER_ROUTE, "disabled": True}}
 
-def _connection_manager(stat_prefix: str, http_filters: list, virtual_host: dict) -> dict:
+# What a listener takes, as (header, string match) pairs that both a route's header matchers
+# and the compiled engine's matcher tree express: a record is POST /process, exactly (no
+# query string, whose escapes the plugin could not parse). A request that matches none of
+# REQUEST_FORMS' predicates is answered 404.
+A_RECORD = [(":method", {"exact": "POST"}), (":path", {"exact": RECORD_PATH})]
+REQUEST_FORMS = [
+    # (name, predicates, status): tried in order after A_RECORD.
+    ("query-string", [(":method", {"exact": "POST"}), (":path", {"safe_regex": {"regex": r"/process\?.*"}})], 400),
+    ("not-post", [(":path", {"safe_regex": {"regex": r"/process(\?.*)?"}})], 405),
+]
+
+
+def refusal_route(name: str, status: int, predicates: list, deciding: bool) -> dict:
+    """A route answering `status` from Envoy itself (the local reply mappers write the body)."""
+    route = {
+        "name": name,
+        "match": {"prefix": "/", "headers": [{"name": header, "string_match": match} for header, match in predicates]},
+        "direct_response": {"status": status},
+    }
+    if status == 405:
+        route["response_headers_to_add"] = [{"header": {"key": "allow", "value": "POST"}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}]
+    if deciding:  # nothing to decide: OPA is not asked
+        route["typed_per_filter_config"] = EXT_AUTHZ_DISABLED
+    return route
+
+
+def refusal_routes(deciding: bool) -> list[dict]:
+    """What a listener answers to anything that is not a record, in order, after the record's route."""
+    return [refusal_route(name, status, predicates, deciding) for name, predicates, status in REQUEST_FORMS] + [
+        refusal_route("not-a-record", 404, [], deciding)
+    ]
+
+
+def record_route(route: dict) -> dict:
+    """The route of a record (`route`: its action and settings)."""
+    return {"match": {"prefix": "/", "headers": [{"name": h, "string_match": m} for h, m in A_RECORD]}, **route}
+
+
+ENTRY_FORGETS_REQUEST_ID = {
+    "name": "entry-forgets-request-id",
+    "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.http.early_header_mutation.header_mutation.v3.HeaderMutation",
+        "mutations": [{"remove": "x-request-id"}],
+    },
+}
+
+
+def _connection_manager(stat_prefix: str, http_filters: list, virtual_host: dict, settings: dict, from_client: bool = False) -> dict:
+    headers_timeout, request_timeout = receive_timeouts(settings)
     return {
         "name": "envoy.filters.network.http_connection_manager",
         "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
             "stat_prefix": stat_prefix,
-            # A client's x-request-id is the id the audit logs and the answer carry.
+            # The entry assigns every record's id: a client's x-request-id is replaced (a client
+            # could otherwise pass a record off as another in the audit logs, or send two).
+            # Later hops keep the id the entry assigned, which the services send on.
             "preserve_external_request_id": True,
+            "always_set_request_id_in_response": True,
+            "request_headers_timeout": headers_timeout,
+            "request_timeout": request_timeout,
             "route_config": {"name": stat_prefix, "virtual_hosts": [virtual_host]},
+            # At the entry, a client's id is removed before Envoy generates the record's.
+            **({"early_header_mutation_extensions": [ENTRY_FORGETS_REQUEST_ID]} if from_client else {}),
             "http_filters": http_filters + [
                 {"name": "envoy.filters.http.router", "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}
             ],
@@ -200,24 +305,18 @@ def _connection_manager(stat_prefix: str, http_filters: list, virtual_host: dict
     }
 
 
-EXT_AUTHZ_PER_ROUTE = "type.googleapis.com/envoy.extensions.filters.http.ext_authz.v3.ExtAuthzPerRoute"
-
-
 def decision_route(hop_timeout: str) -> dict:
     """The route of a record whose hop OPA decides: to the instance its decision names."""
-    return {"match": {"prefix": "/"}, "route": {"cluster_header": ROUTING_HEADER, "timeout": hop_timeout}}
+    return record_route({"route": {"cluster_header": ROUTING_HEADER, "timeout": hop_timeout}})
 
 
 def decided_route(destination: str, hop_timeout: str) -> dict:
     """The route of a record whose hop was decided ahead of time: no call to OPA."""
-    return {
-        "match": {"prefix": "/"},
-        "route": {"cluster": destination, "timeout": hop_timeout},
-        "typed_per_filter_config": {"envoy.filters.http.ext_authz": {"@type": EXT_AUTHZ_PER_ROUTE, "disabled": True}},
-    }
+    return record_route({"route": {"cluster": destination, "timeout": hop_timeout}, "typed_per_filter_config": EXT_AUTHZ_DISABLED})
 
 
-def _deciding_listener(listener: DecidingListener, decision_timeout: str, hop_timeout: str, matcher: dict | None, point: str) -> dict:
+def _deciding_listener(listener: DecidingListener, settings: dict, matcher: dict | None, point: str) -> dict:
+    decision_timeout = settings.get("decision_timeout", "2s")
     context = {"sender": listener.sender}
     if listener.step:
         context["step"] = listener.step
@@ -265,26 +364,43 @@ def _deciding_listener(listener: DecidingListener, decision_timeout: str, hop_ti
         ],
     }
     if matcher is None:
-        virtual_host["routes"] = [decision_route(hop_timeout)]
+        virtual_host["routes"] = [decision_route(hop_timeout_of(settings)), *refusal_routes(deciding=True)]
     else:
         virtual_host["matcher"] = matcher
     return {
         "name": listener.name,
         "address": _socket(listener.endpoint),
-        "filter_chains": [{"filters": [_connection_manager(listener.name, filters, virtual_host)]}],
+        "filter_chains": [{"filters": [_connection_manager(listener.name, filters, virtual_host, settings, listener.from_client)]}],
     }
 
 
-def _forwarding_listener(listener: ForwardingListener, hop_timeout: str) -> dict:
-    virtual_host = {
-        "name": listener.name,
-        "domains": ["*"],
-        "routes": [{"match": {"prefix": "/"}, "route": {"cluster": f"upstream-{listener.name}", "timeout": hop_timeout}}],
-    }
+def _forwarding_listener(listener: ForwardingListener, settings: dict) -> dict:
+    forward = record_route({"route": {"cluster": f"upstream-{listener.name}", "timeout": hop_timeout_of(settings)}})
+    virtual_host = {"name": listener.name, "domains": ["*"], "routes": [forward, *refusal_routes(deciding=False)]}
     return {
         "name": listener.name,
         "address": _socket(listener.endpoint),
-        "filter_chains": [{"filters": [_connection_manager(listener.name, [], virtual_host)]}],
+        "filter_chains": [{"filters": [_connection_manager(listener.name, [], virtual_host, settings)]}],
+    }
+
+
+def _ready_listener(point: EnforcementPoint, settings: dict) -> dict:
+    """GET /ready answers 200 while Envoy serves (its listeners only accept once it is
+    initialised); everything else 404. The deployment's and the kubelet's health check, so
+    the admin interface stays on loopback."""
+    health_check = {
+        "name": "envoy.filters.http.health_check",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.health_check.v3.HealthCheck",
+            "pass_through_mode": False,
+            "headers": [{"name": ":path", "string_match": {"exact": READY_PATH}}],
+        },
+    }
+    virtual_host = {"name": "ready", "domains": ["*"], "routes": [refusal_route("not-ready-check", 404, [], deciding=False)]}
+    return {
+        "name": "ready",
+        "address": _socket(point.ready),
+        "filter_chains": [{"filters": [_connection_manager("ready", [health_check], virtual_host, settings)]}],
     }
 
 
@@ -292,15 +408,14 @@ def envoy_config(point: EnforcementPoint, engine: dict, matchers: dict[str, dict
     """Envoy bootstrap for one enforcement point.
 
     `matchers`: by deciding listener name, a route matcher tree (xds.type.matcher.v3.Matcher
-    whose actions are routes) that replaces the listener's single decision route.
+    whose actions are routes) that replaces the listener's routes.
     """
-    decision_timeout = engine.get("decision_timeout", "2s")
-    hop_timeout = hop_timeout_of(engine)
     clusters = [_cluster("opa", point.opa_grpc, http2=True)] if point.deciding else []
     clusters += [_cluster(instance, endpoint) for instance, endpoint in sorted(point.destinations.items())]
     clusters += [_cluster(f"upstream-{f.name}", f.upstream) for f in point.forwarding]
-    listeners = [_deciding_listener(d, decision_timeout, hop_timeout, (matchers or {}).get(d.name), point.name) for d in point.deciding]
-    listeners += [_forwarding_listener(f, hop_timeout) for f in point.forwarding]
+    listeners = [_deciding_listener(d, engine, (matchers or {}).get(d.name), point.name) for d in point.deciding]
+    listeners += [_forwarding_listener(f, engine) for f in point.forwarding]
+    listeners.append(_ready_listener(point, engine))
     return {
         "node": {"id": point.name, "cluster": point.node},
         "admin": {"address": _socket(point.admin)},
@@ -314,6 +429,11 @@ def write_data(data_dir: Path, document: dict) -> None:
     (data_dir / "data.json").write_text(json.dumps(document, indent=2, sort_keys=True))
 
 
+# Flags of every point's `opa run --server`, wherever it runs: its REST API asks the rule set's
+# system.authz policy (policies/system/authz) about every request, which refuses writes.
+OPA_SERVER_FLAGS = ["--authorization=basic"]
+
+
 def opa_config(point: EnforcementPoint) -> dict:
     """OPA configuration: the Envoy ext_authz gRPC server answering with the policy's response."""
     return {
@@ -324,7 +444,7 @@ def opa_config(point: EnforcementPoint) -> dict:
                 # The policy parses the body itself so a malformed record gets a clear 400
                 # instead of an evaluation error.
                 "skip-request-body-parse": True,
-                # grpc_request_duration_seconds on /metrics: what a decision costs inside the
+                # grpc_request_duration_seconds on the diagnostic address's /metrics: what a decision costs inside the
                 # plugin, beside the policy's evaluation alone (make bench shows both).
                 "enable-performance-metrics": True,
             }

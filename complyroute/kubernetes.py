@@ -16,6 +16,7 @@ import json
 import re
 import shutil
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
@@ -34,6 +35,15 @@ NODE_LABEL = "complyroute.io/node"
 ROLE_LABEL = "complyroute.io/role"
 AUDIT_DIR = "/var/log/complyroute"
 
+# Every pod runs under the restricted Pod Security Standard (its namespace enforces it): one
+# numeric non-root user, the service image's (services/Dockerfile: USER 1000:1000, the node
+# image's `node`); Envoy's and OPA's images hold static binaries any user may run and need no
+# file of their own to write. Nothing writes its root filesystem: the audit log goes to an
+# emptyDir, configuration comes from read-only ConfigMaps.
+RUN_AS = 1000
+POD_SECURITY = {"runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS, "seccompProfile": {"type": "RuntimeDefault"}}
+CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "readOnlyRootFilesystem": True}
+
 RESOURCES = {
     "service": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"cpu": "500m", "memory": "256Mi"}},
     "envoy": {"requests": {"cpu": "50m", "memory": "32Mi"}, "limits": {"cpu": "1", "memory": "256Mi"}},
@@ -45,6 +55,7 @@ class KubernetesNetwork:
     """Addresses in a cluster: each pod its own IP, fixed ports, Services by DNS name."""
 
     SERVICE, INGRESS, EGRESS, OPA_GRPC, OPA_HTTP, ENVOY_ADMIN, ENTRY, HOPS = 3000, 15001, 15002, 9191, 8181, 9901, 8080, 22000
+    OPA_DIAGNOSTIC, ENVOY_READY = 8282, 9902
 
     def __init__(self, namespace: str):
         self.namespace = namespace
@@ -65,9 +76,13 @@ class KubernetesNetwork:
         return EnforcementPoint(
             name=name,
             node=node.name,
-            admin=Endpoint("0.0.0.0", self.ENVOY_ADMIN, "127.0.0.1"),
+            # Envoy's admin and OPA's REST API listen on the pod's loopback: no peer reaches
+            # them. The kubelet probes the readiness listener and OPA's diagnostic address.
+            admin=Endpoint("127.0.0.1", self.ENVOY_ADMIN),
+            ready=Endpoint("0.0.0.0", self.ENVOY_READY),
             opa_grpc=Endpoint("127.0.0.1", self.OPA_GRPC),  # OPA runs in the same pod as its Envoy
-            opa_http=Endpoint("0.0.0.0", self.OPA_HTTP, "127.0.0.1"),
+            opa_http=Endpoint("127.0.0.1", self.OPA_HTTP),
+            opa_diagnostic=Endpoint("0.0.0.0", self.OPA_DIAGNOSTIC),
             concurrency=concurrency,
         )
 
@@ -105,7 +120,7 @@ def merge_router_sets(points: list[EnforcementPoint]) -> dict[str, EnforcementPo
     sets: dict[str, EnforcementPoint] = {}
     for point in points:
         name = KubernetesNetwork.service_of(point.name)
-        merged = sets.setdefault(name, EnforcementPoint(name, "service", point.admin, point.opa_grpc, point.opa_http, point.concurrency))
+        merged = sets.setdefault(name, replace(point, name=name, node="service", deciding=[], forwarding=[], destinations={}, catalog={}))
         merged.deciding += point.deciding
         merged.destinations.update(point.destinations)
         instances = {**merged.catalog.get("instances", {}), **point.catalog.get("instances", {})}
@@ -115,6 +130,12 @@ def merge_router_sets(points: list[EnforcementPoint]) -> dict[str, EnforcementPo
 
 def _probe(path: str, port: int) -> dict:
     return {"httpGet": {"path": path, "port": port}, "periodSeconds": 5, "failureThreshold": 3}
+
+
+def _exec_probe(url: str) -> dict:
+    """A probe run inside the container: for a service that listens on its pod's loopback only."""
+    script = f"fetch({json.dumps(url)}).then((r) => process.exit(r.ok ? 0 : 1), () => process.exit(1))"
+    return {"exec": {"command": ["node", "-e", script]}, "periodSeconds": 5, "failureThreshold": 3, "timeoutSeconds": 2}
 
 
 def _configmap_volume(name: str, items: list[tuple[str, str]] | None = None) -> dict:
@@ -162,15 +183,18 @@ class Renderer:
             "name": "opa",
             "image": OPA_IMAGE,
             "args": [
-                "run", "--server", f"--addr=0.0.0.0:{self.net.OPA_HTTP}", "--config-file=/config/opa.yaml",
+                "run", "--server", f"--addr={point.opa_http.address}:{point.opa_http.port}",
+                f"--diagnostic-addr={point.opa_diagnostic.address}:{point.opa_diagnostic.port}", *enforcement.OPA_SERVER_FLAGS,
+                "--config-file=/config/opa.yaml",
                 # ConfigMap volumes hold hidden ..data folders; loaded, they would add data twice.
                 "--skip-version-check", "--log-level=error", *policydata.OPA_RUN_FLAGS, "--ignore=.*", "/policy", "/catalog",
             ],
             "env": [{"name": "GOMAXPROCS", "value": str(point.concurrency)}],
-            "ports": [{"name": "opa-http", "containerPort": self.net.OPA_HTTP}, {"name": "opa-grpc", "containerPort": self.net.OPA_GRPC}],
-            "readinessProbe": _probe("/health?plugins", self.net.OPA_HTTP),
-            "livenessProbe": _probe("/health", self.net.OPA_HTTP),
+            "ports": [{"name": "opa-diagnostic", "containerPort": self.net.OPA_DIAGNOSTIC}],
+            "readinessProbe": _probe("/health?plugins", self.net.OPA_DIAGNOSTIC),
+            "livenessProbe": _probe("/health", self.net.OPA_DIAGNOSTIC),
             "resources": RESOURCES["opa"],
+            "securityContext": CONTAINER_SECURITY,
             "volumeMounts": [
                 {"name": "policy", "mountPath": "/policy", "readOnly": True},
                 {"name": f"catalog-{point.name}", "mountPath": "/catalog", "readOnly": True},
@@ -185,10 +209,11 @@ class Renderer:
             "image": ENVOY_IMAGE,
             "args": ["-c", "/config/envoy.json", "--concurrency", str(point.concurrency), "--log-level", "warn"],
             # Envoy's own port names would clash across 50 listeners: numbers only.
-            "ports": [{"containerPort": port} for port in sorted(set(listener_ports))] + [{"name": "envoy-admin", "containerPort": self.net.ENVOY_ADMIN}],
-            "readinessProbe": _probe("/ready", self.net.ENVOY_ADMIN),
-            "livenessProbe": _probe("/server_info", self.net.ENVOY_ADMIN),
+            "ports": [{"containerPort": port} for port in sorted(set(listener_ports))] + [{"name": "envoy-ready", "containerPort": self.net.ENVOY_READY}],
+            "readinessProbe": _probe(enforcement.READY_PATH, self.net.ENVOY_READY),
+            "livenessProbe": _probe(enforcement.READY_PATH, self.net.ENVOY_READY),
             "resources": RESOURCES["envoy"],
+            "securityContext": CONTAINER_SECURITY,
             "volumeMounts": [{"name": f"envoy-{point.name}", "mountPath": "/config", "readOnly": True}],
         }
 
@@ -217,7 +242,12 @@ class Renderer:
 
     # ---- workloads
     def pod_spec(self, node_selector: dict, containers: list[dict], volumes: list[dict], init: list[dict] | None = None) -> dict:
-        spec = {"nodeSelector": node_selector, "containers": containers, "volumes": volumes, "enableServiceLinks": False}
+        spec = {
+            "nodeSelector": node_selector, "containers": containers, "volumes": volumes, "enableServiceLinks": False,
+            # Nothing in a pod talks to the API server.
+            "automountServiceAccountToken": False,
+            "securityContext": POD_SECURITY,
+        }
         if init:
             spec["initContainers"] = init
         return spec
@@ -241,17 +271,18 @@ class Renderer:
     def service_instance(self, process, sidecar: EnforcementPoint | None) -> None:
         instance = process.instance
         env = process.environment(self.topology.engine, f"{AUDIT_DIR}/{instance.id}.jsonl")
-        # Beside a sidecar the service listens on the pod's loopback, so the kubelet probes it
-        # through the sidecar's ingress.
-        probe_port = self.net.INGRESS if sidecar else self.net.SERVICE
+        # Beside a sidecar the service listens on the pod's loopback, and the sidecar's ingress
+        # passes records only (POST /process), so the kubelet probes it from inside its container.
+        probe = _exec_probe(f"http://127.0.0.1:{self.net.SERVICE}/health") if sidecar else _probe("/health", self.net.SERVICE)
         container = {
             "name": "service",
             "image": SERVICE_IMAGE,
             "env": [{"name": k, "value": v} for k, v in env.items()],
             "ports": [] if sidecar else [{"name": "http", "containerPort": self.net.SERVICE}],
-            "readinessProbe": _probe("/health", probe_port),
-            "livenessProbe": _probe("/health", probe_port),
+            "readinessProbe": probe,
+            "livenessProbe": probe,
             "resources": RESOURCES["service"],
+            "securityContext": CONTAINER_SECURITY,
             "volumeMounts": [{"name": "audit", "mountPath": AUDIT_DIR}],
         }
         volumes = [{"name": "audit", "emptyDir": {}}]
@@ -300,7 +331,9 @@ class Renderer:
         net, kind = self.net, self.topology.kind
         port = lambda p: {"protocol": "TCP", "port": p}
         hops = {"protocol": "TCP", "port": net.HOPS, "endPort": net.HOPS + 999}
-        admin_and_opa = [port(net.ENVOY_ADMIN), port(net.OPA_HTTP)]  # the kubelet's probes
+        # No peer reaches Envoy's admin or OPA's REST API (both on the pod's loopback), nor the
+        # readiness listener or OPA's diagnostic address: the kubelet's probes need no rule,
+        # since a NetworkPolicy always allows traffic from the node a pod runs on.
         entry_component = {"sidecar": "entry", "dynamic-router": "entry", "central-entity": "central-entity", "baseline": "gateway"}[kind]
         service_port = net.INGRESS if kind == "sidecar" else net.SERVICE
         # Who may hand a record to a service, and where a service may send one on.
@@ -310,8 +343,8 @@ class Renderer:
             "dynamic-router": (["entry", "router"], ["router"], [hops]),
             "baseline": (["gateway", "service"], ["service"], [port(net.SERVICE)]),
         }[kind]
-        self.objects.append(self.network_policy("services", "service", senders, [port(service_port)] + admin_and_opa, service_sends_to, service_egress))
-        entry_ports = [port(net.ENTRY)] + admin_and_opa
+        self.objects.append(self.network_policy("services", "service", senders, [port(service_port)], service_sends_to, service_egress))
+        entry_ports = [port(net.ENTRY)]
         if kind == "central-entity":
             # Clients reach the entry port; the hop ports are for the services only.
             policy = self.network_policy(entry_component, entry_component, None, entry_ports, ["service"], [port(net.SERVICE)])
@@ -320,7 +353,7 @@ class Renderer:
             policy = self.network_policy(entry_component, entry_component, None, entry_ports, ["service"], [port(service_port)])
         self.objects.append(policy)
         if kind == "dynamic-router":
-            self.objects.append(self.network_policy("routers", "router", ["service"], [hops] + admin_and_opa, ["service"], [port(net.SERVICE)]))
+            self.objects.append(self.network_policy("routers", "router", ["service"], [hops], ["service"], [port(net.SERVICE)]))
 
     # ---- all of it
     def render(self) -> None:
@@ -351,7 +384,11 @@ class Renderer:
         namespace = {
             "apiVersion": "v1",
             "kind": "Namespace",
-            "metadata": {"name": self.namespace, "labels": {"topology": self.topology.name, "app.kubernetes.io/part-of": "complyroute"}},
+            "metadata": {"name": self.namespace, "labels": {
+                "topology": self.topology.name, "app.kubernetes.io/part-of": "complyroute",
+                # The API server refuses any pod of the namespace that breaks the restricted standard.
+                "pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest",
+            }},
         }
         (folder / "resources.yaml").write_text(yaml.safe_dump_all([namespace, *self.objects], sort_keys=False))
         for name, content in self.files.items():

@@ -25,7 +25,7 @@ class LocalNetwork:
     shows in every port of one part. 999 parts per block is far above the 50 run.
     """
 
-    SERVICE, INGRESS, EGRESS, OPA_GRPC, OPA_HTTP, ENVOY_ADMIN = 20000, 21000, 22000, 23000, 24000, 25000
+    SERVICE, INGRESS, EGRESS, OPA_GRPC, OPA_HTTP, ENVOY_ADMIN, OPA_DIAGNOSTIC, ENVOY_READY = 20000, 21000, 22000, 23000, 24000, 25000, 26000, 27000
 
     def entry(self, point_name: str) -> Endpoint:
         return Endpoint("127.0.0.1", 8080)
@@ -34,9 +34,13 @@ class LocalNetwork:
         return EnforcementPoint(
             name=name,
             node=node.name,
+            # Every address is the node's loopback one: admin interfaces are reached from this
+            # machine only.
             admin=Endpoint(node.address, self.ENVOY_ADMIN + index),
+            ready=Endpoint(node.address, self.ENVOY_READY + index),
             opa_grpc=Endpoint(node.address, self.OPA_GRPC + index),
             opa_http=Endpoint(node.address, self.OPA_HTTP + index),
+            opa_diagnostic=Endpoint(node.address, self.OPA_DIAGNOSTIC + index),
             concurrency=concurrency,
         )
 

@@ -49,7 +49,7 @@ from complyroute.plan import place
 FLOOR_APP = REPO / "services" / "bench" / "floor.js"
 RUNS = REPO / "runs" / "bench"
 HOST = "127.0.0.1"
-BASE_PORT = 33000  # clear of deployments (8080, 20000-25999)
+BASE_PORT = 33000  # clear of deployments (8080, 20000-27999)
 # Canonical labels (one value each, consent sorted), as an entry hands them on.
 LABELS = {"x-data-region": "EU", "x-data-category": "personal", "x-data-consent": "analytics,billing,care"}
 BODY = json.dumps({"subject": "alice", "amount": 12}).encode()
@@ -122,7 +122,8 @@ class Bench:
         return endpoint
 
     def enforcement_point(self, name: str) -> EnforcementPoint:
-        return EnforcementPoint(name, "bench", admin=self.endpoint(), opa_grpc=self.endpoint(), opa_http=self.endpoint())
+        return EnforcementPoint(name, "bench", admin=self.endpoint(), ready=self.endpoint(), opa_grpc=self.endpoint(),
+                                opa_http=self.endpoint(), opa_diagnostic=self.endpoint())
 
     def point(self, point: EnforcementPoint, kind: str, settings: dict, policies: Path = deployment.POLICIES) -> None:
         config = engines.configure(kind, [point], settings, deployment.POLICIES)[point.name]
@@ -183,9 +184,9 @@ def envoy_counter(admin: Endpoint, name: str) -> int:
     return int(text.rsplit(":", 1)[1]) if text else 0
 
 
-def plugin_handler_ms(opa: Endpoint) -> float:
+def plugin_handler_ms(metrics_url: str) -> float:
     """Mean wall time of a check inside opa-envoy-plugin (its grpc_request_duration_seconds)."""
-    with urllib.request.urlopen(f"{opa.url}/metrics") as answer:
+    with urllib.request.urlopen(metrics_url) as answer:
         lines = answer.read().decode().splitlines()
     total = {}
     for line in lines:
@@ -193,7 +194,7 @@ def plugin_handler_ms(opa: Endpoint) -> float:
             if line.startswith(f"grpc_request_duration_seconds{suffix}"):
                 total[suffix] = total.get(suffix, 0.0) + float(line.rsplit(" ", 1)[1])
     if not total.get("_count"):
-        raise RuntimeError(f"bench: {opa.url}/metrics has no grpc_request_duration_seconds (enable-performance-metrics)")
+        raise RuntimeError(f"bench: {metrics_url} has no grpc_request_duration_seconds (enable-performance-metrics)")
     return total["_sum"] / total["_count"] * 1000
 
 
@@ -270,7 +271,7 @@ def start_parts(bench: Bench, scratch: Path) -> tuple[list[Pair], dict]:
         bench.point(point, kind, settings, policies)
         bench.urls[name] = point.deciding[0].endpoint.url
         admins[name] = point.admin
-        opas[name] = point.opa_http
+        opas[name] = point.opa_metrics_url
 
     bare = "Envoy, router filter only"
     opa_alone = "policy evaluation alone (opa bench, same query)"

@@ -55,10 +55,15 @@ def test_compiled_listener_sends_what_its_tree_misses_to_opa_denied():
     # The entry takes records from clients: no tree, every record asks OPA.
     assert "matcher" not in host("entry") and host("entry")["routes"][0]["route"]["cluster_header"]
     tree = host("from-ingest-eu")["matcher"]
-    ask_opa = tree["on_no_match"]["action"]["typed_config"]
+    # What is not a record is Envoy's to refuse, as the decision route's listener refuses it.
+    record, query, method = tree["matcher_list"]["matchers"]
+    assert tree["on_no_match"]["action"]["typed_config"]["direct_response"] == {"status": 404}
+    assert [m["on_match"]["action"]["typed_config"]["direct_response"]["status"] for m in (query, method)] == [400, 405]
+    inner = record["on_match"]["matcher"]
+    ask_opa = inner["on_no_match"]["action"]["typed_config"]
     assert ask_opa["route"] == {"cluster_header": "x-complyroute-destination", "timeout": "60s"}
     assert "typed_per_filter_config" not in ask_opa  # ext_authz stays on: OPA decides
-    first, record = tree["matcher_list"]["matchers"]
+    first, record = inner["matcher_list"]["matchers"]
     assert first["predicate"]["single_predicate"]["input"]["typed_config"]["header_name"] == "x-complyroute-destination"
     assert first["on_match"]["action"]["typed_config"] == ask_opa
     categories = record["on_match"]["matcher"]["matcher_tree"]["exact_match_map"]["map"]

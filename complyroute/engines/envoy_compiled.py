@@ -16,9 +16,10 @@ consent (one regular expression of the allowed values per destination), routing 
 the chosen instance with ext_authz disabled. Everything else misses the tree and takes the
 decision route, which asks OPA exactly as envoy-opa does: unknown, malformed, non-canonical,
 repeated (Envoy's matcher input joins repeated headers with ",") or contradictory labels,
-denials (so every refusal keeps its status, code and message), a request that is not a POST
-of at most MAX_RECORD_BYTES to /process, and a record OPA already decided (the routing header
-is present). Listeners whose records come from a client keep asking OPA for every record:
+denials (so every refusal keeps its status, code and message), a record (POST /process) with
+a content-length above MAX_RECORD_BYTES or none, and a record OPA already decided (the routing
+header is present). A request that is not a record is refused by Envoy (404, 405, 400) as the
+decision route's listener refuses it. Listeners whose records come from a client keep asking OPA for every record:
 the body is checked there, and nothing before has canonicalised the labels.
 
 The tree's leaves come from OPA's answers only; a differential test (tests/e2e/
@@ -223,18 +224,30 @@ def listener_matcher(outcomes: dict[tuple[str, str], dict[str | None, str]], hop
         },
         "on_no_match": ask_opa,
     }
-    a_record = {"and_matcher": {"predicate": [
-        header_is(":method", {"exact": "POST"}),
-        header_is(":path", {"exact": "/process"}),
-        header_is("content-length", regex(digits_at_most(MAX_RECORD_BYTES))),
-    ]}}
-    return {
+    def all_of(predicates: list[tuple[str, dict]]) -> dict:
+        # The matcher's regular expressions name their engine (xds.type.matcher.v3.RegexMatcher).
+        as_xds = lambda match: regex(match["safe_regex"]["regex"]) if "safe_regex" in match else match
+        matched = [header_is(name, as_xds(match)) for name, match in predicates]
+        return matched[0] if len(matched) == 1 else {"and_matcher": {"predicate": matched}}
+
+    def refusal(name: str, status: int, predicates: list) -> dict:
+        return action(name, enforcement.refusal_route(name, status, predicates, deciding=True))
+
+    a_record = {
         "matcher_list": {"matchers": [
             # Only OPA's decision sets the routing header (any other value was stripped before).
             {"predicate": header_is(ROUTING_HEADER, regex(".*")), "on_match": ask_opa},
-            {"predicate": a_record, "on_match": {"matcher": labels}},
+            {"predicate": header_is("content-length", regex(digits_at_most(MAX_RECORD_BYTES))), "on_match": {"matcher": labels}},
         ]},
         "on_no_match": ask_opa,
+    }
+    # The same requests as enforcement.refusal_routes refuse, in the same order.
+    return {
+        "matcher_list": {"matchers": [
+            {"predicate": all_of(enforcement.A_RECORD), "on_match": {"matcher": a_record}},
+            *[{"predicate": all_of(predicates), "on_match": refusal(name, status, predicates)} for name, predicates, status in enforcement.REQUEST_FORMS],
+        ]},
+        "on_no_match": refusal("not-a-record", 404, []),
     }
 
 

@@ -17,9 +17,15 @@ RECORD = {"subject": "alice", "reading": 42}
 
 
 def post(state, labels, record=RECORD, request_id=None, **kwargs):
-    """Send a record to the deployment's entry under a fresh request id; returns (id, answer)."""
+    """Send a record to the deployment's entry; returns (the id the record went by, answer).
+
+    An enforcing entry replaces the client's x-request-id with its own (the answer names it);
+    the no-policy baseline keeps it.
+    """
     request_id = request_id or f"e2e-{uuid.uuid4()}"
-    return request_id, send(state["entry_url"], labels, record, request_id=request_id, **kwargs)
+    answer = send(state["entry_url"], labels, record, request_id=request_id, **kwargs)
+    assert answer.request_id, f"the answer names the record's id: {answer.status} {answer.text[:200]}"
+    return answer.request_id, answer
 
 
 def mixed_regions(topology: str, engine: str | None = None) -> manifest.Topology:

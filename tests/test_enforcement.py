@@ -1,0 +1,156 @@
+"""The rendered Envoy and OPA configuration of every point: closed admin surfaces, the error contract.
+
+Every configuration is also checked by Envoy itself (`envoy --mode validate`), so a field Envoy
+refuses fails here and not at deploy time.
+"""
+
+import json
+import re
+import subprocess
+
+import pytest
+
+from complyroute import deployment, engines, enforcement, manifest
+from complyroute.deployment import POLICIES
+from complyroute.plan import place
+
+TOPOLOGIES = ["sidecar", "central-entity", "dynamic-router-3", "dynamic-router-6", "baseline"]
+MIXED_REGIONS = str(manifest.REPO / "topologies" / "examples" / "mixed-regions.yaml")
+
+
+def configured(topology: str, engine: str):
+    loaded = manifest.load(topology, services=MIXED_REGIONS, engine=engine)
+    plan = place(loaded)
+    return plan, engines.configure(engine, plan.points, loaded.engine, POLICIES)
+
+
+def managers(envoy: dict) -> dict[str, dict]:
+    return {l["name"]: l["filter_chains"][0]["filters"][0]["typed_config"] for l in envoy["static_resources"]["listeners"]}
+
+
+@pytest.mark.parametrize("engine", manifest.ENGINES)
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+def test_envoy_accepts_every_rendered_configuration_allowed(topology, engine, tmp_path):
+    _, configs = configured(topology, engine)
+    for name, config in configs.items():
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(config.envoy))
+        result = subprocess.run([deployment.envoy_binary(), "--mode", "validate", "-c", str(path), "--log-level", "error"],
+                                capture_output=True, text=True)
+        assert result.returncode == 0, (name, result.stdout[-2000:], result.stderr[-2000:])
+
+
+def test_envoy_refuses_a_configuration_it_cannot_load_denied(tmp_path):
+    _, configs = configured("central-entity", "envoy-opa")
+    envoy = configs["central-entity"].envoy
+    managers(envoy)["entry"]["request_timeout"] = "soon"
+    path = tmp_path / "broken.json"
+    path.write_text(json.dumps(envoy))
+    result = subprocess.run([deployment.envoy_binary(), "--mode", "validate", "-c", str(path)], capture_output=True, text=True)
+    assert result.returncode != 0
+
+
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+def test_admin_and_opa_api_listen_on_loopback_and_health_checks_avoid_them(topology):
+    plan, configs = configured(topology, "envoy-opa")
+    for point in plan.points:
+        for endpoint in (point.admin, point.opa_http, point.opa_grpc, point.ready, point.opa_diagnostic):
+            assert endpoint.address.startswith("127."), (point.name, endpoint)
+        assert len({point.admin, point.ready, point.opa_http, point.opa_diagnostic}) == 4
+        envoy = configs[point.name].envoy
+        assert envoy["admin"]["address"]["socket_address"] == {"address": point.admin.address, "port_value": point.admin.port}
+        assert point.envoy_ready_url == f"{point.ready.url}/ready" and point.admin.url not in point.envoy_ready_url
+        assert point.opa_health_url == f"{point.opa_diagnostic.url}/health?plugins"
+
+
+def test_opa_runs_with_a_read_only_api_and_a_diagnostic_address(tmp_path):
+    plan, configs = configured("central-entity", "envoy-opa")
+    point = plan.points[0]
+    opa, envoy = deployment.point_parts(point, configs[point.name], tmp_path / "point", tmp_path)
+    command = opa.command
+    assert command[command.index("--addr") + 1] == f"{point.opa_http.address}:{point.opa_http.port}"
+    assert command[command.index("--diagnostic-addr") + 1] == f"{point.opa_diagnostic.address}:{point.opa_diagnostic.port}"
+    assert "--authorization=basic" in command
+    assert opa.health_url == point.opa_health_url and envoy.health_url == point.envoy_ready_url
+    # The authorization policy OPA asks is part of the rule set it loads.
+    assert (POLICIES / "system" / "authz" / "authz.rego").read_text().count("package system.authz") == 1
+
+
+@pytest.mark.parametrize("engine", manifest.ENGINES)
+def test_every_listener_takes_post_process_only_and_refuses_the_rest_itself(engine):
+    plan, configs = configured("sidecar", engine)
+    for point in plan.points:
+        for name, manager in managers(configs[point.name].envoy).items():
+            host = manager["route_config"]["virtual_hosts"][0]
+            if name == "ready":
+                assert manager["http_filters"][0]["name"] == "envoy.filters.http.health_check"
+                assert [r["direct_response"]["status"] for r in host["routes"]] == [404]
+                continue
+            if "matcher" in host:  # the compiled tree: a record, then the refusals, else 404
+                matchers = host["matcher"]["matcher_list"]["matchers"]
+                refusals = [m["on_match"]["action"]["typed_config"] for m in matchers[1:]] + [host["matcher"]["on_no_match"]["action"]["typed_config"]]
+            else:
+                record, *refusals = host["routes"]
+                assert record["match"]["headers"] == [{"name": ":method", "string_match": {"exact": "POST"}}, {"name": ":path", "string_match": {"exact": "/process"}}]
+            assert [r["direct_response"]["status"] for r in refusals] == [400, 405, 404], name
+            deciding = any(f["name"] == "envoy.filters.http.ext_authz" for f in manager["http_filters"])
+            for route in refusals:  # nothing to decide: OPA is not asked
+                assert ("typed_per_filter_config" in route) == deciding
+                if deciding:
+                    assert route["typed_per_filter_config"]["envoy.filters.http.ext_authz"]["disabled"]
+
+
+@pytest.mark.parametrize("path, status", [("/process", None), ("/process?a=%zz", 400), ("/process?", 400), ("/processx", 404), ("/", 404)])
+def test_request_forms_tell_a_query_from_another_path(path, status):
+    record = all(value.get("exact") == (path if header == ":path" else "POST") for header, value in enforcement.A_RECORD)
+    matched = next((s for _, predicates, s in enforcement.REQUEST_FORMS
+                    for header, value in predicates if header == ":path" and re.fullmatch(value["safe_regex"]["regex"], path)), None)
+    assert (None if record else (matched or 404)) == status
+
+
+def test_local_replies_keep_the_policys_answers_and_make_every_other_refusal_json():
+    mappers = enforcement.LOCAL_REPLIES["mappers"]
+    uaex = [m for m in mappers if "UAEX" in json.dumps(m["filter"])]
+    # The policy's 451 (sent as 403) and its 400 keep OPA's body; a missing decision is 503 JSON.
+    assert mappers[: len(uaex)] == uaex and "body_format_override" not in uaex[0] and uaex[0]["status_code"] == 451
+    assert uaex[1]["body_format_override"]["json_format"]["code"] == "DECISION_UNAVAILABLE"
+    assert uaex[2] == {"filter": enforcement.UAEX}
+    others = mappers[len(uaex):]
+    codes = {json.dumps(m["filter"]): m["body_format_override"]["json_format"] for m in others}
+    for status in (400, 404, 405, 408, 413, 426, 431):
+        reply = next(c for f, c in codes.items() if f'"default_value": {status},' in f and '"EQ"' in f)
+        assert set(reply) == {"code", "message", "request_id"} and reply["request_id"] == "%REQ(X-REQUEST-ID)%"
+    assert others[-1]["body_format_override"]["json_format"]["code"] == "REQUEST_REFUSED"  # any other 4xx
+
+
+def test_only_the_entry_replaces_a_clients_request_id():
+    plan, configs = configured("dynamic-router-3", "envoy-opa")
+    for point in plan.points:
+        for name, manager in managers(configs[point.name].envoy).items():
+            early = manager.get("early_header_mutation_extensions", [])
+            assert bool(early) == (name == "entry"), name
+            assert manager["preserve_external_request_id"] and manager["always_set_request_id_in_response"]
+            if early:
+                assert early[0]["typed_config"]["mutations"] == [{"remove": "x-request-id"}]
+
+
+@pytest.mark.parametrize("settings, expected", [
+    ({}, ("6s", "8s")),
+    ({"hop_timeout": "300s"}, ("10s", "12s")),
+    ({"hop_timeout": "10s", "decision_timeout": "1s"}, ("1s", "2s")),
+    ({"receive_timeout": "0.5s"}, ("0.5s", "2.5s")),
+])
+def test_receive_timeouts_follow_the_hop_timeout_allowed(settings, expected):
+    assert enforcement.receive_timeouts(settings) == expected
+
+
+@pytest.mark.parametrize("settings", [{"receive_timeout": "59s"}, {"hop_timeout": "2s"}, {"receive_timeout": "500ms"}])
+def test_receive_timeouts_longer_than_a_hop_or_not_in_seconds_denied(settings):
+    with pytest.raises(ValueError):
+        enforcement.receive_timeouts(settings)
+
+
+def test_the_services_body_limit_is_the_enforcement_points():
+    source = (manifest.REPO / "services" / "app.js").read_text()
+    limit = re.search(r"export const BODY_LIMIT = ([0-9 *]+)\n", source).group(1)
+    assert eval(limit) == enforcement.MAX_RECORD_BYTES  # noqa: S307 (digits and * only, by the pattern)
