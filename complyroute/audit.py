@@ -198,22 +198,26 @@ def audit_run(run_dir: Path, policies: Path = POLICIES, progress=None) -> Verdic
 
     # Most lines repeat a few hops: each distinct one is asked once.
     distinct: dict[str, int] = {}
-    hops = []
+    hops, hop_numbers = [], []
     for line in decided:
-        key = json.dumps(hop_of(line), sort_keys=True)
+        hop = hop_of(line)
+        key = json.dumps(hop, sort_keys=True)
         if key not in distinct:
             distinct[key] = len(hops)
-            hops.append(hop_of(line))
+            hops.append(hop)
+        hop_numbers.append(distinct[key])
     if progress and hops:
         progress(f"re-checking {len(hops)} distinct hops of {len(decided)} lines with the rule set")
-    point_data = {
-        name: json.loads((run_dir / "points" / name / "data" / "data.json").read_text())
-        for name in sorted({hop["point"] for hop in hops})
-    }
+    point_data = {}
+    for name in sorted({hop["point"] for hop in hops}):
+        data_file = run_dir / "points" / name / "data" / "data.json"
+        if not data_file.is_file():
+            raise AuditError(f"{run_dir}: no {data_file.relative_to(run_dir)}, the data point {name} decided with")
+        point_data[name] = json.loads(data_file.read_text())
     allowed = allowed_hops(hops, point_data, policies)
-    for line in decided:
-        if distinct[json.dumps(hop_of(line), sort_keys=True)] not in allowed:
-            hop = hop_of(line)
+    for line, number in zip(decided, hop_numbers):
+        if number not in allowed:
+            hop = hops[number]
             verdict.forbidden += 1
             verdict.problems.append(Problem(
                 "forbidden", line.where,
@@ -248,10 +252,15 @@ def main(run_dirs: list[Path], policies: Path = POLICIES, out=sys.stdout, err=sy
     if not folders:
         print("audit: no run folders (deploy a topology, or run the end-to-end tests, first)", file=out)
         return 0
-    verdicts = []
+    verdicts, unreadable = [], []
     for number, folder in enumerate(folders, 1):
         print(f"audit: [{number}/{len(folders)}] {folder}", file=err)
-        verdicts.append(audit_run(folder, policies, progress=lambda message: print(f"audit:   {message}", file=err)))
+        try:
+            verdicts.append(audit_run(folder, policies, progress=lambda message: print(f"audit:   {message}", file=err)))
+        except AuditError as error:  # one folder that cannot be audited does not hide the others' verdicts
+            unreadable.append(folder)
+            print(f"{folder.name}: cannot be audited: {error}", file=out)
+            continue
         report(verdicts[-1], out)
     enforced = [v for v in verdicts if v.policy]
     total = (
@@ -260,7 +269,8 @@ def main(run_dirs: list[Path], policies: Path = POLICIES, out=sys.stdout, err=sy
         f"forbidden receptions {sum(v.forbidden for v in enforced)}, "
         f"receptions without a decision {sum(v.undecided for v in enforced)}"
     )
-    failed = [v for v in verdicts if not v.clean]
-    print(f"audit: {len(verdicts)} runs ({len(verdicts) - len(enforced)} without policy): {total}: "
-          f"{'clean' if not failed else f'FAILED ({len(failed)} runs)'}", file=out)
+    failed = len([v for v in verdicts if not v.clean]) + len(unreadable)
+    print(f"audit: {len(verdicts)} runs ({len(verdicts) - len(enforced)} without policy"
+          f"{f', {len(unreadable)} more that cannot be audited' if unreadable else ''}): {total}: "
+          f"{'clean' if not failed else f'FAILED ({failed} runs)'}", file=out)
     return 1 if failed else 0

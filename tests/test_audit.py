@@ -200,6 +200,15 @@ def test_a_folder_without_state_is_not_a_run_denied(tmp_path):
         audit.audit_run(tmp_path)
 
 
+def test_a_run_without_the_data_its_point_decided_with_cannot_be_audited_denied(run):
+    write_chain(run)
+    (run / "points" / "entry" / "data" / "data.json").unlink()
+    out = io.StringIO()
+    assert audit.main([run], out=out, err=io.StringIO()) == 1
+    assert "cannot be audited: " in out.getvalue() and "points/entry/data/data.json" in out.getvalue()
+    assert out.getvalue().splitlines()[-1].endswith("FAILED (1 runs)")
+
+
 def test_default_folders_skip_runs_current_allowed(tmp_path):
     first = write_run(tmp_path / "a")
     (tmp_path / "current").symlink_to("a")
