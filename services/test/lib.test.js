@@ -96,6 +96,16 @@ test('audit log: a restart goes on from the last line of the file; a partial las
   assert.equal(JSON.parse(lines[2]).prev, createHash('sha256').update(lines[1]).digest('hex'))
 })
 
+test('audit log: a last line longer than one read of the tail is hashed whole', async (t) => {
+  const file = join(tempDir(t), 'long.jsonl')
+  const long = JSON.stringify({ n: 1, pad: 'x'.repeat(150 * 1024) })
+  writeFileSync(file, `{"n":0}\n${long}\n`)
+  const audit = createAuditLog(file)
+  await audit.write({ n: 2 })
+  await audit.close()
+  assert.equal(JSON.parse(fileLines(file)[2]).prev, createHash('sha256').update(long).digest('hex'))
+})
+
 test('audit log: an unwritable path fails at creation, a write after close is refused', async (t) => {
   const dir = tempDir(t)
   assert.throws(() => createAuditLog(dir), /EISDIR/)
