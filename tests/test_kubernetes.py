@@ -126,3 +126,93 @@ def test_baseline_lets_services_call_each_other_and_runs_no_opa(tmp_path):
     assert "opa" not in containers
     policy = by_kind(objects, "NetworkPolicy")["services"]["spec"]
     assert policy["egress"][1]["to"][0]["podSelector"]["matchExpressions"][0]["values"] == ["service"]
+
+
+def pods(objects):
+    return {o["metadata"]["name"]: o["spec"]["template"]["spec"] for o in objects if o["kind"] in ("Deployment", "DaemonSet")}
+
+
+def restricted_violations(pod: dict) -> list[str]:
+    """What in a pod spec breaks the restricted Pod Security Standard (or our token rule)."""
+    found = []
+    security = pod.get("securityContext", {})
+    if pod.get("automountServiceAccountToken") is not False:
+        found.append("automountServiceAccountToken")
+    if security.get("runAsNonRoot") is not True or not isinstance(security.get("runAsUser"), int) or security["runAsUser"] <= 0:
+        found.append("a numeric non-root user")
+    if security.get("seccompProfile") != {"type": "RuntimeDefault"}:
+        found.append("seccompProfile")
+    for container in pod["containers"] + pod.get("initContainers", []):
+        context = container.get("securityContext", {})
+        if context.get("allowPrivilegeEscalation") is not False:
+            found.append(f"{container['name']}: allowPrivilegeEscalation")
+        if context.get("capabilities") != {"drop": ["ALL"]}:
+            found.append(f"{container['name']}: capabilities")
+        if context.get("readOnlyRootFilesystem") is not True:
+            found.append(f"{container['name']}: readOnlyRootFilesystem")
+        if context.get("privileged") or "runAsUser" in context:
+            found.append(f"{container['name']}: its own user or privileges")
+    return found
+
+
+@pytest.mark.parametrize("engine", manifest.ENGINES)
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+def test_every_pod_runs_under_the_restricted_pod_security_standard_allowed(topology, engine, tmp_path):
+    _, objects = rendered(topology, 5, tmp_path, engine=engine)
+    namespace = next(o for o in objects if o["kind"] == "Namespace")
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    assert {name: restricted_violations(pod) for name, pod in pods(objects).items()} == {name: [] for name in pods(objects)}
+
+
+def test_a_pod_that_breaks_the_standard_is_told_apart_denied(tmp_path):
+    _, objects = rendered("sidecar", 5, tmp_path)
+    pod = pods(objects)["svc-01"]
+    pod["initContainers"][0]["securityContext"] = {**pod["initContainers"][0]["securityContext"], "allowPrivilegeEscalation": True}
+    pod["automountServiceAccountToken"] = True
+    assert restricted_violations(pod) == ["automountServiceAccountToken", "opa: allowPrivilegeEscalation"]
+
+
+def test_the_service_image_runs_as_the_pods_numeric_user():
+    dockerfile = (manifest.REPO / "services" / "Dockerfile").read_text()
+    users = [line.split()[1] for line in dockerfile.splitlines() if line.startswith("USER ")]
+    assert users == [f"{kubernetes.RUN_AS}:{kubernetes.RUN_AS}"]
+
+
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+def test_admin_and_opa_api_stay_in_the_pod_and_probes_use_readiness_and_diagnostics(topology, tmp_path):
+    net = kubernetes.KubernetesNetwork
+    _, objects = rendered(topology, 5, tmp_path)
+    envoys = [o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("envoy-")]
+    for configmap in envoys:
+        envoy = json.loads(configmap["data"]["envoy.json"])
+        assert envoy["admin"]["address"]["socket_address"]["address"] == "127.0.0.1"
+        ready = next(l for l in envoy["static_resources"]["listeners"] if l["name"] == "ready")
+        assert ready["address"]["socket_address"] == {"address": "0.0.0.0", "port_value": net.ENVOY_READY}
+    for name, pod in pods(objects).items():
+        for container in pod["containers"] + pod.get("initContainers", []):
+            probes = [container["readinessProbe"], container["livenessProbe"]]
+            ports = {p["containerPort"] for p in container.get("ports", [])}
+            assert net.ENVOY_ADMIN not in ports and net.OPA_HTTP not in ports, (name, container["name"])
+            if container["name"] == "opa":
+                assert f"--addr=127.0.0.1:{net.OPA_HTTP}" in container["args"] and "--authorization=basic" in container["args"]
+                assert f"--diagnostic-addr=0.0.0.0:{net.OPA_DIAGNOSTIC}" in container["args"]
+                assert {p["httpGet"]["port"] for p in probes} == {net.OPA_DIAGNOSTIC}
+            elif container["name"] == "envoy":
+                assert {(p["httpGet"]["path"], p["httpGet"]["port"]) for p in probes} == {("/ready", net.ENVOY_READY)}
+            elif any("127.0.0.1" == e["value"] for e in container["env"] if e["name"] == "HOST"):
+                # Beside its sidecar: the ingress passes records only, so the probe runs inside.
+                assert all("exec" in p and "127.0.0.1:3000/health" in p["exec"]["command"][-1] for p in probes)
+            else:
+                assert {p["httpGet"]["port"] for p in probes} == {net.SERVICE}
+
+
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+def test_network_policies_admit_no_peer_to_admin_opa_or_probe_ports_denied(topology, tmp_path):
+    net = kubernetes.KubernetesNetwork
+    _, objects = rendered(topology, 5, tmp_path)
+    closed = {net.ENVOY_ADMIN, net.OPA_HTTP, net.OPA_GRPC, net.ENVOY_READY, net.OPA_DIAGNOSTIC}
+    policies = by_kind(objects, "NetworkPolicy")
+    assert policies
+    for name, policy in policies.items():
+        admitted = {p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]}
+        assert admitted and not admitted & closed, (name, admitted)
