@@ -38,6 +38,7 @@ def get(cluster, kind, namespace):
 def test_topology_is_accepted_scheduled_and_shaped_as_designed(cluster, topology_name, services, tmp_path):
     topology = manifest.load(topology_name, services=services)
     namespace = kubernetes.namespace_of(topology)
+    net = kubernetes.KubernetesNetwork
     rendered = tmp_path / "rendered.yaml"
     rendered.write_text(kubernetes.render(topology, tmp_path / "kustomization"))
     objects = [line for line in rendered.read_text().split("\n---\n") if line.strip()]
@@ -73,10 +74,22 @@ def test_topology_is_accepted_scheduled_and_shaped_as_designed(cluster, topology
                 last = topology.next_step(topology.instances[[i.id for i in topology.instances].index(pod["metadata"]["labels"]["app"])].step) is None
                 assert sidecars == ({"envoy": "Always"} if last else {"opa": "Always", "envoy": "Always"})
 
+        # Every pod above passed the restricted Pod Security Standard, which the namespace
+        # enforces; a pod that breaks it is refused at admission.
+        for pod in pods:
+            assert pod["spec"]["securityContext"]["runAsNonRoot"] and pod["spec"]["automountServiceAccountToken"] is False
+        privileged = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "privileged", "namespace": namespace},
+                      "spec": {"containers": [{"name": "c", "image": kubernetes.ENVOY_IMAGE, "securityContext": {"privileged": True}}]}}
+        refused = cluster.kubectl("apply", "-f", "-", input=json.dumps(privileged), check=False, quiet=True)
+        assert refused.returncode != 0 and "violates PodSecurity" in refused.stderr, refused.stdout + refused.stderr
+
         policies = {p["metadata"]["name"]: p["spec"] for p in get(cluster, "networkpolicies", namespace)}
         senders = {"sidecar": ["entry", "service"], "central-entity": ["central-entity"],
                    "dynamic-router": ["entry", "router"], "baseline": ["gateway", "service"]}[topology.kind]
         assert policies["services"]["ingress"][0]["from"][0]["podSelector"]["matchExpressions"][0]["values"] == senders
+        closed = {net.ENVOY_ADMIN, net.OPA_HTTP, net.ENVOY_READY, net.OPA_DIAGNOSTIC}
+        for name, spec in policies.items():  # the kubelet's probes need no rule; no peer reaches these
+            assert not {port["port"] for rule in spec["ingress"] for port in rule["ports"]} & closed, name
         assert set(policies["services"]["policyTypes"]) == {"Ingress", "Egress"}
         assert ("routers" in policies) == (topology.kind == "dynamic-router")
     finally:
