@@ -162,6 +162,9 @@ def test_hostile_bodies_get_no_5xx_allowed(deployed):
             assert status < 500, (case, status, answer[:300])
             document = json.loads(answer)
             assert status == 200 or {"code", "message", "request_id"} <= set(document), (case, document)
+        # Bad UTF-8 in a label: the policy refuses it as it refuses any unknown label.
+        status, _, answer = exchange(endpoint, request().replace(b"billing,care", b"billing,care\xff\xfe"))
+        assert status == 400 and json.loads(answer)["code"] == "LABEL_UNKNOWN", answer[:300]
         passes(endpoint)
 
 
