@@ -7,6 +7,10 @@
 #   the rule set or the data a point decides with (PUT, PATCH, DELETE).
 package system.authz
 
+# METADATA
+# description: What OPA asks about every request to its REST API.
+# scope: document
+# entrypoint: true
 default allow := false
 
 # METADATA
