@@ -37,8 +37,9 @@ AUDIT_DIR = "/var/log/complyroute"
 
 # Every pod runs under the restricted Pod Security Standard (its namespace enforces it): one
 # numeric non-root user, the service image's (services/Dockerfile: USER 1000:1000, the node
-# image's `node`); Envoy's and OPA's images hold static binaries any user may run and need no
-# file of their own to write. Nothing writes its root filesystem: the audit log goes to an
+# image's `node`) and OPA's (its images run as uid/gid 1000). Envoy's image starts as root and
+# drops to its `envoy` user (101); started as 1000 its entrypoint runs Envoy directly, which
+# only reads its ConfigMap (mode 0644). Nothing writes its root filesystem: the audit log goes to an
 # emptyDir, configuration comes from read-only ConfigMaps.
 RUN_AS = 1000
 POD_SECURITY = {"runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS, "seccompProfile": {"type": "RuntimeDefault"}}
