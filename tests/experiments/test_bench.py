@@ -48,7 +48,7 @@ def test_plugin_handler_time_is_the_mean_of_its_histogram_allowed():
                      'grpc_request_duration_seconds_sum{handler="check"} 0.0009\n'
                      'grpc_request_duration_seconds_count{handler="check"} 3\n')
     try:
-        assert bench.plugin_handler_ms(Endpoint("127.0.0.1", server.server_port)) == pytest.approx(0.3)
+        assert bench.plugin_handler_ms(f"{Endpoint('127.0.0.1', server.server_port).url}/metrics") == pytest.approx(0.3)
     finally:
         server.shutdown()
 
@@ -57,6 +57,6 @@ def test_plugin_without_performance_metrics_is_an_error_denied():
     server = serving("go_goroutines 12\n")
     try:
         with pytest.raises(RuntimeError, match="enable-performance-metrics"):
-            bench.plugin_handler_ms(Endpoint("127.0.0.1", server.server_port))
+            bench.plugin_handler_ms(f"{Endpoint('127.0.0.1', server.server_port).url}/metrics")
     finally:
         server.shutdown()
