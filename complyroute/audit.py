@@ -24,17 +24,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
 import sys
-import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import policydata
 from .manifest import REPO
 
-OPA = REPO / "bin" / "opa"
-POLICIES = REPO / "policies"
+POLICIES = policydata.POLICIES
 RUNS = REPO / "runs"
 RECHECK = Path(__file__).with_name("recheck.rego")
 QUERY = "data.complyroute_audit.recheck.allowed"
@@ -142,18 +140,11 @@ def allowed_hops(hops: list[dict], point_data: dict[str, dict], policies: Path =
     """Which hops the rule set allows into their instance: one `opa eval` for all of them."""
     if not hops:
         return set()
-    with tempfile.NamedTemporaryFile("w", suffix=".json") as input_file:
-        json.dump({"points": point_data, "hops": hops}, input_file)
-        input_file.flush()
-        result = subprocess.run(
-            [str(OPA), "eval", "--format", "json", "--data", str(policies), "--data", str(RECHECK),
-             "--ignore", "*_test.rego", "--ignore", "examples", "--input", input_file.name, QUERY],
-            capture_output=True, text=True,
-        )
-    if result.returncode != 0:
-        raise AuditError(f"OPA could not re-check the audit lines: {(result.stderr or result.stdout).strip()}")
-    answers = json.loads(result.stdout).get("result") or [{"expressions": [{"value": []}]}]
-    return set(answers[0]["expressions"][0]["value"])
+    try:
+        allowed = policydata.evaluate(QUERY, {"points": point_data, "hops": hops}, policies, modules=(RECHECK,))
+    except policydata.PolicyDataError as error:
+        raise AuditError(f"OPA could not re-check the audit lines: {error}") from None
+    return set(allowed or [])
 
 
 def hop_of(line: Line) -> dict:

@@ -83,7 +83,7 @@ def point_parts(point: EnforcementPoint, config: engines.PointConfig, folder: Pa
                     "--diagnostic-addr", f"{point.opa_diagnostic.address}:{point.opa_diagnostic.port}", *enforcement.OPA_SERVER_FLAGS,
                     "--config-file", str(folder / "opa.yaml"), "--skip-version-check", "--log-level", "error",
                     *policydata.OPA_RUN_FLAGS,
-                    "--ignore", "*_test.rego", "--ignore", "examples", str(policies), str(data_dir),
+                    *policydata.RULE_SET_IGNORES, str(policies), str(data_dir),
                 ],
                 env={"GOMAXPROCS": str(point.concurrency)},
                 health_url=point.opa_health_url,

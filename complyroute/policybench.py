@@ -113,7 +113,7 @@ def opa(*args: str, env: dict | None = None, cpus: set[int] | None = None) -> st
 
 
 def loading(rule_set: RuleSet, data_dir: Path) -> list[str]:
-    return ["--data", str(rule_set.policies), "--ignore", "*_test.rego", "--ignore", "examples", "--data", str(data_dir)]
+    return ["--data", str(rule_set.policies), *policydata.RULE_SET_IGNORES, "--data", str(data_dir)]
 
 
 def decisions(rule_set: RuleSet, asked: dict[str, tuple[dict, dict]], scratch: Path) -> dict[str, dict]:

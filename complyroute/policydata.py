@@ -22,6 +22,8 @@ QUERY = "data.complyroute.indexing.documents"
 # A point's OPA reads its index on every decision and never writes it: held as OPA's own
 # values rather than as JSON, a decision's lookups convert nothing.
 OPA_RUN_FLAGS = ["--optimize-store-for-read-speed"]
+# What of policies/ is not the rule set: the tests beside each module and the example inputs.
+RULE_SET_IGNORES = ["--ignore", "*_test.rego", "--ignore", "examples"]
 
 
 @functools.cache
@@ -44,7 +46,20 @@ def revision(repo: Path = REPO) -> str:
 
 
 class PolicyDataError(RuntimeError):
-    """OPA could not derive the points' data; the message carries OPA's."""
+    """OPA could not evaluate a query over the rule set; the message carries OPA's."""
+
+
+def evaluate(query: str, input_document: dict, policies: Path = POLICIES, modules: tuple[Path, ...] = ()) -> object:
+    """The value of `query` over the rule set (plus `modules`, queries kept beside their Python)
+    for `input_document`, in one `opa eval`; None when the query is undefined."""
+    command = [str(OPA), "eval", "--format", "json", "--data", str(policies), *RULE_SET_IGNORES]
+    for module in modules:
+        command += ["--data", str(module)]
+    result = subprocess.run(command + ["--stdin-input", query], input=json.dumps(input_document), capture_output=True, text=True)
+    if result.returncode != 0:
+        raise PolicyDataError((result.stderr or result.stdout).strip())
+    answers = json.loads(result.stdout).get("result")
+    return answers[0]["expressions"][0]["value"] if answers else None
 
 
 def opa_data(catalogs: dict[str, dict], policies: Path = POLICIES) -> dict[str, dict]:
@@ -56,14 +71,8 @@ def opa_data(catalogs: dict[str, dict], policies: Path = POLICIES) -> dict[str, 
     """
     if not catalogs:
         return {}
-    result = subprocess.run(
-        [str(OPA), "eval", "--format", "json", "--data", str(policies), "--ignore", "*_test.rego",
-         "--ignore", "examples", "--stdin-input", QUERY],
-        input=json.dumps({"catalogs": catalogs}), capture_output=True, text=True,
-    )
-    if result.returncode != 0:
-        raise PolicyDataError(f"OPA could not derive the enforcement points' data: {(result.stderr or result.stdout).strip()}")
-    answers = json.loads(result.stdout).get("result")
-    if not answers:
-        return {point: {} for point in catalogs}
-    return answers[0]["expressions"][0]["value"]
+    try:
+        documents = evaluate(QUERY, {"catalogs": catalogs}, policies)
+    except PolicyDataError as error:
+        raise PolicyDataError(f"OPA could not derive the enforcement points' data: {error}") from None
+    return {point: {} for point in catalogs} if documents is None else documents

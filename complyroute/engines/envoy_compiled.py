@@ -32,17 +32,13 @@ from __future__ import annotations
 import itertools
 import json
 import re
-import subprocess
-import tempfile
 from collections import defaultdict
 from pathlib import Path
 
-from .. import enforcement
+from .. import enforcement, policydata
 from ..enforcement import MAX_RECORD_BYTES, ROUTING_HEADER, EnforcementPoint
-from ..manifest import REPO
 from . import EngineError, PointConfig, envoy_opa
 
-OPA = REPO / "bin" / "opa"
 DECISION_SPACE = Path(__file__).with_name("decision_space.rego")
 QUERY = "data.complyroute_engines.decision_space.allowed"
 # Consent is enumerated over every combination of known purposes: 2^n values.
@@ -120,17 +116,13 @@ def evaluate(points: list[EnforcementPoint], policies: Path, data: dict[str, dic
     outcomes: dict = defaultdict(lambda: defaultdict(dict))
     if not space["points"]:
         return outcomes
-    with tempfile.NamedTemporaryFile("w", suffix=".json") as input_file:
-        json.dump(space, input_file)
-        input_file.flush()
-        result = subprocess.run(
-            [str(OPA), "eval", "--format", "json", "--data", str(policies), "--data", str(DECISION_SPACE),
-             "--ignore", "*_test.rego", "--ignore", "examples", "--input", input_file.name, QUERY],
-            capture_output=True, text=True,
-        )
-    if result.returncode != 0:
-        raise EngineError(f"envoy-compiled: OPA could not evaluate the decision space: {(result.stderr or result.stdout).strip()}")
-    for point, listener, region, category, consent, destination in json.loads(result.stdout)["result"][0]["expressions"][0]["value"]:
+    try:
+        allowed = policydata.evaluate(QUERY, space, policies, modules=(DECISION_SPACE,))
+    except policydata.PolicyDataError as error:
+        raise EngineError(f"envoy-compiled: OPA could not evaluate the decision space: {error}") from None
+    if allowed is None:
+        raise EngineError(f"envoy-compiled: {QUERY} is undefined over the decision space")
+    for point, listener, region, category, consent, destination in allowed:
         for value in classes_by_point[point][consent]:
             outcomes[(point, listener)][(category, region)][value] = destination
     return outcomes
