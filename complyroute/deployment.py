@@ -8,9 +8,11 @@ running deployment; only one runs at a time.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -21,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from . import enforcement, engines, policydata
+from . import enforcement, engines, identity, pki, policydata
 from .manifest import REPO, Topology
 from .enforcement import EnforcementPoint
 from .plan import Plan, ServiceProcess, place
@@ -48,11 +50,15 @@ class Part:
     env: dict
     health_url: str
     log: str
+    # With mutual TLS, the control plane's own credential for the health check (a service
+    # admits it on GET /health and /stats only).
+    health_tls: identity.TlsFiles | None = None
 
     def to_json(self, pid: int) -> dict:
         return {
             "name": self.name, "kind": self.kind, "node": self.node, "pid": pid,
             "health_url": self.health_url, "log": self.log, "command": self.command, "env": self.env,
+            "health_tls": dataclasses.asdict(self.health_tls) if self.health_tls else None,
         }
 
 
@@ -108,31 +114,52 @@ def point_parts(point: EnforcementPoint, config: engines.PointConfig, folder: Pa
     return parts
 
 
-def service_part(service: ServiceProcess, engine: dict, audit_log: Path, logs: Path) -> Part:
+def service_part(service: ServiceProcess, engine: dict, audit_log: Path, logs: Path,
+                 trust: identity.ServiceTrust | None = None, control: identity.TlsFiles | None = None) -> Part:
     instance = service.instance
+    env = service.environment(engine, str(audit_log))
+    health_url = service.health_url
+    if trust:
+        env.update(trust.environment(service.egress_url))
+        health_url = "https://" + health_url.split("://", 1)[1]
     return Part(
         name=instance.id,
         kind="service",
         node=instance.node.name,
         command=["node", str(SERVICE_SERVER)],
-        env=service.environment(engine, str(audit_log)),
-        health_url=service.health_url,
+        env=env,
+        health_url=health_url,
         log=str(logs / f"{instance.id}.log"),
+        health_tls=control if trust else None,
     )
 
 
 def render(plan: Plan, run_dir: Path, policies: Path = POLICIES) -> list[Part]:
-    """Write every configuration into the run folder and return the processes to start."""
+    """Write every configuration into the run folder and return the processes to start.
+
+    With mutual TLS (identity.py), a new CA issues every part's credential into pki/ first.
+    """
     engine = plan.topology.engine
-    configs = engines.configure(engine["kind"], plan.points, engine, policies)
+    trust = identity.Trust.of(plan)
+    point_trust: dict[str, identity.PointTrust] = {}
+    if trust:
+        credentials = identity.Credentials.issue(trust, run_dir.name)
+        files = credentials.write(run_dir / "pki")
+        point_trust = {p.name: trust.point(p, files[identity.point_identity(p)], credentials.token_jwks) for p in plan.points}
+    configs = engines.configure(engine["kind"], plan.points, engine, policies, point_trust)
     logs, audit = run_dir / "logs", run_dir / "audit"
     audit.mkdir(parents=True, exist_ok=True)
     logs.mkdir(parents=True, exist_ok=True)
     parts: list[Part] = []
     for point in plan.points:
-        parts += point_parts(point, configs[point.name], run_dir / "points" / point.name, logs, policies)
+        config = configs[point.name]
+        if trust:
+            config = dataclasses.replace(config, data=credentials.with_token_key(trust, point, config.data))
+        parts += point_parts(point, config, run_dir / "points" / point.name, logs, policies)
     for service in plan.services:
-        parts.append(service_part(service, engine, audit / f"{service.instance.id}.jsonl", logs))
+        service_trust = trust.service(service, files[identity.service_identity(service)]) if trust else None
+        parts.append(service_part(service, engine, audit / f"{service.instance.id}.jsonl", logs,
+                                  service_trust, files[pki.CONTROL] if trust else None))
     return parts
 
 
@@ -151,9 +178,22 @@ def start(part: Part) -> int:
     return process.pid
 
 
-def healthy(url: str, timeout: float = 1.0) -> bool:
+def control_context(tls: identity.TlsFiles | dict) -> ssl.SSLContext:
+    """TLS as the control plane: its certificate, the deployment's CA.
+
+    The peer's chain is checked, not its name: a part's certificate names it by a URI SAN
+    only, which Python's hostname check does not read (the parts check each other's).
+    """
+    files = tls if isinstance(tls, identity.TlsFiles) else identity.TlsFiles(**tls)
+    context = ssl.create_default_context(cafile=files.ca)
+    context.check_hostname = False
+    context.load_cert_chain(files.cert, files.key)
+    return context
+
+
+def healthy(url: str, timeout: float = 1.0, tls: identity.TlsFiles | dict | None = None) -> bool:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as answer:
+        with urllib.request.urlopen(url, timeout=timeout, context=control_context(tls) if tls else None) as answer:
             return answer.status == 200
     except (urllib.error.URLError, OSError):
         return False
@@ -270,7 +310,7 @@ def deploy(topology: Topology, policies: Path = POLICIES, health_timeout: float 
                 reason = "exited" if not alive(part["pid"]) else f"is not healthy after {timeout:.0f} s"
                 stop(out=open(os.devnull, "w"))
                 raise DeploymentError(f"{name} {reason} ({part['health_url']}); last lines of {part['log']}:\n{tail(part['log'])}")
-            if healthy(part["health_url"], timeout=0.5):
+            if healthy(part["health_url"], timeout=0.5, tls=part.get("health_tls")):
                 del pending[name]
         if pending:
             if time.monotonic() - last_report > 5:
@@ -322,7 +362,7 @@ def status(out=sys.stdout) -> int:
           f"entry {state['entry_url']}, run folder {state['run_dir']}", file=out)
     unhealthy = 0
     for part in state["parts"]:
-        ok = alive(part["pid"]) and healthy(part["health_url"])
+        ok = alive(part["pid"]) and healthy(part["health_url"], tls=part.get("health_tls"))
         unhealthy += not ok
         print(f"  {'healthy  ' if ok else 'UNHEALTHY'} {part['name']:<32} {part['node']:<8} pid {part['pid']:<8} {part['health_url']}", file=out)
     print(f"status: {len(state['parts']) - unhealthy}/{len(state['parts'])} healthy; memory (PSS) {describe_memory(memory(state))}", file=out)

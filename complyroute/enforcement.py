@@ -22,10 +22,19 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import policydata
 
+if TYPE_CHECKING:
+    from .identity import PointTrust
+
 ROUTING_HEADER = "x-complyroute-destination"
+TOKEN_ISSUER = "complyroute-entry"
+# The entry's signed label token, and the digest of the record it was issued for (the
+# services check it against the bytes they receive); see identity.py.
+LABEL_TOKEN_HEADER = "x-complyroute-labels"
+DIGEST_HEADER = "x-complyroute-digest"
 POLICY_QUERY = "complyroute/envoy/response"
 # The largest record any part accepts: Envoy's ext_authz buffer, the compiled engine's
 # content-length matcher and the services' bodyLimit (services/app.js BODY_LIMIT) agree.
@@ -139,7 +148,52 @@ def _is_ip(host: str) -> bool:
     return all(part.isdigit() for part in host.split(".")) and host.count(".") == 3
 
 
-def _cluster(name: str, endpoint: Endpoint, http2: bool = False) -> dict:
+TLS_VERSIONS = {"tls_minimum_protocol_version": "TLSv1_3", "tls_maximum_protocol_version": "TLSv1_3"}
+
+
+def _common_tls(trust: PointTrust, peers: tuple[str, ...]) -> dict:
+    """This point's certificate, and the identities (URI SANs) the other side must present."""
+    return {
+        "tls_params": TLS_VERSIONS,
+        "tls_certificates": [{"certificate_chain": {"filename": trust.files.cert}, "private_key": {"filename": trust.files.key}}],
+        "validation_context": {
+            "trusted_ca": {"filename": trust.files.ca},
+            "match_typed_subject_alt_names": [{"san_type": "URI", "matcher": {"exact": peer}} for peer in peers],
+        },
+    }
+
+
+def _upstream_tls(trust: PointTrust, identity: str) -> dict:
+    return {
+        "name": "envoy.transport_sockets.tls",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+            "common_tls_context": _common_tls(trust, (identity,)),
+        },
+    }
+
+
+def _downstream_tls(trust: PointTrust, peers: tuple[str, ...]) -> dict:
+    """Only a client certificate of the deployment's CA naming one of `peers` completes the handshake."""
+    return {
+        "name": "envoy.transport_sockets.tls",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext",
+            "require_client_certificate": True,
+            "common_tls_context": _common_tls(trust, peers),
+        },
+    }
+
+
+def _filter_chain(filters: list, trust: PointTrust | None, listener: str) -> dict:
+    peers = trust.listener_peers.get(listener, ()) if trust else ()
+    chain = {"filters": filters}
+    if peers:
+        chain["transport_socket"] = _downstream_tls(trust, peers)
+    return chain
+
+
+def _cluster(name: str, endpoint: Endpoint, http2: bool = False, trust: PointTrust | None = None) -> dict:
     cluster = {
         "name": name,
         # An address is used as it is; a name (a Kubernetes Service) is resolved by DNS.
@@ -164,6 +218,8 @@ def _cluster(name: str, endpoint: Endpoint, http2: bool = False) -> dict:
             "explicit_http_config": {"http2_protocol_options": {}} if http2 else {"http_protocol_options": {}},
         }
     }
+    if trust is not None:
+        cluster["transport_socket"] = _upstream_tls(trust, trust.upstream_identity[(endpoint.reach, endpoint.port)])
     return cluster
 
 
@@ -189,6 +245,7 @@ def _status_equal(value: int) -> dict:
 
 
 UAEX = {"response_flag_filter": {"flags": ["UAEX"]}}  # the answer is ext_authz's (a denial, or no decision)
+TOKEN_SENT = {"header_filter": {"header": {"name": LABEL_TOKEN_HEADER, "present_match": True}}}
 
 # Envoy's own refusals, by status: the codes the services give the same statuses
 # (services/app.js CODE_BY_STATUS), so a client reads one vocabulary whichever part refused.
@@ -220,6 +277,18 @@ LOCAL_REPLIES = {
         # plain-text 400, request_parse_error, comes from a path or query it cannot unescape;
         # only an exact `:path: /process` reaches ext_authz, so it never answers here.)
         {"filter": UAEX},
+        # jwt_authn's refusals (401): the label token is absent, or does not verify (altered,
+        # expired, signed by another key, malformed). The record goes no further.
+        _json_reply(
+            {"and_filter": {"filters": [_status_equal(401), TOKEN_SENT]}},
+            "LABEL_TOKEN_INVALID",
+            "the record's label token does not verify (%RESPONSE_CODE_DETAILS%); the record was not forwarded",
+        ),
+        _json_reply(
+            _status_equal(401),
+            "LABEL_TOKEN_MISSING",
+            f"a record between services carries the label token the entry issued ({LABEL_TOKEN_HEADER}); the record was not forwarded",
+        ),
         _json_reply(
             _status_at_least(500),
             "HOP_UNAVAILABLE",
@@ -315,19 +384,64 @@ def decided_route(destination: str, hop_timeout: str) -> dict:
     return record_route({"route": {"cluster": destination, "timeout": hop_timeout}, "typed_per_filter_config": EXT_AUTHZ_DISABLED})
 
 
-def _deciding_listener(listener: DecidingListener, settings: dict, matcher: dict | None, point: str) -> dict:
+def _removing(headers: list[str]) -> dict:
+    return {
+        "name": "envoy.filters.http.header_mutation",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation",
+            "mutations": {"request_mutations": [{"remove": header} for header in headers]},
+        },
+    }
+
+
+# Claims of a label token (policies/complyroute/envoy/envoy.rego issues them) and the headers
+# jwt_authn writes them into. Every one of these headers is removed before jwt_authn runs, so
+# what a later filter, Envoy's matcher or the service reads came from a verified token only
+# (a claim the token lacks, consent for a record without consent values, stays absent).
+TOKEN_CLAIMS = [("x-data-region", "region"), ("x-data-category", "category"), ("x-data-consent", "consent"),
+                ("x-request-id", "rid"), (DIGEST_HEADER, "digest")]
+
+
+def _label_token_check(trust: PointTrust) -> dict:
+    return {
+        "name": "envoy.filters.http.jwt_authn",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.jwt_authn.v3.JwtAuthentication",
+            "providers": {
+                "entry": {
+                    "issuer": TOKEN_ISSUER,
+                    "local_jwks": {"inline_string": trust.jwks},
+                    "from_headers": [{"name": LABEL_TOKEN_HEADER}],
+                    "forward": True,  # the service sends it on to the next point
+                    "claim_to_headers": [{"header_name": header, "claim_name": claim} for header, claim in TOKEN_CLAIMS],
+                    # The compiled engine's matcher chooses the route on the labels just written.
+                    "clear_route_cache": True,
+                }
+            },
+            # Records only: anything else is refused by the listener's routes, token or not.
+            "rules": [{"match": {"path": RECORD_PATH, "headers": [{"name": ":method", "string_match": {"exact": "POST"}}]},
+                       "requires": {"provider_name": "entry"}}],
+        },
+    }
+
+
+def _deciding_listener(listener: DecidingListener, settings: dict, matcher: dict | None, point: str, trust: PointTrust | None = None) -> dict:
     decision_timeout = settings.get("decision_timeout", "2s")
     context = {"sender": listener.sender}
     if listener.step:
         context["step"] = listener.step
+    tokens = trust is not None and trust.label_tokens
+    if tokens and listener.from_client:
+        # The entry's OPA signs the labels it allows (data.complyroute.token holds its key); a
+        # client's token or digest is dropped first, so only OPA's answer can set them.
+        context["label_token"] = "issue"
+        checks = [_removing([ROUTING_HEADER, LABEL_TOKEN_HEADER, DIGEST_HEADER])]
+    elif tokens:
+        checks = [_removing([ROUTING_HEADER, *(header for header, _ in TOKEN_CLAIMS)]), _label_token_check(trust)]
+    else:
+        checks = [_removing([ROUTING_HEADER])]
     filters = [
-        {
-            "name": "envoy.filters.http.header_mutation",
-            "typed_config": {
-                "@type": "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation",
-                "mutations": {"request_mutations": [{"remove": ROUTING_HEADER}]},
-            },
-        },
+        *checks,
         {
             "name": "envoy.filters.http.ext_authz",
             "typed_config": {
@@ -370,17 +484,17 @@ def _deciding_listener(listener: DecidingListener, settings: dict, matcher: dict
     return {
         "name": listener.name,
         "address": _socket(listener.endpoint),
-        "filter_chains": [{"filters": [_connection_manager(listener.name, filters, virtual_host, settings, listener.from_client)]}],
+        "filter_chains": [_filter_chain([_connection_manager(listener.name, filters, virtual_host, settings, listener.from_client)], trust, listener.name)],
     }
 
 
-def _forwarding_listener(listener: ForwardingListener, settings: dict) -> dict:
+def _forwarding_listener(listener: ForwardingListener, settings: dict, trust: PointTrust | None = None) -> dict:
     forward = record_route({"route": {"cluster": f"upstream-{listener.name}", "timeout": hop_timeout_of(settings)}})
     virtual_host = {"name": listener.name, "domains": ["*"], "routes": [forward, *refusal_routes(deciding=False)]}
     return {
         "name": listener.name,
         "address": _socket(listener.endpoint),
-        "filter_chains": [{"filters": [_connection_manager(listener.name, [], virtual_host, settings)]}],
+        "filter_chains": [_filter_chain([_connection_manager(listener.name, [], virtual_host, settings)], trust, listener.name)],
     }
 
 
@@ -404,17 +518,19 @@ def _ready_listener(point: EnforcementPoint, settings: dict) -> dict:
     }
 
 
-def envoy_config(point: EnforcementPoint, engine: dict, matchers: dict[str, dict] | None = None) -> dict:
+def envoy_config(point: EnforcementPoint, engine: dict, matchers: dict[str, dict] | None = None, trust: PointTrust | None = None) -> dict:
     """Envoy bootstrap for one enforcement point.
 
     `matchers`: by deciding listener name, a route matcher tree (xds.type.matcher.v3.Matcher
-    whose actions are routes) that replaces the listener's routes.
+    whose actions are routes) that replaces the listener's routes. `trust`: mutual TLS on
+    every listener parts send to and every cluster but OPA's (which stays inside the point),
+    and label tokens (identity.py); None: plain HTTP.
     """
     clusters = [_cluster("opa", point.opa_grpc, http2=True)] if point.deciding else []
-    clusters += [_cluster(instance, endpoint) for instance, endpoint in sorted(point.destinations.items())]
-    clusters += [_cluster(f"upstream-{f.name}", f.upstream) for f in point.forwarding]
-    listeners = [_deciding_listener(d, engine, (matchers or {}).get(d.name), point.name) for d in point.deciding]
-    listeners += [_forwarding_listener(f, engine) for f in point.forwarding]
+    clusters += [_cluster(instance, endpoint, trust=trust) for instance, endpoint in sorted(point.destinations.items())]
+    clusters += [_cluster(f"upstream-{f.name}", f.upstream, trust=trust) for f in point.forwarding]
+    listeners = [_deciding_listener(d, engine, (matchers or {}).get(d.name), point.name, trust) for d in point.deciding]
+    listeners += [_forwarding_listener(f, engine, trust) for f in point.forwarding]
     listeners.append(_ready_listener(point, engine))
     return {
         "node": {"id": point.name, "cluster": point.node},

@@ -24,6 +24,9 @@ GENERATED_PURPOSES = ("billing", "analytics", "care")
 GENERATED_CERTIFICATIONS = ("health-data",)
 
 
+SECURITY_DEFAULTS = {"mtls": True, "label_tokens": True}
+
+
 class ManifestError(ValueError):
     """A manifest that cannot be deployed; the message names the field and what is allowed."""
 
@@ -67,6 +70,9 @@ class Topology:
     steps: list[str]  # in chain order
     routers_per_node: int = 1
     engine: dict = field(default_factory=dict)
+    # mtls: every hop between parts is mutual TLS with the deployment's own CA; label_tokens:
+    # the entry signs each record's labels and later points decide on the token (identity.py).
+    security: dict = field(default_factory=lambda: dict(SECURITY_DEFAULTS))
 
     def instances_of(self, step: str) -> list[Instance]:
         return [i for i in self.instances if i.step == step]
@@ -151,6 +157,15 @@ def expand(raw: dict, source: Path, services: int | list | None = None) -> Topol
     engine = dict(raw.get("engine") or {})
     if engine.setdefault("kind", "envoy-opa") not in ENGINES:
         raise fail("engine.kind", f"'{engine['kind']}' is not one of {list(ENGINES)}")
+
+    security = {**SECURITY_DEFAULTS, **(raw.get("security") or {})}
+    for setting, value in security.items():
+        if setting not in SECURITY_DEFAULTS:
+            raise fail(f"security.{setting}", f"is not a setting; the settings are {sorted(SECURITY_DEFAULTS)}")
+        if not isinstance(value, bool):
+            raise fail(f"security.{setting}", f"must be true or false, got {value!r}")
+    if security["label_tokens"] and not security["mtls"]:
+        raise fail("security.label_tokens", "needs security.mtls: a token proves labels only between authenticated parts")
 
     regions = known_regions()
     gateway_region = raw.get("gateway_region", "EU")
@@ -239,4 +254,5 @@ def expand(raw: dict, source: Path, services: int | list | None = None) -> Topol
         steps=steps,
         routers_per_node=routers_per_node,
         engine=engine,
+        security=security,
     )

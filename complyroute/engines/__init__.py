@@ -3,7 +3,9 @@
 A topology manifest names its engine (`engine.kind`). An engine turns the enforcement points
 a placement produced into the configuration of each point's processes:
 
-    configure(points, settings, policies) -> {point name: PointConfig}
+    configure(points, settings, policies, trust) -> {point name: PointConfig}
+
+`trust`: each point's mutual TLS and label-token settings (identity.PointTrust), or None.
 
 - envoy-opa (envoy_opa.py): Envoy asks OPA over ext_authz before every hop.
 - envoy-compiled (envoy_compiled.py): OPA evaluates, ahead of time, each point's finite
@@ -33,10 +35,12 @@ class EngineError(RuntimeError):
     """An engine could not configure a point; the message says why and what to do."""
 
 
-def configure(kind: str, points: list[EnforcementPoint], settings: dict, policies: Path) -> dict[str, PointConfig]:
-    """The configuration of every point, by the engine `kind` (a manifest's engine.kind)."""
+def configure(kind: str, points: list[EnforcementPoint], settings: dict, policies: Path, trust: dict | None = None) -> dict[str, PointConfig]:
+    """The configuration of every point, by the engine `kind` (a manifest's engine.kind).
+
+    `trust`: by point name, its identity.PointTrust; None: plain HTTP between parts."""
     from . import envoy_compiled, envoy_opa
 
     modules = {"envoy-opa": envoy_opa, "envoy-compiled": envoy_compiled}
     assert set(modules) == set(ENGINES), "every engine a manifest may name has a module here"
-    return modules[kind].configure(points, settings, policies)
+    return modules[kind].configure(points, settings, policies, trust or {})

@@ -243,7 +243,7 @@ def listener_matcher(outcomes: dict[tuple[str, str], dict[str | None, str]], hop
     }
 
 
-def configure(points: list[EnforcementPoint], settings: dict, policies: Path) -> dict[str, PointConfig]:
+def configure(points: list[EnforcementPoint], settings: dict, policies: Path, trust: dict) -> dict[str, PointConfig]:
     data = envoy_opa.opa_data(points, policies)
     outcomes = evaluate(points, policies, data)
     hop_timeout = enforcement.hop_timeout_of(settings)
@@ -253,5 +253,5 @@ def configure(points: list[EnforcementPoint], settings: dict, policies: Path) ->
             listener.name: listener_matcher(outcomes.get((point.name, listener.name), {}), hop_timeout)
             for listener in compiled_listeners(point)
         }
-        configs[point.name] = envoy_opa.point_config(point, settings, data.get(point.name), matchers)
+        configs[point.name] = envoy_opa.point_config(point, settings, data.get(point.name), matchers, trust.get(point.name))
     return configs

@@ -14,12 +14,12 @@ def opa_data(points: list[EnforcementPoint], policies: Path) -> dict[str, dict]:
     return policydata.opa_data({point.name: point.catalog for point in points if point.deciding}, policies)
 
 
-def point_config(point: EnforcementPoint, settings: dict, data: dict | None, matchers: dict[str, dict] | None = None) -> PointConfig:
+def point_config(point: EnforcementPoint, settings: dict, data: dict | None, matchers: dict[str, dict] | None = None, trust=None) -> PointConfig:
     if not point.deciding:  # a point that only forwards (baseline, a last step's sidecar) needs no OPA
-        return PointConfig(enforcement.envoy_config(point, settings), None, None)
-    return PointConfig(enforcement.envoy_config(point, settings, matchers), enforcement.opa_config(point), data)
+        return PointConfig(enforcement.envoy_config(point, settings, trust=trust), None, None)
+    return PointConfig(enforcement.envoy_config(point, settings, matchers, trust), enforcement.opa_config(point), data)
 
 
-def configure(points: list[EnforcementPoint], settings: dict, policies: Path) -> dict[str, PointConfig]:
+def configure(points: list[EnforcementPoint], settings: dict, policies: Path, trust: dict) -> dict[str, PointConfig]:
     data = opa_data(points, policies)
-    return {point.name: point_config(point, settings, data.get(point.name)) for point in points}
+    return {point.name: point_config(point, settings, data.get(point.name), trust=trust.get(point.name)) for point in points}
