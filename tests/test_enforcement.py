@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from complyroute import deployment, engines, enforcement, manifest
+from complyroute import deployment, engines, enforcement, identity, manifest
 from complyroute.deployment import POLICIES
 from complyroute.plan import place
 
@@ -18,10 +18,18 @@ TOPOLOGIES = ["sidecar", "central-entity", "dynamic-router-3", "dynamic-router-6
 MIXED_REGIONS = str(manifest.REPO / "topologies" / "examples" / "mixed-regions.yaml")
 
 
-def configured(topology: str, engine: str):
+def configured(topology: str, engine: str, credentials_dir=None):
+    """Every point's configuration; with mutual TLS and label tokens when `credentials_dir` is
+    given (the credentials are written there, where Envoy reads them)."""
     loaded = manifest.load(topology, services=MIXED_REGIONS, engine=engine)
     plan = place(loaded)
-    return plan, engines.configure(engine, plan.points, loaded.engine, POLICIES)
+    trust = identity.Trust.of(plan) if credentials_dir else None
+    point_trust = {}
+    if trust:
+        credentials = identity.Credentials.issue(trust, "test")
+        files = credentials.write(credentials_dir)
+        point_trust = {p.name: trust.point(p, files[identity.point_identity(p)], credentials.token_jwks) for p in plan.points}
+    return plan, engines.configure(engine, plan.points, loaded.engine, POLICIES, point_trust)
 
 
 def managers(envoy: dict) -> dict[str, dict]:
@@ -30,8 +38,9 @@ def managers(envoy: dict) -> dict[str, dict]:
 
 @pytest.mark.parametrize("engine", manifest.ENGINES)
 @pytest.mark.parametrize("topology", TOPOLOGIES)
-def test_envoy_accepts_every_rendered_configuration_allowed(topology, engine, tmp_path):
-    _, configs = configured(topology, engine)
+@pytest.mark.parametrize("secured", [True, False], ids=["mtls", "plain"])
+def test_envoy_accepts_every_rendered_configuration_allowed(topology, engine, secured, tmp_path):
+    _, configs = configured(topology, engine, tmp_path / "pki" if secured else None)
     for name, config in configs.items():
         path = tmp_path / f"{name}.json"
         path.write_text(json.dumps(config.envoy))
