@@ -18,6 +18,23 @@ threads) its process used for a fixed number of sequential records, divided by t
   behind the same ext_authz, shows what the plugin costs before any rule runs.
 - compiled engine (envoy-compiled): the same listener and record; Envoy against the bare
   Envoy. Its OPA must receive no call (checked on Envoy's ext_authz counter).
+- mutual TLS (issue 9), every part a certificate of the bench's own CA (complyroute.pki),
+  identities as a deployment names them (complyroute.identity): the forwarding listener with
+  mTLS on both sides (its listener requires the sender's client certificate, its cluster
+  speaks TLS to a next hop that requires Envoy's) against the same listener in plain HTTP;
+  and the deciding listeners of both engines with mTLS against the same in plain HTTP. The
+  bench then sends as the hop's sender (its certificate names svc-04, the identity the
+  listener admits and OPA is told), and the next hop is the minimal app over TLS. Records go
+  over one kept-alive connection, as between parts, so a handshake is not in the figures.
+- label token check (issue 9): the same deciding listeners with jwt_authn verifying the
+  entry's signed label token (ES256, the bench's own key, pki.signing_key()) against them
+  with mTLS and no token: the token's cost at every point after the entry. Every record
+  carries the same valid token (the next hop is the minimal app: nothing refuses a replayed
+  request id); jwt_authn keeps no cache of verified tokens (the points configure none), so
+  it verifies the signature of every record as it would a token per record. Envoy's
+  jwt_authn counters must show every record verified, none refused.
+
+Where a point's Envoy and OPA are both measured, they are measured over the same records.
 - the policy: `opa bench` of the decision, this rule set against the one of commit d2d81e4
   (complyroute.policybench.compare).
 
@@ -26,11 +43,14 @@ Prints a table and writes it as CSV (default runs/bench/<time>/bench.csv).
 
 from __future__ import annotations
 
+import base64
 import csv
+import hashlib
 import http.client
 import json
 import os
 import signal
+import ssl
 import statistics
 import sys
 import tempfile
@@ -40,9 +60,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import psutil
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 
-from complyroute import deployment, engines, manifest, policybench
-from complyroute.enforcement import DecidingListener, EnforcementPoint, Endpoint, ForwardingListener
+from complyroute import deployment, engines, identity, manifest, pki, policybench
+from complyroute.enforcement import LABEL_TOKEN_HEADER, TOKEN_ISSUER, DecidingListener, EnforcementPoint, Endpoint, ForwardingListener
 from complyroute.manifest import REPO
 from complyroute.plan import place
 
@@ -56,6 +79,7 @@ BODY = json.dumps({"subject": "alice", "amount": 12}).encode()
 WORK_ITERATIONS = 100  # the manifests' default
 LONG_PATH = 49  # path entries a next hop answers at the head of a 50-service chain
 CSV_FIELDS = ["part", "process", "value", "unit", "floor", "floor_value", "ratio", "target", "verdict"]
+TOKEN_LIFETIME = 3600  # s: outlives any bench run
 
 
 @dataclass(frozen=True)
@@ -67,6 +91,8 @@ class Pair:
     url: str  # where the records go
     floor: str = ""  # the row it is compared with; "" for a row shown alone
     target: float | None = None  # the ratio to its floor must stay at or under this
+    client: str = ""  # the identity the bench presents over mutual TLS (an https url); "" for plain HTTP
+    token: bool = False  # every record carries the bench's label token
 
 
 @dataclass
@@ -101,11 +127,17 @@ class Row:
 class Bench:
     """The processes of one bench run: started together, measured in turns, stopped together."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, scratch: Path | None = None):
         self.folder = folder
+        self.keys = (scratch or folder) / "pki"  # where credentials are written: the run's scratch folder
         self.pids: dict[str, int] = {}
         self.urls: dict[str, str] = {}
         self.last_port = BASE_PORT
+        # The bench's own CA and label-token key: its parts trust nothing else.
+        self.ca = pki.CertificateAuthority("bench")
+        self.token_jwk, self.token_jwks = pki.signing_key()
+        self.credentials: dict[str, identity.TlsFiles] = {}
+        self.clients: dict[str, ssl.SSLContext] = {}
 
     def endpoint(self) -> Endpoint:
         self.last_port += 1
@@ -121,12 +153,44 @@ class Bench:
         self.urls[name] = endpoint.url
         return endpoint
 
+    def tls_files(self, name: str) -> identity.TlsFiles:
+        """The key and certificate naming `name` (an identity), issued by the bench's CA, as files."""
+        if name not in self.credentials:
+            credentials = identity.Credentials(self.ca.cert_pem, {name: self.ca.issue(name)}, self.token_jwk, self.token_jwks)
+            self.credentials.update(credentials.write(self.keys))
+        return self.credentials[name]
+
+    def tls_env(self, name: str) -> dict:
+        """The TLS variables of a Node process (the floor app, a service) that is `name`."""
+        files = self.tls_files(name)
+        return {"TLS_CERT": files.cert, "TLS_KEY": files.key, "TLS_CA": files.ca}
+
+    def client(self, name: str) -> ssl.SSLContext | None:
+        """TLS as the part `name`, the way parts reach each other; None for plain HTTP."""
+        if name and name not in self.clients:
+            self.clients[name] = deployment.control_context(self.tls_files(name))
+        return self.clients.get(name)
+
+    def point_trust(self, point: EnforcementPoint, peer: str, upstream: str, label_tokens: bool) -> identity.PointTrust:
+        """Mutual TLS at every listener of `point`, admitting `peer` only, to upstreams presenting
+        `upstream`; with `label_tokens`, jwt_authn verifying the bench's key at deciding listeners."""
+        upstreams = [*point.destinations.values(), *(listener.upstream for listener in point.forwarding)]
+        return identity.PointTrust(
+            files=self.tls_files(identity.point_identity(point)),
+            listener_peers={listener.name: (peer,) for listener in [*point.deciding, *point.forwarding]},
+            upstream_identity={(endpoint.reach, endpoint.port): upstream for endpoint in upstreams},
+            label_tokens=label_tokens,
+            jwks=json.dumps(self.token_jwks, sort_keys=True),
+            token_lifetime_seconds=TOKEN_LIFETIME,
+        )
+
     def enforcement_point(self, name: str) -> EnforcementPoint:
         return EnforcementPoint(name, "bench", admin=self.endpoint(), ready=self.endpoint(), opa_grpc=self.endpoint(),
                                 opa_http=self.endpoint(), opa_diagnostic=self.endpoint())
 
-    def point(self, point: EnforcementPoint, kind: str, settings: dict, policies: Path = deployment.POLICIES) -> None:
-        config = engines.configure(kind, [point], settings, deployment.POLICIES)[point.name]
+    def point(self, point: EnforcementPoint, kind: str, settings: dict, policies: Path = deployment.POLICIES,
+              trust: identity.PointTrust | None = None) -> None:
+        config = engines.configure(kind, [point], settings, deployment.POLICIES, {point.name: trust} if trust else None)[point.name]
         for part in deployment.point_parts(point, config, self.folder / point.name, self.folder, policies):
             self.start(part)
 
@@ -163,19 +227,43 @@ def listening(pid: int) -> bool:
         return False
 
 
-def send(url: str, records: int) -> None:
-    """`records` sequential POSTs over one keep-alive connection; each must be answered 200."""
-    host, port = url.removeprefix("http://").split(":")
-    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+def send(url: str, records: int, context: ssl.SSLContext | None = None, headers: dict | None = None) -> None:
+    """`records` sequential POSTs over one keep-alive connection; each must be answered 200.
+
+    An https `url` is reached over TLS with `context` (the bench's certificate as a part);
+    `headers` are sent with the labels.
+    """
+    scheme, address = url.split("://", 1)
+    host, port = address.split(":")
+    if scheme == "https":
+        connection = http.client.HTTPSConnection(host, int(port), timeout=30, context=context)
+    else:
+        connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    headers = {"content-type": "application/json", **LABELS, **(headers or {})}
     try:
         for _ in range(records):
-            connection.request("POST", "/process", body=BODY, headers={"content-type": "application/json", **LABELS})
+            connection.request("POST", "/process", body=BODY, headers=headers)
             answer = connection.getresponse()
             body = answer.read()
             if answer.status != 200:
                 raise RuntimeError(f"bench: {url} answered {answer.status}: {body[:300]!r}")
     finally:
         connection.close()
+
+
+def label_token(jwk: dict, body: bytes, request_id: str, lifetime: int = TOKEN_LIFETIME) -> str:
+    """The label token an entry issues for `body` with the bench's labels: a JWS (ES256, ECDSA
+    P-256 with SHA-256, the signature as raw r || s) signed with the private JWK `jwk`."""
+    b64 = lambda raw: base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+    private_value = int.from_bytes(base64.urlsafe_b64decode(jwk["d"] + "=" * (-len(jwk["d"]) % 4)), "big")
+    key = ec.derive_private_key(private_value, ec.SECP256R1())
+    now = int(time.time())
+    header = {"alg": "ES256", "typ": "JWT", "kid": jwk["kid"]}
+    claims = {"iss": TOKEN_ISSUER, "rid": request_id, "region": LABELS["x-data-region"], "category": LABELS["x-data-category"],
+              "consent": LABELS["x-data-consent"], "digest": "sha256:" + hashlib.sha256(body).hexdigest(), "iat": now, "exp": now + lifetime}
+    signing_input = ".".join(b64(json.dumps(part, separators=(",", ":")).encode()) for part in (header, claims))
+    r, s = decode_dss_signature(key.sign(signing_input.encode(), ec.ECDSA(hashes.SHA256())))
+    return f"{signing_input}.{b64(r.to_bytes(32, 'big') + s.to_bytes(32, 'big'))}"
 
 
 def envoy_counter(admin: Endpoint, name: str) -> int:
@@ -234,7 +322,13 @@ def start_parts(bench: Bench, scratch: Path) -> tuple[list[Pair], dict]:
     destination = next(i.id for i in topology.instances if i.step == hop.step)
     settings = dict(topology.engine)
 
+    # Identities under mutual TLS: the bench sends as the hop's sender (the identity its
+    # listener admits and OPA is told); the next hop is the destination instance.
+    as_sender = identity.service_identity(next(s for s in plan.services if s.instance.id == hop.sender))
+    as_destination = pki.spiffe_id("service", destination)
+
     sink = bench.node_app("sink", FLOOR_APP, {})
+    tls_sink = bench.node_app("sink-tls", FLOOR_APP, bench.tls_env(as_destination))
     long_sink = bench.node_app("sink-49", FLOOR_APP, {"ANSWER_PATH_LENGTH": str(LONG_PATH)})
     bench.node_app("floor-forwarder", FLOOR_APP, {"EGRESS_URL": sink.url})
     bench.node_app("floor-forwarder-49", FLOOR_APP, {"EGRESS_URL": long_sink.url})
@@ -257,24 +351,38 @@ def start_parts(bench: Bench, scratch: Path) -> tuple[list[Pair], dict]:
     forwarding.forwarding.append(ForwardingListener("forward", bench.endpoint(), sink))
     bench.point(forwarding, "envoy-opa", settings)
     bench.urls["forwarding"] = forwarding.forwarding[0].endpoint.url
+    forwarding_mtls = bench.enforcement_point("forwarding-mtls")
+    forwarding_mtls.forwarding.append(ForwardingListener("forward", bench.endpoint(), tls_sink))
+    bench.point(forwarding_mtls, "envoy-opa", settings, trust=bench.point_trust(forwarding_mtls, as_sender, as_destination, label_tokens=False))
+    bench.urls["forwarding-mtls"] = https(forwarding_mtls.forwarding[0].endpoint)
 
     allow_all = scratch / "allow-all"
     (allow_all / "complyroute" / "envoy").mkdir(parents=True)
     (allow_all / "complyroute" / "envoy" / "response.rego").write_text(ALLOW_ALL_POLICY % destination)
     admins, opas = {}, {}
-    for name, kind, policies in (("envoy-opa", "envoy-opa", deployment.POLICIES), ("allow-all", "envoy-opa", allow_all),
-                                 ("envoy-compiled", "envoy-compiled", deployment.POLICIES)):
+    # name, engine, policies, security: "" plain HTTP, "mtls", "token" (mTLS and the label token check)
+    deciding = [("envoy-opa", "envoy-opa", deployment.POLICIES, ""), ("allow-all", "envoy-opa", allow_all, ""),
+                ("envoy-compiled", "envoy-compiled", deployment.POLICIES, ""),
+                ("envoy-compiled-mtls", "envoy-compiled", deployment.POLICIES, "mtls"), ("envoy-compiled-token", "envoy-compiled", deployment.POLICIES, "token"),
+                ("envoy-opa-mtls", "envoy-opa", deployment.POLICIES, "mtls"), ("envoy-opa-token", "envoy-opa", deployment.POLICIES, "token")]
+    for name, kind, policies, security in deciding:
         point = bench.enforcement_point(name)
         point.deciding.append(DecidingListener(hop.name, bench.endpoint(), sender=hop.sender, step=hop.step))
-        point.destinations = {destination: sink}
+        point.destinations = {destination: tls_sink if security else sink}
         point.catalog = central.catalog
-        bench.point(point, kind, settings, policies)
-        bench.urls[name] = point.deciding[0].endpoint.url
+        trust = bench.point_trust(point, as_sender, as_destination, label_tokens=security == "token") if security else None
+        bench.point(point, kind, settings, policies, trust)
+        bench.urls[name] = https(point.deciding[0].endpoint) if security else point.deciding[0].endpoint.url
         admins[name] = point.admin
         opas[name] = point.opa_metrics_url
 
     bare = "Envoy, router filter only"
     opa_alone = "policy evaluation alone (opa bench, same query)"
+    traversal = "Envoy traversal (forwarding listener)"
+    opa_envoy, opa_opa = "decision through ext_authz: Envoy", "decision through ext_authz: OPA"
+    compiled = "compiled engine: Envoy deciding the hop"
+    opa_envoy_mtls, opa_opa_mtls = "decision through ext_authz, mTLS: Envoy", "decision through ext_authz, mTLS: OPA"
+    compiled_mtls = "compiled engine, mTLS: Envoy deciding the hop"
     pairs = [
         Pair("service hop floor (Fastify + undici)", "floor-forwarder", bench.urls["floor-forwarder"]),
         Pair("service hop, beyond its work", "service", bench.urls["service"], "service hop floor (Fastify + undici)", 1.5),
@@ -283,28 +391,57 @@ def start_parts(bench: Bench, scratch: Path) -> tuple[list[Pair], dict]:
         Pair(f"service hop, next hop answers {LONG_PATH} path entries", "service-49", bench.urls["service-49"],
              f"service hop floor, next hop answers {LONG_PATH} path entries", 1.5),
         Pair(bare, "bare-envoy", bench.urls["bare-envoy"]),
-        Pair("Envoy traversal (forwarding listener)", "forwarding/envoy", bench.urls["forwarding"], bare),
-        Pair("decision through ext_authz: Envoy", "envoy-opa/envoy", bench.urls["envoy-opa"], bare),
-        Pair("decision through ext_authz: OPA", "envoy-opa/opa", bench.urls["envoy-opa"], opa_alone),
+        Pair(traversal, "forwarding/envoy", bench.urls["forwarding"], bare),
+        Pair("Envoy traversal, mTLS on both sides (forwarding listener)", "forwarding-mtls/envoy", bench.urls["forwarding-mtls"], traversal,
+             client=as_sender),
+        Pair(opa_envoy, "envoy-opa/envoy", bench.urls["envoy-opa"], bare),
+        Pair(opa_opa, "envoy-opa/opa", bench.urls["envoy-opa"], opa_alone),
         Pair("OPA allowing everything, through ext_authz", "allow-all/opa", bench.urls["allow-all"], opa_alone),
-        Pair("compiled engine: Envoy deciding the hop", "envoy-compiled/envoy", bench.urls["envoy-compiled"], bare, 1.3),
+        Pair(opa_envoy_mtls, "envoy-opa-mtls/envoy", bench.urls["envoy-opa-mtls"], opa_envoy, client=as_sender),
+        Pair(opa_opa_mtls, "envoy-opa-mtls/opa", bench.urls["envoy-opa-mtls"], opa_opa, client=as_sender),
+        Pair("decision through ext_authz, mTLS and label token check: Envoy", "envoy-opa-token/envoy", bench.urls["envoy-opa-token"], opa_envoy_mtls,
+             client=as_sender, token=True),
+        Pair("decision through ext_authz, mTLS and label token check: OPA", "envoy-opa-token/opa", bench.urls["envoy-opa-token"], opa_opa_mtls,
+             client=as_sender, token=True),
+        Pair(compiled, "envoy-compiled/envoy", bench.urls["envoy-compiled"], bare, 1.3),
         Pair("compiled engine: its OPA", "envoy-compiled/opa", bench.urls["envoy-compiled"]),
+        Pair(compiled_mtls, "envoy-compiled-mtls/envoy", bench.urls["envoy-compiled-mtls"], compiled, client=as_sender),
+        Pair("compiled engine, mTLS and label token check: Envoy deciding the hop", "envoy-compiled-token/envoy", bench.urls["envoy-compiled-token"],
+             compiled_mtls, client=as_sender, token=True),
     ]
     context = {"admins": admins, "opas": opas, "concurrency": central.concurrency, "listener": hop.name, "catalog": central.catalog, "sender": hop.sender, "step": hop.step,
-               "consent": LABELS["x-data-consent"].split(","), "opa_alone": opa_alone}
+               "consent": LABELS["x-data-consent"].split(","), "opa_alone": opa_alone,
+               "compiled": [name for name, kind, *_ in deciding if kind == "envoy-compiled"],
+               "token_checked": [name for name, *_, security in deciding if security == "token"]}
     return pairs, context
 
 
+def https(endpoint: Endpoint) -> str:
+    return "https://" + endpoint.url.split("://", 1)[1]
+
+
 def measure(bench: Bench, pairs: list[Pair], records: int, rounds: int, out=sys.stdout) -> dict[str, float]:
-    """Median ms of CPU per record of every pair's process, over `rounds` turns of `records` each."""
+    """Median ms of CPU per record of every pair's process, over `rounds` turns of `records` each.
+
+    Pairs with the same url (Envoy and OPA of one point) are measured over the same records.
+    """
     samples: dict[str, list[float]] = {pair.part: [] for pair in pairs}
-    for pair in pairs:  # warm every path up: connections, JIT, caches
-        send(pair.url, 200)
+    by_url: dict[str, list[Pair]] = {}
+    for pair in pairs:
+        by_url.setdefault(pair.url, []).append(pair)
+    token = label_token(bench.token_jwk, BODY, "bench-1")
+    sending = {}
+    for url, group in by_url.items():
+        if len({(pair.client, pair.token) for pair in group}) > 1:
+            raise ValueError(f"bench: the pairs measured at {url} send differently")
+        sending[url] = {"context": bench.client(group[0].client), "headers": {LABEL_TOKEN_HEADER: token} if group[0].token else None}
+        send(url, 200, **sending[url])  # warm every path up: connections, JIT, caches
     for round_number in range(1, rounds + 1):
-        for pair in pairs:
-            before = bench.cpu_seconds(pair.process)
-            send(pair.url, records)
-            samples[pair.part].append((bench.cpu_seconds(pair.process) - before) * 1000 / records)
+        for url, group in by_url.items():
+            before = {pair.part: bench.cpu_seconds(pair.process) for pair in group}
+            send(url, records, **sending[url])
+            for pair in group:
+                samples[pair.part].append((bench.cpu_seconds(pair.process) - before[pair.part]) * 1000 / records)
         print(f"bench: round {round_number}/{rounds} measured", file=out, flush=True)
     return {part: statistics.median(values) for part, values in samples.items()}
 
@@ -325,16 +462,23 @@ def run(out_file: Path | None = None, records: int = 1500, rounds: int = 3, out=
     print(f"bench: {rounds} rounds of {records} sequential records per part; CSV: {out_file}", file=out, flush=True)
     with tempfile.TemporaryDirectory() as scratch_name:
         scratch = Path(scratch_name)
-        bench = Bench(out_file.parent / "processes")
+        bench = Bench(out_file.parent / "processes", scratch)
         bench.folder.mkdir(parents=True, exist_ok=True)
         try:
             pairs, context = start_parts(bench, scratch)
             bench.wait_until_listening()
             medians = measure(bench, pairs, records, rounds, out)
             handler_ms = plugin_handler_ms(context["opas"]["envoy-opa"])
-            compiled_asked = envoy_counter(context["admins"]["envoy-compiled"], f"http.{context['listener']}.ext_authz.ok")
-            if compiled_asked:
-                raise RuntimeError(f"bench: the compiled engine asked OPA {compiled_asked} times for records it should route itself")
+            for name in context["compiled"]:
+                compiled_asked = envoy_counter(context["admins"][name], f"http.{context['listener']}.ext_authz.ok")
+                if compiled_asked:
+                    raise RuntimeError(f"bench: the compiled engine ({name}) asked OPA {compiled_asked} times for records it should route itself")
+            for name in context["token_checked"]:
+                verified = {outcome: envoy_counter(context["admins"][name], f"http.{context['listener']}.jwt_authn.{outcome}")
+                            for outcome in ("allowed", "denied")}
+                if verified["denied"] or verified["allowed"] < records * rounds:
+                    raise RuntimeError(f"bench: {name} verified {verified['allowed']} label tokens and refused {verified['denied']}, "
+                                       f"for {records * rounds} measured records")
         finally:
             bench.stop()
         medians[context["opa_alone"]] = policy_evaluation(context, scratch)
@@ -361,12 +505,13 @@ def run(out_file: Path | None = None, records: int = 1500, rounds: int = 3, out=
 
 
 def table(rows: list[Row]) -> str:
-    lines = [f"{'part':<58}{'value':>9}  {'unit':<15}{'floor':>9}  {'ratio':>7}  {'target':>7}  verdict",]
+    width = max([58, *(len(row.part) + 2 for row in rows)])
+    lines = [f"{'part':<{width}}{'value':>9}  {'unit':<15}{'floor':>9}  {'ratio':>7}  {'target':>7}  verdict",]
     for row in rows:
         floor = f"{row.floor_value:9.3f}" if row.floor_value is not None else " " * 9
         ratio = f"{row.ratio:6.2f}x" if row.ratio is not None else " " * 7
         target = f"<={row.target:g}x" if row.target is not None else ""
-        lines.append(f"{row.part:<58}{row.value:9.3f}  {row.unit:<15}{floor}  {ratio}  {target:>7}  {row.verdict}")
+        lines.append(f"{row.part:<{width}}{row.value:9.3f}  {row.unit:<15}{floor}  {ratio}  {target:>7}  {row.verdict}")
         if row.floor:
             lines.append(f"{'':<4}floor: {row.floor}")
     return "\n".join(lines)

@@ -1,10 +1,20 @@
-"""make bench: how a part's row is judged against its floor and how the plugin's metric is read."""
+"""make bench: how a part's row is judged against its floor, how the plugin's metric is read,
+how records are sent (over mutual TLS with the bench's own CA, with its label token) and measured."""
 
+import base64
+import hashlib
+import json
+import ssl
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from threading import Thread
 
 import pytest
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 
+from complyroute import pki
 from complyroute.enforcement import Endpoint
 from experiments import bench
 
@@ -58,5 +68,140 @@ def test_plugin_without_performance_metrics_is_an_error_denied():
     try:
         with pytest.raises(RuntimeError, match="enable-performance-metrics"):
             bench.plugin_handler_ms(f"{Endpoint('127.0.0.1', server.server_port).url}/metrics")
+    finally:
+        server.shutdown()
+
+
+# ---- mutual TLS and label tokens (issue 9) ---------------------------------------------
+
+
+def unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def verify(token: str, jwks: dict) -> dict:
+    """The claims of an ES256 token, checked as jwt_authn checks it (signature over its first two parts)."""
+    header_b64, claims_b64, signature_b64 = token.split(".")
+    header = json.loads(unb64(header_b64))
+    key = next(k for k in jwks["keys"] if k["kid"] == header["kid"])
+    public = ec.EllipticCurvePublicNumbers(int.from_bytes(unb64(key["x"]), "big"), int.from_bytes(unb64(key["y"]), "big"), ec.SECP256R1()).public_key()
+    signature = unb64(signature_b64)
+    assert header == {"alg": "ES256", "typ": "JWT", "kid": "entry"} and len(signature) == 64
+    der = encode_dss_signature(int.from_bytes(signature[:32], "big"), int.from_bytes(signature[32:], "big"))
+    public.verify(der, f"{header_b64}.{claims_b64}".encode(), ec.ECDSA(hashes.SHA256()))
+    return json.loads(unb64(claims_b64))
+
+
+def test_label_token_verifies_with_the_public_key_and_names_the_record_allowed():
+    jwk, jwks = pki.signing_key()
+    claims = verify(bench.label_token(jwk, bench.BODY, "bench-7"), jwks)
+    assert claims["iss"] == "complyroute-entry" and claims["rid"] == "bench-7"
+    assert (claims["region"], claims["category"], claims["consent"]) == ("EU", "personal", "analytics,billing,care")
+    assert claims["digest"] == "sha256:" + hashlib.sha256(bench.BODY).hexdigest()
+    assert claims["exp"] - claims["iat"] == bench.TOKEN_LIFETIME
+
+
+def test_label_token_of_another_key_does_not_verify_denied():
+    jwk, _ = pki.signing_key()
+    _, other_jwks = pki.signing_key()
+    with pytest.raises(InvalidSignature):
+        verify(bench.label_token(jwk, bench.BODY, "bench-1"), other_jwks)
+
+
+class Counting(BaseHTTPRequestHandler):
+    """Answers every POST 200 and counts them, with the headers it was sent."""
+
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # kept-alive connection: no delayed ACK between header and body
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["content-length"]))
+        self.server.seen.append({name.lower(): value for name, value in self.headers.items()})
+        self.send_response(200)
+        self.send_header("content-length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def log_message(self, *args):
+        pass
+
+
+def counting_server(tls: ssl.SSLContext | None = None):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Counting)
+    server.seen = []
+    if tls:
+        server.socket = tls.wrap_socket(server.socket, server_side=True)
+    Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+class FakeBench:
+    """What measure() asks of a bench: CPU seconds (a clock that never moves), TLS, the token key."""
+
+    def __init__(self):
+        self.token_jwk, self.token_jwks = pki.signing_key()
+
+    def cpu_seconds(self, name):
+        return 0.0
+
+    def client(self, name):
+        return None
+
+
+def test_pairs_at_one_url_share_their_records_allowed():
+    """Envoy and OPA of one point are measured over the same records: one send per url and round."""
+    one, other = counting_server(), counting_server()
+    url = lambda server: f"http://127.0.0.1:{server.server_port}"
+    try:
+        pairs = [bench.Pair("envoy", "p/envoy", url(one)), bench.Pair("opa", "p/opa", url(one)),
+                 bench.Pair("token", "q/envoy", url(other), token=True)]
+        medians = bench.measure(FakeBench(), pairs, records=5, rounds=2, out=open("/dev/null", "w"))
+        assert set(medians) == {"envoy", "opa", "token"}
+        assert len(one.seen) == len(other.seen) == 200 + 2 * 5
+        assert "x-complyroute-labels" not in one.seen[0] and other.seen[0]["x-complyroute-labels"].count(".") == 2
+    finally:
+        one.shutdown()
+        other.shutdown()
+
+
+def test_pairs_at_one_url_sending_differently_denied():
+    server = counting_server()
+    url = f"http://127.0.0.1:{server.server_port}"
+    try:
+        with pytest.raises(ValueError, match="send differently"):
+            bench.measure(FakeBench(), [bench.Pair("a", "p/envoy", url), bench.Pair("b", "p/opa", url, token=True)], 1, 1)
+    finally:
+        server.shutdown()
+
+
+def requiring_client_certificates(bench_: bench.Bench) -> ssl.SSLContext:
+    """A server's TLS as the bench's parts speak it: a certificate of the bench's CA, and the client's required."""
+    files = bench_.tls_files(pki.spiffe_id("service", "svc-05"))
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(files.cert, files.key)
+    context.load_verify_locations(files.ca)
+    context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+def test_bench_sends_over_mutual_tls_with_its_own_ca_allowed(tmp_path):
+    bench_ = bench.Bench(tmp_path / "processes", tmp_path)
+    server = counting_server(requiring_client_certificates(bench_))
+    try:
+        bench.send(f"https://127.0.0.1:{server.server_port}", 3, bench_.client(pki.spiffe_id("service", "svc-04")))
+        assert len(server.seen) == 3
+        assert (tmp_path / "pki" / "ca.pem").exists() and not (tmp_path / "processes").exists()  # keys in scratch only
+    finally:
+        server.shutdown()
+
+
+def test_bench_without_a_certificate_of_its_ca_is_refused_denied(tmp_path):
+    bench_ = bench.Bench(tmp_path / "processes", tmp_path)
+    stranger = bench.Bench(tmp_path / "other", tmp_path / "other")  # another CA
+    server = counting_server(requiring_client_certificates(bench_))
+    try:
+        with pytest.raises((ssl.SSLError, ConnectionError)):
+            bench.send(f"https://127.0.0.1:{server.server_port}", 1, stranger.client(pki.spiffe_id("service", "svc-04")))
+        assert server.seen == []
     finally:
         server.shutdown()
