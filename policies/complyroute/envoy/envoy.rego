@@ -11,6 +11,10 @@
 #   tries the quick path (see there), and only when that does not apply asks
 #   the compliance policy, which decides and explains every other case.
 #
+#   The sender is the verified peer when Envoy names one (mutual TLS:
+#   attributes.source.principal), else the route's contextExtensions.sender
+#   (see `sender`).
+#
 #   Result: allowed, {"allowed": true, "headers": {x-complyroute-destination,
 #   x-data-region, x-data-category, x-data-consent}} with the labels rewritten
 #   to their canonical form (one trimmed value; consent sorted, each once,
@@ -32,11 +36,12 @@ headers := object.get(http_request, "headers", {})
 # The route's context_extensions. opa-envoy-plugin (v3 API) builds its input with
 # the protobuf JSON names, so the key is "contextExtensions"; the snake_case key
 # (v2 API, hand-written inputs) is accepted too.
-context_extensions := object.get(
-	input,
-	["attributes", "contextExtensions"],
-	object.get(input, ["attributes", "context_extensions"], {}),
-)
+# (References rather than object.get(input, ...), which costs the quick path more.)
+default context_extensions := {}
+
+context_extensions := extensions if {
+	extensions := input.attributes.contextExtensions
+} else := input.attributes.context_extensions
 
 labels[name] := headers[header] if {
 	some name, header in {"region": "x-data-region", "category": "x-data-category", "consent": "x-data-consent"}
@@ -47,8 +52,79 @@ step := context_extensions.step if {
 	context_extensions.step != ""
 } else := headers["x-complyroute-step"]
 
+# --- the sender -------------------------------------------------------------------
+
+# With mutual TLS, Envoy hands over the URI SAN of the peer's verified certificate:
+# spiffe://complyroute/service/<instance> for an instance, spiffe://complyroute/point/<name>
+# for an enforcement point, spiffe://complyroute/control for the control plane. Absent or
+# empty where the peer is not authenticated: clients at the entry (outside the mesh), and
+# every listener when mutual TLS is off.
+default peer_principal := ""
+
+peer_principal := input.attributes.source.principal
+
+instance_identity_prefix := "spiffe://complyroute/service/"
+
+# The instance the verified peer's identity names; undefined for any other identity.
+peer_instance := id if {
+	is_string(peer_principal)
+	startswith(peer_principal, instance_identity_prefix)
+	id := trim_prefix(peer_principal, instance_identity_prefix)
+	id != ""
+}
+
+# The sender the compliance policy is told, and the quick path looks up:
+# - when Envoy names a verified peer (principal non-empty), the instance it names, provided
+#   the route names no sender or that one (else SENDER_MISMATCH, see adapter_violations);
+#   none when the peer is no instance (a point, the control plane, another form), so that
+#   the compliance policy's SENDER_UNKNOWN applies;
+# - else the route's sender (contextExtensions.sender), as without mutual TLS.
+# The quick path evaluates it on every hop: the common cases come first, by lookups (the
+# prefix as a literal there: a rule reference costs allocations), then the general ones.
+sender := id if {
+	# Mutual TLS: the route's sender is the verified peer.
+	id := input.attributes.contextExtensions.sender
+	input.attributes.source.principal == concat("", ["spiffe://complyroute/service/", id])
+	id != ""
+} else := id if {
+	# No verified peer: a client at the entry, or mutual TLS off.
+	id := input.attributes.contextExtensions.sender
+	not input.attributes.source.principal
+} else := id if {
+	peer_principal == ""
+	id := context_extensions.sender
+} else := peer_instance if {
+	object.get(context_extensions, "sender", "") in {"", peer_instance}
+}
+
+# The route names a sender (a listener serves one), and the verified peer is another instance.
+sender_mismatch if {
+	listener_sender := context_extensions.sender
+	listener_sender != ""
+	listener_sender != peer_instance
+}
+
+# Record-level denials of the adapter's own (status 400), before the compliance policy is
+# asked: the same shape as the compliance policy's record_violations.
+
+# METADATA
+# title: Sender mismatch
+# description: |
+#   A listener that names its sender (contextExtensions.sender) takes records from that
+#   instance only; a verified peer identity naming another instance is refused.
+# custom:
+#   code: SENDER_MISMATCH
+#   message: the listener's sender and the verified peer identity differ
+adapter_violations contains compliance.violation(rego.metadata.rule(), detail) if {
+	sender_mismatch
+	detail := sprintf("the listener serves %s, the peer's certificate names %s", [
+		json.marshal(context_extensions.sender),
+		json.marshal(peer_principal),
+	])
+}
+
 # Only the fields that are present: an absent field stays absent in the direct input.
-present_fields["sender"] := context_extensions.sender
+present_fields["sender"] := sender
 
 present_fields["step"] := step
 
@@ -61,7 +137,9 @@ compliance_input := object.union({"labels": labels}, present_fields)
 # The compliance policy is written against the direct input; `with` evaluates
 # it once per request against the adapted input (no loop, so the caching
 # concern of with-outside-test-context does not apply).
-decision := result if {
+decision := compliance.denial(400, "INPUT_INVALID", "input rejected", adapter_violations) if {
+	count(adapter_violations) > 0
+} else := result if {
 	# regal ignore:with-outside-test-context
 	result := compliance.decision with input as compliance_input
 }
@@ -109,15 +187,17 @@ headers_to_set := object.union(label_headers, {"x-complyroute-destination": deci
 #   evaluating a rule of the compliance policy: when the region and category
 #   labels are codes of the reference data as they are, the consent label is
 #   canonical (index.consents: known purposes, sorted, each once), the body is
-#   a JSON object, the route pins sender and step, and the instance the
-#   destination rule prefers for them (index.preferred) holds what the labels
-#   ask (index.asks) and is consented what it needs (its needs), then no
-#   record-level rule can apply and that instance is the destination the
-#   compliance policy would choose. Labels arrive canonical from every point
-#   that allowed a hop before; a client's consent values in another order take
-#   the same path sorted (quick_consent_label). The index states asks and
-#   needs from the exclusion rules (indexing.rego); the tests check on every
-#   scenario that the quick path answers as the compliance policy does.
+#   a JSON object, the route pins the step and the sender is known (the
+#   verified peer, else the route's, see `sender`, and they do not disagree),
+#   and the instance the destination rule prefers for them (index.preferred)
+#   holds what the labels ask (index.asks) and is consented what it needs (its
+#   needs), then no record-level rule can apply and that instance is the
+#   destination the compliance policy would choose. Labels arrive canonical
+#   from every point that allowed a hop before; a client's consent values in
+#   another order take the same path sorted (quick_consent_label). The index
+#   states asks and needs from the exclusion rules (indexing.rego); the tests
+#   check on every scenario that the quick path answers as the compliance
+#   policy does.
 #   Anything else (other label forms, a preferred instance that is excluded,
 #   every denial) is the compliance policy's, with its reasons.
 # entrypoint: true
@@ -135,7 +215,7 @@ response := {"allowed": true, "headers": {
 	json.is_valid(checked.body)
 	startswith(checked.body, "{")
 	step := input.attributes.contextExtensions.step
-	destination := index.preferred[input.attributes.contextExtensions.sender][step]
+	destination := index.preferred[sender][step]
 	candidate := index.steps[step][destination]
 	object.subset(candidate, index.asks[region][category])
 	object.subset(consent, candidate.needs[category])

@@ -39,6 +39,10 @@ set_body(body) := {"set": {"attributes": {"request": {"http": {"body": body}}}}}
 
 set_context(name, value) := {"set": {"attributes": {"contextExtensions": {name: value}}}}
 
+set_principal(principal) := {"set": {"attributes": {"source": {"principal": principal}}}}
+
+instance_principal(id) := concat("", ["spiffe://complyroute/service/", id])
+
 # respond(change): the plugin result for the changed request, as a list (empty when undefined).
 respond(change) := [result |
 	result := envoy.response with input as compliance_test.apply(base_request, change, "set", "unset")
@@ -290,6 +294,92 @@ canonical_label_cases := {
 	},
 }
 
+# --- the sender from the verified peer identity ------------------------------------
+
+test_peer_identity_allowed if allowed_failures(peer_identity_cases) == {}
+
+test_peer_identity_denied if denied_failures(peer_identity_cases) == {}
+
+# A US instance as the sender, a US record: the destination (analyse-us, in the sender's
+# region, where an EU sender gets analyse-eu-a) shows whom the policy took for the sender.
+from_ingest_us := {"set": {"attributes": {
+	"source": {"principal": instance_principal("ingest-us")},
+	"contextExtensions": {"sender": "ingest-us", "step": "analyse"},
+	"request": {"http": {"headers": {"x-data-region": "US"}}},
+}}}
+
+sender_unknown := {"status": 400, "code": "SENDER_UNKNOWN", "reasons": ["SENDER_UNKNOWN"]}
+
+sender_mismatch := {"status": 400, "code": "SENDER_MISMATCH", "reasons": ["SENDER_MISMATCH"]}
+
+twin(change, outcome) := object.union(outcome, {"change": change})
+
+peer_identity_cases := {
+	"mutual TLS: the route's sender is the verified peer": {
+		"given": from_ingest_us,
+		"destination": "analyse-us",
+		"twins": {
+			"the peer is another instance": twin(set_principal(instance_principal("ingest-eu")), sender_mismatch),
+			"the route names another sender": twin(set_context("sender", "ingest-eu"), sender_mismatch),
+			"the mismatch is reported alone": twin(
+				object.union(set_principal(instance_principal("ingest-eu")), set_body("[1]")),
+				sender_mismatch,
+			),
+			"the peer is an enforcement point": twin(set_principal("spiffe://complyroute/point/router-1"), sender_unknown),
+			"the peer is the control plane": twin(set_principal("spiffe://complyroute/control"), sender_unknown),
+			"an identity of another trust domain": twin(set_principal("spiffe://elsewhere/service/ingest-us"), sender_unknown),
+			"the instance prefix alone": twin(set_principal(instance_principal("")), sender_unknown),
+			"a bare name is no identity": twin(set_principal("ingest-us"), sender_unknown),
+			"the prefix is case-sensitive": twin(set_principal("SPIFFE://complyroute/service/ingest-us"), sender_unknown),
+		},
+	},
+	"the verified peer names the sender of a route that names none": {
+		"given": compliance_test.combine(from_ingest_us, {"unset": ["attributes/contextExtensions/sender"]}),
+		"destination": "analyse-us",
+		"twins": {
+			"an instance the catalog lacks": twin(set_principal(instance_principal("ingest-xx")), sender_unknown),
+			"the instance left the catalog": twin({"catalog_unset": ["instances/ingest-us"]}, sender_unknown),
+			"the peer is an enforcement point": twin(set_principal("spiffe://complyroute/point/router-1"), sender_unknown),
+		},
+	},
+	"an empty route sender is none": {
+		"given": compliance_test.combine(from_ingest_us, set_context("sender", "")),
+		"destination": "analyse-us",
+		"twins": {"the peer is the control plane": twin(set_principal("spiffe://complyroute/control"), sender_unknown)},
+	},
+	"no principal (the entry's clients, mutual TLS off): the route's sender": {
+		"given": compliance_test.combine(from_ingest_us, {
+			"unset": ["attributes/source/principal"],
+			"set": {"attributes": {"source": {"address": {"socketAddress": {"address": "10.0.0.1", "portValue": 40000}}}}},
+		}),
+		"destination": "analyse-us",
+		"twins": {
+			"the route names no sender": twin({"unset": ["attributes/contextExtensions/sender"]}, sender_unknown),
+			"the route names an unknown one": twin(set_context("sender", "ingest-xx"), sender_unknown),
+			"no route context at all": twin({"unset": ["attributes/contextExtensions"]}, sender_unknown),
+		},
+	},
+	"an empty principal is none": {
+		"given": compliance_test.combine(from_ingest_us, set_principal("")),
+		"destination": "analyse-us",
+		"twins": {"the route names no sender": twin({"unset": ["attributes/contextExtensions/sender"]}, sender_unknown)},
+	},
+	"snake_case context_extensions with a verified peer": {
+		"given": compliance_test.combine(from_ingest_us, {
+			"unset": ["attributes/contextExtensions"],
+			"set": {"attributes": {"context_extensions": {"sender": "ingest-us", "step": "analyse"}}},
+		}),
+		"destination": "analyse-us",
+		"twins": {
+			"the route names another sender": twin(
+				{"set": {"attributes": {"context_extensions": {"sender": "ingest-eu"}}}},
+				sender_mismatch,
+			),
+			"the peer is an enforcement point": twin(set_principal("spiffe://complyroute/point/router-1"), sender_unknown),
+		},
+	},
+}
+
 # --- the quick path answers as the compliance policy does -------------------------
 
 # Every allowed scenario and every twin of every table, as Envoy sends it: the
@@ -303,7 +393,11 @@ scenarios[outcome] := object.union(
 		some name, change in changes(table, outcome)
 	},
 	{concat(": ", [table_name, name]): scenario(compliance_test.apply(base_request, change, "set", "unset"), change) |
-		some table_name, table in {"adapter": adapter_cases, "canonical labels": canonical_label_cases}
+		some table_name, table in {
+			"adapter": adapter_cases,
+			"canonical labels": canonical_label_cases,
+			"peer identity": peer_identity_cases,
+		}
 		some name, change in changes(table, outcome)
 	},
 ) if {
@@ -394,6 +488,7 @@ left_to_the_compliance_policy := {
 	"adapter: no request id": "the route pins no step",
 	"adapter: the destination header a client sent is replaced": "the route pins no step",
 	"adapter: snake_case context_extensions (v2 API) are read too": "no contextExtensions",
+	"peer identity: snake_case context_extensions with a verified peer": "no contextExtensions",
 	"labels: the same region repeated is one region": "a label that is not a plain code",
 	"labels: blanks around values are ignored": "a label that is not a plain code",
 	"canonical labels: blanks, repeats and unsorted consent are rewritten": "a label that is not a plain code",
@@ -427,4 +522,18 @@ test_direct_input_denied if {
 	response := envoy.response with input as request
 		with data.complyroute.index as indexing.index(compliance_test.fixture_catalog)
 	response.http_status == 400
+}
+
+# The sender in the direct input: the instance the verified peer names; none for another identity.
+test_direct_input_sender_allowed if {
+	request := compliance_test.apply(base_request, set_principal(instance_principal("ingest-us")), "set", "unset")
+	got := envoy.compliance_input with input as compliance_test.apply(request, set_context("sender", ""), "set", "unset")
+	got.sender == "ingest-us"
+}
+
+test_direct_input_sender_denied if {
+	request := compliance_test.apply(base_request, set_principal("spiffe://complyroute/point/entry"), "set", "unset")
+	got := envoy.compliance_input with input as request
+	not "sender" in object.keys(got)
+	got.step == "analyse"
 }
