@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import ssl
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -24,8 +25,12 @@ class Answer:
         return f"{self.status} {self.text[:200]}"
 
 
-def send(url: str, labels: dict[str, str], record: dict | str, request_id: str | None = None, headers: dict | None = None, timeout: float = 30) -> Answer:
-    """POST a record with its labels as headers (region, category, consent -> x-data-*)."""
+def send(url: str, labels: dict[str, str], record: dict | str, request_id: str | None = None, headers: dict | None = None,
+         timeout: float = 30, context: ssl.SSLContext | None = None) -> Answer:
+    """POST a record with its labels as headers (region, category, consent -> x-data-*).
+
+    `context`: TLS as a part of the deployment (its certificate), for an https URL.
+    """
     data = record if isinstance(record, str) else json.dumps(record)
     request_headers = {"content-type": "application/json", **{f"x-data-{k}": v for k, v in labels.items()}}
     if request_id:
@@ -33,7 +38,7 @@ def send(url: str, labels: dict[str, str], record: dict | str, request_id: str |
     request_headers.update(headers or {})
     request = urllib.request.Request(url, data=data.encode(), headers=request_headers, method="POST")
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
+        with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
             status, text, assigned = response.status, response.read().decode(), response.headers.get("x-request-id")
     except urllib.error.HTTPError as error:
         status, text, assigned = error.code, error.read().decode(), error.headers.get("x-request-id")

@@ -1,11 +1,17 @@
 """What the end-to-end tests share: deploying the example, reading audit logs, the reference data."""
 
+import base64
+import hashlib
 import json
+import ssl
 import time
 import uuid
 from pathlib import Path
 
-from complyroute import deployment, manifest
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec, utils
+
+from complyroute import deployment, manifest, pki
 from complyroute.client import send
 
 MIXED_REGIONS = manifest.REPO / "topologies" / "examples" / "mixed-regions.yaml"
@@ -61,3 +67,71 @@ def wait_for_audit(state, request_id, count, timeout=5.0):
 
 def instances_reached(state, request_id) -> set[str]:
     return {line["instance"] for line in audit_lines(state) if line["request_id"] == request_id}
+
+
+# ---- acting as a part of the deployment (mutual TLS, label tokens) -------------------------
+
+
+def tls_context(cert: str | None = None, key: str | None = None, ca: str | None = None) -> ssl.SSLContext:
+    """A client TLS context: with a certificate when given; the server's chain checked against `ca`
+    when given (a part names itself by a URI SAN only, which Python's hostname check does not read)."""
+    context = ssl.create_default_context(cafile=ca) if ca else ssl._create_unverified_context()
+    context.check_hostname = False
+    if cert:
+        context.load_cert_chain(cert, key)
+    return context
+
+
+def credential_files(state, identity: str) -> tuple[str, str, str]:
+    """(cert, key, ca) of a part of the deployment, by its identity (spiffe://complyroute/...)."""
+    folder = Path(state["run_dir"], "pki")
+    stem = identity.removeprefix(f"spiffe://{pki.TRUST_DOMAIN}/").replace("/", "-")
+    return str(folder / f"{stem}.pem"), str(folder / f"{stem}.key"), str(folder / "ca.pem")
+
+
+def as_part(state, identity: str) -> ssl.SSLContext:
+    return tls_context(*credential_files(state, identity))
+
+
+def as_service(state, instance: str) -> ssl.SSLContext:
+    return as_part(state, pki.spiffe_id("service", instance))
+
+
+def egress_url(state, instance: str) -> str:
+    """Where an instance sends its records on (https with mutual TLS)."""
+    return next(p for p in state["parts"] if p["name"] == instance)["env"]["EGRESS_URL"]
+
+
+def label_token(state, labels: dict, request_id: str, body: bytes) -> str:
+    """A label token as the entry's OPA issues it, signed with the deployment's key: what a test
+    playing the part of the entry hands a record it puts in at an inner hop."""
+    keys = [json.loads(path.read_text())["complyroute"].get("token") for path in Path(state["run_dir"], "points").glob("*/data/data.json")]
+    token = next(key for key in keys if key)
+    jwk = token["jwk"]
+    now = int(time.time())
+    claims = {"iss": token["issuer"], "iat": now, "exp": now + 300, "rid": request_id,
+              **{name: value for name, value in labels.items() if value},
+              "digest": "sha256:" + hashlib.sha256(body).hexdigest()}
+    private = ec.derive_private_key(int.from_bytes(_unb64(jwk["d"]), "big"), ec.SECP256R1())
+    signing_input = f"{_b64(json.dumps({'alg': 'ES256', 'typ': 'JWT', 'kid': token['kid']}).encode())}.{_b64(json.dumps(claims).encode())}"
+    r, s = utils.decode_dss_signature(private.sign(signing_input.encode(), ec.ECDSA(hashes.SHA256())))
+    return f"{signing_input}.{_b64(r.to_bytes(32, 'big') + s.to_bytes(32, 'big'))}"
+
+
+def _b64(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def send_as(state, instance: str, labels: dict, record=RECORD, headers: dict | None = None, url: str | None = None):
+    """Send a record on as `instance` would (its certificate, a token for these labels) to its
+    egress (or `url`); returns (request id, answer)."""
+    request_id = f"e2e-{uuid.uuid4()}"
+    body = json.dumps(record).encode()
+    token = label_token(state, labels, request_id, body)
+    answer = send((url or egress_url(state, instance)) + "/process", labels, record, request_id=request_id,
+                  headers={"x-complyroute-labels": token, **(headers or {})}, context=as_service(state, instance))
+    return request_id, answer

@@ -18,7 +18,7 @@ import pytest
 from complyroute import deployment, manifest, policydata
 from complyroute.client import send
 
-from .helpers import ENGINES, EU_PERSONAL, RECORD, deploy_mixed_regions, post, wait_for_audit
+from .helpers import ENGINES, EU_PERSONAL, MIXED_REGIONS, RECORD, deploy_mixed_regions, post, wait_for_audit
 
 pytestmark = pytest.mark.e2e
 
@@ -65,8 +65,20 @@ def test_allowed_records_leave_lines_the_audit_finds_clean_allowed(deployed):
     assert "forbidden receptions 0, receptions without a decision 0: clean" in result.stdout
 
 
-def test_a_record_posted_straight_to_a_service_is_reported_without_a_decision_denied(deployed):
-    state = deployed
+@pytest.fixture
+def without_mtls():
+    if deployment.read_state():
+        deployment.stop()
+    loaded = manifest.load("sidecar", services=str(MIXED_REGIONS), overrides={"security": {"mtls": False, "label_tokens": False}})
+    yield deployment.deploy(loaded)
+    deployment.stop()
+
+
+def test_a_record_posted_straight_to_a_service_is_reported_without_a_decision_denied(without_mtls):
+    """With mutual TLS off (security.mtls: false), a local process can post past every point:
+    the service cannot tell, the audit can. (With it on, that post gets no answer at all:
+    test_hostile_e2e.py.)"""
+    state = without_mtls
     store_eu = next(p for p in state["parts"] if p["name"] == "store-eu")
     # Past every enforcement point, with the headers a decided hop carries, but for the ones
     # only a deciding point sets.

@@ -10,16 +10,14 @@ and engine: the rules are one rule set, whatever enforces them.
 import os
 import signal
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 
 from complyroute import audit, deployment
-from complyroute.client import send
 from complyroute.plan import GATEWAY_SENDER
 
-from .helpers import ENFORCING, ENGINES, EU_PERSONAL, RECORD, audit_lines, deploy_mixed_regions, instances_reached, post, wait_for_audit
+from .helpers import ENFORCING, ENGINES, EU_PERSONAL, audit_lines, deploy_mixed_regions, instances_reached, post, send_as, wait_for_audit
 
 pytestmark = pytest.mark.e2e
 
@@ -143,10 +141,7 @@ def test_service_set_routing_header_at_egress_changes_nothing_denied(deployed):
     state, _ = deployed
     # Acting as ingest-eu, send an EU record where ingest-eu sends records on (its sidecar,
     # router or the central entity), asking for the US replica: the policy still decides.
-    ingest_eu = next(p for p in state["parts"] if p["name"] == "ingest-eu")
-    request_id = f"e2e-{uuid.uuid4()}"
-    answer = send(f"{ingest_eu['env']['EGRESS_URL']}/process", EU_PERSONAL, RECORD, request_id=request_id,
-                  headers={"x-complyroute-destination": "analyse-us"})
+    request_id, answer = send_as(state, "ingest-eu", EU_PERSONAL, headers={"x-complyroute-destination": "analyse-us"})
     assert answer.status == 200, answer.text
     assert [hop["instance"] for hop in answer.body["path"]] == ["analyse-eu", "store-eu"]
     assert "analyse-us" not in instances_reached(state, request_id)
@@ -193,10 +188,8 @@ def test_killed_opa_fails_its_hops_closed_while_the_rest_works(deployed):
     # Sent on by ingest-us, a record the point would deny (no consent to analysis), and one
     # whose labels are not canonical: both need its OPA under either engine, so both fail
     # closed and reach no instance.
-    ingest_us = next(p for p in state["parts"] if p["name"] == "ingest-us")
     for labels in ({**US_PERSONAL, "consent": "billing"}, {**US_PERSONAL, "consent": "care, billing"}):
-        request_id = f"e2e-{uuid.uuid4()}"
-        answer = send(f"{ingest_us['env']['EGRESS_URL']}/process", labels, RECORD, request_id=request_id)
+        request_id, answer = send_as(state, "ingest-us", labels)
         assert answer.status == 503 and answer.body["code"] == "DECISION_UNAVAILABLE", answer.text
         time.sleep(0.2)
         assert instances_reached(state, request_id) == set()

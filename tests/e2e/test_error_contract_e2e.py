@@ -8,11 +8,16 @@ id; later hops keep it. The requests are real HTTP over sockets (raw where a cli
 would refuse to send them) to the real listeners of the running deployment, read from the
 Envoy configurations it wrote; each refusal has an allowed twin, a record that still passes.
 OPA's REST API refuses writes; Envoy answers readiness on its own listener.
+
+Every listener but the entry takes mutual TLS from the parts the plan sends from: the test
+connects to each with the certificate of a part it admits, and hands inner listeners records
+with a label token (helpers.label_token), as those parts do.
 """
 
 import http.client
 import json
 import socket
+import ssl
 import time
 import urllib.error
 import urllib.request
@@ -24,7 +29,7 @@ import pytest
 
 from complyroute import deployment, enforcement
 
-from .helpers import ENFORCING, ENGINES, mixed_regions
+from .helpers import ENFORCING, ENGINES, as_part, as_service, egress_url, label_token, mixed_regions
 
 pytestmark = pytest.mark.e2e
 
@@ -33,7 +38,6 @@ pytestmark = pytest.mark.e2e
 RECEIVE_TIMEOUT = 1.0
 LABELS = b"x-data-region: EU\r\nx-data-category: personal\r\nx-data-consent: billing,care\r\ncontent-type: application/json\r\n"
 RECORD = b'{"subject": "alice"}'
-ENTRY = ("127.0.0.1", 8080)
 
 
 @pytest.fixture(scope="module", params=[(t, e) for e in ENGINES for t in ENFORCING], ids="-".join)
@@ -48,28 +52,57 @@ def deployed(request):
     deployment.stop()
 
 
-def listeners(state) -> dict[str, tuple[str, int]]:
-    """Every listener of the deployment's Envoys (but the readiness ones), by point/name."""
+class Listener:
+    """Where a listener is, and how a part it admits talks to it (None: a client, plain HTTP)."""
+
+    def __init__(self, state, endpoint: tuple[str, int], context: ssl.SSLContext | None = None):
+        self.state, self.endpoint, self.context = state, endpoint, context
+
+    def connect(self, timeout: float) -> socket.socket:
+        sock = socket.create_connection(self.endpoint, timeout=timeout)
+        return self.context.wrap_socket(sock) if self.context else sock
+
+    def sign(self, data: bytes, request_id: str | None = None) -> bytes:
+        """An inner listener's record carries a label token over its body, as a service sends it on."""
+        if self.context is None:
+            return data
+        line, rest = data.split(b"\r\n", 1)
+        body = rest.split(b"\r\n\r\n", 1)[-1]
+        token = label_token(self.state, {"region": "EU", "category": "personal", "consent": "billing,care"},
+                            request_id or f"e2e-{uuid.uuid4()}", body)
+        return line + b"\r\nx-complyroute-labels: " + token.encode() + b"\r\n" + rest
+
+
+ENTRY_LISTENER = Listener(None, ("127.0.0.1", 8080))
+
+
+def listeners(state) -> dict[str, Listener]:
+    """Every listener of the deployment's Envoys (but the readiness ones), by point/name, with
+    the credential of the first part each admits."""
     found = {}
     for config in sorted(Path(state["run_dir"], "points").glob("*/envoy.json")):
         for listener in json.loads(config.read_text())["static_resources"]["listeners"]:
             if listener["name"] != "ready":
                 address = listener["address"]["socket_address"]
-                found[f"{config.parent.name}/{listener['name']}"] = (address["address"], address["port_value"])
+                tls = listener["filter_chains"][0].get("transport_socket")
+                context = None
+                if tls:
+                    peers = tls["typed_config"]["common_tls_context"]["validation_context"]["match_typed_subject_alt_names"]
+                    context = as_part(state, peers[0]["matcher"]["exact"])
+                found[f"{config.parent.name}/{listener['name']}"] = Listener(state, (address["address"], address["port_value"]), context)
     return found
 
 
-def egress_of(state, instance: str) -> tuple[str, int]:
-    """The deciding listener where an instance sends its records on (an inner hop)."""
-    url = next(p for p in state["parts"] if p["name"] == instance)["env"]["EGRESS_URL"]
-    host, port = url.removeprefix("http://").split(":")
-    return host, int(port)
+def egress_of(state, instance: str) -> Listener:
+    """The deciding listener where an instance sends its records on (an inner hop), as that instance."""
+    host, port = egress_url(state, instance).split("://", 1)[1].split(":")
+    return Listener(state, (host, int(port)), as_service(state, instance))
 
 
-def exchange(endpoint: tuple[str, int], data: bytes, timeout: float = 10) -> tuple[int, http.client.HTTPMessage, bytes]:
-    """Write `data` as it is, read one answer: (status, headers, body)."""
-    with socket.create_connection(endpoint, timeout=timeout) as sock:
-        sock.sendall(data)
+def exchange(listener: Listener, data: bytes, timeout: float = 10, request_id: str | None = None) -> tuple[int, http.client.HTTPMessage, bytes]:
+    """Write `data` as it is (with a label token at an inner listener), read one answer: (status, headers, body)."""
+    with listener.connect(timeout) as sock:
+        sock.sendall(listener.sign(data, request_id))
         answer = http.client.HTTPResponse(sock)
         answer.begin()
         return answer.status, answer.headers, answer.read()
@@ -93,7 +126,7 @@ def refusal(answer, status: int, code: str, parsed: bool = True, case: str = "")
     return document
 
 
-def passes(endpoint: tuple[str, int]) -> dict:
+def passes(endpoint: Listener) -> dict:
     """The allowed twin: a good record through the same listener answers 200 with its path."""
     status, _, body = exchange(endpoint, request())
     assert status == 200, body[:300]
@@ -141,7 +174,7 @@ def test_every_listener_refuses_what_is_not_a_record_as_json_denied(deployed):
 def test_a_record_passes_the_entry_and_an_inner_hop_allowed(deployed):
     # The allowed twins of the refusals above, through the listeners a record takes.
     state, _ = deployed
-    assert [hop["instance"] for hop in passes(ENTRY)["path"]] == ["ingest-eu", "analyse-eu", "store-eu"]
+    assert [hop["instance"] for hop in passes(ENTRY_LISTENER)["path"]] == ["ingest-eu", "analyse-eu", "store-eu"]
     assert [hop["instance"] for hop in passes(egress_of(state, "ingest-eu"))["path"]] == ["analyse-eu", "store-eu"]
 
 
@@ -155,16 +188,20 @@ def test_hostile_bodies_get_no_5xx_allowed(deployed):
         "an array nested 20,000 deep": b"[" * 20000 + b"]" * 20000,
     }
     state, _ = deployed
-    for endpoint in (ENTRY, egress_of(state, "ingest-eu")):
+    for endpoint in (ENTRY_LISTENER, egress_of(state, "ingest-eu")):
         for case, body in bodies.items():
             assert len(body) <= enforcement.MAX_RECORD_BYTES, case
             status, headers, answer = exchange(endpoint, request(body=body))
             assert status < 500, (case, status, answer[:300])
             document = json.loads(answer)
             assert status == 200 or {"code", "message", "request_id"} <= set(document), (case, document)
-        # Bad UTF-8 in a label: the policy refuses it as it refuses any unknown label.
+        # Bad UTF-8 in a label: the policy refuses it as it refuses any unknown label. At an
+        # inner hop the sender's label headers are not read: the label token's are.
         status, _, answer = exchange(endpoint, request().replace(b"billing,care", b"billing,care\xff\xfe"))
-        assert status == 400 and json.loads(answer)["code"] == "LABEL_UNKNOWN", answer[:300]
+        if endpoint is ENTRY_LISTENER:
+            assert status == 400 and json.loads(answer)["code"] == "LABEL_UNKNOWN", answer[:300]
+        else:
+            assert status == 200, answer[:300]
         passes(endpoint)
 
 
@@ -181,7 +218,7 @@ def test_a_request_too_slow_to_arrive_answers_408_in_time_denied(deployed):
 
     headers_only = b"POST /process HTTP/1.1\r\nhost: complyroute\r\n"
     five_bytes = b"POST /process HTTP/1.1\r\nhost: complyroute\r\n" + LABELS + b"content-length: 100\r\n\r\n" + RECORD[:5]
-    endpoints = [ENTRY, egress_of(state, "ingest-eu")]
+    endpoints = [ENTRY_LISTENER, egress_of(state, "ingest-eu")]
     cases = [(endpoint, data) for endpoint in endpoints for data in (headers_only, five_bytes)]
     with ThreadPoolExecutor(len(cases)) as pool:
         for (endpoint, data), (answer, seconds) in zip(cases, pool.map(slow, cases)):
@@ -194,19 +231,20 @@ def test_a_request_too_slow_to_arrive_answers_408_in_time_denied(deployed):
 def test_the_entry_assigns_the_request_id_and_inner_hops_keep_it_allowed(deployed):
     state, _ = deployed
     client_id = f"client-{uuid.uuid4()}"
-    status, headers, body = exchange(ENTRY, request(extra=f"x-request-id: {client_id}\r\n".encode()))
+    status, headers, body = exchange(ENTRY_LISTENER, request(extra=f"x-request-id: {client_id}\r\n".encode()))
     answer = json.loads(body)
     assert status == 200 and answer["request_id"] == headers["x-request-id"] != client_id, answer
     # Sent twice (which a service would refuse as an id): replaced too, and the record decided as usual.
-    status, headers, body = exchange(ENTRY, request(extra=b"x-request-id: a\r\nx-request-id: b\r\n"))
+    status, headers, body = exchange(ENTRY_LISTENER, request(extra=b"x-request-id: a\r\nx-request-id: b\r\n"))
     assert status == 200 and json.loads(body)["request_id"] not in ("a", "b", "a,b"), body[:300]
-    # An inner hop keeps the id the entry assigned (a service sends it on).
-    status, headers, body = exchange(egress_of(state, "ingest-eu"), request(extra=f"x-request-id: {client_id}\r\n".encode()))
+    # An inner hop keeps the id the entry assigned, which the label token names: a service
+    # cannot send the record on under another (x-request-id is overwritten from the token).
+    status, headers, body = exchange(egress_of(state, "ingest-eu"), request(extra=b"x-request-id: chosen\r\n"), request_id=client_id)
     assert status == 200 and json.loads(body)["request_id"] == client_id, body[:300]
 
 
 def test_a_denial_keeps_the_policys_body_and_a_refusal_its_id_denied(deployed):
-    status, headers, body = exchange(ENTRY, request(extra=b"x-request-id: mine\r\n").replace(b"x-data-category: personal", b"x-data-category: unknown"))
+    status, headers, body = exchange(ENTRY_LISTENER, request(extra=b"x-request-id: mine\r\n").replace(b"x-data-category: personal", b"x-data-category: unknown"))
     document = json.loads(body)
     assert status == 400 and document["code"] == "LABEL_UNKNOWN" and document["reasons"], document
     assert document["request_id"] == headers["x-request-id"] != "mine"

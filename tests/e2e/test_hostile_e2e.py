@@ -1,0 +1,329 @@
+"""End to end, hostile: three attacker positions against every topology, under both engines.
+
+The mixed-regions example (an EU record goes ingest-eu -> analyse-eu -> store-eu) deployed
+with the manifests' defaults: mutual TLS between all parts, label tokens.
+
+- a client at the entry: forged label tokens, digests, decision headers and request ids;
+- a local process posing as a service, without the deployment's credentials: plain HTTP, or
+  TLS with a certificate of its own CA naming the part it poses as; OPA's REST API;
+- a compromised service: ingest-eu's process is replaced by one holding ingest-eu's real key
+  and certificate. It receives genuine records (with genuine tokens) from the entry and tries
+  to pass them on relabelled, without a token, with an altered or self-signed token, with
+  another record's body, twice, past the next step, and through another sender's listener.
+
+Every attack ends in a refusal in the error contract ({code, message} JSON, the status and
+code asserted) or in a TLS handshake that does not complete, or changes nothing (a relabelled
+record travels under the token's labels). After the attacks `python -m complyroute audit`
+gives the run's verdict: chains intact, no forbidden reception, none without a decision.
+"""
+
+import http.client
+import http.server
+import json
+import os
+import queue
+import signal
+import ssl
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+from complyroute import deployment, manifest, pki
+from complyroute.client import send
+
+from .helpers import ENFORCING, ENGINES, EU_PERSONAL, RECORD, as_service, deploy_mixed_regions, egress_url, post, tls_context, wait_for_audit
+
+pytestmark = pytest.mark.e2e
+
+VICTIM = "ingest-eu"  # the compromised service
+NEXT, LAST = "analyse-eu", "store-eu"
+EU_LINE = {"region": "EU", "category": "personal", "consent": "billing,care"}
+
+
+# ---- TLS as a part, or as an impostor ----------------------------------------------------
+
+
+def part(state, name):
+    return next(p for p in state["parts"] if p["name"] == name)
+
+
+def impostor(tmp_path: Path, poses_as: str) -> ssl.SSLContext:
+    """A certificate naming `poses_as`, issued by a CA of the attacker's own."""
+    credential = pki.CertificateAuthority("impostor").issue(poses_as)
+    cert, key = tmp_path / "impostor.pem", tmp_path / "impostor.key"
+    cert.write_bytes(credential.cert_pem)
+    key.write_bytes(credential.key_pem)
+    return tls_context(str(cert), str(key))
+
+
+def handshake_refused(url: str, context: ssl.SSLContext | None) -> bool:
+    """True when no HTTP answer comes back: the TLS handshake (or the plain request) is refused."""
+    try:
+        send(url, EU_PERSONAL, RECORD, context=context, timeout=5)
+    except (urllib.error.URLError, ConnectionError, ssl.SSLError, http.client.HTTPException, OSError):
+        return True
+    return False
+
+
+def service_url(state, instance) -> str:
+    return part(state, instance)["health_url"].removesuffix("/health") + "/process"
+
+
+# ---- the compromised service ---------------------------------------------------------------
+
+
+class Compromised:
+    """Stands in for ingest-eu with its credential: answers the entry, keeps what it received."""
+
+    def __init__(self, state):
+        self.part = part(state, VICTIM)
+        env = self.part["env"]
+        os.killpg(self.part["pid"], signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        while deployment.alive(self.part["pid"]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.received: queue.Queue = queue.Queue()
+        received = self.received
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("content-length", 0)))
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                received.put((headers, body))
+                answer = json.dumps({"request_id": headers.get("x-request-id", ""), "path": [
+                    {"instance": VICTIM, "step": "ingest", "region": "EU", "node": "node-1", "t_in": 1, "t_out": 2}]}).encode()
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+            def log_message(self, *args):
+                pass
+
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(env["TLS_CERT"], env["TLS_KEY"])
+        context.load_verify_locations(env["TLS_CA"])
+        context.verify_mode = ssl.CERT_REQUIRED
+        for attempt in range(100):  # the killed service's port may linger a moment
+            try:
+                self.server = http.server.ThreadingHTTPServer((env["HOST"], int(env["PORT"])), Handler)
+                break
+            except OSError:
+                time.sleep(0.1)
+        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.context = as_service(state, VICTIM)
+        self.egress = env["EGRESS_URL"] + "/process"
+
+    def genuine_record(self, state, record=RECORD):
+        """Send an EU record to the entry; what ingest-eu receives with it (headers, body)."""
+        _, answer = post(state, EU_PERSONAL, record)
+        assert answer.status == 200, answer.text
+        return self.received.get(timeout=10)
+
+    def forward(self, headers: dict, body: bytes, url: str | None = None):
+        """Pass a record on as ingest-eu would: its labels, id, token, step; TLS as ingest-eu."""
+        connection_url = url or self.egress
+        request = urllib.request.Request(connection_url, data=body, method="POST", headers={
+            "content-type": "application/json", "x-complyroute-step": "analyse", **headers})
+        try:
+            with urllib.request.urlopen(request, timeout=20, context=self.context) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read())
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def passed_on(received_headers: dict) -> dict:
+    """The headers an honest ingest-eu sends on (services/app.js): labels, id, token."""
+    names = ["x-data-region", "x-data-category", "x-data-consent", "x-request-id", "x-complyroute-labels"]
+    return {name: received_headers[name] for name in names if name in received_headers}
+
+
+def refused(status, body, expected_status, code):
+    assert (status, body.get("code")) == (expected_status, code), (status, body)
+    assert isinstance(body.get("message"), str) and body["message"]
+
+
+# ---- the suite -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", params=[(t, e) for t in ENFORCING for e in ENGINES], ids=lambda p: f"{p[0]}-{p[1]}")
+def deployed(request):
+    state, _ = deploy_mixed_regions(request.param[0], engine=request.param[1])
+    yield state
+    deployment.stop()
+
+
+def test_client_forgeries_at_the_entry_change_nothing_denied(deployed):
+    """Label token, digest, decision headers and a routing header from a client are dropped."""
+    state = deployed
+    forged = {"x-complyroute-labels": "e30.e30.AAAA", "x-complyroute-digest": "sha256:" + "0" * 64,
+              "x-complyroute-sender": "analyse-eu", "x-complyroute-decided-by": "nobody",
+              "x-complyroute-destination": "analyse-us", "x-complyroute-step": "store"}
+    request_id, answer = post(state, EU_PERSONAL, headers=forged)
+    assert answer.status == 200, answer.text
+    lines = wait_for_audit(state, request_id, 3)
+    assert sorted(line["instance"] for line in lines) == ["analyse-eu", "ingest-eu", "store-eu"]
+    assert all(line["labels"] == EU_LINE for line in lines)
+    assert {line["sender"] for line in lines} == {"gateway", "ingest-eu", "analyse-eu"}
+
+
+def test_client_request_id_twice_is_replaced_allowed(deployed):
+    request_id, answer = post(deployed, EU_PERSONAL, headers={"x-request-id": "one"})
+    assert answer.status == 200 and request_id != "one", answer.text
+
+
+def test_local_process_without_credentials_reaches_no_service_denied(deployed, tmp_path):
+    """Plain HTTP, no client certificate, or a certificate of another CA: no HTTP answer."""
+    state = deployed
+    for instance in (VICTIM, NEXT, LAST):
+        url = service_url(state, instance)
+        assert handshake_refused(url.replace("https://", "http://"), None), url
+        assert handshake_refused(url, tls_context()), url
+        sender = part(state, instance)["env"]["RECORD_PEERS"].split(",")[0]
+        assert handshake_refused(url, impostor(tmp_path, sender)), url
+
+
+def test_local_process_without_credentials_reaches_no_deciding_listener_denied(deployed, tmp_path):
+    state = deployed
+    egress = egress_url(state, VICTIM) + "/process"
+    assert handshake_refused(egress.replace("https://", "http://"), None)
+    assert handshake_refused(egress, tls_context())
+    assert handshake_refused(egress, impostor(tmp_path, pki.spiffe_id("service", VICTIM)))
+
+
+def test_local_process_cannot_read_the_signing_key_or_mint_tokens_denied(deployed):
+    """The entry's OPA holds the signing key; its REST API serves neither the key nor a signed answer."""
+    state = deployed
+    opa = next(p for p in state["parts"] if p["kind"] == "opa" and p["name"].split("/")[0] in ("entry", "central-entity"))
+    address = opa["command"][opa["command"].index("--addr") + 1]
+    mint = {"input": {"attributes": {"request": {"http": {"method": "POST", "path": "/process", "body": "{}", "headers": {
+        "x-data-region": "EU", "x-data-category": "anonymous", "x-request-id": "minted"}}},
+        "contextExtensions": {"sender": "gateway", "step": "ingest", "label_token": "issue"}}}}
+    for method, path, body in (("GET", "/v1/data/complyroute/token", None), ("GET", "/v1/data", None),
+                               ("POST", "/v1/data/complyroute/envoy/response", mint), ("POST", "/v1/query", {"query": "data.complyroute.token"})):
+        request = urllib.request.Request(f"http://{address}{path}", method=method,
+                                         data=json.dumps(body).encode() if body else None)
+        with pytest.raises(urllib.error.HTTPError) as refusal:
+            urllib.request.urlopen(request, timeout=5)
+        assert refusal.value.code in (401, 403), (method, path)
+    reference = urllib.request.urlopen(f"http://{address}/v1/data/complyroute/reference/purposes", timeout=5)
+    assert reference.status == 200  # reads of what is not secret still work
+
+
+@pytest.fixture(scope="module")
+def compromised(deployed):
+    attacker = Compromised(deployed)
+    yield attacker
+    attacker.close()
+
+
+def test_compromised_service_passing_a_record_on_honestly_allowed(deployed, compromised):
+    headers, body = compromised.genuine_record(deployed)
+    status, answer = compromised.forward(passed_on(headers), body)
+    assert status == 200, answer
+    assert [hop["instance"] for hop in answer["path"]] == [NEXT, LAST]
+
+
+def test_compromised_service_relabelling_changes_nothing_denied(deployed, compromised):
+    """Region AU, category anonymous, no consent: the next points decide on the token's labels."""
+    headers, body = compromised.genuine_record(deployed)
+    relabelled = {**passed_on(headers), "x-data-region": "AU", "x-data-category": "anonymous"}
+    relabelled.pop("x-data-consent")
+    status, answer = compromised.forward(relabelled, body)
+    assert status == 200, answer
+    assert [hop["instance"] for hop in answer["path"]] == [NEXT, LAST]
+    lines = wait_for_audit(deployed, headers["x-request-id"], 2)
+    assert [line["labels"] for line in lines] == [EU_LINE, EU_LINE]
+
+
+def test_compromised_service_without_token_denied(deployed, compromised):
+    headers, body = compromised.genuine_record(deployed)
+    stripped = passed_on(headers)
+    del stripped["x-complyroute-labels"]
+    refused(*compromised.forward(stripped, body), 401, "LABEL_TOKEN_MISSING")
+    assert wait_for_audit(deployed, headers["x-request-id"], 1, timeout=1) == []
+
+
+def test_compromised_service_altered_token_denied(deployed, compromised):
+    """The token's claims rewritten (region US) under the entry's signature, or signed anew with another key."""
+    import base64
+
+    headers, body = compromised.genuine_record(deployed)
+    header, claims, signature = headers["x-complyroute-labels"].split(".")
+    decoded = json.loads(base64.urlsafe_b64decode(claims + "=" * (-len(claims) % 4)))
+    rewritten = base64.urlsafe_b64encode(json.dumps({**decoded, "region": "US"}).encode()).rstrip(b"=").decode()
+    for token in (f"{header}.{rewritten}.{signature}", self_signed({**decoded, "region": "US"})):
+        refused(*compromised.forward({**passed_on(headers), "x-complyroute-labels": token}, body), 401, "LABEL_TOKEN_INVALID")
+    assert wait_for_audit(deployed, headers["x-request-id"], 1, timeout=1) == []
+
+
+def self_signed(claims: dict) -> str:
+    """A well-formed ES256 token over `claims`, signed with a key of the attacker's own."""
+    import base64
+
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec, utils
+
+    def b64(raw: bytes) -> str:
+        return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+    signing_input = f"{b64(json.dumps({'alg': 'ES256', 'typ': 'JWT', 'kid': 'entry'}).encode())}.{b64(json.dumps(claims).encode())}"
+    r, s = utils.decode_dss_signature(ec.generate_private_key(ec.SECP256R1()).sign(signing_input.encode(), ec.ECDSA(hashes.SHA256())))
+    return f"{signing_input}.{b64(r.to_bytes(32, 'big') + s.to_bytes(32, 'big'))}"
+
+
+def test_compromised_service_another_records_body_denied(deployed, compromised):
+    """A genuine token with the body of another record: the receiving service refuses it unread."""
+    headers, _ = compromised.genuine_record(deployed)
+    status, answer = compromised.forward(passed_on(headers), json.dumps({"subject": "mallory", "reading": 0}).encode())
+    refused(status, answer, 400, "RECORD_DIGEST_MISMATCH")
+    assert wait_for_audit(deployed, headers["x-request-id"], 1, timeout=1) == []
+
+
+def test_compromised_service_replaying_a_record_denied(deployed, compromised):
+    headers, body = compromised.genuine_record(deployed)
+    assert compromised.forward(passed_on(headers), body)[0] == 200
+    refused(*compromised.forward(passed_on(headers), body), 409, "RECORD_REPLAYED")
+    again = {**passed_on(headers), "x-request-id": f"fresh-{uuid.uuid4()}"}  # the id comes from the token
+    refused(*compromised.forward(again, body), 409, "RECORD_REPLAYED")
+    assert len(wait_for_audit(deployed, headers["x-request-id"], 3, timeout=1)) == 2  # analyse-eu and store-eu, once
+
+
+def test_compromised_service_skipping_a_step_denied(deployed, compromised):
+    """Straight to the last step's service: it admits only the point deciding hops into it."""
+    headers, body = compromised.genuine_record(deployed)
+    url = service_url(deployed, LAST)
+    try:
+        status, answer = compromised.forward({**passed_on(headers), "x-complyroute-step": "store"}, body, url=url)
+    except (urllib.error.URLError, ssl.SSLError, ConnectionError, OSError):
+        return  # a sidecar topology: the handshake with store-eu's own sidecar-only service fails first
+    refused(status, answer, 403, "PEER_NOT_ALLOWED")
+
+
+def test_compromised_service_posing_as_another_sender_denied(deployed, compromised):
+    """Through analyse-eu's listener, with ingest-eu's certificate: the handshake is refused."""
+    headers, body = compromised.genuine_record(deployed)
+    other = egress_url(deployed, NEXT) + "/process"
+    with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError, OSError)):
+        compromised.forward({**passed_on(headers), "x-complyroute-step": "store"}, body, url=other)
+
+
+def test_audit_verdict_after_the_attacks_is_clean_allowed(deployed, compromised):
+    """Runs last in the module: every line the attacks left is re-checked."""
+    result = subprocess.run([sys.executable, "-m", "complyroute", "audit", deployed["run_dir"]],
+                            cwd=manifest.REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "forbidden receptions 0, receptions without a decision 0: clean" in result.stdout, result.stdout
