@@ -13,13 +13,15 @@
 #
 #   The sender is the verified peer when Envoy names one (mutual TLS:
 #   attributes.source.principal), else the route's contextExtensions.sender
-#   (see `sender`).
+#   (see `sender`). At the entry (contextExtensions.label_token "issue") an
+#   allowed answer carries a signed label token (see `response`).
 #
 #   Result: allowed, {"allowed": true, "headers": {x-complyroute-destination,
 #   x-data-region, x-data-category, x-data-consent}} with the labels rewritten
 #   to their canonical form (one trimmed value; consent sorted, each once,
 #   joined with ","), plus "request_headers_to_remove": ["x-data-consent"]
-#   when the record has no consent values; denied, {"allowed": false,
+#   when the record has no consent values, plus x-complyroute-labels and
+#   x-complyroute-digest at the entry; denied, {"allowed": false,
 #   "http_status", "headers": {"content-type"}, "body"}. The plugin sends
 #   `headers` as HeaderValueOptions without append, which ext_authz applies
 #   as overwriting every value the request had, so later enforcement points
@@ -159,9 +161,9 @@ request_id := headers["x-request-id"]
 # with 503. So a compliance denial travels from OPA to Envoy as 403, and the enforcement
 # point's local reply mapper (complyroute/enforcement.py) turns an ext_authz 403 back
 # into 451, leaving this body as it is.
-wire_status := 403 if decision.status == 451
-
-else := decision.status
+wire_status(status) := 403 if {
+	status == 451
+} else := status
 
 # An allowed hop carries its labels on in their canonical form (compliance.canonical_labels),
 # so that later enforcement points can match them exactly. opa-envoy-plugin sends `headers`
@@ -182,26 +184,41 @@ headers_to_set := object.union(label_headers, {"x-complyroute-destination": deci
 # METADATA
 # title: Plugin result
 # description: |
-#   The entrypoint opa-envoy-plugin queries. Most hops are allowed, and the
-#   quick path decides them by lookups in the point's index, without
-#   evaluating a rule of the compliance policy: when the region and category
-#   labels are codes of the reference data as they are, the consent label is
-#   canonical (index.consents: known purposes, sorted, each once), the body is
-#   a JSON object, the route pins the step and the sender is known (the
-#   verified peer, else the route's, see `sender`, and they do not disagree),
-#   and the instance the destination rule prefers for them (index.preferred)
-#   holds what the labels ask (index.asks) and is consented what it needs (its
-#   needs), then no record-level rule can apply and that instance is the
-#   destination the compliance policy would choose. Labels arrive canonical
-#   from every point that allowed a hop before; a client's consent values in
-#   another order take the same path sorted (quick_consent_label). The index
-#   states asks and needs from the exclusion rules (indexing.rego); the tests
-#   check on every scenario that the quick path answers as the compliance
-#   policy does.
-#   Anything else (other label forms, a preferred instance that is excluded,
-#   every denial) is the compliance policy's, with its reasons.
+#   The entrypoint opa-envoy-plugin queries: `answer`, the same at every listener,
+#   and at the entry, whose route asks for a label token (contextExtensions.label_token
+#   "issue"; the snake_case context_extensions as for sender and step), that answer
+#   with the token when it allows the hop (`token_answer`). Every other listener gets
+#   `answer` itself after two lookups, as it did before label tokens (the compiled
+#   engine's decision space relies on that: it asks for non-entry listeners).
 # entrypoint: true
-response := {"allowed": true, "headers": {
+response := token_answer if {
+	input.attributes.contextExtensions.label_token == "issue"
+} else := token_answer if {
+	input.attributes.context_extensions.label_token == "issue"
+	not input.attributes.contextExtensions
+} else := answer
+
+# METADATA
+# title: Answer
+# description: |
+#   Most hops are allowed, and the quick path decides them by lookups in the
+#   point's index, without evaluating a rule of the compliance policy: when
+#   the region and category labels are codes of the reference data as they
+#   are, the consent label is canonical (index.consents: known purposes,
+#   sorted, each once), the body is a JSON object, the route pins the step and
+#   the sender is known (the verified peer, else the route's, see `sender`,
+#   and they do not disagree), and the instance the destination rule prefers
+#   for them (index.preferred) holds what the labels ask (index.asks) and is
+#   consented what it needs (its needs), then no record-level rule can apply
+#   and that instance is the destination the compliance policy would choose.
+#   Labels arrive canonical from every point that allowed a hop before; a
+#   client's consent values in another order take the same path sorted
+#   (quick_consent_label). The index states asks and needs from the exclusion
+#   rules (indexing.rego); the tests check on every scenario that the quick
+#   path answers as the compliance policy does. Anything else (other label
+#   forms, a preferred instance that is excluded, every denial) is the
+#   compliance policy's, with its reasons.
+answer := {"allowed": true, "headers": {
 	"x-complyroute-destination": destination,
 	"x-data-region": region,
 	"x-data-category": category,
@@ -221,7 +238,7 @@ response := {"allowed": true, "headers": {
 	object.subset(consent, candidate.needs[category])
 } else := allowed_response if {
 	decision.allowed == true
-} else := denied_response
+} else := denial_response(decision, request_id)
 
 # The consent label the quick path looks up: as it came when canonical (every point after
 # the entry), else sorted, as a client may send its values in another order.
@@ -230,14 +247,82 @@ quick_consent_label := label if {
 	data.complyroute.index.consents[label]
 } else := concat(",", sort(split(headers["x-data-consent"], ",")))
 
-denied_response := {
+denial_response(refusal, id) := {
 	"allowed": false,
-	"http_status": wire_status,
+	"http_status": wire_status(refusal.status),
 	"headers": {"content-type": "application/json"},
 	"body": json.marshal({
-		"code": decision.code,
-		"message": decision.message,
-		"request_id": request_id,
-		"reasons": decision.reasons,
+		"code": refusal.code,
+		"message": refusal.message,
+		"request_id": id,
+		"reasons": refusal.reasons,
 	}),
 }
+
+# --- the label token, issued at the entry --------------------------------------------
+
+# An allowed answer carries the token and the digest of the body it signs; a denial goes
+# as it is, without them; an allowed hop whose token cannot be issued is refused (fail
+# closed: no record leaves the entry unsigned).
+token_answer := result if {
+	answer.allowed == true
+	result := object.union(answer, {"headers": label_token_headers})
+} else := denial_response(token_denial, request_id) if {
+	answer.allowed == true
+} else := answer
+
+label_token_headers := {"x-complyroute-labels": label_token, "x-complyroute-digest": body_digest}
+
+# The digest of the record's bytes as they arrived: the first service checks the bytes it
+# receives against it.
+body_digest := concat("", ["sha256:", crypto.sha256(http_request.body)])
+
+# A compact JWS (ES256) signed with data.complyroute.token ({"issuer", "kid", "jwk": a
+# private EC P-256 JWK, "lifetime_seconds"}), which only the entry's OPA loads (the control
+# plane writes it; Regal cannot resolve data that no Rego defines). A complete rule: built
+# once per evaluation (its signature is randomised, so each evaluation gives another token
+# for the same claims). No rule's value holds the key: OPA's REST API can read any rule's
+# value (system.authz refuses the data paths that hold the key).
+# regal ignore:unresolved-reference
+label_token := signed(data.complyroute.token, label_token_claims)
+
+signed(key, claims) := io.jwt.encode_sign(
+	{"alg": "ES256", "typ": "JWT", "kid": key.kid},
+	object.union(claims, {"iss": key.issuer, "exp": claims.iat + key.lifetime_seconds}),
+	key.jwk,
+)
+
+# The claims the entry vouches for, but the issuer's and the expiry: the request id the
+# entry's Envoy assigned, the digest of the body, and the labels the answer sets, canonical
+# (no consent claim for a record without consent values).
+label_token_claims := object.union(
+	{"iat": floor(time.now_ns() / 1000000000), "rid": headers["x-request-id"], "digest": body_digest},
+	label_claims,
+)
+
+label_claims[claim] := answer.headers[header] if {
+	some claim, header in {"region": "x-data-region", "category": "x-data-category", "consent": "x-data-consent"}
+}
+
+# Status 503: the record is fine, the entry is not (a deployment without the key is a
+# misconfiguration), as when no decision can be had at all. 503 is in ext_authz's
+# StatusCode enum (451 is not, see wire_status), and every enforcement point's local reply
+# mapper answers an ext_authz 5xx as DECISION_UNAVAILABLE, replacing this body: the client
+# gets the same 503 as when OPA cannot be reached, and the code and detail below stay in
+# OPA's decision log.
+token_denial := compliance.denial(503, "LABEL_TOKEN_UNAVAILABLE", "the record was not let in", token_failures)
+
+# METADATA
+# title: Label token unavailable
+# description: |
+#   The entry signs every record it lets in. Without its key (data.complyroute.token
+#   missing or unusable) or without the request id the token names (x-request-id, which
+#   the entry's Envoy assigns to every request), the record does not leave the entry.
+# custom:
+#   code: LABEL_TOKEN_UNAVAILABLE
+#   message: the entry cannot issue the record's label token
+token_failures contains compliance.violation(rego.metadata.rule(), token_failure_detail) if not label_token
+
+default token_failure_detail := "data.complyroute.token is not loaded here or holds no usable ES256 key"
+
+token_failure_detail := "the request has no x-request-id" if not headers["x-request-id"]

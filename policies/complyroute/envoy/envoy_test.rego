@@ -537,3 +537,289 @@ test_direct_input_sender_denied if {
 	not "sender" in object.keys(got)
 	got.step == "analyse"
 }
+
+# --- the label token the entry issues --------------------------------------------
+
+# The entry's route asks for a token (contextExtensions.label_token "issue"); its OPA holds
+# data.complyroute.token. The key pair below is for these tests only (EC P-256, generated
+# once with Python's cryptography); every deployment makes its own (complyroute/pki.py).
+entry_token := {
+	"issuer": "complyroute-entry",
+	"kid": "test-entry",
+	"jwk": object.union(entry_public_jwk, {"d": "d44NetkYev6OTDZr53dh4g3ufLamSTRmiAzTjYNbjNU"}),
+	"lifetime_seconds": 600,
+}
+
+entry_public_jwk := {
+	"kty": "EC",
+	"crv": "P-256",
+	"x": "12nwPqFiUmhz2kTyQsJxJDtB6E_SRnYgLsZCFHCI2rk",
+	"y": "jQAgmKwrAvPZ1UUquy7sNaqnP8QNNJ7ANEwo0bMI5pM",
+	"alg": "ES256",
+	"use": "sig",
+	"kid": "test-entry",
+}
+
+# Another P-256 public key: a token must not verify with it.
+other_public_jwk := object.union(entry_public_jwk, {
+	"x": "Whc1dLeRMlMrnnkj8nl_uqw9RbaS0rtOwE4U7PtWjxo",
+	"y": "cBFeqWt_yU8F8qhIQdyKqfgbY11pZcrHGtNJ0O-dxbM",
+})
+
+# The clock while a test evaluates (time.now_ns): 2023-11-14T22:13:20.123456789Z.
+now_ns := 1700000000123456789
+
+issuing := set_context("label_token", "issue")
+
+# respond_issuing(change, token): the plugin result for the changed request with `token` as
+# data.complyroute.token ("absent": none loaded), with the point's index as it is
+# ("quick") or without the quick path's preferred instances ("compliance policy").
+respond_issuing(change, token, path) := [result |
+	request := compliance_test.apply(base_request, change, "set", "unset")
+	index := indexing.index(compliance_test.apply(
+		compliance_test.fixture_catalog,
+		change,
+		"catalog_set",
+		"catalog_unset",
+	))
+	used_index := object.remove(index, {"compliance policy": ["preferred"], "quick": []}[path])
+	result := issued_with(request, used_index, token)
+]
+
+issued_with(request, index, "absent") := result if {
+	result := envoy.response with input as request
+		with data.complyroute.index as index
+		with time.now_ns as now_ns
+}
+
+issued_with(request, index, token) := result if {
+	token != "absent"
+
+	# regal ignore:unresolved-reference
+	result := envoy.response with data.complyroute.token as token
+		with input as request
+		with data.complyroute.index as index
+		with time.now_ns as now_ns
+}
+
+paths := ["quick", "compliance policy"]
+
+# Each allowed case, by either path: the answer it gets without a token plus the token and
+# the digest, the token verifying with the entry's public key (and no other), every claim
+# as expected (`claims`: the labels).
+token_failures(cases) := {concat(" / ", [name, path]): got |
+	some name, case in cases
+	some path in paths
+	got := respond_issuing(case.given, object.get(case, "token", entry_token), path)
+	not issued_as(got, case)
+}
+
+issued_as([got], case) if {
+	request := compliance_test.apply(base_request, case.given, "set", "unset")
+	digest := concat("", ["sha256:", crypto.sha256(request.attributes.request.http.body)])
+	object.get(case, "digest", digest) == digest
+	json.remove(got, ["headers/x-complyroute-labels", "headers/x-complyroute-digest"]) == allowed_response(case)
+	got.headers["x-complyroute-digest"] == digest
+	token := got.headers["x-complyroute-labels"]
+	[valid, header, claims] := io.jwt.decode_verify(token, {
+		"cert": json.marshal(entry_public_jwk),
+		"iss": "complyroute-entry",
+		"time": now_ns,
+	})
+	valid == true
+	header == {"alg": "ES256", "typ": "JWT", "kid": "test-entry"}
+	claims == object.union(
+		{
+			"iss": "complyroute-entry",
+			"iat": 1700000000,
+			"exp": 1700000600,
+			"rid": object.get(case, "rid", "r-42"),
+			"digest": digest,
+		},
+		case.claims,
+	)
+	io.jwt.verify_es256(token, json.marshal(other_public_jwk)) == false
+}
+
+# Each twin, by either path: denied as it says, without a token (denied_as checks that the
+# answer holds nothing but its status, content type and body).
+token_denied_failures(cases) := {concat(" / ", [name, twin_name, path]): got |
+	some name, case in cases
+	some twin_name, twin in case.twins
+	some path in paths
+	change := compliance_test.combine(case.given, object.get(twin, "change", {}))
+	got := respond_issuing(change, object.get(twin, "token", entry_token), path)
+	not denied_as(got, twin)
+}
+
+test_label_token_allowed if token_failures(label_token_cases) == {}
+
+test_label_token_denied if token_denied_failures(label_token_cases) == {}
+
+token_unavailable := {"status": 503, "code": "LABEL_TOKEN_UNAVAILABLE", "reasons": ["LABEL_TOKEN_UNAVAILABLE"]}
+
+label_token_cases := {
+	"the entry signs the labels it lets in": {
+		"given": object.union(issuing, set_context("step", "analyse")),
+		"destination": "analyse-eu-a",
+		"claims": {"region": "EU", "category": "personal", "consent": "analytics,billing,care"},
+		"twins": {
+			"a denied record gets no token": {
+				"change": set_header("x-data-category", "health"),
+				"status": 451,
+				"code": "NO_COMPLIANT_INSTANCE",
+				"reasons": [
+					"CERTIFICATION_MISSING",
+					"CERTIFICATION_MISSING",
+					"CERTIFICATION_MISSING",
+					"CERTIFICATION_MISSING",
+					"RESIDENCY_VIOLATION",
+				],
+			},
+			"no data.complyroute.token": object.union(token_unavailable, {"token": "absent"}),
+			"a token document without its key": object.union(
+				token_unavailable,
+				{"token": object.remove(entry_token, ["jwk"])},
+			),
+			"a key that is no EC private key": object.union(
+				token_unavailable,
+				{"token": object.union(entry_token, {"jwk": {"kty": "oct", "k": "c2VjcmV0"}})},
+			),
+			"no lifetime": object.union(token_unavailable, {"token": object.remove(entry_token, ["lifetime_seconds"])}),
+			"no request id to name": object.union(token_unavailable, {
+				"change": {"unset": [concat("/", [headers_path, "x-request-id"])]},
+				"request_id": null,
+			}),
+		},
+	},
+	"rewritten labels: the token carries the canonical ones": {
+		"given": object.union(issuing, {"set": {"attributes": {"request": {"http": {"headers": {
+			"x-data-region": " EU ",
+			"x-data-category": "personal,personal",
+			"x-data-consent": "care, billing,analytics,care",
+		}}}}}}),
+		"destination": "analyse-eu-a",
+		"labels": {"x-data-region": "EU", "x-data-category": "personal", "x-data-consent": "analytics,billing,care"},
+		"claims": {"region": "EU", "category": "personal", "consent": "analytics,billing,care"},
+		"twins": {"a second, different category": {
+			"change": set_header("x-data-category", "personal,health"),
+			"status": 400,
+			"code": "LABELS_CONTRADICTORY",
+			"reasons": ["LABELS_CONTRADICTORY"],
+		}},
+	},
+	"a record without consent values: no consent claim": {
+		"given": object.union(issuing, {"set": {"attributes": {"request": {"http": {"headers": {
+			"x-data-category": "anonymous",
+			"x-data-consent": " , ",
+		}}}}}}),
+		"destination": "analyse-eu-a",
+		"labels": {"x-data-region": "EU", "x-data-category": "anonymous"},
+		"removed": ["x-data-consent"],
+		"claims": {"region": "EU", "category": "anonymous"},
+		"twins": {"personal, so consent is required": {
+			"change": set_header("x-data-category", "personal"),
+			"status": 400,
+			"code": "LABEL_MISSING",
+			"reasons": ["LABEL_MISSING"],
+		}},
+	},
+	"the digest is of the body's bytes as sent": {
+		"given": object.union(
+			object.union(issuing, set_body("{\"subject\": \"zo\u00eb\", \"amount\": 12}")),
+			set_header("x-request-id", "r-7"),
+		),
+		"destination": "analyse-eu-a",
+		"digest": "sha256:0a0908644b4a75711c8f2227579ecf12a40766a8e497c1e3a808fc28b4c9cfd3",
+		"rid": "r-7",
+		"claims": {"region": "EU", "category": "personal", "consent": "analytics,billing,care"},
+		"twins": {"the same bytes as a JSON array": {
+			"change": set_body("[{\"subject\": \"zo\u00eb\", \"amount\": 12}]"),
+			"status": 400,
+			"code": "RECORD_MALFORMED",
+			"reasons": ["RECORD_MALFORMED"],
+			"request_id": "r-7",
+		}},
+	},
+	"snake_case context_extensions (v2 API) ask for it too": {
+		"given": {
+			"unset": ["attributes/contextExtensions"],
+			"set": {"attributes": {"context_extensions": {"sender": "entry-us", "step": "backup", "label_token": "issue"}}},
+		},
+		"destination": "backup-ch",
+		"claims": {"region": "EU", "category": "personal", "consent": "analytics,billing,care"},
+		"twins": {"without the CH replica": {
+			"change": {"catalog_unset": ["instances/backup-ch"]},
+			"status": 451,
+			"code": "RESIDENCY_VIOLATION",
+			"reasons": ["RESIDENCY_VIOLATION"],
+		}},
+	},
+}
+
+# Without label_token "issue" (every listener but the entry's), the answer is exactly the
+# one the other tables expect, though the point holds a key; its twins are denied as usual.
+test_label_token_not_asked_allowed if {
+	failures := {concat(" / ", [name, path]): got |
+		some name, case in not_issuing_cases
+		some path in paths
+		got := respond_issuing(case.given, entry_token, path)
+		got != [allowed_response(case)]
+	}
+	failures == {}
+}
+
+test_label_token_not_asked_denied if token_denied_failures(not_issuing_cases) == {}
+
+not_issuing_cases := {
+	"no label_token": {
+		"given": set_context("step", "analyse"),
+		"destination": "analyse-eu-a",
+		"twins": {"a denied record": {
+			"change": set_header("x-data-consent", "billing"),
+			"status": 451,
+			"code": "NO_COMPLIANT_INSTANCE",
+			"reasons": [
+				"PURPOSE_NOT_CONSENTED",
+				"PURPOSE_NOT_CONSENTED",
+				"PURPOSE_NOT_CONSENTED",
+				"PURPOSE_NOT_CONSENTED",
+				"RESIDENCY_VIOLATION",
+			],
+		}},
+	},
+	"an empty label_token": {
+		"given": object.union(set_context("step", "analyse"), set_context("label_token", "")),
+		"destination": "analyse-eu-a",
+		"twins": {},
+	},
+	"a label_token other than issue": {
+		"given": object.union(set_context("step", "analyse"), set_context("label_token", "Issue")),
+		"destination": "analyse-eu-a",
+		"twins": {},
+	},
+	"snake_case label_token beside contextExtensions (which win)": {
+		"given": object.union(
+			set_context("step", "analyse"),
+			{"set": {"attributes": {"context_extensions": {"label_token": "issue"}}}},
+		),
+		"destination": "analyse-eu-a",
+		"twins": {},
+	},
+	"a record without consent values": {
+		"given": {"set": {"attributes": {"request": {"http": {"headers": {
+			"x-data-category": "anonymous",
+			"x-data-consent": " , ",
+		}}}}}},
+		"destination": "analyse-eu-a",
+		"labels": {"x-data-region": "EU", "x-data-category": "anonymous"},
+		"removed": ["x-data-consent"],
+		"twins": {"no key, nor is one needed": {
+			"change": set_header("x-data-category", "personal"),
+			"token": "absent",
+			"status": 400,
+			"code": "LABEL_MISSING",
+			"reasons": ["LABEL_MISSING"],
+		}},
+	},
+}
