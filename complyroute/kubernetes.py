@@ -8,6 +8,11 @@ of policy rolls the pods that use it. `kustomize build` assembles the final YAML
 
 Logical nodes (gateway, node-1, ...) become node labels: an operator labels the cluster's
 nodes `complyroute.io/node=<name>` and `complyroute.io/role=gateway|service`.
+
+With mutual TLS (the manifest's security.mtls, on by default) every render makes a new CA;
+each part's key and certificate, and the entry's label-token signing key, become Secrets
+that kustomize's secretGenerator names by a hash of their content too (kubetrust.py). So
+every render changes every Secret, and applying it rolls every pod onto the new CA at once.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from pathlib import Path
 
 import yaml
 
-from . import enforcement, engines, policydata
+from . import enforcement, engines, kubetrust, policydata
 from .enforcement import EnforcementPoint, Endpoint
 from .manifest import REPO, Instance, Node, Topology
 from .plan import Plan, place
@@ -40,9 +45,11 @@ AUDIT_DIR = "/var/log/complyroute"
 # image's `node`) and OPA's (its images run as uid/gid 1000). Envoy's image starts as root and
 # drops to its `envoy` user (101); started as 1000 its entrypoint runs Envoy directly, which
 # only reads its ConfigMap (mode 0644). Nothing writes its root filesystem: the audit log goes to an
-# emptyDir, configuration comes from read-only ConfigMaps.
+# emptyDir, configuration comes from read-only ConfigMaps. Secrets are mounted read-only with
+# mode 0440 (kubetrust.SECRET_MODE), owned by root and the pod's fsGroup: the pod's user reads
+# its keys through its group.
 RUN_AS = 1000
-POD_SECURITY = {"runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS, "seccompProfile": {"type": "RuntimeDefault"}}
+POD_SECURITY = {"runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS, "fsGroup": RUN_AS, "seccompProfile": {"type": "RuntimeDefault"}}
 CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "readOnlyRootFilesystem": True}
 
 RESOURCES = {
@@ -50,6 +57,14 @@ RESOURCES = {
     "envoy": {"requests": {"cpu": "50m", "memory": "32Mi"}, "limits": {"cpu": "1", "memory": "256Mi"}},
     "opa": {"requests": {"cpu": "50m", "memory": "32Mi"}, "limits": {"cpu": "500m", "memory": "128Mi"}},
 }
+
+
+# The API server refuses a ConfigMap whose data exceed 1 MiB.
+CONFIGMAP_LIMIT = 1024 * 1024
+
+
+class RenderError(RuntimeError):
+    """A topology cannot be rendered to objects the API server admits; the message says why."""
 
 
 class KubernetesNetwork:
@@ -139,6 +154,40 @@ def _exec_probe(url: str) -> dict:
     return {"exec": {"command": ["node", "-e", script]}, "periodSeconds": 5, "failureThreshold": 3, "timeoutSeconds": 2}
 
 
+def _tcp_probe(port: int) -> dict:
+    return {"tcpSocket": {"port": port}, "periodSeconds": 5, "failureThreshold": 3}
+
+
+def _exec_tcp_probe(port: int) -> dict:
+    """A TCP connection to the pod's loopback, made inside the container."""
+    script = f"require('net').connect({port}, '127.0.0.1').on('connect', () => process.exit(0)).on('error', () => process.exit(1))"
+    return {"exec": {"command": ["node", "-e", script]}, "periodSeconds": 5, "failureThreshold": 3, "timeoutSeconds": 2}
+
+
+def service_probe(port: int, beside: bool, mtls: bool) -> dict:
+    """How the kubelet checks a service (readiness and liveness alike).
+
+    With mutual TLS a service admits GET /health only from the control plane's certificate,
+    and the kubelet has none; an exec probe could present one only if every service pod held
+    the control plane's private key, and with it could pass as the control plane. So the probe
+    checks what can be checked honestly: the service accepts connections on its port. It
+    listens only once its credentials were read and checked (services/config.js stops it on a
+    wrong file), and accepts TCP before any handshake, so a connection that opens and closes
+    tells "listening" and nothing more. The kubelet connects itself (tcpSocket) where the
+    service listens on the pod's address; beside its sidecar it listens on the pod's loopback,
+    where only a probe run inside the container reaches it.
+    Without mutual TLS the probes ask GET /health, which answers without a certificate.
+    """
+    if mtls:
+        return _exec_tcp_probe(port) if beside else _tcp_probe(port)
+    # Beside a sidecar, whose ingress passes records only (POST /process), from inside the container.
+    return _exec_probe(f"http://127.0.0.1:{port}/health") if beside else _probe("/health", port)
+
+
+def _secret_volume(name: str) -> dict:
+    return {"name": name, "secret": {"secretName": name, "defaultMode": kubetrust.SECRET_MODE}}
+
+
 def _configmap_volume(name: str, items: list[tuple[str, str]] | None = None) -> dict:
     volume = {"name": name, "configMap": {"name": name}}
     if items:
@@ -158,7 +207,12 @@ class Renderer:
         self.objects: list[dict] = []
         self.files: dict[str, str] = {}  # file name in the kustomization folder -> content
         self.generated: list[dict] = []  # configMapGenerator entries
+        self.secrets: list[dict] = []  # secretGenerator entries
+        self.secret_files: set[str] = set()  # their files, written readable by the owner only
         self.configs: dict[str, engines.PointConfig] = {}  # by point name, once render() ran
+        # Mutual TLS (kubetrust.py), once render() ran; None when the manifest turns it off.
+        self.trust: kubetrust.ClusterTrust | None = None
+        self.tokens: dict[str, dict[str, str]] = {}  # the label-token Secret's files, by the point that signs
 
     # ---- ConfigMaps
     def policy_files(self) -> list[tuple[str, str]]:
@@ -170,16 +224,30 @@ class Renderer:
                 files.append((".".join(relative.parts), str(relative)))
         return files
 
-    def generate(self, name: str, files: dict[str, str]) -> None:
+    def generate(self, name: str, files: dict[str, str], secret_type: str | None = None) -> None:
+        """A ConfigMap of `files`; with `secret_type`, a Secret of that type."""
         entries = []
         for key, content in files.items():
             file_name = f"{name}/{key}"
             self.files[file_name] = content
             entries.append(f"{key}={file_name}")
-        self.generated.append({"name": name, "files": entries})
+        if secret_type:
+            self.secrets.append({"name": name, "type": secret_type, "files": entries})
+            self.secret_files.update(f"{name}/{key}" for key in files)
+        else:
+            self.generated.append({"name": name, "files": entries})
+
+    def tls_secret(self, part: str, files: dict[str, str]) -> dict:
+        """The part's credential as a Secret; returns the volume that mounts it."""
+        name = kubetrust.tls_secret_name(part)
+        self.generate(name, files, "kubernetes.io/tls")
+        return _secret_volume(name)
 
     # ---- containers
     def opa_container(self, point: EnforcementPoint) -> dict:
+        # The entry's signing key is a Secret: OPA loads it as a second data path.
+        token = [kubetrust.TOKEN_MOUNT] if point.name in self.tokens else []
+        mounts = [{"name": kubetrust.token_secret_name(point.name), "mountPath": kubetrust.TOKEN_MOUNT, "readOnly": True}] if token else []
         return {
             "name": "opa",
             "image": OPA_IMAGE,
@@ -188,7 +256,7 @@ class Renderer:
                 f"--diagnostic-addr={point.opa_diagnostic.address}:{point.opa_diagnostic.port}", *enforcement.OPA_SERVER_FLAGS,
                 "--config-file=/config/opa.yaml",
                 # ConfigMap volumes hold hidden ..data folders; loaded, they would add data twice.
-                "--skip-version-check", "--log-level=error", *policydata.OPA_RUN_FLAGS, "--ignore=.*", "/policy", "/catalog",
+                "--skip-version-check", "--log-level=error", *policydata.OPA_RUN_FLAGS, "--ignore=.*", "/policy", "/catalog", *token,
             ],
             "env": [{"name": "GOMAXPROCS", "value": str(point.concurrency)}],
             "ports": [{"name": "opa-diagnostic", "containerPort": self.net.OPA_DIAGNOSTIC}],
@@ -200,11 +268,15 @@ class Renderer:
                 {"name": "policy", "mountPath": "/policy", "readOnly": True},
                 {"name": f"catalog-{point.name}", "mountPath": "/catalog", "readOnly": True},
                 {"name": "opa-config", "mountPath": "/config", "readOnly": True},
+                *mounts,
             ],
         }
 
     def envoy_container(self, point: EnforcementPoint) -> dict:
         listener_ports = [l.endpoint.port for l in [*point.deciding, *point.forwarding]]
+        mounts = [{"name": f"envoy-{point.name}", "mountPath": "/config", "readOnly": True}]
+        if self.trust:  # the point's certificate, key and CA, where its TLS contexts read them (kubetrust.FILES)
+            mounts.append({"name": kubetrust.tls_secret_name(point.name), "mountPath": kubetrust.MOUNT, "readOnly": True})
         return {
             "name": "envoy",
             "image": ENVOY_IMAGE,
@@ -215,13 +287,19 @@ class Renderer:
             "livenessProbe": _probe(enforcement.READY_PATH, self.net.ENVOY_READY),
             "resources": RESOURCES["envoy"],
             "securityContext": CONTAINER_SECURITY,
-            "volumeMounts": [{"name": f"envoy-{point.name}", "mountPath": "/config", "readOnly": True}],
+            "volumeMounts": mounts,
         }
 
     def point_volumes(self, point: EnforcementPoint) -> list[dict]:
         config = self.configs[point.name]
         # Compact: a ConfigMap holds at most 1 MiB, and a compiled central entity at 50 services is large.
-        self.generate(f"envoy-{point.name}", {"envoy.json": json.dumps(config.envoy, separators=(",", ":"))})
+        envoy = json.dumps(config.envoy, separators=(",", ":"))
+        if len(envoy.encode()) > CONFIGMAP_LIMIT:
+            raise RenderError(
+                f"the Envoy configuration of {point.name} is {len(envoy.encode())} bytes, over the {CONFIGMAP_LIMIT} bytes "
+                f"the API server admits in a ConfigMap ({self.topology.engine['kind']}, {len(self.topology.instances)} services, "
+                f"security {self.topology.security}): render fewer services or the envoy-opa engine")
+        self.generate(f"envoy-{point.name}", {"envoy.json": envoy})
         volumes = [_configmap_volume(f"envoy-{point.name}")]
         if config.opa is not None:
             self.generate(f"catalog-{point.name}", {"data.json": json.dumps(config.data, indent=2, sort_keys=True)})
@@ -230,6 +308,11 @@ class Renderer:
                 _configmap_volume(f"catalog-{point.name}"),
                 _configmap_volume("opa-config"),
             ]
+        if self.trust:
+            volumes.append(self.tls_secret(point.name, self.trust.point_tls_files(point.name)))
+        if point.name in self.tokens:
+            self.generate(kubetrust.token_secret_name(point.name), self.tokens[point.name], "Opaque")
+            volumes.append(_secret_volume(kubetrust.token_secret_name(point.name)))
         return volumes
 
     def point_containers(self, point: EnforcementPoint, sidecar: bool = False) -> list[dict]:
@@ -272,9 +355,14 @@ class Renderer:
     def service_instance(self, process, sidecar: EnforcementPoint | None) -> None:
         instance = process.instance
         env = process.environment(self.topology.engine, f"{AUDIT_DIR}/{instance.id}.jsonl")
-        # Beside a sidecar the service listens on the pod's loopback, and the sidecar's ingress
-        # passes records only (POST /process), so the kubelet probes it from inside its container.
-        probe = _exec_probe(f"http://127.0.0.1:{self.net.SERVICE}/health") if sidecar else _probe("/health", self.net.SERVICE)
+        mounts = [{"name": "audit", "mountPath": AUDIT_DIR}]
+        volumes = [{"name": "audit", "emptyDir": {}}]
+        if self.trust:
+            env.update(self.trust.service_environment(process))
+            volumes.append(self.tls_secret(instance.id, self.trust.service_tls_files(instance.id)))
+            mounts.append({"name": kubetrust.tls_secret_name(instance.id), "mountPath": kubetrust.MOUNT, "readOnly": True})
+        # Beside a sidecar the service listens on the pod's loopback only.
+        probe = service_probe(self.net.SERVICE, beside=sidecar is not None, mtls=self.trust is not None)
         container = {
             "name": "service",
             "image": SERVICE_IMAGE,
@@ -284,9 +372,8 @@ class Renderer:
             "livenessProbe": probe,
             "resources": RESOURCES["service"],
             "securityContext": CONTAINER_SECURITY,
-            "volumeMounts": [{"name": "audit", "mountPath": AUDIT_DIR}],
+            "volumeMounts": mounts,
         }
-        volumes = [{"name": "audit", "emptyDir": {}}]
         init = None
         if sidecar:
             volumes += self.point_volumes(sidecar)
@@ -367,8 +454,13 @@ class Renderer:
         shared = [p for p in self.plan.points if p.name in ("entry", "central-entity", "gateway")]
         routers = list(merge_router_sets([p for p in self.plan.points if p.name.startswith("router-")]).values())
         # The points as their pods run them (a router DaemonSet carries its slot's routers of all nodes).
+        points = [*sidecars.values(), *shared, *routers]
+        # A new CA for every render: who admits whom is read off the plan (kubetrust.py).
+        self.trust = kubetrust.ClusterTrust.of(self.plan, points, self.namespace)
+        point_trust = {p.name: self.trust.point(p.name) for p in points} if self.trust else {}
+        self.tokens = {p.name: files for p in points if self.trust and (files := self.trust.token_files(p.name))}
         engine = self.topology.engine
-        self.configs = engines.configure(engine["kind"], [*sidecars.values(), *shared, *routers], engine, self.policies)
+        self.configs = engines.configure(engine["kind"], points, engine, self.policies, point_trust)
         for process in self.plan.services:
             self.service_instance(process, sidecars.get(process.instance.id))
         for point in shared:
@@ -381,7 +473,8 @@ class Renderer:
         """Write the kustomization folder; returns it."""
         if folder.exists():
             shutil.rmtree(folder)
-        folder.mkdir(parents=True)
+        # With mutual TLS the folder holds private keys: for this user only.
+        folder.mkdir(parents=True, mode=0o700)
         namespace = {
             "apiVersion": "v1",
             "kind": "Namespace",
@@ -394,6 +487,8 @@ class Renderer:
         (folder / "resources.yaml").write_text(yaml.safe_dump_all([namespace, *self.objects], sort_keys=False))
         for name, content in self.files.items():
             (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            if name in self.secret_files:
+                (folder / name).touch(mode=0o600)
             (folder / name).write_text(content)
         kustomization = {
             "apiVersion": "kustomize.config.k8s.io/v1beta1",
@@ -402,6 +497,8 @@ class Renderer:
             "resources": ["resources.yaml"],
             "configMapGenerator": self.generated,
         }
+        if self.secrets:
+            kustomization["secretGenerator"] = self.secrets
         (folder / "kustomization.yaml").write_text(yaml.safe_dump(kustomization, sort_keys=False))
         return folder
 
@@ -413,6 +510,13 @@ def build(renderer: Renderer, folder: Path) -> str:
     if built.returncode != 0:
         raise RuntimeError(f"kustomize build {folder} failed:\n{built.stderr}")
     return built.stdout
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write rendered YAML that may hold Secrets: readable by this user only."""
+    path.touch(mode=0o600)
+    path.chmod(0o600)
+    path.write_text(text)
 
 
 def render(topology: Topology, folder: Path, policies: Path = POLICIES) -> str:
@@ -478,7 +582,7 @@ def apply(topology: Topology, folder: Path, timeout: str = "300s") -> int:
     renderer.render()
     output = folder.with_suffix(".yaml")
     output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(build(renderer, folder))
+    write_private(output, build(renderer, folder))
     namespace = renderer.namespace
     kubectl("apply", "--server-side", "-f", str(output))
     kubectl("-n", namespace, "wait", "--for=condition=Available", "deployment", "--all", f"--timeout={timeout}")

@@ -1,18 +1,24 @@
 """Kubernetes manifests: every topology renders from its manifest and passes strict offline validation."""
 
+import base64
 import json
 
 import pytest
 import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
-from complyroute import kubernetes, manifest
+from complyroute import kubernetes, kubetrust, manifest, pki
 from complyroute.deployment import POLICIES
 
 TOPOLOGIES = ["sidecar", "central-entity", "dynamic-router-3", "dynamic-router-6", "baseline"]
 
 
-def rendered(topology, services, tmp_path, engine=None):
-    text = kubernetes.render(manifest.load(topology, services=services, engine=engine), tmp_path / "kustomization")
+PLAIN = {"security": {"mtls": False, "label_tokens": False}}
+
+
+def rendered(topology, services, tmp_path, engine=None, overrides=None):
+    text = kubernetes.render(manifest.load(topology, services=services, engine=engine, overrides=overrides), tmp_path / "kustomization")
     path = tmp_path / f"{topology}-{services}.yaml"
     path.write_text(text)
     return path, [o for o in yaml.safe_load_all(text) if o]
@@ -31,9 +37,11 @@ def test_rendered_manifests_pass_strict_validation_allowed(topology, services, t
     assert f"Valid: {len(objects)}, Invalid: 0, Errors: 0, Skipped: 0" in result.stdout
 
 
-@pytest.mark.parametrize("topology", ["sidecar", "central-entity", "dynamic-router-3"])
-def test_compiled_engine_renders_valid_configmaps_under_the_size_limit_allowed(topology, tmp_path):
-    path, objects = rendered(topology, 50, tmp_path, engine="envoy-compiled")
+# With mutual TLS and label tokens, a compiled central entity or router set at 50 services
+# holds 49 matcher trees with a TLS context and a token check each: over 1 MiB (see below).
+@pytest.mark.parametrize("topology, overrides", [("sidecar", None), ("central-entity", PLAIN), ("dynamic-router-3", PLAIN)])
+def test_compiled_engine_renders_valid_configmaps_under_the_size_limit_allowed(topology, overrides, tmp_path):
+    path, objects = rendered(topology, 50, tmp_path, engine="envoy-compiled", overrides=overrides)
     result = kubernetes.validate(path)
     assert result.returncode == 0, result.stdout + result.stderr
     envoys = [o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("envoy-")]
@@ -41,6 +49,12 @@ def test_compiled_engine_renders_valid_configmaps_under_the_size_limit_allowed(t
     assert compiled, "the compiled engine put matcher trees in front of the decision routes"
     # The API server refuses a ConfigMap over 1 MiB.
     assert max(len(o["data"]["envoy.json"]) for o in envoys) < 1024 * 1024
+
+
+@pytest.mark.parametrize("topology, point", [("central-entity", "central-entity"), ("dynamic-router-3", "router-1")])
+def test_a_configuration_over_the_configmap_limit_is_refused_at_render_denied(topology, point, tmp_path):
+    with pytest.raises(kubernetes.RenderError, match=f"Envoy configuration of {point} is [0-9]+ bytes, over the 1048576"):
+        rendered(topology, 50, tmp_path, engine="envoy-compiled")
 
 
 def test_unknown_field_fails_strict_validation_denied(tmp_path):
@@ -107,7 +121,7 @@ def test_routers_are_daemonsets_behind_node_local_services(topology, sets, tmp_p
     deployments = by_kind(objects, "Deployment")
     egress = {n: next(e["value"] for e in d["spec"]["template"]["spec"]["containers"][0]["env"] if e["name"] == "EGRESS_URL")
               for n, d in deployments.items() if n.startswith("svc-")}
-    assert egress["svc-01"].startswith(f"http://router-1.{kubernetes.namespace_of(manifest.load(topology))}.svc.cluster.local:")
+    assert egress["svc-01"].startswith(f"https://router-1.{kubernetes.namespace_of(manifest.load(topology))}.svc.cluster.local:")
     assert egress["svc-12"] == ""
 
 
@@ -200,10 +214,24 @@ def test_admin_and_opa_api_stay_in_the_pod_and_probes_use_readiness_and_diagnost
             elif container["name"] == "envoy":
                 assert {(p["httpGet"]["path"], p["httpGet"]["port"]) for p in probes} == {("/ready", net.ENVOY_READY)}
             elif any("127.0.0.1" == e["value"] for e in container["env"] if e["name"] == "HOST"):
-                # Beside its sidecar: the ingress passes records only, so the probe runs inside.
-                assert all("exec" in p and "127.0.0.1:3000/health" in p["exec"]["command"][-1] for p in probes)
+                # Beside its sidecar the service listens on the pod's loopback: the probe runs inside.
+                assert all(p == kubernetes.service_probe(net.SERVICE, beside=True, mtls=True) for p in probes)
+                assert all("exec" in p and "connect(3000, '127.0.0.1')" in p["exec"]["command"][-1] for p in probes)
             else:
-                assert {p["httpGet"]["port"] for p in probes} == {net.SERVICE}
+                # With mutual TLS GET /health needs the control plane's certificate: a TCP probe.
+                assert all(p["tcpSocket"] == {"port": net.SERVICE} for p in probes)
+
+
+@pytest.mark.parametrize("topology", ["sidecar", "central-entity"])
+def test_without_mtls_services_are_probed_on_get_health(topology, tmp_path):
+    _, objects = rendered(topology, 3, tmp_path, overrides=PLAIN)
+    for name, pod in pods(objects).items():
+        for container in [c for c in pod["containers"] if c["name"] == "service"]:
+            probe = container["readinessProbe"]
+            if topology == "sidecar":
+                assert "http://127.0.0.1:3000/health" in probe["exec"]["command"][-1], name
+            else:
+                assert probe["httpGet"] == {"path": "/health", "port": kubernetes.KubernetesNetwork.SERVICE}, name
 
 
 @pytest.mark.parametrize("topology", TOPOLOGIES)
@@ -216,3 +244,262 @@ def test_network_policies_admit_no_peer_to_admin_opa_or_probe_ports_denied(topol
     for name, policy in policies.items():
         admitted = {p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]}
         assert admitted and not admitted & closed, (name, admitted)
+
+
+# ---- mutual TLS and label tokens (kubetrust.py)
+
+def secrets(objects):
+    """Secrets by the name the renderer gave them (kustomize appends a hash of the content)."""
+    return {o["metadata"]["name"].rsplit("-", 1)[0]: o for o in objects if o["kind"] == "Secret"}
+
+
+def decoded(secret) -> dict:
+    return {key: base64.b64decode(value).decode() for key, value in secret["data"].items()}
+
+
+def uri_sans(pem: str) -> list[str]:
+    cert = x509.load_pem_x509_certificate(pem.encode())
+    return cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.UniformResourceIdentifier)
+
+
+def containers(pod):
+    return pod["containers"] + pod.get("initContainers", [])
+
+
+def secret_mounts(pod, container) -> dict:
+    """mountPath -> the (hashed) name of the Secret mounted there in this container."""
+    volumes = {v["name"]: v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+    return {m["mountPath"]: volumes[m["name"]] for m in container.get("volumeMounts", []) if m["name"] in volumes}
+
+
+def envoy_config(objects, pod, container) -> tuple[str, dict]:
+    """The point an Envoy container runs (its ConfigMap's volume is envoy-<point>) and its configuration."""
+    mount = next(m for m in container["volumeMounts"] if m["mountPath"] == "/config")
+    configmap = next(v["configMap"]["name"] for v in pod["volumes"] if v["name"] == mount["name"])
+    return mount["name"].removeprefix("envoy-"), json.loads(by_kind(objects, "ConfigMap")[configmap]["data"]["envoy.json"])
+
+
+def tls_filenames(node) -> list[str]:
+    """Every file a transport socket of an Envoy configuration reads."""
+    found = []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "transport_socket":
+                found += [v for k, v in walk(value) if k == "filename"]
+            else:
+                found += tls_filenames(value)
+    elif isinstance(node, list):
+        for value in node:
+            found += tls_filenames(value)
+    return found
+
+
+def walk(node):
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield key, value
+            yield from walk(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from walk(value)
+
+
+def env_of(container) -> dict:
+    return {e["name"]: e["value"] for e in container["env"]}
+
+
+ENTRY = {"sidecar": "entry", "central-entity": "central-entity", "dynamic-router-3": "entry", "dynamic-router-6": "entry"}
+
+
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+def test_every_part_has_its_own_tls_secret_issued_by_one_ca_allowed(topology, tmp_path):
+    _, objects = rendered(topology, 5, tmp_path)
+    found = secrets(objects)
+    points = {name.removeprefix("envoy-").rsplit("-", 1)[0] for name in by_kind(objects, "ConfigMap") if name.startswith("envoy-")}
+    expected = {f"tls-{p}": pki.spiffe_id("point", p) for p in points}
+    expected |= {f"tls-{i.id}": pki.spiffe_id("service", i.id) for i in manifest.load(topology, services=5).instances}
+    assert {name for name in found if name.startswith("tls-")} == set(expected)
+    authorities = set()
+    for name, part in expected.items():
+        assert found[name]["type"] == "kubernetes.io/tls"
+        files = decoded(found[name])
+        assert set(files) == {"tls.crt", "tls.key", "ca.crt"}
+        assert uri_sans(files["tls.crt"]) == [part]
+        cert, ca = x509.load_pem_x509_certificate(files["tls.crt"].encode()), x509.load_pem_x509_certificate(files["ca.crt"].encode())
+        cert.verify_directly_issued_by(ca)
+        key = serialization.load_pem_private_key(files["tls.key"].encode(), None)
+        assert key.public_key().public_numbers() == cert.public_key().public_numbers()
+        authorities.add(files["ca.crt"])
+    assert len(authorities) == 1  # one CA per deployment, whose key is written nowhere
+
+
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+def test_no_private_key_in_a_configmap_and_the_signing_key_only_in_the_entrys_secret_denied(topology, tmp_path):
+    _, objects = rendered(topology, 5, tmp_path)
+    configmaps = [value for o in objects if o["kind"] == "ConfigMap" for value in o["data"].values()]
+    assert not any("PRIVATE KEY" in value for value in configmaps)
+    found = secrets(objects)
+    tokens = [name for name in found if name.startswith("token-")]
+    if topology == "baseline":  # nothing decides, so nothing signs
+        assert tokens == []
+        return
+    entry = ENTRY[topology]
+    assert tokens == [f"token-{entry}"] and found[f"token-{entry}"]["type"] == "Opaque"
+    token = json.loads(decoded(found[f"token-{entry}"])[kubetrust.TOKEN_FILE])["complyroute"]["token"]
+    private = token["jwk"]["d"]
+    assert not any(private in value for value in configmaps)
+    assert [name for name, secret in found.items() if any(private in v for v in decoded(secret).values())] == [f"token-{entry}"]
+    # The later points verify with the public key only, from their Envoy configuration.
+    assert any(token["jwk"]["x"] in value and '"d"' not in value for value in configmaps)
+    # Only the entry's OPA mounts the key, as a second data path beside its catalog.
+    mounting = [(workload, c["name"]) for workload, pod in pods(objects).items() for c in containers(pod)
+                if any(m["name"] == f"token-{entry}" for m in c.get("volumeMounts", []))]
+    assert mounting == [(entry, "opa")]
+    opa = next(c for c in pods(objects)[entry]["containers"] if c["name"] == "opa")
+    assert opa["args"][-3:] == ["/policy", "/catalog", kubetrust.TOKEN_MOUNT]
+    assert secret_mounts(pods(objects)[entry], opa) == {kubetrust.TOKEN_MOUNT: found[f"token-{entry}"]["metadata"]["name"]}
+
+
+@pytest.mark.parametrize("engine", manifest.ENGINES)
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+def test_every_envoy_tls_file_is_in_the_secret_of_its_point_allowed(topology, engine, tmp_path):
+    _, objects = rendered(topology, 5, tmp_path, engine=engine)
+    found = by_kind(objects, "Secret")
+    checked = 0
+    for workload, pod in pods(objects).items():
+        for container in [c for c in containers(pod) if c["name"] == "envoy"]:
+            point, envoy = envoy_config(objects, pod, container)
+            mounts = secret_mounts(pod, container)
+            assert list(mounts) == [kubetrust.MOUNT], (workload, mounts)
+            files = decoded(found[mounts[kubetrust.MOUNT]])
+            assert uri_sans(files["tls.crt"]) == [pki.spiffe_id("point", point)]
+            filenames = set(tls_filenames(envoy))
+            assert filenames == {kubetrust.FILES.cert, kubetrust.FILES.key, kubetrust.FILES.ca}, (workload, filenames)
+            assert all(path.rsplit("/", 1)[1] in files for path in filenames)
+            checked += 1
+    assert checked == len([o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("envoy-")])
+
+
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+def test_services_read_their_credential_from_their_mounted_secret(topology, tmp_path):
+    _, objects = rendered(topology, 5, tmp_path)
+    found = by_kind(objects, "Secret")
+    for workload, pod in pods(objects).items():
+        for container in [c for c in pod["containers"] if c["name"] == "service"]:
+            env, mounts = env_of(container), secret_mounts(pod, container)
+            assert list(mounts) == [kubetrust.MOUNT]
+            assert (env["TLS_CERT"], env["TLS_KEY"], env["TLS_CA"]) == (kubetrust.FILES.cert, kubetrust.FILES.key, kubetrust.FILES.ca)
+            files = decoded(found[mounts[kubetrust.MOUNT]])
+            assert {path.rsplit("/", 1)[1] for path in (env["TLS_CERT"], env["TLS_KEY"], env["TLS_CA"])} <= set(files)
+            assert uri_sans(files["tls.crt"]) == [pki.spiffe_id("service", env["INSTANCE_ID"])]
+            assert env["CONTROL_PEERS"] == pki.CONTROL and env["RECORD_PEERS"]
+            if env["NEXT_STEP"]:
+                assert env["EGRESS_URL"].startswith("https://") and env["EGRESS_IDENTITY"].startswith("spiffe://complyroute/")
+            else:
+                assert env["EGRESS_URL"] == "" and "EGRESS_IDENTITY" not in env
+            assert ("LABEL_TOKENS" in env) == (topology != "baseline")
+
+
+def test_each_sidecar_pod_admits_only_its_own_service_and_sidecar(tmp_path):
+    """Every sidecar pod's service listens on 127.0.0.1:3000 and its egress on 127.0.0.1:15002:
+    the same addresses, yet each admits and expects only the parts of its own pod."""
+    _, objects = rendered("sidecar", 5, tmp_path)
+    for n in range(1, 6):
+        instance = f"svc-{n:02d}"
+        pod = pods(objects)[instance]
+        service = env_of(pod["containers"][0])
+        assert service["RECORD_PEERS"] == pki.spiffe_id("point", f"sidecar-{instance}")
+        if n < 5:
+            assert service["EGRESS_IDENTITY"] == pki.spiffe_id("point", f"sidecar-{instance}")
+        _, envoy = envoy_config(objects, pod, next(c for c in pod["initContainers"] if c["name"] == "envoy"))
+        peers = {}
+        for item in envoy["static_resources"]["listeners"] + envoy["static_resources"]["clusters"]:
+            peers[item["name"]] = sorted(m["matcher"]["exact"] for _, v in walk(item.get("filter_chains", item.get("transport_socket")))
+                                         if isinstance(v, list) for m in v if isinstance(m, dict) and m.get("san_type") == "URI")
+        assert peers["upstream-ingress"] == [pki.spiffe_id("service", instance)]
+        assert peers["ingress"] == [pki.spiffe_id("point", "entry" if n == 1 else f"sidecar-svc-{n - 1:02d}")]
+        if n < 5:
+            assert peers["egress"] == [pki.spiffe_id("service", instance)]
+            assert peers[f"svc-{n + 1:02d}"] == [pki.spiffe_id("point", f"sidecar-svc-{n + 1:02d}")]
+
+
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+def test_secrets_are_mounted_read_only_for_the_pods_group(topology, tmp_path):
+    _, objects = rendered(topology, 5, tmp_path)
+    for workload, pod in pods(objects).items():
+        assert pod["securityContext"]["fsGroup"] == kubernetes.RUN_AS
+        secret_volumes = {v["name"]: v for v in pod["volumes"] if "secret" in v}
+        assert secret_volumes, workload
+        assert all(v["secret"]["defaultMode"] == 0o440 for v in secret_volumes.values())
+        for container in containers(pod):
+            assert all(m.get("readOnly") for m in container.get("volumeMounts", []) if m["name"] in secret_volumes)
+
+
+def selects(peer: dict, component: str) -> bool:
+    selector = peer["podSelector"]
+    return selector.get("matchLabels", {}).get("component") == component or any(
+        e["key"] == "component" and component in e["values"] for e in selector.get("matchExpressions", []))
+
+
+def admitted(rules: list[dict], side: str, component: str, port: int) -> bool:
+    """Whether any rule lets `port` to or from pods of `component` (side: "from" or "to")."""
+    return any(
+        any(p["port"] <= port <= p.get("endPort", p["port"]) for p in rule["ports"])
+        and (side not in rule or any(selects(peer, component) for peer in rule[side]))
+        for rule in rules
+    )
+
+
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+def test_network_policies_admit_every_connection_records_take_allowed(topology, tmp_path):
+    _, objects = rendered(topology, 5, tmp_path)
+    component = {name: w["metadata"]["labels"]["component"] for name, w in {**by_kind(objects, "Deployment"), **by_kind(objects, "DaemonSet")}.items()}
+    policies = list(by_kind(objects, "NetworkPolicy").values())
+    policy_of = lambda c: next(p["spec"] for p in policies if p["spec"]["podSelector"]["matchLabels"]["component"] == c)
+    connections = set()  # (sending workload, receiving Service, port), over TLS
+    for workload, pod in pods(objects).items():
+        for container in containers(pod):
+            if container["name"] == "envoy":
+                _, envoy = envoy_config(objects, pod, container)
+                for cluster in envoy["static_resources"]["clusters"]:
+                    if "transport_socket" in cluster:
+                        address = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]
+                        connections.add((workload, address["address"], address["port_value"]))
+            elif container["name"] == "service" and env_of(container)["EGRESS_URL"]:
+                host, port = env_of(container)["EGRESS_URL"].split("://")[1].rsplit(":", 1)
+                connections.add((workload, host, int(port)))
+    assert connections
+    for sender, host, port in connections:
+        if host == "127.0.0.1":
+            assert component[sender] == "service"  # within a sidecar pod: no policy applies
+            continue
+        receiver = component[host.split(".")[0]]
+        assert admitted(policy_of(receiver)["ingress"], "from", component[sender], port), (sender, host, port)
+        assert admitted(policy_of(component[sender])["egress"], "to", receiver, port), (sender, host, port)
+
+
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+def test_without_mtls_no_secret_is_rendered_denied(topology, tmp_path):
+    path, objects = rendered(topology, 5, tmp_path, overrides=PLAIN)
+    result = kubernetes.validate(path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert [o["metadata"]["name"] for o in objects if o["kind"] == "Secret"] == []
+    assert "secretGenerator" not in yaml.safe_load((tmp_path / "kustomization" / "kustomization.yaml").read_text())
+    for workload, pod in pods(objects).items():
+        assert not any("secret" in v for v in pod["volumes"]), workload
+        for container in containers(pod):
+            assert kubetrust.TOKEN_MOUNT not in container.get("args", [])
+            if container["name"] == "service":
+                env = env_of(container)
+                assert not {"TLS_CERT", "TLS_KEY", "TLS_CA", "RECORD_PEERS", "LABEL_TOKENS"} & set(env)
+                assert not env["EGRESS_URL"].startswith("https://")
+            if container["name"] == "envoy":
+                assert tls_filenames(envoy_config(objects, pod, container)[1]) == []
+
+
+def test_every_render_makes_a_new_ca_and_keeps_its_keys_private(tmp_path):
+    first, second = (decoded(secrets(rendered("central-entity", 2, tmp_path / str(n))[1])["tls-svc-01"]) for n in (1, 2))
+    assert first["ca.crt"] != second["ca.crt"] and first["tls.key"] != second["tls.key"]
+    folder = tmp_path / "2" / "kustomization"
+    assert folder.stat().st_mode & 0o777 == 0o700
+    assert all((folder / "tls-svc-01" / name).stat().st_mode & 0o777 == 0o600 for name in first)

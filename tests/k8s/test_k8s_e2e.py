@@ -74,6 +74,20 @@ def test_topology_is_accepted_scheduled_and_shaped_as_designed(cluster, topology
                 last = topology.next_step(topology.instances[[i.id for i in topology.instances].index(pod["metadata"]["labels"]["app"])].step) is None
                 assert sidecars == ({"envoy": "Always"} if last else {"opa": "Always", "envoy": "Always"})
 
+        # Mutual TLS (on by default): the API server holds one kubernetes.io/tls Secret per
+        # part (each service, each point's workload) and the entry's signing key; every pod's
+        # Secret volumes name Secrets that exist; no ConfigMap holds a private key.
+        stored = {s["metadata"]["name"]: s for s in get(cluster, "secrets", namespace)}
+        configmaps = get(cluster, "configmaps", namespace)
+        points = [c for c in configmaps if c["metadata"]["name"].startswith("envoy-")]
+        assert sum(s["type"] == "kubernetes.io/tls" for s in stored.values()) == services + len(points)
+        assert len([n for n in stored if n.startswith("token-")]) == (0 if topology.kind == "baseline" else 1)
+        assert not any("PRIVATE KEY" in value for c in configmaps for value in c.get("data", {}).values())
+        for pod in pods:
+            assert pod["spec"]["securityContext"]["fsGroup"] == kubernetes.RUN_AS
+            mounted = [v["secret"]["secretName"] for v in pod["spec"]["volumes"] if "secret" in v]
+            assert mounted and all(name in stored for name in mounted), (pod["metadata"]["name"], mounted)
+
         # Every pod above passed the restricted Pod Security Standard, which the namespace
         # enforces; a pod that breaks it is refused at admission.
         for pod in pods:
