@@ -4,7 +4,10 @@
 // re-exports it and uses it, the tests call it directly. An invalid or missing
 // variable throws a ConfigError whose message names the variable.
 
+import { X509Certificate, createPrivateKey } from 'node:crypto'
+import { readFileSync } from 'node:fs'
 import { join } from 'node:path'
+import { MAX_SPIFFE_ID_LENGTH, certificateIdentity, isSpiffeId } from './lib/identity.js'
 
 export const LOG_LEVELS = Object.freeze(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'])
 
@@ -63,6 +66,36 @@ function list (env, name) {
   return Object.freeze([...new Set(items)])
 }
 
+// SPIFFE-style identities (spiffe://complyroute/point/central-entity): who a part is under
+// mutual TLS, the one URI SAN of its certificate (lib/identity.js).
+const SPIFFE_EXPECTED = `expected a SPIFFE id, spiffe://<trust domain>/<path> (at most ${MAX_SPIFFE_ID_LENGTH} characters)`
+
+function spiffeId (env, name) {
+  const value = read(env, name)
+  if (value === '') return null
+  if (!isSpiffeId(value)) throw new ConfigError(name, `invalid value ${JSON.stringify(value)}: ${SPIFFE_EXPECTED}`)
+  return value
+}
+
+function spiffeList (env, name) {
+  const value = read(env, name)
+  if (value === '') return Object.freeze([])
+  const items = value.split(',').map((item) => item.trim())
+  for (const item of items) {
+    if (!isSpiffeId(item)) {
+      throw new ConfigError(name, `invalid item ${JSON.stringify(item)} in ${JSON.stringify(value)}: ${SPIFFE_EXPECTED}, comma-separated`)
+    }
+  }
+  return Object.freeze([...new Set(items)])
+}
+
+function flag (env, name) {
+  const value = read(env, name)
+  if (value === '' || value === '0') return false
+  if (value === '1') return true
+  throw new ConfigError(name, `invalid value ${JSON.stringify(value)}: expected 1 (on) or 0 (off)`)
+}
+
 function integer (env, name, { fallback, min, max }) {
   const value = read(env, name)
   if (value === '') return fallback
@@ -90,6 +123,78 @@ function egressUrl (env) {
     throw new ConfigError('EGRESS_URL', `invalid URL ${JSON.stringify(value)}: expected an origin only (scheme, host, port), the path /process is added`)
   }
   return url.origin
+}
+
+const TLS_VARIABLES = Object.freeze(['TLS_CERT', 'TLS_KEY', 'TLS_CA'])
+const PEM_CERTIFICATE = /-----BEGIN CERTIFICATE-----[^-]+-----END CERTIFICATE-----/g
+
+function readPem (name, path) {
+  try {
+    return readFileSync(path, 'utf8')
+  } catch (err) {
+    throw new ConfigError(name, `cannot read ${JSON.stringify(path)}: ${err.code ?? err.message}`)
+  }
+}
+
+function certificate (name, path, pem) {
+  try {
+    return new X509Certificate(pem)
+  } catch (err) {
+    throw new ConfigError(name, `${JSON.stringify(path)} is not a PEM certificate: ${err.message}`)
+  }
+}
+
+/**
+ * The mutual TLS credentials, read and checked at start so that a wrong file stops the
+ * instance with a message naming its variable instead of failing every handshake later:
+ * the certificate names this part by one SPIFFE id, the key is its EC P-256 key, the CA
+ * file holds CA certificates and one of them issued the certificate. null when none of
+ * the three variables is set (plain HTTP); some but not all set is an error.
+ */
+function tlsCredentials (env) {
+  const paths = Object.fromEntries(TLS_VARIABLES.map((name) => [name, read(env, name)]))
+  const set = TLS_VARIABLES.filter((name) => paths[name] !== '')
+  if (set.length === 0) return null
+  if (set.length < TLS_VARIABLES.length) {
+    const missing = TLS_VARIABLES.find((name) => paths[name] === '')
+    throw new ConfigError(missing, `is required when ${set.join(' and ')} ${set.length > 1 ? 'are' : 'is'} set: mutual TLS needs TLS_CERT, TLS_KEY and TLS_CA`)
+  }
+
+  const cert = readPem('TLS_CERT', paths.TLS_CERT)
+  const x509 = certificate('TLS_CERT', paths.TLS_CERT, cert)
+  const identity = certificateIdentity(x509.subjectAltName)
+  if (identity === null) {
+    throw new ConfigError('TLS_CERT', `${JSON.stringify(paths.TLS_CERT)} must name this part by exactly one URI SAN, a SPIFFE id (it has ${JSON.stringify(x509.subjectAltName ?? 'none')})`)
+  }
+
+  const key = readPem('TLS_KEY', paths.TLS_KEY)
+  let keyObject
+  try {
+    keyObject = createPrivateKey(key)
+  } catch (err) {
+    throw new ConfigError('TLS_KEY', `${JSON.stringify(paths.TLS_KEY)} is not a PEM private key: ${err.message}`)
+  }
+  if (keyObject.asymmetricKeyType !== 'ec' || keyObject.asymmetricKeyDetails?.namedCurve !== 'prime256v1') {
+    throw new ConfigError('TLS_KEY', `${JSON.stringify(paths.TLS_KEY)} must be an EC P-256 key`)
+  }
+  if (!x509.checkPrivateKey(keyObject)) {
+    throw new ConfigError('TLS_KEY', `${JSON.stringify(paths.TLS_KEY)} is not the key of the certificate in TLS_CERT`)
+  }
+
+  const ca = readPem('TLS_CA', paths.TLS_CA)
+  const authorities = (ca.match(PEM_CERTIFICATE) ?? []).map((pem) => certificate('TLS_CA', paths.TLS_CA, pem))
+  if (authorities.length === 0) throw new ConfigError('TLS_CA', `${JSON.stringify(paths.TLS_CA)} holds no PEM certificate`)
+  if (!authorities.every((authority) => authority.ca)) {
+    throw new ConfigError('TLS_CA', `${JSON.stringify(paths.TLS_CA)} holds a certificate that is not a CA's`)
+  }
+  if (!authorities.some((authority) => x509.checkIssued(authority) && x509.verify(authority.publicKey))) {
+    throw new ConfigError('TLS_CERT', `${JSON.stringify(paths.TLS_CERT)} was not issued by the CA in TLS_CA`)
+  }
+
+  const tls = { identity, cert, ca, certFile: paths.TLS_CERT, keyFile: paths.TLS_KEY, caFile: paths.TLS_CA }
+  // Not enumerable: a configuration that gets logged or printed does not show the key.
+  Object.defineProperty(tls, 'key', { value: key, enumerable: false })
+  return Object.freeze(tls)
 }
 
 /**
@@ -125,6 +230,32 @@ export function parseConfig (env = process.env) {
   const workIterations = integer(env, 'WORK_ITERATIONS', { fallback: DEFAULTS.WORK_ITERATIONS, min: 0, max: MAX_WORK_ITERATIONS })
   const egressTimeoutMs = integer(env, 'EGRESS_TIMEOUT_MS', { fallback: DEFAULTS.EGRESS_TIMEOUT_MS, min: 1, max: MAX_TIMEOUT_MS })
 
+  // Mutual TLS: with TLS_CERT, TLS_KEY and TLS_CA the instance listens on HTTPS, admits
+  // only the listed peers, and sends on only to a next hop presenting EGRESS_IDENTITY.
+  const tls = tlsCredentials(env)
+  const recordPeers = spiffeList(env, 'RECORD_PEERS')
+  const controlPeers = spiffeList(env, 'CONTROL_PEERS')
+  const egressIdentity = spiffeId(env, 'EGRESS_IDENTITY')
+  if (tls === null) {
+    // Without TLS there is no peer identity to check: a list given anyway would be ignored
+    // silently, so it is refused.
+    for (const [name, given] of [['RECORD_PEERS', recordPeers.length > 0], ['CONTROL_PEERS', controlPeers.length > 0], ['EGRESS_IDENTITY', egressIdentity !== null]]) {
+      if (given) throw new ConfigError(name, 'is set but mutual TLS is off: set TLS_CERT, TLS_KEY and TLS_CA, or unset it')
+    }
+  } else {
+    if (recordPeers.length === 0) throw new ConfigError('RECORD_PEERS', 'is required with mutual TLS (TLS_CERT, TLS_KEY, TLS_CA): the identities that may send records')
+    if (nextStep !== null) {
+      if (egressIdentity === null) throw new ConfigError('EGRESS_IDENTITY', `is required with mutual TLS when NEXT_STEP is set (NEXT_STEP=${nextStep})`)
+      if (!egress.startsWith('https:')) throw new ConfigError('EGRESS_URL', `invalid URL ${JSON.stringify(egress)}: must be https with mutual TLS`)
+    }
+  }
+  if (nextStep === null && egressIdentity !== null) {
+    throw new ConfigError('EGRESS_IDENTITY', `is set (${egressIdentity}) but NEXT_STEP is empty: this is the last step, it sends nothing on`)
+  }
+  // Label tokens: the enforcement point deciding the hop into this instance verified the
+  // record's signed labels; the instance checks the record is the one they were issued for.
+  const labelTokens = flag(env, 'LABEL_TOKENS')
+
   const logLevel = (read(env, 'LOG_LEVEL') || DEFAULTS.LOG_LEVEL).toLowerCase()
   if (!LOG_LEVELS.includes(logLevel)) {
     throw new ConfigError('LOG_LEVEL', `invalid value ${JSON.stringify(logLevel)}: expected one of ${LOG_LEVELS.join(', ')}`)
@@ -144,6 +275,11 @@ export function parseConfig (env = process.env) {
     auditLog,
     workIterations,
     egressTimeoutMs,
-    logLevel
+    logLevel,
+    tls,
+    recordPeers,
+    controlPeers,
+    egressIdentity,
+    labelTokens
   })
 }

@@ -1,6 +1,9 @@
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
+import { readFileSync, writeFileSync } from 'node:fs'
+import { join } from 'node:path'
 import { ConfigError, DEFAULTS, parseConfig } from '../config.js'
+import { NO_OPENSSL, testPki, tlsEnv } from '../test-support/pki.js'
 
 const BASE = Object.freeze({ INSTANCE_ID: 'analyse-eu', STEP: 'analyse', REGION: 'EU', NODE: 'node-2' })
 
@@ -90,4 +93,133 @@ test('invalid values are refused by name', () => {
   refused({ ...BASE, HOST: 'http://x' }, 'HOST')
   refused({ ...BASE, AUDIT_LOG: 'run/audit/' }, 'AUDIT_LOG', /not a directory/)
   refused({ ...BASE, LOG_LEVEL: 'loud' }, 'LOG_LEVEL', /expected one of/)
+})
+
+// ---------------------------------------------------------------- mutual TLS and label tokens
+
+const POINT = 'spiffe://complyroute/point/central-entity'
+const CONTROL = 'spiffe://complyroute/control'
+const NEXT_POINT = 'spiffe://complyroute/point/router-1'
+
+function mtlsEnv (t) {
+  const pki = testPki(t)
+  const own = pki.issue('svc-01', 'spiffe://complyroute/service/svc-01')
+  return { pki, own, env: { ...BASE, ...tlsEnv(own), RECORD_PEERS: POINT } }
+}
+
+test('no TLS variable: plain HTTP, no peers, no egress identity, label tokens off', () => {
+  const config = parseConfig(BASE)
+  assert.equal(config.tls, null)
+  assert.deepEqual(config.recordPeers, [])
+  assert.deepEqual(config.controlPeers, [])
+  assert.equal(config.egressIdentity, null)
+  assert.equal(config.labelTokens, false)
+})
+
+test('mutual TLS: the three files are read and checked, the peers and the egress identity parsed', { skip: NO_OPENSSL }, (t) => {
+  const { own, env } = mtlsEnv(t)
+  const config = parseConfig({
+    ...env,
+    RECORD_PEERS: ` ${POINT}, spiffe://complyroute/service/svc-00,${POINT}`,
+    CONTROL_PEERS: CONTROL,
+    NEXT_STEP: 'store',
+    EGRESS_URL: 'https://127.0.0.1:12002',
+    EGRESS_IDENTITY: NEXT_POINT
+  })
+  assert.equal(config.tls.identity, 'spiffe://complyroute/service/svc-01')
+  assert.equal(config.tls.cert, own.certPem)
+  assert.equal(config.tls.key, own.keyPem)
+  assert.equal(config.tls.ca, own.caPem)
+  assert.equal(config.tls.certFile, own.cert)
+  assert.ok(Object.isFrozen(config.tls))
+  assert.ok(!JSON.stringify(config).includes('PRIVATE KEY'), 'the key is not in the configuration\'s JSON')
+  assert.deepEqual(config.recordPeers, [POINT, 'spiffe://complyroute/service/svc-00'])
+  assert.deepEqual(config.controlPeers, [CONTROL])
+  assert.equal(config.egressIdentity, NEXT_POINT)
+  assert.equal(config.egressUrl, 'https://127.0.0.1:12002')
+  // A last step: no egress identity; CONTROL_PEERS is optional.
+  const last = parseConfig(env)
+  assert.deepEqual(last.controlPeers, [])
+  assert.equal(last.egressIdentity, null)
+})
+
+test('mutual TLS refused twins: a TLS variable missing, no RECORD_PEERS, no EGRESS_IDENTITY or an http EGRESS_URL for a middle step', { skip: NO_OPENSSL }, (t) => {
+  const { env } = mtlsEnv(t)
+  refused({ ...env, TLS_KEY: undefined }, 'TLS_KEY', /is required when TLS_CERT and TLS_CA are set/)
+  refused({ ...env, TLS_CERT: ' ', TLS_KEY: '' }, 'TLS_CERT', /is required when TLS_CA is set/)
+  refused({ ...BASE, TLS_CA: env.TLS_CA }, 'TLS_CERT')
+  refused({ ...env, RECORD_PEERS: undefined }, 'RECORD_PEERS', /is required with mutual TLS/)
+  const middle = { ...env, NEXT_STEP: 'store', EGRESS_URL: 'https://127.0.0.1:12002' }
+  refused(middle, 'EGRESS_IDENTITY', /is required with mutual TLS when NEXT_STEP is set/)
+  refused({ ...middle, EGRESS_IDENTITY: NEXT_POINT, EGRESS_URL: 'http://127.0.0.1:12002' }, 'EGRESS_URL', /must be https/)
+  refused({ ...env, EGRESS_IDENTITY: NEXT_POINT }, 'EGRESS_IDENTITY', /NEXT_STEP is empty/)
+})
+
+test('without mutual TLS, peers and an egress identity are refused rather than ignored', () => {
+  refused({ ...BASE, RECORD_PEERS: POINT }, 'RECORD_PEERS', /mutual TLS is off/)
+  refused({ ...BASE, CONTROL_PEERS: CONTROL }, 'CONTROL_PEERS', /mutual TLS is off/)
+  refused({ ...BASE, NEXT_STEP: 'store', EGRESS_URL: 'http://127.0.0.1:1', EGRESS_IDENTITY: NEXT_POINT }, 'EGRESS_IDENTITY', /mutual TLS is off/)
+})
+
+test('SPIFFE ids: the valid forms are taken, anything else is refused by name', { skip: NO_OPENSSL }, (t) => {
+  const { env } = mtlsEnv(t)
+  const longest = `spiffe://complyroute/${'a'.repeat(255 - 'spiffe://complyroute/'.length)}`
+  assert.equal(longest.length, 255)
+  const valid = [CONTROL, 'spiffe://complyroute/service/svc-01', 'spiffe://example.org/ns/a_b/sa:x-1', longest]
+  assert.deepEqual(parseConfig({ ...env, RECORD_PEERS: valid.join(',') }).recordPeers, valid)
+  const invalid = [
+    'https://complyroute/control', // another scheme
+    'spiffe://complyroute', // no path
+    'spiffe://complyroute/', // an empty segment
+    'spiffe://complyroute/a//b',
+    'spiffe://Complyroute/control', // the trust domain is lower case
+    'spiffe://complyroute/a b',
+    'spiffe://complyroute/a?b',
+    'spiffe://user@complyroute/a',
+    `${longest}a` // 256 characters
+  ]
+  for (const id of invalid) {
+    refused({ ...env, RECORD_PEERS: id }, 'RECORD_PEERS', /expected a SPIFFE id/)
+    refused({ ...env, CONTROL_PEERS: `${CONTROL},${id}` }, 'CONTROL_PEERS', /invalid item/)
+    refused({ ...env, NEXT_STEP: 'store', EGRESS_URL: 'https://127.0.0.1:1', EGRESS_IDENTITY: id }, 'EGRESS_IDENTITY', /expected a SPIFFE id/)
+  }
+  refused({ ...env, RECORD_PEERS: `${POINT},,${CONTROL}` }, 'RECORD_PEERS', /invalid item ""/)
+})
+
+test('TLS files refused twins: unreadable, not PEM, a certificate without one SPIFFE URI SAN, a wrong key, a wrong CA', { skip: NO_OPENSSL }, (t) => {
+  const { pki, own, env } = mtlsEnv(t)
+  const missing = join(pki.dir, 'missing.pem')
+  refused({ ...env, TLS_CERT: missing }, 'TLS_CERT', /cannot read .*ENOENT/)
+  refused({ ...env, TLS_KEY: missing }, 'TLS_KEY', /cannot read .*ENOENT/)
+  refused({ ...env, TLS_CA: missing }, 'TLS_CA', /cannot read .*ENOENT/)
+  refused({ ...env, TLS_CERT: own.key }, 'TLS_CERT', /is not a PEM certificate/)
+  refused({ ...env, TLS_KEY: own.cert }, 'TLS_KEY', /is not a PEM private key/)
+  refused({ ...env, TLS_CA: own.key }, 'TLS_CA', /holds no PEM certificate/)
+
+  const dns = pki.issue('dns', null, { san: 'DNS:svc-01.test' })
+  refused({ ...env, ...tlsEnv(dns) }, 'TLS_CERT', /exactly one URI SAN/)
+  const two = pki.issue('two', null, { san: 'URI:spiffe://complyroute/service/a, URI:spiffe://complyroute/service/b' })
+  refused({ ...env, ...tlsEnv(two) }, 'TLS_CERT', /exactly one URI SAN/)
+  const notSpiffe = pki.issue('https', 'https://complyroute/service/svc-01')
+  refused({ ...env, ...tlsEnv(notSpiffe) }, 'TLS_CERT', /exactly one URI SAN/)
+
+  const other = pki.issue('other', 'spiffe://complyroute/service/svc-02')
+  refused({ ...env, TLS_KEY: other.key }, 'TLS_KEY', /is not the key of the certificate in TLS_CERT/)
+  const p384 = pki.issue('p384', 'spiffe://complyroute/service/svc-03', { keyArgs: ['-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:P-384', '-nodes'] })
+  refused({ ...env, ...tlsEnv(p384) }, 'TLS_KEY', /must be an EC P-256 key/)
+
+  refused({ ...env, TLS_CA: own.cert }, 'TLS_CA', /not a CA's/)
+  const stranger = testPki(t, 'stranger-ca')
+  refused({ ...env, TLS_CA: stranger.ca }, 'TLS_CERT', /was not issued by the CA in TLS_CA/)
+  // A CA bundle: the certificate's CA among others is found.
+  const bundle = join(pki.dir, 'bundle.pem')
+  writeFileSync(bundle, readFileSync(stranger.ca, 'utf8') + own.caPem)
+  assert.equal(parseConfig({ ...env, TLS_CA: bundle }).tls.identity, 'spiffe://complyroute/service/svc-01')
+})
+
+test('LABEL_TOKENS: 1 turns label-token mode on, 0 or unset leaves it off, anything else is refused', () => {
+  assert.equal(parseConfig({ ...BASE, LABEL_TOKENS: '1' }).labelTokens, true)
+  assert.equal(parseConfig({ ...BASE, LABEL_TOKENS: '0' }).labelTokens, false)
+  assert.equal(parseConfig({ ...BASE, LABEL_TOKENS: '' }).labelTokens, false)
+  for (const value of ['yes', 'true', '2', 'on']) refused({ ...BASE, LABEL_TOKENS: value }, 'LABEL_TOKENS', /expected 1 \(on\) or 0 \(off\)/)
 })
