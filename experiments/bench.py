@@ -35,6 +35,10 @@ threads) its process used for a fixed number of sequential records, divided by t
   jwt_authn counters must show every record verified, none refused.
 
 Where a point's Envoy and OPA are both measured, they are measured over the same records.
+- the entry signing the label token: `opa bench` of the entry's query (central entity, 5
+  services) with its signing key loaded as the control plane writes it, the route asking for
+  the token (contextExtensions.label_token "issue") against the same route without: what
+  issuing costs OPA per record at the entry (the answer of each is checked first).
 - the policy: `opa bench` of the decision, this rule set against the one of commit d2d81e4
   (complyroute.policybench.compare).
 
@@ -65,7 +69,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 
 from complyroute import deployment, engines, identity, manifest, pki, policybench
-from complyroute.enforcement import LABEL_TOKEN_HEADER, TOKEN_ISSUER, DecidingListener, EnforcementPoint, Endpoint, ForwardingListener
+from complyroute.enforcement import LABEL_TOKEN_HEADER, TOKEN_ISSUER, DecidingListener, EnforcementPoint, Endpoint, ForwardingListener, write_data
 from complyroute.manifest import REPO
 from complyroute.plan import place
 
@@ -455,6 +459,33 @@ def policy_evaluation(context: dict, scratch: Path) -> float:
     return figures["median_us"] / 1000
 
 
+def entry_signing(jwk: dict, jwks: dict, scratch: Path) -> dict[str, float]:
+    """ms per evaluation of the entry's query (central entity, 5 services), by `opa bench`, with
+    the entry's data and signing key as the control plane writes them: {"issue": its route asks
+    for the label token (contextExtensions.label_token "issue"), "plain": the same without}."""
+    plan = place(manifest.load("central-entity", services=5))
+    central = plan.points[0]
+    entry = next(listener for listener in central.deciding if listener.from_client)
+    rule_set = policybench.current()
+    document = rule_set.data({"point": central.catalog})["point"]
+    document = identity.Credentials(b"", {}, jwk, jwks).with_token_key(identity.Trust.of(plan), central, document)
+    data_dir = scratch / "entry-signing"
+    write_data(data_dir, document)
+    plain = policybench.envoy_input(entry.sender, entry.step, LABELS["x-data-consent"].split(","))
+    issuing = json.loads(json.dumps(plain))
+    issuing["attributes"]["contextExtensions"]["label_token"] = "issue"
+    requests = {"plain": plain, "issue": issuing}
+    for name, request in requests.items():  # both answers checked before anything is timed
+        input_file = scratch / f"entry-{name}.json"
+        input_file.write_text(json.dumps(request))
+        answer = json.loads(policybench.opa("eval", "--format", "json", *policybench.loading(rule_set, data_dir), "--input", str(input_file),
+                                            policybench.QUERY))["result"][0]["expressions"][0]["value"]
+        if not answer.get("allowed") or (LABEL_TOKEN_HEADER in answer.get("headers", {})) != (name == "issue"):
+            raise RuntimeError(f"bench: the entry's answer ({name}) is not the one to measure: {json.dumps(answer)[:300]}")
+    return {name: policybench.bench(rule_set, data_dir, request, scratch, central.concurrency)["median_us"] / 1000
+            for name, request in requests.items()}
+
+
 def run(out_file: Path | None = None, records: int = 1500, rounds: int = 3, out=sys.stdout) -> list[Row]:
     """Measure everything once; print the table, write the CSV, return the rows."""
     out_file = out_file or RUNS / time.strftime("%Y%m%d-%H%M%S") / "bench.csv"
@@ -482,12 +513,19 @@ def run(out_file: Path | None = None, records: int = 1500, rounds: int = 3, out=
         finally:
             bench.stop()
         medians[context["opa_alone"]] = policy_evaluation(context, scratch)
+        signing = entry_signing(bench.token_jwk, bench.token_jwks, scratch)
     rows = [Row(pair.part, pair.process, medians[pair.part], pair.floor, medians.get(pair.floor), pair.target) for pair in pairs]
     at = [r.part for r in rows].index("decision through ext_authz: OPA")
     rows[at:at] = [
         Row(context["opa_alone"], "opa bench", medians[context["opa_alone"]], unit="ms/evaluation"),
         Row("decision through ext_authz: inside the plugin (wall time)", "envoy-opa/opa", handler_ms, context["opa_alone"],
             medians[context["opa_alone"]], unit="ms/decision"),
+    ]
+    at = [r.part for r in rows].index("compiled engine: Envoy deciding the hop")
+    plain_entry = "policy at the entry, no label token (opa bench)"
+    rows[at:at] = [
+        Row(plain_entry, "opa bench", signing["plain"], unit="ms/evaluation"),
+        Row("policy at the entry, issuing the label token (opa bench)", "opa bench", signing["issue"], plain_entry, signing["plain"], unit="ms/evaluation"),
     ]
     print("bench: the policy, this rule set against commit d2d81e4 (opa bench, medians)", file=out, flush=True)
     for case in policybench.compare(out=out):

@@ -205,3 +205,10 @@ def test_bench_without_a_certificate_of_its_ca_is_refused_denied(tmp_path):
         assert server.seen == []
     finally:
         server.shutdown()
+
+
+def test_entry_without_a_usable_signing_key_is_not_measured_denied(tmp_path):
+    """The entry's answer is checked before `opa bench` times it: no token issued, no figure."""
+    jwk, jwks = pki.signing_key()
+    with pytest.raises(RuntimeError, match=r"entry's answer \(issue\)"):
+        bench.entry_signing({**jwk, "d": "AAAA"}, jwks, tmp_path)
