@@ -11,6 +11,7 @@ import { performance } from 'node:perf_hooks'
 import Fastify, { LogController } from 'fastify'
 import { createAuditLog, sha256Hex } from './lib/audit.js'
 import { createForwarder } from './lib/forwarder.js'
+import { peerAllowed, peerIdentity } from './lib/identity.js'
 
 export const LABEL_HEADERS = Object.freeze(['x-data-region', 'x-data-category', 'x-data-consent'])
 export const REQUIRED_LABEL_HEADERS = Object.freeze(['x-data-region', 'x-data-category'])
@@ -395,7 +396,37 @@ export async function app (fastify, opts) {
     reply.code(classified.status).send(errorBody(classified, request.id))
   })
 
+  const mtls = config.tls != null
+  // Mutual TLS: each route admits only the peers that need it (lib/identity.js
+  // peerAllowed); the refusal is an answer, not a dropped connection, so a misrouted part
+  // learns why. A route's hook knows the route it guards: the check never depends on how
+  // the request spelled its URL.
+  function refusePeer (request, reply, peer) {
+    request.log.warn({ peer }, 'peer not allowed')
+    reply.code(403).send({
+      code: 'PEER_NOT_ALLOWED',
+      message: `this service takes records only from the enforcement point that decides hops into it (peer ${peer ?? 'unknown'})`,
+      request_id: request.id
+    })
+  }
+
+  function peerCheck (method, url) {
+    return function checkPeer (request, reply, done) {
+      const peer = peerIdentity(request.raw.socket)
+      if (peerAllowed(config, method, url, peer)) done()
+      else refusePeer(request, reply, peer)
+    }
+  }
+
   fastify.setNotFoundHandler(function (request, reply) {
+    // No route: any peer of this service learns it is a 404, a stranger only its 403.
+    if (mtls) {
+      const peer = peerIdentity(request.raw.socket)
+      if (!peerAllowed(config, request.method, request.url, peer)) {
+        refusePeer(request, reply, peer)
+        return
+      }
+    }
     const url = request.url.length > 200 ? `${request.url.slice(0, 200)}...` : request.url
     reply.code(404).send({ code: 'NOT_FOUND', message: `no route ${request.method} ${url}`, request_id: request.id })
   })
@@ -406,11 +437,11 @@ export async function app (fastify, opts) {
     done(null, payload)
   })
 
-  fastify.get('/health', { schema: healthSchema }, async function () {
+  fastify.get('/health', { schema: healthSchema, onRequest: mtls ? peerCheck('GET', '/health') : undefined }, async function () {
     return { status: 'ok', instance: config.instanceId, step: config.step }
   })
 
-  fastify.get('/stats', { schema: statsSchema }, async function () {
+  fastify.get('/stats', { schema: statsSchema, onRequest: mtls ? peerCheck('GET', '/stats') : undefined }, async function () {
     return { ...stats }
   })
 
@@ -423,11 +454,12 @@ export async function app (fastify, opts) {
 
   fastify.post('/process', {
     schema: processSchema,
-    onRequest: function (request, reply, done) {
+    // Counted first: a record refused for its peer is received and rejected like any other.
+    onRequest: [function (request, reply, done) {
       request[kTIn] = now()
       stats.received++
       done()
-    },
+    }, ...(mtls ? [peerCheck('POST', '/process')] : [])],
     onSend: function (request, reply, payload, done) {
       // Exactly one counter per answered record: the handler's outcome, or
       // (the error handler cleared it) a refusal or an internal error.
@@ -509,6 +541,13 @@ app[Symbol.for('fastify.display-name')] = 'complyroute-service'
 
 // ---------------------------------------------------------------- buildApp
 
+// Mutual TLS on the listening side: TLS 1.3 only, and a client without a certificate of
+// the deployment's CA fails the handshake (it gets no HTTP answer). Which verified peer
+// may use which route is the routes' check (peerAllowed).
+function httpsOptions (tls) {
+  return { key: tls.key, cert: tls.cert, ca: tls.ca, requestCert: true, rejectUnauthorized: true, minVersion: 'TLSv1.3' }
+}
+
 /**
  * Create the Fastify instance of one service instance.
  * @param {object} config the result of parseConfig
@@ -524,6 +563,7 @@ app[Symbol.for('fastify.display-name')] = 'complyroute-service'
 export function buildApp (config, deps = {}) {
   const genId = deps.genId ?? randomUUID
   const fastify = Fastify({
+    https: config.tls ? httpsOptions(config.tls) : null,
     logger: deps.logger ?? { level: config.logLevel },
     bodyLimit: BODY_LIMIT,
     requestIdHeader: false,
@@ -549,7 +589,12 @@ export function buildApp (config, deps = {}) {
   }
   let forward = deps.forward
   if (!forward && config.nextStep) {
-    const forwarder = createForwarder({ egressUrl: config.egressUrl, timeoutMs: config.egressTimeoutMs })
+    const forwarder = createForwarder({
+      egressUrl: config.egressUrl,
+      timeoutMs: config.egressTimeoutMs,
+      tls: config.tls,
+      egressIdentity: config.egressIdentity
+    })
     forward = forwarder.forward
     owned.push(forwarder)
   }

@@ -5,9 +5,14 @@
 // Per exchange this costs one handler object: the answer is collected from undici's
 // dispatch callbacks (no response stream), and the deadlines share one timer (no
 // AbortSignal and timer per request).
+//
+// Under mutual TLS (options.tls) the pool's connections present this part's certificate,
+// trust only the deployment's CA, and accept a next hop only when its certificate names
+// options.egressIdentity: checked once per connection, nothing per exchange.
 
 import { performance } from 'node:perf_hooks'
 import { Pool } from 'undici'
+import { checkServerIdentityFor } from './identity.js'
 
 export const DEFAULT_CONNECTIONS = 64
 export const DEFAULT_MAX_ANSWER_BYTES = 1024 * 1024
@@ -135,19 +140,35 @@ class Exchange {
   }
 }
 
+// undici's connect options (handed to tls.connect): the CA replaces the system's trust
+// store, and the identity check replaces the host name check (certificates name no host).
+function mutualTls (origin, tls, egressIdentity) {
+  if (!origin.startsWith('https:')) throw new Error(`forwarder: mutual TLS needs an https egress URL, not ${origin}`)
+  if (!egressIdentity) throw new Error('forwarder: mutual TLS needs the identity the next hop must present')
+  return {
+    ca: tls.ca,
+    cert: tls.cert,
+    key: tls.key,
+    minVersion: 'TLSv1.3',
+    checkServerIdentity: checkServerIdentityFor(egressIdentity)
+  }
+}
+
 /**
  * @param {object} options
  * @param {string} options.egressUrl origin of the enforcement point (http://host:port)
  * @param {number} options.timeoutMs deadline for one exchange
  * @param {number} [options.connections] size of the keep-alive pool
  * @param {number} [options.maxAnswerBytes] larger answers fail
+ * @param {{cert: string, key: string, ca: string} | null} [options.tls] this part's credentials (config.tls): mutual TLS to an https egressUrl
+ * @param {string} [options.egressIdentity] the SPIFFE id the next hop must present; required with tls
  * @param {import('undici').Dispatcher} [options.dispatcher] for tests (an undici MockAgent); not closed by close()
  * @returns {{forward(request: {body: string, headers: Record<string, string>}): Promise<{status: number, body: string}>, close(): Promise<void>}}
  */
-export function createForwarder ({ egressUrl, timeoutMs, connections = DEFAULT_CONNECTIONS, maxAnswerBytes = DEFAULT_MAX_ANSWER_BYTES, dispatcher }) {
+export function createForwarder ({ egressUrl, timeoutMs, connections = DEFAULT_CONNECTIONS, maxAnswerBytes = DEFAULT_MAX_ANSWER_BYTES, tls = null, egressIdentity, dispatcher }) {
   const origin = new URL(egressUrl).origin
   const owned = dispatcher === undefined
-  const pool = dispatcher ?? new Pool(origin, { connections, pipelining: 1 })
+  const pool = dispatcher ?? new Pool(origin, { connections, pipelining: 1, connect: tls ? mutualTls(origin, tls, egressIdentity) : undefined })
   const limits = { timeoutMs, maxAnswerBytes, deadlines: new Deadlines(timeoutMs) }
 
   function forward ({ body, headers }) {

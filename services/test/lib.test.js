@@ -286,3 +286,9 @@ test('checkServerIdentityFor accepts the expected URI SAN only', () => {
   assert.ok(check('127.0.0.1', { subjectaltname: `URI:${POINT}x` }) instanceof Error)
   assert.ok(check('127.0.0.1', { subjectaltname: `URI:"x\\u002c URI:${POINT}"` }) instanceof Error)
 })
+
+test('forwarder: mutual TLS needs an https egress URL and the identity to expect', () => {
+  const tls = { cert: 'cert', key: 'key', ca: 'ca' }
+  assert.throws(() => createForwarder({ egressUrl: 'http://127.0.0.1:1', timeoutMs: 1000, tls, egressIdentity: POINT }), /needs an https egress URL/)
+  assert.throws(() => createForwarder({ egressUrl: 'https://127.0.0.1:1', timeoutMs: 1000, tls }), /needs the identity/)
+})

@@ -1,8 +1,11 @@
-// server.js is imported, never run: nothing listens here.
+// server.js is imported, never run. The mutual TLS tests start instances with start() on
+// 127.0.0.1 (port 0) with certificates made by openssl, and talk to them over real TLS.
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
+import { Client } from 'undici'
 import * as config from '../config.js'
 import * as server from '../server.js'
+import { NO_OPENSSL, testPki, tlsClient, tlsEnv } from '../test-support/pki.js'
 
 test('server.js reuses config.js\'s parser (one parser, no duplicate)', () => {
   assert.equal(server.parseConfig, config.parseConfig)
@@ -69,4 +72,122 @@ test('a second signal while closing, or a failed close, exits 1', async () => {
     process.removeListener('SIGTERM', onSignal2)
     process.removeListener('SIGINT', onSignal2)
   }
+})
+
+// ---------------------------------------------------------------- mutual TLS
+
+const POINT = 'spiffe://complyroute/point/central-entity'
+const CONTROL = 'spiffe://complyroute/control'
+const id = (name) => `spiffe://complyroute/service/${name}`
+const LABELS = { 'content-type': 'application/json', 'x-data-region': 'EU', 'x-data-category': 'personal' }
+
+/** An instance listening on HTTPS; its audit lines are collected in `lines`. */
+async function startService (t, credential, env) {
+  const lines = []
+  const fastify = await server.start({
+    INSTANCE_ID: credential.identity.split('/').pop(),
+    STEP: 'step',
+    REGION: 'EU',
+    NODE: 'node-1',
+    PORT: '0',
+    WORK_ITERATIONS: '1',
+    LOG_LEVEL: 'silent',
+    ...tlsEnv(credential),
+    ...env
+  }, { audit: { async write (entry) { lines.push(entry) } }, logger: false })
+  t.after(() => fastify.close())
+  return { origin: `https://127.0.0.1:${fastify.server.address().port}`, lines }
+}
+
+/** One request on a new connection presenting `connect` (tlsClient(credential), or less). */
+async function call (origin, connect, { method = 'GET', path, headers, body } = {}) {
+  const client = new Client(origin, { connect })
+  try {
+    const res = await client.request({ method, path, headers, body })
+    const text = await res.body.text()
+    return { status: res.statusCode, body: text === '' ? null : JSON.parse(text) }
+  } finally {
+    await client.close().catch(() => {})
+  }
+}
+
+test('mutual TLS: each route answers its allowed peer; another peer gets 403 PEER_NOT_ALLOWED, a client without a certificate of the CA no answer', { skip: NO_OPENSSL }, async (t) => {
+  const pki = testPki(t)
+  const own = pki.issue('svc-01', id('svc-01'))
+  const point = tlsClient(pki.issue('point', POINT))
+  const control = tlsClient(pki.issue('control', CONTROL))
+  const stranger = tlsClient(pki.issue('svc-99', id('svc-99')))
+  const { origin, lines } = await startService(t, own, { RECORD_PEERS: POINT, CONTROL_PEERS: CONTROL })
+  const record = { method: 'POST', path: '/process', headers: LABELS, body: '{"subject":"alice"}' }
+
+  const accepted = await call(origin, point, record)
+  assert.equal(accepted.status, 200)
+  assert.equal(accepted.body.path[0].instance, 'svc-01')
+  for (const [peer, name] of [[stranger, id('svc-99')], [control, CONTROL]]) {
+    const refused = await call(origin, peer, record)
+    assert.equal(refused.status, 403, name)
+    assert.deepEqual(refused.body, {
+      code: 'PEER_NOT_ALLOWED',
+      message: `this service takes records only from the enforcement point that decides hops into it (peer ${name})`,
+      request_id: refused.body.request_id
+    })
+  }
+
+  for (const path of ['/health', '/stats']) {
+    assert.equal((await call(origin, control, { path })).status, 200, path)
+    assert.equal((await call(origin, point, { path })).body.code, 'PEER_NOT_ALLOWED', path)
+    assert.equal((await call(origin, stranger, { path })).body.code, 'PEER_NOT_ALLOWED', path)
+  }
+  assert.equal((await call(origin, control, { method: 'HEAD', path: '/health' })).status, 200)
+  assert.equal((await call(origin, point, { method: 'HEAD', path: '/health' })).status, 403)
+  assert.equal((await call(origin, point, { path: '/nope' })).body.code, 'NOT_FOUND')
+  assert.equal((await call(origin, stranger, { path: '/nope' })).body.code, 'PEER_NOT_ALLOWED')
+
+  // No certificate, or one of another CA naming an allowed peer: the handshake fails.
+  const { ca } = point
+  await assert.rejects(call(origin, { ca, checkServerIdentity: () => undefined }, record))
+  const foreign = testPki(t, 'foreign-ca').issue('point', POINT)
+  await assert.rejects(call(origin, { ...tlsClient(foreign), ca }, record))
+  // TLS 1.3 only: an allowed peer offering at most TLS 1.2 is refused in the handshake too.
+  await assert.rejects(call(origin, { ...point, maxVersion: 'TLSv1.2' }, record))
+
+  // The refused records were received and rejected, not audited.
+  const stats = (await call(origin, control, { path: '/stats' })).body
+  assert.equal(stats.received, 3)
+  assert.equal(stats.answered, 1)
+  assert.equal(stats.rejected, 2)
+  assert.equal(lines.length, 1)
+})
+
+test('mutual TLS chain: a step sends on only to a next hop presenting EGRESS_IDENTITY, which takes it only from its RECORD_PEERS', { skip: NO_OPENSSL }, async (t) => {
+  const pki = testPki(t)
+  const point = tlsClient(pki.issue('point', POINT))
+  const last = await startService(t, pki.issue('svc-02', id('svc-02')), { RECORD_PEERS: id('svc-01') })
+  const middle = (credential, egressIdentity) => startService(t, credential, {
+    RECORD_PEERS: POINT, NEXT_STEP: 'store', EGRESS_URL: last.origin, EGRESS_IDENTITY: egressIdentity
+  })
+  const record = { method: 'POST', path: '/process', headers: { ...LABELS, 'x-request-id': 'r-1' }, body: '{"subject":"alice"}' }
+
+  const sender = await middle(pki.issue('svc-01', id('svc-01')), id('svc-02'))
+  const delivered = await call(sender.origin, point, record)
+  assert.equal(delivered.status, 200)
+  assert.deepEqual(delivered.body.path.map((entry) => entry.instance), ['svc-01', 'svc-02'])
+  assert.equal(last.lines.length, 1)
+
+  // The next hop is not the one expected: nothing is sent to it.
+  const misdirected = await middle(pki.issue('svc-01b', id('svc-01')), id('svc-03'))
+  const failed = await call(misdirected.origin, point, record)
+  assert.equal(failed.status, 502)
+  assert.deepEqual(failed.body, {
+    code: 'NEXT_HOP_FAILED',
+    message: `next hop failed: next hop presented URI:${id('svc-02')}, expected URI:${id('svc-03')}`,
+    request_id: 'r-1'
+  })
+  // The sender is not one the next hop takes records from: its refusal is relayed.
+  const unlisted = await middle(pki.issue('svc-04', id('svc-04')), id('svc-02'))
+  const refused = await call(unlisted.origin, point, record)
+  assert.equal(refused.status, 403)
+  assert.equal(refused.body.code, 'PEER_NOT_ALLOWED')
+  assert.match(refused.body.message, /peer spiffe:\/\/complyroute\/service\/svc-04\)$/)
+  assert.equal(last.lines.length, 1)
 })
