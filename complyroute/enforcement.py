@@ -542,7 +542,10 @@ def envoy_config(point: EnforcementPoint, engine: dict, matchers: dict[str, dict
 def write_data(data_dir: Path, document: dict) -> None:
     """Write the document a point's OPA loads beside the rule set, given data_dir as data."""
     data_dir.mkdir(parents=True, exist_ok=True)
-    (data_dir / "data.json").write_text(json.dumps(document, indent=2, sort_keys=True))
+    path = data_dir / "data.json"
+    # The entry's holds the label-token signing key: readable by its owner (OPA's user) only.
+    path.touch(mode=0o600)
+    path.write_text(json.dumps(document, indent=2, sort_keys=True))
 
 
 # Flags of every point's `opa run --server`, wherever it runs: its REST API asks the rule set's
