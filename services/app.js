@@ -12,6 +12,7 @@ import Fastify, { LogController } from 'fastify'
 import { createAuditLog, sha256Hex } from './lib/audit.js'
 import { createForwarder } from './lib/forwarder.js'
 import { peerAllowed, peerIdentity } from './lib/identity.js'
+import { RecentIds } from './lib/recent-ids.js'
 
 export const LABEL_HEADERS = Object.freeze(['x-data-region', 'x-data-category', 'x-data-consent'])
 export const REQUIRED_LABEL_HEADERS = Object.freeze(['x-data-region', 'x-data-category'])
@@ -23,6 +24,16 @@ export const DECISION_HEADERS = Object.freeze({
   decided_by: 'x-complyroute-decided-by',
   revision: 'x-complyroute-revision'
 })
+// Label-token mode (LABEL_TOKENS=1): the point that decided the hop into this instance
+// verified the signed label token and set the record's digest from its claims
+// (complyroute/enforcement.py LABEL_TOKEN_HEADER, DIGEST_HEADER). The token is passed on to
+// the next point, which verifies it again; the digest is not (the next point derives it).
+export const LABEL_TOKEN_HEADERS = Object.freeze({
+  token: 'x-complyroute-labels',
+  digest: 'x-complyroute-digest'
+})
+// How many accepted record ids an instance remembers to refuse a replayed record.
+export const REPLAY_WINDOW = 100_000
 // The largest record: the enforcement points' limit too (complyroute/enforcement.py
 // MAX_RECORD_BYTES), so a record one part takes, every part takes.
 export const BODY_LIMIT = 64 * 1024
@@ -355,7 +366,7 @@ export async function app (fastify, opts) {
   // The audit line of an accepted record (lib/audit.js adds the chain link): the labels as
   // they arrived, which are canonical when an enforcement point allowed the hop (it rewrites
   // them); the digest of the exact text sent on; who decided the hop, with which rule set.
-  function auditEntry (tIn, requestId, headers, body) {
+  function auditEntry (tIn, requestId, headers, digest) {
     const consent = headers['x-data-consent']
     return {
       ts: tIn,
@@ -363,12 +374,36 @@ export async function app (fastify, opts) {
       step: config.step,
       request_id: requestId,
       labels: { region: headers['x-data-region'], category: headers['x-data-category'], consent: consent ?? null },
-      digest: `sha256:${sha256Hex(body)}`,
+      digest,
       sender: headers[DECISION_HEADERS.sender] ?? null,
       decided_by: headers[DECISION_HEADERS.decided_by] ?? null,
       revision: headers[DECISION_HEADERS.revision] ?? null
     }
   }
+  // Label-token mode: the record must be the one its token was issued for (the digest the
+  // deciding point took from the token is the digest of the bytes received), and a record
+  // is taken once (its id, which the token carries too, not accepted before). An id is
+  // remembered once its record passed these checks, before its audit line: two copies in
+  // flight at once cannot both pass.
+  const acceptedIds = config.labelTokens ? new RecentIds(REPLAY_WINDOW) : null
+  function checkLabelToken (requestId, headers, digest) {
+    const token = headers[LABEL_TOKEN_HEADERS.token]
+    if (typeof token !== 'string' || token === '') {
+      throw new AppError(400, 'LABEL_TOKEN_MISSING', `header ${LABEL_TOKEN_HEADERS.token} is missing: this instance takes only records whose labels an enforcement point verified`)
+    }
+    const claimed = headers[LABEL_TOKEN_HEADERS.digest]
+    if (typeof claimed !== 'string' || claimed === '') {
+      throw new AppError(400, 'DIGEST_MISSING', `header ${LABEL_TOKEN_HEADERS.digest} is missing: the enforcement point sets it from the label token`)
+    }
+    if (claimed !== digest) {
+      throw new AppError(400, 'RECORD_DIGEST_MISMATCH', 'the record is not the one its label token was issued for')
+    }
+    if (acceptedIds.has(requestId)) {
+      throw new AppError(409, 'RECORD_REPLAYED', `record ${requestId} was accepted here already: a label token carries one record, once`)
+    }
+    acceptedIds.add(requestId)
+  }
+
   const ownEntryPrefix = pathEntryPrefix({ instance: config.instanceId, step: config.step, region: config.region, node: config.node })
 
   fastify.addSchema(errorSchema)
@@ -472,12 +507,15 @@ export async function app (fastify, opts) {
     const requestId = request.id
     const headers = request.headers
     const body = request[kBodyText]
+    // Once per record: the label-token check and the audit line both need it.
+    const digest = `sha256:${sha256Hex(body)}`
+    if (acceptedIds !== null) checkLabelToken(requestId, headers, digest)
 
     doWork(body, config.workIterations)
 
     const consent = headers['x-data-consent']
     try {
-      await audit.write(auditEntry(tIn, requestId, headers, body))
+      await audit.write(auditEntry(tIn, requestId, headers, digest))
     } catch (err) {
       request.log.error({ err }, 'audit log write failed')
       throw new AppError(500, 'AUDIT_FAILED', 'the audit log could not be written')
@@ -491,8 +529,8 @@ export async function app (fastify, opts) {
       return deliveredAnswer(requestId, pathEntryJson(ownEntryPrefix, tIn, now()))
     }
 
-    // Built from scratch: only the labels, the request id and the next step
-    // go on (so a client's x-complyroute-destination never does).
+    // Built from scratch: only the labels, the request id, the next step and (label-token
+    // mode) the token go on (so a client's x-complyroute-destination never does).
     const outgoing = {
       'content-type': 'application/json',
       'x-data-region': headers['x-data-region'],
@@ -501,6 +539,7 @@ export async function app (fastify, opts) {
       'x-complyroute-step': config.nextStep
     }
     if (consent !== undefined) outgoing['x-data-consent'] = consent
+    if (acceptedIds !== null) outgoing[LABEL_TOKEN_HEADERS.token] = headers[LABEL_TOKEN_HEADERS.token]
 
     stats.forwarded++
     const tOut = now()

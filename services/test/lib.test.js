@@ -9,6 +9,7 @@ import { join } from 'node:path'
 import { MockAgent } from 'undici'
 import { GENESIS, createAuditLog } from '../lib/audit.js'
 import { ForwardError, createForwarder } from '../lib/forwarder.js'
+import { RecentIds } from '../lib/recent-ids.js'
 import { certificateIdentity, checkServerIdentityFor, isSpiffeId, peerAllowed, peerIdentity, uriSans } from '../lib/identity.js'
 
 // A file's lines as written, and the entries without their chain link.
@@ -291,4 +292,20 @@ test('forwarder: mutual TLS needs an https egress URL and the identity to expect
   const tls = { cert: 'cert', key: 'key', ca: 'ca' }
   assert.throws(() => createForwarder({ egressUrl: 'http://127.0.0.1:1', timeoutMs: 1000, tls, egressIdentity: POINT }), /needs an https egress URL/)
   assert.throws(() => createForwarder({ egressUrl: 'https://127.0.0.1:1', timeoutMs: 1000, tls }), /needs the identity/)
+})
+
+// ---------------------------------------------------------------- recent ids
+
+test('RecentIds remembers the last ids added and forgets the oldest first', () => {
+  const ids = new RecentIds(3)
+  for (const id of ['a', 'b', 'c']) ids.add(id)
+  assert.deepEqual(['a', 'b', 'c', 'd'].map((id) => ids.has(id)), [true, true, true, false])
+  ids.add('d') // full: 'a' goes
+  assert.deepEqual(['a', 'b', 'c', 'd'].map((id) => ids.has(id)), [false, true, true, true])
+  ids.add('e')
+  ids.add('f')
+  ids.add('g') // around the ring again: 'd' goes
+  assert.deepEqual(['c', 'd', 'e', 'f', 'g'].map((id) => ids.has(id)), [false, false, true, true, true])
+  assert.equal(ids.size, 3)
+  assert.throws(() => new RecentIds(0), RangeError)
 })
