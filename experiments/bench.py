@@ -24,8 +24,12 @@ threads) its process used for a fixed number of sequential records, divided by t
   speaks TLS to a next hop that requires Envoy's) against the same listener in plain HTTP;
   and the deciding listeners of both engines with mTLS against the same in plain HTTP. The
   bench then sends as the hop's sender (its certificate names svc-04, the identity the
-  listener admits and OPA is told), and the next hop is the minimal app over TLS. Records go
-  over one kept-alive connection, as between parts, so a handshake is not in the figures.
+  listener admits and OPA is told), and the next hop is the minimal app over TLS. The
+  service hop with mTLS on both sides (TLS_CERT, RECORD_PEERS, EGRESS_IDENTITY, an https
+  EGRESS_URL, as a deployment configures it; the bench sends as the point deciding the hop
+  into it) against the same service in plain HTTP, and the floor app with mTLS against the
+  floor in plain HTTP. Records go over one kept-alive connection, as between parts, so a
+  handshake is not in the figures.
 - label token check (issue 9): the same deciding listeners with jwt_authn verifying the
   entry's signed label token (ES256, the bench's own key, pki.signing_key()) against them
   with mTLS and no token: the token's cost at every point after the entry. Every record
@@ -154,7 +158,7 @@ class Bench:
         endpoint = self.endpoint()
         env = {**env, "HOST": endpoint.address, "PORT": str(endpoint.port)}
         self.start(deployment.Part(name, "service", "bench", ["node", str(script)], env, "", str(self.folder / f"{name}.log")))
-        self.urls[name] = endpoint.url
+        self.urls[name] = https(endpoint) if env.get("TLS_CERT") else endpoint.url
         return endpoint
 
     def tls_files(self, name: str) -> identity.TlsFiles:
@@ -343,6 +347,19 @@ def start_parts(bench: Bench, scratch: Path) -> tuple[list[Pair], dict]:
         part = deployment.service_part(process, {"work_iterations": work}, scratch / f"{name}.audit.jsonl", bench.folder)
         bench.start(replace(part, name=name))
         bench.urls[name] = endpoint.url
+    # The service and the floor with mutual TLS on both sides: they admit the point deciding
+    # the hop into them (the bench sends as that point), and reach the next hop over TLS.
+    as_point = identity.point_identity(central)
+    as_service = identity.service_identity(sender)
+    bench.node_app("floor-forwarder-mtls", FLOOR_APP,
+                   {**bench.tls_env(as_service), "EGRESS_URL": https(tls_sink), "EGRESS_IDENTITY": as_destination})
+    endpoint = bench.endpoint()
+    trust = identity.ServiceTrust(bench.tls_files(as_service), record_peers=(as_point,), control_peers=(pki.CONTROL,),
+                                  egress_identity=as_destination, label_tokens=False)
+    part = deployment.service_part(replace(sender, endpoint=endpoint, egress_url=tls_sink.url), {"work_iterations": 0},
+                                   scratch / "service-mtls.audit.jsonl", bench.folder, trust, bench.tls_files(pki.CONTROL))
+    bench.start(replace(part, name="service-mtls"))
+    bench.urls["service-mtls"] = https(endpoint)
 
     listener, admin = bench.endpoint(), bench.endpoint()
     (scratch / "bare-envoy.json").write_text(json.dumps(bare_envoy(listener, sink, admin)))
@@ -391,6 +408,9 @@ def start_parts(bench: Bench, scratch: Path) -> tuple[list[Pair], dict]:
         Pair("service hop floor (Fastify + undici)", "floor-forwarder", bench.urls["floor-forwarder"]),
         Pair("service hop, beyond its work", "service", bench.urls["service"], "service hop floor (Fastify + undici)", 1.5),
         Pair(f"service hop with its work ({WORK_ITERATIONS} iterations)", "service-work", bench.urls["service-work"], "service hop, beyond its work"),
+        Pair("service hop floor, mTLS on both sides", "floor-forwarder-mtls", bench.urls["floor-forwarder-mtls"], "service hop floor (Fastify + undici)",
+             client=as_point),
+        Pair("service hop, mTLS on both sides", "service-mtls", bench.urls["service-mtls"], "service hop, beyond its work", client=as_point),
         Pair(f"service hop floor, next hop answers {LONG_PATH} path entries", "floor-forwarder-49", bench.urls["floor-forwarder-49"]),
         Pair(f"service hop, next hop answers {LONG_PATH} path entries", "service-49", bench.urls["service-49"],
              f"service hop floor, next hop answers {LONG_PATH} path entries", 1.5),
