@@ -34,7 +34,7 @@ def cmd_render(args) -> int:
     folder = deployment.RUNS / "k8s" / f"{topology.name}-{len(topology.instances)}"
     output = folder.with_suffix(".yaml")
     output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(kubernetes.render(topology, folder))
+    kubernetes.write_private(output, kubernetes.render(topology, folder))  # it holds the parts' keys
     print(f"render: {topology.name} with {len(topology.instances)} services -> {output} (kustomization in {folder})")
     return 0
 
