@@ -99,8 +99,10 @@ class Trust:
 
     plan: Plan
     label_tokens: bool
-    # A token outlives any record's journey (hop timeouts are at most minutes) but not the day.
-    token_lifetime_seconds: int = 600
+    # A token outlives a record's journey (a hop's timeout is 60 s by default; a journey past
+    # it is refused as expired, closed) and stays within the services' replay window
+    # (services/app.js REPLAY_WINDOW).
+    token_lifetime_seconds: int = 120
     owner: dict[tuple[str, int], str] = field(default_factory=dict)  # endpoint -> identity listening there
     senders: dict[tuple[str, int], set[str]] = field(default_factory=dict)  # endpoint -> identities sending to it
 

@@ -32,8 +32,10 @@ export const LABEL_TOKEN_HEADERS = Object.freeze({
   token: 'x-complyroute-labels',
   digest: 'x-complyroute-digest'
 })
-// How many accepted record ids an instance remembers to refuse a replayed record.
-export const REPLAY_WINDOW = 100_000
+// How many accepted record ids an instance remembers to refuse a replayed record. A replay
+// needs a token still valid (complyroute/identity.py: 120 s), so this covers up to 1,250
+// records/s per instance; an id forgotten earlier than that could be replayed once.
+export const REPLAY_WINDOW = 150_000
 // The largest record: the enforcement points' limit too (complyroute/enforcement.py
 // MAX_RECORD_BYTES), so a record one part takes, every part takes.
 export const BODY_LIMIT = 64 * 1024
