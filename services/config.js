@@ -243,7 +243,11 @@ export function parseConfig (env = process.env) {
       if (given) throw new ConfigError(name, 'is set but mutual TLS is off: set TLS_CERT, TLS_KEY and TLS_CA, or unset it')
     }
   } else {
-    if (recordPeers.length === 0) throw new ConfigError('RECORD_PEERS', 'is required with mutual TLS (TLS_CERT, TLS_KEY, TLS_CA): the identities that may send records')
+    // Set, but possibly empty: an instance no part of the plan sends to (the baseline's
+    // second replica of a step) admits no record at all.
+    if (env.RECORD_PEERS === undefined || env.RECORD_PEERS === null) {
+      throw new ConfigError('RECORD_PEERS', 'is required with mutual TLS (TLS_CERT, TLS_KEY, TLS_CA): the identities that may send records (empty: none)')
+    }
     if (nextStep !== null) {
       if (egressIdentity === null) throw new ConfigError('EGRESS_IDENTITY', `is required with mutual TLS when NEXT_STEP is set (NEXT_STEP=${nextStep})`)
       if (!egress.startsWith('https:')) throw new ConfigError('EGRESS_URL', `invalid URL ${JSON.stringify(egress)}: must be https with mutual TLS`)

@@ -149,6 +149,7 @@ test('mutual TLS refused twins: a TLS variable missing, no RECORD_PEERS, no EGRE
   refused({ ...env, TLS_CERT: ' ', TLS_KEY: '' }, 'TLS_CERT', /is required when TLS_CA is set/)
   refused({ ...BASE, TLS_CA: env.TLS_CA }, 'TLS_CERT')
   refused({ ...env, RECORD_PEERS: undefined }, 'RECORD_PEERS', /is required with mutual TLS/)
+  assert.deepEqual(parseConfig({ ...env, RECORD_PEERS: '' }).recordPeers, []) // set and empty: admits no record
   const middle = { ...env, NEXT_STEP: 'store', EGRESS_URL: 'https://127.0.0.1:12002' }
   refused(middle, 'EGRESS_IDENTITY', /is required with mutual TLS when NEXT_STEP is set/)
   refused({ ...middle, EGRESS_IDENTITY: NEXT_POINT, EGRESS_URL: 'http://127.0.0.1:12002' }, 'EGRESS_URL', /must be https/)
