@@ -3,11 +3,13 @@
 # description: >-
 #   Every enforcement point's OPA runs with --authorization=basic, which asks this policy
 #   about each request to its REST API (on loopback only; health and metrics are on
-#   --diagnostic-addr). Queries read (GET, and POST with an input); nothing may replace
-#   the rule set or the data a point decides with (PUT, PATCH, DELETE). The entry's OPA
-#   holds the private key it signs label tokens with at data.complyroute.token
-#   (policies/complyroute/envoy), so no request may read that document: not by its path
-#   or an enclosing one, not by an ad-hoc query, not in an explanation's trace.
+#   --diagnostic-addr). It reads (GET); nothing may replace the rule set or the data a
+#   point decides with (PUT, PATCH, DELETE). The entry's OPA holds the private key it
+#   signs label tokens with at data.complyroute.token (policies/complyroute/envoy), so no
+#   request may read that document: not by its path or an enclosing one, not by an ad-hoc
+#   query, not in an explanation's trace. Nor may a request bring an input (POST): the
+#   Envoy adapter's answer for an input of the caller's choosing would be a label token
+#   signed over labels, request id and digest of the caller's choosing.
 package system.authz
 
 # METADATA
@@ -18,10 +20,9 @@ default allow := false
 
 # METADATA
 # description: >-
-#   Reading a document, a policy, the status or the configuration (GET), and a query
-#   with an input (POST /v1/data/<path>), which writes nothing; neither may read the key.
+#   Reading a document, a policy, the status or the configuration (GET), but not the key.
 allow if {
-	input.method in {"GET", "POST"}
+	input.method == "GET"
 	not reads_signing_key
 }
 

@@ -38,9 +38,12 @@ reading_cases := {
 			"HEAD, which OPA's router serves as GET": request("HEAD", ["v1", "data", "complyroute", "index"]),
 		},
 	},
-	"a query with an input": {
-		"request": post(["v1", "data", "complyroute", "compliance", "decision"]),
-		"twins": {"replacing the policy instead": request("PUT", ["v1", "policies", "complyroute"])},
+	"a decision without an input": {
+		"request": get(["v1", "data", "complyroute", "compliance", "decision"]),
+		"twins": {
+			"with an input (POST)": post(["v1", "data", "complyroute", "compliance", "decision"]),
+			"replacing the policy instead": request("PUT", ["v1", "policies", "complyroute"]),
+		},
 	},
 	"listing the policies": {
 		"request": get(["v1", "policies"]),
@@ -68,13 +71,14 @@ signing_key_cases := {
 			"the key, with empty segments": get(["v1", "data", "", "complyroute", "", "token", ""]),
 		},
 	},
-	"the Envoy adapter's answer for an input": {
-		"request": post(response_path),
+	"the Envoy adapter's answer without an input": {
+		"request": get(response_path),
 		"twins": {
-			"explained in full": explained(post(response_path), "full"),
-			"explained for debugging": explained(post(response_path), "debug"),
-			"explained, notes only": explained(post(response_path), "notes"),
-			"explained, failures only": explained(post(response_path), "fails"),
+			"for an input of the caller's choosing (a signed token)": post(response_path),
+			"explained in full": explained(get(response_path), "full"),
+			"explained for debugging": explained(get(response_path), "debug"),
+			"explained, notes only": explained(get(response_path), "notes"),
+			"explained, failures only": explained(get(response_path), "fails"),
 			"the key by POST": post(["v1", "data", "complyroute", "token"]),
 			"all data by POST": post(["v1", "data"]),
 		},
@@ -87,9 +91,10 @@ signing_key_cases := {
 		"request": get(["v1", "data", "complyroute", "tokens"]),
 		"twins": {"the key's": get(["v1", "data", "complyroute", "token"])},
 	},
-	"the v0 (webhook) data API beside the key": {
-		"request": post(["v0", "data", "complyroute", "compliance", "decision"]),
+	"reading beside the key": {
+		"request": get(["v1", "data", "complyroute", "reference"]),
 		"twins": {
+			"the v0 (webhook) data API beside it": post(["v0", "data", "complyroute", "compliance", "decision"]),
 			"the key through it": post(["v0", "data", "complyroute", "token"]),
 			"all data through it": post(["v0", "data"]),
 		},
