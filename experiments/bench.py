@@ -36,7 +36,10 @@ threads) its process used for a fixed number of sequential records, divided by t
   carries the same valid token (the next hop is the minimal app: nothing refuses a replayed
   request id); jwt_authn keeps no cache of verified tokens (the points configure none), so
   it verifies the signature of every record as it would a token per record. Envoy's
-  jwt_authn counters must show every record verified, none refused.
+  jwt_authn counters must show every record verified, none refused. And the service in
+  label-token mode (LABEL_TOKENS=1: the digest the point set must be the body's, a request
+  id is taken once) against it with mTLS alone; it gets a token per record with its own
+  request id and the digest header, as the point deciding the hop into it passes them on.
 
 Where a point's Envoy and OPA are both measured, they are measured over the same records.
 - the entry signing the label token: `opa bench` of the entry's query (central entity, 5
@@ -55,6 +58,7 @@ import base64
 import csv
 import hashlib
 import http.client
+import itertools
 import json
 import os
 import signal
@@ -64,6 +68,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -73,14 +78,17 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 
 from complyroute import deployment, engines, identity, manifest, pki, policybench
-from complyroute.enforcement import LABEL_TOKEN_HEADER, TOKEN_ISSUER, DecidingListener, EnforcementPoint, Endpoint, ForwardingListener, write_data
+from complyroute.enforcement import DIGEST_HEADER, LABEL_TOKEN_HEADER, TOKEN_ISSUER, DecidingListener, EnforcementPoint, Endpoint, ForwardingListener, write_data
 from complyroute.manifest import REPO
 from complyroute.plan import place
 
 FLOOR_APP = REPO / "services" / "bench" / "floor.js"
 RUNS = REPO / "runs" / "bench"
 HOST = "127.0.0.1"
-BASE_PORT = 33000  # clear of deployments (8080, 20000-27999)
+# Clear of deployments (8080, 20000-27999), of the local Kubernetes cluster (30257 and up) and
+# below Linux's ephemeral ports (32768-60999), where a connection of anything else running on
+# the machine (or its TIME_WAIT) can hold a port the bench would listen on.
+BASE_PORT = 28000
 # Canonical labels (one value each, consent sorted), as an entry hands them on.
 LABELS = {"x-data-region": "EU", "x-data-category": "personal", "x-data-consent": "analytics,billing,care"}
 BODY = json.dumps({"subject": "alice", "amount": 12}).encode()
@@ -100,7 +108,10 @@ class Pair:
     floor: str = ""  # the row it is compared with; "" for a row shown alone
     target: float | None = None  # the ratio to its floor must stay at or under this
     client: str = ""  # the identity the bench presents over mutual TLS (an https url); "" for plain HTTP
-    token: bool = False  # every record carries the bench's label token
+    # The label token records carry: "" none; "shared" one valid token for every record (a
+    # point checks the signature of each); "per-record" a token per record, each with its own
+    # request id and the digest header a point sets, as a service in label-token mode takes them.
+    token: str = ""
 
 
 @dataclass
@@ -235,11 +246,11 @@ def listening(pid: int) -> bool:
         return False
 
 
-def send(url: str, records: int, context: ssl.SSLContext | None = None, headers: dict | None = None) -> None:
+def send(url: str, records: int, context: ssl.SSLContext | None = None, headers: dict | Callable[[], dict] | None = None) -> None:
     """`records` sequential POSTs over one keep-alive connection; each must be answered 200.
 
     An https `url` is reached over TLS with `context` (the bench's certificate as a part);
-    `headers` are sent with the labels.
+    `headers` are sent with the labels: a dict, or a function giving each record's.
     """
     scheme, address = url.split("://", 1)
     host, port = address.split(":")
@@ -247,10 +258,11 @@ def send(url: str, records: int, context: ssl.SSLContext | None = None, headers:
         connection = http.client.HTTPSConnection(host, int(port), timeout=30, context=context)
     else:
         connection = http.client.HTTPConnection(host, int(port), timeout=30)
-    headers = {"content-type": "application/json", **LABELS, **(headers or {})}
+    common = {"content-type": "application/json", **LABELS}
+    fixed = {**common, **(headers or {})} if not callable(headers) else None
     try:
         for _ in range(records):
-            connection.request("POST", "/process", body=BODY, headers=headers)
+            connection.request("POST", "/process", body=BODY, headers=fixed or {**common, **headers()})
             answer = connection.getresponse()
             body = answer.read()
             if answer.status != 200:
@@ -360,6 +372,11 @@ def start_parts(bench: Bench, scratch: Path) -> tuple[list[Pair], dict]:
                                    scratch / "service-mtls.audit.jsonl", bench.folder, trust, bench.tls_files(pki.CONTROL))
     bench.start(replace(part, name="service-mtls"))
     bench.urls["service-mtls"] = https(endpoint)
+    endpoint = bench.endpoint()
+    part = deployment.service_part(replace(sender, endpoint=endpoint, egress_url=tls_sink.url), {"work_iterations": 0},
+                                   scratch / "service-token.audit.jsonl", bench.folder, replace(trust, label_tokens=True), bench.tls_files(pki.CONTROL))
+    bench.start(replace(part, name="service-token"))
+    bench.urls["service-token"] = https(endpoint)
 
     listener, admin = bench.endpoint(), bench.endpoint()
     (scratch / "bare-envoy.json").write_text(json.dumps(bare_envoy(listener, sink, admin)))
@@ -411,6 +428,8 @@ def start_parts(bench: Bench, scratch: Path) -> tuple[list[Pair], dict]:
         Pair("service hop floor, mTLS on both sides", "floor-forwarder-mtls", bench.urls["floor-forwarder-mtls"], "service hop floor (Fastify + undici)",
              client=as_point),
         Pair("service hop, mTLS on both sides", "service-mtls", bench.urls["service-mtls"], "service hop, beyond its work", client=as_point),
+        Pair("service hop, mTLS and label tokens", "service-token", bench.urls["service-token"], "service hop, mTLS on both sides",
+             client=as_point, token="per-record"),
         Pair(f"service hop floor, next hop answers {LONG_PATH} path entries", "floor-forwarder-49", bench.urls["floor-forwarder-49"]),
         Pair(f"service hop, next hop answers {LONG_PATH} path entries", "service-49", bench.urls["service-49"],
              f"service hop floor, next hop answers {LONG_PATH} path entries", 1.5),
@@ -424,14 +443,14 @@ def start_parts(bench: Bench, scratch: Path) -> tuple[list[Pair], dict]:
         Pair(opa_envoy_mtls, "envoy-opa-mtls/envoy", bench.urls["envoy-opa-mtls"], opa_envoy, client=as_sender),
         Pair(opa_opa_mtls, "envoy-opa-mtls/opa", bench.urls["envoy-opa-mtls"], opa_opa, client=as_sender),
         Pair("decision through ext_authz, mTLS and label token check: Envoy", "envoy-opa-token/envoy", bench.urls["envoy-opa-token"], opa_envoy_mtls,
-             client=as_sender, token=True),
+             client=as_sender, token="shared"),
         Pair("decision through ext_authz, mTLS and label token check: OPA", "envoy-opa-token/opa", bench.urls["envoy-opa-token"], opa_opa_mtls,
-             client=as_sender, token=True),
+             client=as_sender, token="shared"),
         Pair(compiled, "envoy-compiled/envoy", bench.urls["envoy-compiled"], bare, 1.3),
         Pair("compiled engine: its OPA", "envoy-compiled/opa", bench.urls["envoy-compiled"]),
         Pair(compiled_mtls, "envoy-compiled-mtls/envoy", bench.urls["envoy-compiled-mtls"], compiled, client=as_sender),
         Pair("compiled engine, mTLS and label token check: Envoy deciding the hop", "envoy-compiled-token/envoy", bench.urls["envoy-compiled-token"],
-             compiled_mtls, client=as_sender, token=True),
+             compiled_mtls, client=as_sender, token="shared"),
     ]
     context = {"admins": admins, "opas": opas, "concurrency": central.concurrency, "listener": hop.name, "catalog": central.catalog, "sender": hop.sender, "step": hop.step,
                "consent": LABELS["x-data-consent"].split(","), "opa_alone": opa_alone,
@@ -453,12 +472,19 @@ def measure(bench: Bench, pairs: list[Pair], records: int, rounds: int, out=sys.
     by_url: dict[str, list[Pair]] = {}
     for pair in pairs:
         by_url.setdefault(pair.url, []).append(pair)
-    token = label_token(bench.token_jwk, BODY, "bench-1")
+    shared = {LABEL_TOKEN_HEADER: label_token(bench.token_jwk, BODY, "bench-1")}
+    ids = itertools.count(1)
+    digest = "sha256:" + hashlib.sha256(BODY).hexdigest()
+
+    def per_record() -> dict:
+        request_id = f"bench-record-{next(ids)}"
+        return {"x-request-id": request_id, LABEL_TOKEN_HEADER: label_token(bench.token_jwk, BODY, request_id), DIGEST_HEADER: digest}
+
     sending = {}
     for url, group in by_url.items():
         if len({(pair.client, pair.token) for pair in group}) > 1:
             raise ValueError(f"bench: the pairs measured at {url} send differently")
-        sending[url] = {"context": bench.client(group[0].client), "headers": {LABEL_TOKEN_HEADER: token} if group[0].token else None}
+        sending[url] = {"context": bench.client(group[0].client), "headers": {"": None, "shared": shared, "per-record": per_record}[group[0].token]}
         send(url, 200, **sending[url])  # warm every path up: connections, JIT, caches
     for round_number in range(1, rounds + 1):
         for url, group in by_url.items():

@@ -154,7 +154,7 @@ def test_pairs_at_one_url_share_their_records_allowed():
     url = lambda server: f"http://127.0.0.1:{server.server_port}"
     try:
         pairs = [bench.Pair("envoy", "p/envoy", url(one)), bench.Pair("opa", "p/opa", url(one)),
-                 bench.Pair("token", "q/envoy", url(other), token=True)]
+                 bench.Pair("token", "q/envoy", url(other), token="shared")]
         medians = bench.measure(FakeBench(), pairs, records=5, rounds=2, out=open("/dev/null", "w"))
         assert set(medians) == {"envoy", "opa", "token"}
         assert len(one.seen) == len(other.seen) == 200 + 2 * 5
@@ -169,7 +169,7 @@ def test_pairs_at_one_url_sending_differently_denied():
     url = f"http://127.0.0.1:{server.server_port}"
     try:
         with pytest.raises(ValueError, match="send differently"):
-            bench.measure(FakeBench(), [bench.Pair("a", "p/envoy", url), bench.Pair("b", "p/opa", url, token=True)], 1, 1)
+            bench.measure(FakeBench(), [bench.Pair("a", "p/envoy", url), bench.Pair("b", "p/opa", url, token="shared")], 1, 1)
     finally:
         server.shutdown()
 
@@ -212,3 +212,19 @@ def test_entry_without_a_usable_signing_key_is_not_measured_denied(tmp_path):
     jwk, jwks = pki.signing_key()
     with pytest.raises(RuntimeError, match=r"entry's answer \(issue\)"):
         bench.entry_signing({**jwk, "d": "AAAA"}, jwks, tmp_path)
+
+
+def test_per_record_tokens_name_each_record_once_allowed():
+    """As a service in label-token mode takes them: an id per record, its token naming it, the digest header."""
+    server = counting_server()
+    fake = FakeBench()
+    try:
+        bench.measure(fake, [bench.Pair("service", "s", f"http://127.0.0.1:{server.server_port}", token="per-record")], 3, 1,
+                      out=open("/dev/null", "w"))
+        ids = [seen["x-request-id"] for seen in server.seen]
+        assert len(ids) == len(set(ids)) == 203
+        for seen in server.seen[:3]:
+            claims = verify(seen["x-complyroute-labels"], fake.token_jwks)
+            assert claims["rid"] == seen["x-request-id"] and claims["digest"] == seen["x-complyroute-digest"]
+    finally:
+        server.shutdown()
