@@ -395,11 +395,17 @@ def _removing(headers: list[str]) -> dict:
 
 
 # Claims of a label token (policies/complyroute/envoy/envoy.rego issues them) and the headers
-# jwt_authn writes them into. Every one of these headers is removed before jwt_authn runs, so
-# what a later filter, Envoy's matcher or the service reads came from a verified token only
-# (a claim the token lacks, consent for a record without consent values, stays absent).
+# jwt_authn writes them into. They are removed before jwt_authn runs (as jwt_authn itself
+# does with the headers it writes), so what a later filter, Envoy's matcher or the service
+# reads came from a verified token only: a claim the token lacks (consent, for a record
+# without consent values) stays absent.
+RECORD_ID_HEADER = "x-complyroute-record-id"
 TOKEN_CLAIMS = [("x-data-region", "region"), ("x-data-category", "category"), ("x-data-consent", "consent"),
-                ("x-request-id", "rid"), (DIGEST_HEADER, "digest")]
+                (RECORD_ID_HEADER, "rid"), (DIGEST_HEADER, "digest")]
+# A record goes on under the id its token names (the entry's), whatever x-request-id its
+# sender sent; the sender's stays on anything refused before, so the refusal names it.
+RECORD_ID_FROM_TOKEN = {"header": {"key": "x-request-id", "value": f"%REQ({RECORD_ID_HEADER})%"},
+                        "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}
 
 
 def _label_token_check(trust: PointTrust) -> dict:
@@ -475,7 +481,7 @@ def _deciding_listener(listener: DecidingListener, settings: dict, matcher: dict
                 ("x-complyroute-decided-by", point),
                 ("x-complyroute-revision", policydata.revision()),
             ]
-        ],
+        ] + ([RECORD_ID_FROM_TOKEN] if tokens and not listener.from_client else []),
     }
     if matcher is None:
         virtual_host["routes"] = [decision_route(hop_timeout_of(settings)), *refusal_routes(deciding=True)]
