@@ -328,16 +328,3 @@ def test_audit_verdict_after_the_attacks_is_clean_allowed(deployed, compromised)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "forbidden receptions 0, receptions without a decision 0: clean" in result.stdout, result.stdout
 
-
-@pytest.fixture(scope="module")
-def baseline():
-    state, _ = deploy_mixed_regions("baseline")
-    yield state
-    deployment.stop()
-
-
-def test_baseline_local_process_without_credentials_reaches_no_service_denied(baseline, tmp_path):
-    """The baseline decides nothing, but its parts are as authenticated: services admit only their callers."""
-    test_local_process_without_credentials_reaches_no_service_denied(baseline, tmp_path)
-    _, answer = post(baseline, EU_PERSONAL)
-    assert answer.status == 200, answer.text  # the allowed twin: through the entry
