@@ -17,6 +17,7 @@ every render changes every Secret, and applying it rolls every pod onto the new 
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import shutil
@@ -59,12 +60,67 @@ RESOURCES = {
 }
 
 
-# The API server refuses a ConfigMap whose data exceed 1 MiB.
+# The API server refuses a ConfigMap whose data exceed 1 MiB. A ConfigMap this module writes
+# holds at most an eighth less (keys and values counted), so a configuration that grows a
+# little renders the same way.
 CONFIGMAP_LIMIT = 1024 * 1024
+CONFIGMAP_BUDGET = CONFIGMAP_LIMIT * 7 // 8
+# Where Envoy reads the route configurations split out of a bootstrap too large for one ConfigMap.
+ROUTES_MOUNT = "/etc/envoy/routes"
+ROUTE_CONFIGURATION = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
 
 
 class RenderError(RuntimeError):
     """A topology cannot be rendered to objects the API server admits; the message says why."""
+
+
+def _compact(document: dict) -> str:
+    return json.dumps(document, separators=(",", ":"))
+
+
+def split_routes(envoy: dict, folder: str = ROUTES_MOUNT) -> tuple[dict, dict[str, str]]:
+    """Every listener's route configuration out of the bootstrap `envoy`, into a file Envoy
+    reads from `folder` (RDS from the filesystem): returns the bootstrap, whose connection
+    managers name their file instead, and the files, `<listener>.json` each, as compact JSON
+    discovery responses. `envoy` itself is left as it is."""
+    bootstrap = copy.deepcopy(envoy)
+    files: dict[str, str] = {}
+    for listener in bootstrap["static_resources"]["listeners"]:
+        for chain in listener["filter_chains"]:
+            for network_filter in chain["filters"]:
+                manager = network_filter["typed_config"]
+                if "route_config" not in manager:
+                    continue
+                name = f"{listener['name']}.json"
+                if name in files:
+                    raise ValueError(f"listener {listener['name']} has more than one route configuration")
+                route_config = manager["route_config"]
+                rds = {
+                    "route_config_name": route_config["name"],
+                    "config_source": {"path_config_source": {"path": f"{folder}/{name}"}, "resource_api_version": "V3"},
+                }
+                # In route_config's place, so the manager's fields keep their order.
+                network_filter["typed_config"] = dict(("rds", rds) if key == "route_config" else (key, value) for key, value in manager.items())
+                files[name] = _compact({"version_info": "1", "resources": [{"@type": ROUTE_CONFIGURATION, **route_config}]})
+    return bootstrap, files
+
+
+def pack(files: dict[str, str], budget: int | None = None) -> list[dict[str, str]]:
+    """`files` in order over as few ConfigMaps' data as filling each in turn takes, none over
+    `budget` bytes (keys and values; CONFIGMAP_BUDGET unless given)."""
+    budget = budget or CONFIGMAP_BUDGET
+    packed: list[dict[str, str]] = []
+    used = budget
+    for key, content in files.items():
+        size = len(key.encode()) + len(content.encode())
+        if size > budget:
+            raise RenderError(f"{key} is {size} bytes, over the {budget} bytes a ConfigMap of this render holds")
+        if used + size > budget:
+            packed.append({})
+            used = 0
+        packed[-1][key] = content
+        used += size
+    return packed
 
 
 class KubernetesNetwork:
@@ -210,6 +266,10 @@ class Renderer:
         self.secrets: list[dict] = []  # secretGenerator entries
         self.secret_files: set[str] = set()  # their files, written readable by the owner only
         self.configs: dict[str, engines.PointConfig] = {}  # by point name, once render() ran
+        # By point name, once render() ran: its Envoy bootstrap (compact JSON) and, when the
+        # bootstrap did not fit one ConfigMap, the data of the ConfigMaps its route files fill.
+        self.bootstraps: dict[str, str] = {}
+        self.routes: dict[str, list[dict[str, str]]] = {}
         # Mutual TLS (kubetrust.py), once render() ran; None when the manifest turns it off.
         self.trust: kubetrust.ClusterTrust | None = None
         self.tokens: dict[str, dict[str, str]] = {}  # the label-token Secret's files, by the point that signs
@@ -243,6 +303,24 @@ class Renderer:
         self.generate(name, files, "kubernetes.io/tls")
         return _secret_volume(name)
 
+    def envoy_files(self, point: EnforcementPoint) -> None:
+        """The point's Envoy bootstrap, whole when it fits a ConfigMap. A bootstrap that does not
+        (a compiled central entity or router set at 50 services holds 49 matcher trees) leaves
+        its listeners' route configurations to files Envoy reads at ROUTES_MOUNT
+        (split_routes), spread over as many ConfigMaps as they fill."""
+        envoy = self.configs[point.name].envoy
+        bootstrap, routes = _compact(envoy), {}
+        if len("envoy.json") + len(bootstrap.encode()) > CONFIGMAP_BUDGET:
+            split, routes = split_routes(envoy)
+            bootstrap = _compact(split)
+            if len("envoy.json") + len(bootstrap.encode()) > CONFIGMAP_BUDGET:
+                raise RenderError(
+                    f"the Envoy configuration of {point.name} is {len(bootstrap.encode())} bytes without its route configurations, "
+                    f"over the {CONFIGMAP_BUDGET} bytes a ConfigMap of this render holds ({self.topology.engine['kind']}, "
+                    f"{len(self.topology.instances)} services, security {self.topology.security}): render fewer services")
+        self.bootstraps[point.name] = bootstrap
+        self.routes[point.name] = pack(routes)
+
     # ---- containers
     def opa_container(self, point: EnforcementPoint) -> dict:
         # The entry's signing key is a Secret: OPA loads it as a second data path.
@@ -275,6 +353,8 @@ class Renderer:
     def envoy_container(self, point: EnforcementPoint) -> dict:
         listener_ports = [l.endpoint.port for l in [*point.deciding, *point.forwarding]]
         mounts = [{"name": f"envoy-{point.name}", "mountPath": "/config", "readOnly": True}]
+        if self.routes[point.name]:  # the route configurations its bootstrap names (envoy_files)
+            mounts.append({"name": f"routes-{point.name}", "mountPath": ROUTES_MOUNT, "readOnly": True})
         if self.trust:  # the point's certificate, key and CA, where its TLS contexts read them (kubetrust.FILES)
             mounts.append({"name": kubetrust.tls_secret_name(point.name), "mountPath": kubetrust.MOUNT, "readOnly": True})
         return {
@@ -292,15 +372,14 @@ class Renderer:
 
     def point_volumes(self, point: EnforcementPoint) -> list[dict]:
         config = self.configs[point.name]
-        # Compact: a ConfigMap holds at most 1 MiB, and a compiled central entity at 50 services is large.
-        envoy = json.dumps(config.envoy, separators=(",", ":"))
-        if len(envoy.encode()) > CONFIGMAP_LIMIT:
-            raise RenderError(
-                f"the Envoy configuration of {point.name} is {len(envoy.encode())} bytes, over the {CONFIGMAP_LIMIT} bytes "
-                f"the API server admits in a ConfigMap ({self.topology.engine['kind']}, {len(self.topology.instances)} services, "
-                f"security {self.topology.security}): render fewer services or the envoy-opa engine")
-        self.generate(f"envoy-{point.name}", {"envoy.json": envoy})
+        self.generate(f"envoy-{point.name}", {"envoy.json": self.bootstraps[point.name]})
         volumes = [_configmap_volume(f"envoy-{point.name}")]
+        if self.routes[point.name]:
+            # One directory of route files, from however many ConfigMaps they fill.
+            names = [f"routes-{point.name}-{n}" for n in range(1, len(self.routes[point.name]) + 1)]
+            for name, files in zip(names, self.routes[point.name]):
+                self.generate(name, files)
+            volumes.append({"name": f"routes-{point.name}", "projected": {"sources": [{"configMap": {"name": name}} for name in names]}})
         if config.opa is not None:
             self.generate(f"catalog-{point.name}", {"data.json": json.dumps(config.data, indent=2, sort_keys=True)})
             volumes += [
@@ -461,6 +540,8 @@ class Renderer:
         self.tokens = {p.name: files for p in points if self.trust and (files := self.trust.token_files(p.name))}
         engine = self.topology.engine
         self.configs = engines.configure(engine["kind"], points, engine, self.policies, point_trust)
+        for point in points:
+            self.envoy_files(point)
         for process in self.plan.services:
             self.service_instance(process, sidecars.get(process.instance.id))
         for point in shared:

@@ -1,14 +1,18 @@
 """Kubernetes manifests: every topology renders from its manifest and passes strict offline validation."""
 
 import base64
+import contextlib
 import json
+import subprocess
+import time
+import urllib.request
 
 import pytest
 import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from complyroute import kubernetes, kubetrust, manifest, pki
+from complyroute import deployment, kubernetes, kubetrust, manifest, pki
 from complyroute.deployment import POLICIES
 
 TOPOLOGIES = ["sidecar", "central-entity", "dynamic-router-3", "dynamic-router-6", "baseline"]
@@ -35,26 +39,241 @@ def test_rendered_manifests_pass_strict_validation_allowed(topology, services, t
     result = kubernetes.validate(path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"Valid: {len(objects)}, Invalid: 0, Errors: 0, Skipped: 0" in result.stdout
+    assert max(configmap_bytes(o) for o in objects if o["kind"] == "ConfigMap") <= kubernetes.CONFIGMAP_BUDGET
 
 
-# With mutual TLS and label tokens, a compiled central entity or router set at 50 services
-# holds 49 matcher trees with a TLS context and a token check each: over 1 MiB (see below).
-@pytest.mark.parametrize("topology, overrides", [("sidecar", None), ("central-entity", PLAIN), ("dynamic-router-3", PLAIN)])
-def test_compiled_engine_renders_valid_configmaps_under_the_size_limit_allowed(topology, overrides, tmp_path):
-    path, objects = rendered(topology, 50, tmp_path, engine="envoy-compiled", overrides=overrides)
+def configmap_bytes(configmap) -> int:
+    """What a ConfigMap holds, keys and values (the API server counts the values: at most 1 MiB)."""
+    return sum(len(key.encode()) + len(value.encode()) for key, value in configmap.get("data", {}).items())
+
+
+def connection_managers(envoy) -> dict[str, dict]:
+    """Every listener's HttpConnectionManager, by listener."""
+    return {l["name"]: f["typed_config"] for l in envoy["static_resources"]["listeners"]
+            for chain in l["filter_chains"] for f in chain["filters"] if "route_config" in f["typed_config"] or "rds" in f["typed_config"]}
+
+
+def mounted_files(objects, pod, container) -> dict[str, str]:
+    """Every file the container's ConfigMap, Secret and projected volumes show it, by path. A path
+    two volumes or two sources of a projected volume would both put there fails."""
+    configmaps, stored = by_kind(objects, "ConfigMap"), by_kind(objects, "Secret")
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    files = {}
+    for mount in container.get("volumeMounts", []):
+        volume = volumes[mount["name"]]
+        if "configMap" in volume:
+            sources = [(configmaps[volume["configMap"]["name"]]["data"], volume["configMap"].get("items"))]
+        elif "secret" in volume:
+            sources = [(decoded(stored[volume["secret"]["secretName"]]), None)]
+        elif "projected" in volume:
+            sources = [(configmaps[s["configMap"]["name"]]["data"], s["configMap"].get("items")) for s in volume["projected"]["sources"]]
+        else:
+            continue
+        for data, items in sources:
+            paths = {i["key"]: i["path"] for i in items} if items else {key: key for key in data}
+            for key, path in paths.items():
+                assert f"{mount['mountPath']}/{path}" not in files, (mount, path)
+                files[f"{mount['mountPath']}/{path}"] = data[key]
+    return files
+
+
+BIG = [("central-entity", "central-entity"), ("dynamic-router-3", "router-1")]
+
+
+# With mutual TLS and label tokens a compiled central entity or router set at 50 services
+# holds 49 matcher trees with a TLS context and a token check each: over 1 MiB. Its route
+# configurations go into files Envoy reads from ConfigMaps of their own.
+@pytest.mark.parametrize("topology", ["sidecar", "central-entity", "dynamic-router-3", "dynamic-router-6"])
+def test_compiled_engine_renders_valid_configmaps_under_the_size_limit_allowed(topology, tmp_path):
+    path, objects = rendered(topology, 50, tmp_path, engine="envoy-compiled")
     result = kubernetes.validate(path)
     assert result.returncode == 0, result.stdout + result.stderr
-    envoys = [o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("envoy-")]
-    compiled = [o for o in envoys if '"matcher"' in o["data"]["envoy.json"]]
-    assert compiled, "the compiled engine put matcher trees in front of the decision routes"
-    # The API server refuses a ConfigMap over 1 MiB.
-    assert max(len(o["data"]["envoy.json"]) for o in envoys) < 1024 * 1024
+    configmaps = [o for o in objects if o["kind"] == "ConfigMap"]
+    assert '"matcher"' in "".join(v for o in configmaps for v in o["data"].values()), "the compiled engine's matcher trees"
+    # The API server refuses a ConfigMap over 1 MiB; the renderer leaves a margin.
+    assert max(configmap_bytes(o) for o in configmaps) <= kubernetes.CONFIGMAP_BUDGET < kubernetes.CONFIGMAP_LIMIT
+    split = {name for name in by_kind(objects, "ConfigMap") if name.startswith("routes-")}
+    assert bool(split) == (topology in dict(BIG)), split
 
 
-@pytest.mark.parametrize("topology, point", [("central-entity", "central-entity"), ("dynamic-router-3", "router-1")])
-def test_a_configuration_over_the_configmap_limit_is_refused_at_render_denied(topology, point, tmp_path):
-    with pytest.raises(kubernetes.RenderError, match=f"Envoy configuration of {point} is [0-9]+ bytes, over the 1048576"):
-        rendered(topology, 50, tmp_path, engine="envoy-compiled")
+@pytest.mark.parametrize("budget", [None, 500_000], ids=["budget", "two-configmaps"])
+@pytest.mark.parametrize("topology, point", BIG)
+def test_every_route_file_a_listener_names_is_in_one_configmap_mounted_where_it_reads_allowed(topology, point, budget, tmp_path, monkeypatch):
+    if budget:  # the route files of the central entity fill two ConfigMaps of 500,000 bytes
+        monkeypatch.setattr(kubernetes, "CONFIGMAP_BUDGET", budget)
+    path, objects = rendered(topology, 50, tmp_path, engine="envoy-compiled")
+    result = kubernetes.validate(path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    configmaps = by_kind(objects, "ConfigMap")
+    assert max(configmap_bytes(o) for o in configmaps.values()) <= (budget or kubernetes.CONFIGMAP_BUDGET)
+    pod = pods(objects)[point]
+    envoy_container = next(c for c in containers(pod) if c["name"] == "envoy")
+    _, envoy = envoy_config(objects, pod, envoy_container)
+    managers = connection_managers(envoy)
+    assert len(managers) == len(envoy["static_resources"]["listeners"])
+    assert not any("route_config" in manager for manager in managers.values())
+    files = mounted_files(objects, pod, envoy_container)
+    for listener, manager in managers.items():
+        rds = manager["rds"]
+        assert rds["config_source"] == {"path_config_source": {"path": f"{kubernetes.ROUTES_MOUNT}/{listener}.json"}, "resource_api_version": "V3"}
+        holding = [name for name, o in configmaps.items() if f"{listener}.json" in o["data"]]
+        assert len(holding) == 1, (listener, holding)
+        response = json.loads(files[rds["config_source"]["path_config_source"]["path"]])
+        assert response["version_info"] == "1" and len(response["resources"]) == 1
+        assert response["resources"][0]["@type"] == kubernetes.ROUTE_CONFIGURATION
+        assert response["resources"][0]["name"] == rds["route_config_name"] == listener
+    routes = [name for name in configmaps if name.startswith(f"routes-{point}-")]
+    assert len(routes) == (2 if budget else 1)
+    projected = next(v for v in pod["volumes"] if v["name"] == f"routes-{point}")
+    assert sorted(s["configMap"]["name"] for s in projected["projected"]["sources"]) == sorted(routes)
+    assert [m for m in envoy_container["volumeMounts"] if m["name"] == f"routes-{point}"] == [
+        {"name": f"routes-{point}", "mountPath": kubernetes.ROUTES_MOUNT, "readOnly": True}]
+    # Only that point's Envoy reads them.
+    assert [(w, c["name"]) for w, p in pods(objects).items() for c in containers(p)
+            if any(m["mountPath"] == kubernetes.ROUTES_MOUNT for m in c.get("volumeMounts", []))] == [(point, "envoy")]
+
+
+@pytest.mark.parametrize("topology, point", BIG)
+def test_a_configuration_that_fits_keeps_its_route_configurations_inline_denied(topology, point, tmp_path):
+    _, objects = rendered(topology, 5, tmp_path, engine="envoy-compiled")
+    assert not [name for name in by_kind(objects, "ConfigMap") if name.startswith("routes-")]
+    for workload, pod in pods(objects).items():
+        assert not any("projected" in v for v in pod["volumes"]), workload
+        for container in [c for c in containers(pod) if c["name"] == "envoy"]:
+            assert [m["mountPath"] for m in container["volumeMounts"]] == ["/config", kubetrust.MOUNT]
+            _, envoy = envoy_config(objects, pod, container)
+            managers = connection_managers(envoy)
+            assert managers and all("route_config" in m and "rds" not in m for m in managers.values()), workload
+
+
+def test_split_routes_moves_every_route_configuration_and_leaves_the_bootstrap_it_was_given():
+    manager = lambda name: {"stat_prefix": name, "route_config": {"name": name, "virtual_hosts": []}, "http_filters": []}
+    listener = lambda name: {"name": name, "filter_chains": [{"filters": [{"name": "hcm", "typed_config": manager(name)}]}]}
+    envoy = {"static_resources": {"listeners": [listener("a"), listener("b")], "clusters": []}}
+    bootstrap, files = kubernetes.split_routes(envoy)
+    assert envoy["static_resources"]["listeners"][0] == listener("a")
+    assert list(connection_managers(bootstrap)["a"]) == ["stat_prefix", "rds", "http_filters"]
+    assert connection_managers(bootstrap)["b"]["rds"]["config_source"]["path_config_source"]["path"] == "/etc/envoy/routes/b.json"
+    assert json.loads(files["a.json"]) == {"version_info": "1", "resources": [{"@type": kubernetes.ROUTE_CONFIGURATION, "name": "a", "virtual_hosts": []}]}
+
+
+def test_route_files_fill_configmaps_in_turn_and_one_too_large_is_refused_denied():
+    files = {"a.json": "x" * 10, "b.json": "y" * 10, "c.json": "z" * 10}  # 16 bytes each, key and value
+    assert kubernetes.pack(files, budget=32) == [{"a.json": "x" * 10, "b.json": "y" * 10}, {"c.json": "z" * 10}]
+    assert kubernetes.pack(files, budget=48) == [files]
+    assert kubernetes.pack({}) == []
+    with pytest.raises(kubernetes.RenderError, match="b.json is 26 bytes, over the 16 bytes"):
+        kubernetes.pack({"a.json": "x" * 10, "b.json": "y" * 20}, budget=16)
+
+
+# ---- Envoy reads the split configuration: its route files as it reads route_config inline
+
+def local_bootstrap(files: dict[str, str], config: str, folder) -> str:
+    """The container's files written under `folder`, and its bootstrap (the file `config`) made
+    to run on this machine: the paths it reads moved under `folder`, the admin and every listener
+    on 127.0.0.1 at a port the kernel picks, every cluster at 127.0.0.1 (no DNS to wait for)."""
+    for path, content in files.items():
+        (folder / path.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+        (folder / path.lstrip("/")).write_text(content)
+    text = files[config]
+    for directory in sorted({path.rsplit("/", 1)[0] for path in files}, key=len, reverse=True):
+        text = text.replace(f'"{directory}/', f'"{folder}{directory}/')
+    envoy = json.loads(text)
+    loopback = {"address": "127.0.0.1", "port_value": 0}
+    envoy["admin"]["address"]["socket_address"] = loopback
+    for listener in envoy["static_resources"]["listeners"]:
+        listener["address"]["socket_address"] = loopback
+    for cluster in envoy["static_resources"]["clusters"]:
+        cluster["type"] = "STATIC"
+        for _, address in [(k, v) for k, v in walk(cluster["load_assignment"]) if k == "socket_address"]:
+            address["address"] = "127.0.0.1"
+    (folder / "bootstrap.json").write_text(json.dumps(envoy))
+    return str(folder / "bootstrap.json")
+
+
+@contextlib.contextmanager
+def running_envoy(bootstrap: str):
+    """A real Envoy on `bootstrap`, without hot restart (no shared memory, no --base-id to pick);
+    unknown fields in what it loads from files are errors. Yields a function that waits until it
+    serves (LIVE) and returns the route configurations it loaded: {"static"|"dynamic": {name: config}}."""
+    admin_file, log = f"{bootstrap}.admin", f"{bootstrap}.log"
+    with open(log, "w") as out:
+        process = subprocess.Popen([deployment.envoy_binary(), "-c", bootstrap, "--disable-hot-restart", "--concurrency", "1",
+                                    "--reject-unknown-dynamic-fields", "--log-level", "warn", "--admin-address-path", admin_file],
+                                   stdout=out, stderr=subprocess.STDOUT)
+
+    def loaded() -> dict[str, dict]:
+        deadline = time.monotonic() + 60
+        while True:
+            assert process.poll() is None and time.monotonic() < deadline, open(log).read()[-3000:]
+            try:
+                admin = open(admin_file).read().strip()
+                if admin and json.load(urllib.request.urlopen(f"http://{admin}/server_info", timeout=5))["state"] == "LIVE":
+                    break
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.1)
+        dump = lambda kind: json.load(urllib.request.urlopen(f"http://{admin}/config_dump?resource={kind}_route_configs", timeout=30))
+        return {kind: {c["route_config"]["name"]: c["route_config"] for c in dump(kind).get("configs", [])} for kind in ("static", "dynamic")}
+
+    try:
+        yield loaded
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture(scope="module")
+def split_central_entity(tmp_path_factory):
+    """The compiled central entity at 50 services, mutual TLS on: its Envoy container's files as
+    the pod mounts them, its bootstrap's path, and the configuration before the split."""
+    renderer = kubernetes.Renderer(manifest.load("central-entity", services=50, engine="envoy-compiled"))
+    renderer.render()
+    objects = [o for o in yaml.safe_load_all(kubernetes.build(renderer, tmp_path_factory.mktemp("render") / "kustomization")) if o]
+    pod = pods(objects)["central-entity"]
+    container = next(c for c in pod["containers"] if c["name"] == "envoy")
+    return mounted_files(objects, pod, container), container["args"][container["args"].index("-c") + 1], renderer.configs["central-entity"].envoy
+
+
+def test_envoy_loads_every_route_file_of_a_split_configuration_as_it_loads_them_inline_allowed(split_central_entity, tmp_path):
+    files, config, whole = split_central_entity
+    split = local_bootstrap(files, config, tmp_path / "split")
+    names = [m["rds"]["route_config_name"] for m in connection_managers(json.loads(files[config])).values()]
+    assert len(names) == 51  # the entry, 49 hops, the readiness listener
+    result = subprocess.run([deployment.envoy_binary(), "--mode", "validate", "-c", split, "--log-level", "error"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    # Validation only checks the route files exist: a real Envoy loads them, and one on the whole
+    # configuration (over 1 MiB, fine on disk) shows what it makes of the same routes inline.
+    inline = local_bootstrap({**files, config: json.dumps(whole)}, config, tmp_path / "inline")
+    # One after the other: each route file costs Envoy an inotify instance, of the 128 a user
+    # holds by default (fs.inotify.max_user_instances).
+    with running_envoy(split) as loaded:
+        read = loaded()
+    with running_envoy(inline) as loaded:
+        expected = loaded()
+    assert read["static"] == {} and sorted(read["dynamic"]) == sorted(names)
+    assert expected["dynamic"] == {} and read["dynamic"] == expected["static"]
+
+
+def test_envoy_refuses_a_route_file_that_is_missing_or_malformed_denied(split_central_entity, tmp_path):
+    files, config, _ = split_central_entity
+    route_file = f"{kubernetes.ROUTES_MOUNT}/from-svc-07.json"
+    missing = local_bootstrap({path: content for path, content in files.items() if path != route_file}, config, tmp_path / "missing")
+    result = subprocess.run([deployment.envoy_binary(), "--mode", "validate", "-c", missing], capture_output=True, text=True)
+    assert result.returncode != 0 and "from-svc-07.json' does not exist" in result.stdout + result.stderr
+    # Validation takes a malformed file; Envoy refuses it when it loads it, and serves without those routes.
+    response = json.loads(files[route_file])
+    response["resources"][0]["virtual_host"] = response["resources"][0].pop("virtual_hosts")
+    malformed = local_bootstrap({**files, route_file: json.dumps(response)}, config, tmp_path / "malformed")
+    result = subprocess.run([deployment.envoy_binary(), "--mode", "validate", "-c", malformed], capture_output=True, text=True)
+    assert result.returncode == 0
+    with running_envoy(malformed) as loaded:
+        read = loaded()
+    assert "from-svc-07" not in read["dynamic"] and len(read["dynamic"]) == 50
 
 
 def test_unknown_field_fails_strict_validation_denied(tmp_path):
