@@ -19,6 +19,11 @@ from complyroute.manifest import REPO
 pytestmark = pytest.mark.k8s
 
 TOPOLOGIES = ["sidecar", "central-entity", "dynamic-router-3", "dynamic-router-6", "baseline"]
+# Every topology at 5 and 50 services with the default engine; and the two whose compiled Envoy
+# configuration at 50 services is over one ConfigMap, so its route configurations fill ConfigMaps
+# of their own (kubernetes.split_routes).
+CASES = [(topology, services, None) for services in (5, 50) for topology in TOPOLOGIES]
+CASES += [("central-entity", 50, "envoy-compiled"), ("dynamic-router-3", 50, "envoy-compiled")]
 
 
 @pytest.fixture(scope="module")
@@ -33,10 +38,9 @@ def get(cluster, kind, namespace):
     return json.loads(cluster.kubectl("-n", namespace, "get", kind, "-o", "json", quiet=True).stdout)["items"]
 
 
-@pytest.mark.parametrize("services", [5, 50])
-@pytest.mark.parametrize("topology_name", TOPOLOGIES)
-def test_topology_is_accepted_scheduled_and_shaped_as_designed(cluster, topology_name, services, tmp_path):
-    topology = manifest.load(topology_name, services=services)
+@pytest.mark.parametrize("topology_name, services, engine", CASES, ids=[f"{t}-{n}" + (f"-{e}" if e else "") for t, n, e in CASES])
+def test_topology_is_accepted_scheduled_and_shaped_as_designed(cluster, topology_name, services, engine, tmp_path):
+    topology = manifest.load(topology_name, services=services, engine=engine)
     namespace = kubernetes.namespace_of(topology)
     net = kubernetes.KubernetesNetwork
     rendered = tmp_path / "rendered.yaml"
@@ -87,6 +91,18 @@ def test_topology_is_accepted_scheduled_and_shaped_as_designed(cluster, topology
             assert pod["spec"]["securityContext"]["fsGroup"] == kubernetes.RUN_AS
             mounted = [v["secret"]["secretName"] for v in pod["spec"]["volumes"] if "secret" in v]
             assert mounted and all(name in stored for name in mounted), (pod["metadata"]["name"], mounted)
+
+        # Every ConfigMap a pod mounts exists, under 1 MiB (the API server would have refused
+        # it); a bootstrap too large for one reads its route files from ConfigMaps of their own.
+        names = {c["metadata"]["name"] for c in configmaps}
+        for pod in pods:
+            volumes = pod["spec"]["volumes"]
+            mounted = [v["configMap"]["name"] for v in volumes if "configMap" in v]
+            mounted += [s["configMap"]["name"] for v in volumes if "projected" in v for s in v["projected"]["sources"]]
+            assert set(mounted) <= names, (pod["metadata"]["name"], set(mounted) - names)
+        assert max(sum(len(v.encode()) for v in c.get("data", {}).values()) for c in configmaps) <= kubernetes.CONFIGMAP_BUDGET
+        routes = [c for c in configmaps if c["metadata"]["name"].startswith("routes-")]
+        assert bool(routes) == (engine == "envoy-compiled"), [c["metadata"]["name"] for c in routes]
 
         # Every pod above passed the restricted Pod Security Standard, which the namespace
         # enforces; a pod that breaks it is refused at admission.
