@@ -494,13 +494,22 @@ def _deciding_listener(listener: DecidingListener, settings: dict, matcher: dict
     }
 
 
+# A forwarding listener takes the whole record before it forwards it, and refuses one over
+# the limit itself (413 in the error contract): streamed on, an oversized body would be
+# refused by the service while Envoy still sends, and the reset would answer 503.
+WHOLE_RECORD = {
+    "name": "envoy.filters.http.buffer",
+    "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer", "max_request_bytes": MAX_RECORD_BYTES},
+}
+
+
 def _forwarding_listener(listener: ForwardingListener, settings: dict, trust: PointTrust | None = None) -> dict:
     forward = record_route({"route": {"cluster": f"upstream-{listener.name}", "timeout": hop_timeout_of(settings)}})
     virtual_host = {"name": listener.name, "domains": ["*"], "routes": [forward, *refusal_routes(deciding=False)]}
     return {
         "name": listener.name,
         "address": _socket(listener.endpoint),
-        "filter_chains": [_filter_chain([_connection_manager(listener.name, [], virtual_host, settings)], trust, listener.name)],
+        "filter_chains": [_filter_chain([_connection_manager(listener.name, [WHOLE_RECORD], virtual_host, settings)], trust, listener.name)],
     }
 
 
