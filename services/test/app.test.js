@@ -10,8 +10,8 @@ import { buildApp, clientErrorHandler, doWork, downstreamPathEntries } from '../
 import { parseConfig } from '../config.js'
 import { GENESIS, createAuditLog } from '../lib/audit.js'
 
-const LAST = parseConfig({ INSTANCE_ID: 'store-eu', STEP: 'store', REGION: 'EU', NODE: 'node-3', WORK_ITERATIONS: '3', LOG_LEVEL: 'silent' })
-const MIDDLE = parseConfig({
+const LAST_ENV = { INSTANCE_ID: 'store-eu', STEP: 'store', REGION: 'EU', NODE: 'node-3', WORK_ITERATIONS: '3', LOG_LEVEL: 'silent' }
+const MIDDLE_ENV = {
   INSTANCE_ID: 'analyse-eu',
   STEP: 'analyse',
   REGION: 'EU',
@@ -20,7 +20,9 @@ const MIDDLE = parseConfig({
   EGRESS_URL: 'http://127.0.0.1:12002',
   WORK_ITERATIONS: '3',
   LOG_LEVEL: 'silent'
-})
+}
+const LAST = parseConfig(LAST_ENV)
+const MIDDLE = parseConfig(MIDDLE_ENV)
 
 const LABELS = Object.freeze({ 'x-data-region': 'EU', 'x-data-category': 'personal', 'x-data-consent': 'billing,care' })
 const RECORD = Object.freeze({ subject: 'alice', amount: 12 })
@@ -648,18 +650,8 @@ test('malformed HTTP is answered in the {code, message} shape', () => {
 
 // ---------------------------------------------------------------- label tokens
 
-const TOKEN_LAST = parseConfig({ INSTANCE_ID: 'store-eu', STEP: 'store', REGION: 'EU', NODE: 'node-3', WORK_ITERATIONS: '3', LOG_LEVEL: 'silent', LABEL_TOKENS: '1' })
-const TOKEN_MIDDLE = parseConfig({
-  INSTANCE_ID: 'analyse-eu',
-  STEP: 'analyse',
-  REGION: 'EU',
-  NODE: 'node-2',
-  NEXT_STEP: 'store',
-  EGRESS_URL: 'http://127.0.0.1:12002',
-  WORK_ITERATIONS: '3',
-  LOG_LEVEL: 'silent',
-  LABEL_TOKENS: '1'
-})
+const TOKEN_LAST = parseConfig({ ...LAST_ENV, LABEL_TOKENS: '1' })
+const TOKEN_MIDDLE = parseConfig({ ...MIDDLE_ENV, LABEL_TOKENS: '1' })
 // What the deciding point sets from a verified token: the token itself (opaque here) and the
 // digest of the record's bytes it was issued for.
 const TOKEN = 'eyJhbGciOiJFUzI1NiJ9.eyJyZWdpb24iOiJFVSJ9.c2ln'
