@@ -54,16 +54,20 @@ function token (env, name, { required = false, fallback } = {}) {
   return value
 }
 
-function list (env, name) {
+// A comma-separated list, each item trimmed and valid (`valid`), each once; `expected` says
+// what an item must be.
+function validList (env, name, valid, expected) {
   const value = read(env, name)
   if (value === '') return Object.freeze([])
   const items = value.split(',').map((item) => item.trim())
   for (const item of items) {
-    if (!TOKEN.test(item)) {
-      throw new ConfigError(name, `invalid item ${JSON.stringify(item)} in ${JSON.stringify(value)}: expected a comma-separated list of identifiers`)
-    }
+    if (!valid(item)) throw new ConfigError(name, `invalid item ${JSON.stringify(item)} in ${JSON.stringify(value)}: ${expected}`)
   }
   return Object.freeze([...new Set(items)])
+}
+
+function list (env, name) {
+  return validList(env, name, (item) => TOKEN.test(item), 'expected a comma-separated list of identifiers')
 }
 
 // SPIFFE-style identities (spiffe://complyroute/point/central-entity): who a part is under
@@ -78,15 +82,7 @@ function spiffeId (env, name) {
 }
 
 function spiffeList (env, name) {
-  const value = read(env, name)
-  if (value === '') return Object.freeze([])
-  const items = value.split(',').map((item) => item.trim())
-  for (const item of items) {
-    if (!isSpiffeId(item)) {
-      throw new ConfigError(name, `invalid item ${JSON.stringify(item)} in ${JSON.stringify(value)}: ${SPIFFE_EXPECTED}, comma-separated`)
-    }
-  }
-  return Object.freeze([...new Set(items)])
+  return validList(env, name, isSpiffeId, `${SPIFFE_EXPECTED}, comma-separated`)
 }
 
 function flag (env, name) {
