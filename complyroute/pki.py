@@ -9,12 +9,14 @@ render time, and a later deployment's parts do not trust this one's.
 
 from __future__ import annotations
 
+import base64
 import datetime
+import json
 from dataclasses import dataclass
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, utils
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 TRUST_DOMAIN = "complyroute"
@@ -89,15 +91,29 @@ class CertificateAuthority:
         return Credential(identity, _pem_key(key), cert.public_bytes(serialization.Encoding.PEM))
 
 
+def _b64(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
 def signing_key() -> tuple[dict, dict]:
     """A fresh EC P-256 key for label tokens (ES256), as (private JWK, public JWKS)."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    numbers = key.private_numbers()
+    numbers = ec.generate_private_key(ec.SECP256R1()).private_numbers()
+    coordinate = lambda value: _b64(value.to_bytes(32, "big"))
+    public = {"kty": "EC", "crv": "P-256", "x": coordinate(numbers.public_numbers.x), "y": coordinate(numbers.public_numbers.y),
+              "alg": "ES256", "use": "sig", "kid": "entry"}
+    return {**public, "d": coordinate(numbers.private_value)}, {"keys": [public]}
 
-    def b64(value: int) -> str:
-        import base64
 
-        return base64.urlsafe_b64encode(value.to_bytes(32, "big")).rstrip(b"=").decode()
-
-    public = {"kty": "EC", "crv": "P-256", "x": b64(numbers.public_numbers.x), "y": b64(numbers.public_numbers.y), "alg": "ES256", "use": "sig", "kid": "entry"}
-    return {**public, "d": b64(numbers.private_value)}, {"keys": [public]}
+def sign_token(claims: dict, jwk: dict) -> str:
+    """A compact JWS (ES256: ECDSA P-256 with SHA-256, the signature as raw r || s) over `claims`
+    with the private JWK `jwk`: a label token as the entry's OPA issues it, for what plays the
+    entry's part (make bench, the end-to-end tests). The deployment itself signs only in OPA."""
+    key = ec.derive_private_key(int.from_bytes(_unb64(jwk["d"]), "big"), ec.SECP256R1())
+    header = {"alg": "ES256", "typ": "JWT", "kid": jwk["kid"]}
+    signing_input = ".".join(_b64(json.dumps(part, separators=(",", ":")).encode()) for part in (header, claims))
+    r, s = utils.decode_dss_signature(key.sign(signing_input.encode(), ec.ECDSA(hashes.SHA256())))
+    return f"{signing_input}.{_b64(r.to_bytes(32, 'big') + s.to_bytes(32, 'big'))}"

@@ -54,7 +54,6 @@ Prints a table and writes it as CSV (default runs/bench/<time>/bench.csv).
 
 from __future__ import annotations
 
-import base64
 import csv
 import hashlib
 import http.client
@@ -73,9 +72,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import psutil
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 
 from complyroute import deployment, engines, identity, manifest, pki, policybench
 from complyroute.enforcement import DIGEST_HEADER, LABEL_TOKEN_HEADER, TOKEN_ISSUER, DecidingListener, EnforcementPoint, Endpoint, ForwardingListener, write_data
@@ -272,18 +268,11 @@ def send(url: str, records: int, context: ssl.SSLContext | None = None, headers:
 
 
 def label_token(jwk: dict, body: bytes, request_id: str, lifetime: int = TOKEN_LIFETIME) -> str:
-    """The label token an entry issues for `body` with the bench's labels: a JWS (ES256, ECDSA
-    P-256 with SHA-256, the signature as raw r || s) signed with the private JWK `jwk`."""
-    b64 = lambda raw: base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
-    private_value = int.from_bytes(base64.urlsafe_b64decode(jwk["d"] + "=" * (-len(jwk["d"]) % 4)), "big")
-    key = ec.derive_private_key(private_value, ec.SECP256R1())
+    """The label token an entry issues for `body` with the bench's labels, signed with the private JWK `jwk`."""
     now = int(time.time())
-    header = {"alg": "ES256", "typ": "JWT", "kid": jwk["kid"]}
     claims = {"iss": TOKEN_ISSUER, "rid": request_id, "region": LABELS["x-data-region"], "category": LABELS["x-data-category"],
               "consent": LABELS["x-data-consent"], "digest": "sha256:" + hashlib.sha256(body).hexdigest(), "iat": now, "exp": now + lifetime}
-    signing_input = ".".join(b64(json.dumps(part, separators=(",", ":")).encode()) for part in (header, claims))
-    r, s = decode_dss_signature(key.sign(signing_input.encode(), ec.ECDSA(hashes.SHA256())))
-    return f"{signing_input}.{b64(r.to_bytes(32, 'big') + s.to_bytes(32, 'big'))}"
+    return pki.sign_token(claims, jwk)
 
 
 def envoy_counter(admin: Endpoint, name: str) -> int:

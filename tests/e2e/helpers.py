@@ -1,15 +1,11 @@
 """What the end-to-end tests share: deploying the example, reading audit logs, the reference data."""
 
-import base64
 import hashlib
 import json
 import ssl
 import time
 import uuid
 from pathlib import Path
-
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.asymmetric import ec, utils
 
 from complyroute import deployment, manifest, pki
 from complyroute.client import send
@@ -107,23 +103,11 @@ def label_token(state, labels: dict, request_id: str, body: bytes) -> str:
     playing the part of the entry hands a record it puts in at an inner hop."""
     keys = [json.loads(path.read_text())["complyroute"].get("token") for path in Path(state["run_dir"], "points").glob("*/data/data.json")]
     token = next(key for key in keys if key)
-    jwk = token["jwk"]
     now = int(time.time())
     claims = {"iss": token["issuer"], "iat": now, "exp": now + 300, "rid": request_id,
               **{name: value for name, value in labels.items() if value},
               "digest": "sha256:" + hashlib.sha256(body).hexdigest()}
-    private = ec.derive_private_key(int.from_bytes(_unb64(jwk["d"]), "big"), ec.SECP256R1())
-    signing_input = f"{_b64(json.dumps({'alg': 'ES256', 'typ': 'JWT', 'kid': token['kid']}).encode())}.{_b64(json.dumps(claims).encode())}"
-    r, s = utils.decode_dss_signature(private.sign(signing_input.encode(), ec.ECDSA(hashes.SHA256())))
-    return f"{signing_input}.{_b64(r.to_bytes(32, 'big') + s.to_bytes(32, 'big'))}"
-
-
-def _b64(raw: bytes) -> str:
-    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
-
-
-def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    return pki.sign_token(claims, {**token["jwk"], "kid": token["kid"]})
 
 
 def send_as(state, instance: str, labels: dict, record=RECORD, headers: dict | None = None, url: str | None = None):

@@ -272,17 +272,7 @@ def test_compromised_service_altered_token_denied(deployed, compromised):
 
 def self_signed(claims: dict) -> str:
     """A well-formed ES256 token over `claims`, signed with a key of the attacker's own."""
-    import base64
-
-    from cryptography.hazmat.primitives import hashes
-    from cryptography.hazmat.primitives.asymmetric import ec, utils
-
-    def b64(raw: bytes) -> str:
-        return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
-
-    signing_input = f"{b64(json.dumps({'alg': 'ES256', 'typ': 'JWT', 'kid': 'entry'}).encode())}.{b64(json.dumps(claims).encode())}"
-    r, s = utils.decode_dss_signature(ec.generate_private_key(ec.SECP256R1()).sign(signing_input.encode(), ec.ECDSA(hashes.SHA256())))
-    return f"{signing_input}.{b64(r.to_bytes(32, 'big') + s.to_bytes(32, 'big'))}"
+    return pki.sign_token(claims, pki.signing_key()[0])
 
 
 def test_compromised_service_another_records_body_denied(deployed, compromised):
