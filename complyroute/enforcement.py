@@ -19,12 +19,11 @@ whose misses fall through to the decision route.
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
-
-from . import policydata
 
 if TYPE_CHECKING:
     from .identity import PointTrust
@@ -35,6 +34,8 @@ TOKEN_ISSUER = "complyroute-entry"
 # services check it against the bytes they receive); see identity.py.
 LABEL_TOKEN_HEADER = "x-complyroute-labels"
 DIGEST_HEADER = "x-complyroute-digest"
+# The revision of the rule set that decided a hop (complyroute/bundles.py).
+REVISION_HEADER = "x-complyroute-revision"
 POLICY_QUERY = "complyroute/envoy/response"
 # The largest record any part accepts: Envoy's ext_authz buffer, the compiled engine's
 # content-length matcher and the services' bodyLimit (services/app.js BODY_LIMIT) agree.
@@ -379,9 +380,14 @@ def decision_route(hop_timeout: str) -> dict:
     return record_route({"route": {"cluster_header": ROUTING_HEADER, "timeout": hop_timeout}})
 
 
-def decided_route(destination: str, hop_timeout: str) -> dict:
-    """The route of a record whose hop was decided ahead of time: no call to OPA."""
-    return record_route({"route": {"cluster": destination, "timeout": hop_timeout}, "typed_per_filter_config": EXT_AUTHZ_DISABLED})
+def decided_route(destination: str, hop_timeout: str, revision: str) -> dict:
+    """The route of a record whose hop was decided ahead of time: no call to OPA. It names the
+    revision of the rule set that decided it, as OPA's answer does on the decision route."""
+    return record_route({
+        "route": {"cluster": destination, "timeout": hop_timeout},
+        "typed_per_filter_config": EXT_AUTHZ_DISABLED,
+        "request_headers_to_add": [{"header": {"key": REVISION_HEADER, "value": revision}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}],
+    })
 
 
 def _removing(headers: list[str]) -> dict:
@@ -471,15 +477,16 @@ def _deciding_listener(listener: DecidingListener, settings: dict, matcher: dict
                 "check_settings": {"context_extensions": context},
             }
         },
-        # Every record this listener passes says who sent it, which point decided its hop and
-        # with which rule set; the receiving service writes them into its audit line
-        # (complyroute/audit.py checks them). Overwritten: a sender cannot choose them.
+        # Every record this listener passes says who sent it and which point decided its hop;
+        # the receiving service writes them into its audit line (complyroute/audit.py checks
+        # them). Overwritten: a sender cannot choose them. The revision of the rule set that
+        # decided (REVISION_HEADER) is the decision's own: OPA's answer sets it, or the
+        # compiled route that stands for one.
         "request_headers_to_add": [
             {"header": {"key": key, "value": value}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}
             for key, value in [
                 ("x-complyroute-sender", listener.sender),
                 ("x-complyroute-decided-by", point),
-                ("x-complyroute-revision", policydata.revision()),
             ]
         ] + ([RECORD_ID_FROM_TOKEN] if tokens and not listener.from_client else []),
     }
@@ -554,6 +561,45 @@ def envoy_config(point: EnforcementPoint, engine: dict, matchers: dict[str, dict
     }
 
 
+ROUTE_CONFIGURATION = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
+
+
+def split_routes(envoy: dict, folder: str, version: str = "1") -> tuple[dict, dict[str, str]]:
+    """Every listener's route configuration out of the bootstrap `envoy`, into a file Envoy
+    reads from `folder` (RDS from the filesystem): returns the bootstrap, whose connection
+    managers name their file instead, and the files, `<listener>.json` each, as compact JSON
+    discovery responses of `version`. `envoy` itself is left as it is.
+
+    Envoy watches `folder` and reads a route configuration again when a file is moved into it
+    (a rename: reload.py's rewrite, or Kubernetes swapping a ConfigMap volume's contents), so
+    a listener's routes change without a restart and without a dropped request.
+    """
+    bootstrap = copy.deepcopy(envoy)
+    files: dict[str, str] = {}
+    for listener in bootstrap["static_resources"]["listeners"]:
+        for chain in listener["filter_chains"]:
+            for network_filter in chain["filters"]:
+                manager = network_filter["typed_config"]
+                if "route_config" not in manager:
+                    continue
+                name = f"{listener['name']}.json"
+                if name in files:
+                    raise ValueError(f"listener {listener['name']} has more than one route configuration")
+                route_config = manager["route_config"]
+                rds = {
+                    "route_config_name": route_config["name"],
+                    "config_source": {
+                        "path_config_source": {"path": f"{folder}/{name}", "watched_directory": {"path": folder}},
+                        "resource_api_version": "V3",
+                    },
+                }
+                # In route_config's place, so the manager's fields keep their order.
+                network_filter["typed_config"] = dict(("rds", rds) if key == "route_config" else (key, value) for key, value in manager.items())
+                files[name] = json.dumps({"version_info": version, "resources": [{"@type": ROUTE_CONFIGURATION, **route_config}]},
+                                         separators=(",", ":"))
+    return bootstrap, files
+
+
 def write_data(data_dir: Path, document: dict) -> None:
     """Write the document a point's OPA loads beside the rule set, given data_dir as data."""
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -568,9 +614,47 @@ def write_data(data_dir: Path, document: dict) -> None:
 OPA_SERVER_FLAGS = ["--authorization=basic"]
 
 
-def opa_config(point: EnforcementPoint) -> dict:
-    """OPA configuration: the Envoy ext_authz gRPC server answering with the policy's response."""
+@dataclass(frozen=True)
+class BundleSource:
+    """Where a point's OPA fetches its bundle (complyroute/bundleserver.py), and, with mutual
+    TLS, the CA that server's certificate is checked against and the point's own credential."""
+
+    url: str  # http(s)://host:port of the bundle server
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
+
+
+BUNDLE_NAME = "complyroute"
+# How long the bundle server may hold a request for a new bundle (long polling): a new bundle
+# arrives as soon as it is written; an idle OPA asks again this often.
+LONG_POLLING_SECONDS = 30
+
+
+def bundle_config(point: EnforcementPoint, source: BundleSource) -> dict:
+    """OPA's `services` and `bundles`: the point's bundle, long-polled from the bundle server."""
+    service = {"url": source.url}
+    if source.ca:
+        service["tls"] = {"ca_cert": source.ca}
+        service["credentials"] = {"client_tls": {"cert": source.cert, "private_key": source.key}}
     return {
+        "services": {"control": service},
+        "bundles": {
+            BUNDLE_NAME: {
+                "service": "control",
+                "resource": f"bundles/{point.name}.tar.gz",
+                # Between failed fetches (the server unreachable); long polling otherwise.
+                "polling": {"min_delay_seconds": 1, "max_delay_seconds": 2, "long_polling_timeout_seconds": LONG_POLLING_SECONDS},
+            }
+        },
+    }
+
+
+def opa_config(point: EnforcementPoint, bundles: BundleSource | None = None) -> dict:
+    """OPA configuration: the Envoy ext_authz gRPC server answering with the policy's response,
+    deciding with the bundle `bundles` serves (None: with the rule set given on the command line)."""
+    return {
+        **(bundle_config(point, bundles) if bundles else {}),
         "plugins": {
             "envoy_ext_authz_grpc": {
                 "addr": f"{point.opa_grpc.address}:{point.opa_grpc.port}",
@@ -583,5 +667,6 @@ def opa_config(point: EnforcementPoint) -> dict:
                 "enable-performance-metrics": True,
             }
         },
-        "decision_logs": {"console": False},
+        # No decision_logs section: with one, OPA uploads decisions to the bundle server (its
+        # only service).
     }

@@ -166,11 +166,14 @@ class Credentials:
     token_jwks: dict  # public (every later point verifies with it)
 
     @classmethod
-    def issue(cls, trust: Trust, name: str) -> Credentials:
+    def issue(cls, trust: Trust, name: str, bundle_server_host: str = "127.0.0.1") -> Credentials:
+        """Every part's credential; the bundle server's also names the host OPAs reach it by."""
         ca = pki.CertificateAuthority(name)
         identities = [point_identity(p) for p in trust.plan.points] + [service_identity(s) for s in trust.plan.services] + [pki.CONTROL]
         jwk, jwks = pki.signing_key()
-        return cls(ca.cert_pem, {identity: ca.issue(identity) for identity in identities}, jwk, jwks)
+        parts = {identity: ca.issue(identity) for identity in identities}
+        parts[pki.BUNDLE_SERVER] = ca.issue(pki.BUNDLE_SERVER, hosts=(bundle_server_host,))
+        return cls(ca.cert_pem, parts, jwk, jwks)
 
     def with_token_key(self, trust: Trust, point: EnforcementPoint, data: dict | None) -> dict | None:
         """A point's OPA data, plus data.complyroute.token (policies/complyroute/envoy) when it

@@ -17,7 +17,6 @@ every render changes every Secret, and applying it rolls every pod onto the new 
 
 from __future__ import annotations
 
-import copy
 import json
 import re
 import shutil
@@ -28,7 +27,7 @@ from pathlib import Path
 import yaml
 
 from . import enforcement, engines, kubetrust, policydata
-from .enforcement import EnforcementPoint, Endpoint
+from .enforcement import ROUTE_CONFIGURATION, EnforcementPoint, Endpoint, split_routes
 from .manifest import REPO, Instance, Node, Topology
 from .plan import Plan, place
 
@@ -67,7 +66,6 @@ CONFIGMAP_LIMIT = 1024 * 1024
 CONFIGMAP_BUDGET = CONFIGMAP_LIMIT * 7 // 8
 # Where Envoy reads the route configurations split out of a bootstrap too large for one ConfigMap.
 ROUTES_MOUNT = "/etc/envoy/routes"
-ROUTE_CONFIGURATION = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
 
 
 class RenderError(RuntimeError):
@@ -76,33 +74,6 @@ class RenderError(RuntimeError):
 
 def _compact(document: dict) -> str:
     return json.dumps(document, separators=(",", ":"))
-
-
-def split_routes(envoy: dict, folder: str = ROUTES_MOUNT) -> tuple[dict, dict[str, str]]:
-    """Every listener's route configuration out of the bootstrap `envoy`, into a file Envoy
-    reads from `folder` (RDS from the filesystem): returns the bootstrap, whose connection
-    managers name their file instead, and the files, `<listener>.json` each, as compact JSON
-    discovery responses. `envoy` itself is left as it is."""
-    bootstrap = copy.deepcopy(envoy)
-    files: dict[str, str] = {}
-    for listener in bootstrap["static_resources"]["listeners"]:
-        for chain in listener["filter_chains"]:
-            for network_filter in chain["filters"]:
-                manager = network_filter["typed_config"]
-                if "route_config" not in manager:
-                    continue
-                name = f"{listener['name']}.json"
-                if name in files:
-                    raise ValueError(f"listener {listener['name']} has more than one route configuration")
-                route_config = manager["route_config"]
-                rds = {
-                    "route_config_name": route_config["name"],
-                    "config_source": {"path_config_source": {"path": f"{folder}/{name}"}, "resource_api_version": "V3"},
-                }
-                # In route_config's place, so the manager's fields keep their order.
-                network_filter["typed_config"] = dict(("rds", rds) if key == "route_config" else (key, value) for key, value in manager.items())
-                files[name] = _compact({"version_info": "1", "resources": [{"@type": ROUTE_CONFIGURATION, **route_config}]})
-    return bootstrap, files
 
 
 def pack(files: dict[str, str], budget: int | None = None) -> list[dict[str, str]]:
@@ -311,7 +282,7 @@ class Renderer:
         envoy = self.configs[point.name].envoy
         bootstrap, routes = _compact(envoy), {}
         if len("envoy.json") + len(bootstrap.encode()) > CONFIGMAP_BUDGET:
-            split, routes = split_routes(envoy)
+            split, routes = split_routes(envoy, ROUTES_MOUNT)
             bootstrap = _compact(split)
             if len("envoy.json") + len(bootstrap.encode()) > CONFIGMAP_BUDGET:
                 raise RenderError(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import datetime
+import ipaddress
 import json
 from dataclasses import dataclass
 
@@ -30,6 +31,16 @@ def spiffe_id(kind: str, name: str) -> str:
 
 
 CONTROL = spiffe_id("control", "")
+# The bundle server (complyroute/bundleserver.py), which serves the points' OPAs their rule set.
+BUNDLE_SERVER = spiffe_id("control", "bundles")
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -71,9 +82,16 @@ class CertificateAuthority:
     def cert_pem(self) -> bytes:
         return self.cert.public_bytes(serialization.Encoding.PEM)
 
-    def issue(self, identity: str) -> Credential:
-        """A key and a certificate for `identity`, usable as TLS server and client."""
+    def issue(self, identity: str, hosts: tuple[str, ...] = ()) -> Credential:
+        """A key and a certificate for `identity`, usable as TLS server and client.
+
+        `hosts`: names (DNS or IP address) the certificate also carries, for a server whose
+        clients check the host they reach (OPA's bundle download does; the parts check the URI).
+        """
         key = ec.generate_private_key(ec.SECP256R1())
+        names = [x509.UniformResourceIdentifier(identity)] + [
+            x509.IPAddress(ipaddress.ip_address(host)) if _is_ip(host) else x509.DNSName(host) for host in hosts
+        ]
         cert = (
             x509.CertificateBuilder()
             .subject_name(x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, TRUST_DOMAIN)]))
@@ -82,7 +100,7 @@ class CertificateAuthority:
             .serial_number(x509.random_serial_number())
             .not_valid_before(self._start)
             .not_valid_after(self._start + VALIDITY)
-            .add_extension(x509.SubjectAlternativeName([x509.UniformResourceIdentifier(identity)]), critical=True)
+            .add_extension(x509.SubjectAlternativeName(names), critical=True)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(x509.KeyUsage(True, False, False, False, False, False, False, False, False), critical=True)
             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)

@@ -26,6 +26,7 @@ class LocalNetwork:
     """
 
     SERVICE, INGRESS, EGRESS, OPA_GRPC, OPA_HTTP, ENVOY_ADMIN, OPA_DIAGNOSTIC, ENVOY_READY = 20000, 21000, 22000, 23000, 24000, 25000, 26000, 27000
+    BUNDLE_SERVER = 29000
 
     def entry(self, point_name: str) -> Endpoint:
         return Endpoint("127.0.0.1", 8080)
@@ -59,6 +60,10 @@ class LocalNetwork:
     def hop(self, point: EnforcementPoint, instance: Instance) -> Endpoint:
         """The listener of a shared point (central entity, router) for one sending instance."""
         return Endpoint(point.admin.address, self.EGRESS + instance.index)
+
+    def bundle_server(self, gateway: Node) -> Endpoint:
+        """Where the control plane serves the points' OPAs their bundles (bundleserver.py)."""
+        return Endpoint(gateway.address, self.BUNDLE_SERVER)
 
 
 # Where each topology's placement lives.

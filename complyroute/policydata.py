@@ -9,7 +9,6 @@ every point of a deployment in one `opa eval`, and hands back the documents to w
 
 from __future__ import annotations
 
-import functools
 import json
 import subprocess
 from pathlib import Path
@@ -24,25 +23,6 @@ QUERY = "data.complyroute.indexing.documents"
 OPA_RUN_FLAGS = ["--optimize-store-for-read-speed"]
 # What of policies/ is not the rule set: the tests beside each module and the example inputs.
 RULE_SET_IGNORES = ["--ignore", "*_test.rego", "--ignore", "examples"]
-
-
-@functools.cache
-def revision(repo: Path = REPO) -> str:
-    """The revision of the rule set the points load: the repository's commit, with "-dirty" when
-    policies/ has uncommitted changes ("unversioned" outside a git checkout).
-
-    Every deciding point stamps it on the hops it decides; computed once per control-plane
-    process (one deploy), not once per listener.
-    """
-    def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout.strip()
-
-    try:
-        commit = git("rev-parse", "HEAD")
-        dirty = git("status", "--porcelain", "--", "policies")
-    except (OSError, subprocess.CalledProcessError):
-        return "unversioned"
-    return commit + ("-dirty" if dirty else "")
 
 
 class PolicyDataError(RuntimeError):

@@ -73,7 +73,7 @@ from pathlib import Path
 
 import psutil
 
-from complyroute import deployment, engines, identity, manifest, pki, policybench
+from complyroute import bundles, deployment, enforcement, engines, identity, manifest, pki, policybench
 from complyroute.enforcement import DIGEST_HEADER, LABEL_TOKEN_HEADER, TOKEN_ISSUER, DecidingListener, EnforcementPoint, Endpoint, ForwardingListener, write_data
 from complyroute.manifest import REPO
 from complyroute.plan import place
@@ -153,6 +153,8 @@ class Bench:
         self.token_jwk, self.token_jwks = pki.signing_key()
         self.credentials: dict[str, identity.TlsFiles] = {}
         self.clients: dict[str, ssl.SSLContext] = {}
+        self.bundles: enforcement.BundleSource | None = None  # the bench's bundle server, once a point needs it
+        self.health_urls: dict[str, str] = {}  # OPAs: healthy once their bundle is loaded
 
     def endpoint(self) -> Endpoint:
         self.last_port += 1
@@ -160,6 +162,17 @@ class Bench:
 
     def start(self, part: deployment.Part) -> None:
         self.pids[part.name] = deployment.start(part)
+        if part.kind == "opa":
+            self.health_urls[part.name] = part.health_url
+
+    def bundle_source(self) -> enforcement.BundleSource:
+        """The bench's bundle server (plain HTTP on loopback: the bench measures hops, and its
+        OPAs read their bundle once), started with the first point that has an OPA."""
+        if self.bundles is None:
+            endpoint = self.endpoint()
+            self.start(deployment.bundle_server_part(self.folder / deployment.BUNDLES, endpoint, "bench", self.folder, None, None))
+            self.bundles = enforcement.BundleSource(endpoint.url)
+        return self.bundles
 
     def node_app(self, name: str, script: Path, env: dict) -> Endpoint:
         endpoint = self.endpoint()
@@ -206,7 +219,10 @@ class Bench:
     def point(self, point: EnforcementPoint, kind: str, settings: dict, policies: Path = deployment.POLICIES,
               trust: identity.PointTrust | None = None) -> None:
         config = engines.configure(kind, [point], settings, deployment.POLICIES, {point.name: trust} if trust else None)[point.name]
-        for part in deployment.point_parts(point, config, self.folder / point.name, self.folder, policies):
+        revision = bundles.revision(policies)
+        if config.opa is not None:
+            bundles.write(self.folder / deployment.BUNDLES, {point.name: config.data}, policies, revision)
+        for part in deployment.point_parts(point, config, self.folder / point.name, self.folder, revision, self.bundle_source(), {}, policies):
             self.start(part)
 
     def wait_until_listening(self, timeout: float = 60) -> None:
@@ -215,6 +231,11 @@ class Bench:
             while not listening(pid):
                 if not deployment.alive(pid) or time.monotonic() > deadline:
                     raise RuntimeError(f"bench: {name} did not start; its log is in {self.folder}")
+                time.sleep(0.1)
+        for name, url in self.health_urls.items():
+            while not deployment.healthy(url):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"bench: {name} did not load its bundle; its log is in {self.folder}")
                 time.sleep(0.1)
 
     def cpu_seconds(self, name: str) -> float:

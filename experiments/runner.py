@@ -97,7 +97,7 @@ class CpuSampler:
     each kind of part spent per record.
     """
 
-    KINDS = ("service", "envoy", "opa")
+    KINDS = ("service", "envoy", "opa", "control")
     COLUMNS = ("t_ms", "machine_busy_s", "locust_s", "deployment_s", *(f"{kind}_s" for kind in KINDS))
 
     def __init__(self, path: Path, locust_pid: int, parts: list[tuple[int, str]]):

@@ -66,7 +66,7 @@ def is_saturated(achieved_rate: float, offered_rate: float, error_rate: float) -
     return bool(achieved_rate < MIN_ACHIEVED_SHARE * offered_rate or error_rate > MAX_ERROR_RATE)
 
 
-CPU_KINDS = ("service", "envoy", "opa")  # the kinds of deployment parts cpu.csv splits by
+CPU_KINDS = ("service", "envoy", "opa", "control")  # the kinds of deployment parts cpu.csv splits by (control: the bundle server)
 
 
 def cpu_cores(cpu: pd.DataFrame, start_ms: float, end_ms: float) -> dict:

@@ -75,13 +75,15 @@ def test_admin_and_opa_api_listen_on_loopback_and_health_checks_avoid_them(topol
 def test_opa_runs_with_a_read_only_api_and_a_diagnostic_address(tmp_path):
     plan, configs = configured("central-entity", "envoy-opa")
     point = plan.points[0]
-    opa, envoy = deployment.point_parts(point, configs[point.name], tmp_path / "point", tmp_path)
+    source = enforcement.BundleSource("http://127.0.0.1:1")
+    opa, envoy = deployment.point_parts(point, configs[point.name], tmp_path / "point", tmp_path, "r1", source, {})
     command = opa.command
     assert command[command.index("--addr") + 1] == f"{point.opa_http.address}:{point.opa_http.port}"
     assert command[command.index("--diagnostic-addr") + 1] == f"{point.opa_diagnostic.address}:{point.opa_diagnostic.port}"
     assert "--authorization=basic" in command
     assert opa.health_url == point.opa_health_url and envoy.health_url == point.envoy_ready_url
-    # The authorization policy OPA asks is part of the rule set it loads.
+    # The authorization policy OPA asks is loaded from disk with it; the rule set comes from its bundle.
+    assert command[-2:] == [str(POLICIES / "system"), str(tmp_path / "point" / "data")]
     assert (POLICIES / "system" / "authz" / "authz.rego").read_text().count("package system.authz") == 1
 
 

@@ -115,7 +115,10 @@ def test_every_route_file_a_listener_names_is_in_one_configmap_mounted_where_it_
     files = mounted_files(objects, pod, envoy_container)
     for listener, manager in managers.items():
         rds = manager["rds"]
-        assert rds["config_source"] == {"path_config_source": {"path": f"{kubernetes.ROUTES_MOUNT}/{listener}.json"}, "resource_api_version": "V3"}
+        # Envoy reads a file again when the kubelet swaps the volume's contents (a rename in the folder).
+        assert rds["config_source"] == {"path_config_source": {"path": f"{kubernetes.ROUTES_MOUNT}/{listener}.json",
+                                                               "watched_directory": {"path": kubernetes.ROUTES_MOUNT}},
+                                        "resource_api_version": "V3"}
         holding = [name for name, o in configmaps.items() if f"{listener}.json" in o["data"]]
         assert len(holding) == 1, (listener, holding)
         response = json.loads(files[rds["config_source"]["path_config_source"]["path"]])
@@ -150,7 +153,7 @@ def test_split_routes_moves_every_route_configuration_and_leaves_the_bootstrap_i
     manager = lambda name: {"stat_prefix": name, "route_config": {"name": name, "virtual_hosts": []}, "http_filters": []}
     listener = lambda name: {"name": name, "filter_chains": [{"filters": [{"name": "hcm", "typed_config": manager(name)}]}]}
     envoy = {"static_resources": {"listeners": [listener("a"), listener("b")], "clusters": []}}
-    bootstrap, files = kubernetes.split_routes(envoy)
+    bootstrap, files = kubernetes.split_routes(envoy, kubernetes.ROUTES_MOUNT)
     assert envoy["static_resources"]["listeners"][0] == listener("a")
     assert list(connection_managers(bootstrap)["a"]) == ["stat_prefix", "rds", "http_filters"]
     assert connection_managers(bootstrap)["b"]["rds"]["config_source"]["path_config_source"]["path"] == "/etc/envoy/routes/b.json"
@@ -177,7 +180,7 @@ def local_bootstrap(files: dict[str, str], config: str, folder) -> str:
         (folder / path.lstrip("/")).write_text(content)
     text = files[config]
     for directory in sorted({path.rsplit("/", 1)[0] for path in files}, key=len, reverse=True):
-        text = text.replace(f'"{directory}/', f'"{folder}{directory}/')
+        text = text.replace(f'"{directory}/', f'"{folder}{directory}/').replace(f'"{directory}"', f'"{folder}{directory}"')
     envoy = json.loads(text)
     loopback = {"address": "127.0.0.1", "port_value": 0}
     envoy["admin"]["address"]["socket_address"] = loopback

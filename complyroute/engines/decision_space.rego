@@ -17,11 +17,12 @@ package complyroute_engines.decision_space
 
 import data.complyroute.envoy
 
-# allowed: [point, listener, region, category, consent, destination] for every labelling
-# the rule set allows without changing the labels, with the instance it chose. A labelling
-# whose answer rewrites a label (not canonical) or does more than allow is left out: Envoy
-# keeps asking OPA for it.
-allowed contains [point_name, listener_name, region, category, consent, destination] if {
+# allowed: [point, listener, region, category, consent, destination, revision] for every
+# labelling the rule set allows without changing the labels, with the instance it chose and
+# the revision it names (the route sets both, as OPA's answer would). A labelling whose
+# answer rewrites a label (not canonical) or does more than allow is left out: Envoy keeps
+# asking OPA for it.
+allowed contains [point_name, listener_name, region, category, consent, destination, revision] if {
 	some point_name, point in input.points
 	some listener_name, listener in point.listeners
 	some region in input.regions
@@ -30,9 +31,12 @@ allowed contains [point_name, listener_name, region, category, consent, destinat
 	request := check_request(listener, region, category, consent)
 
 	# regal ignore:with-outside-test-context
-	response := envoy.response with input as request with data.complyroute.index as point.data.complyroute.index
+	response := envoy.response with input as request
+		with data.complyroute.index as point.data.complyroute.index
+		with data.complyroute.revision as point.data.complyroute.revision
 	response.allowed == true
 	destination := response.headers["x-complyroute-destination"]
+	revision := response.headers["x-complyroute-revision"]
 	changes_nothing(request, response)
 }
 
@@ -53,12 +57,12 @@ consent_header(consent) := {"x-data-consent": consent} if consent != null
 
 default consent_header(_) := {}
 
-# The answer only allows and names the destination: the headers it sets already hold
-# those values, the headers it removes are absent.
+# The answer only allows and names the destination and the revision: the headers it sets
+# already hold those values, the headers it removes are absent.
 changes_nothing(request, response) if {
 	object.keys(response) - {"allowed", "headers", "request_headers_to_remove"} == set()
 	headers := request.attributes.request.http.headers
-	every name, value in object.remove(response.headers, ["x-complyroute-destination"]) {
+	every name, value in object.remove(response.headers, ["x-complyroute-destination", "x-complyroute-revision"]) {
 		headers[name] == value
 	}
 	every name in object.get(response, "request_headers_to_remove", []) {

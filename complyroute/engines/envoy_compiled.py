@@ -91,8 +91,8 @@ def reference(policies: Path) -> dict:
     return json.loads((policies / "complyroute" / "reference" / "data.json").read_text())
 
 
-def evaluate(points: list[EnforcementPoint], policies: Path, data: dict[str, dict]) -> dict[tuple[str, str], dict[tuple[str, str], dict[str | None, str]]]:
-    """OPA's allowed outcomes: {(point, listener): {(category, region): {consent: destination}}}.
+def evaluate(points: list[EnforcementPoint], policies: Path, data: dict[str, dict]) -> dict[tuple[str, str], dict[tuple[str, str], dict[str | None, tuple[str, str]]]]:
+    """OPA's allowed outcomes: {(point, listener): {(category, region): {consent: (destination, revision)}}}.
 
     `data`: each point's OPA data document (envoy_opa.opa_data).
     """
@@ -122,9 +122,9 @@ def evaluate(points: list[EnforcementPoint], policies: Path, data: dict[str, dic
         raise EngineError(f"envoy-compiled: OPA could not evaluate the decision space: {error}") from None
     if allowed is None:
         raise EngineError(f"envoy-compiled: {QUERY} is undefined over the decision space")
-    for point, listener, region, category, consent, destination in allowed:
+    for point, listener, region, category, consent, destination, revision in allowed:
         for value in classes_by_point[point][consent]:
-            outcomes[(point, listener)][(category, region)][value] = destination
+            outcomes[(point, listener)][(category, region)][value] = (destination, revision)
     return outcomes
 
 
@@ -167,7 +167,7 @@ def action(name: str, route: dict) -> dict:
     return {"action": {"name": name, "typed_config": {"@type": ROUTE_ACTION, **route}}}
 
 
-def listener_matcher(outcomes: dict[tuple[str, str], dict[str | None, str]], hop_timeout: str) -> dict:
+def listener_matcher(outcomes: dict[tuple[str, str], dict[str | None, tuple[str, str]]], hop_timeout: str) -> dict:
     """The route matcher tree of one listener: OPA's allowed outcomes as leaves, OPA behind them.
 
     Category is an exact map. Under it, one predicate per destination and group of regions
@@ -178,8 +178,9 @@ def listener_matcher(outcomes: dict[tuple[str, str], dict[str | None, str]], hop
     ask_opa = action("decide", enforcement.decision_route(hop_timeout))
     consent_absent = {"not_matcher": header_is("x-data-consent", regex(".*"))}
 
-    def leaf(destination: str, regions: list[str], consents: frozenset) -> list[dict]:
-        decided = action(f"to-{destination}", enforcement.decided_route(destination, hop_timeout))
+    def leaf(outcome: tuple[str, str], regions: list[str], consents: frozenset) -> list[dict]:
+        destination, revision = outcome
+        decided = action(f"to-{destination}", enforcement.decided_route(destination, hop_timeout, revision))
         region = header_is("x-data-region", one_of(regions))
         values = sorted(c for c in consents if c is not None)
         matchers = []
@@ -189,21 +190,21 @@ def listener_matcher(outcomes: dict[tuple[str, str], dict[str | None, str]], hop
             matchers.append({"predicate": {"and_matcher": {"predicate": [region, header_is("x-data-consent", one_of(values))]}}, "on_match": decided})
         return matchers
 
-    # category -> destination -> allowed consents -> regions
-    groups: dict[str, dict[str, dict[frozenset, list[str]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    # category -> (destination, revision) -> allowed consents -> regions
+    groups: dict[str, dict[tuple[str, str], dict[frozenset, list[str]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     for (category, region), by_consent in sorted(outcomes.items()):
-        by_destination: dict[str, set] = defaultdict(set)
-        for consent, destination in by_consent.items():
-            by_destination[destination].add(consent)
-        for destination, consents in by_destination.items():
-            groups[category][destination][frozenset(consents)].append(region)
+        by_destination: dict[tuple[str, str], set] = defaultdict(set)
+        for consent, outcome in by_consent.items():
+            by_destination[outcome].add(consent)
+        for outcome, consents in by_destination.items():
+            groups[category][outcome][frozenset(consents)].append(region)
     by_category = {
         category: {
             "matcher_list": {"matchers": [
                 matcher
-                for destination, by_consents in sorted(destinations.items())
+                for outcome, by_consents in sorted(destinations.items())
                 for consents, regions in sorted(by_consents.items(), key=lambda item: item[1])
-                for matcher in leaf(destination, regions, consents)
+                for matcher in leaf(outcome, regions, consents)
             ]},
             "on_no_match": ask_opa,
         }

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import enforcement, policydata
+from .. import bundles, enforcement, policydata
 from ..enforcement import EnforcementPoint
 from . import PointConfig
 
 
 def opa_data(points: list[EnforcementPoint], policies: Path) -> dict[str, dict]:
-    """What each deciding point's OPA loads beside the rule set: its catalog, indexed by the rule set."""
-    return policydata.opa_data({point.name: point.catalog for point in points if point.deciding}, policies)
+    """What each deciding point's OPA loads beside the rule set: its catalog, indexed by the rule
+    set, and the rule set's revision (bundles.py), which its decisions name."""
+    revision = bundles.revision(policies)
+    documents = policydata.opa_data({point.name: point.catalog for point in points if point.deciding}, policies)
+    return {point: {**data, "complyroute": {**data.get("complyroute", {}), "revision": revision}} for point, data in documents.items()}
 
 
 def point_config(point: EnforcementPoint, settings: dict, data: dict | None, matchers: dict[str, dict] | None = None, trust=None) -> PointConfig:

@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 
-from complyroute import deployment, manifest, policydata
+from complyroute import bundles, deployment, manifest
 from complyroute.client import send
 
 from .helpers import ENGINES, EU_PERSONAL, MIXED_REGIONS, RECORD, deploy_mixed_regions, post, wait_for_audit
@@ -58,7 +58,7 @@ def test_allowed_records_leave_lines_the_audit_finds_clean_allowed(deployed):
     for line in lines.values():
         assert line["labels"] == {"region": "EU", "category": "personal", "consent": "billing,care"}
         assert line["digest"] == "sha256:" + hashlib.sha256(json.dumps(RECORD).encode()).hexdigest()
-        assert line["revision"] == policydata.revision()
+        assert line["revision"] == bundles.revision()
 
     result = audit(state)
     assert result.returncode == 0, result.stdout + result.stderr

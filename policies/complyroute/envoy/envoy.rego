@@ -179,7 +179,18 @@ allowed_response := {"allowed": true, "headers": headers_to_set} if {
 	canonical_labels.consent != ""
 } else := {"allowed": true, "headers": headers_to_set, "request_headers_to_remove": ["x-data-consent"]}
 
-headers_to_set := object.union(label_headers, {"x-complyroute-destination": decision.destination})
+headers_to_set := object.union(label_headers, {
+	"x-complyroute-destination": decision.destination,
+	"x-complyroute-revision": revision,
+})
+
+# The revision of the rule set that decides: every allowed hop carries it on to the receiving
+# service (x-complyroute-revision: its path entry and audit line name it), every denial names
+# it. The control plane writes it into each point's bundle (complyroute/bundles.py);
+# "unversioned" where no bundle is loaded (opa eval of the rule set alone, unit tests).
+default revision := "unversioned"
+
+revision := data.complyroute.revision
 
 # METADATA
 # title: Plugin result
@@ -223,6 +234,7 @@ answer := {"allowed": true, "headers": {
 	"x-data-region": region,
 	"x-data-category": category,
 	"x-data-consent": quick_consent_label,
+	"x-complyroute-revision": revision,
 }} if {
 	index := data.complyroute.index
 	consent := index.consents[quick_consent_label]
@@ -255,6 +267,7 @@ denial_response(refusal, id) := {
 		"code": refusal.code,
 		"message": refusal.message,
 		"request_id": id,
+		"revision": revision,
 		"reasons": refusal.reasons,
 	}),
 }

@@ -43,9 +43,13 @@ set_principal(principal) := {"set": {"attributes": {"source": {"principal": prin
 
 instance_principal(id) := concat("", ["spiffe://complyroute/service/", id])
 
+# The revision of the rule set the tests decide with: as a point's bundle names it.
+revision_under_test := "0123abc-dirty.456def"
+
 # respond(change): the plugin result for the changed request, as a list (empty when undefined).
 respond(change) := [result |
 	result := envoy.response with input as compliance_test.apply(base_request, change, "set", "unset")
+		with data.complyroute.revision as revision_under_test
 		with data.complyroute.index as indexing.index(compliance_test.apply(
 			compliance_test.fixture_catalog,
 			change,
@@ -66,7 +70,7 @@ allowed_failures(cases) := {name: got |
 allowed_response(case) := object.union(
 	{"allowed": true, "headers": object.union(
 		object.get(case, "labels", sent_labels(case.given)),
-		{"x-complyroute-destination": case.destination},
+		{"x-complyroute-destination": case.destination, "x-complyroute-revision": revision_under_test},
 	)},
 	{"request_headers_to_remove": removed | removed := case.removed},
 )
@@ -91,8 +95,9 @@ denied_as([got], want) if {
 	got.http_status == object.get({451: 403}, want.status, want.status)
 	got.headers == {"content-type": "application/json"}
 	body := json.unmarshal(got.body)
-	object.keys(body) == {"code", "message", "request_id", "reasons"}
+	object.keys(body) == {"code", "message", "request_id", "revision", "reasons"}
 	body.code == want.code
+	body.revision == revision_under_test
 	body.request_id == object.get(want, "request_id", "r-42")
 	is_string(body.message)
 	[reason.code | some reason in body.reasons] == want.reasons
@@ -589,6 +594,7 @@ respond_issuing(change, token, path) := [result |
 issued_with(request, index, "absent") := result if {
 	result := envoy.response with input as request
 		with data.complyroute.index as index
+		with data.complyroute.revision as revision_under_test
 		with time.now_ns as now_ns
 }
 
@@ -599,6 +605,7 @@ issued_with(request, index, token) := result if {
 	result := envoy.response with data.complyroute.token as token
 		with input as request
 		with data.complyroute.index as index
+		with data.complyroute.revision as revision_under_test
 		with time.now_ns as now_ns
 }
 

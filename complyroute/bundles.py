@@ -1,0 +1,132 @@
+"""The rule set as OPA bundles: what every enforcement point's OPA decides with, and reloads.
+
+A point's OPA does not read policies/ from disk. The control plane writes one bundle per
+point (a gzipped tarball: the rule set's modules and reference data, the point's index from
+policydata, the revision, a manifest) into the deployment's bundle folder; the bundle server
+(bundleserver.py) serves it, and the point's OPA long-polls for it, so a new bundle is
+decided with about as soon as it is written, without restarting anything
+(`make reload-policy`, reload.py).
+
+The bundle owns only the documents it carries (its manifest's roots: data.complyroute.<x>
+for each package and data document in it), so what a point's OPA loads from disk beside it
+stays: the REST API's authorization policy (policies/system) and, at the entry, the
+label-token key (data.complyroute.token), which never travels over the bundle server.
+
+Every bundle names its revision, which every decision carries on (policies/complyroute/envoy:
+the x-complyroute-revision header of an allowed hop, the `revision` of a denial): the git
+commit the rule set was taken from, or, when it differs from that commit's, the commit plus
+"-dirty." and a digest of its content, so two different edits are two revisions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import subprocess
+import tarfile
+from pathlib import Path
+
+from .manifest import REPO
+
+POLICIES = REPO / "policies"
+# Where the rule set lives in policies/: the rest (system/, examples/) is not in a bundle.
+RULE_SET = "complyroute"
+REVISION_PATH = ("complyroute", "revision")
+PACKAGE = re.compile(r"^package\s+([\w.]+)", re.MULTILINE)
+
+
+class BundleError(RuntimeError):
+    """A rule set that cannot be made into a bundle; the message says what to fix."""
+
+
+def rule_set_files(policies: Path = POLICIES) -> dict[str, bytes]:
+    """The rule set's files a bundle carries, by path relative to `policies`: every module but
+    the tests beside them, and every data.json (the reference data)."""
+    root = policies / RULE_SET
+    if not root.is_dir():
+        raise BundleError(f"{policies} has no {RULE_SET}/ folder: it is not a rule set")
+    files = {}
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and ((path.suffix == ".rego" and not path.name.endswith("_test.rego")) or path.name == "data.json"):
+            files[path.relative_to(policies).as_posix()] = path.read_bytes()
+    return files
+
+
+def content_digest(files: dict[str, bytes]) -> str:
+    digest = hashlib.sha256()
+    for name, content in sorted(files.items()):
+        digest.update(name.encode() + b"\0" + hashlib.sha256(content).digest())
+    return digest.hexdigest()
+
+
+def revision(policies: Path = POLICIES, repo: Path = REPO) -> str:
+    """The rule set's revision: the repository's commit when `policies` is the repository's
+    own and unchanged since it, else the commit + "-dirty." + 12 hex digits of its content
+    ("unversioned" in place of the commit outside a git checkout)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout.strip()
+
+    try:
+        commit = git("rev-parse", "HEAD")
+        changed = Path(policies).resolve() != (repo / "policies").resolve() or git("status", "--porcelain", "--", "policies")
+    except (OSError, subprocess.CalledProcessError):
+        commit, changed = "unversioned", True
+    return f"{commit}-dirty.{content_digest(rule_set_files(policies))[:12]}" if changed else commit
+
+
+def roots(files: dict[str, bytes], data: dict) -> list[str]:
+    """The manifest's roots: complyroute/<x> for each package complyroute.<x>... and each
+    document data.complyroute.<x> the bundle carries."""
+    found = set()
+    for name, content in files.items():
+        if name.endswith(".rego"):
+            match = PACKAGE.search(content.decode())
+            segments = match.group(1).split(".") if match else []
+            if len(segments) < 2 or segments[0] != RULE_SET:
+                raise BundleError(f"policies/{name}: its package is not complyroute.<name>...: a bundle owns data.complyroute.<name> documents only")
+            found.add(f"{RULE_SET}/{segments[1]}")
+        else:
+            found.add(str(Path(name).parent))
+    found |= {f"{RULE_SET}/{key}" for key in data.get(RULE_SET, {})}
+    return sorted(found)
+
+
+def tarball(files: dict[str, bytes], data: dict, revision_name: str) -> bytes:
+    """A bundle: the rule set's `files`, `data` (with the revision) as its data.json, a manifest."""
+    document = {**data, RULE_SET: {**data.get(RULE_SET, {}), REVISION_PATH[1]: revision_name}}
+    members = {
+        ".manifest": json.dumps({"revision": revision_name, "roots": roots(files, document)}).encode(),
+        "data.json": json.dumps(document, sort_keys=True).encode(),
+        **files,
+    }
+    buffer = io.BytesIO()
+    # A fixed mtime: the same content gives the same bytes, so the same ETag.
+    with tarfile.open(fileobj=buffer, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
+        for name, content in members.items():
+            info = tarfile.TarInfo(f"/{name}")
+            info.size, info.mode, info.mtime = len(content), 0o644, 0
+            tar.addfile(info, io.BytesIO(content))
+    return buffer.getvalue()
+
+
+def bundle_name(point: str) -> str:
+    return f"{point}.tar.gz"
+
+
+def write(folder: Path, documents: dict[str, dict], policies: Path = POLICIES, revision_name: str | None = None) -> str:
+    """Write each point's bundle ({point: its data document}) into `folder`; the revision.
+
+    Each file is replaced by a rename, so the bundle server never serves half a bundle.
+    """
+    files = rule_set_files(policies)
+    revision_name = revision_name or revision(policies)
+    folder.mkdir(parents=True, exist_ok=True)
+    for point, data in documents.items():
+        target = folder / bundle_name(point)
+        partial = folder / f".{target.name}.partial"
+        partial.write_bytes(tarball(files, data, revision_name))
+        os.replace(partial, target)
+    return revision_name

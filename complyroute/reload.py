@@ -1,0 +1,148 @@
+"""Apply a rule set to the running deployment, restarting nothing: `make reload-policy`.
+
+A reload configures every enforcement point again from the plan the deployment was rendered
+from (run folder: rendered.pickle) and the rule set in `policies`, exactly as a deploy would,
+and hands the result to the running processes the way each takes it:
+
+- every OPA gets a new bundle (bundles.py): rule set, index, revision. The bundle server
+  answers the OPA's pending long poll with it; OPA activates it between two decisions.
+- every Envoy gets its listeners' route configurations again: files moved into the folder it
+  watches (RDS from the filesystem). Under envoy-compiled they hold the hops OPA decided
+  ahead of time under the new revision; under envoy-opa only their version changes.
+
+Nothing is restarted, so nothing in flight is dropped: a request keeps the route and the
+policy it started with. The reload returns once every point decides with the new revision:
+its OPA reports it (GET /v1/data/complyroute/revision on its loopback REST API) and its Envoy
+serves route configurations of that version (the admin interface's config dump).
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from . import bundles, deployment, engines, enforcement, policydata
+from .enforcement import EnforcementPoint
+
+POLL_INTERVAL = 0.01
+
+
+class ReloadError(RuntimeError):
+    """A reload that could not be applied or did not take; the message says what to do."""
+
+
+def _get_json(url: str) -> dict | None:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as answer:
+            return json.loads(answer.read())
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+
+
+def opa_revision(point: EnforcementPoint) -> str | None:
+    """The revision the point's OPA decides with (None: no bundle loaded, or unreachable)."""
+    answer = _get_json(f"{point.opa_http.url}/v1/data/complyroute/revision")
+    return (answer or {}).get("result")
+
+
+def envoy_revisions(point: EnforcementPoint) -> set[str]:
+    """The versions of the route configurations the point's Envoy serves: each listener's
+    http.<listener>.rds.<route configuration>.version_text (the config dump keeps the version
+    a configuration was last loaded with while its content stays the same)."""
+    try:
+        query = urllib.parse.urlencode({"filter": r"\.rds\..*\.version_text$", "format": "json"})
+        with urllib.request.urlopen(f"{point.admin.url}/stats?{query}", timeout=2) as answer:
+            stats = json.loads(answer.read())["stats"]
+    except (urllib.error.URLError, OSError, ValueError, KeyError):
+        return set()
+    return {stat["value"] for stat in stats if "value" in stat}
+
+
+def decides_with(point: EnforcementPoint, has_opa: bool, revision: str) -> bool:
+    return envoy_revisions(point) == {revision} and (not has_opa or opa_revision(point) == revision)
+
+
+def load_rendered(state: dict) -> deployment.Rendered:
+    path = Path(state["run_dir"]) / deployment.RENDERED
+    if not path.exists():
+        raise ReloadError(f"{path} is missing: the deployment was started before reloads existed; deploy it again")
+    return pickle.loads(path.read_bytes())
+
+
+def reload_policy(policies: Path = bundles.POLICIES, out=sys.stdout, timeout: float = 120.0) -> dict:
+    """Apply the rule set in `policies` to the current deployment; returns once every
+    enforcement point decides with its revision:
+    {"revision", "seconds" (from the call until the last point switched), "points": {point: seconds}}."""
+    started = time.monotonic()
+    state = deployment.running()
+    if not state:
+        raise ReloadError("nothing is deployed here: `make deploy` first (on Kubernetes: make reload-policy target=k8s)")
+    run_dir = Path(state["run_dir"])
+    rendered = load_rendered(state)
+    plan = rendered.plan
+    engine = plan.topology.engine
+    try:
+        configs = engines.configure(engine["kind"], plan.points, engine, policies, rendered.point_trust)
+        revision = bundles.write(run_dir / deployment.BUNDLES,
+                                 {name: config.data for name, config in configs.items() if config.opa is not None}, policies)
+    except (engines.EngineError, policydata.PolicyDataError, bundles.BundleError) as error:
+        raise ReloadError(f"the rule set in {policies} cannot be applied; nothing was changed: {error}") from None
+    for point in plan.points:
+        _, routes = enforcement.split_routes(configs[point.name].envoy, str(run_dir / "points" / point.name / deployment.ROUTES), revision)
+        deployment.write_routes(run_dir / "points" / point.name / deployment.ROUTES, routes)
+    written = time.monotonic() - started
+    print(f"reload-policy: revision {revision} written for {len(plan.points)} enforcement points in {written:.2f} s", file=out)
+
+    def wait(point: EnforcementPoint) -> float | None:
+        deadline = started + timeout
+        has_opa = configs[point.name].opa is not None
+        while time.monotonic() < deadline:
+            if decides_with(point, has_opa, revision):
+                return time.monotonic() - started
+            time.sleep(POLL_INTERVAL)
+        return None
+
+    with ThreadPoolExecutor(max_workers=min(32, len(plan.points))) as pool:
+        seconds = dict(zip([p.name for p in plan.points], pool.map(wait, plan.points)))
+    behind = sorted(name for name, taken in seconds.items() if taken is None)
+    if behind:
+        raise ReloadError(f"after {timeout:.0f} s these points do not decide with revision {revision} yet: {', '.join(behind)} "
+                          f"(their logs are in {run_dir / 'logs'})")
+    result = {"revision": revision, "seconds": round(max(seconds.values()), 3), "written_seconds": round(written, 3),
+              "points": {name: round(taken, 3) for name, taken in seconds.items()}}
+    with (run_dir / "reloads.jsonl").open("a") as log:
+        log.write(json.dumps({"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "policies": str(policies), **result}) + "\n")
+    deployment.update_rendered(run_dir, rendered, revision)
+    print(f"reload-policy: every enforcement point decides with {revision} after {result['seconds']:.3f} s "
+          f"(slowest: {max(seconds, key=seconds.get)})", file=out)
+    return result
+
+
+def watch(policies: Path = bundles.POLICIES, interval: float = 0.5, out=sys.stdout) -> None:
+    """Reload whenever the rule set's files change (until interrupted); a rule set that cannot
+    be applied is reported and the deployment keeps the one it has."""
+    def content() -> str | None:
+        try:
+            return bundles.content_digest(bundles.rule_set_files(policies))
+        except (OSError, bundles.BundleError):
+            return None
+
+    seen = content()
+    print(f"watch-policy: watching {policies} (Ctrl-C stops watching; the deployment keeps running)", file=out)
+    while True:
+        time.sleep(interval)
+        now = content()
+        if now == seen or now is None:
+            continue
+        seen = now
+        try:
+            reload_policy(policies, out=out)
+        except ReloadError as error:
+            print(f"watch-policy: {error}", file=out)
