@@ -1,0 +1,178 @@
+"""The rule set as bundles (complyroute/bundles.py) and the server that hands them out
+(complyroute/bundleserver.py): real OPA reading the bundles, a real server over mutual TLS."""
+
+import io
+import json
+import shutil
+import socket
+import ssl
+import subprocess
+import tarfile
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from complyroute import bundles, bundleserver, deployment, identity, pki
+from complyroute.manifest import REPO
+
+OPA = str(REPO / "bin" / "opa")
+INDEX = {"complyroute": {"index": {"steps": {}}}}
+
+
+def modified_copy(tmp_path, name, region):
+    """policies/ with `region` added to the adequacy list."""
+    copy = tmp_path / name
+    shutil.copytree(bundles.POLICIES, copy)
+    reference = copy / "complyroute" / "reference" / "data.json"
+    data = json.loads(reference.read_text())
+    data["adequacy"].append(region)
+    reference.write_text(json.dumps(data))
+    return copy
+
+
+def members(tarball: bytes) -> dict[str, bytes]:
+    with tarfile.open(fileobj=io.BytesIO(tarball), mode="r:gz") as tar:
+        return {m.name.lstrip("/"): tar.extractfile(m).read() for m in tar.getmembers()}
+
+
+def test_revision_is_the_commit_for_the_committed_rule_set_allowed():
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "policies"], capture_output=True, text=True).stdout
+    if dirty:
+        pytest.skip("policies/ has uncommitted changes here")
+    assert bundles.revision() == commit
+
+
+def test_revision_of_a_changed_rule_set_names_its_content_denied(tmp_path):
+    us, ch = modified_copy(tmp_path, "us", "US"), modified_copy(tmp_path, "ch", "XX")
+    again = modified_copy(tmp_path, "us-again", "US")
+    commit = bundles.revision().split("-dirty.")[0]
+    assert bundles.revision(us).startswith(f"{commit}-dirty.")
+    assert bundles.revision(us) != bundles.revision(ch)  # two edits, two revisions
+    assert bundles.revision(us) == bundles.revision(again)  # the same content, the same revision
+
+
+def test_bundle_carries_the_rule_set_the_index_and_the_revision_allowed(tmp_path):
+    content = members(bundles.tarball(bundles.rule_set_files(), INDEX, "r-1"))
+    manifest = json.loads(content[".manifest"])
+    assert manifest["revision"] == "r-1"
+    assert manifest["roots"] == ["complyroute/compliance", "complyroute/envoy", "complyroute/index", "complyroute/indexing",
+                                 "complyroute/reference", "complyroute/revision"]
+    assert json.loads(content["data.json"]) == {"complyroute": {"index": {"steps": {}}, "revision": "r-1"}}
+    assert "complyroute/envoy/envoy.rego" in content and "complyroute/reference/data.json" in content
+    # Real OPA reads it: the revision where the policy looks for it.
+    path = tmp_path / "point.tar.gz"
+    path.write_bytes(bundles.tarball(bundles.rule_set_files(), INDEX, "r-1"))
+    result = subprocess.run([OPA, "eval", "--format", "raw", "--bundle", str(path), "data.complyroute.envoy.revision"],
+                            capture_output=True, text=True)
+    assert result.returncode == 0 and result.stdout.strip() == "r-1", result.stderr
+
+
+def test_bundle_leaves_out_tests_system_policies_and_examples_denied():
+    content = members(bundles.tarball(bundles.rule_set_files(), INDEX, "r-1"))
+    assert not [name for name in content if name.endswith("_test.rego") or name.startswith(("system/", "examples/"))]
+    # The roots leave data.complyroute.token to what OPA loads from disk (the entry's key).
+    assert not any("complyroute/token".startswith(root) for root in json.loads(content[".manifest"])["roots"])
+
+
+def test_a_package_outside_complyroute_is_refused_denied(tmp_path):
+    copy = tmp_path / "policies"
+    shutil.copytree(bundles.POLICIES, copy)
+    (copy / "complyroute" / "stray.rego").write_text("package stray\n\nallow := true\n")
+    with pytest.raises(bundles.BundleError, match="stray.rego: its package is not complyroute"):
+        bundles.tarball(bundles.rule_set_files(copy), INDEX, "r-1")
+
+
+def test_write_replaces_each_bundle_whole(tmp_path):
+    revision = bundles.write(tmp_path, {"a": INDEX, "b": {}}, revision_name="r-2")
+    assert revision == "r-2" and sorted(p.name for p in tmp_path.iterdir()) == ["a.tar.gz", "b.tar.gz"]
+    assert json.loads(members((tmp_path / "b.tar.gz").read_bytes())["data.json"]) == {"complyroute": {"revision": "r-2"}}
+
+
+# ---- the bundle server, over mutual TLS ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("bundles")
+    keys = tmp_path_factory.mktemp("pki")
+    ca = pki.CertificateAuthority("test")
+    (keys / "ca.pem").write_bytes(ca.cert_pem)
+    files = {}
+    for identity_name in [pki.BUNDLE_SERVER, pki.CONTROL, pki.spiffe_id("point", "a"), pki.spiffe_id("point", "b")]:
+        credential = ca.issue(identity_name, hosts=("127.0.0.1",) if identity_name == pki.BUNDLE_SERVER else ())
+        stem = identity_name.rsplit("/", 1)[1]
+        (keys / f"{stem}.pem").write_bytes(credential.cert_pem)
+        (keys / f"{stem}.key").write_bytes(credential.key_pem)
+        files[identity_name] = identity.TlsFiles(str(keys / f"{stem}.pem"), str(keys / f"{stem}.key"), str(keys / "ca.pem"))
+    bundles.write(folder, {"a": INDEX}, revision_name="r-1")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    tls = files[pki.BUNDLE_SERVER]
+    threading.Thread(target=bundleserver.serve, args=(folder, "127.0.0.1", port, tls.cert, tls.key, tls.ca), daemon=True).start()
+    url = f"https://127.0.0.1:{port}"
+    deadline = time.monotonic() + 10
+    while not deployment.healthy(f"{url}/health", tls=files[pki.CONTROL]):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    return url, folder, files
+
+
+def get(url, files, as_identity, headers=None):
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=10, context=deployment.control_context(files[as_identity])) as answer:
+            return answer.status, dict(answer.headers), answer.read()
+    except urllib.error.HTTPError as error:
+        return error.code, dict(error.headers), error.read()
+
+
+def test_a_point_reads_its_own_bundle_allowed(server):
+    url, folder, files = server
+    status, headers, body = get(f"{url}/bundles/a.tar.gz", files, pki.spiffe_id("point", "a"))
+    assert status == 200 and headers["Content-Type"] == bundleserver.LONG_POLLING
+    assert body == (folder / "a.tar.gz").read_bytes() and headers["ETag"].startswith('"')
+
+
+def test_a_point_reads_no_other_bundle_and_strangers_do_not_connect_denied(server):
+    url, _, files = server
+    status, _, body = get(f"{url}/bundles/a.tar.gz", files, pki.spiffe_id("point", "b"))
+    assert status == 403 and json.loads(body)["code"] == "PEER_NOT_ALLOWED"
+    status, _, body = get(f"{url}/health", files, pki.spiffe_id("point", "a"))
+    assert status == 403
+    status, _, body = get(f"{url}/etc/passwd", files, pki.spiffe_id("point", "a"))
+    assert status == 404 and json.loads(body)["code"] == "NOT_FOUND"
+    no_certificate = ssl.create_default_context(cafile=files[pki.CONTROL].ca)
+    no_certificate.check_hostname = False
+    with pytest.raises((ssl.SSLError, urllib.error.URLError, ConnectionError)):
+        urllib.request.urlopen(f"{url}/bundles/a.tar.gz", timeout=5, context=no_certificate).read()
+
+
+def test_long_poll_answers_when_the_bundle_changes_allowed(server):
+    url, folder, files = server
+    point = pki.spiffe_id("point", "a")
+    _, headers, _ = get(f"{url}/bundles/a.tar.gz", files, point)
+    answers = []
+    waiting = threading.Thread(target=lambda: answers.append(
+        get(f"{url}/bundles/a.tar.gz", files, point, {"If-None-Match": headers["ETag"], "Prefer": "modes=snapshot;wait=20"})))
+    started = time.monotonic()
+    waiting.start()
+    time.sleep(0.3)
+    bundles.write(folder, {"a": INDEX}, revision_name="r-2")
+    waiting.join(20)
+    status, new_headers, body = answers[0]
+    assert status == 200 and time.monotonic() - started < 5
+    assert new_headers["ETag"] != headers["ETag"] and json.loads(members(body)[".manifest"])["revision"] == "r-2"
+
+
+def test_long_poll_without_a_change_ends_in_not_modified_denied(server):
+    url, _, files = server
+    point = pki.spiffe_id("point", "a")
+    _, headers, _ = get(f"{url}/bundles/a.tar.gz", files, point)
+    started = time.monotonic()
+    status, _, body = get(f"{url}/bundles/a.tar.gz", files, point, {"If-None-Match": headers["ETag"], "Prefer": "wait=1"})
+    assert status == 304 and body == b"" and 0.9 < time.monotonic() - started < 5
