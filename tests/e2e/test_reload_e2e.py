@@ -1,0 +1,128 @@
+"""`make reload-policy` on a running deployment: every topology under both engines, with records
+flowing while the rule set changes (the US joins the adequacy list, which moves an EU record's
+path to the US replicas), none lost, each hop named by the revision that decided it."""
+
+import json
+import shutil
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from complyroute import bundles, deployment, reload
+from complyroute.client import send
+
+from .helpers import ENFORCING, ENGINES, EU_PERSONAL, RECORD, audit_lines, deploy_mixed_regions
+
+pytestmark = pytest.mark.e2e
+
+BEFORE = ("ingest-eu", "analyse-eu", "store-eu")
+# With the US adequate, an EU record may take the US replicas the US gateway prefers.
+AFTER = ("ingest-us", "analyse-us", "store-eu")
+INTERVAL = 0.02  # a record every 20 ms while the rule set changes
+
+
+@pytest.fixture(scope="module")
+def us_adequate_policies(tmp_path_factory):
+    """The rule set with one routing change: the US joins the adequacy list."""
+    policies = tmp_path_factory.mktemp("policies") / "policies"
+    shutil.copytree(deployment.POLICIES, policies)
+    reference = policies / "complyroute" / "reference" / "data.json"
+    data = json.loads(reference.read_text())
+    data["adequacy"].append("US")
+    reference.write_text(json.dumps(data))
+    return policies
+
+
+class Flow:
+    """Records sent at a steady pace from a thread until stopped: every answer kept, in order."""
+
+    def __init__(self, state):
+        self.state, self.answers, self.stopped = state, [], threading.Event()
+        self.thread = threading.Thread(target=self.run)
+
+    def run(self):
+        while not self.stopped.is_set():
+            try:
+                self.answers.append(send(self.state["entry_url"], EU_PERSONAL, RECORD, timeout=10))
+            except OSError as error:  # no answer at all: lost
+                self.answers.append(error)
+            time.sleep(INTERVAL)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stopped.set()
+        self.thread.join(15)
+
+
+def path_of(answer):
+    return tuple(hop["instance"] for hop in answer.body["path"])
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("topology", ENFORCING)
+def test_reload_moves_paths_while_records_flow_and_loses_none_allowed(topology, engine, us_adequate_policies):
+    state, _ = deploy_mixed_regions(topology, engine=engine)
+    try:
+        old_revision = bundles.revision()
+        with Flow(state) as flow:
+            time.sleep(0.5)
+            result = reload.reload_policy(us_adequate_policies, out=open("/dev/null", "w"))
+            reloaded_at = len(flow.answers)
+            time.sleep(0.5)
+        answers = flow.answers
+        lost = [a if isinstance(a, Exception) else f"{a.status} {a.text[:200]}" for a in answers
+                if isinstance(a, Exception) or a.status != 200]
+        assert lost == [] and len(answers) > 20
+        paths = [path_of(a) for a in answers]
+        assert paths[0] == BEFORE and paths[-1] == AFTER
+        # Once reload_policy returns, every point decides with the new revision.
+        assert set(paths[reloaded_at + 1:]) == {AFTER}
+        assert set(paths) == {BEFORE, AFTER}
+        assert result["revision"] == bundles.revision(us_adequate_policies) != old_revision
+        assert set(result["points"]) == {p["name"] for p in state["points"]}
+        # Each hop's audit line names the revision that decided it; the hops of the old path
+        # the old one, the moved path's first hop the new one.
+        time.sleep(0.3)  # the last audit lines are written through a stream
+        by_id = {}
+        for line in audit_lines(state):
+            by_id.setdefault(line["request_id"], []).append(line)
+        first = answers[0].request_id, answers[-1].request_id
+        assert {line["revision"] for line in by_id[first[0]]} == {old_revision}
+        assert {line["revision"] for line in by_id[first[1]]} == {result["revision"]}
+        revisions = Counter(line["revision"] for lines in by_id.values() for line in lines)
+        assert set(revisions) == {old_revision, result["revision"]}
+        assert (Path(state["run_dir"]) / "reloads.jsonl").read_text().count(result["revision"]) == 1
+    finally:
+        deployment.stop(out=open("/dev/null", "w"))
+
+
+def test_a_rule_set_that_does_not_compile_is_not_applied_denied(tmp_path):
+    state, _ = deploy_mixed_regions("sidecar", engine="envoy-compiled")
+    try:
+        broken = tmp_path / "policies"
+        shutil.copytree(deployment.POLICIES, broken)
+        (broken / "complyroute" / "compliance" / "compliance.rego").write_text("package complyroute.compliance\n\nallow if {\n")
+        with Flow(state) as flow:
+            time.sleep(0.3)
+            with pytest.raises(reload.ReloadError, match="cannot be applied; nothing was changed"):
+                reload.reload_policy(broken, out=open("/dev/null", "w"))
+            time.sleep(0.3)
+        assert all(not isinstance(a, Exception) and a.status == 200 and path_of(a) == BEFORE for a in flow.answers)
+        assert not (Path(state["run_dir"]) / "reloads.jsonl").exists()
+        assert {p.name for p in Path(state["run_dir"], deployment.BUNDLES).iterdir()} == {
+            f"{p['name']}.tar.gz" for p in state["points"] if p["senders"]}
+    finally:
+        deployment.stop(out=open("/dev/null", "w"))
+
+
+def test_reload_without_a_deployment_says_what_to_do_denied():
+    if deployment.read_state():
+        deployment.stop(out=open("/dev/null", "w"))
+    with pytest.raises(reload.ReloadError, match="nothing is deployed here"):
+        reload.reload_policy(out=open("/dev/null", "w"))
