@@ -15,6 +15,8 @@ target ?= local
 engine ?=
 # Run folders `make audit` checks; empty: every one under runs/.
 runs ?=
+# 1: after deploying, reload the deployment whenever policies/ changes (make deploy watch=1).
+watch ?=
 # What `make decide` evaluates.
 input ?= policies/examples/eu-personal-allowed.json
 catalog ?= policies/examples/catalog.json
@@ -121,8 +123,17 @@ test: setup policy-test ## Run every test: policy, services, control plane and e
 
 ##@ Deploying (processes on this machine, or target=k8s)
 .PHONY: deploy
-deploy: check-topology check-target check-engine setup ## Start a topology: make topology=sidecar services=5 [engine=envoy-compiled] deploy [target=k8s]
+deploy: check-topology check-target check-engine check-watch setup ## Start a topology: make topology=sidecar services=5 [engine=envoy-compiled] deploy [target=k8s] [watch=1: then reload on every save to policies/]
 	$(CONTROL) $(if $(filter k8s,$(target)),k8s-deploy,deploy) --topology $(topology_file) $(if $(services),--services $(services)) $(if $(engine),--engine $(engine))
+	$(if $(filter 1,$(watch)),$(CONTROL) watch-policy)
+
+.PHONY: reload-policy
+reload-policy: setup ## Apply policies/ to the running deployment, restarting nothing; returns once every point decides with the new revision
+	$(CONTROL) reload-policy
+
+.PHONY: watch-policy
+watch-policy: setup ## Reload the running deployment whenever a file of policies/ changes (Ctrl-C stops watching)
+	$(CONTROL) watch-policy
 
 .PHONY: undeploy
 undeploy: check-target ## Stop everything the current deployment started [target=k8s: delete its namespaces]
@@ -185,6 +196,12 @@ k8s-e2e: k8s-setup ## Apply every topology to a real kube-apiserver with kwok no
 .PHONY: check-target
 check-target:
 	$(if $(filter local k8s,$(target)),,$(error target='$(target)' is unknown: use target=local (processes on this machine, the default) or target=k8s (the current kubectl context)))
+	@true
+
+.PHONY: check-watch
+check-watch:
+	$(if $(filter-out 0 1,$(watch)),$(error watch='$(watch)' is unknown: use watch=1 to reload the deployment on every save to policies/, or leave it out))
+	$(if $(and $(filter 1,$(watch)),$(filter k8s,$(target))),$(error watch=1 reloads local deployments only: on Kubernetes run make reload-policy target=k8s after a change))
 	@true
 
 .PHONY: check-engine

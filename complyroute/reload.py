@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import pickle
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -125,9 +126,9 @@ def reload_policy(policies: Path = bundles.POLICIES, out=sys.stdout, timeout: fl
     return result
 
 
-def watch(policies: Path = bundles.POLICIES, interval: float = 0.5, out=sys.stdout) -> None:
-    """Reload whenever the rule set's files change (until interrupted); a rule set that cannot
-    be applied is reported and the deployment keeps the one it has."""
+def watch(policies: Path = bundles.POLICIES, interval: float = 0.5, out=sys.stdout, stop: threading.Event | None = None) -> None:
+    """Reload whenever the rule set's files change (until interrupted, or `stop` is set); a rule
+    set that cannot be applied is reported and the deployment keeps the one it has."""
     def content() -> str | None:
         try:
             return bundles.content_digest(bundles.rule_set_files(policies))
@@ -136,8 +137,8 @@ def watch(policies: Path = bundles.POLICIES, interval: float = 0.5, out=sys.stdo
 
     seen = content()
     print(f"watch-policy: watching {policies} (Ctrl-C stops watching; the deployment keeps running)", file=out)
-    while True:
-        time.sleep(interval)
+    stop = stop or threading.Event()
+    while not stop.wait(interval):
         now = content()
         if now == seen or now is None:
             continue

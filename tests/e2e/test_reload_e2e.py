@@ -2,6 +2,7 @@
 flowing while the rule set changes (the US joins the adequacy list, which moves an EU record's
 path to the US replicas), none lost, each hop named by the revision that decided it."""
 
+import io
 import json
 import shutil
 import threading
@@ -126,3 +127,35 @@ def test_reload_without_a_deployment_says_what_to_do_denied():
         deployment.stop(out=open("/dev/null", "w"))
     with pytest.raises(reload.ReloadError, match="nothing is deployed here"):
         reload.reload_policy(out=open("/dev/null", "w"))
+
+
+def test_watch_reloads_on_save_and_reports_a_broken_save_denied(tmp_path):
+    """`make deploy watch=1`: a save reloads; a save that does not compile is reported and the
+    deployment keeps deciding with what it had."""
+    policies = tmp_path / "policies"
+    shutil.copytree(deployment.POLICIES, policies)
+    state, _ = deploy_mixed_regions("central-entity", engine="envoy-opa")
+    stop, printed = threading.Event(), io.StringIO()
+    watching = threading.Thread(target=reload.watch, args=(policies, 0.1, printed, stop))
+    try:
+        watching.start()
+        time.sleep(0.3)
+        reference = policies / "complyroute" / "reference" / "data.json"
+        data = json.loads(reference.read_text())
+        reference.write_text(json.dumps({**data, "adequacy": [*data["adequacy"], "US"]}))
+        reloads = Path(state["run_dir"]) / "reloads.jsonl"
+        deadline = time.monotonic() + 30
+        while not reloads.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert path_of(send(state["entry_url"], EU_PERSONAL, RECORD)) == AFTER
+        (policies / "complyroute" / "compliance" / "compliance.rego").write_text("package complyroute.compliance\n\nallow if {\n")
+        deadline = time.monotonic() + 30
+        while "cannot be applied" not in printed.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert "cannot be applied; nothing was changed" in printed.getvalue()
+        assert path_of(send(state["entry_url"], EU_PERSONAL, RECORD)) == AFTER
+        assert len(reloads.read_text().splitlines()) == 1
+    finally:
+        stop.set()
+        watching.join(10)
+        deployment.stop(out=open("/dev/null", "w"))
