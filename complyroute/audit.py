@@ -13,8 +13,9 @@ A run's verdict:
 - receptions without a decision: lines that name no deciding point, sender or revision, or name
   a point that does not decide hops from that sender into that instance (the run's state.json
   says which point decides what). A record that bypassed the enforcement points.
-- forbidden receptions: the rule set, asked again (recheck.rego, one `opa eval` for a run's
-  distinct hops, with the data each point loaded), does not allow that hop into that instance.
+- forbidden receptions: the rule set, asked again (recheck.rego, one `opa eval` per revision
+  for a run's distinct hops, with the rule set and the data each point decided with under the
+  revision the line names), does not allow that hop into that instance.
 
 A baseline run has no deciding point: its chains are checked, its receptions are reported as
 received without a policy, not as failures.
@@ -25,11 +26,12 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import policydata
+from . import bundles, policydata
 from .manifest import REPO
 
 POLICIES = policydata.POLICIES
@@ -187,35 +189,60 @@ def audit_run(run_dir: Path, policies: Path = POLICIES, progress=None) -> Verdic
             decided.append(line)
             verdict.revisions[line.entry["revision"]] += 1
 
-    # Most lines repeat a few hops: each distinct one is asked once.
-    distinct: dict[str, int] = {}
-    hops, hop_numbers = [], []
+    # Most lines repeat a few hops: each distinct one is asked once, with the rule set of the
+    # revision that decided it.
+    distinct: dict[str, tuple[str, int]] = {}
+    hops: dict[str, list[dict]] = {}
     for line in decided:
-        hop = hop_of(line)
-        key = json.dumps(hop, sort_keys=True)
+        revision, hop = line.entry["revision"], hop_of(line)
+        key = json.dumps([revision, hop], sort_keys=True)
         if key not in distinct:
-            distinct[key] = len(hops)
-            hops.append(hop)
-        hop_numbers.append(distinct[key])
-    if progress and hops:
-        progress(f"re-checking {len(hops)} distinct hops of {len(decided)} lines with the rule set")
-    point_data = {}
-    for name in sorted({hop["point"] for hop in hops}):
-        data_file = run_dir / "points" / name / "data" / "data.json"
-        if not data_file.is_file():
-            raise AuditError(f"{run_dir}: no {data_file.relative_to(run_dir)}, the data point {name} decided with")
-        point_data[name] = json.loads(data_file.read_text())
-    allowed = allowed_hops(hops, point_data, policies)
-    for line, number in zip(decided, hop_numbers):
-        if number not in allowed:
-            hop = hops[number]
+            distinct[key] = (revision, len(hops.setdefault(revision, [])))
+            hops[revision].append(hop)
+    allowed: dict[str, set[int]] = {}
+    with tempfile.TemporaryDirectory(prefix="complyroute-audit-") as scratch:
+        for revision, asked in sorted(hops.items()):
+            if progress:
+                progress(f"re-checking {len(asked)} distinct hops decided by revision {revision}")
+            rules, point_data = rules_of(run_dir, revision, {hop["point"] for hop in asked}, policies, Path(scratch))
+            allowed[revision] = allowed_hops(asked, point_data, rules)
+    for line in decided:
+        revision, number = distinct[json.dumps([line.entry["revision"], hop_of(line)], sort_keys=True)]
+        if number not in allowed[revision]:
+            hop = hops[revision][number]
             verdict.forbidden += 1
             verdict.problems.append(Problem(
                 "forbidden", line.where,
                 f"request {line.entry.get('request_id')}: the rules do not allow {hop['sender']} -> {line.instance} "
-                f"(step {hop['step']}, labels {json.dumps(hop['labels'])}), decided by {hop['point']}",
+                f"(step {hop['step']}, labels {json.dumps(hop['labels'])}), decided by {hop['point']} under revision {revision}",
             ))
     return verdict
+
+
+def rules_of(run_dir: Path, revision: str, points: set[str], policies: Path, scratch: Path) -> tuple[Path, dict[str, dict]]:
+    """The rule set and each point's data that revision `revision` decided with.
+
+    A deployment keeps every bundle it served (run folder: revisions/<revision>/<point>.tar.gz,
+    bundles.py), so lines decided before a reload are checked with the rules of their time.
+    A run from before bundles has none: its points' data files and `policies` stand in.
+    """
+    archived = run_dir / bundles.REVISIONS / revision
+    if archived.is_dir():
+        rules = scratch / revision
+        point_data = {}
+        for name in sorted(points):
+            bundle = archived / bundles.bundle_name(name)
+            if not bundle.is_file():
+                raise AuditError(f"{run_dir}: no {bundle.relative_to(run_dir)}, the bundle point {name} decided with under revision {revision}")
+            point_data[name] = bundles.unpack(bundle.read_bytes(), rules)
+        return rules, point_data
+    point_data = {}
+    for name in sorted(points):
+        data_file = run_dir / "points" / name / "data" / "data.json"
+        if not data_file.is_file():
+            raise AuditError(f"{run_dir}: no bundle of revision {revision} and no {data_file.relative_to(run_dir)}, the data point {name} decided with")
+        point_data[name] = json.loads(data_file.read_text())
+    return policies, point_data
 
 
 def run_folders(root: Path = RUNS) -> list[Path]:

@@ -35,6 +35,8 @@ POLICIES = REPO / "policies"
 # Where the rule set lives in policies/: the rest (system/, examples/) is not in a bundle.
 RULE_SET = "complyroute"
 REVISION_PATH = ("complyroute", "revision")
+# In a run folder: every bundle the deployment served, by revision (what `make audit` re-checks with).
+REVISIONS = "revisions"
 PACKAGE = re.compile(r"^package\s+([\w.]+)", re.MULTILINE)
 
 
@@ -116,17 +118,40 @@ def bundle_name(point: str) -> str:
     return f"{point}.tar.gz"
 
 
-def write(folder: Path, documents: dict[str, dict], policies: Path = POLICIES, revision_name: str | None = None) -> str:
+def write(folder: Path, documents: dict[str, dict], policies: Path = POLICIES, revision_name: str | None = None,
+          archive: Path | None = None) -> str:
     """Write each point's bundle ({point: its data document}) into `folder`; the revision.
 
-    Each file is replaced by a rename, so the bundle server never serves half a bundle.
+    Each file is replaced by a rename, so the bundle server never serves half a bundle. With
+    `archive`, each bundle is also kept as archive/<revision>/<point>.tar.gz: what `make audit`
+    re-checks a hop with, whichever revision decided it.
     """
     files = rule_set_files(policies)
     revision_name = revision_name or revision(policies)
     folder.mkdir(parents=True, exist_ok=True)
     for point, data in documents.items():
-        target = folder / bundle_name(point)
-        partial = folder / f".{target.name}.partial"
-        partial.write_bytes(tarball(files, data, revision_name))
-        os.replace(partial, target)
+        content = tarball(files, data, revision_name)
+        targets = [folder / bundle_name(point)]
+        if archive is not None:
+            (archive / revision_name).mkdir(parents=True, exist_ok=True)
+            targets.insert(0, archive / revision_name / bundle_name(point))
+        for target in targets:
+            partial = target.parent / f".{target.name}.partial"
+            partial.write_bytes(content)
+            os.replace(partial, target)
     return revision_name
+
+
+def unpack(content: bytes, rules: Path) -> dict:
+    """A bundle's rule set written under `rules` (as policies/ holds it); its data document."""
+    with tarfile.open(fileobj=io.BytesIO(content), mode="r:gz") as tar:
+        members = {member.name.lstrip("/"): tar.extractfile(member).read() for member in tar.getmembers() if member.isfile()}
+    for name, member in members.items():
+        if name in (".manifest", "data.json"):
+            continue
+        target = rules / name
+        if not target.resolve().is_relative_to(rules.resolve()):
+            raise BundleError(f"a bundle member names a path outside its folder: {name}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(member)
+    return json.loads(members["data.json"])

@@ -208,7 +208,8 @@ def render(plan: Plan, run_dir: Path, policies: Path = POLICIES) -> list[Part]:
         files = credentials.write(run_dir / "pki")
         point_trust = {p.name: trust.point(p, files[identity.point_identity(p)], credentials.token_jwks) for p in plan.points}
     configs = engines.configure(engine["kind"], plan.points, engine, policies, point_trust)
-    revision = bundles.write(run_dir / BUNDLES, {name: config.data for name, config in configs.items() if config.opa is not None}, policies)
+    revision = bundles.write(run_dir / BUNDLES, {name: config.data for name, config in configs.items() if config.opa is not None},
+                             policies, archive=run_dir / bundles.REVISIONS)
     logs, audit = run_dir / "logs", run_dir / "audit"
     audit.mkdir(parents=True, exist_ok=True)
     logs.mkdir(parents=True, exist_ok=True)

@@ -92,7 +92,8 @@ def reload_policy(policies: Path = bundles.POLICIES, out=sys.stdout, timeout: fl
     try:
         configs = engines.configure(engine["kind"], plan.points, engine, policies, rendered.point_trust)
         revision = bundles.write(run_dir / deployment.BUNDLES,
-                                 {name: config.data for name, config in configs.items() if config.opa is not None}, policies)
+                                 {name: config.data for name, config in configs.items() if config.opa is not None}, policies,
+                                 archive=run_dir / bundles.REVISIONS)
     except (engines.EngineError, policydata.PolicyDataError, bundles.BundleError) as error:
         raise ReloadError(f"the rule set in {policies} cannot be applied; nothing was changed: {error}") from None
     for point in plan.points:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from complyroute import bundles, deployment, reload
+from complyroute import audit, bundles, deployment, reload
 from complyroute.client import send
 
 from .helpers import ENFORCING, ENGINES, EU_PERSONAL, RECORD, audit_lines, deploy_mixed_regions
@@ -67,7 +67,7 @@ def path_of(answer):
 
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("topology", ENFORCING)
-def test_reload_moves_paths_while_records_flow_and_loses_none_allowed(topology, engine, us_adequate_policies):
+def test_reload_moves_paths_while_records_flow_and_loses_none_allowed(topology, engine, us_adequate_policies, tmp_path):
     state, _ = deploy_mixed_regions(topology, engine=engine)
     try:
         old_revision = bundles.revision()
@@ -99,6 +99,20 @@ def test_reload_moves_paths_while_records_flow_and_loses_none_allowed(topology, 
         revisions = Counter(line["revision"] for lines in by_id.values() for line in lines)
         assert set(revisions) == {old_revision, result["revision"]}
         assert (Path(state["run_dir"]) / "reloads.jsonl").read_text().count(result["revision"]) == 1
+        # make audit re-checks each line with the rules of the revision that decided it: the
+        # moved hops are allowed under the new rules, the old ones under the old.
+        verdict = audit.audit_run(Path(state["run_dir"]))
+        assert (verdict.forbidden, verdict.undecided, verdict.broken_chains) == (0, 0, 0), verdict.problems[:3]
+        assert set(verdict.revisions) == {old_revision, result["revision"]}
+        # Its twin: the same lines re-checked as if the new revision had the old rules.
+        forged = tmp_path / "run"
+        shutil.copytree(state["run_dir"], forged)
+        archive = forged / bundles.REVISIONS
+        shutil.rmtree(archive / result["revision"])
+        shutil.copytree(archive / old_revision, archive / result["revision"])
+        verdict = audit.audit_run(forged)
+        moved = sum(1 for a in answers if path_of(a) == AFTER)
+        assert verdict.forbidden == 2 * moved and verdict.undecided == 0  # ingest-us and analyse-us, per moved record
     finally:
         deployment.stop(out=open("/dev/null", "w"))
 
