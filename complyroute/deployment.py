@@ -33,6 +33,10 @@ RUNS = REPO / "runs"
 CURRENT = RUNS / "current"
 OPA = REPO / "bin" / "opa"
 POLICIES = REPO / "policies"
+# The enforcement point's own policies, which OPA loads from disk beside its bundle: the REST
+# API's authorization (system.authz). They are not the rule set: a reload leaves them, and a
+# test's or the bench's stand-in rule set runs with them too.
+SYSTEM_POLICIES = POLICIES / "system"
 SERVICE_SERVER = REPO / "services" / "server.js"
 # In a run folder: the points' bundles, each point's route configurations, what a reload reads.
 BUNDLES = "bundles"
@@ -90,16 +94,22 @@ def write_routes(folder: Path, routes: dict[str, str]) -> list[str]:
     return changed
 
 
+def point_routes(envoy: dict, folder: Path, revision: str) -> tuple[dict, dict[str, str]]:
+    """A point's bootstrap and the route files a reload rewrites (enforcement.rule_set_routes:
+    the compiled engine's; under envoy-opa none, OPA's bundle carries every change)."""
+    return enforcement.split_routes(envoy, str(folder / ROUTES), revision, enforcement.rule_set_routes(envoy))
+
+
 def point_parts(point: EnforcementPoint, config: engines.PointConfig, folder: Path, logs: Path, revision: str,
-                bundle_source: enforcement.BundleSource, opa_disk_data: dict, policies: Path = POLICIES) -> list[Part]:
+                bundle_source: enforcement.BundleSource, opa_disk_data: dict) -> list[Part]:
     """Write one enforcement point's configuration into `folder`; its OPA (if any) and its Envoy.
 
-    Envoy reads its listeners' routes from files under `folder`/routes (so a reload can
-    replace them); OPA takes its rule set and index from its bundle (bundles.py), and loads
+    Envoy reads the routes that hold decisions from files under `folder`/routes (so a reload
+    can replace them); OPA takes its rule set and index from its bundle (bundles.py), and loads
     from disk only the REST API's authorization policy (policies/system) and `opa_disk_data`
     (the entry's label-token key)."""
     folder.mkdir(parents=True, exist_ok=True)
-    bootstrap, routes = enforcement.split_routes(config.envoy, str(folder / ROUTES), version=revision)
+    bootstrap, routes = point_routes(config.envoy, folder, revision)
     write_routes(folder / ROUTES, routes)
     # JSON, not YAML: a compiled route configuration can be large, and Envoy parses JSON faster.
     (folder / "envoy.json").write_text(json.dumps(bootstrap, indent=1))
@@ -118,8 +128,7 @@ def point_parts(point: EnforcementPoint, config: engines.PointConfig, folder: Pa
                     "--diagnostic-addr", f"{point.opa_diagnostic.address}:{point.opa_diagnostic.port}", *enforcement.OPA_SERVER_FLAGS,
                     "--config-file", str(folder / "opa.yaml"), "--skip-version-check", "--log-level", "error",
                     *policydata.OPA_RUN_FLAGS,
-                    # A stand-in rule set (a test's, the bench's allow-all) may have no system/.
-                    *policydata.RULE_SET_IGNORES, *[str(path) for path in [policies / "system"] if path.is_dir()], str(data_dir),
+                    *policydata.RULE_SET_IGNORES, str(SYSTEM_POLICIES), str(data_dir),
                 ],
                 env={"GOMAXPROCS": str(point.concurrency)},
                 health_url=point.opa_health_url,
@@ -224,7 +233,7 @@ def render(plan: Plan, run_dir: Path, policies: Path = POLICIES) -> list[Part]:
             *((point_files.ca, point_files.cert, point_files.key) if trust else ()),
         )
         disk_data = credentials.with_token_key(trust, point, {}) if trust else {}
-        parts += point_parts(point, configs[point.name], run_dir / "points" / point.name, logs, revision, source, disk_data, policies)
+        parts += point_parts(point, configs[point.name], run_dir / "points" / point.name, logs, revision, source, disk_data)
     for service in plan.services:
         service_trust = trust.service(service, files[identity.service_identity(service)]) if trust else None
         parts.append(service_part(service, engine, audit / f"{service.instance.id}.jsonl", logs,
@@ -359,6 +368,8 @@ def deploy(topology: Topology, policies: Path = POLICIES, health_timeout: float 
         "services": len(topology.instances),
         "run_dir": str(run_dir),
         "entry_url": f"{plan.entry.url}/process",
+        # The rule set's revision the points decide with (reload.py updates it).
+        "revision": pickle.loads((run_dir / RENDERED).read_bytes()).revision,
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         # Which point decides the hops of which sender: what a reader (or a test) needs to
         # know which records a failing point affects.
@@ -438,6 +449,8 @@ def status(out=sys.stdout) -> int:
         return 1
     print(f"{state['topology']} ({state['kind']}, engine {state.get('engine', 'envoy-opa')}), {state['services']} services, "
           f"entry {state['entry_url']}, run folder {state['run_dir']}", file=out)
+    if state.get("revision"):
+        print(f"rule set revision {state['revision']}", file=out)
     unhealthy = 0
     for part in state["parts"]:
         ok = alive(part["pid"]) and healthy(part["health_url"], tls=part.get("health_tls"))

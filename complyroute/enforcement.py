@@ -564,19 +564,25 @@ def envoy_config(point: EnforcementPoint, engine: dict, matchers: dict[str, dict
 ROUTE_CONFIGURATION = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
 
 
-def split_routes(envoy: dict, folder: str, version: str = "1") -> tuple[dict, dict[str, str]]:
-    """Every listener's route configuration out of the bootstrap `envoy`, into a file Envoy
-    reads from `folder` (RDS from the filesystem): returns the bootstrap, whose connection
-    managers name their file instead, and the files, `<listener>.json` each, as compact JSON
-    discovery responses of `version`. `envoy` itself is left as it is.
+def split_routes(envoy: dict, folder: str, version: str = "1", listeners: set[str] | None = None) -> tuple[dict, dict[str, str]]:
+    """The route configurations of `listeners` (None: every listener) out of the bootstrap
+    `envoy`, into files Envoy reads from `folder` (RDS from the filesystem): returns the
+    bootstrap, whose connection managers name their file instead, and the files,
+    `<listener>.json` each, as compact JSON discovery responses of `version`. `envoy` itself
+    is left as it is.
 
     Envoy watches `folder` and reads a route configuration again when a file is moved into it
     (a rename: reload.py's rewrite, or Kubernetes swapping a ConfigMap volume's contents), so
-    a listener's routes change without a restart and without a dropped request.
+    a listener's routes change without a restart and without a dropped request. Each file
+    costs its Envoy an inotify instance, of the 128 a user holds by default
+    (fs.inotify.max_user_instances): a deployment moves only the routes that change with the
+    rule set (rule_set_routes).
     """
     bootstrap = copy.deepcopy(envoy)
     files: dict[str, str] = {}
     for listener in bootstrap["static_resources"]["listeners"]:
+        if listeners is not None and listener["name"] not in listeners:
+            continue
         for chain in listener["filter_chains"]:
             for network_filter in chain["filters"]:
                 manager = network_filter["typed_config"]
@@ -598,6 +604,19 @@ def split_routes(envoy: dict, folder: str, version: str = "1") -> tuple[dict, di
                 files[name] = json.dumps({"version_info": version, "resources": [{"@type": ROUTE_CONFIGURATION, **route_config}]},
                                          separators=(",", ":"))
     return bootstrap, files
+
+
+def rule_set_routes(envoy: dict) -> set[str]:
+    """The listeners whose routes hold decisions of the rule set: those with the compiled
+    engine's matcher tree (its leaves are OPA's answers, and name their revision). Every other
+    route configuration is the same whatever the rule set says."""
+    return {
+        listener["name"]
+        for listener in envoy["static_resources"]["listeners"]
+        for chain in listener["filter_chains"]
+        for network_filter in chain["filters"]
+        if any("matcher" in host for host in network_filter["typed_config"].get("route_config", {}).get("virtual_hosts", []))
+    }
 
 
 def write_data(data_dir: Path, document: dict) -> None:

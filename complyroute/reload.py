@@ -6,14 +6,15 @@ and hands the result to the running processes the way each takes it:
 
 - every OPA gets a new bundle (bundles.py): rule set, index, revision. The bundle server
   answers the OPA's pending long poll with it; OPA activates it between two decisions.
-- every Envoy gets its listeners' route configurations again: files moved into the folder it
-  watches (RDS from the filesystem). Under envoy-compiled they hold the hops OPA decided
-  ahead of time under the new revision; under envoy-opa only their version changes.
+- under envoy-compiled, every Envoy gets the route configurations of its deciding listeners
+  again: files moved into the folder it watches (RDS from the filesystem), holding the hops
+  OPA decided ahead of time under the new revision. (Under envoy-opa, Envoy's routes do not
+  depend on the rule set: OPA's answers carry every change.)
 
 Nothing is restarted, so nothing in flight is dropped: a request keeps the route and the
 policy it started with. The reload returns once every point decides with the new revision:
 its OPA reports it (GET /v1/data/complyroute/revision on its loopback REST API) and its Envoy
-serves route configurations of that version (the admin interface's config dump).
+serves route configurations of that version (the admin interface's RDS statistics).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from . import bundles, deployment, engines, enforcement, policydata
+from . import bundles, deployment, engines, policydata
 from .enforcement import EnforcementPoint
 
 POLL_INTERVAL = 0.01
@@ -66,8 +67,8 @@ def envoy_revisions(point: EnforcementPoint) -> set[str]:
     return {stat["value"] for stat in stats if "value" in stat}
 
 
-def decides_with(point: EnforcementPoint, has_opa: bool, revision: str) -> bool:
-    return envoy_revisions(point) == {revision} and (not has_opa or opa_revision(point) == revision)
+def decides_with(point: EnforcementPoint, has_opa: bool, has_routes: bool, revision: str) -> bool:
+    return (not has_routes or envoy_revisions(point) == {revision}) and (not has_opa or opa_revision(point) == revision)
 
 
 def load_rendered(state: dict) -> deployment.Rendered:
@@ -96,9 +97,13 @@ def reload_policy(policies: Path = bundles.POLICIES, out=sys.stdout, timeout: fl
                                  archive=run_dir / bundles.REVISIONS)
     except (engines.EngineError, policydata.PolicyDataError, bundles.BundleError) as error:
         raise ReloadError(f"the rule set in {policies} cannot be applied; nothing was changed: {error}") from None
+    routed = set()  # points whose Envoy reads routes from files
     for point in plan.points:
-        _, routes = enforcement.split_routes(configs[point.name].envoy, str(run_dir / "points" / point.name / deployment.ROUTES), revision)
-        deployment.write_routes(run_dir / "points" / point.name / deployment.ROUTES, routes)
+        folder = run_dir / "points" / point.name
+        _, routes = deployment.point_routes(configs[point.name].envoy, folder, revision)
+        deployment.write_routes(folder / deployment.ROUTES, routes)
+        if routes:
+            routed.add(point.name)
     written = time.monotonic() - started
     print(f"reload-policy: revision {revision} written for {len(plan.points)} enforcement points in {written:.2f} s", file=out)
 
@@ -106,7 +111,7 @@ def reload_policy(policies: Path = bundles.POLICIES, out=sys.stdout, timeout: fl
         deadline = started + timeout
         has_opa = configs[point.name].opa is not None
         while time.monotonic() < deadline:
-            if decides_with(point, has_opa, revision):
+            if decides_with(point, has_opa, point.name in routed, revision):
                 return time.monotonic() - started
             time.sleep(POLL_INTERVAL)
         return None
@@ -122,6 +127,7 @@ def reload_policy(policies: Path = bundles.POLICIES, out=sys.stdout, timeout: fl
     with (run_dir / "reloads.jsonl").open("a") as log:
         log.write(json.dumps({"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "policies": str(policies), **result}) + "\n")
     deployment.update_rendered(run_dir, rendered, revision)
+    deployment.write_state(run_dir, {**deployment.read_state(run_dir), "revision": revision})
     print(f"reload-policy: every enforcement point decides with {revision} after {result['seconds']:.3f} s "
           f"(slowest: {max(seconds, key=seconds.get)})", file=out)
     return result

@@ -222,7 +222,7 @@ class Bench:
         revision = bundles.revision(policies)
         if config.opa is not None:
             bundles.write(self.folder / deployment.BUNDLES, {point.name: config.data}, policies, revision)
-        for part in deployment.point_parts(point, config, self.folder / point.name, self.folder, revision, self.bundle_source(), {}, policies):
+        for part in deployment.point_parts(point, config, self.folder / point.name, self.folder, revision, self.bundle_source(), {}):
             self.start(part)
 
     def wait_until_listening(self, timeout: float = 60) -> None:

@@ -29,7 +29,7 @@ from dataclasses import replace
 
 import pytest
 
-from complyroute import deployment, engines, manifest
+from complyroute import bundles, deployment, enforcement, engines, manifest
 from complyroute.engines.envoy_compiled import canonical_consents, compiled_listeners
 from complyroute.enforcement import Endpoint
 from complyroute.plan import place
@@ -127,9 +127,13 @@ class Engine:
         # addresses (its service's, which the sink stands in for).
         points = [replace(point, forwarding=[]) for point in self.plan.points if point.deciding]
         configs = engines.configure(self.kind, points, self.plan.topology.engine, deployment.POLICIES)
-        parts = []
+        # Their OPAs' bundles, served in plain HTTP on loopback as a deployment without mTLS does.
+        revision = bundles.write(self.folder / deployment.BUNDLES, {p.name: configs[p.name].data for p in points})
+        bundle_server = Endpoint("127.0.0.1", 39991)
+        parts = [deployment.bundle_server_part(self.folder / deployment.BUNDLES, bundle_server, "test", logs, None, None)]
         for point in points:
-            parts += deployment.point_parts(point, configs[point.name], self.folder / point.name, logs)
+            parts += deployment.point_parts(point, configs[point.name], self.folder / point.name, logs, revision,
+                                            enforcement.BundleSource(bundle_server.url), {})
         destinations = {i: e for point in points for i, e in point.destinations.items()}
         sink_admin = Endpoint("127.0.0.1", 39990)
         (self.folder / "sink.json").write_text(json.dumps(sink_envoy(destinations, sink_admin)))
