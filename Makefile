@@ -17,6 +17,8 @@ engine ?=
 runs ?=
 # 1: after deploying, reload the deployment whenever policies/ changes (make deploy watch=1).
 watch ?=
+# The git ref `make policy-diff` compares policies/ with.
+base ?=
 # What `make decide` evaluates.
 input ?= policies/examples/eu-personal-allowed.json
 catalog ?= policies/examples/catalog.json
@@ -110,6 +112,11 @@ decide: $(OPA) ## Show the decision for one input: make decide input=policies/ex
 	$(OPA) eval --format pretty --data policies --data $(catalog) --input $(input) \
 	  --ignore '*_test.rego' --ignore examples \
 	  'data.complyroute.compliance.decision with data.complyroute.index as data.complyroute.indexing.index(data.complyroute.catalog)'
+
+.PHONY: policy-diff
+policy-diff: $(OPA) ## What policies/ would decide differently from a git ref, at every point of the walkthrough: make policy-diff base=HEAD [topology=ce services=5]
+	$(if $(base),,$(error base= is required: the git ref whose rule set to compare with, such as base=HEAD or base=main))
+	$(CONTROL) policy-diff --base $(base) $(if $(filter-out sidecar,$(topology)),--topology $(topology_file)) $(if $(services),--services $(services))
 
 .PHONY: policy-bench
 policy-bench: setup ## What one decision costs at each topology's enforcement points, allowed and denied, against commit d2d81e4's rule set (opa bench, about a minute)

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import audit, bundles, deployment, manifest, policybench, reload
+from . import audit, bundles, deployment, manifest, policybench, policydiff, reload
 from .client import send
 
 DEMO_MANIFEST = "topologies/examples/mixed-regions.yaml"
@@ -136,6 +136,13 @@ def main(argv: list[str] | None = None) -> int:
     reload_policy.add_argument("--policies", type=Path, default=bundles.POLICIES, help="the rule set's folder (default: policies/)")
     reload_policy.add_argument("--timeout", type=float, default=120, help="seconds to wait for every point to decide with it")
     reload_policy.set_defaults(run=lambda a: (reload.reload_policy(a.policies, timeout=a.timeout), 0)[1])
+    diff = commands.add_parser("policy-diff", help="list every decision the rule set in policies/ would make differently from the one at a git ref")
+    diff.add_argument("--base", required=True, help="git ref of the rule set to compare with (HEAD, a commit, a branch)")
+    diff.add_argument("--topology", default=policydiff.WALKTHROUGH, help="manifest whose enforcement points to ask (default: the walkthrough's)")
+    diff.add_argument("--services", help="number of service instances, or a manifest whose services to use")
+    diff.add_argument("--policies", type=Path, default=bundles.POLICIES)
+    diff.add_argument("--format", choices=["text", "json"], default="text")
+    diff.set_defaults(run=lambda a: policydiff.main(a.base, a.topology, a.services, a.policies, a.format == "json"))
     watch_policy = commands.add_parser("watch-policy", help="reload the running deployment whenever the rule set changes")
     watch_policy.add_argument("--policies", type=Path, default=bundles.POLICIES)
     watch_policy.set_defaults(run=cmd_watch_policy)
@@ -152,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.run(args)
-    except (manifest.ManifestError, deployment.DeploymentError, audit.AuditError, reload.ReloadError) as error:
+    except (manifest.ManifestError, deployment.DeploymentError, audit.AuditError, reload.ReloadError, policydiff.PolicyDiffError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
 

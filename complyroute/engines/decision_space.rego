@@ -69,3 +69,31 @@ changes_nothing(request, response) if {
 		not headers[name]
 	}
 }
+
+# decisions: [point, listener, region, category, consent, outcome] for every labelling of the
+# space, whatever the answer: outcome {"allowed": true, "destination"} or {"allowed": false,
+# "status", "code"} (451 restored from its wire status 403, see envoy.wire_status). What
+# `make policy-diff` (complyroute/policydiff.py) compares between two rule sets.
+decisions contains [point_name, listener_name, region, category, consent, outcome] if {
+	some point_name, point in input.points
+	some listener_name, listener in point.listeners
+	some region in input.regions
+	some category in input.categories
+	some consent in listener.consents
+	request := check_request(listener, region, category, consent)
+
+	# regal ignore:with-outside-test-context
+	response := envoy.response with input as request
+		with data.complyroute.index as point.data.complyroute.index
+		with data.complyroute.revision as point.data.complyroute.revision
+	outcome := outcome_of(response)
+}
+
+outcome_of(response) := {"allowed": true, "destination": response.headers["x-complyroute-destination"]} if {
+	response.allowed == true
+}
+
+outcome_of(response) := {"allowed": false, "status": status, "code": json.unmarshal(response.body).code} if {
+	response.allowed == false
+	status := object.get({403: 451}, response.http_status, response.http_status)
+}
