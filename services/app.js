@@ -279,7 +279,8 @@ function isPathEntry (entry) {
     typeof entry.instance === 'string' && typeof entry.step === 'string' &&
     typeof entry.region === 'string' && typeof entry.node === 'string' &&
     Number.isFinite(entry.t_in) && Number.isFinite(entry.t_out) &&
-    (entry.t_back === undefined || Number.isFinite(entry.t_back))
+    (entry.t_back === undefined || Number.isFinite(entry.t_back)) &&
+    (entry.revision === undefined || entry.revision === null || typeof entry.revision === 'string')
 }
 
 function parseJson (text) {
@@ -314,7 +315,7 @@ export function relayableError (parsed, status, requestId) {
 
 const PLAIN_STRING = /"[^"\\\u0000-\u001f]*"/.source // a JSON string without escapes
 const FINITE_NUMBER = /-?(?:0|[1-9][0-9]{0,299})(?:\.[0-9]+)?/.source // no exponent: below 1e300
-const WRITTEN_PATH_ENTRY = `\\{"instance":${PLAIN_STRING},"step":${PLAIN_STRING},"region":${PLAIN_STRING},"node":${PLAIN_STRING},"t_in":${FINITE_NUMBER},"t_out":${FINITE_NUMBER}(?:,"t_back":${FINITE_NUMBER})?\\}`
+const WRITTEN_PATH_ENTRY = `\\{"instance":${PLAIN_STRING},"step":${PLAIN_STRING},"region":${PLAIN_STRING},"node":${PLAIN_STRING},"t_in":${FINITE_NUMBER},"t_out":${FINITE_NUMBER}(?:,"t_back":${FINITE_NUMBER})?,"revision":(?:${PLAIN_STRING}|null)\\}`
 // A delivered answer as deliveredAnswer writes it; group 1: the path's entries.
 const WRITTEN_DELIVERED_ANSWER = new RegExp(`^\\{"request_id":${PLAIN_STRING},"path":\\[(${WRITTEN_PATH_ENTRY}(?:,${WRITTEN_PATH_ENTRY})*)\\]\\}$`)
 
@@ -323,9 +324,12 @@ function pathEntryPrefix ({ instance, step, region, node }) {
   return `{"instance":${JSON.stringify(instance)},"step":${JSON.stringify(step)},"region":${JSON.stringify(region)},"node":${JSON.stringify(node)},"t_in":`
 }
 
-// Finite numbers only (the callers check): their JSON is their string.
-function pathEntryJson (prefix, tIn, tOut, tBack) {
-  return tBack === undefined ? `${prefix}${tIn},"t_out":${tOut}}` : `${prefix}${tIn},"t_out":${tOut},"t_back":${tBack}}`
+// Finite numbers only (the callers check): their JSON is their string. `revision`: the rule
+// set's revision that decided the hop into the instance (x-complyroute-revision), null when
+// no point decided it (the baseline).
+function pathEntryJson (prefix, tIn, tOut, tBack, revision) {
+  const decidedBy = `"revision":${typeof revision === 'string' ? JSON.stringify(revision) : 'null'}`
+  return tBack === undefined ? `${prefix}${tIn},"t_out":${tOut},${decidedBy}}` : `${prefix}${tIn},"t_out":${tOut},"t_back":${tBack},${decidedBy}}`
 }
 
 // 200 {request_id, path: [own, ...downstream]}; `downstream` is JSON text of entries.
@@ -342,7 +346,7 @@ export function downstreamPathEntries (body) {
   if (written !== null) return written[1]
   const parsed = parseJson(body)
   if (!isPlainObject(parsed) || !Array.isArray(parsed.path) || parsed.path.length === 0 || !parsed.path.every(isPathEntry)) return null
-  return parsed.path.map((entry) => pathEntryJson(pathEntryPrefix(entry), entry.t_in, entry.t_out, entry.t_back)).join(',')
+  return parsed.path.map((entry) => pathEntryJson(pathEntryPrefix(entry), entry.t_in, entry.t_out, entry.t_back, entry.revision)).join(',')
 }
 
 // ---------------------------------------------------------------- the plugin
@@ -528,7 +532,7 @@ export async function app (fastify, opts) {
 
     if (!config.nextStep) {
       request[kOutcome] = 'answered'
-      return deliveredAnswer(requestId, pathEntryJson(ownEntryPrefix, tIn, now()))
+      return deliveredAnswer(requestId, pathEntryJson(ownEntryPrefix, tIn, now(), undefined, headers[DECISION_HEADERS.revision]))
     }
 
     // Built from scratch: only the labels, the request id, the next step and (label-token
@@ -557,7 +561,7 @@ export async function app (fastify, opts) {
       const downstream = downstreamPathEntries(answer.body)
       if (downstream !== null) {
         request[kOutcome] = 'answered'
-        return deliveredAnswer(requestId, pathEntryJson(ownEntryPrefix, tIn, tOut, tBack), downstream)
+        return deliveredAnswer(requestId, pathEntryJson(ownEntryPrefix, tIn, tOut, tBack, headers[DECISION_HEADERS.revision]), downstream)
       }
       return nextHopFailed(request, reply, 'next hop answered 200 without a valid path')
     }

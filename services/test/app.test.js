@@ -34,7 +34,7 @@ const DECIDED = Object.freeze({
 })
 
 const DOWNSTREAM_PATH = Object.freeze([
-  { instance: 'store-eu', step: 'store', region: 'EU', node: 'node-3', t_in: 1000.5, t_out: 1001.25 }
+  { instance: 'store-eu', step: 'store', region: 'EU', node: 'node-3', t_in: 1000.5, t_out: 1001.25, revision: '0123abc' }
 ])
 
 function ok (path = DOWNSTREAM_PATH) {
@@ -100,7 +100,8 @@ test('last step: answers 200 with its own path entry (t_in <= t_out)', async (t)
   assert.equal(body.request_id, 'r-1')
   assert.equal(body.path.length, 1)
   const [entry] = body.path
-  assert.deepEqual(Object.keys(entry).sort(), ['instance', 'node', 'region', 'step', 't_in', 't_out'])
+  assert.deepEqual(Object.keys(entry).sort(), ['instance', 'node', 'region', 'revision', 'step', 't_in', 't_out'])
+  assert.equal(entry.revision, null) // no enforcement point decided this hop (no x-complyroute-revision)
   assert.equal(entry.instance, 'store-eu')
   assert.equal(entry.step, 'store')
   assert.equal(entry.region, 'EU')
@@ -156,6 +157,7 @@ test('middle step: forwards exactly the specified headers and body, prepends its
   assert.equal(own.region, 'EU')
   assert.equal(own.node, 'node-2')
   assert.ok(own.t_in < own.t_out && own.t_out < own.t_back, JSON.stringify(own))
+  assert.equal(own.revision, '0123abc') // the revision of the rule set that decided the hop into it
   assert.deepEqual(next, DOWNSTREAM_PATH[0])
 })
 
@@ -200,9 +202,9 @@ test('sent-on refused twin: a body with a constructor.prototype key is refused, 
 
 // The downstream path of a chain of three more hops, as a service writes it.
 const WRITTEN_PATH = Object.freeze([
-  { instance: 'analyse-eu', step: 'analyse', region: 'EU', node: 'node-2', t_in: 1000.5, t_out: 1000.75, t_back: 1003.5 },
-  { instance: 'enrich-eu', step: 'enrich', region: 'EU', node: 'node-1', t_in: 1001, t_out: 1001.25, t_back: 1003 },
-  { instance: 'store-eu', step: 'store', region: 'EU', node: 'node-3', t_in: 1002, t_out: 1002.5 }
+  { instance: 'analyse-eu', step: 'analyse', region: 'EU', node: 'node-2', t_in: 1000.5, t_out: 1000.75, t_back: 1003.5, revision: 'r-1' },
+  { instance: 'enrich-eu', step: 'enrich', region: 'EU', node: 'node-1', t_in: 1001, t_out: 1001.25, t_back: 1003, revision: 'r-1' },
+  { instance: 'store-eu', step: 'store', region: 'EU', node: 'node-3', t_in: 1002, t_out: 1002.5, revision: null }
 ])
 const WRITTEN_ANSWER = JSON.stringify({ request_id: 'r-11', path: WRITTEN_PATH })
 
@@ -244,6 +246,8 @@ test('delivered refused twin: a 200 answer with a path entry out of the contract
     { ...entry, t_out: null },
     { ...entry, t_back: 'late' },
     { ...entry, instance: 7 },
+    { ...entry, revision: 7 },
+    { ...entry, revision: ['r-1'] },
     without(entry, 'node')
   ].map((e) => JSON.stringify({ request_id: 'r-13', path: [WRITTEN_PATH[0], e] }))
   bad.push(WRITTEN_ANSWER.replace('1002.5', '1e999')) // parses to Infinity
@@ -286,7 +290,8 @@ test('hostile next hop: no mangled answer makes this hop write invalid JSON or a
     kept++
     const path = JSON.parse(`[${entries}]`) // throws if this hop would write invalid JSON
     for (const entry of path) {
-      assert.deepEqual(Object.keys(entry).filter((key) => !['instance', 'step', 'region', 'node', 't_in', 't_out', 't_back'].includes(key)), [], body)
+      assert.deepEqual(Object.keys(entry).filter((key) => !['instance', 'step', 'region', 'node', 't_in', 't_out', 't_back', 'revision'].includes(key)), [], body)
+      assert.ok(entry.revision === null || typeof entry.revision === 'string', body)
       for (const key of ['instance', 'step', 'region', 'node']) assert.equal(typeof entry[key], 'string', body)
       for (const key of ['t_in', 't_out']) assert.ok(Number.isFinite(entry[key]), body)
       assert.ok(entry.t_back === undefined || Number.isFinite(entry.t_back), body)
