@@ -85,6 +85,9 @@ def test_reload_moves_paths_while_records_flow_and_loses_none_allowed(topology, 
         # Once reload_policy returns, every point decides with the new revision.
         assert set(paths[reloaded_at + 1:]) == {AFTER}
         assert set(paths) == {BEFORE, AFTER}
+        # Each path entry names the revision that decided the hop into its instance.
+        revisions = [tuple(hop["revision"] for hop in a.body["path"]) for a in answers]
+        assert revisions[0] == (old_revision,) * 3 and revisions[-1] == (bundles.revision(us_adequate_policies),) * 3
         assert result["revision"] == bundles.revision(us_adequate_policies) != old_revision
         assert set(result["points"]) == {p["name"] for p in state["points"]}
         # Each hop's audit line names the revision that decided it; the hops of the old path
@@ -96,8 +99,7 @@ def test_reload_moves_paths_while_records_flow_and_loses_none_allowed(topology, 
         first = answers[0].request_id, answers[-1].request_id
         assert {line["revision"] for line in by_id[first[0]]} == {old_revision}
         assert {line["revision"] for line in by_id[first[1]]} == {result["revision"]}
-        revisions = Counter(line["revision"] for lines in by_id.values() for line in lines)
-        assert set(revisions) == {old_revision, result["revision"]}
+        assert set(Counter(line["revision"] for lines in by_id.values() for line in lines)) == {old_revision, result["revision"]}
         assert (Path(state["run_dir"]) / "reloads.jsonl").read_text().count(result["revision"]) == 1
         # make audit re-checks each line with the rules of the revision that decided it: the
         # moved hops are allowed under the new rules, the old ones under the old.
