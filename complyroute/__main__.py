@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import audit, bundles, deployment, manifest, policybench, policydiff, reload
+from . import audit, bundles, deployment, manifest, policybench, policydiff, reload, trace
 from .client import send
 
 DEMO_MANIFEST = "topologies/examples/mixed-regions.yaml"
@@ -136,6 +136,10 @@ def main(argv: list[str] | None = None) -> int:
     reload_policy.add_argument("--policies", type=Path, default=bundles.POLICIES, help="the rule set's folder (default: policies/)")
     reload_policy.add_argument("--timeout", type=float, default=120, help="seconds to wait for every point to decide with it")
     reload_policy.set_defaults(run=lambda a: (reload.reload_policy(a.policies, timeout=a.timeout), 0)[1])
+    trace_record = commands.add_parser("trace", help="each hop of one record: the deciding point, labels, decision, revision, audit line")
+    trace_record.add_argument("request_id", help="the record's id (the x-request-id of its answer)")
+    trace_record.add_argument("--run", dest="run_dir", type=Path, help="run folder (default: runs/current, else the newest)")
+    trace_record.set_defaults(run=lambda a: trace.main(a.request_id, a.run_dir))
     diff = commands.add_parser("policy-diff", help="list every decision the rule set in policies/ would make differently from the one at a git ref")
     diff.add_argument("--base", required=True, help="git ref of the rule set to compare with (HEAD, a commit, a branch)")
     diff.add_argument("--topology", default=policydiff.WALKTHROUGH, help="manifest whose enforcement points to ask (default: the walkthrough's)")
@@ -159,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.run(args)
-    except (manifest.ManifestError, deployment.DeploymentError, audit.AuditError, reload.ReloadError, policydiff.PolicyDiffError) as error:
+    except (manifest.ManifestError, deployment.DeploymentError, audit.AuditError, reload.ReloadError, policydiff.PolicyDiffError, trace.TraceError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
 

@@ -117,7 +117,8 @@ def point_parts(point: EnforcementPoint, config: engines.PointConfig, folder: Pa
     if config.opa is not None:
         data_dir = folder / "data"
         enforcement.write_data(data_dir, opa_disk_data)
-        (folder / "opa.yaml").write_text(yaml.safe_dump(enforcement.opa_config(point, bundle_source), sort_keys=False))
+        opa = {**config.opa, **enforcement.bundle_config(point, bundle_source)}
+        (folder / "opa.yaml").write_text(yaml.safe_dump(opa, sort_keys=False))
         parts.append(
             Part(
                 name=f"{point.name}/opa",
@@ -364,6 +365,7 @@ def deploy(topology: Topology, policies: Path = POLICIES, health_timeout: float 
         "topology": topology.name,
         "kind": topology.kind,
         "engine": topology.engine["kind"],
+        "decision_logs": topology.engine.get("decision_logs", "off"),
         "manifest": str(topology.source),
         "services": len(topology.instances),
         "run_dir": str(run_dir),

@@ -669,11 +669,18 @@ def bundle_config(point: EnforcementPoint, source: BundleSource) -> dict:
     }
 
 
-def opa_config(point: EnforcementPoint, bundles: BundleSource | None = None) -> dict:
+def opa_config(point: EnforcementPoint, bundles: BundleSource | None = None, decision_logs: str = "off") -> dict:
     """OPA configuration: the Envoy ext_authz gRPC server answering with the policy's response,
-    deciding with the bundle `bundles` serves (None: with the rule set given on the command line)."""
+    deciding with the bundle `bundles` serves (None: with the rule set given on the command line).
+
+    decision_logs "file": every decision as a JSON line ("msg": "Decision Log") on OPA's console
+    logger, which writes whatever the log level, into the point's OPA log; masked by
+    policies/system/log (no record body, no label token). Console only: with a decision_logs
+    section and no console, OPA would upload decisions to its one service, the bundle server.
+    """
     return {
         **(bundle_config(point, bundles) if bundles else {}),
+        **({"decision_logs": {"console": True}} if decision_logs == "file" else {}),
         "plugins": {
             "envoy_ext_authz_grpc": {
                 "addr": f"{point.opa_grpc.address}:{point.opa_grpc.port}",
@@ -686,6 +693,4 @@ def opa_config(point: EnforcementPoint, bundles: BundleSource | None = None) -> 
                 "enable-performance-metrics": True,
             }
         },
-        # No decision_logs section: with one, OPA uploads decisions to the bundle server (its
-        # only service).
     }

@@ -17,6 +17,7 @@ REFERENCE_DATA = REPO / "policies" / "complyroute" / "reference" / "data.json"
 
 TOPOLOGIES = ("sidecar", "central-entity", "dynamic-router", "baseline")
 ENGINES = ("envoy-opa", "envoy-compiled")  # modules in complyroute/engines/
+DECISION_LOGS = ("off", "file")
 ALIASES = {"sa": "sidecar", "ce": "central-entity", "dr3": "dynamic-router-3", "dr6": "dynamic-router-6"}
 
 # Default purposes of generated instances, cycled; the default record consents to all of them.
@@ -157,6 +158,10 @@ def expand(raw: dict, source: Path, services: int | list | None = None) -> Topol
     engine = dict(raw.get("engine") or {})
     if engine.setdefault("kind", "envoy-opa") not in ENGINES:
         raise fail("engine.kind", f"'{engine['kind']}' is not one of {list(ENGINES)}")
+    # OPA's decision logs: off, or one JSON line per decision in the point's OPA log (masked:
+    # no record body, no label token), which `python -m complyroute trace` reads.
+    if engine.setdefault("decision_logs", "off") not in DECISION_LOGS:
+        raise fail("engine.decision_logs", f"'{engine['decision_logs']}' is not one of {list(DECISION_LOGS)}")
 
     security = {**SECURITY_DEFAULTS, **(raw.get("security") or {})}
     for setting, value in security.items():

@@ -90,6 +90,16 @@ def test_unknown_engine_denied():
         expand({"topology": "sidecar", "engine": {"kind": "nginx"}}, SOURCE)
 
 
+def test_decision_logs_off_by_default_or_to_file_allowed():
+    assert expand({"topology": "sidecar"}, SOURCE).engine["decision_logs"] == "off"
+    assert expand({"topology": "sidecar", "engine": {"decision_logs": "file"}}, SOURCE).engine["decision_logs"] == "file"
+
+
+def test_decision_logs_elsewhere_denied():
+    with pytest.raises(ManifestError, match=re.escape("field 'engine.decision_logs': 'console' is not one of ['off', 'file']")):
+        expand({"topology": "sidecar", "engine": {"decision_logs": "console"}}, SOURCE)
+
+
 @pytest.mark.parametrize("name", ["sidecar", "central-entity", "dynamic-router-3", "dynamic-router-6", "baseline"])
 def test_every_shipped_manifest_is_valid_allowed(name):
     assert len(manifest.load(name).instances) == 5

@@ -20,7 +20,8 @@ def opa_data(points: list[EnforcementPoint], policies: Path) -> dict[str, dict]:
 def point_config(point: EnforcementPoint, settings: dict, data: dict | None, matchers: dict[str, dict] | None = None, trust=None) -> PointConfig:
     if not point.deciding:  # a point that only forwards (baseline, a last step's sidecar) needs no OPA
         return PointConfig(enforcement.envoy_config(point, settings, trust=trust), None, None)
-    return PointConfig(enforcement.envoy_config(point, settings, matchers, trust), enforcement.opa_config(point), data)
+    opa = enforcement.opa_config(point, decision_logs=settings.get("decision_logs", "off"))
+    return PointConfig(enforcement.envoy_config(point, settings, matchers, trust), opa, data)
 
 
 def configure(points: list[EnforcementPoint], settings: dict, policies: Path, trust: dict) -> dict[str, PointConfig]:
