@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 from . import matrix
@@ -51,6 +52,30 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_reload(args) -> int:
+    from . import changeability, metadata
+    from .report import build, render_html, render_markdown
+
+    services = [5] if args.quick else args.services
+    run_dir = run_folder(args.results, args.run_id) if args.run_id else args.results / f"reload-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    parameters = {"services": services, "topologies": list(changeability.TOPOLOGIES), "engines": list(changeability.ENGINES),
+                  "hops_per_second": changeability.HOPS_PER_SECOND, "before_s": changeability.BEFORE_S, "after_s": changeability.AFTER_S}
+    (run_dir / "reload.json").write_text(json.dumps({"parameters": parameters, **metadata.describe()}, indent=1))
+    changeability.run(run_dir, services)
+    if (run_dir / "metadata.json").exists():  # an experiment run: its report gains the section
+        paths = build(run_dir)
+    else:
+        report_dir = run_dir / "report"
+        blocks = [("h1", f"complyroute changeability {run_dir.name}")] + changeability.blocks(run_dir, report_dir / "figures")
+        report_dir.mkdir(parents=True, exist_ok=True)
+        paths = {"markdown": report_dir / "report.md", "html": report_dir / "report.html"}
+        paths["markdown"].write_text(render_markdown(blocks, report_dir))
+        paths["html"].write_text(render_html(blocks, run_dir.name))
+    print(f"report: {paths['html']}\nreport: {paths['markdown']}")
+    return 0
+
+
 def cmd_bench(args) -> int:
     from . import bench
 
@@ -91,6 +116,12 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--records", type=int, default=1500, help="sequential records per part and round (default 1500)")
     bench.add_argument("--rounds", type=int, default=3, help="rounds; every figure is the median over them (default 3)")
     bench.set_defaults(handler=cmd_bench)
+
+    changes = commands.add_parser("reload", help="changeability: a rule-set change while records flow, per topology, engine and services")
+    changes.add_argument("--services", nargs="+", type=int, default=[5, 50], metavar="N", help="chain lengths (default 5 50)")
+    changes.add_argument("--quick", action="store_true", help="5 services only (about 2 minutes)")
+    changes.add_argument("--run-id", help="an experiment run to add the measurements and the report section to, or a new name")
+    changes.set_defaults(handler=cmd_reload)
 
     args = parser.parse_args(argv)
     try:

@@ -25,7 +25,7 @@ from matplotlib.colors import to_rgb  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
-from . import stats  # noqa: E402
+from . import changeability, stats  # noqa: E402
 from .matrix import (BASELINE, BENCH_CSV, COMPILED_ENGINE, ENGINE_NAMES, ENGINES, MAX_ERROR_RATE, MIN_ACHIEVED_SHARE,  # noqa: E402
                      PAPER_NAMES, PROFILES, TOPOLOGIES, Parameters, case_name)
 
@@ -683,7 +683,7 @@ def build(run_dir: Path) -> dict:
     bench = bench_blocks(run_dir, meta, figures_dir)
     if cells.empty:
         blocks.append(("p", f"No cell of this run has finished yet (0 of {expected}); {len(failed)} failed."))
-        return write_documents(blocks + bench, report_dir, meta)
+        return write_documents(blocks + bench + changeability.blocks(run_dir, figures_dir), report_dir, meta)
 
     cells.to_csv(tables_dir / "cells.csv", index=False)
     table = stats.pooled(cells, requests)
@@ -804,6 +804,7 @@ def build(run_dir: Path) -> dict:
                          "Error": record["error"].splitlines()[0], "At": record["at"]})
         blocks.append(("table", pd.DataFrame(rows)))
 
+    blocks.extend(changeability.blocks(run_dir, figures_dir))
     blocks.append(("h2", "Method"))
     blocks.extend(("p", paragraph) for paragraph in METHOD)
     blocks.append(("h2", "Machine and versions"))

@@ -1,0 +1,219 @@
+"""Changeability: what a rule-set change costs a running deployment (`python -m experiments reload`).
+
+The paper argues that a central entity is easier to change than dynamic routers or sidecars
+(sections I, II and VII) but measures nothing about change. Here each topology, under each
+engine, at 5 and 50 services, is deployed and sent records at a steady rate (open loop: each
+record is sent at its scheduled time, whether or not earlier ones were answered); after a
+few seconds the rule set changes (complyroute.reload: the US joins the EU adequacy list),
+records keep coming, then stop. Per cell:
+
+- propagation: from the reload's start until every enforcement point decides with the new
+  revision (reload_policy's own measure), and how much of it was the control plane computing
+  and writing the new configuration;
+- lost: records without an answer, or with any status but 200 (every record sent is one the
+  rules allow before and after the change);
+- mixed: records whose hops name more than one revision in their path entries (decided
+  partly before and partly after the change), counted and plotted over time.
+
+Raw: raw/reload/<cell>.json (every record: send time, status, revisions per hop; the reload's
+result). Derived: report/tables/changeability.csv, report/figures/changeability.png, and the
+"Changeability" section of the run's report.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pandas as pd
+
+from complyroute import deployment, manifest, reload
+from complyroute.client import send
+
+TOPOLOGIES = ("central-entity", "dynamic-router-3", "dynamic-router-6", "sidecar")
+ENGINES = ("envoy-opa", "envoy-compiled")
+LABELS = {"region": "EU", "category": "personal", "consent": "analytics,billing,care"}
+# Hops per second the records bring, whatever the chain's length: well under this machine's
+# capacity, so what is measured is the change, not overload.
+HOPS_PER_SECOND = 200
+BEFORE_S, AFTER_S = 3.0, 3.0
+# The study of dynamic reverse-proxy reconfiguration (../shared/reference/reverse-proxy-reconfiguration-yuan.txt):
+# per configuration request, with file rewriting and reloads, and with in-memory configuration and batching.
+STUDY_MS = {"file rewriting and reloads": 46.5, "in-memory configuration, batched": 2.8}
+PAPER_CLAIM = ("the paper (sections I, II, VII) argues that a central entity is easier to change than dynamic routers or sidecars, "
+               "since one place holds the policy; it measures nothing about change")
+
+
+def changed_rule_set(folder: Path) -> Path:
+    """policies/ with the US added to the EU adequacy list (a change of the reference data)."""
+    policies = folder / "policies"
+    shutil.copytree(deployment.POLICIES, policies)
+    reference = policies / "complyroute" / "reference" / "data.json"
+    data = json.loads(reference.read_text())
+    data["adequacy"].append("US")
+    reference.write_text(json.dumps(data))
+    return policies
+
+
+def steady_records(url: str, rate: float, stop: threading.Event, started: float) -> list[dict]:
+    """Send a record every 1/rate s until `stop` (each at its time, answered or not); every outcome."""
+    outcomes: list[dict] = []
+
+    def one(scheduled: float) -> None:
+        try:
+            answer = send(url, LABELS, {"subject": "changeability"}, timeout=30)
+            revisions = [hop.get("revision") for hop in answer.body["path"]] if answer.status == 200 and answer.body else []
+            outcomes.append({"t": scheduled, "status": answer.status, "revisions": revisions, "id": answer.request_id})
+        except OSError as error:
+            outcomes.append({"t": scheduled, "status": None, "error": str(error), "revisions": []})
+
+    with ThreadPoolExecutor(max_workers=32) as pool:
+        tick = 0
+        while not stop.is_set():
+            scheduled = started + tick / rate
+            delay = scheduled - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            pool.submit(one, scheduled - started)
+            tick += 1
+    return sorted(outcomes, key=lambda o: o["t"])
+
+
+def run_cell(topology: str, engine: str, services: int, changed: Path, raw: Path, out=sys.stdout) -> dict:
+    name = f"{topology}_{engine}_n{services}"
+    if deployment.read_state():
+        deployment.stop(out=open("/dev/null", "w"))
+    state = deployment.deploy(manifest.load(topology, services=services, engine=engine), out=open("/dev/null", "w"))
+    rate = HOPS_PER_SECOND / services
+    try:
+        old_revision = state["revision"]
+        stop, started = threading.Event(), time.monotonic()
+        records: list[dict] = []
+        sender = threading.Thread(target=lambda: records.extend(steady_records(state["entry_url"], rate, stop, started)))
+        sender.start()
+        time.sleep(BEFORE_S)
+        reload_started = time.monotonic() - started
+        result = reload.reload_policy(changed, out=open("/dev/null", "w"))
+        time.sleep(AFTER_S)
+        stop.set()
+        sender.join(60)
+    finally:
+        deployment.stop(out=open("/dev/null", "w"))
+    cell = {"topology": topology, "engine": engine, "services": services, "rate": rate, "old_revision": old_revision,
+            "reload_started_s": reload_started, "reload": result, "records": records}
+    (raw / f"{name}.json").write_text(json.dumps(cell))
+    row = summarize(cell)
+    print(f"reload: {name}: propagation {row['propagation_s']:.2f} s (writing {row['written_s']:.2f} s), "
+          f"{row['records']} records at {rate:g}/s, {row['lost']} lost, {row['mixed']} mixed", file=out)
+    return row
+
+
+def summarize(cell: dict) -> dict:
+    """One cell's figures from its raw record."""
+    records = cell["records"]
+    new = cell["reload"]["revision"]
+    mixed = [r for r in records if len(set(r["revisions"])) > 1]
+    return {
+        "topology": cell["topology"], "engine": cell["engine"], "services": cell["services"],
+        "points": len(cell["reload"]["points"]),
+        "propagation_s": cell["reload"]["seconds"], "written_s": cell["reload"]["written_seconds"],
+        "records": len(records),
+        "lost": sum(1 for r in records if r["status"] != 200),
+        "old": sum(1 for r in records if r["revisions"] and set(r["revisions"]) == {cell["old_revision"]}),
+        "new": sum(1 for r in records if r["revisions"] and set(r["revisions"]) == {new}),
+        "mixed": len(mixed),
+    }
+
+
+def table(raw: Path) -> pd.DataFrame:
+    rows = [summarize(json.loads(path.read_text())) for path in sorted(raw.glob("*.json"))]
+    return pd.DataFrame(rows)
+
+
+def figure(raw: Path, figures_dir: Path) -> Path:
+    """Per cell, each record's send time against the revisions its hops name (old, mixed, new),
+    with the reload's start and end marked; one panel per services count."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = [json.loads(path.read_text()) for path in sorted(raw.glob("*.json"))]
+    counts = sorted({c["services"] for c in cells})
+    fig, axes = plt.subplots(1, len(counts), figsize=(7 * len(counts), 0.45 * max(len(cells), 8) + 1.5), squeeze=False)
+    for ax, services in zip(axes[0], counts):
+        chosen = [c for c in cells if c["services"] == services]
+        for row, cell in enumerate(chosen):
+            new = cell["reload"]["revision"]
+            for kind, color in (("old", "#4c72b0"), ("mixed", "#dd8452"), ("new", "#55a868")):
+                times = [r["t"] for r in cell["records"] if r["revisions"] and (
+                    (kind == "old" and set(r["revisions"]) == {cell["old_revision"]}) or
+                    (kind == "new" and set(r["revisions"]) == {new}) or
+                    (kind == "mixed" and len(set(r["revisions"])) > 1))]
+                ax.scatter(times, [row] * len(times), s=6, color=color, label=kind if row == 0 else None)
+            lost = [r["t"] for r in cell["records"] if r["status"] != 200]
+            ax.scatter(lost, [row] * len(lost), s=30, marker="x", color="red", label="lost" if row == 0 and lost else None)
+            start = cell["reload_started_s"]
+            ax.plot([start, start + cell["reload"]["seconds"]], [row + 0.3] * 2, color="black", linewidth=2)
+        ax.set_yticks(range(len(chosen)), [f"{c['topology']} ({c['engine'].replace('envoy-', '')})" for c in chosen])
+        ax.set_xlabel("record sent at (s since the first)")
+        ax.set_title(f"{services} services")
+        ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    figures_dir.mkdir(parents=True, exist_ok=True)
+    path = figures_dir / "changeability.png"
+    fig.savefig(path, dpi=110)
+    fig.savefig(path.with_suffix(".svg"))
+    plt.close(fig)
+    return path
+
+
+def blocks(run_dir: Path, figures_dir: Path) -> list[tuple]:
+    """The report's Changeability section; nothing for a run without reload measurements."""
+    raw = run_dir / "raw" / "reload"
+    if not raw.is_dir() or not any(raw.glob("*.json")):
+        return []
+    frame = table(raw)
+    shown = pd.DataFrame({
+        "Arch.": frame["topology"], "Engine": frame["engine"], "Serv.": frame["services"], "Points": frame["points"],
+        "Propagation (s)": frame["propagation_s"].map("{:.2f}".format), "of it writing (s)": frame["written_s"].map("{:.2f}".format),
+        "Records": frame["records"], "Lost": frame["lost"], "Mixed revisions": frame["mixed"],
+    })
+    study = "; ".join(f"{ms:g} ms per configuration request with {how}" for how, ms in STUDY_MS.items())
+    return [
+        ("h2", "Changeability: a rule-set change while records flow"),
+        ("p", f"Claim: {PAPER_CLAIM}. Here each topology under each engine took a change of the rule set (the US added to the EU "
+              "adequacy list: a new revision everywhere) while records arrived at a steady rate ("
+              f"{HOPS_PER_SECOND} hops per second: {HOPS_PER_SECOND / 5:g} records/s at 5 services, {HOPS_PER_SECOND / 50:g} at 50). "
+              "Propagation: from `make reload-policy`'s start until every enforcement point decides with the new revision (each OPA "
+              "reports it, each compiled Envoy serves its routes); \"of it writing\": the control plane recomputing every point's "
+              "configuration (the index, and under the compiled engine the decision space) and writing bundles and route files. "
+              "Lost: records without an answer or with a status other than 200. Mixed: records whose hops name two revisions in "
+              f"their path entries. For scale, the reverse-proxy reconfiguration study measured {study}; those are per configuration "
+              "request of one proxy, these are one change of the whole rule set across every point."),
+        ("table", shown),
+        ("figure", figure(raw, figures_dir), "Every record by send time: blue, all its hops under the old revision; green, all under the "
+                                             "new; orange, mixed; red ×, lost. The black bar spans the reload."),
+    ]
+
+
+def run(run_dir: Path, services: list[int], topologies=TOPOLOGIES, engines=ENGINES, out=sys.stdout) -> pd.DataFrame:
+    raw = run_dir / "raw" / "reload"
+    raw.mkdir(parents=True, exist_ok=True)
+    cells = [(t, e, n) for n in services for t in topologies for e in engines]
+    with tempfile.TemporaryDirectory(prefix="complyroute-changeability-") as scratch:
+        changed = changed_rule_set(Path(scratch))
+        for number, (topology, engine, count) in enumerate(cells, 1):
+            print(f"reload: cell {number}/{len(cells)}", file=out)
+            run_cell(topology, engine, count, changed, raw, out)
+    frame = table(raw)
+    tables = run_dir / "report" / "tables"
+    tables.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(tables / "changeability.csv", index=False)
+    return frame
