@@ -208,7 +208,7 @@ check-target:
 .PHONY: check-watch
 check-watch:
 	$(if $(filter-out 0 1,$(watch)),$(error watch='$(watch)' is unknown: use watch=1 to reload the deployment on every save to policies/, or leave it out))
-	$(if $(and $(filter 1,$(watch)),$(filter k8s,$(target))),$(error watch=1 reloads local deployments only: on Kubernetes run make reload-policy target=k8s after a change))
+	$(if $(and $(filter 1,$(watch)),$(filter k8s,$(target))),$(error watch=1 reloads local deployments only: on Kubernetes a new rule set still takes make deploy target=k8s again))
 	@true
 
 .PHONY: check-engine

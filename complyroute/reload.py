@@ -85,7 +85,7 @@ def reload_policy(policies: Path = bundles.POLICIES, out=sys.stdout, timeout: fl
     started = time.monotonic()
     state = deployment.running()
     if not state:
-        raise ReloadError("nothing is deployed here: `make deploy` first (on Kubernetes: make reload-policy target=k8s)")
+        raise ReloadError("nothing is deployed here: `make deploy` first (a deployment on Kubernetes takes a new rule set by `make deploy target=k8s` again, which rolls its pods)")
     run_dir = Path(state["run_dir"])
     rendered = load_rendered(state)
     plan = rendered.plan
