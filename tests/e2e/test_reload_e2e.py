@@ -79,16 +79,20 @@ def test_reload_moves_paths_while_records_flow_and_loses_none_allowed(topology, 
         answers = flow.answers
         lost = [a if isinstance(a, Exception) else f"{a.status} {a.text[:200]}" for a in answers
                 if isinstance(a, Exception) or a.status != 200]
-        assert lost == [] and len(answers) > 20
+        assert lost == [] and len(answers) > 5  # about 1.2 s of records every 20 ms, each answered in tens of ms
         paths = [path_of(a) for a in answers]
         assert paths[0] == BEFORE and paths[-1] == AFTER
         # Once reload_policy returns, every point decides with the new revision.
         assert set(paths[reloaded_at + 1:]) == {AFTER}
-        assert set(paths) == {BEFORE, AFTER}
-        # Each path entry names the revision that decided the hop into its instance.
+        # Each path entry names the revision that decided the hop into its instance. While the
+        # points switch one after another, a record may take a path of both rule sets
+        # (ingest-us by the new, analyse-eu by the old): its entries say so.
+        new_revision = bundles.revision(us_adequate_policies)
         revisions = [tuple(hop["revision"] for hop in a.body["path"]) for a in answers]
-        assert revisions[0] == (old_revision,) * 3 and revisions[-1] == (bundles.revision(us_adequate_policies),) * 3
-        assert result["revision"] == bundles.revision(us_adequate_policies) != old_revision
+        assert revisions[0] == (old_revision,) * 3 and revisions[-1] == (new_revision,) * 3
+        assert {BEFORE, AFTER} <= set(paths)
+        assert all(len(set(rev)) == 2 for path, rev in zip(paths, revisions) if path not in (BEFORE, AFTER))
+        assert result["revision"] == new_revision != old_revision
         assert set(result["points"]) == {p["name"] for p in state["points"]}
         # Each hop's audit line names the revision that decided it; the hops of the old path
         # the old one, the moved path's first hop the new one.
@@ -113,8 +117,9 @@ def test_reload_moves_paths_while_records_flow_and_loses_none_allowed(topology, 
         shutil.rmtree(archive / result["revision"])
         shutil.copytree(archive / old_revision, archive / result["revision"])
         verdict = audit.audit_run(forged)
-        moved = sum(1 for a in answers if path_of(a) == AFTER)
-        assert verdict.forbidden == 2 * moved and verdict.undecided == 0  # ingest-us and analyse-us, per moved record
+        # The old rules send no EU record to a US instance: every hop the new revision decided into one.
+        moved = sum(1 for a in answers for hop in a.body["path"] if hop["revision"] == new_revision and hop["instance"].endswith("-us"))
+        assert verdict.forbidden == moved > 0 and verdict.undecided == 0
     finally:
         deployment.stop(out=open("/dev/null", "w"))
 
