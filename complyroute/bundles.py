@@ -20,6 +20,7 @@ commit the rule set was taken from, or, when it differs from that commit's, the 
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import json
@@ -105,12 +106,15 @@ def tarball(files: dict[str, bytes], data: dict, revision_name: str) -> bytes:
         **files,
     }
     buffer = io.BytesIO()
-    # A fixed mtime: the same content gives the same bytes, so the same ETag.
-    with tarfile.open(fileobj=buffer, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
-        for name, content in members.items():
-            info = tarfile.TarInfo(f"/{name}")
-            info.size, info.mode, info.mtime = len(content), 0o644, 0
-            tar.addfile(info, io.BytesIO(content))
+    # Fixed times, in every member and in the gzip header (tarfile's "w:gz" would stamp the
+    # current second there): the same content gives the same bytes, so the same ETag, and on
+    # Kubernetes the same ConfigMap, which a reload then leaves as it is.
+    with gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0) as compressed:
+        with tarfile.open(fileobj=compressed, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            for name, content in members.items():
+                info = tarfile.TarInfo(f"/{name}")
+                info.size, info.mode, info.mtime = len(content), 0o644, 0
+                tar.addfile(info, io.BytesIO(content))
     return buffer.getvalue()
 
 

@@ -1,6 +1,7 @@
 """The rule set as bundles (complyroute/bundles.py) and the server that hands them out
 (complyroute/bundleserver.py): real OPA reading the bundles, a real server over mutual TLS."""
 
+import gzip
 import io
 import json
 import shutil
@@ -69,6 +70,18 @@ def test_bundle_carries_the_rule_set_the_index_and_the_revision_allowed(tmp_path
     result = subprocess.run([OPA, "eval", "--format", "raw", "--bundle", str(path), "data.complyroute.envoy.revision"],
                             capture_output=True, text=True)
     assert result.returncode == 0 and result.stdout.strip() == "r-1", result.stderr
+
+
+def test_the_same_bundle_made_at_another_time_is_the_same_bytes_allowed(monkeypatch):
+    """Its ETag, and on Kubernetes its ConfigMap, stay the same for the same content: a reload of an
+    unchanged rule set changes nothing (gzip would otherwise stamp the current second in)."""
+    first = bundles.tarball(bundles.rule_set_files(), INDEX, "r-1")
+    monkeypatch.setattr(gzip.time, "time", lambda: 2_000_000_000.0)
+    assert bundles.tarball(bundles.rule_set_files(), INDEX, "r-1") == first
+
+
+def test_another_revision_is_another_bundle_denied():
+    assert bundles.tarball(bundles.rule_set_files(), INDEX, "r-2") != bundles.tarball(bundles.rule_set_files(), INDEX, "r-1")
 
 
 def test_bundle_leaves_out_tests_system_policies_and_examples_denied():
