@@ -27,7 +27,9 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from . import pki
+# Standard library only, and spiffe.py: on Kubernetes this module runs from the official Python
+# image, mounted from a ConfigMap beside spiffe.py (kubernetes.py, bundle_server).
+from . import spiffe
 
 LONG_POLLING = "application/vnd.openpolicyagent.bundles"
 BUNDLE_PATH = re.compile(r"^/bundles/([A-Za-z0-9._-]+)\.tar\.gz$")
@@ -128,14 +130,14 @@ def handler(bundles: Bundles, tls: bool):
         def do_GET(self):
             peer = peer_identity(self.connection)
             if self.path == "/health":
-                if tls and peer != pki.CONTROL:
+                if tls and peer != spiffe.CONTROL:
                     return self.refuse(HTTPStatus.FORBIDDEN, "PEER_NOT_ALLOWED", "only the control plane asks for /health")
                 return self.answer(200, b'{"status":"ok"}', "application/json")
             match = BUNDLE_PATH.match(self.path)
             if not match:
                 return self.refuse(HTTPStatus.NOT_FOUND, "NOT_FOUND", "bundles are at /bundles/<point>.tar.gz")
             name = match.group(1)
-            if tls and peer != pki.spiffe_id("point", name):
+            if tls and peer != spiffe.spiffe_id("point", name):
                 return self.refuse(HTTPStatus.FORBIDDEN, "PEER_NOT_ALLOWED", "a point reads its own bundle only")
             wait = prefer_wait(self.headers.get("Prefer"))
             bundle = bundles.get(name, self.headers.get("If-None-Match"), wait)

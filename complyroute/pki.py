@@ -20,19 +20,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, utils
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-TRUST_DOMAIN = "complyroute"
+from .spiffe import BUNDLE_SERVER, CONTROL, TRUST_DOMAIN, spiffe_id  # noqa: F401 (the parts' names, for every user of pki)
+
 # Long enough for any experiment; a deployment is re-keyed every time it is deployed.
 VALIDITY = datetime.timedelta(days=30)
-
-
-def spiffe_id(kind: str, name: str) -> str:
-    """The identity of a part: kind is "service", "point" or "control"."""
-    return f"spiffe://{TRUST_DOMAIN}/{kind}" + (f"/{name}" if name else "")
-
-
-CONTROL = spiffe_id("control", "")
-# The bundle server (complyroute/bundleserver.py), which serves the points' OPAs their rule set.
-BUNDLE_SERVER = spiffe_id("control", "bundles")
 
 
 def _is_ip(host: str) -> bool:
