@@ -135,8 +135,9 @@ deploy: check-topology check-target check-engine check-watch setup ## Start a to
 	$(if $(filter 1,$(watch)),$(CONTROL) watch-policy)
 
 .PHONY: reload-policy
-reload-policy: setup ## Apply policies/ to the running deployment, restarting nothing; returns once every point decides with the new revision
-	$(CONTROL) reload-policy
+reload-policy: check-target setup ## Apply policies/ to the running deployment, restarting nothing; returns once every point decides with the new revision [target=k8s topology=<t>: update the bundle and route ConfigMaps only, rolling no pod; does not wait]
+	$(if $(filter k8s,$(target)),$(if $(topology_file),,$(error topology '$(topology)' is unknown: name the topology deployed with target=k8s)))
+	$(CONTROL) $(if $(filter k8s,$(target)),k8s-reload-policy --topology $(topology_file),reload-policy)
 
 .PHONY: watch-policy
 watch-policy: setup ## Reload the running deployment whenever a file of policies/ changes (Ctrl-C stops watching)

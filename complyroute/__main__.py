@@ -46,6 +46,13 @@ def cmd_k8s_deploy(args) -> int:
     return kubernetes.apply(topology, deployment.RUNS / "k8s" / f"{topology.name}-{len(topology.instances)}", args.timeout)
 
 
+def cmd_k8s_reload_policy(args) -> int:
+    from . import kubernetes
+
+    kubernetes.reload_policy(manifest.load(args.topology), args.policies)
+    return 0
+
+
 def cmd_k8s_undeploy(args) -> int:
     from . import kubernetes
 
@@ -120,6 +127,12 @@ def main(argv: list[str] | None = None) -> int:
     k8s_deploy.add_argument("--engine", choices=manifest.ENGINES)
     k8s_deploy.add_argument("--timeout", default="300s")
     k8s_deploy.set_defaults(run=cmd_k8s_deploy)
+
+    k8s_reload = commands.add_parser(
+        "k8s-reload-policy", help="apply the rule set to a topology k8s-deploy applied, as its bundle and route ConfigMaps only: no pod is rolled")
+    k8s_reload.add_argument("--topology", required=True, help="the manifest (name, alias or path) it was deployed with")
+    k8s_reload.add_argument("--policies", type=Path, default=bundles.POLICIES, help="the rule set's folder (default: policies/)")
+    k8s_reload.set_defaults(run=cmd_k8s_reload_policy)
 
     commands.add_parser("k8s-undeploy", help="delete every complyroute namespace from the current kubectl context").set_defaults(run=cmd_k8s_undeploy)
 

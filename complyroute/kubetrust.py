@@ -2,7 +2,8 @@
 
 A render makes a new CA (pki.py, its key stays in memory), which issues one key and
 certificate per part: per enforcement point as its pod runs it (a sidecar, the entry, the
-central entity, the baseline gateway, one router DaemonSet) and per service instance. Each
+central entity, the baseline gateway, one router DaemonSet), per service instance, and the
+bundle server's (which also names its Service's DNS name: OPA checks the host it reaches). Each
 becomes a Secret (tls.crt, tls.key, ca.crt) that only that part's containers mount, at
 MOUNT, so every part reads its credential from the same three paths (FILES). The entry's
 label-token signing key is a Secret too, which only the entry's OPA mounts as a second
@@ -89,14 +90,16 @@ class ClusterTrust:
     services: dict[str, ServiceProcess]  # by instance id, likewise
 
     @classmethod
-    def of(cls, plan: Plan, points: list[EnforcementPoint], name: str) -> ClusterTrust | None:
+    def of(cls, plan: Plan, points: list[EnforcementPoint], name: str, bundle_server_host: str) -> ClusterTrust | None:
         """The trust of `points` (the enforcement points as their pods run them) and the
-        plan's services, with a new CA named `name`; None when the manifest turns mTLS off."""
+        plan's services, with a new CA named `name`, whose certificate for the bundle server
+        also names `bundle_server_host` (its Service's DNS name, which OPA checks); None when
+        the manifest turns mTLS off."""
         seen = Plan(plan.topology, plan.entry, [_point_in_pod(p) for p in points], [_service_in_pod(s) for s in plan.services])
         trust = identity.Trust.of(seen)
         if trust is None:
             return None
-        return cls(trust, identity.Credentials.issue(trust, name),
+        return cls(trust, identity.Credentials.issue(trust, name, bundle_server_host),
                    {p.name: p for p in seen.points}, {s.instance.id: s for s in seen.services})
 
     def point(self, name: str) -> identity.PointTrust:

@@ -2,17 +2,32 @@
 
 import base64
 import contextlib
+import http.client
+import io
 import json
+import os
+import pickle
+import re
+import shutil
+import socket
+import ssl
 import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
 import time
+import urllib.parse
 import urllib.request
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from complyroute import deployment, kubernetes, kubetrust, manifest, pki
+from complyroute import bundles, deployment, kubernetes, kubetrust, manifest, pki
 from complyroute.deployment import POLICIES
 
 TOPOLOGIES = ["sidecar", "central-entity", "dynamic-router-3", "dynamic-router-6", "baseline"]
@@ -43,8 +58,9 @@ def test_rendered_manifests_pass_strict_validation_allowed(topology, services, t
 
 
 def configmap_bytes(configmap) -> int:
-    """What a ConfigMap holds, keys and values (the API server counts the values: at most 1 MiB)."""
-    return sum(len(key.encode()) + len(value.encode()) for key, value in configmap.get("data", {}).items())
+    """What a ConfigMap holds, keys and values, binary ones as their bytes (the API server counts
+    the values: at most 1 MiB)."""
+    return sum(len(key.encode()) + len(value if isinstance(value, bytes) else value.encode()) for key, value in text_files(configmap).items())
 
 
 def connection_managers(envoy) -> dict[str, dict]:
@@ -62,11 +78,11 @@ def mounted_files(objects, pod, container) -> dict[str, str]:
     for mount in container.get("volumeMounts", []):
         volume = volumes[mount["name"]]
         if "configMap" in volume:
-            sources = [(configmaps[volume["configMap"]["name"]]["data"], volume["configMap"].get("items"))]
+            sources = [(text_files(configmaps[volume["configMap"]["name"]]), volume["configMap"].get("items"))]
         elif "secret" in volume:
             sources = [(decoded(stored[volume["secret"]["secretName"]]), None)]
         elif "projected" in volume:
-            sources = [(configmaps[s["configMap"]["name"]]["data"], s["configMap"].get("items")) for s in volume["projected"]["sources"]]
+            sources = [(text_files(configmaps[s["configMap"]["name"]]), s["configMap"].get("items")) for s in volume["projected"]["sources"]]
         else:
             continue
         for data, items in sources:
@@ -77,23 +93,45 @@ def mounted_files(objects, pod, container) -> dict[str, str]:
     return files
 
 
+def text_files(configmap) -> dict[str, str | bytes]:
+    """A ConfigMap's files: data as text, binaryData as bytes."""
+    return {**configmap.get("data", {}), **{key: base64.b64decode(value) for key, value in configmap.get("binaryData", {}).items()}}
+
+
 BIG = [("central-entity", "central-entity"), ("dynamic-router-3", "router-1")]
 
 
-# With mutual TLS and label tokens a compiled central entity or router set at 50 services
-# holds 49 matcher trees with a TLS context and a token check each: over 1 MiB. Its route
-# configurations go into files Envoy reads from ConfigMaps of their own.
+def has_matcher_tree(route_config: dict) -> bool:
+    """Whether a route configuration holds the compiled engine's decisions (a virtual host's matcher tree)."""
+    return any("matcher" in host for host in route_config["virtual_hosts"])
+
+
+# Under the compiled engine the routes OPA decided ahead of time (each deciding listener's
+# matcher tree) are files Envoy reads from ConfigMaps routes-<point>-<n> of their own, which a
+# reload updates. A compiled central entity or router set at 50 services holds 49 matcher trees
+# with a TLS context and a token check each: with them its bootstrap would be over 1 MiB.
 @pytest.mark.parametrize("topology", ["sidecar", "central-entity", "dynamic-router-3", "dynamic-router-6"])
-def test_compiled_engine_renders_valid_configmaps_under_the_size_limit_allowed(topology, tmp_path):
+def test_compiled_engine_renders_its_matcher_trees_into_route_configmaps_under_the_size_limit_allowed(topology, tmp_path):
     path, objects = rendered(topology, 50, tmp_path, engine="envoy-compiled")
     result = kubernetes.validate(path)
     assert result.returncode == 0, result.stdout + result.stderr
-    configmaps = [o for o in objects if o["kind"] == "ConfigMap"]
-    assert '"matcher"' in "".join(v for o in configmaps for v in o["data"].values()), "the compiled engine's matcher trees"
+    configmaps = by_kind(objects, "ConfigMap")
     # The API server refuses a ConfigMap over 1 MiB; the renderer leaves a margin.
-    assert max(configmap_bytes(o) for o in configmaps) <= kubernetes.CONFIGMAP_BUDGET < kubernetes.CONFIGMAP_LIMIT
-    split = {name for name in by_kind(objects, "ConfigMap") if name.startswith("routes-")}
-    assert bool(split) == (topology in dict(BIG)), split
+    assert max(configmap_bytes(o) for o in configmaps.values()) <= kubernetes.CONFIGMAP_BUDGET < kubernetes.CONFIGMAP_LIMIT
+    routes = {name: o for name, o in configmaps.items() if name.startswith("routes-")}
+    assert routes and all(has_matcher_tree(json.loads(value)["resources"][0]) for o in routes.values() for value in o["data"].values())
+    assert not any(has_matcher_tree(manager["route_config"]) for name, o in configmaps.items() if name.startswith("envoy-")
+                   for manager in connection_managers(json.loads(o["data"]["envoy.json"])).values() if "route_config" in manager)
+    # Every point's route ConfigMaps are mounted by its Envoy, and by nothing else.
+    for workload, pod in pods(objects).items():
+        for container in containers(pod):
+            projected = [s["configMap"]["name"] for v in pod["volumes"] if "projected" in v and v["name"] in
+                         {m["name"] for m in container.get("volumeMounts", [])} for s in v["projected"]["sources"]]
+            if container["name"] == "envoy":
+                point, _ = envoy_config(objects, pod, container)
+                assert projected == sorted(name for name in routes if name.rsplit("-", 1)[0] == f"routes-{point}"), workload
+            else:
+                assert not [name for name in projected if name in routes], (workload, container["name"])
 
 
 @pytest.mark.parametrize("budget", [None, 500_000], ids=["budget", "two-configmaps"])
@@ -111,19 +149,24 @@ def test_every_route_file_a_listener_names_is_in_one_configmap_mounted_where_it_
     _, envoy = envoy_config(objects, pod, envoy_container)
     managers = connection_managers(envoy)
     assert len(managers) == len(envoy["static_resources"]["listeners"])
-    assert not any("route_config" in manager for manager in managers.values())
+    # The 49 hops' matcher trees in files; the entry's and the readiness listener's routes, which
+    # hold no decision of the rule set, stay in the bootstrap.
+    inline = {listener for listener, manager in managers.items() if "route_config" in manager}
+    assert len(managers) - len(inline) == 49 and not any(has_matcher_tree(managers[listener]["route_config"]) for listener in inline)
     files = mounted_files(objects, pod, envoy_container)
-    for listener, manager in managers.items():
+    for listener, manager in [(l, m) for l, m in managers.items() if l not in inline]:
         rds = manager["rds"]
         # Envoy reads a file again when the kubelet swaps the volume's contents (a rename in the folder).
         assert rds["config_source"] == {"path_config_source": {"path": f"{kubernetes.ROUTES_MOUNT}/{listener}.json",
                                                                "watched_directory": {"path": kubernetes.ROUTES_MOUNT}},
                                         "resource_api_version": "V3"}
-        holding = [name for name, o in configmaps.items() if f"{listener}.json" in o["data"]]
+        holding = [name for name, o in configmaps.items() if f"{listener}.json" in o.get("data", {})]
         assert len(holding) == 1, (listener, holding)
         response = json.loads(files[rds["config_source"]["path_config_source"]["path"]])
-        assert response["version_info"] == "1" and len(response["resources"]) == 1
+        # Its version is the rule set's revision: what Envoy's rds statistics tell of a reload.
+        assert response["version_info"] == bundles.revision() and len(response["resources"]) == 1
         assert response["resources"][0]["@type"] == kubernetes.ROUTE_CONFIGURATION
+        assert has_matcher_tree(response["resources"][0])
         assert response["resources"][0]["name"] == rds["route_config_name"] == listener
     routes = [name for name in configmaps if name.startswith(f"routes-{point}-")]
     assert len(routes) == (2 if budget else 1)
@@ -136,17 +179,24 @@ def test_every_route_file_a_listener_names_is_in_one_configmap_mounted_where_it_
             if any(m["mountPath"] == kubernetes.ROUTES_MOUNT for m in c.get("volumeMounts", []))] == [(point, "envoy")]
 
 
+@pytest.mark.parametrize("engine", manifest.ENGINES)
 @pytest.mark.parametrize("topology, point", BIG)
-def test_a_configuration_that_fits_keeps_its_route_configurations_inline_denied(topology, point, tmp_path):
-    _, objects = rendered(topology, 5, tmp_path, engine="envoy-compiled")
-    assert not [name for name in by_kind(objects, "ConfigMap") if name.startswith("routes-")]
+def test_only_routes_the_rule_set_decides_leave_the_bootstrap_denied(topology, point, engine, tmp_path):
+    """Under envoy-opa no route depends on the rule set (OPA's answers carry every change): every
+    route stays in its bootstrap. Under envoy-compiled only the matcher trees leave it."""
+    _, objects = rendered(topology, 5, tmp_path, engine=engine)
+    compiled = engine == "envoy-compiled"
+    assert [name for name in by_kind(objects, "ConfigMap") if name.startswith("routes-")] == ([f"routes-{point}-1"] if compiled else [])
     for workload, pod in pods(objects).items():
-        assert not any("projected" in v for v in pod["volumes"]), workload
         for container in [c for c in containers(pod) if c["name"] == "envoy"]:
-            assert [m["mountPath"] for m in container["volumeMounts"]] == ["/config", kubetrust.MOUNT]
             _, envoy = envoy_config(objects, pod, container)
             managers = connection_managers(envoy)
-            assert managers and all("route_config" in m and "rds" not in m for m in managers.values()), workload
+            inline = [m for m in managers.values() if "route_config" in m]
+            assert inline and not any(has_matcher_tree(m["route_config"]) for m in inline), workload
+            split = len(managers) - len(inline)
+            assert split == (4 if compiled and workload == point else 0), (workload, split)  # the 4 hops of 5 services
+            mounts = [m["mountPath"] for m in container["volumeMounts"]]
+            assert mounts == ["/config", kubernetes.ROUTES_MOUNT, kubetrust.MOUNT] if split else ["/config", kubetrust.MOUNT]
 
 
 def test_split_routes_moves_every_route_configuration_and_leaves_the_bootstrap_it_was_given():
@@ -245,8 +295,8 @@ def split_central_entity(tmp_path_factory):
 def test_envoy_loads_every_route_file_of_a_split_configuration_as_it_loads_them_inline_allowed(split_central_entity, tmp_path):
     files, config, whole = split_central_entity
     split = local_bootstrap(files, config, tmp_path / "split")
-    names = [m["rds"]["route_config_name"] for m in connection_managers(json.loads(files[config])).values()]
-    assert len(names) == 51  # the entry, 49 hops, the readiness listener
+    names = [m["rds"]["route_config_name"] for m in connection_managers(json.loads(files[config])).values() if "rds" in m]
+    assert len(names) == 49  # the 49 hops' matcher trees
     result = subprocess.run([deployment.envoy_binary(), "--mode", "validate", "-c", split, "--log-level", "error"], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
     # Validation only checks the route files exist: a real Envoy loads them, and one on the whole
@@ -258,8 +308,8 @@ def test_envoy_loads_every_route_file_of_a_split_configuration_as_it_loads_them_
         read = loaded()
     with running_envoy(inline) as loaded:
         expected = loaded()
-    assert read["static"] == {} and sorted(read["dynamic"]) == sorted(names)
-    assert expected["dynamic"] == {} and read["dynamic"] == expected["static"]
+    assert sorted(read["dynamic"]) == sorted(names) and sorted(read["static"]) == ["entry", "ready"]
+    assert expected["dynamic"] == {} and {**read["static"], **read["dynamic"]} == expected["static"]
 
 
 def test_envoy_refuses_a_route_file_that_is_missing_or_malformed_denied(split_central_entity, tmp_path):
@@ -276,7 +326,7 @@ def test_envoy_refuses_a_route_file_that_is_missing_or_malformed_denied(split_ce
     assert result.returncode == 0
     with running_envoy(malformed) as loaded:
         read = loaded()
-    assert "from-svc-07" not in read["dynamic"] and len(read["dynamic"]) == 50
+    assert "from-svc-07" not in read["dynamic"] and len(read["dynamic"]) == 48
 
 
 def test_unknown_field_fails_strict_validation_denied(tmp_path):
@@ -298,14 +348,36 @@ def test_every_container_has_probes_and_resources(tmp_path):
                 assert container["resources"]["limits"] and container["resources"]["requests"]
 
 
-def test_policy_configmap_is_generated_from_policies_folder(tmp_path):
+def test_policy_configmap_holds_the_system_policies_only_and_each_bundle_the_rule_set_denied(tmp_path):
+    """What OPA loads from disk is the enforcement point's own (policies/system: the REST API's
+    authorization, the log mask), read from policies/; the rule set comes in its bundle."""
     _, objects = rendered("sidecar", 5, tmp_path)
     policy = next(o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("policy-"))
-    expected = {p for p in POLICIES.rglob("*") if p.is_file() and p.suffix in (".rego", ".json")
-                and "examples" not in p.parts and not p.name.endswith("_test.rego")}
-    assert len(policy["data"]) == len(expected)
+    expected = {p for p in (POLICIES / "system").rglob("*") if p.is_file() and p.suffix in (".rego", ".json") and not p.name.endswith("_test.rego")}
+    assert expected and len(policy["data"]) == len(expected)
     for path in expected:
         assert policy["data"][".".join(path.relative_to(POLICIES).parts)] == path.read_text()
+    assert not [key for key in policy["data"] if not key.startswith("system.")]
+    rule_set = bundles.rule_set_files()
+    for name, bundle in bundle_files(objects).items():
+        content = bundle_members(bundle)
+        assert {key: content[key] for key in rule_set} == rule_set, name
+        assert not [key for key in content if key.startswith(("system/", "examples/")) or key.endswith("_test.rego")], name
+
+
+def bundle_files(objects) -> dict[str, bytes]:
+    """Every bundle the bundle server's ConfigMaps hold, by file name (<point>.tar.gz)."""
+    found = {}
+    for name, configmap in by_kind(objects, "ConfigMap").items():
+        if name.startswith("bundles-"):
+            assert not set(configmap.get("data", {})) and not set(found) & set(configmap["binaryData"]), name
+            found |= text_files(configmap)
+    return found
+
+
+def bundle_members(bundle: bytes) -> dict[str, bytes]:
+    with tarfile.open(fileobj=io.BytesIO(bundle), mode="r:gz") as tar:
+        return {m.name.lstrip("/"): tar.extractfile(m).read() for m in tar.getmembers()}
 
 
 def test_sidecars_are_native_sidecar_containers_in_each_service_pod(tmp_path):
@@ -322,10 +394,10 @@ def test_sidecars_are_native_sidecar_containers_in_each_service_pod(tmp_path):
     assert deployments["entry"]["spec"]["template"]["spec"]["nodeSelector"] == {kubernetes.NODE_LABEL: "gateway"}
 
 
-def test_each_sidecar_catalog_holds_itself_and_the_next_step_only(tmp_path):
+def test_each_sidecar_index_holds_itself_and_the_next_step_only(tmp_path):
     _, objects = rendered("sidecar", 5, tmp_path)
-    catalog = next(o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("catalog-sidecar-svc-02"))
-    index = json.loads(catalog["data"]["data.json"])["complyroute"]["index"]
+    bundle = bundle_members(bundle_files(objects)["sidecar-svc-02.tar.gz"])
+    index = json.loads(bundle["data.json"])["complyroute"]["index"]
     assert set(index["senders"]) == {"svc-02", "svc-03"}
     assert {step: set(candidates) for step, candidates in index["steps"].items()} == {"step-02": {"svc-02"}, "step-03": {"svc-03"}}
 
@@ -435,6 +507,9 @@ def test_admin_and_opa_api_stay_in_the_pod_and_probes_use_readiness_and_diagnost
                 assert {p["httpGet"]["port"] for p in probes} == {net.OPA_DIAGNOSTIC}
             elif container["name"] == "envoy":
                 assert {(p["httpGet"]["path"], p["httpGet"]["port"]) for p in probes} == {("/ready", net.ENVOY_READY)}
+            elif container["name"] == kubernetes.BUNDLE_SERVER:
+                # With mutual TLS it answers /health to the control plane's certificate only: a TCP probe.
+                assert all(p["tcpSocket"] == {"port": net.BUNDLES} for p in probes)
             elif any("127.0.0.1" == e["value"] for e in container["env"] if e["name"] == "HOST"):
                 # Beside its sidecar the service listens on the pod's loopback: the probe runs inside.
                 assert all(p == kubernetes.service_probe(net.SERVICE, beside=True, mtls=True) for p in probes)
@@ -540,6 +615,8 @@ def test_every_part_has_its_own_tls_secret_issued_by_one_ca_allowed(topology, tm
     points = {name.removeprefix("envoy-").rsplit("-", 1)[0] for name in by_kind(objects, "ConfigMap") if name.startswith("envoy-")}
     expected = {f"tls-{p}": pki.spiffe_id("point", p) for p in points}
     expected |= {f"tls-{i.id}": pki.spiffe_id("service", i.id) for i in manifest.load(topology, services=5).instances}
+    if topology != "baseline":  # nothing decides in the baseline: no bundle to serve
+        expected[f"tls-{kubernetes.BUNDLE_SERVER}"] = pki.BUNDLE_SERVER
     assert {name for name in found if name.startswith("tls-")} == set(expected)
     authorities = set()
     for name, part in expected.items():
@@ -558,7 +635,9 @@ def test_every_part_has_its_own_tls_secret_issued_by_one_ca_allowed(topology, tm
 @pytest.mark.parametrize("topology", TOPOLOGIES)
 def test_no_private_key_in_a_configmap_and_the_signing_key_only_in_the_entrys_secret_denied(topology, tmp_path):
     _, objects = rendered(topology, 5, tmp_path)
-    configmaps = [value for o in objects if o["kind"] == "ConfigMap" for value in o["data"].values()]
+    configmaps = [value for o in objects if o["kind"] == "ConfigMap" for value in o.get("data", {}).values()]
+    # Every bundle, unpacked: what each OPA is served.
+    configmaps += [member.decode() for bundle in bundle_files(objects).values() for member in bundle_members(bundle).values()]
     assert not any("PRIVATE KEY" in value for value in configmaps)
     found = secrets(objects)
     tokens = [name for name in found if name.startswith("token-")]
@@ -578,8 +657,9 @@ def test_no_private_key_in_a_configmap_and_the_signing_key_only_in_the_entrys_se
                 if any(m["name"] == f"token-{entry}" for m in c.get("volumeMounts", []))]
     assert mounting == [(entry, "opa")]
     opa = next(c for c in pods(objects)[entry]["containers"] if c["name"] == "opa")
-    assert opa["args"][-3:] == ["/policy", "/catalog", kubetrust.TOKEN_MOUNT]
-    assert secret_mounts(pods(objects)[entry], opa) == {kubetrust.TOKEN_MOUNT: found[f"token-{entry}"]["metadata"]["name"]}
+    assert opa["args"][-2:] == ["/policy", kubetrust.TOKEN_MOUNT]
+    assert secret_mounts(pods(objects)[entry], opa) == {kubetrust.TOKEN_MOUNT: found[f"token-{entry}"]["metadata"]["name"],
+                                                        kubetrust.MOUNT: found[f"tls-{entry}"]["metadata"]["name"]}
 
 
 @pytest.mark.parametrize("engine", manifest.ENGINES)
@@ -725,3 +805,449 @@ def test_every_render_makes_a_new_ca_and_keeps_its_keys_private(tmp_path):
     folder = tmp_path / "2" / "kustomization"
     assert folder.stat().st_mode & 0o777 == 0o700
     assert all((folder / "tls-svc-01" / name).stat().st_mode & 0o777 == 0o600 for name in first)
+
+
+# ---- the bundle server, and a rule set reaching running pods without rolling them
+
+DECIDING = ["sidecar", "central-entity", "dynamic-router-3", "dynamic-router-6"]
+
+
+def opa_point(pod, container) -> str:
+    """The point an OPA container decides for: its configuration's volume is opa-config-<point>."""
+    mount = next(m for m in container["volumeMounts"] if m["mountPath"] == "/config")
+    return mount["name"].removeprefix("opa-config-")
+
+
+def opa_containers(objects):
+    """(workload, pod, container, point) of every OPA."""
+    return [(workload, pod, c, opa_point(pod, c)) for workload, pod in pods(objects).items() for c in containers(pod) if c["name"] == "opa"]
+
+
+def dns_sans(pem: str) -> list[str]:
+    cert = x509.load_pem_x509_certificate(pem.encode())
+    return cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+
+
+@pytest.mark.parametrize("topology", DECIDING)
+def test_the_bundle_server_serves_every_deciding_points_bundle_from_configmaps_named_without_a_hash_allowed(topology, tmp_path):
+    _, objects = rendered(topology, 5, tmp_path)
+    namespace = kubernetes.namespace_of(manifest.load(topology))
+    server = by_kind(objects, "Deployment")[kubernetes.BUNDLE_SERVER]
+    assert server["metadata"]["namespace"] == namespace and server["metadata"]["labels"]["component"] == kubernetes.BUNDLE_SERVER
+    assert by_kind(objects, "Service")[kubernetes.BUNDLE_SERVER]["spec"]["ports"] == [
+        {"name": f"p{kubernetes.KubernetesNetwork.BUNDLES}", "port": kubernetes.KubernetesNetwork.BUNDLES, "targetPort": kubernetes.KubernetesNetwork.BUNDLES}]
+    pod = server["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {kubernetes.NODE_LABEL: "gateway"}  # where the control side lives
+    [container] = pod["containers"]
+    assert container["image"] == kubernetes.PYTHON_IMAGE and container["command"][:3] == ["python", "-m", "complyroute.bundleserver"]
+    # Its code: the module and all it imports, as they are in complyroute/.
+    files = mounted_files(objects, pod, container)
+    package = manifest.REPO / "complyroute"
+    assert {path: content for path, content in files.items() if path.startswith(kubernetes.CODE_MOUNT)} == {
+        f"{kubernetes.CODE_MOUNT}/complyroute/{name}": (package / name).read_text() for name in kubernetes.BUNDLE_SERVER_MODULES}
+    # Its bundles: one per deciding point, each as that point's OPA asks for it, in ConfigMaps
+    # named as they are (no hash suffix), all of them in its one projected volume.
+    configmaps = by_kind(objects, "ConfigMap")
+    names = sorted(name for name in configmaps if name.startswith("bundles-"))
+    assert names == ["bundles-1"]
+    projected = next(v for v in pod["volumes"] if v["name"] == "bundles")["projected"]["sources"]
+    assert [s["configMap"]["name"] for s in projected] == names
+    points = {point for *_, point in opa_containers(objects)}
+    served = {path.removeprefix(f"{kubernetes.BUNDLES_MOUNT}/"): content for path, content in files.items() if path.startswith(kubernetes.BUNDLES_MOUNT)}
+    assert set(served) == {f"{point}.tar.gz" for point in points} == set(bundle_files(objects))
+    revision = bundles.revision()
+    for name, bundle in served.items():
+        content = bundle_members(bundle)
+        assert json.loads(content[".manifest"])["revision"] == revision
+        data = json.loads(content["data.json"])["complyroute"]
+        assert set(data) == {"index", "revision"} and data["revision"] == revision, name
+    # Every ConfigMap the rule set fills says which revision it holds; no other one changes with it.
+    rule_set = [o for o in configmaps.values() if o["metadata"].get("labels", {}).get("component") == "rule-set"]
+    assert {o["metadata"]["name"] for o in rule_set} == {n for n in configmaps if n.startswith(("bundles-", "routes-"))}
+    assert all(o["metadata"]["annotations"] == {kubernetes.REVISION_ANNOTATION: revision} for o in rule_set)
+    assert all(re.search(r"-[a-z0-9]{10}$", n) for n in configmaps if n not in {o["metadata"]["name"] for o in rule_set})
+
+
+def test_the_baseline_decides_nothing_so_renders_no_bundle_server_denied(tmp_path):
+    _, objects = rendered("baseline", 5, tmp_path)
+    assert kubernetes.BUNDLE_SERVER not in {**by_kind(objects, "Deployment"), **by_kind(objects, "Service"), **by_kind(objects, "NetworkPolicy")}
+    assert [n for n in by_kind(objects, "ConfigMap") if n.startswith(("bundles-", "policy-", "opa-config-", "bundle-server-"))] == []
+
+
+@pytest.mark.parametrize("topology", DECIDING)
+def test_each_opa_fetches_its_own_bundle_with_its_own_credential_from_the_bundle_servers_service_allowed(topology, tmp_path):
+    _, objects = rendered(topology, 5, tmp_path)
+    net = kubernetes.KubernetesNetwork
+    host = f"{kubernetes.BUNDLE_SERVER}.{kubernetes.namespace_of(manifest.load(topology))}.svc.cluster.local"
+    server = pods(objects)[kubernetes.BUNDLE_SERVER]
+    server_files = mounted_files(objects, server, server["containers"][0])
+    # OPA checks the host it reaches: the bundle server's certificate names its Service.
+    assert dns_sans(server_files[kubetrust.FILES.cert]) == [host] and uri_sans(server_files[kubetrust.FILES.cert]) == [pki.BUNDLE_SERVER]
+    checked = set()
+    for workload, pod, container, point in opa_containers(objects):
+        files = mounted_files(objects, pod, container)
+        config = yaml.safe_load(files["/config/opa.yaml"])
+        assert config["services"] == {"control": {
+            "url": f"https://{host}:{net.BUNDLES}", "tls": {"ca_cert": kubetrust.FILES.ca},
+            "credentials": {"client_tls": {"cert": kubetrust.FILES.cert, "private_key": kubetrust.FILES.key}}}}
+        assert config["bundles"]["complyroute"]["resource"] == f"bundles/{point}.tar.gz"
+        # Its credential is the point's, from the Secret its pod mounts; the CA the server's.
+        assert uri_sans(files[kubetrust.FILES.cert]) == [pki.spiffe_id("point", point)]
+        assert files[kubetrust.FILES.ca] == server_files[kubetrust.FILES.ca]
+        checked.add(point)
+    assert checked and len(checked) == len(opa_containers(objects))  # one configuration per point
+
+
+@pytest.mark.parametrize("topology", DECIDING)
+def test_only_pods_with_an_opa_reach_the_bundle_server_denied(topology, tmp_path):
+    _, objects = rendered(topology, 5, tmp_path)
+    port = kubernetes.KubernetesNetwork.BUNDLES
+    policies = list(by_kind(objects, "NetworkPolicy").values())
+    policy_of = lambda c: next(p["spec"] for p in policies if p["spec"]["podSelector"]["matchLabels"]["component"] == c)
+    component = {name: w["metadata"]["labels"]["component"] for name, w in {**by_kind(objects, "Deployment"), **by_kind(objects, "DaemonSet")}.items()}
+    with_opa = {component[workload] for workload, *_ in opa_containers(objects)}
+    for name in set(component.values()) - {kubernetes.BUNDLE_SERVER}:
+        assert admitted(policy_of(kubernetes.BUNDLE_SERVER)["ingress"], "from", name, port) == (name in with_opa), name
+        assert admitted(policy_of(name)["egress"], "to", kubernetes.BUNDLE_SERVER, port) == (name in with_opa), name
+    # The bundle server itself sends nothing but DNS queries.
+    assert len(policy_of(kubernetes.BUNDLE_SERVER)["egress"]) == 1 and policy_of(kubernetes.BUNDLE_SERVER)["egress"][0]["ports"][0]["port"] == 53
+
+
+def test_without_mtls_opa_fetches_its_bundle_over_plain_http_and_the_server_is_probed_on_get_health(tmp_path):
+    _, objects = rendered("central-entity", 5, tmp_path, overrides=PLAIN)
+    net = kubernetes.KubernetesNetwork
+    [(_, pod, container, point)] = opa_containers(objects)
+    config = yaml.safe_load(mounted_files(objects, pod, container)["/config/opa.yaml"])
+    assert config["services"] == {"control": {"url": f"http://{kubernetes.BUNDLE_SERVER}.complyroute-central-entity.svc.cluster.local:{net.BUNDLES}"}}
+    server = pods(objects)[kubernetes.BUNDLE_SERVER]["containers"][0]
+    assert "--cert" not in server["command"] and server["readinessProbe"]["httpGet"] == {"path": "/health", "port": net.BUNDLES}
+
+
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+def test_each_secret_is_mounted_by_its_own_parts_containers_only_denied(topology, tmp_path):
+    """Every TLS Secret where it was before bundles: a point's by its Envoy, and now its OPA too
+    (its credential for the bundle server), a service's by the service; the bundle server's by
+    it; the label-token key by the entry's OPA alone."""
+    _, objects = rendered(topology, 5, tmp_path)
+    names = {o["metadata"]["name"]: base for base, o in secrets(objects).items()}
+    mounted = {}
+    for workload, pod in pods(objects).items():
+        for container in containers(pod):
+            if container["name"] == "envoy":
+                part = envoy_config(objects, pod, container)[0]
+            elif container["name"] == "opa":
+                part = opa_point(pod, container)
+            else:
+                part = workload  # a service, or the bundle server
+            found = {path: names[secret] for path, secret in secret_mounts(pod, container).items()}
+            token = {kubetrust.TOKEN_MOUNT: f"token-{part}"} if container["name"] == "opa" and part == ENTRY.get(topology) else {}
+            assert found == {kubetrust.MOUNT: f"tls-{part}", **token}, (workload, container["name"], found)
+            for secret in found.values():
+                mounted.setdefault(secret, set()).add((workload, container["name"]))
+    assert set(mounted) == set(names.values())  # none left unmounted
+    if topology != "baseline":
+        assert mounted[f"tls-{kubernetes.BUNDLE_SERVER}"] == {(kubernetes.BUNDLE_SERVER, kubernetes.BUNDLE_SERVER)}
+        assert mounted[f"token-{ENTRY[topology]}"] == {(ENTRY[topology], "opa")}
+
+
+@pytest.mark.parametrize("topology", DECIDING)
+def test_no_bundle_holds_the_label_token_key_denied(topology, tmp_path):
+    """The entry's OPA loads data.complyroute.token from its Secret; no bundle holds it, nor
+    claims its path (a bundle owns its roots: one covering complyroute/token would erase it)."""
+    _, objects = rendered(topology, 5, tmp_path)
+    secret = decoded(secrets(objects)[f"token-{ENTRY[topology]}"])
+    jwk = json.loads(secret[kubetrust.TOKEN_FILE])["complyroute"]["token"]["jwk"]
+    for name, bundle in bundle_files(objects).items():
+        content = bundle_members(bundle)
+        assert "token" not in json.loads(content["data.json"])["complyroute"], name
+        assert not any("complyroute/token".startswith(root) for root in json.loads(content[".manifest"])["roots"]), name
+        assert not any(jwk["d"].encode() in member for member in content.values()), name
+
+
+def kubelet_volume(folder, files: dict[str, str | bytes]) -> None:
+    """Lay out `files` in `folder` as the kubelet lays out a ConfigMap volume (its atomic writer):
+    the files in a new hidden folder, `..data` a link to it, each file a link through `..data`.
+    Called again, it updates the volume as the kubelet does: the new folder, then `..data`
+    swapped by a rename, then the old folder removed."""
+    folder.mkdir(parents=True, exist_ok=True)
+    old = os.readlink(folder / "..data") if (folder / "..data").is_symlink() else None
+    generation = folder / f"..{time.strftime('%Y_%m_%d_%H_%M_%S')}.{time.monotonic_ns()}"
+    generation.mkdir()
+    for name, content in files.items():
+        (generation / name).write_bytes(content if isinstance(content, bytes) else content.encode())
+    os.symlink(generation.name, folder / "..data_tmp")
+    os.rename(folder / "..data_tmp", folder / "..data")
+    for name in files:
+        if not (folder / name).is_symlink():
+            os.symlink(f"..data/{name}", folder / name)
+    if old:
+        shutil.rmtree(folder / old)
+
+
+@pytest.fixture(scope="module")
+def us_adequate(tmp_path_factory):
+    """policies/ with one routing change: the US joins the adequacy list."""
+    policies = tmp_path_factory.mktemp("us-adequate") / "policies"
+    shutil.copytree(POLICIES, policies)
+    reference = policies / "complyroute" / "reference" / "data.json"
+    reference.write_text(json.dumps({**(data := json.loads(reference.read_text())), "adequacy": [*data["adequacy"], "US"]}))
+    return policies
+
+
+def https_get(port: int, host: str, tls: dict[str, str], path: str, headers: dict | None = None) -> tuple[int, dict, bytes]:
+    """GET over TLS to 127.0.0.1:`port` as a client that reached `host` (the name it checks in the
+    server's certificate) with the credential `tls` (a Secret's files, by key)."""
+    context = ssl.create_default_context(cadata=tls["ca.crt"])
+    with tempfile.TemporaryDirectory() as folder:
+        Path(folder, "c").write_text(tls["tls.crt"])
+        Path(folder, "k").write_text(tls["tls.key"])
+        context.load_cert_chain(Path(folder, "c"), Path(folder, "k"))
+    connection = http.client.HTTPSConnection(host, port, timeout=30, context=context)
+    connection.sock = context.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=30), server_hostname=host)
+    try:
+        connection.request("GET", path, headers=headers or {})
+        answer = connection.getresponse()
+        return answer.status, dict(answer.headers), answer.read()
+    finally:
+        connection.close()
+
+
+def test_the_rendered_bundle_server_runs_on_the_standard_library_alone_and_takes_a_kubelet_update_allowed(us_adequate, tmp_path):
+    """The bundle server as the pod runs it: its code, bundles and Secret as the pod mounts them,
+    under a Python without site-packages (so without `cryptography` and the rest of
+    complyroute): it serves a point's OPA its own bundle, over mutual TLS, under the Service's
+    name; and when the kubelet swaps the bundles' ConfigMap, a long poll gets the new bundle."""
+    renderer = kubernetes.Renderer(manifest.load("sidecar", services=3))
+    renderer.render()
+    objects = [o for o in yaml.safe_load_all(kubernetes.build(renderer, tmp_path / "kustomization")) if o]
+    pod = pods(objects)[kubernetes.BUNDLE_SERVER]
+    container = pod["containers"][0]
+    files = mounted_files(objects, pod, container)
+    root = tmp_path / "pod"
+    for path, content in files.items():
+        if not path.startswith(kubernetes.BUNDLES_MOUNT):
+            (root / path.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+            (root / path.lstrip("/")).write_text(content)
+    served = {path.rsplit("/", 1)[1]: content for path, content in files.items() if path.startswith(kubernetes.BUNDLES_MOUNT)}
+    kubelet_volume(root / kubernetes.BUNDLES_MOUNT.lstrip("/"), served)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [str(root / a.lstrip("/")) if a.startswith(("/bundles", "/etc/")) else a for a in container["command"][1:]]
+    command[command.index("--address") + 1], command[command.index("--port") + 1] = "127.0.0.1", str(port)
+    # -S: no site-packages; -E, -s: no environment or user site either. The working directory, as
+    # the pod's, puts its complyroute package on the path.
+    server = subprocess.Popen([sys.executable, "-S", "-E", "-s", *command], cwd=root / kubernetes.CODE_MOUNT.lstrip("/"),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    host = renderer.net.bundle_server().reach
+    point = "sidecar-svc-01"
+    credential = decoded(secrets(objects)[f"tls-{point}"])
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            assert server.poll() is None, server.stdout.read().decode()
+            try:
+                status, headers, body = https_get(port, host, credential, f"/bundles/{point}.tar.gz")
+                break
+            except ConnectionRefusedError:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        assert status == 200 and body == served[f"{point}.tar.gz"]
+        status, _, _ = https_get(port, host, credential, "/bundles/sidecar-svc-02.tar.gz")
+        assert status == 403  # a point reads its own bundle only
+        with pytest.raises(ssl.SSLCertVerificationError, match="match"):  # OPA checks the name it reached
+            https_get(port, f"{kubernetes.BUNDLE_SERVER}.elsewhere.svc.cluster.local", credential, f"/bundles/{point}.tar.gz")
+
+        # A reload: the same points and trust, another rule set; the kubelet swaps the volume.
+        reloaded = kubernetes.Renderer(renderer.topology, us_adequate)
+        reloaded.configure(renderer.points, renderer.point_trust)
+        [new] = reloaded.bundles
+        answers = []
+        waiting = threading.Thread(target=lambda: answers.append(https_get(
+            port, host, credential, f"/bundles/{point}.tar.gz", {"If-None-Match": headers["ETag"], "Prefer": "wait=20"})))
+        waiting.start()
+        time.sleep(0.5)
+        kubelet_volume(root / kubernetes.BUNDLES_MOUNT.lstrip("/"), new)
+        waiting.join(25)
+        status, new_headers, body = answers[0]
+        assert status == 200 and body == new[f"{point}.tar.gz"] != served[f"{point}.tar.gz"]
+        assert json.loads(bundle_members(body)[".manifest"])["revision"] == bundles.revision(us_adequate) != bundles.revision()
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+def test_envoy_rereads_its_route_files_when_the_kubelet_swaps_their_configmap_allowed(us_adequate, tmp_path):
+    """A compiled central entity's Envoy as its pod runs it, its route files in a volume laid out
+    as the kubelet does: when the kubelet swaps in the route files a reload renders (the same
+    points and trust, the US adequate), Envoy serves them, named by the new revision, without a
+    restart; its bootstrap is the same for both rule sets."""
+    renderer = kubernetes.Renderer(manifest.load("central-entity", services=5, engine="envoy-compiled"))
+    renderer.render()
+    objects = [o for o in yaml.safe_load_all(kubernetes.build(renderer, tmp_path / "kustomization")) if o]
+    pod = pods(objects)["central-entity"]
+    container = next(c for c in pod["containers"] if c["name"] == "envoy")
+    files = mounted_files(objects, pod, container)
+    bootstrap = local_bootstrap(files, container["args"][container["args"].index("-c") + 1], tmp_path / "pod")
+    routes = tmp_path / "pod" / kubernetes.ROUTES_MOUNT.lstrip("/")
+    shutil.rmtree(routes)
+    kubelet_volume(routes, {path.rsplit("/", 1)[1]: content for path, content in files.items() if path.startswith(kubernetes.ROUTES_MOUNT)})
+    reloaded = kubernetes.Renderer(renderer.topology, us_adequate)
+    reloaded.configure(renderer.points, renderer.point_trust)
+    assert reloaded.bootstraps == renderer.bootstraps and reloaded.routes != renderer.routes
+    [new] = reloaded.routes["central-entity"]
+
+    def versions(admin: str) -> set[str]:
+        query = "/stats?format=json&filter=" + urllib.parse.quote(r"\.rds\..*\.version_text$")
+        return {s["value"] for s in json.load(urllib.request.urlopen(f"http://{admin}{query}", timeout=10))["stats"]}
+
+    with running_envoy(bootstrap) as loaded:
+        before = loaded()
+        admin = open(f"{bootstrap}.admin").read().strip()
+        assert versions(admin) == {bundles.revision()}
+        kubelet_volume(routes, new)
+        deadline = time.monotonic() + 20
+        while versions(admin) != {reloaded.revision}:
+            assert time.monotonic() < deadline, versions(admin)
+            time.sleep(0.1)
+        after = loaded()
+    assert sorted(after["dynamic"]) == sorted(before["dynamic"]) == sorted(name.removesuffix(".json") for name in new)
+    # Every hop it routes itself now names the new revision, as OPA's answers under it would.
+    named = lambda configs: {v["value"] for k, v in walk(configs) if k == "header" and v.get("key") == "x-complyroute-revision"}
+    assert named(before["dynamic"]) == {renderer.revision} and named(after["dynamic"]) == {reloaded.revision}
+    assert after["static"] == before["static"]
+
+
+class FakeApiServer:
+    """kubectl as reload_policy calls it, answered from memory (a unit test's stand-in; the real
+    API server is tests/k8s/test_k8s_e2e.py's): the namespace and ConfigMaps of a rendered
+    topology, a resourceVersion bumped on every change an apply makes."""
+
+    def __init__(self, objects):
+        self.objects = {(o["kind"], o["metadata"]["name"]): {**o, "metadata": {**o["metadata"], "resourceVersion": "1"}} for o in objects}
+        self.applied: list[list[dict]] = []
+        self.version = 1
+
+    def __call__(self, *args):
+        answer = lambda stdout, code=0: subprocess.CompletedProcess(args, code, stdout, "" if code == 0 else "not found")
+        if args[:2] == ("get", "namespace"):
+            found = self.objects.get(("Namespace", args[2]))
+            return answer(json.dumps(found), 0) if found else answer("", 1)
+        if args[2:4] == ("get", "configmap"):
+            names = args[4:args.index("-o")]
+            return answer(json.dumps({"items": [self.objects[("ConfigMap", n)] for n in names if ("ConfigMap", n) in self.objects]}))
+        if args[:2] == ("apply", "--server-side"):
+            documents = [o for o in yaml.safe_load_all(Path(args[3]).read_text()) if o]
+            self.applied.append(documents)
+            for document in documents:
+                key = (document["kind"], document["metadata"]["name"])
+                stored = self.objects.get(key)
+                content = lambda o: {k: v for k, v in o.items() if k != "metadata"} | {"annotations": o["metadata"].get("annotations")}
+                if stored is None or content(stored) != content(document):
+                    self.version += 1
+                    self.objects[key] = {**document, "metadata": {**document["metadata"], "resourceVersion": str(self.version)}}
+            return answer("\n".join(f"configmap/{d['metadata']['name']} serverside-applied" for d in documents))
+        raise AssertionError(f"reload_policy asked kubectl {args}")
+
+
+@pytest.fixture
+def deployed_central_entity(tmp_path, monkeypatch):
+    """The compiled central entity at 5 services as k8s-deploy applies and records it, against a
+    fake API server; its ConfigMaps' budget as given to the factory at deploy time."""
+    monkeypatch.setattr(kubernetes, "DEPLOYED", tmp_path / "deployed")
+
+    def deploy(budget=None):
+        with monkeypatch.context() as during:
+            if budget:
+                during.setattr(kubernetes, "CONFIGMAP_BUDGET", budget)
+            renderer = kubernetes.Renderer(manifest.load("central-entity", services=5, engine="envoy-compiled"))
+            renderer.render()
+            objects = [o for o in yaml.safe_load_all(kubernetes.build(renderer, tmp_path / "kustomization")) if o]
+        kubernetes.Deployed.of(renderer).write()
+        api = FakeApiServer(objects)
+        monkeypatch.setattr(kubernetes, "kubectl_output", api)
+        return renderer, objects, api
+    return deploy
+
+
+def test_reload_with_the_deployed_rule_set_applies_the_same_configmaps_and_changes_nothing_denied(deployed_central_entity):
+    renderer, objects, api = deployed_central_entity()
+    result = kubernetes.reload_policy(renderer.topology, out=io.StringIO())
+    assert result["applied"] == ["bundles-1", "routes-central-entity-1"] and result["changed"] == []
+    assert result["revision"] == renderer.revision == bundles.revision()
+    [applied] = api.applied
+    rendered_configmaps = by_kind(objects, "ConfigMap")
+    assert all(o == rendered_configmaps[o["metadata"]["name"]] for o in applied)  # byte for byte what the deploy applied
+
+
+def test_reload_with_another_rule_set_applies_only_the_bundle_and_route_configmaps_allowed(deployed_central_entity, us_adequate):
+    renderer, objects, api = deployed_central_entity()
+    out = io.StringIO()
+    result = kubernetes.reload_policy(renderer.topology, us_adequate, out=out)
+    revision = bundles.revision(us_adequate)
+    assert result == {"revision": revision, "namespace": "complyroute-central-entity",
+                      "applied": ["bundles-1", "routes-central-entity-1"], "changed": ["bundles-1", "routes-central-entity-1"]}
+    [applied] = api.applied
+    assert {o["kind"] for o in applied} == {"ConfigMap"}  # no Deployment, so no pod template changes
+    assert all(o["metadata"]["annotations"] == {kubernetes.REVISION_ANNOTATION: revision} for o in applied)
+    bundle = bundle_members(bundle_files(applied)["central-entity.tar.gz"])
+    assert json.loads(bundle["complyroute/reference/data.json"])["adequacy"][-1] == "US"
+    assert json.loads(bundle["data.json"])["complyroute"]["revision"] == revision
+    assert f"revision {revision} applied to namespace complyroute-central-entity" in out.getvalue()
+    assert "does not wait" in out.getvalue() and "/v1/data/complyroute/revision" in out.getvalue()
+    # The record names the revision now applied; a second reload of it changes nothing.
+    assert pickle.loads(kubernetes.Deployed.path("complyroute-central-entity").read_bytes()).revision == revision
+    assert kubernetes.reload_policy(renderer.topology, us_adequate, out=io.StringIO())["changed"] == []
+
+
+def test_reload_of_a_rule_set_that_does_not_compile_applies_nothing_denied(deployed_central_entity, tmp_path):
+    renderer, _, api = deployed_central_entity()
+    broken = tmp_path / "broken"
+    shutil.copytree(POLICIES, broken)
+    (broken / "complyroute" / "compliance" / "compliance.rego").write_text("package complyroute.compliance\n\nallow if {\n")
+    with pytest.raises(kubernetes.ReloadError, match="cannot be applied; nothing was applied"):
+        kubernetes.reload_policy(renderer.topology, broken, out=io.StringIO())
+    assert api.applied == []
+
+
+def test_reload_refuses_a_namespace_it_has_no_record_of_or_one_deployed_again_since_denied(deployed_central_entity):
+    renderer, _, api = deployed_central_entity()
+    with pytest.raises(kubernetes.ReloadError, match="was not deployed to Kubernetes from here"):
+        kubernetes.reload_policy(manifest.load("sidecar"), out=io.StringIO())
+    api.objects[("Namespace", "complyroute-central-entity")]["metadata"]["annotations"][kubernetes.RENDER_ANNOTATION] = "another"
+    with pytest.raises(kubernetes.ReloadError, match="runs render another, not"):
+        kubernetes.reload_policy(renderer.topology, out=io.StringIO())
+    del api.objects[("Namespace", "complyroute-central-entity")]
+    with pytest.raises(kubernetes.ReloadError, match="not in the current kubectl context"):
+        kubernetes.reload_policy(renderer.topology, out=io.StringIO())
+    assert api.applied == []
+
+
+def test_reload_keeps_the_configmaps_the_pods_mount_allowed(deployed_central_entity, us_adequate):
+    """Deployed with the route files over two ConfigMaps (a budget of 55,000 bytes), a rule set
+    whose files fill one leaves the second mounted, empty."""
+    renderer, _, api = deployed_central_entity(budget=55_000)
+    assert renderer.route_configmaps("central-entity") == ["routes-central-entity-1", "routes-central-entity-2"]
+    result = kubernetes.reload_policy(renderer.topology, us_adequate, out=io.StringIO())
+    assert result["applied"] == ["bundles-1", "routes-central-entity-1", "routes-central-entity-2"]
+    emptied = by_kind(api.applied[0], "ConfigMap")["routes-central-entity-2"]
+    assert "data" not in emptied and "binaryData" not in emptied
+    assert len(by_kind(api.applied[0], "ConfigMap")["routes-central-entity-1"]["data"]) == 4
+
+
+def test_reload_refuses_files_that_would_need_configmaps_the_pods_do_not_mount_denied(deployed_central_entity, us_adequate, monkeypatch):
+    renderer, _, api = deployed_central_entity()
+    monkeypatch.setattr(kubernetes, "CONFIGMAP_BUDGET", 55_000)
+    with pytest.raises(kubernetes.ReloadError, match=r"fills ConfigMaps the pods do not mount \(routes-central-entity-2\)"):
+        kubernetes.reload_policy(renderer.topology, us_adequate, out=io.StringIO())
+    assert api.applied == []
+
+
+def test_reload_refuses_a_rule_set_that_changes_an_envoy_bootstrap_denied(deployed_central_entity):
+    renderer, _, api = deployed_central_entity()
+    path = kubernetes.Deployed.path("complyroute-central-entity")
+    record = pickle.loads(path.read_bytes())
+    path.write_bytes(pickle.dumps(replace(record, bootstraps={"central-entity": "0" * 64})))  # as if deployed with another bootstrap
+    with pytest.raises(kubernetes.ReloadError, match="changes the Envoy configuration of central-entity beyond its route files"):
+        kubernetes.reload_policy(renderer.topology, out=io.StringIO())
+    assert api.applied == []

@@ -5,14 +5,18 @@ Run by `make k8s-e2e`, not by the default pytest run (it needs the binaries `mak
 builds).
 """
 
+import base64
+import io
 import json
 import os
+import shutil
 import subprocess
+import tarfile
 from collections import Counter
 
 import pytest
 
-from complyroute import kubernetes, manifest
+from complyroute import bundles, kubernetes, manifest
 from complyroute.localcluster import LocalCluster
 from complyroute.manifest import REPO
 
@@ -79,12 +83,14 @@ def test_topology_is_accepted_scheduled_and_shaped_as_designed(cluster, topology
                 assert sidecars == ({"envoy": "Always"} if last else {"opa": "Always", "envoy": "Always"})
 
         # Mutual TLS (on by default): the API server holds one kubernetes.io/tls Secret per
-        # part (each service, each point's workload) and the entry's signing key; every pod's
-        # Secret volumes name Secrets that exist; no ConfigMap holds a private key.
+        # part (each service, each point's workload, the bundle server where anything decides)
+        # and the entry's signing key; every pod's Secret volumes name Secrets that exist; no
+        # ConfigMap holds a private key.
         stored = {s["metadata"]["name"]: s for s in get(cluster, "secrets", namespace)}
         configmaps = get(cluster, "configmaps", namespace)
         points = [c for c in configmaps if c["metadata"]["name"].startswith("envoy-")]
-        assert sum(s["type"] == "kubernetes.io/tls" for s in stored.values()) == services + len(points)
+        deciding = topology.kind != "baseline"
+        assert sum(s["type"] == "kubernetes.io/tls" for s in stored.values()) == services + len(points) + deciding
         assert len([n for n in stored if n.startswith("token-")]) == (0 if topology.kind == "baseline" else 1)
         assert not any("PRIVATE KEY" in value for c in configmaps for value in c.get("data", {}).values())
         for pod in pods:
@@ -100,9 +106,11 @@ def test_topology_is_accepted_scheduled_and_shaped_as_designed(cluster, topology
             mounted = [v["configMap"]["name"] for v in volumes if "configMap" in v]
             mounted += [s["configMap"]["name"] for v in volumes if "projected" in v for s in v["projected"]["sources"]]
             assert set(mounted) <= names, (pod["metadata"]["name"], set(mounted) - names)
-        assert max(sum(len(v.encode()) for v in c.get("data", {}).values()) for c in configmaps) <= kubernetes.CONFIGMAP_BUDGET
+        assert max(configmap_bytes(c) for c in configmaps) <= kubernetes.CONFIGMAP_BUDGET
         routes = [c for c in configmaps if c["metadata"]["name"].startswith("routes-")]
         assert bool(routes) == (engine == "envoy-compiled"), [c["metadata"]["name"] for c in routes]
+        # The deciding points' bundles, in ConfigMaps named as they are (a reload updates them in place).
+        assert sorted(n for n in names if n.startswith("bundles-")) == (["bundles-1"] if deciding else [])
 
         # Every pod above passed the restricted Pod Security Standard, which the namespace
         # enforces; a pod that breaks it is refused at admission.
@@ -125,6 +133,75 @@ def test_topology_is_accepted_scheduled_and_shaped_as_designed(cluster, topology
     finally:
         cluster.kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=180s", quiet=True)
     assert cluster.kubectl("get", "namespace", namespace, check=False, quiet=True).returncode != 0
+
+
+def configmap_bytes(configmap) -> int:
+    """What the API server counts of a ConfigMap: its values, binary ones as their bytes."""
+    return (sum(len(v.encode()) for v in configmap.get("data", {}).values())
+            + sum(len(base64.b64decode(v)) for v in configmap.get("binaryData", {}).values()))
+
+
+@pytest.fixture(scope="module")
+def us_adequate(tmp_path_factory):
+    """policies/ with one routing change: the US joins the adequacy list."""
+    policies = tmp_path_factory.mktemp("us-adequate") / "policies"
+    shutil.copytree(kubernetes.POLICIES, policies)
+    reference = policies / "complyroute" / "reference" / "data.json"
+    reference.write_text(json.dumps({**(data := json.loads(reference.read_text())), "adequacy": [*data["adequacy"], "US"]}))
+    return policies
+
+
+def snapshot(cluster, namespace) -> dict:
+    """What a reload may change and what it must not: every ConfigMap's and Secret's
+    resourceVersion; every workload's generation and pod template; every ReplicaSet (one per pod
+    template a Deployment had) and pod."""
+    workloads = get(cluster, "deployments", namespace) + get(cluster, "daemonsets", namespace)
+    return {
+        "configmaps": {c["metadata"]["name"]: c["metadata"]["resourceVersion"] for c in get(cluster, "configmaps", namespace)},
+        "secrets": {s["metadata"]["name"]: s["metadata"]["resourceVersion"] for s in get(cluster, "secrets", namespace)},
+        "workloads": {w["metadata"]["name"]: (w["metadata"]["generation"], json.dumps(w["spec"]["template"], sort_keys=True)) for w in workloads},
+        "replicasets": sorted(r["metadata"]["labels"]["pod-template-hash"] for r in get(cluster, "replicasets", namespace)),
+        "pods": sorted((p["metadata"]["name"], p["metadata"]["uid"]) for p in get(cluster, "pods", namespace)),
+    }
+
+
+def test_reload_policy_updates_the_bundle_and_route_configmaps_and_rolls_no_pod_allowed(cluster, us_adequate, monkeypatch):
+    """k8s-deploy, then `make reload-policy target=k8s` with the deployed rule set (changes
+    nothing), then a reload with the US adequate: the bundle and route ConfigMaps take the new
+    rule set, named by its revision; no Deployment's generation or pod template changes, no
+    ReplicaSet or pod is made. (kwok runs no kubelet: nothing here swaps files in a pod.)"""
+    monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
+    topology = manifest.load("central-entity", services=5, engine="envoy-compiled")
+    namespace = kubernetes.namespace_of(topology)
+    changing = ["bundles-1", "routes-central-entity-1"]
+    try:
+        assert kubernetes.apply(topology, REPO / "runs" / "k8s" / "central-entity-5", "180s") == 0
+        deployed = snapshot(cluster, namespace)
+        assert set(changing) <= set(deployed["configmaps"]) and deployed["replicasets"]
+
+        same = subprocess.run(["make", "reload-policy", "target=k8s", "topology=ce"], cwd=REPO, env=os.environ, capture_output=True, text=True)
+        assert same.returncode == 0, same.stdout + same.stderr
+        assert f"revision {bundles.revision()} applied to namespace {namespace}: no ConfigMap changed" in same.stdout
+        assert snapshot(cluster, namespace) == deployed
+
+        result = kubernetes.reload_policy(topology, us_adequate, out=io.StringIO())
+        revision = bundles.revision(us_adequate)
+        assert result["changed"] == changing and result["revision"] == revision != bundles.revision()
+        reloaded = snapshot(cluster, namespace)
+        assert {n for n, version in reloaded["configmaps"].items() if deployed["configmaps"][n] != version} == set(changing)
+        assert {key: reloaded[key] for key in ("secrets", "workloads", "replicasets", "pods")} == {
+            key: deployed[key] for key in ("secrets", "workloads", "replicasets", "pods")}
+        stored = {c["metadata"]["name"]: c for c in get(cluster, "configmaps", namespace)}
+        assert all(stored[n]["metadata"]["annotations"][kubernetes.REVISION_ANNOTATION] == revision for n in changing)
+        bundle = base64.b64decode(stored["bundles-1"]["binaryData"]["central-entity.tar.gz"])
+        with tarfile.open(fileobj=io.BytesIO(bundle), mode="r:gz") as tar:
+            members = {m.name.lstrip("/"): tar.extractfile(m).read() for m in tar.getmembers()}
+        assert json.loads(members["complyroute/reference/data.json"])["adequacy"][-1] == "US"
+        assert json.loads(members[".manifest"])["revision"] == revision
+        assert all(json.loads(route)["version_info"] == revision for route in stored["routes-central-entity-1"]["data"].values())
+    finally:
+        cluster.kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=180s", quiet=True, check=False)
+        kubernetes.Deployed.path(namespace).unlink(missing_ok=True)
 
 
 def test_make_deploy_and_undeploy_target_k8s_drive_the_current_context(cluster):
