@@ -210,7 +210,7 @@ def test_make_deploy_and_undeploy_target_k8s_drive_the_current_context(cluster):
     deployed = subprocess.run(["make", "topology=dr6", "services=5", "deploy", "target=k8s"], cwd=REPO, env=env, capture_output=True, text=True)
     assert deployed.returncode == 0, deployed.stdout + deployed.stderr
     assert "port-forward service/entry 8080:8080" in deployed.stdout
-    assert len(get(cluster, "pods", "complyroute-dynamic-router-6")) == 5 + 1 + 6  # services, entry, 2 routers x 3 nodes
+    assert len(get(cluster, "pods", "complyroute-dynamic-router-6")) == 5 + 1 + 6 + 1  # services, entry, 2 routers x 3 nodes, bundle server
 
     undeployed = subprocess.run(["make", "undeploy", "target=k8s"], cwd=REPO, env=env, capture_output=True, text=True)
     assert undeployed.returncode == 0, undeployed.stdout + undeployed.stderr
