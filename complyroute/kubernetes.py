@@ -876,6 +876,8 @@ def reload_policy(topology: Topology, policies: Path = POLICIES, out=sys.stdout)
         raise ReloadError(f"{topology.name} was not deployed to Kubernetes from here ({record} is missing): "
                           f"make deploy target=k8s topology={topology.name} first")
     deployed: Deployed = pickle.loads(record.read_bytes())
+    if not deployed.configmaps:
+        raise ReloadError(f"{topology.name} runs no OPA (nothing in it decides): there is no rule set to reload")
     found = kubectl_json("get", "namespace", namespace)
     if found is None:
         raise ReloadError(f"namespace {namespace} is not in the current kubectl context: deploy it there first (make deploy target=k8s)")

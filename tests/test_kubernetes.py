@@ -1235,6 +1235,18 @@ def test_reload_keeps_the_configmaps_the_pods_mount_allowed(deployed_central_ent
     assert len(by_kind(api.applied[0], "ConfigMap")["routes-central-entity-1"]["data"]) == 4
 
 
+def test_reload_of_the_baseline_says_there_is_no_rule_set_to_reload_denied(tmp_path, monkeypatch):
+    monkeypatch.setattr(kubernetes, "DEPLOYED", tmp_path / "deployed")
+    renderer = kubernetes.Renderer(manifest.load("baseline", services=3))
+    renderer.render()
+    api = FakeApiServer([o for o in yaml.safe_load_all(kubernetes.build(renderer, tmp_path / "kustomization")) if o])
+    monkeypatch.setattr(kubernetes, "kubectl_output", api)
+    kubernetes.Deployed.of(renderer).write()
+    with pytest.raises(kubernetes.ReloadError, match="baseline runs no OPA"):
+        kubernetes.reload_policy(renderer.topology, out=io.StringIO())
+    assert api.applied == []
+
+
 def test_reload_refuses_files_that_would_need_configmaps_the_pods_do_not_mount_denied(deployed_central_entity, us_adequate, monkeypatch):
     renderer, _, api = deployed_central_entity()
     monkeypatch.setattr(kubernetes, "CONFIGMAP_BUDGET", 55_000)
