@@ -114,9 +114,13 @@ decide: $(OPA) ## Show the decision for one input: make decide input=policies/ex
 	  'data.complyroute.compliance.decision with data.complyroute.index as data.complyroute.indexing.index(data.complyroute.catalog)'
 
 .PHONY: policy-diff
-policy-diff: $(OPA) ## What policies/ would decide differently from a git ref, at every point of the walkthrough: make policy-diff base=HEAD [topology=ce services=5]
-	$(if $(base),,$(error base= is required: the git ref whose rule set to compare with, such as base=HEAD or base=main))
-	$(CONTROL) policy-diff --base $(base) $(if $(filter-out sidecar,$(topology)),--topology $(topology_file)) $(if $(services),--services $(services))
+policy-diff: check-base check-topology $(OPA) $(VENV)/.installed ## Every decision policies/ would make differently from a git ref, at each point of the walkthrough (make demo's): make policy-diff base=HEAD [topology=ce] [services=N]
+	$(CONTROL) policy-diff --base='$(base)' $(if $(filter command line,$(origin topology)),--topology $(topology_file)) $(if $(services),--services $(services))
+
+.PHONY: check-base
+check-base:
+	$(if $(base),,$(error base= is required: the git ref whose rule set policies/ is compared with, such as base=HEAD or base=main))
+	@true
 
 .PHONY: policy-bench
 policy-bench: setup ## What one decision costs at each topology's enforcement points, allowed and denied, against commit d2d81e4's rule set (opa bench, about a minute)

@@ -3,10 +3,16 @@
 import io
 import json
 import shutil
+import subprocess
 
 import pytest
 
 from complyroute import __main__ as cli, deployment, manifest, policydiff
+
+# The walkthrough: 5 deciding listeners (the entry and four sidecars), 16 regions, 3 categories,
+# consent absent or one of 63 canonical values.
+SPACE = 5 * 16 * 3 * 64
+GDPR_REGIONS = ["EU", "IS", "LI", "NO"]
 
 
 @pytest.fixture(scope="module")
@@ -14,9 +20,15 @@ def walkthrough():
     return manifest.load(policydiff.WALKTHROUGH)
 
 
-def with_reference(tmp_path, change):
-    policies = tmp_path / "policies"
-    shutil.copytree(deployment.POLICIES, policies)
+@pytest.fixture(scope="module")
+def head(tmp_path_factory):
+    """policies/ as committed: what the tests compare with, whatever is being edited meanwhile."""
+    return policydiff.rule_set_at("HEAD", tmp_path_factory.mktemp("head"))
+
+
+def with_reference(folder, head, change):
+    policies = folder / "policies"
+    shutil.copytree(head, policies)
     reference = policies / "complyroute" / "reference" / "data.json"
     data = json.loads(reference.read_text())
     change(data)
@@ -24,33 +36,135 @@ def with_reference(tmp_path, change):
     return policies
 
 
-def test_us_adequacy_moves_eu_records_to_us_instances_allowed(walkthrough, tmp_path):
-    new = with_reference(tmp_path, lambda data: data["adequacy"].append("US"))
-    result = policydiff.compare(walkthrough, deployment.POLICIES, new)
-    assert result["listeners"] == 5 and result["compared"] > 500
-    changed = result["changed"]
-    moves = {(c["point"], c["category"], c["region"], c["before"]["destination"], c["after"]["destination"])
-             for c in changed if c["before"]["allowed"] and c["after"]["allowed"]}
-    # An EU personal record with consent to care may now take the US replicas at the entry.
-    assert ("entry", "personal", "EU", "ingest-eu", "ingest-us") in moves
-    # Nothing moves anywhere but to a US instance, and only subjects the adequacy list concerns.
-    assert all(after.endswith("-us") for *_, after in moves)
-    assert {c["region"] for c in changed} <= {"EU", "IS", "LI", "NO"}
+@pytest.fixture(scope="module")
+def us_adequate(tmp_path_factory, head):
+    return with_reference(tmp_path_factory.mktemp("us"), head, lambda data: data["adequacy"].append("US"))
+
+
+@pytest.fixture(scope="module")
+def us_adequacy_diff(walkthrough, head, us_adequate):
+    return policydiff.compare(walkthrough, head, us_adequate)
+
+
+def labellings(result):
+    return {(c["point"], c["listener"], region, c["category"], consent)
+            for c in result["changes"] for region in c["regions"] for consent in c["consents"]}
+
+
+def test_us_adequacy_moves_eu_records_to_us_instances_allowed(us_adequacy_diff):
+    result = us_adequacy_diff
+    assert result["listeners"] == 5 and result["compared"] == SPACE
+    # Each group is every region of its list times every consent value of its set, none twice.
+    assert sum(c["labellings"] for c in result["changes"]) == len(labellings(result)) == result["changed"] == 1128
+    for change in result["changes"]:
+        before, after = change["before"], change["after"]
+        assert change["regions"] == GDPR_REGIONS and change["category"] in ("personal", "health")
+        if after["allowed"]:  # a move, to a US instance from its EU twin
+            assert before["allowed"] and after["destination"] == before["destination"].replace("-eu", "-us")
+            assert change["consent"] == "with care" and len(change["consents"]) == 32
+        else:  # a denial that no longer counts the US as a residency violation
+            assert not before["allowed"] and after["reasons"] == [r for r in before["reasons"] if r[1] != "RESIDENCY_VIOLATION"]
+            assert change["consent"] == "without care" and len(change["consents"]) == 31
+    moves = {(c["point"], c["category"], c["before"].get("destination"), c["after"].get("destination")) for c in result["changes"]}
+    assert ("entry", "personal", "ingest-eu", "ingest-us") in moves and ("entry", "health", "ingest-eu", "ingest-us") in moves
+    assert ("sidecar-ingest-us", "personal", "analyse-eu", "analyse-us") in moves
+    # analyse-us holds no health-data certification; an EU sender prefers its EU twin.
+    assert ("sidecar-ingest-us", "health", "analyse-eu", "analyse-us") not in moves
+    assert not any(point == "sidecar-ingest-eu" and after for point, _, _, after in moves)
+
     text = io.StringIO()
-    policydiff.report(result, "HEAD", text)
-    assert f"{len(changed)} would change" in text.getvalue()
-    assert "entry: gateway -> ingest, personal, consent care" in text.getvalue() and "allowed to ingest-eu -> allowed to ingest-us" in text.getvalue()
+    policydiff.report(result, "HEAD", out=text)
+    lines = text.getvalue().splitlines()
+    assert lines[0] == f"policy-diff HEAD -> policies/: {SPACE} decisions compared at 5 deciding listeners, 1128 would change"
+    assert "  entry, listener entry (gateway -> ingest):" in lines
+    assert ("    personal, region EU,IS,LI,NO, consent with care (128 labellings): allowed to ingest-eu -> allowed to ingest-us"
+            in lines)
+    assert ("    personal, region EU,IS,LI,NO, consent without care (124 labellings): 451 NO_COMPLIANT_INSTANCE "
+            "(ingest-eu: PURPOSE_NOT_CONSENTED; ingest-us: PURPOSE_NOT_CONSENTED, RESIDENCY_VIOLATION) -> 451 PURPOSE_NOT_CONSENTED"
+            in lines)
 
 
-def test_an_unchanged_rule_set_changes_no_decision_denied(walkthrough, tmp_path):
-    same = with_reference(tmp_path, lambda data: None)
-    result = policydiff.compare(walkthrough, deployment.POLICIES, same)
-    assert result["changed"] == [] and result["compared"] > 500
+def test_an_unchanged_rule_set_changes_no_decision_denied(walkthrough, head, tmp_path):
+    same = with_reference(tmp_path, head, lambda data: None)
+    result = policydiff.compare(walkthrough, head, same)
+    assert result == {"compared": SPACE, "listeners": 5, "changed": 0, "changes": []}
+    text = io.StringIO()
+    policydiff.report(result, "HEAD", out=text)
+    assert text.getvalue() == f"policy-diff HEAD -> policies/: {SPACE} decisions compared at 5 deciding listeners, 0 would change\n"
 
 
-def test_a_ref_against_the_working_tree_and_an_unknown_ref(capsys):
+def test_a_purpose_no_instance_processes_for_is_asked_too(walkthrough, head, tmp_path):
+    # No instance of the walkthrough processes for marketing: the compiled engine's consent
+    # groups would try none of its values. Dropping it from the reference data makes every
+    # value naming it unknown (400), at every listener, whatever the region and category.
+    dropped = with_reference(tmp_path, head, lambda data: data["purposes"].pop("marketing"))
+    result = policydiff.compare(walkthrough, head, dropped)
+    assert result["compared"] == SPACE  # the labels either rule set knows
+    assert result["changed"] == len(labellings(result)) == 5 * 16 * 3 * 32
+    # Split by what each value was answered before; each part named as holding marketing.
+    assert all("marketing" in c["consent"].split(", ")[0].removeprefix("with ").split(",") for c in result["changes"])
+    assert all("marketing" in consent.split(",") for *_, consent in labellings(result))
+    assert {(c["after"]["status"], c["after"]["code"]) for c in result["changes"]} == {(400, "LABEL_UNKNOWN")}
+
+
+@pytest.mark.parametrize(("chosen", "parts"), [
+    ({None, "a", "b", "a,b"}, [("any or absent", [None, "a", "a,b", "b"])]),
+    ({"a", "b", "a,b"}, [("any", ["a", "a,b", "b"])]),
+    ({None, "a", "a,b"}, [("absent", [None]), ("with a", ["a", "a,b"])]),
+    ({"b"}, [("without a", ["b"])]),
+    ({"a,b,c", "a,c"}, [("with a,c", ["a,b,c", "a,c"])]),
+    ({"a,b", "a,c"}, [("with a,b, without c", ["a,b"]), ("with a,c, without b", ["a,c"])]),
+])
+def test_consent_values_are_named_by_the_purposes_they_turn_on(chosen, parts):
+    every = [None, "a", "a,b", "a,b,c", "a,c", "b", "b,c", "c"] if any("c" in (v or "") for v in chosen) else [None, "a", "a,b", "b"]
+    assert policydiff.consent_parts(chosen, every) == parts
+
+
+def test_values_alike_in_no_single_purpose_are_named_each_by_all_they_turn_on():
+    every = [None, "a", "a,b", "a,b,c", "a,c", "b", "b,c", "c"]
+    assert policydiff.consent_parts({"a,b", "c"}, every) == [("with a,b, without c", ["a,b"]), ("with c, without a,b", ["c"])]
+
+
+def test_a_denial_shows_each_instance_s_reasons_where_its_code_does_not_say_them():
+    shared = {"allowed": False, "status": 451, "code": "PURPOSE_NOT_CONSENTED",
+              "reasons": [["a", "PURPOSE_NOT_CONSENTED"], ["b", "PURPOSE_NOT_CONSENTED"]]}
+    mixed = {"allowed": False, "status": 451, "code": "NO_COMPLIANT_INSTANCE",
+             "reasons": [["a", "PURPOSE_NOT_CONSENTED"], ["b", "CERTIFICATION_MISSING"], ["b", "PURPOSE_NOT_CONSENTED"]]}
+    assert policydiff.describe(shared) == "451 PURPOSE_NOT_CONSENTED"
+    assert policydiff.describe(mixed) == "451 NO_COMPLIANT_INSTANCE (a: PURPOSE_NOT_CONSENTED; b: CERTIFICATION_MISSING, PURPOSE_NOT_CONSENTED)"
+    # Same code, other reasons: the reasons are what moved.
+    fewer = {**mixed, "reasons": mixed["reasons"][:1] + mixed["reasons"][2:]}
+    assert policydiff.move(mixed, fewer).endswith("-> 451 NO_COMPLIANT_INSTANCE (a: PURPOSE_NOT_CONSENTED; b: PURPOSE_NOT_CONSENTED)")
+    assert policydiff.move(None, {"allowed": True, "destination": "x"}) == "no answer -> allowed to x"
+
+
+def test_head_against_a_working_tree_by_the_command(capsys, us_adequate, us_adequacy_diff):
+    # A report: exit 0 with changes too, the same as compare() gives and report() prints.
+    assert cli.main(["policy-diff", "--base", "HEAD", "--policies", str(us_adequate)]) == 0
+    text = io.StringIO()
+    policydiff.report(us_adequacy_diff, "HEAD", str(us_adequate), out=text)
+    assert capsys.readouterr().out == text.getvalue()
+
+
+def test_the_command_answers_json_for_tools(capsys, monkeypatch, us_adequacy_diff):
+    monkeypatch.setattr(policydiff, "compare", lambda *args: us_adequacy_diff)
     assert cli.main(["policy-diff", "--base", "HEAD", "--format", "json"]) == 0
     answer = json.loads(capsys.readouterr().out)
-    assert answer["listeners"] == 5 and set(answer) == {"compared", "listeners", "changed"}
+    assert answer == {"base": "HEAD", "policies": str(deployment.POLICIES), "topology": "mixed-regions", **us_adequacy_diff}
+
+
+def test_a_ref_that_is_no_commit_or_has_no_rule_set_is_refused(capsys):
     assert cli.main(["policy-diff", "--base", "no-such-ref-anywhere"]) == 2
-    assert "no rule set at 'no-such-ref-anywhere'" in capsys.readouterr().err
+    assert capsys.readouterr().err == (
+        "error: base 'no-such-ref-anywhere' names no commit of this repository: name a commit, branch or tag (base=HEAD, base=main)\n")
+    assert cli.main(["policy-diff", "--base=--output=/tmp/x"]) == 2
+    assert "is not a git ref" in capsys.readouterr().err
+    root = subprocess.run(["git", "-C", str(manifest.REPO), "rev-list", "--max-parents=0", "HEAD"],
+                          capture_output=True, text=True, check=True).stdout.split()[-1]
+    assert cli.main(["policy-diff", "--base", root]) == 2
+    assert "has no policies/ folder" in capsys.readouterr().err
+
+
+def test_a_folder_that_is_no_rule_set_is_refused(capsys, tmp_path):
+    assert cli.main(["policy-diff", "--base", "HEAD", "--policies", str(tmp_path)]) == 2
+    assert "is not a rule set" in capsys.readouterr().err

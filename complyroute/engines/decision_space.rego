@@ -5,7 +5,8 @@
 #   data.complyroute.envoy.response for an ext_authz check of a POST /process
 #   with a JSON object as body, for every labelling of a listener's decision
 #   space. complyroute/engines/envoy_compiled.py writes the input and turns the
-#   answers into Envoy routes; nothing here decides anything itself.
+#   answers into Envoy routes (`allowed`); complyroute/policydiff.py compares two
+#   rule sets' answers (`decisions`). Nothing here decides anything itself.
 #
 #   Input:
 #     points      {point: {"data": <the point's OPA data document>,
@@ -13,7 +14,7 @@
 #                 consents: canonical x-data-consent values to try, null = absent
 #     regions     x-data-region values to try
 #     categories  x-data-category values to try
-package complyroute_engines.decision_space
+package complyroute_engines.decision_space # regal ignore:directory-package-mismatch
 
 import data.complyroute.envoy
 
@@ -32,8 +33,8 @@ allowed contains [point_name, listener_name, region, category, consent, destinat
 
 	# regal ignore:with-outside-test-context
 	response := envoy.response with input as request
-		with data.complyroute.index as point.data.complyroute.index
-		with data.complyroute.revision as point.data.complyroute.revision
+		with data.complyroute.index as point.data.complyroute.index # regal ignore:with-outside-test-context
+		with data.complyroute.revision as point.data.complyroute.revision # regal ignore:with-outside-test-context
 	response.allowed == true
 	destination := response.headers["x-complyroute-destination"]
 	revision := response.headers["x-complyroute-revision"]
@@ -53,9 +54,9 @@ check_request(listener, region, category, consent) := {"attributes": {
 	"contextExtensions": {"sender": listener.sender, "step": listener.step},
 }}
 
-consent_header(consent) := {"x-data-consent": consent} if consent != null
-
 default consent_header(_) := {}
+
+consent_header(consent) := {"x-data-consent": consent} if consent != null
 
 # The answer only allows and names the destination and the revision: the headers it sets
 # already hold those values, the headers it removes are absent.
@@ -70,10 +71,21 @@ changes_nothing(request, response) if {
 	}
 }
 
-# decisions: [point, listener, region, category, consent, outcome] for every labelling of the
-# space, whatever the answer: outcome {"allowed": true, "destination"} or {"allowed": false,
-# "status", "code"} (451 restored from its wire status 403, see envoy.wire_status). What
-# `make policy-diff` (complyroute/policydiff.py) compares between two rule sets.
+# METADATA
+# title: Every decision of the space
+# description: |
+#   [point, listener, region, category, consent, outcome] for every labelling
+#   of the space, whatever the answer, at every listener the input names
+#   (a listener taking records from a client too: its labels are tried as a
+#   client sends canonical ones). What `make policy-diff`
+#   (complyroute/policydiff.py) asks of two rule sets and compares. outcome:
+#     allowed  {"allowed": true, "destination"}
+#     denied   {"allowed": false, "status", "code",
+#               "reasons": [[instance or null, code], ...] sorted}
+#   status 451 restored from its wire status 403 (see envoy.wire_status);
+#   reasons without their messages, which quote the labels and would tell
+#   every labelling apart.
+# entrypoint: true
 decisions contains [point_name, listener_name, region, category, consent, outcome] if {
 	some point_name, point in input.points
 	some listener_name, listener in point.listeners
@@ -84,8 +96,8 @@ decisions contains [point_name, listener_name, region, category, consent, outcom
 
 	# regal ignore:with-outside-test-context
 	response := envoy.response with input as request
-		with data.complyroute.index as point.data.complyroute.index
-		with data.complyroute.revision as point.data.complyroute.revision
+		with data.complyroute.index as point.data.complyroute.index # regal ignore:with-outside-test-context
+		with data.complyroute.revision as point.data.complyroute.revision # regal ignore:with-outside-test-context
 	outcome := outcome_of(response)
 }
 
@@ -93,7 +105,9 @@ outcome_of(response) := {"allowed": true, "destination": response.headers["x-com
 	response.allowed == true
 }
 
-outcome_of(response) := {"allowed": false, "status": status, "code": json.unmarshal(response.body).code} if {
+outcome_of(response) := {"allowed": false, "status": status, "code": body.code, "reasons": reasons} if {
 	response.allowed == false
 	status := object.get({403: 451}, response.http_status, response.http_status)
+	body := json.unmarshal(response.body)
+	reasons := sort({[object.get(reason, "instance", null), reason.code] | some reason in body.reasons})
 }
