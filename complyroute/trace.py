@@ -1,28 +1,41 @@
-"""Each hop of one record: `python -m complyroute trace <request-id>`.
+"""Each hop of one record: `python -m complyroute trace <request-id> [--run RUN_DIR]`.
 
-Joins, by the record's id, what the run folder holds about it:
+Joins, by the record's id, what a local run folder holds about it:
 
-- the decision logs (engine.decision_logs "file"): each OPA writes every decision as a JSON
-  line into its log (logs/<point>.opa.log, "msg": "Decision Log"), masked so the record
-  never lands there (policies/system/log). The input names the sender, the step and the
-  labels, the result the decision, the entry the bundle revision that made it;
+- the decision logs (engine.decision_logs "file"): each point's OPA writes every decision as a
+  JSON line ("msg": "Decision Log") into its log, logs/<point>.opa.log, masked so the record
+  and its label token never land there (policies/system/log). The input names the sender
+  and step (the listener's context extensions), the labels and the record's id (headers: the
+  entry assigns x-request-id before it asks OPA, later hops carry it on); the result is the
+  decision; `bundles` names the revision of the rule set that made it;
 - the audit lines (audit/<instance>.jsonl): what each instance that took the record received,
   from whom, decided by which point under which revision.
 
 A hop the compiled engine decided ahead of time (an Envoy route standing for OPA's answer) has
-no decision log line: its audit line says who decided it and under which revision.
+no decision log line: its audit line says which point decided it and under which revision.
+
+On Kubernetes the OPAs write their decision logs to their containers' output (kubectl logs);
+trace reads local runs only.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 from . import deployment
 
+# Where a decision's input carries the record's id: the entry's x-request-id, which every
+# later hop carries on (x-complyroute-record-id beside it).
 RECORD_ID_HEADERS = ("x-request-id", "x-complyroute-record-id")
+LABELS = ("region", "category", "consent")
+BUNDLE = "complyroute"  # the bundle each point's OPA loads the rule set from (bundles.py)
+ENVOY_DENIAL_STATUS = {403: 451}  # ext_authz has no 451: the policy answers 403, Envoy's mapper restores 451
+TURN_ON = "set engine.decision_logs: file in the manifest and deploy again"
 
 
 class TraceError(RuntimeError):
@@ -31,8 +44,10 @@ class TraceError(RuntimeError):
 
 @dataclass
 class Decision:
+    """One decision log line about the record."""
+
     point: str
-    at: str
+    at: float  # seconds since the epoch
     sender: str | None
     step: str | None
     labels: dict
@@ -40,105 +55,186 @@ class Decision:
     revision: str | None
 
 
+@dataclass
+class Hop:
+    """One hop of the record: the decision that let it go (or stopped it), if one was logged,
+    and the audit line of the instance that received it, if any did."""
+
+    point: str | None
+    sender: str | None
+    step: str | None
+    at: float
+    decision: Decision | None = None
+    received: dict | None = None
+
+
+def epoch_seconds(timestamp: str) -> float:
+    """OPA's RFC 3339 timestamps (nanoseconds, trailing zeros trimmed, so not sortable as
+    text) as seconds since the epoch; Python before 3.11 reads at most microseconds and no Z."""
+    match = re.fullmatch(r"([^.]+?)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)", timestamp)
+    if not match:
+        raise ValueError(f"not an RFC 3339 timestamp: {timestamp!r}")
+    whole, fraction, zone = match.groups()
+    seconds = datetime.fromisoformat(whole + ("+00:00" if zone == "Z" else zone)).timestamp()
+    return seconds + (float("0." + fraction) if fraction else 0.0)
+
+
+def revision_of(entry: dict) -> str | None:
+    """The revision that made a decision: the bundle's, as OPA logs it; else what the answer
+    names (an allowed hop's x-complyroute-revision header, a denial body's "revision")."""
+    bundled = ((entry.get("bundles") or {}).get(BUNDLE) or {}).get("revision")
+    if bundled:
+        return bundled
+    result = entry.get("result") or {}
+    if (result.get("headers") or {}).get("x-complyroute-revision"):
+        return result["headers"]["x-complyroute-revision"]
+    return denial_body(result).get("revision")
+
+
+def denial_body(result: dict) -> dict:
+    try:
+        body = json.loads(result.get("body") or "{}")
+    except (json.JSONDecodeError, TypeError):
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def decision_from(point: str, entry: dict, request_id: str) -> Decision | None:
+    """The decision a log entry holds if it is about the record `request_id`, else None."""
+    attributes = (entry.get("input") or {}).get("attributes") or {}
+    headers = ((attributes.get("request") or {}).get("http") or {}).get("headers") or {}
+    if request_id not in (headers.get(name) for name in RECORD_ID_HEADERS):
+        return None
+    context = attributes.get("contextExtensions") or attributes.get("context_extensions") or {}
+    return Decision(
+        point=point,
+        at=epoch_seconds(entry["timestamp"]),
+        sender=context.get("sender"),
+        step=context.get("step") or headers.get("x-complyroute-step"),
+        labels={name: headers.get(f"x-data-{name}") for name in LABELS},
+        result=entry.get("result") or {},
+        revision=revision_of(entry),
+    )
+
+
 def decisions_of(run_dir: Path, request_id: str) -> list[Decision]:
+    """Every logged decision about the record, by every point of the run."""
     found = []
     for log in sorted((run_dir / "logs").glob("*.opa.log")):
         point = log.name.removesuffix(".opa.log")
         for raw in log.read_text(errors="replace").splitlines():
-            if '"Decision Log"' not in raw or request_id not in raw:
+            if '"Decision Log"' not in raw or request_id not in raw:  # cheap before parsing
                 continue
             try:
                 entry = json.loads(raw)
             except json.JSONDecodeError:
-                continue
-            attributes = (entry.get("input") or {}).get("attributes") or {}
-            headers = ((attributes.get("request") or {}).get("http") or {}).get("headers") or {}
-            if request_id not in (headers.get(name) for name in RECORD_ID_HEADERS):
-                continue
-            context = attributes.get("contextExtensions") or {}
-            found.append(Decision(
-                point=point, at=entry.get("timestamp", ""), sender=context.get("sender"),
-                step=context.get("step") or headers.get("x-complyroute-step"),
-                labels={name: headers.get(f"x-data-{name}") for name in ("region", "category", "consent")},
-                result=entry.get("result") or {},
-                revision=((entry.get("bundles") or {}).get("complyroute") or {}).get("revision"),
-            ))
-    return sorted(found, key=lambda d: d.at)
+                continue  # a line cut off by a stopped OPA
+            if entry.get("msg") == "Decision Log" and (decision := decision_from(point, entry, request_id)):
+                found.append(decision)
+    return found
 
 
 def audit_lines_of(run_dir: Path, request_id: str) -> list[dict]:
+    """Every instance's audit line about the record."""
     lines = []
     for path in sorted((run_dir / "audit").glob("*.jsonl")):
         for raw in path.read_text(errors="replace").splitlines():
-            if request_id in raw:
-                entry = json.loads(raw)
-                if entry.get("request_id") == request_id:
-                    lines.append(entry)
-    return sorted(lines, key=lambda line: line.get("ts", 0))
+            if request_id not in raw:
+                continue
+            try:
+                line = json.loads(raw)
+            except json.JSONDecodeError:
+                continue  # checking the chain is `complyroute audit`'s; this only reads
+            if line.get("request_id") == request_id:
+                lines.append(line)
+    return lines
+
+
+def hops_of(decisions: list[Decision], lines: list[dict]) -> list[Hop]:
+    """The record's hops in the order they happened: each decision with the audit line of the
+    instance it let the record into (same point, sender and step, received after it), and
+    each audit line no logged decision accounts for as a hop of its own."""
+    unclaimed = sorted(lines, key=lambda line: line.get("ts", 0))
+    hops = []
+    for decision in sorted(decisions, key=lambda d: d.at):
+        hop = Hop(decision.point, decision.sender, decision.step, decision.at, decision)
+        if decision.result.get("allowed"):
+            hop.received = next((line for line in unclaimed if line.get("decided_by") == decision.point
+                                 and line.get("sender") == decision.sender and line.get("step") == decision.step), None)
+            if hop.received:
+                unclaimed.remove(hop.received)
+        hops.append(hop)
+    hops += [Hop(line.get("decided_by"), line.get("sender"), line.get("step"), line.get("ts", 0) / 1000, received=line)
+             for line in unclaimed]
+    return sorted(hops, key=lambda hop: hop.at)
 
 
 def describe_decision(result: dict) -> list[str]:
+    """A decision as lines: where an allowed hop goes, or a denial's status, code, message and
+    each reason."""
     if result.get("allowed"):
-        return [f"allowed -> {result.get('headers', {}).get('x-complyroute-destination')}"]
-    try:
-        body = json.loads(result.get("body") or "{}")
-    except json.JSONDecodeError:
-        body = {}
-    status = {403: 451}.get(result.get("http_status"), result.get("http_status"))
+        return [f"allowed -> {(result.get('headers') or {}).get('x-complyroute-destination', '(no destination named)')}"]
+    body = denial_body(result)
+    status = ENVOY_DENIAL_STATUS.get(result.get("http_status"), result.get("http_status"))
     described = [f"denied {status} {body.get('code')}: {body.get('message')}"]
-    described += [f"  reason {r.get('code')}{' (' + r['instance'] + ')' if r.get('instance') else ''}: {r.get('message')}"
-                  for r in body.get("reasons") or []]
+    for reason in body.get("reasons") or []:
+        where = f" ({reason['instance']})" if reason.get("instance") else ""
+        described.append(f"reason {reason.get('code')}{where}: {reason.get('message')}")
     return described
 
 
 def labels_text(labels: dict) -> str:
-    return ", ".join(f"{name} {labels.get(name) if labels.get(name) is not None else '(none)'}" for name in ("region", "category", "consent"))
+    return ", ".join(f"{name} {labels.get(name) if labels.get(name) is not None else '(none)'}" for name in LABELS)
+
+
+def print_hop(number: int, hop: Hop, engine: str, out) -> None:
+    print(f"hop {number}: {hop.point} decides {hop.sender} -> {hop.step}", file=out)
+    if hop.decision:
+        print(f"  labels    {labels_text(hop.decision.labels)}", file=out)
+        first, *reasons = describe_decision(hop.decision.result)
+        print(f"  decision  {first}", file=out)
+        for reason in reasons:
+            print(f"            {reason}", file=out)
+        print(f"  revision  {hop.decision.revision or '(not named)'}", file=out)
+    else:
+        how = (f"decided ahead of time by {hop.point}: a route of the compiled engine, no decision log line"
+               if engine == "envoy-compiled" else f"by {hop.point}, which logged no decision for it")
+        print(f"  decision  allowed -> {hop.received.get('instance')}, {how}", file=out)
+        print(f"  revision  {hop.received.get('revision')} (the audit line's)", file=out)
+    if hop.received:
+        line = hop.received
+        print(f"  received  by {line.get('instance')} ({line.get('step')}): {labels_text(line.get('labels') or {})}, "
+              f"digest {line.get('digest')}, revision {line.get('revision')}", file=out)
+    elif hop.decision and hop.decision.result.get("allowed"):
+        print("  received  no audit line of the destination", file=out)
 
 
 def trace(run_dir: Path, request_id: str, out=sys.stdout) -> int:
-    decisions, lines = decisions_of(run_dir, request_id), audit_lines_of(run_dir, request_id)
-    state = deployment.read_state(run_dir) or {}
-    if not decisions and not lines:
-        hint = "" if state.get("decision_logs") == "file" else (
-            " (this run's decision logs are off: set engine.decision_logs: file in its manifest to log every decision)")
-        raise TraceError(f"no decision and no audit line of record {request_id} in {run_dir}{hint}")
-    print(f"record {request_id} in {run_dir.name} ({state.get('topology', '?')}, engine {state.get('engine', '?')})", file=out)
-    received = {(line.get("decided_by"), line.get("sender")): line for line in lines}
-    shown = set()
-    hop = 0
-    for decision in decisions:
-        hop += 1
-        print(f"hop {hop}: {decision.point} decides {decision.sender} -> {decision.step}  ({decision.at})", file=out)
-        print(f"  labels    {labels_text(decision.labels)}", file=out)
-        for text in describe_decision(decision.result):
-            print(f"  decision  {text}", file=out)
-        print(f"  revision  {decision.revision or '(no bundle)'}", file=out)
-        line = received.get((decision.point, decision.sender)) if decision.result.get("allowed") else None
-        if line:
-            shown.add(id(line))
-            print_received(line, out)
-    for line in lines:
-        if id(line) in shown:
-            continue
-        hop += 1
-        print(f"hop {hop}: {line.get('decided_by')} decides {line.get('sender')} -> {line.get('step')} "
-              f"(no decision log line: decided ahead of time by the compiled engine's route, or decision logs off)", file=out)
-        print(f"  revision  {line.get('revision')}", file=out)
-        print_received(line, out)
+    state = deployment.read_state(run_dir)
+    if state is None:
+        raise TraceError(f"{run_dir} is not a run folder (no state.json): name one under runs/ with --run")
+    if state.get("decision_logs", "off") != "file":
+        raise TraceError(f"run {run_dir.name} has no decision logs (engine.decision_logs is off): {TURN_ON}")
+    hops = hops_of(decisions_of(run_dir, request_id), audit_lines_of(run_dir, request_id))
+    if not hops:
+        raise TraceError(f"no decision and no audit line of record {request_id} in run {run_dir.name}: "
+                         f"its id is the x-request-id of the entry's answer")
+    engine = state.get("engine", "?")
+    print(f"record {request_id} in run {run_dir.name} ({state.get('topology')}, engine {engine})", file=out)
+    for number, hop in enumerate(hops, 1):
+        print_hop(number, hop, engine, out)
     return 0
 
 
-def print_received(line: dict, out) -> None:
-    print(f"  received  by {line.get('instance')} ({line.get('step')}): {labels_text(line.get('labels') or {})}, "
-          f"digest {line.get('digest')}, revision {line.get('revision')}", file=out)
+def default_run() -> Path:
+    """runs/current, else the newest run folder."""
+    if deployment.CURRENT.exists():
+        return deployment.CURRENT
+    runs = [p for p in deployment.RUNS.iterdir() if (p / "state.json").is_file() and not p.is_symlink()] if deployment.RUNS.is_dir() else []
+    if not runs:
+        raise TraceError("no run folder under runs/: deploy first, or name one with --run")
+    return max(runs, key=lambda p: (p / "state.json").stat().st_mtime)
 
 
 def main(request_id: str, run_dir: Path | None = None, out=None) -> int:
-    out = out or sys.stdout
-    if run_dir is None:
-        runs = sorted((p for p in deployment.RUNS.iterdir() if (p / "state.json").is_file() and not p.is_symlink()),
-                      key=lambda p: p.stat().st_mtime) if deployment.RUNS.is_dir() else []
-        run_dir = deployment.CURRENT if deployment.CURRENT.exists() else (runs[-1] if runs else None)
-        if run_dir is None:
-            raise TraceError("no run folder under runs/: deploy first, or name one with --run")
-    return trace(Path(run_dir).resolve(), request_id, out)
+    return trace(Path(run_dir or default_run()).resolve(), request_id, out or sys.stdout)
