@@ -54,7 +54,7 @@ def versions() -> dict:
         # "envoy  version: <sha>/1.40.0/Clean/RELEASE/BoringSSL": the release is the second field.
         "envoy": next(iter(re.findall(r"version: \S+?/([\d.]+)/", envoy)), envoy),
         "opa": next(iter(re.findall(r"Version: (\S+)", opa)), opa),
-        "node": command_output(["node", "--version"]).removeprefix("v"),
+        "node": command_output([deployment.node_binary(), "--version"]).removeprefix("v"),
         "python": platform.python_version(),
         **packages,
     }

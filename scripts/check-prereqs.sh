@@ -24,15 +24,16 @@ need() { # need <command> <minimum major.minor or ""> <how to install>
   [ -z "$min" ] && return
   case $cmd in
     go) have=$(go env GOVERSION | sed 's/^go//') ;;
-    node) have=$(node --version | sed 's/^v//') ;;
+    npm) have=$(npm --version 2>/dev/null) ;;
   esac
   if [ "$(printf '%s\n%s\n' "$min" "$have" | sort -V | head -1)" != "$min" ]; then
     echo "setup: '$cmd' $have is too old, $min or newer is needed. Install it: $how" >&2; missing=1
   fi
 }
 need go 1.25 "https://go.dev/doc/install (or: apt-get install golang-go, if new enough)"
-need node 20.19 "Node.js 20.19 or newer (https://nodejs.org, or apt-get install nodejs npm if new enough)"
-need npm "" "apt-get install npm"
+# Node.js itself (24, the LTS line) comes from the npm registry into tools/node (make setup);
+# any npm that reads lockfile version 3, on any Node.js, fetches it.
+need npm 7.0 "apt-get install nodejs npm"
 need curl "" "apt-get install curl"
 if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
   echo "setup: python3 cannot create virtual environments. Install it: apt-get install python3-venv" >&2; missing=1
