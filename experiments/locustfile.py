@@ -12,15 +12,13 @@ from __future__ import annotations
 import csv
 import json
 import random
-import sys
-from pathlib import Path
 
 import gevent
 from locust import FastHttpUser, constant_throughput, events, task
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # Locust loads this file by path
-from experiments.mixes import BODY, MIXES  # noqa: E402
-from experiments.timing import DURATIONS, split  # noqa: E402
+# Locust loads this file by path: `experiments` is imported as installed (make setup: pip install -e .).
+from experiments.mixes import BODY, MIXES
+from experiments.timing import DURATIONS, split
 
 COLUMNS = ("t_send_ms", "rtt_ms", "status", "record", "expected", "hops", *DURATIONS)
 BODY_TEXT = json.dumps(BODY)

@@ -17,25 +17,30 @@ from complyroute.manifest import REPO
 
 
 def git_commit(repo: Path = REPO) -> dict:
-    """The checked-out commit, read from .git itself (no git command is run)."""
-    git_dir = repo / ".git"
-    if git_dir.is_file():  # a worktree: .git names the real folder
-        git_dir = repo / git_dir.read_text().split("gitdir:", 1)[1].strip()
+    """The checked-out commit and branch, and whether the tree differs from that commit, as git
+    itself tells (`git rev-parse HEAD`, `git status --porcelain`): `dirty` is true when a tracked
+    file is changed or an untracked file is not ignored, and `changes` lists them as git does.
+    Outside a repository, or without git: None each."""
+    unknown = {"commit": None, "branch": None, "dirty": None, "changes": None}
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=60)
+
     try:
-        head = (git_dir / "HEAD").read_text().strip()
-    except OSError:
-        return {"commit": None, "branch": None}
-    if not head.startswith("ref:"):
-        return {"commit": head, "branch": None}
-    ref = head.split(":", 1)[1].strip()
-    loose = git_dir / ref
-    if loose.exists():
-        return {"commit": loose.read_text().strip(), "branch": ref.removeprefix("refs/heads/")}
-    packed = git_dir / "packed-refs"
-    for line in packed.read_text().splitlines() if packed.exists() else []:
-        if line.endswith(f" {ref}"):
-            return {"commit": line.split()[0], "branch": ref.removeprefix("refs/heads/")}
-    return {"commit": None, "branch": ref.removeprefix("refs/heads/")}
+        head = git("rev-parse", "--verify", "--quiet", "HEAD")
+        if head.returncode != 0:
+            return unknown
+        branch = git("symbolic-ref", "--quiet", "--short", "HEAD")  # fails on a detached HEAD
+        status = git("status", "--porcelain", "--untracked-files=normal")
+    except (OSError, subprocess.TimeoutExpired):
+        return unknown
+    changes = status.stdout.splitlines() if status.returncode == 0 else None
+    return {
+        "commit": head.stdout.strip(),
+        "branch": branch.stdout.strip() if branch.returncode == 0 else None,
+        "dirty": bool(changes) if changes is not None else None,
+        "changes": changes[:200] if changes is not None else None,
+    }
 
 
 def command_output(command: list[str]) -> str:
@@ -54,7 +59,7 @@ def versions() -> dict:
         # "envoy  version: <sha>/1.40.0/Clean/RELEASE/BoringSSL": the release is the second field.
         "envoy": next(iter(re.findall(r"version: \S+?/([\d.]+)/", envoy)), envoy),
         "opa": next(iter(re.findall(r"Version: (\S+)", opa)), opa),
-        "node": command_output(["node", "--version"]).removeprefix("v"),
+        "node": command_output([deployment.node_binary(), "--version"]).removeprefix("v"),
         "python": platform.python_version(),
         **packages,
     }

