@@ -577,14 +577,16 @@ def deploy(topology: Topology, policies: Path = POLICIES, health_timeout: float 
     deadline = time.monotonic() + timeout
     last_report = 0.0
     while pending:
-        infos = programs_info(state) or {}
+        infos = programs_info(state)
+        gone = infos is None and not alive(state["supervisor"]["pid"])
+        infos = infos or {}
         for name, part in list(pending.items()):
             info = infos.get(name, {})
             if info.get("pid"):
                 part["pid"] = info["pid"]
             # A part that exits while the deployment comes up fails it, as before supervision:
             # a restart would only hide a part that cannot start (a port taken, a bad configuration).
-            failed = info.get("statename") in ("BACKOFF", "EXITED", "FATAL", "STOPPED") or not infos
+            failed = info.get("statename") in ("BACKOFF", "EXITED", "FATAL", "STOPPED") or gone
             if failed or time.monotonic() > deadline:
                 reason = f"exited ({info.get('statename', 'supervisord gone')})" if failed else f"is not healthy after {timeout:.0f} s"
                 stop(out=open(os.devnull, "w"))

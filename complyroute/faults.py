@@ -90,14 +90,15 @@ def schedule(state: dict, duration: float, every: float, start: float | None = N
         if kind in part_kinds:
             by_kind.setdefault(kind, []).append(part["name"])
     part_kinds_present = [kind for kind in part_kinds if by_kind.get(kind)]
-    faults, at, n = [], every if start is None else start, 0
+    faults, at, n, hits = [], every if start is None else start, 0, 0
     while at < duration:
         kind = kinds[n % len(kinds)]
         if kind == "reload":
             faults.append(Fault(at, "reload", POLICY))
         else:
-            target = rng.choice(by_kind[part_kinds_present[n % len(part_kinds_present)]])
+            target = rng.choice(by_kind[part_kinds_present[hits % len(part_kinds_present)]])
             faults.append(Fault(at, kind, target, pause_s if kind == "pause" else 0.0))
+            hits += 1
         at += every
         n += 1
     return faults
