@@ -35,6 +35,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -81,7 +82,7 @@ class Parameters:
         return max(1, -(-self.rate // int(self.user_rate)))
 
 
-QUICK = dict(topologies=["dynamic-router-3"], services=5, rate=20, duration=16, warmup=3, fault_every=3.5, pause_s=1.5, mix="mixed")
+QUICK = dict(topologies=["dynamic-router-3"], services=5, rate=20, duration=16, warmup=3, fault_every=3.0, pause_s=1.5, mix="mixed")
 
 
 # ---- one topology ----------------------------------------------------------------------------
@@ -158,12 +159,13 @@ def read_requests(path: Path) -> list[dict]:
 
 
 def locust_count(folder: Path) -> int | None:
-    """The number of requests Locust itself counted (its aggregated statistics)."""
+    """The number of requests Locust itself counted: its final summary's Aggregated line in
+    locust.log (its stats CSV is last written before the requests in flight at the stop end)."""
     try:
-        with (folder / "locust_stats.csv").open() as file:
-            return next(int(row["Request Count"]) for row in csv.DictReader(file) if row["Name"] == "Aggregated")
-    except (FileNotFoundError, StopIteration, KeyError, ValueError):
+        match = re.search(r"^\s+Aggregated\s+(\d+)\s", (folder / "locust.log").read_text(), re.MULTILINE)
+    except FileNotFoundError:
         return None
+    return int(match.group(1)) if match else None
 
 
 def outcome(row: dict) -> str:

@@ -29,7 +29,8 @@ def test_soak_accounts_every_request_and_attributes_losses_to_faults_allowed(tmp
         writer.writerow(["t_send_ms", "rtt_ms", "status", "record", "expected"])
         for t, status in [(100.0, 200), (101.0, 503), (101.5, 0), (102.0, 200), (103.5, 451), (104.0, 503)]:
             writer.writerow([t * 1000, 10, status, "allowed", 451 if t == 103.5 else 200])
-    (tmp_path / "locust_stats.csv").write_text('Type,Name,Request Count,Failure Count\n,Aggregated,6,3\n')
+    (tmp_path / "locust.log").write_text("Type     Name    # reqs      # fails |    Avg\n"
+                                         "POST     /process     6   3(50.00%) |     32\n         Aggregated     6   3(50.00%) |     32\n")
     records = [faults.FaultRecord("kill", "entry/opa", "opa", 1.0, 100.9, restart_s=0.02, recovery_s=0.2),
                faults.FaultRecord("reload", "policy", "policy", 3.0, 103.0, recovery_s=0.1)]
     summary = soak.analyse(tmp_path, records, 99.0, soak.Parameters(duration=10, warmup=0, fault_every=2))
