@@ -80,9 +80,9 @@ def targets(state: dict, kinds: tuple[str, ...] = ("service", "envoy", "router",
 def schedule(state: dict, duration: float, every: float, start: float | None = None, pause_s: float = 2.0,
              kinds: tuple[str, ...] = ("kill", "pause", "kill", "reload"), seed: int = 1,
              part_kinds: tuple[str, ...] = ("service", "envoy", "router", "opa")) -> list[Fault]:
-    """A fault every `every` seconds from `start` (default: `every`) until `duration`: kinds in
-    turn, each kill or pause on a part drawn (seeded) from those of `part_kinds`, taking each
-    kind of part in turn so that every kind is hit."""
+    """A fault every `every` seconds from `start` (default: `every`) until `duration`: `kinds`
+    in turn, each kill or pause on a part drawn (seeded) from those of `part_kinds`, kills and
+    pauses each taking the kinds of part in turn so that every kind is killed and paused."""
     rng = random.Random(seed)
     by_kind: dict[str, list[str]] = {}
     for part in state["parts"]:
@@ -90,15 +90,19 @@ def schedule(state: dict, duration: float, every: float, start: float | None = N
         if kind in part_kinds:
             by_kind.setdefault(kind, []).append(part["name"])
     part_kinds_present = [kind for kind in part_kinds if by_kind.get(kind)]
-    faults, at, n, hits = [], every if start is None else start, 0, 0
+    faults, at, n = [], every if start is None else start, 0
+    hits = {"kill": 0, "pause": 0}
     while at < duration:
         kind = kinds[n % len(kinds)]
         if kind == "reload":
             faults.append(Fault(at, "reload", POLICY))
         else:
-            target = rng.choice(by_kind[part_kinds_present[hits % len(part_kinds_present)]])
+            # Kills take the kinds of part in order, pauses from the last (an OPA first): each
+            # fault kind meets every kind of part, even when they alternate.
+            order = part_kinds_present if kind == "kill" else part_kinds_present[::-1]
+            target = rng.choice(by_kind[order[hits[kind] % len(order)]])
             faults.append(Fault(at, kind, target, pause_s if kind == "pause" else 0.0))
-            hits += 1
+            hits[kind] += 1
         at += every
         n += 1
     return faults

@@ -16,8 +16,11 @@ def test_schedule_hits_every_kind_of_part_and_reloads_allowed():
     schedule = faults.schedule(STATE, duration=40, every=2, start=1, seed=3)
     assert [f.at for f in schedule] == [1 + 2 * n for n in range(20)]
     assert {f.kind for f in schedule} == {"kill", "pause", "reload"}
-    hit = {faults.part_kind(STATE, next(p for p in STATE["parts"] if p["name"] == f.target)) for f in schedule if f.kind != "reload"}
-    assert hit == {"service", "envoy", "router", "opa"}
+    def kinds_hit(fault_kind):
+        return {faults.part_kind(STATE, next(p for p in STATE["parts"] if p["name"] == f.target)) for f in schedule if f.kind == fault_kind}
+
+    assert kinds_hit("kill") == kinds_hit("pause") == {"service", "envoy", "router", "opa"}
+    assert schedule[1].kind == "pause" and schedule[1].target.endswith("/opa")  # pauses begin with an OPA
     assert all(f.seconds == 2.0 for f in schedule if f.kind == "pause")
     assert "control/bundles" not in {f.target for f in schedule}
     assert schedule == faults.schedule(STATE, duration=40, every=2, start=1, seed=3)  # seeded
