@@ -17,6 +17,8 @@ engine ?=
 runs ?=
 # 1: after deploying, reload the deployment whenever policies/ changes (make deploy watch=1).
 watch ?=
+# 0: a part of a local deployment that dies stays down (by default supervisord restarts it).
+restart ?=
 # The git ref `make policy-diff` compares policies/ with.
 base ?=
 # What `make decide` evaluates.
@@ -163,8 +165,8 @@ test: setup policy-test ## Run every test: policy, services, control plane and e
 
 ##@ Deploying (processes on this machine, or target=k8s)
 .PHONY: deploy
-deploy: check-topology check-target check-engine check-watch setup ## Start a topology: make topology=sidecar services=5 [engine=envoy-compiled] deploy [target=k8s] [watch=1: then reload on every save to policies/]
-	$(CONTROL) $(if $(filter k8s,$(target)),k8s-deploy,deploy) --topology $(topology_file) $(if $(services),--services $(services)) $(if $(engine),--engine $(engine))
+deploy: check-topology check-target check-engine check-watch check-restart setup ## Start a topology: make topology=sidecar services=5 [engine=envoy-compiled] deploy [target=k8s] [watch=1: then reload on every save to policies/] [restart=0: a part that dies stays down]
+	$(CONTROL) $(if $(filter k8s,$(target)),k8s-deploy,deploy) --topology $(topology_file) $(if $(services),--services $(services)) $(if $(engine),--engine $(engine)) $(if $(filter 0,$(restart)),--no-restart)
 	$(if $(filter 1,$(watch)),$(CONTROL) watch-policy)
 
 .PHONY: reload-policy
@@ -181,7 +183,7 @@ undeploy: check-target ## Stop everything the current deployment started [target
 	$(CONTROL) $(if $(filter k8s,$(target)),k8s-undeploy,undeploy)
 
 .PHONY: status
-status: ## Show the parts of the current deployment and whether each is healthy
+status: ## Show the parts of the current deployment: whether each is healthy, its supervisord state and how often it was restarted
 	$(CONTROL) status
 
 .PHONY: audit
@@ -243,6 +245,12 @@ check-target:
 check-watch:
 	$(if $(filter-out 0 1,$(watch)),$(error watch='$(watch)' is unknown: use watch=1 to reload the deployment on every save to policies/, or leave it out))
 	$(if $(and $(filter 1,$(watch)),$(filter k8s,$(target))),$(error watch=1 reloads local deployments only: on Kubernetes a new rule set still takes make deploy target=k8s again))
+	@true
+
+.PHONY: check-restart
+check-restart:
+	$(if $(filter-out 0 1,$(restart)),$(error restart='$(restart)' is unknown: use restart=0 to leave a part that dies down, or leave it out))
+	$(if $(and $(filter 0,$(restart)),$(filter k8s,$(target))),$(error restart=0 applies to local deployments only: on Kubernetes the kubelet restarts containers))
 	@true
 
 .PHONY: check-engine

@@ -26,7 +26,7 @@ DEMO_RECORDS = [
 
 def cmd_deploy(args) -> int:
     topology = manifest.load(args.topology, args.services, engine=args.engine)
-    deployment.deploy(topology)
+    deployment.deploy(topology, restart=not args.no_restart)
     return 0
 
 
@@ -128,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     deploy.add_argument("--topology", required=True, help="manifest name, alias or path")
     deploy.add_argument("--services", help="number of service instances, or a manifest whose services to deploy (overrides the manifest's)")
     deploy.add_argument("--engine", choices=manifest.ENGINES, help="how enforcement points decide (overrides the manifest's engine.kind)")
+    deploy.add_argument("--no-restart", action="store_true",
+                        help="a part that dies stays down (by default supervisord starts it again at once)")
     deploy.set_defaults(run=cmd_deploy)
 
     render = commands.add_parser("render", help="write a topology's Kubernetes manifests to a file")

@@ -4,6 +4,12 @@ Everything one deployment writes goes to one run folder, runs/<name>-<time>/: th
 configurations, every part's log, the instances' audit logs, and state.json, which lists the
 processes started so that `status` and `undeploy` find them. runs/current points at the
 running deployment; only one runs at a time.
+
+Every part runs under one supervisord (the `supervisor` package) per deployment, whose
+configuration the control plane renders into the run folder: a part that dies is started
+again (within about a second; supervisord notices an exit on its next one-second tick), and
+`status` shows how often each part was restarted. Its control interface is a unix socket in the
+run folder that only the deployment's user can open; it listens on no port.
 """
 
 from __future__ import annotations
@@ -12,6 +18,9 @@ import dataclasses
 import json
 import os
 import pickle
+import re
+import shlex
+import shutil
 import signal
 import ssl
 import subprocess
@@ -19,6 +28,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import xmlrpc.client
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +54,20 @@ SERVICE_SERVER = REPO / "services" / "server.js"
 BUNDLES = "bundles"
 ROUTES = "routes"
 RENDERED = "rendered.pickle"
+# supervisord's files in a run folder, and the one group every part's program belongs to (so
+# undeploy stops them all at once, not one after the other).
+SUPERVISOR_CONFIG = "supervisord.conf"
+SUPERVISOR_SOCKET = "supervisor.sock"
+SUPERVISOR_LOG = "supervisord.log"  # under logs/: every start, exit and restart of a part
+GROUP = "deployment"
+# A part that exits within START_SECONDS of being started did not start: supervisord waits 1,
+# 2, 3 s before each of START_RETRIES more tries, then leaves it FATAL (status shows it), so a
+# crash loop is not hidden by restarts. A part that ran longer and then dies is started again
+# at once, however often.
+START_SECONDS = 1
+START_RETRIES = 3
+# What undeploy gives a part between SIGTERM and SIGKILL (supervisord's stopwaitsecs).
+STOP_GRACE_SECONDS = 10
 
 
 class DeploymentError(RuntimeError):
@@ -260,7 +284,7 @@ def update_rendered(run_dir: Path, rendered: Rendered, revision: str) -> None:
 
 
 def start(part: Part) -> int:
-    """Start a part in its own process group (so it outlives this command and stops as one); its pid."""
+    """Start a part in its own process group, unsupervised (the bench's parts); its pid."""
     with open(part.log, "ab") as log:
         process = subprocess.Popen(
             part.command,
@@ -272,6 +296,157 @@ def start(part: Part) -> int:
             start_new_session=True,
         )
     return process.pid
+
+
+# ---- supervision: one supervisord per deployment ------------------------------------------
+
+
+def program_names(parts: list[Part]) -> dict[str, str]:
+    """Each part's supervisord program name (letters, digits, `_.-` only; unique), by part name."""
+    names: dict[str, str] = {}
+    for part in parts:
+        base = re.sub(r"[^A-Za-z0-9_.-]", "_", part.name)
+        name, number = base, 2
+        while name in names.values():
+            name, number = f"{base}_{number}", number + 1
+        names[part.name] = name
+    return names
+
+
+def socket_path(run_dir: Path) -> Path:
+    """supervisord's control socket: in the run folder, or, when that path is too long for a
+    unix socket (108 bytes), in a private folder of its own under the temporary directory."""
+    path = run_dir / SUPERVISOR_SOCKET
+    if len(str(path).encode()) < 100:
+        return path
+    import tempfile
+
+    return Path(tempfile.mkdtemp(prefix="complyroute-")) / SUPERVISOR_SOCKET  # mode 0700
+
+
+def literal(text: str) -> str:
+    """A value supervisord takes as written: it expands `%(name)s` in commands and paths."""
+    return text.replace("%", "%%")
+
+
+def supervisor_config(run_dir: Path, parts: list[Part], socket: Path, restart: bool = True) -> str:
+    """supervisord's configuration for these parts: each a program of one group, its output
+    appended to the part's log as before, restarted when it dies (unless `restart` is False)."""
+    logs = run_dir / "logs"
+    programs = program_names(parts)
+    env_binary = shutil.which("env") or "/usr/bin/env"
+    lines = [
+        "; rendered by complyroute/deployment.py: the supervisord of this deployment",
+        # The control interface: a unix socket only the deployment's user may open. No
+        # inet_http_server: nothing of it listens on a port a peer could reach.
+        "[unix_http_server]", f"file={literal(str(socket))}", "chmod=0700", "",
+        "[supervisord]", f"logfile={literal(str(logs / SUPERVISOR_LOG))}", "logfile_maxbytes=0", "loglevel=info",
+        f"pidfile={literal(str(run_dir / 'supervisord.pid'))}", "nodaemon=true", "silent=true",
+        f"directory={literal(str(REPO))}", f"childlogdir={literal(str(logs))}", f"identifier=complyroute-{literal(run_dir.name)}", "",
+        "[rpcinterface:supervisor]", "supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface", "",
+        "[supervisorctl]", f"serverurl=unix://{literal(str(socket))}", "",
+    ]
+    for part in parts:
+        # env(1) sets the part's own variables and execs it (the pid stays the part's): any value
+        # reaches it as it is, which supervisord's environment= quoting does not promise.
+        command = [env_binary, *(f"{key}={value}" for key, value in part.env.items()), *part.command] if part.env else part.command
+        lines += [
+            f"[program:{programs[part.name]}]",
+            f"command={literal(shlex.join(command))}",
+            f"directory={literal(str(REPO))}",
+            "autostart=true", f"autorestart={'true' if restart else 'false'}",
+            f"startsecs={START_SECONDS}", f"startretries={START_RETRIES if restart else 0}",
+            # Each part is its own process group (supervisord's children call setpgrp): stopped as one.
+            "stopsignal=TERM", f"stopwaitsecs={STOP_GRACE_SECONDS}", "stopasgroup=true", "killasgroup=true",
+            "redirect_stderr=true", f"stdout_logfile={literal(part.log)}", "stdout_logfile_maxbytes=0", "stdout_logfile_backups=0",
+            "",
+        ]
+    lines += [f"[group:{GROUP}]", f"programs={','.join(programs.values())}", ""]
+    return "\n".join(lines)
+
+
+def supervisor(state_or_socket: dict | str | Path) -> xmlrpc.client.ServerProxy:
+    """An XML-RPC client of a deployment's supervisord, over its unix socket."""
+    from supervisor.xmlrpc import SupervisorTransport
+
+    socket = state_or_socket["supervisor"]["socket"] if isinstance(state_or_socket, dict) else str(state_or_socket)
+    return xmlrpc.client.ServerProxy("http://127.0.0.1", transport=SupervisorTransport(None, None, f"unix://{socket}"))
+
+
+def start_supervisor(run_dir: Path, parts: list[Part], restart: bool = True, timeout: float = 20.0) -> dict:
+    """Render supervisord's configuration, start it (it starts every part) and wait until its
+    socket answers; what state.json records of it."""
+    socket = socket_path(run_dir)
+    config = run_dir / SUPERVISOR_CONFIG
+    config.write_text(supervisor_config(run_dir, parts, socket, restart))
+    log = run_dir / "logs" / SUPERVISOR_LOG
+    with open(log, "ab") as out:  # what it says before its own log is open (a bad configuration)
+        process = subprocess.Popen([sys.executable, "-m", "supervisor.supervisord", "-c", str(config)], cwd=REPO,
+                                   stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    record = {"pid": process.pid, "socket": str(socket), "config": str(config), "log": str(log), "restart": restart,
+              "programs": program_names(parts)}
+    deadline = time.monotonic() + timeout
+    while True:
+        if not alive(process.pid):
+            raise DeploymentError(f"supervisord exited; last lines of {log}:\n{tail(str(log))}")
+        try:
+            if supervisor(str(socket)).supervisor.getState()["statename"] == "RUNNING":
+                return record
+        except (OSError, xmlrpc.client.Error):
+            pass
+        if time.monotonic() > deadline:
+            raise DeploymentError(f"supervisord did not answer on {socket} within {timeout:.0f} s; see {log}")
+        time.sleep(0.05)
+
+
+def programs_info(state: dict) -> dict[str, dict] | None:
+    """supervisord's view of every part, by part name (state, pid, start time), or None when it
+    does not answer."""
+    if not state.get("supervisor"):
+        return None
+    try:
+        infos = supervisor(state).supervisor.getAllProcessInfo()
+    except (OSError, xmlrpc.client.Error):
+        return None
+    by_program = {info["name"]: info for info in infos}
+    return {part: by_program[program] for part, program in state["supervisor"]["programs"].items() if program in by_program}
+
+
+def refresh_pids(state: dict) -> dict:
+    """Each part's pid as it is now (a restarted part has a new one), from supervisord."""
+    infos = programs_info(state) or {}
+    for part in state["parts"]:
+        info = infos.get(part["name"])
+        if info and info["pid"]:
+            part["pid"] = info["pid"]
+    return state
+
+
+def restarts(state: dict) -> dict[str, int]:
+    """How often supervisord started each part again after its first start (from its log)."""
+    sup = state.get("supervisor")
+    if not sup:
+        return {}
+    try:
+        text = Path(sup["log"]).read_text(errors="replace")
+    except FileNotFoundError:
+        return {}
+    spawned: dict[str, int] = {}
+    for program in re.findall(r"INFO spawned: '([^']+)' with pid", text):
+        spawned[program] = spawned.get(program, 0) + 1
+    return {part: max(0, spawned.get(program, 0) - 1) for part, program in sup["programs"].items()}
+
+
+def stop_part(name: str, state: dict | None = None) -> None:
+    """Stop one part and keep it down (supervisord does not restart a part it was told to stop)."""
+    state = state or read_state()
+    supervisor(state).supervisor.stopProcess(f"{GROUP}:{state['supervisor']['programs'][name]}", True)
+
+
+def start_part(name: str, state: dict | None = None) -> None:
+    """Start a part stopped by stop_part again."""
+    state = state or read_state()
+    supervisor(state).supervisor.startProcess(f"{GROUP}:{state['supervisor']['programs'][name]}", True)
 
 
 def control_context(tls: identity.TlsFiles | dict) -> ssl.SSLContext:
@@ -326,7 +501,7 @@ def write_state(run_dir: Path, state: dict) -> None:
 def running() -> dict | None:
     """The state of the current deployment while any of its processes runs, else None."""
     state = read_state()
-    if state and any(alive(part["pid"]) for part in state["parts"]):
+    if state and (alive(state.get("supervisor", {}).get("pid", 0)) or any(alive(part["pid"]) for part in state["parts"])):
         return state
     return None
 
@@ -351,10 +526,12 @@ def new_run_dir(name: str) -> Path:
     raise DeploymentError(f"no free run folder name for {name} under {RUNS}")
 
 
-def deploy(topology: Topology, policies: Path = POLICIES, health_timeout: float | None = None, out=sys.stdout) -> dict:
-    """Start every part of the topology and wait until each answers its health check.
+def deploy(topology: Topology, policies: Path = POLICIES, health_timeout: float | None = None, out=sys.stdout,
+           restart: bool = True) -> dict:
+    """Start every part of the topology under supervisord and wait until each answers its health check.
 
     `policies` is the rule set every enforcement point loads (tests pass a modified copy).
+    `restart` False: a part that dies stays down (supervisord still runs and stops them all).
     """
     current = running()
     if current:
@@ -387,29 +564,42 @@ def deploy(topology: Topology, policies: Path = POLICIES, health_timeout: float 
             {"name": p.name, "node": p.node, "senders": [d.sender for d in p.deciding], "destinations": sorted(p.destinations)}
             for p in plan.points
         ],
-        "parts": [],
+        "parts": [part.to_json(0) for part in parts],
     }
     if CURRENT.is_symlink() or CURRENT.exists():
         CURRENT.unlink()
     CURRENT.symlink_to(run_dir.name)
 
     print(f"deploy: {topology.name} ({topology.kind}, engine {topology.engine['kind']}) with {len(topology.instances)} services: "
-          f"starting {len(parts)} processes", file=out)
-    for part in parts:
-        state["parts"].append(part.to_json(start(part)))
-        write_state(run_dir, state)  # after every start, so an interrupted deploy can still be undeployed
+          f"starting {len(parts)} processes under supervisord ({'restarted when they die' if restart else 'not restarted'})", file=out)
+    write_state(run_dir, state)  # before supervisord starts them, so an interrupted deploy can still be undeployed
+    try:
+        state["supervisor"] = start_supervisor(run_dir, parts, restart)
+    except DeploymentError:
+        stop(out=open(os.devnull, "w"))
+        raise
+    write_state(run_dir, state)
 
     timeout = health_timeout or 30 + 1.0 * len(parts)
     pending = {p["name"]: p for p in state["parts"]}
     deadline = time.monotonic() + timeout
     last_report = 0.0
     while pending:
+        infos = programs_info(state)
+        gone = infos is None and not alive(state["supervisor"]["pid"])
+        infos = infos or {}
         for name, part in list(pending.items()):
-            if not alive(part["pid"]) or (time.monotonic() > deadline):
-                reason = "exited" if not alive(part["pid"]) else f"is not healthy after {timeout:.0f} s"
+            info = infos.get(name, {})
+            if info.get("pid"):
+                part["pid"] = info["pid"]
+            # A part that exits while the deployment comes up fails it, as before supervision:
+            # a restart would only hide a part that cannot start (a port taken, a bad configuration).
+            failed = info.get("statename") in ("BACKOFF", "EXITED", "FATAL", "STOPPED") or gone
+            if failed or time.monotonic() > deadline:
+                reason = f"exited ({info.get('statename', 'supervisord gone')})" if failed else f"is not healthy after {timeout:.0f} s"
                 stop(out=open(os.devnull, "w"))
                 raise DeploymentError(f"{name} {reason} ({part['health_url']}); last lines of {part['log']}:\n{tail(part['log'])}")
-            if healthy(part["health_url"], timeout=0.5, tls=part.get("health_tls")):
+            if info.get("statename") in ("STARTING", "RUNNING") and healthy(part["health_url"], timeout=0.5, tls=part.get("health_tls")):
                 del pending[name]
         if pending:
             if time.monotonic() - last_report > 5:
@@ -425,7 +615,7 @@ def deploy(topology: Topology, policies: Path = POLICIES, health_timeout: float 
     for node in [topology.gateway, *topology.service_nodes]:
         names = [p["name"] for p in state["parts"] if p["node"] == node.name]
         print(f"  {node.name} ({node.address}): {len(names)} processes", file=out)
-    print(f"deploy: entry {state['entry_url']}   run folder {run_dir}", file=out)
+    print(f"deploy: entry {state['entry_url']}   run folder {run_dir}   supervisord pid {state['supervisor']['pid']}", file=out)
     return state
 
 
@@ -452,7 +642,7 @@ def describe_memory(mib_by_kind: dict) -> str:
 
 
 def status(out=sys.stdout) -> int:
-    """Print every part and whether it is healthy; 0 when all are, 1 otherwise."""
+    """Print every part, its supervisord state, restarts and whether it is healthy; 0 when all are, 1 otherwise."""
     state = read_state()
     if not state:
         print("status: nothing is deployed", file=out)
@@ -461,12 +651,22 @@ def status(out=sys.stdout) -> int:
           f"entry {state['entry_url']}, run folder {state['run_dir']}", file=out)
     if state.get("revision"):
         print(f"rule set revision {state['revision']}", file=out)
+    infos = programs_info(state)
+    sup = state.get("supervisor")
+    if sup:
+        print(f"supervisord pid {sup['pid']} {'answering' if infos is not None else 'NOT ANSWERING'} on {sup['socket']}; "
+              f"parts {'restarted when they die' if sup.get('restart', True) else 'not restarted'}", file=out)
+    refresh_pids(state)
+    counts = restarts(state)
     unhealthy = 0
     for part in state["parts"]:
         ok = alive(part["pid"]) and healthy(part["health_url"], tls=part.get("health_tls"))
         unhealthy += not ok
-        print(f"  {'healthy  ' if ok else 'UNHEALTHY'} {part['name']:<32} {part['node']:<8} pid {part['pid']:<8} {part['health_url']}", file=out)
-    print(f"status: {len(state['parts']) - unhealthy}/{len(state['parts'])} healthy; memory (PSS) {describe_memory(memory(state))}", file=out)
+        supervised = (infos or {}).get(part["name"], {}).get("statename", "-")
+        print(f"  {'healthy  ' if ok else 'UNHEALTHY'} {part['name']:<32} {part['node']:<8} {supervised:<8} pid {part['pid']:<8} "
+              f"restarts {counts.get(part['name'], 0):<3} {part['health_url']}", file=out)
+    print(f"status: {len(state['parts']) - unhealthy}/{len(state['parts'])} healthy, {sum(counts.values())} restarts; "
+          f"memory (PSS) {describe_memory(memory(state))}", file=out)
     return 1 if unhealthy else 0
 
 
@@ -492,7 +692,21 @@ def stop(out=sys.stdout, grace: float = 10.0) -> int:
     if not state:
         print("undeploy: nothing is deployed", file=out)
         return 0
-    pids = {p["pid"] for p in state["parts"]} | set(processes_using(state["run_dir"]))
+    sup = state.get("supervisor") or {}
+    # supervisord first, so that it stops every part (SIGTERM, SIGKILL after STOP_GRACE_SECONDS)
+    # rather than restart those it sees die; then whatever is left (supervisord killed, an
+    # interrupted deploy) as before.
+    refresh_pids(state)
+    pids = {p["pid"] for p in state["parts"] if p["pid"]} | set(processes_using(state["run_dir"]))
+    if sup.get("pid") and alive(sup["pid"]):
+        pids.add(sup["pid"])
+        try:
+            os.kill(sup["pid"], signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + STOP_GRACE_SECONDS + 5
+        while time.monotonic() < deadline and alive(sup["pid"]):
+            time.sleep(0.05)
     for pid in pids:
         try:
             os.killpg(pid, signal.SIGTERM)
@@ -514,5 +728,7 @@ def stop(out=sys.stdout, grace: float = 10.0) -> int:
         raise DeploymentError(f"undeploy: processes {left} did not stop; kill them by hand")
     if CURRENT.is_symlink():
         CURRENT.unlink()
+    if sup.get("socket") and Path(sup["socket"]).parent != Path(state["run_dir"]):
+        shutil.rmtree(Path(sup["socket"]).parent, ignore_errors=True)  # the private folder of a long path's socket
     print(f"undeploy: stopped {len(pids)} processes of {state['topology']}; logs kept in {state['run_dir']}", file=out)
     return len(pids)

@@ -1,4 +1,4 @@
-"""`complyroute experiments run ...` (or `python -m experiments run ...`), `... report <run-id>` and `... bench`; see README.md."""
+"""`complyroute experiments run ...` (or `python -m experiments run ...`), `... report <run-id>`, `... bench`, `... reload` and `... soak`; see README.md."""
 
 from __future__ import annotations
 
@@ -83,6 +83,22 @@ def cmd_bench(args) -> int:
     return 0 if all(row.verdict != "NOT MET" for row in rows) else 1
 
 
+def cmd_soak(args) -> int:
+    from . import soak
+
+    given = {name: value for name, value in {
+        "topologies": args.topologies and [matrix.topology_name(t) for t in args.topologies], "engine": args.engine, "services": args.services,
+        "rate": args.rate, "duration": args.duration, "warmup": args.warmup, "fault_every": args.fault_every, "pause_s": args.pause,
+        "seed": args.seed}.items() if value is not None}
+    parameters = soak.Parameters(**{**(soak.QUICK if args.quick else {}), **given}, restart=not args.no_restart)
+    try:
+        _, summaries = soak.run(parameters, args.results)
+    except soak.SoakError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0 if all(s["all_accounted"] and s["audit"]["clean"] for s in summaries) else 1
+
+
 def main(argv: list[str] | None = None, prog: str = "python -m experiments") -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__)
     parser.add_argument("--results", type=Path, default=RESULTS, help=f"folder of the runs (default {RESULTS})")
@@ -122,6 +138,20 @@ def main(argv: list[str] | None = None, prog: str = "python -m experiments") -> 
     changes.add_argument("--quick", action="store_true", help="5 services only (about 2 minutes)")
     changes.add_argument("--run-id", help="an experiment run to add the measurements and the report section to, or a new name")
     changes.set_defaults(handler=cmd_reload)
+
+    soak = commands.add_parser("soak", help="a held rate through each topology while parts are killed, paused and the rules reloaded")
+    soak.add_argument("--topologies", nargs="+", metavar="NAME", help="default: central-entity dynamic-router-3 dynamic-router-6 sidecar")
+    soak.add_argument("--engine", choices=["envoy-opa", "envoy-compiled"], help="default envoy-opa")
+    soak.add_argument("--services", type=int, help="chain length (default 5)")
+    soak.add_argument("--rate", type=int, metavar="REQ_PER_S", help="offered rate (default 50)")
+    soak.add_argument("--duration", type=int, metavar="SECONDS", help="measured seconds, in which the faults fall (default 60)")
+    soak.add_argument("--warmup", type=int, metavar="SECONDS", help="seconds of load before the first fault (default 5)")
+    soak.add_argument("--fault-every", type=float, metavar="SECONDS", help="seconds between faults (default 6)")
+    soak.add_argument("--pause", type=float, metavar="SECONDS", help="how long a paused part stays stopped (default 2)")
+    soak.add_argument("--seed", type=int, help="which parts the schedule draws (default 1)")
+    soak.add_argument("--no-restart", action="store_true", help="deploy without restarts: a killed part stays down")
+    soak.add_argument("--quick", action="store_true", help="dynamic-router-3 only, 20 req/s, 16 s: about 40 s")
+    soak.set_defaults(handler=cmd_soak)
 
     args = parser.parse_args(argv)
     try:

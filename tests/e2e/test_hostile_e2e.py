@@ -20,9 +20,7 @@ gives the run's verdict: chains intact, no forbidden reception, none without a d
 import http.client
 import http.server
 import json
-import os
 import queue
-import signal
 import ssl
 import subprocess
 import sys
@@ -85,10 +83,8 @@ class Compromised:
     def __init__(self, state):
         self.part = part(state, VICTIM)
         env = self.part["env"]
-        os.killpg(self.part["pid"], signal.SIGTERM)
-        deadline = time.monotonic() + 15
-        while deployment.alive(self.part["pid"]) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        # Stopped through supervisord, which would otherwise start the real service again on its port.
+        deployment.stop_part(VICTIM, state)
         self.received: queue.Queue = queue.Queue()
         received = self.received
 

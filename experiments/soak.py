@@ -1,0 +1,320 @@
+"""Soak: a held rate through a supervised deployment while faults are injected on a schedule.
+
+For each topology: deploy it (supervised: deployment.py), check one record goes through, run
+Locust at the offered rate (the locustfile the matrix uses: one CSV row per request), and,
+once the warm-up is over, inject a fault every `fault_every` seconds (complyroute/faults.py:
+SIGKILL or SIGSTOP of a service, an Envoy, a router or an OPA; a rule-set reload), then stop
+Locust, undeploy and audit the run folder with `python -m complyroute audit` (a process of
+its own: the verdict does not come from the code that ran the load).
+
+What it reports per topology (summary.json and report.md in results/soak-<time>/):
+
+- accounting: Locust's own request count against the rows of requests.csv, and every row's
+  outcome: answered as the record should be (200, or 451 for a record the rules deny),
+  answered otherwise (by status code: 503 no decision, 502 the next hop failed under it, ...)
+  or not answered (status 0: a connection error or a timeout).
+- per fault: its kind and target, recovery_s (from the fault until the part's health check
+  answers again; for a pause, the pause included), and the requests lost to it: those sent
+  from its injection until the next fault that were not answered as they should be
+  (requests lost before the first fault are counted apart).
+- availability under the schedule: MTTR = mean recovery of the kill and pause faults (a
+  reload is no failure; its losses are still counted), MTTF = the mean time from a recovery
+  to the next fault (the schedule's interval less MTTR), A = MTTF / (MTTF + MTTR); beside it
+  the share of requests of the measured window that were answered as they should be.
+- the audit verdict: forbidden receptions and receptions without a decision must be 0.
+
+ICSOC 2020's reliability comparison of these topologies found that decentralised routing
+loses more requests at equal crash probability. Here every topology gets the same schedule
+(one fault per interval, on a part drawn from each kind in turn), so `lost per fault` is the
+figure to set beside it; with a supervisor restarting parts within a second, what a crash
+costs is bounded by the restart, whichever part it hits.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from complyroute import audit, deployment, faults, manifest
+from complyroute.client import send
+from complyroute.manifest import REPO
+
+from .matrix import BASELINE, DEFAULT_USER_RATE, PAPER_NAMES
+from .mixes import ALLOWED_LABELS, BODY
+from .runner import LOCUSTFILE, RESULTS, STOP_TIMEOUT_S
+
+TOPOLOGIES = ("central-entity", "dynamic-router-3", "dynamic-router-6", "sidecar")
+DECENTRALISED = ("dynamic-router-3", "dynamic-router-6", "sidecar")
+FAILURES = ("kill", "pause")  # what counts towards MTTF and MTTR; a reload is no failure
+
+
+class SoakError(RuntimeError):
+    """A soak that could not run (a deployment already running, Locust failing)."""
+
+
+@dataclass
+class Parameters:
+    topologies: list[str] = field(default_factory=lambda: list(TOPOLOGIES))
+    engine: str = "envoy-opa"
+    services: int = 5
+    rate: int = 50  # requests per second offered
+    duration: int = 60  # measured seconds, after the warm-up; the faults fall in them
+    warmup: int = 5
+    fault_every: float = 6.0
+    pause_s: float = 2.0
+    seed: int = 1
+    mix: str = "allowed"
+    user_rate: float = DEFAULT_USER_RATE
+    restart: bool = True  # False: faults on an unsupervised deployment (a killed part stays down)
+
+    @property
+    def users(self) -> int:
+        return max(1, -(-self.rate // int(self.user_rate)))
+
+
+QUICK = dict(topologies=["dynamic-router-3"], services=5, rate=20, duration=16, warmup=3, fault_every=3.0, pause_s=1.5, mix="mixed")
+
+
+# ---- one topology ----------------------------------------------------------------------------
+
+
+def locust_command(state: dict, folder: Path, parameters: Parameters) -> list[str]:
+    entry = urlsplit(state["entry_url"])
+    users = parameters.users
+    return [
+        sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--host", f"{entry.scheme}://{entry.netloc}",
+        "--users", str(users), "--spawn-rate", str(min(users, 100)), "--run-time", f"{parameters.warmup + parameters.duration + 1}s",
+        "--stop-timeout", str(STOP_TIMEOUT_S), "--only-summary", "--loglevel", "WARNING", "--exit-code-on-error", "0",
+        "--csv", str(folder / "locust"), "--requests-csv", str(folder / "requests.csv"), "--mix", parameters.mix,
+        "--user-rate", str(parameters.user_rate), "--services", str(parameters.services),
+        "--enforcing", "no" if state["topology"].startswith(BASELINE) else "yes",
+    ]
+
+
+def run_topology(topology: str, folder: Path, parameters: Parameters, out=sys.stdout) -> dict:
+    """Deploy, load, inject, undeploy, audit, analyse one topology; its summary (also summary.json)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if deployment.running():
+        raise SoakError("another deployment is running: `make undeploy` it first")
+    locust = None
+    with (folder / "deploy.log").open("w") as log:
+        try:
+            state = deployment.deploy(manifest.load(topology, services=parameters.services, engine=parameters.engine), out=log,
+                                      restart=parameters.restart)
+            answer = send(state["entry_url"], ALLOWED_LABELS, BODY, request_id="soak-check", timeout=30)
+            if answer.status != 200 or len(answer.body["path"]) != parameters.services:
+                raise SoakError(f"the check record did not go through the {parameters.services} services: {answer.summary()}")
+            schedule = faults.schedule(state, parameters.warmup + parameters.duration - parameters.fault_every / 2,
+                                       parameters.fault_every, start=parameters.warmup + 1, pause_s=parameters.pause_s,
+                                       seed=parameters.seed)
+            (folder / "schedule.json").write_text(json.dumps([asdict(f) for f in schedule], indent=1))
+            with (folder / "locust.log").open("w") as locust_log:
+                locust = subprocess.Popen(locust_command(state, folder, parameters), cwd=REPO, stdout=locust_log,
+                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+                started = time.time()
+                (folder / "faults.jsonl").unlink(missing_ok=True)
+                records = faults.run(deployment.read_state(), schedule, log=folder / "faults.jsonl", out=out)
+                try:
+                    locust.wait(timeout=parameters.warmup + parameters.duration + STOP_TIMEOUT_S + 90)
+                except subprocess.TimeoutExpired:
+                    raise SoakError(f"Locust did not end; see {folder / 'locust.log'}") from None
+            if locust.returncode != 0 or not (folder / "requests.csv").exists():
+                raise SoakError(f"Locust exited with {locust.returncode}; see {folder / 'locust.log'}")
+            restarts = deployment.restarts(deployment.read_state())
+        finally:
+            if locust is not None and locust.poll() is None:
+                os.killpg(locust.pid, signal.SIGKILL)
+                locust.wait()
+            if deployment.read_state():
+                deployment.stop(out=log)
+    run_dir = Path(state["run_dir"])
+    checked = subprocess.run([sys.executable, "-m", "complyroute", "audit", str(run_dir)], cwd=REPO, capture_output=True, text=True)
+    (folder / "audit.txt").write_text(checked.stdout + checked.stderr)
+    verdict = audit.audit_run(run_dir)
+    summary = analyse(folder, records, started, parameters)
+    summary.update({
+        "topology": topology, "paper_name": PAPER_NAMES.get(topology, topology), "run_dir": str(run_dir), "parts": len(state["parts"]),
+        "parts_by_kind": parts_by_kind(state),
+        "restarts": {name: n for name, n in restarts.items() if n},
+        "audit": {"exit_code": checked.returncode, "lines": verdict.lines, "forbidden": verdict.forbidden,
+                  "undecided": verdict.undecided, "broken_chains": verdict.broken_chains, "clean": verdict.clean},
+    })
+    (folder / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def parts_by_kind(state: dict) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for part in state["parts"]:
+        kind = faults.part_kind(state, part)
+        counts[kind] = counts.get(kind, 0) + 1
+    return counts
+
+
+def lost_if_every_part_crashed_once(summary: dict) -> tuple[float | None, list[str]]:
+    """Requests lost if every part the schedule may hit crashed once: per kind of part, its
+    number of parts times the mean measured loss of a kill of that kind. What equal crash
+    probability per part costs a topology, given what one crash of each kind cost here; None
+    when a kind of part that the topology has was never killed (listed)."""
+    kills = {name.split(" ", 1)[1]: group["lost_mean"] for name, group in summary["by_kind_and_part"].items() if name.startswith("kill ")}
+    kinds = [kind for kind in ("service", "envoy", "router", "opa") if summary["parts_by_kind"].get(kind)]
+    missing = [kind for kind in kinds if kind not in kills]
+    if missing:
+        return None, missing
+    return round(sum(summary["parts_by_kind"][kind] * kills[kind] for kind in kinds), 1), []
+
+
+def read_requests(path: Path) -> list[dict]:
+    with path.open() as file:
+        return [{"t": float(row["t_send_ms"]) / 1000, "rtt": float(row["rtt_ms"]) / 1000, "status": int(row["status"]),
+                 "expected": int(row["expected"])} for row in csv.DictReader(file)]
+
+
+def locust_count(folder: Path) -> int | None:
+    """The number of requests Locust itself counted: its final summary's Aggregated line in
+    locust.log (its stats CSV is last written before the requests in flight at the stop end)."""
+    try:
+        match = re.search(r"^\s+Aggregated\s+(\d+)\s", (folder / "locust.log").read_text(), re.MULTILINE)
+    except FileNotFoundError:
+        return None
+    return int(match.group(1)) if match else None
+
+
+def outcome(row: dict) -> str:
+    if row["status"] == row["expected"]:
+        return "as expected"
+    if row["status"] == 0:
+        return "connection error or timeout"
+    return f"status {row['status']}"
+
+
+def analyse(folder: Path, records: list[faults.FaultRecord], started: float, parameters: Parameters) -> dict:
+    rows = read_requests(folder / "requests.csv")
+    outcomes: dict[str, int] = {}
+    for row in rows:
+        outcomes[outcome(row)] = outcomes.get(outcome(row), 0) + 1
+    counted = locust_count(folder)
+    injected = sorted(records, key=lambda r: r.injected_at)
+    per_fault = []
+    for index, record in enumerate(injected):
+        end = injected[index + 1].injected_at if index + 1 < len(injected) else float("inf")
+        # A request is lost to the fault under way when its answer (or its error) came back.
+        lost = [row for row in rows if record.injected_at <= row["t"] + row["rtt"] < end and row["status"] != row["expected"]]
+        per_fault.append({
+            "kind": record.kind, "target": record.target, "part_kind": record.part_kind, "at_s": round(record.injected_at - started, 2),
+            "restart_s": record.restart_s, "recovery_s": record.recovery_s, "error": record.error, "lost": len(lost),
+            # From the fault until the last request it lost ended.
+            "outage_s": round(max(r["t"] + r["rtt"] for r in lost) - record.injected_at, 3) if lost else 0.0,
+        })
+    first = injected[0].injected_at if injected else float("inf")
+    lost_before = sum(1 for row in rows if row["t"] + row["rtt"] < first and row["status"] != row["expected"])
+    failures = [f for f in per_fault if f["kind"] in FAILURES]
+    recovered = [f["recovery_s"] for f in failures if f["recovery_s"] is not None]
+    mttr = statistics.mean(recovered) if recovered else None
+    mttf = parameters.fault_every - mttr if mttr is not None else None
+    measured = [row for row in rows if started + parameters.warmup <= row["t"] < started + parameters.warmup + parameters.duration]
+
+    def by(key: str) -> dict:
+        groups: dict[str, list[dict]] = {}
+        for fault in per_fault:
+            groups.setdefault(fault[key] if key == "kind" else f"{fault['kind']} {fault['part_kind']}", []).append(fault)
+        return {name: {"faults": len(group), "lost_mean": round(statistics.mean(f["lost"] for f in group), 1),
+                       "recovery_s_mean": _mean(f["recovery_s"] for f in group), "outage_s_mean": _mean(f["outage_s"] for f in group)}
+                for name, group in sorted(groups.items())}
+
+    return {
+        "parameters": asdict(parameters), "started_at": started,
+        "requests": len(rows), "locust_request_count": counted, "all_accounted": counted == len(rows), "outcomes": outcomes,
+        "lost_before_first_fault": lost_before,
+        "faults": per_fault, "by_kind": by("kind"), "by_kind_and_part": by("part"),
+        "lost_per_fault": round(sum(f["lost"] for f in per_fault) / len(per_fault), 2) if per_fault else None,
+        "lost_per_failure": round(sum(f["lost"] for f in failures) / len(failures), 2) if failures else None,
+        "max_restart_s": max((f["restart_s"] for f in per_fault if f["restart_s"] is not None), default=None),
+        "mttr_s": round(mttr, 3) if mttr is not None else None, "mttf_s": round(mttf, 3) if mttf is not None else None,
+        "availability": round(mttf / (mttf + mttr), 4) if mttr is not None else None,
+        "answered_as_expected_share": round(sum(r["status"] == r["expected"] for r in measured) / len(measured), 4) if measured else None,
+        "achieved_rate": round(len(measured) / parameters.duration, 1),
+    }
+
+
+def _mean(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return round(statistics.mean(values), 3) if values else None
+
+
+# ---- every topology, and the report ----------------------------------------------------------
+
+
+def report(summaries: list[dict], parameters: Parameters) -> str:
+    lines = [f"# Soak: {parameters.rate} req/s, {parameters.services} services, engine {parameters.engine}, "
+             f"a fault every {parameters.fault_every:g} s for {parameters.duration} s (pauses {parameters.pause_s:g} s)"
+             f"{'' if parameters.restart else ', restarts OFF'}", "",
+             "| topology | requests | all accounted | as expected | lost before faults | faults | lost per fault | lost per kill/pause | "
+             "max restart (s) | MTTR (s) | MTTF (s) | availability | answered as expected | audit |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for s in summaries:
+        audit_text = f"{s['audit']['forbidden']} forbidden, {s['audit']['undecided']} undecided: {'clean' if s['audit']['clean'] else 'FAILED'}"
+        lines.append(f"| {s['paper_name']} | {s['requests']} | {'yes' if s['all_accounted'] else 'NO'} ({s['locust_request_count']}) | "
+                     f"{s['outcomes'].get('as expected', 0)} | {s['lost_before_first_fault']} | {len(s['faults'])} | {s['lost_per_fault']} | "
+                     f"{s['lost_per_failure']} | {s['max_restart_s']} | {s['mttr_s']} | {s['mttf_s']} | {s['availability']} | "
+                     f"{s['answered_as_expected_share']} | {audit_text} |")
+    lines += ["", "Outcomes other than as expected, per topology:", ""]
+    for s in summaries:
+        others = {k: v for k, v in s["outcomes"].items() if k != "as expected"}
+        lines.append(f"- {s['paper_name']}: {others or 'none'}")
+    lines += ["", "Lost requests and recovery by fault and kind of part (mean per fault):", "",
+              "| topology | fault | faults | lost | recovery (s) | outage (s) |", "|---|---|---|---|---|---|"]
+    for s in summaries:
+        for name, g in s["by_kind_and_part"].items():
+            lines.append(f"| {s['paper_name']} | {name} | {g['faults']} | {g['lost_mean']} | {g['recovery_s_mean']} | {g['outage_s_mean']} |")
+    lines += ["", "## Beside ICSOC 2020", "",
+              "ICSOC 2020 compared these topologies' reliability and found that decentralised routing loses more requests "
+              "at equal crash probability. Here a supervisor restarts a killed part within about a second, every topology "
+              "gets the same schedule (one fault per interval, each kind of part in turn), and so different mixes of parts "
+              "are hit: compare like with like. Lost per kill, by kind of part, and the requests lost if every part crashed "
+              "once (equal crash probability per part: parts of each kind times the loss of one kill of that kind):", "",
+              "| topology | parts (service/envoy/router/opa) | " + " | ".join(f"kill {k}" for k in ("service", "envoy", "router", "opa"))
+              + " | every part crashing once |", "|---|---|---|---|---|---|---|"]
+    for s in summaries:
+        kills = {name.split(" ", 1)[1]: group["lost_mean"] for name, group in s["by_kind_and_part"].items() if name.startswith("kill ")}
+        counts = "/".join(str(s["parts_by_kind"].get(k, 0)) for k in ("service", "envoy", "router", "opa"))
+        total, missing = lost_if_every_part_crashed_once(s)
+        lines.append(f"| {s['paper_name']} | {counts} | " + " | ".join(str(kills.get(k, "-")) for k in ("service", "envoy", "router", "opa"))
+                     + f" | {total if total is not None else 'not measured: no kill of ' + ', '.join(missing)} |")
+    totals = {s["topology"]: lost_if_every_part_crashed_once(s)[0] for s in summaries}
+    if totals.get("central-entity") is not None and any(totals.get(t) is not None for t in DECENTRALISED):
+        more = [PAPER_NAMES[t] for t in DECENTRALISED if totals.get(t) is not None and totals[t] > totals["central-entity"]]
+        measured = [PAPER_NAMES[t] for t in DECENTRALISED if totals.get(t) is not None]
+        lines += ["", f"At equal crash probability per part, decentralised topologies losing more than CE: {', '.join(more) or 'none'} "
+                  f"of {', '.join(measured)}" + (" (consistent with the claim)." if more and len(more) == len(measured) else ".")]
+    lines += ["", "A single run per topology with few faults of each kind: the figures show orders of magnitude, "
+              "not a significant difference."]
+    return "\n".join(lines) + "\n"
+
+
+def run(parameters: Parameters, results: Path = RESULTS, out=sys.stdout) -> tuple[Path, list[dict]]:
+    folder = results / f"soak-{time.strftime('%Y%m%d-%H%M%S')}"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "parameters.json").write_text(json.dumps(asdict(parameters), indent=1))
+    summaries = []
+    for topology in parameters.topologies:
+        print(f"soak: {topology}: {parameters.rate} req/s for {parameters.warmup}+{parameters.duration} s, "
+              f"a fault every {parameters.fault_every:g} s", file=out, flush=True)
+        summary = run_topology(topology, folder / topology, parameters, out)
+        summaries.append(summary)
+        print(f"soak: {topology}: {summary['requests']} requests ({'all accounted' if summary['all_accounted'] else 'NOT all accounted'}), "
+              f"lost per fault {summary['lost_per_fault']}, MTTR {summary['mttr_s']} s, availability {summary['availability']}, "
+              f"audit {'clean' if summary['audit']['clean'] else 'FAILED'}", file=out, flush=True)
+    (folder / "report.md").write_text(report(summaries, parameters))
+    print(f"soak: report {folder / 'report.md'}", file=out)
+    return folder, summaries

@@ -1,0 +1,38 @@
+"""The soak, short (about 40 s): a held rate of mixed records through a supervised
+dynamic-router-3 deployment while a service, an Envoy, a router or an OPA is killed or paused
+and the rules are reloaded."""
+
+import csv
+
+import pytest
+
+from complyroute import deployment
+from experiments import soak
+
+pytestmark = pytest.mark.e2e
+
+
+def test_quick_soak_restarts_killed_parts_accounts_for_every_request_audits_clean_and_never_delivers_a_denied_record(tmp_path):
+    folder, [summary] = soak.run(soak.Parameters(**soak.QUICK), tmp_path)
+    print((folder / "report.md").read_text())
+    assert deployment.read_state() is None and not deployment.processes_using(summary["run_dir"])
+    # Every request Locust sent has its row, and every row an outcome.
+    assert summary["all_accounted"] and summary["requests"] > 100
+    assert sum(summary["outcomes"].values()) == summary["requests"]
+    assert {"kill", "pause", "reload"} <= {f["kind"] for f in summary["faults"]}
+    for fault in summary["faults"]:
+        assert fault["recovery_s"] is not None, fault
+        if fault["kind"] == "kill":
+            assert fault["restart_s"] <= 2.0 and fault["recovery_s"] <= 2.0, fault
+    assert summary["audit"]["exit_code"] == 0 and summary["audit"]["clean"]
+    assert summary["audit"]["forbidden"] == 0 and summary["audit"]["undecided"] == 0 and summary["audit"]["lines"] > 0
+    assert summary["outcomes"].get("as expected", 0) > summary["requests"] / 2
+
+    # The denied twin: the records the rules deny (451 expected) are never answered 200, whatever
+    # fault was under way. A part down means refusals (503, 502, no answer), never a delivery.
+    with (folder / "dynamic-router-3" / "requests.csv").open() as file:
+        rows = list(csv.DictReader(file))
+    denied = [row for row in rows if row["expected"] == "451"]
+    assert denied, "the mixed load sent records the rules deny"
+    assert not [row for row in denied if row["status"] == "200"]
+    assert {row["status"] for row in rows if row["status"] != row["expected"]} <= {"0", "502", "503"}
