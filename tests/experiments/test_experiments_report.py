@@ -139,6 +139,20 @@ def test_a_run_recorded_before_engines_ran_envoy_opa(report):
     assert not (run_dir / "report" / "figures" / "engines.png").exists()
 
 
+def test_a_run_recorded_before_the_open_loop_is_named_closed_loop_everywhere(report):
+    _, paths, tables = report
+    for name in ("cells", "table1", "repetitions"):
+        assert set(tables[name]["load"]) == {"closed loop"}, name
+    assert (tables["cells"]["missed"] == 0).all() and (tables["cells"]["scheduled"] == tables["cells"]["requests"]).all()
+    markdown = paths["markdown"].read_text()
+    assert "load: **closed loop** (10 req/s per Locust user)" in markdown
+    assert "The load is a closed loop" in markdown and "under closed loop." in markdown
+    # central-entity at 5 services: CV 1.2%, not flagged; at 10 a repetition is saturated: no CV
+    spread = tables["repetitions"].set_index(["topology", "services"])
+    assert not spread["cv_flagged"].any()
+    assert "| CE (envoy-opa) | 10 | 10 | closed loop | 2 | 109.500 109.500 | saturated † |  |" in markdown
+
+
 def test_report_command_accepts_a_run_folder(tmp_path, capsys):
     run_dir = tmp_path / "small-run"
     shutil.copytree(FIXTURE, run_dir)
