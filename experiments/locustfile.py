@@ -85,6 +85,12 @@ def configure(environment, **_):
     records = MIXES[options.mix]
     RecordUser.records = [(r, {f"x-data-{k}": v for k, v in r.labels.items()}, r.expected_status(enforcing, options.services)) for r in records]
     RecordUser.weights = [r.weight for r in records]
+    needed = {ClosedLoopUser: ("user_rate",), OpenLoopUser: ("rate", "arrivals", "schedule_seconds", "seed", "max_in_flight",
+                                                           "late_tolerance_ms", "answer_timeout")}
+    for user_class in environment.user_classes:
+        missing = [f"--{name.replace('_', '-')}" for name in needed[user_class] if getattr(options, name) is None]
+        if missing:
+            raise SystemExit(f"locustfile: {user_class.__name__} needs {' '.join(missing)}")
     if options.user_rate is not None:
         ClosedLoopUser.wait_time = constant_throughput(options.user_rate)
     if options.max_in_flight is not None:
