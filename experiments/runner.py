@@ -334,9 +334,14 @@ class Runner:
         write_json(cell_dir / "cell.json", record)
         advance(estimate)
         summary = stats.summarize_cell(cell_dir)
+        if self.parameters.load == "open":  # Poisson arrivals schedule a little more or less than the offered rate
+            sent = (f"sent {summary['achieved_rate']:.1f} of {summary['scheduled'] / self.parameters.duration:.1f} req/s scheduled "
+                    f"({cell.rate} offered, {summary['missed']} missed)")
+        else:
+            sent = f"achieved {summary['achieved_rate']:.1f} of {cell.rate} req/s"
         tqdm.write(
-            f"{cell.label}: achieved {summary['achieved_rate']:.1f} of {cell.rate} req/s, median RTT {summary['median']:.1f} ms, "
-            f"errors {summary['error_rate']:.1%}, missed {summary['missed']} of {summary['scheduled']}{'  SATURATED' if summary['saturated'] else ''}",
+            f"{cell.label}: {sent}, median RTT {summary['median']:.1f} ms, errors {summary['error_rate']:.1%}"
+            f"{'  SATURATED' if summary['saturated'] else ''}",
             file=self.out,
         )
 
