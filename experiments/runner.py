@@ -374,15 +374,15 @@ class Runner:
         entry = urlsplit(state["entry_url"])
         users = self.parameters.users(cell.rate)
         load_seconds = self.parameters.warmup + self.parameters.duration + RUN_TIME_MARGIN_S
-        load = self.load_of(cell)
-        if load["load"] == "open":
+        settings = self.load_of(cell)
+        if settings["load"] == "open":
             user_class, stop_timeout = "OpenLoopUser", OPEN_LOOP_STOP_TIMEOUT_S
-            loop = ["--rate", str(cell.rate), "--arrivals", load["arrivals"], "--schedule-seconds", str(load_seconds),
-                    "--seed", str(load["seed"]), "--max-in-flight", str(load["max_in_flight"]),
-                    "--late-tolerance-ms", f"{load['late_tolerance_ms']:g}", "--answer-timeout", str(load["answer_timeout_s"])]
+            loop = ["--rate", str(cell.rate), "--arrivals", settings["arrivals"], "--schedule-seconds", str(load_seconds),
+                    "--seed", str(settings["seed"]), "--max-in-flight", str(settings["max_in_flight"]),
+                    "--late-tolerance-ms", f"{settings['late_tolerance_ms']:g}", "--answer-timeout", str(settings["answer_timeout_s"])]
         else:
             user_class, stop_timeout = "ClosedLoopUser", STOP_TIMEOUT_S
-            loop = ["--user-rate", str(load["user_rate"])]
+            loop = ["--user-rate", str(settings["user_rate"])]
         command = [
             sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless",
             "--host", f"{entry.scheme}://{entry.netloc}",
