@@ -10,6 +10,7 @@ from pathlib import Path
 
 from . import matrix
 from .mixes import MIXES
+from .openloop import ARRIVALS
 from .runner import RESULTS, Runner, new_run_id
 
 
@@ -22,7 +23,8 @@ def run_folder(results: Path, run_id: str) -> Path:
 def cmd_run(args) -> int:
     given = {
         "topologies": args.topologies, "engines": args.engines, "rates": args.rates, "services": args.services,
-        "repetitions": args.repetitions, "duration": args.duration, "warmup": args.warmup, "mix": args.mix, "user_rate": args.user_rate,
+        "repetitions": args.repetitions, "duration": args.duration, "warmup": args.warmup, "mix": args.mix, "load": args.load,
+        "arrivals": args.arrivals, "max_in_flight": args.max_in_flight, "late_tolerance_ms": args.late_tolerance_ms, "user_rate": args.user_rate,
         "bench_records": args.bench_records, "bench_rounds": args.bench_rounds,
     }
     if args.run_id and (run_folder(args.results, args.run_id) / "metadata.json").exists():
@@ -116,7 +118,17 @@ def main(argv: list[str] | None = None, prog: str = "python -m experiments") -> 
     run.add_argument("--duration", type=int, metavar="SECONDS", help="measured seconds per cell, after the warm-up (paper 60, quick 20)")
     run.add_argument("--warmup", type=int, metavar="SECONDS", help="seconds of load left out of the statistics (paper 10, quick 5)")
     run.add_argument("--mix", choices=sorted(MIXES), help="records sent: allowed (default: all through the whole chain) or mixed (1 in 5 denied)")
-    run.add_argument("--user-rate", type=float, metavar="REQ_PER_S", help=f"requests per second of one Locust user at most (default {matrix.DEFAULT_USER_RATE:g})")
+    run.add_argument("--load", choices=matrix.LOADS,
+                     help=f"open: records sent on a schedule whatever the answers, RTT from each intended send time; closed: users that wait "
+                          f"for each answer (default {matrix.DEFAULT_LOAD})")
+    run.add_argument("--arrivals", choices=ARRIVALS, help=f"open loop: constant gaps or Poisson arrivals (default {matrix.DEFAULT_ARRIVALS})")
+    run.add_argument("--max-in-flight", type=int, metavar="N",
+                     help=f"open loop: unanswered requests at most; a send beyond it is counted as missed (default {matrix.DEFAULT_MAX_IN_FLIGHT})")
+    run.add_argument("--late-tolerance-ms", type=float, metavar="MS",
+                     help=f"open loop: a send the sender could not make within this of its intended time is counted as missed "
+                          f"(default {matrix.DEFAULT_LATE_TOLERANCE_MS:g})")
+    run.add_argument("--user-rate", type=float, metavar="REQ_PER_S",
+                     help=f"closed loop: requests per second of one Locust user at most (default {matrix.DEFAULT_USER_RATE:g})")
     run.add_argument("--bench-records", type=int, metavar="N",
                      help=f"records per part and round of the bench each session takes before its cells (default {matrix.BENCH_RECORDS})")
     run.add_argument("--bench-rounds", type=int, metavar="N", help=f"rounds of that bench (default {matrix.BENCH_ROUNDS}; 0: no bench)")

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field, fields
 from complyroute import manifest
 
 from .mixes import MIXES
+from .openloop import ARRIVALS
 
 # The paper's order (Table I), then the reference without enforcement.
 TOPOLOGIES = ("central-entity", "dynamic-router-3", "dynamic-router-6", "sidecar", "baseline")
@@ -38,24 +39,42 @@ PROFILES = {
     # 6,000 to 60,000 requests per cell at the target rate.
     "paper": {
         "topologies": list(TOPOLOGIES), "engines": list(ENGINES), "rates": [100, 500, 1000], "services": [5, 10, 25, 50],
-        "repetitions": 5, "duration": 60, "warmup": 10,
+        "repetitions": 5, "duration": 60, "warmup": 10, "load": "open",
     },
     # `make experiment`: every topology under both engines, the two lower rates and the two
     # smaller chains, once.
     "quick": {
         "topologies": list(TOPOLOGIES), "engines": list(ENGINES), "rates": [100, 500], "services": [5, 10],
-        "repetitions": 1, "duration": 20, "warmup": 5,
+        "repetitions": 1, "duration": 20, "warmup": 5, "load": "open",
     },
 }
 DEFAULT_PROFILE = "paper"
 DEFAULT_MIX = "allowed"
-# Requests per second one Locust user sends at most; users = rate / this. Each user waits
-# for its answer, so up to 1/USER_RATE s (100 ms) of RTT the target rate is kept.
+# How the load is generated. open: records sent on a schedule whatever the answers, RTT from
+# each send's intended time (experiments/openloop.py); closed: Locust users that wait for each
+# answer before the next send, as the paper's JMeter threads did.
+LOADS = ("open", "closed")
+DEFAULT_LOAD = "open"
+# Runs recorded before the open loop existed ran the closed one.
+LOAD_OF_OLDER_RUNS = "closed"
+DEFAULT_ARRIVALS = "constant"
+# Open loop: unanswered requests at most (one connection each), and how late a send may be.
+# Beyond either the send is not made and is counted as missed. The cap keeps a saturated
+# cell's queue, and this machine's memory and file descriptors, bounded: 1000 in flight is two
+# seconds of backlog at 500 req/s. 100 ms of lateness is a tenth of a second of the sender's
+# process not running: beyond it the schedule, not the system, is what failed.
+DEFAULT_MAX_IN_FLIGHT = 1000
+DEFAULT_LATE_TOLERANCE_MS = 100.0
+# Closed loop: requests per second one Locust user sends at most; users = rate / this. Each
+# user waits for its answer, so up to 1/USER_RATE s (100 ms) of RTT the target rate is kept.
 DEFAULT_USER_RATE = 10.0
 
 # Saturation: a cell that got less than this share of its target rate, or more errors.
 MIN_ACHIEVED_SHARE = 0.95
 MAX_ERROR_RATE = 0.01
+# Repetitions: a case that is not saturated whose per-repetition medians have a coefficient
+# of variation above this is flagged; its repetitions disagree more than its median says.
+MAX_REPETITION_CV = 0.10
 
 
 class ParameterError(ValueError):
@@ -115,7 +134,11 @@ class Parameters:
     duration: int  # seconds measured, after the warm-up
     warmup: int  # seconds left out of the statistics
     mix: str = DEFAULT_MIX
-    user_rate: float = DEFAULT_USER_RATE
+    load: str = DEFAULT_LOAD
+    arrivals: str = DEFAULT_ARRIVALS  # open loop only
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT  # open loop only
+    late_tolerance_ms: float = DEFAULT_LATE_TOLERANCE_MS  # open loop only
+    user_rate: float = DEFAULT_USER_RATE  # closed loop only
     engines: list[str] = field(default_factory=lambda: list(ENGINES))  # of the enforcing topologies
     bench_records: int = BENCH_RECORDS
     bench_rounds: int = BENCH_ROUNDS
@@ -139,6 +162,12 @@ class Parameters:
             raise ParameterError("repetitions and duration must be >= 1, warmup >= 0, user rate > 0")
         if self.mix not in MIXES:
             raise ParameterError(f"mix '{self.mix}' is not one of {sorted(MIXES)}")
+        if self.load not in LOADS:
+            raise ParameterError(f"load '{self.load}' is not one of {list(LOADS)}")
+        if self.arrivals not in ARRIVALS:
+            raise ParameterError(f"arrivals '{self.arrivals}' is not one of {list(ARRIVALS)}")
+        if self.max_in_flight < 1 or self.late_tolerance_ms < 0:
+            raise ParameterError("max in flight must be >= 1 and late tolerance >= 0 ms")
 
     def cells(self) -> list[Cell]:
         """Repetitions outermost, so a stopped run has whole repetitions; the baseline of a
@@ -155,15 +184,30 @@ class Parameters:
         ]
 
     def users(self, rate: int) -> int:
-        return max(1, math.ceil(rate / self.user_rate))
+        """Locust users of a cell: the open loop's one pacing user, or rate / user_rate in the closed loop."""
+        return 1 if self.load == "open" else max(1, math.ceil(rate / self.user_rate))
+
+    @property
+    def load_label(self) -> str:
+        """The load that produced a run's figures, as the report names it."""
+        return load_label(self.load, self.arrivals)
 
     def to_json(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_json(cls, data: dict) -> "Parameters":
-        """A run's parameters from its metadata.json; a run recorded before engines ran envoy-opa only."""
-        return cls(**{"engines": [ENGINE_OF_OLDER_RUNS], **{f.name: data[f.name] for f in fields(cls) if f.name in data}})
+        """A run's parameters from its metadata.json; a run recorded before engines ran envoy-opa
+        only, and one recorded before the open loop ran the closed loop."""
+        older = {"engines": [ENGINE_OF_OLDER_RUNS], "load": LOAD_OF_OLDER_RUNS}
+        return cls(**{**older, **{f.name: data[f.name] for f in fields(cls) if f.name in data}})
+
+
+def load_label(load: str, arrivals: str | None) -> str:
+    """"open loop, constant arrivals", "open loop, Poisson arrivals" or "closed loop"."""
+    if load == "open":
+        return f"open loop, {'Poisson' if arrivals == 'poisson' else arrivals} arrivals"
+    return "closed loop"
 
 
 def resolve(profile: str | None, **given) -> Parameters:
@@ -171,7 +215,8 @@ def resolve(profile: str | None, **given) -> Parameters:
     name = profile or DEFAULT_PROFILE
     if name not in PROFILES:
         raise ParameterError(f"profile '{name}' is not one of {sorted(PROFILES)}")
-    chosen = {"mix": DEFAULT_MIX, "user_rate": DEFAULT_USER_RATE, **PROFILES[name]}
+    chosen = {"mix": DEFAULT_MIX, "user_rate": DEFAULT_USER_RATE, "arrivals": DEFAULT_ARRIVALS, "max_in_flight": DEFAULT_MAX_IN_FLIGHT,
+              "late_tolerance_ms": DEFAULT_LATE_TOLERANCE_MS, **PROFILES[name]}
     chosen.update({key: value for key, value in given.items() if value is not None})
     return Parameters(profile=name, **chosen)
 

@@ -26,8 +26,8 @@ from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from . import changeability, stats  # noqa: E402
-from .matrix import (BASELINE, BENCH_CSV, COMPILED_ENGINE, ENGINE_NAMES, ENGINES, MAX_ERROR_RATE, MIN_ACHIEVED_SHARE,  # noqa: E402
-                     PAPER_NAMES, PROFILES, TOPOLOGIES, Parameters, case_name)
+from .matrix import (BASELINE, BENCH_CSV, COMPILED_ENGINE, ENGINE_NAMES, ENGINES, MAX_ERROR_RATE, MAX_REPETITION_CV,  # noqa: E402
+                     MIN_ACHIEVED_SHARE, PAPER_NAMES, PROFILES, TOPOLOGIES, Parameters, case_name)
 
 PAPER_REFERENCE = Path(__file__).resolve().parent / "paper_reference.json"
 COLORS = {"central-entity": "#d62728", "dynamic-router-3": "#ff7f0e", "dynamic-router-6": "#bcbd22", "sidecar": "#1f77b4", "baseline": "#7f7f7f"}
@@ -35,13 +35,14 @@ COLORS = {"central-entity": "#d62728", "dynamic-router-3": "#ff7f0e", "dynamic-r
 # after the same topology's envoy-opa ones, so each pair reads as one topology.
 COMPILED_LIGHTER = 0.55
 VERDICT_COLORS = {"met": "#55a868", "NOT MET": "#c44e52", "": "#999999"}
-SPLIT_COLORS = {"in services": "#4c72b0", "transit": "#bbbbbb", "enforcement": "#dd8452"}
+SPLIT_COLORS = {"in services": "#4c72b0", "transit": "#bbbbbb", "enforcement": "#dd8452", "sender late": "#8172b2"}
 CPU_COLORS = {"service": "#4c72b0", "envoy": "#55a868", "opa": "#c44e52"}
 CPU_LABELS = {"service": "services", "envoy": "Envoy", "opa": "OPA"}
 # Outliers drawn per box at most: tens of thousands of points per box make unreadable,
 # heavy figures; the whiskers and the tables keep the extremes.
 MAX_FLIERS = 200
 SATURATED_MARK = "†"
+CV_FLAG = "over 10%"
 
 
 def load_paper_reference() -> dict:
@@ -132,9 +133,11 @@ def table_one(table: pd.DataFrame, w_avg: pd.DataFrame) -> pd.DataFrame:
 
 def load_view(cells: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({
-        "Arch.": names(cells), "Rate (req/s)": cells["rate"], "Serv.": cells["services"], "Rep.": cells["repetition"],
+        "Arch.": names(cells), "Rate (req/s)": cells["rate"], "Serv.": cells["services"], "Rep.": cells["repetition"], "Load": cells["load"],
         "Users": cells["users"], "Offered (req/s)": cells["offered_rate"].map(rate_text), "Achieved (req/s)": cells["achieved_rate"].map(rate_text),
-        "Achieved / offered": (cells["achieved_rate"] / cells["offered_rate"]).map(percent), "Errors": cells["error_rate"].map(percent),
+        "Achieved / offered": (cells["achieved_rate"] / cells["offered_rate"]).map(percent),
+        "Missed": [f"{missed} of {scheduled}" for missed, scheduled in zip(cells["missed"], cells["scheduled"])],
+        "Send lag p99 (ms)": cells["send_lag_p99_ms"].map(ms), "Errors": cells["error_rate"].map(percent),
         "Saturated": cells["saturated"].map({True: f"yes {SATURATED_MARK}", False: "no"}), "Median RTT (ms)": cells["median"].map(ms),
         "CPU machine": cells["cpu_machine"].map(cores), "CPU Locust": cells["cpu_locust"].map(cores),
         "CPU deployment": cells["cpu_deployment"].map(cores), "CPU other": cells["cpu_other"].map(cores),
@@ -152,10 +155,13 @@ def w_avg_view(comparison: pd.DataFrame) -> pd.DataFrame:
 
 
 def spread_view(spread: pd.DataFrame) -> pd.DataFrame:
+    """The CV of the medians of the cases that are not saturated, flagged over 10%; a saturated
+    case's medians measure how far its queue grew, so it gets none."""
     return pd.DataFrame({
-        "Arch.": names(spread), "Rate (req/s)": spread["rate"], "Serv.": spread["services"],
+        "Arch.": names(spread), "Rate (req/s)": spread["rate"], "Serv.": spread["services"], "Load": spread["load"],
         "Repetitions": spread["repetitions"], "Median of each repetition (ms)": spread["medians"],
-        "CV of the medians": spread["cv"].map(percent),
+        "CV of the medians": [f"saturated {SATURATED_MARK}" if saturated else percent(cv) for cv, saturated in zip(spread["cv"], spread["saturated"])],
+        f"CV above {MAX_REPETITION_CV:.0%}": spread["cv_flagged"].map({True: CV_FLAG, False: ""}),
     })
 
 
@@ -172,7 +178,7 @@ def split_view(split: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({
         "Arch.": names(split), "Rate (req/s)": split["rate"],
         "Serv.": [marked(n, s) for n, s in zip(split["services"], split["saturated"])],
-        "Mean RTT (ms)": split["rtt_ms"].map(ms), "In services (ms)": split["service_ms"].map(ms),
+        "Mean RTT (ms)": split["rtt_ms"].map(ms), "Sender late (ms)": split["send_lag_ms"].map(ms), "In services (ms)": split["service_ms"].map(ms),
         "Transit (ms)": split["transit_ms"].map(ms), "Enforcement (ms)": split["enforcement_ms"].map(ms),
         "Enforcement share": (split["enforcement_ms"] / split["rtt_ms"]).map(percent),
         "Enforcement per hop (ms)": split["enforcement_per_hop_ms"].map(ms),
@@ -222,7 +228,10 @@ def bench_view(bench: pd.DataFrame) -> pd.DataFrame:
 
 # ---- figures --------------------------------------------------------------------------
 
-def save(figure, figures_dir: Path, name: str) -> Path:
+def save(figure, figures_dir: Path, name: str, load: str | None = None) -> Path:
+    """Write a figure as PNG and SVG; one measured under load names that load in its corner."""
+    if load:
+        figure.text(0.995, 0.998, f"load: {load}", ha="right", va="top", fontsize=7, color="#444")
     png = figures_dir / f"{name}.png"
     figure.savefig(png, dpi=130, bbox_inches="tight")
     figure.savefig(figures_dir / f"{name}.svg", bbox_inches="tight")
@@ -278,7 +287,7 @@ def legend_below(figure, handles: list) -> None:
     figure.legend(handles=handles, loc="lower center", ncol=min(len(handles), LEGEND_COLUMNS), fontsize=8, frameon=False)
 
 
-def box_figure(table: pd.DataFrame, requests: pd.DataFrame, figures_dir: Path) -> Path:
+def box_figure(table: pd.DataFrame, requests: pd.DataFrame, figures_dir: Path, load: str) -> Path:
     """Like the paper's Fig. 2: RTT distributions, one panel per rate, a box per topology,
     engine and service count; a log scale when the panel spans more than two decades."""
     timed = stats.delivered(requests)
@@ -314,7 +323,7 @@ def box_figure(table: pd.DataFrame, requests: pd.DataFrame, figures_dir: Path) -
         ax.set_title(f"{rate} requests/s (offered)")
         ax.grid(axis="y", alpha=0.3, which="both")
     legend_below(figure, series_legend(pairs, [SATURATED_PATCH]))
-    return save(figure, figures_dir, "rtt_boxplots")
+    return save(figure, figures_dir, "rtt_boxplots", load)
 
 
 def grouped_bars(ax, groups: list, series: dict) -> None:
@@ -326,7 +335,7 @@ def grouped_bars(ax, groups: list, series: dict) -> None:
     ax.set_xticks(range(len(groups)), groups)
 
 
-def w_avg_figure(comparison: pd.DataFrame, figures_dir: Path) -> Path:
+def w_avg_figure(comparison: pd.DataFrame, figures_dir: Path, load: str) -> Path:
     """Our W Avg under each engine beside the paper's, per rate; log scale (the paper's CE is
     hundreds of ms). A group of bars per topology: its engines, then the paper's value."""
     rates = sorted(comparison["rate"].unique())
@@ -358,10 +367,10 @@ def w_avg_figure(comparison: pd.DataFrame, figures_dir: Path) -> Path:
         ax.grid(axis="y", alpha=0.3, which="both")
     figure.suptitle(f"Ours over n = {comparison['services_run'].iloc[0]} ({SATURATED_MARK}: saturated); the paper's over n = 5 10 25 50", fontsize=9)
     legend_below(figure, series_legend(pairs, [Patch(facecolor="white", edgecolor="black", hatch="..", label="paper (its architecture = envoy-opa)")]))
-    return save(figure, figures_dir, "w_avg")
+    return save(figure, figures_dir, "w_avg", load)
 
 
-def cost_figure(cost: pd.DataFrame, figures_dir: Path) -> Path:
+def cost_figure(cost: pd.DataFrame, figures_dir: Path, load: str) -> Path:
     """Enforcement per hop, one panel per rate, a bar per topology and engine; saturated cases hatched."""
     rates = sorted(cost["rate"].unique())
     services = sorted(cost["services"].unique())
@@ -380,10 +389,10 @@ def cost_figure(cost: pd.DataFrame, figures_dir: Path) -> Path:
         ax.set_ylabel("(median RTT − baseline's) / hops (ms)")
         ax.grid(axis="y", alpha=0.3)
     legend_below(figure, series_legend(pairs, [SATURATED_PATCH]))
-    return save(figure, figures_dir, "enforcement_per_hop")
+    return save(figure, figures_dir, "enforcement_per_hop", load)
 
 
-def stacked_figure(frame: pd.DataFrame, stacks: dict, title: str, ylabel: str, figures_dir: Path, name: str) -> Path:
+def stacked_figure(frame: pd.DataFrame, stacks: dict, title: str, ylabel: str, figures_dir: Path, name: str, load: str) -> Path:
     """Stacked bars, one per case (topology, engine and services), one panel per rate; saturated
     cases marked in their label. stacks: legend label -> (colour, the heights for a panel's rows)."""
     rates = sorted(frame["rate"].unique())
@@ -402,26 +411,27 @@ def stacked_figure(frame: pd.DataFrame, stacks: dict, title: str, ylabel: str, f
         ax.set_xlabel(f"architecture, engine, services ({SATURATED_MARK}: saturated)")
         ax.grid(axis="y", alpha=0.3)
     legend_below(figure, [Patch(facecolor=fill, edgecolor="black", label=label) for label, (fill, _) in stacks.items()])
-    return save(figure, figures_dir, name)
+    return save(figure, figures_dir, name, load)
 
 
-def split_figure(split: pd.DataFrame, figures_dir: Path) -> Path:
+def split_figure(split: pd.DataFrame, figures_dir: Path, load: str) -> Path:
     """Stacked mean time per request: in services, transit, enforcement (topology − baseline)."""
     return stacked_figure(split, {
         "in services": (SPLIT_COLORS["in services"], lambda rows: rows["service_ms"].to_numpy()),
         "transit": (SPLIT_COLORS["transit"], lambda rows: rows["transit_ms"].fillna(rows["outside_ms"]).to_numpy()),
         "enforcement": (SPLIT_COLORS["enforcement"], lambda rows: rows["enforcement_ms"].clip(lower=0).fillna(0).to_numpy()),
-    }, "mean per request", "ms", figures_dir, "time_split")
+        "sender late": (SPLIT_COLORS["sender late"], lambda rows: rows["send_lag_ms"].clip(lower=0).fillna(0).to_numpy()),
+    }, "mean per request", "ms", figures_dir, "time_split", load)
 
 
-def cpu_figure(cpu: pd.DataFrame, figures_dir: Path) -> Path:
+def cpu_figure(cpu: pd.DataFrame, figures_dir: Path, load: str) -> Path:
     """Stacked CPU per record by kind of part (services, Envoy, OPA)."""
     return stacked_figure(cpu, {
         CPU_LABELS[kind]: (fill, lambda rows, kind=kind: rows[f"{kind}_ms"].fillna(0).to_numpy()) for kind, fill in CPU_COLORS.items()
-    }, "CPU per delivered record", "ms of CPU", figures_dir, "cpu_per_record")
+    }, "CPU per delivered record", "ms of CPU", figures_dir, "cpu_per_record", load)
 
 
-def load_figure(cells: pd.DataFrame, figures_dir: Path) -> Path:
+def load_figure(cells: pd.DataFrame, figures_dir: Path, load: str) -> Path:
     """Achieved rate as a share of the offered one per case (mean over repetitions), the
     achieved req/s written on each bar; one panel per service count."""
     services = sorted(cells["services"].unique())
@@ -444,13 +454,13 @@ def load_figure(cells: pd.DataFrame, figures_dir: Path) -> Path:
         ax.grid(axis="y", alpha=0.3)
     figure.suptitle("Achieved share of the offered rate (on the bars: achieved req/s); below the dotted 95% line: saturated", fontsize=9)
     legend_below(figure, series_legend(pairs))
-    return save(figure, figures_dir, "offered_vs_achieved")
+    return save(figure, figures_dir, "offered_vs_achieved", load)
 
 
 ENGINE_MEASURES = {"median": "median RTT", "total_ms": "CPU per record", "achieved_rate": "achieved rate"}
 
 
-def engines_figure(comparison: pd.DataFrame, figures_dir: Path) -> Path:
+def engines_figure(comparison: pd.DataFrame, figures_dir: Path, load: str) -> Path:
     """compiled ÷ envoy-opa per topology, one panel per measure, a group per rate and services;
     under 1 the compiled engine took less time or CPU (or, for the rate, carried fewer records)."""
     cases = list(dict.fromkeys(zip(comparison["rate"], comparison["services"])))
@@ -472,7 +482,7 @@ def engines_figure(comparison: pd.DataFrame, figures_dir: Path) -> Path:
         ax.grid(axis="y", alpha=0.3)
     legend_below(figure, [Patch(facecolor=COLORS[t], edgecolor="black", label=arch(t)) for t in topologies]
                  + [Patch(facecolor="white", edgecolor="black", hatch="///", label="saturated under either engine")])
-    return save(figure, figures_dir, "engines")
+    return save(figure, figures_dir, "engines", load)
 
 
 def bench_figure(bench: pd.DataFrame, figures_dir: Path) -> Path:
@@ -568,8 +578,35 @@ ENGINES_TEXT = (
     "check) still asks OPA."
 )
 
+def load_settings(run: Parameters) -> str:
+    if run.load == "open":
+        return f"at most {run.max_in_flight} requests in flight, a send more than {run.late_tolerance_ms:g} ms late is missed"
+    return f"{run.user_rate:g} req/s per Locust user"
+
+
+def spread_flagged(spread: pd.DataFrame) -> list[str]:
+    flagged = spread[spread["cv_flagged"]]
+    return [f"{case_name(r.topology, r.engine)} {r.rate} req/s {r.services} services ({percent(r.cv)})" for r in flagged.itertuples()]
+
+
+LOAD_READING = {
+    "open": "The load is an open loop: records are sent on a schedule whatever the answers, so a saturated cell's queue grows and its "
+            "RTTs, measured from each record's intended send time, show it; beyond the in-flight cap sends are missed and counted.",
+    "closed": "The load is a closed loop: a slow system receives fewer requests, so a saturated cell's RTTs belong to its achieved rate, "
+              "shown beside the offered one below.",
+}
+
 METHOD = [
-    "**Closed loop.** Locust runs as one process of `FastHttpUser`s; each user sends at most `user_rate` requests per second "
+    "**Open loop** (the default, `--load open`). One Locust `FastHttpUser` walks a schedule of intended send times, constant gaps of "
+    "1/rate or Poisson arrivals (exponential gaps, drawn from a seed per cell), and sends each record in a greenlet of its own at its "
+    "time, whether or not earlier answers have come back, over up to `max_in_flight` connections. Each RTT is measured from the "
+    "record's intended send time, not from when it actually left: otherwise a sender that fell behind (its process not scheduled, or "
+    "busy with answers) would time only what it managed to send, late, and leave out the waiting the system caused (coordinated "
+    "omission). The service time from the actual send is kept beside it. A send more than `late_tolerance_ms` late, or one that "
+    "would exceed `max_in_flight` unanswered requests, is not made: it is recorded as missed, with its reason, so every scheduled "
+    "request ends as an answer, an error or a counted miss. A request unanswered after 30 s fails (status 0). The achieved rate "
+    "(sent in the window / its length) is set against the schedule's own count, so misses saturate a cell.",
+    "**Closed loop** (`--load closed`). Locust runs as one process of `FastHttpUser`s; each user sends at most `user_rate` requests per second "
     "(`constant_throughput`, with a random phase so users do not fire together) and waits for each answer before its next request. "
     "users = offered rate / user_rate. While the RTT stays under 1/user_rate the offered rate is kept; beyond it the users send less: "
     "a slow system receives fewer requests. The offered rate is the target; the achieved rate is the number of requests sent in the "
@@ -617,7 +654,7 @@ def engines_blocks(comparison: pd.DataFrame, run: Parameters, figures_dir: Path)
                         "baseline's (no enforcement: the floor both approach). Below 1× the compiled engine took less time or CPU; for "
                         f"the achieved rate, above 1× it carried more records. {SATURATED_MARK}: saturated. The sections below give every "
                         "figure per engine."))
-    blocks.append(("figure", engines_figure(comparison, figures_dir),
+    blocks.append(("figure", engines_figure(comparison, figures_dir, run.load_label),
                    "compiled ÷ envoy-opa per topology: median RTT, CPU per record, achieved rate; 1 = no difference; hatched: saturated under "
                    "either engine."))
     for topology, rows in comparison.groupby("topology", sort=False):
@@ -677,7 +714,7 @@ def build(run_dir: Path) -> dict:
                         f"engines {', '.join(ENGINE_NAMES[e] for e in run.engines)} (the baseline has none); "
                         f"offered rates {', '.join(map(str, run.rates))} req/s; {', '.join(map(str, run.services))} services; "
                         f"{run.repetitions} repetition(s) of {run.duration} s after a {run.warmup} s warm-up; "
-                        f"record mix `{run.mix}`; {run.user_rate:g} req/s per Locust user. "
+                        f"record mix `{run.mix}`; load: **{run.load_label}** ({load_settings(run)}). "
                         f"Raw data: `{run_dir / 'raw'}`; tables: `{tables_dir}`; figures: `{figures_dir}`."))
     expected = len(run.cells())
     bench = bench_blocks(run_dir, meta, figures_dir)
@@ -709,8 +746,14 @@ def build(run_dir: Path) -> dict:
     blocks.append(("list", [
         f"{len(cells)} of {expected} cells finished" + (f", {len(failed)} failed (listed at the end)" if failed else "") + ".",
         f"**{len(saturated)} of {len(cells)} cells are saturated** ({SATURATED_MARK}: below {MIN_ACHIEVED_SHARE:.0%} of the offered rate or over "
-        f"{MAX_ERROR_RATE:.0%} errors). The load is a closed loop: a slow system receives fewer requests, so a saturated cell's RTTs belong to "
-        "its achieved rate, shown beside the offered one below.",
+        f"{MAX_ERROR_RATE:.0%} errors). " + LOAD_READING[run.load],
+        f"**{int(cells['missed'].sum())} of {int(cells['scheduled'].sum())} scheduled requests were missed** (not sent: the sender late "
+        "beyond its tolerance, or the in-flight cap reached), counted per cell in \"Offered and achieved rate\"." if run.load == "open" else
+        "Closed loop: no request is scheduled, so none is missed.",
+        (f"**{int(spread['cv_flagged'].sum())} case(s) not saturated whose repetitions' medians vary by more than {MAX_REPETITION_CV:.0%}** "
+         f"(coefficient of variation; \"Spread between repetitions\"): {', '.join(spread_flagged(spread))}." if spread["cv_flagged"].any() else
+         f"No case that is not saturated has repetitions whose medians vary by more than {MAX_REPETITION_CV:.0%} (coefficient of variation)"
+         + ("." if run.repetitions > 1 else "; with one repetition there is no spread to measure.")),
         f"**Engines.** Every figure names the engine it belongs to: \"CE (envoy-opa)\", \"CE (compiled)\"; the baseline has none. {ENGINES_TEXT} "
         + ("This run was recorded before engines were run: its topologies ran envoy-opa." if "engines" not in recorded else
            f"This run measured {' and '.join(ENGINE_NAMES[e] for e in run.engines)}."),
@@ -724,13 +767,14 @@ def build(run_dir: Path) -> dict:
 
     blocks.append(("h2", "Offered and achieved rate"))
     blocks.append(("table", load_view(cells)))
-    blocks.append(("figure", load_figure(cells, figures_dir), "Achieved rate (mean over repetitions) against the offered rate, per topology and engine."))
+    blocks.append(("figure", load_figure(cells, figures_dir, run.load_label), "Achieved rate (mean over repetitions) against the offered rate, per topology and engine."))
 
     blocks.append(("h2", "Table I: RTT statistics (repetitions pooled)"))
-    blocks.append(("p", f"In the paper's layout, in ms, a topology under each engine as an architecture of its own. {SATURATED_MARK}: saturated "
-                        "case. p99 and the request counts are in `tables/table1.csv`."))
+    blocks.append(("p", f"In the paper's layout, in ms, a topology under each engine as an architecture of its own, under {run.load_label}"
+                        + (" (RTT from each record's intended send time)" if run.load == "open" else "") + f". {SATURATED_MARK}: saturated "
+                        "case. p99, the request counts and the load are in `tables/table1.csv`."))
     blocks.append(("table", table_one(table, w_avg)))
-    blocks.append(("figure", box_figure(table, requests, figures_dir),
+    blocks.append(("figure", box_figure(table, requests, figures_dir, run.load_label),
                    f"RTT distributions (as the paper's Fig. 2): boxes Q1–Q3 with the median, whiskers to 1.5 IQR, at most {MAX_FLIERS} outliers "
                    "drawn per box (chosen at random); a topology's colour, lighter under the compiled engine; hatched: saturated."))
 
@@ -738,7 +782,7 @@ def build(run_dir: Path) -> dict:
     blocks.append(("p", "The paper measured one engine, and its architecture is envoy-opa's (a decision asked for every hop): its values "
                         "stand beside both of ours, the envoy-opa row being the one to compare with it."))
     blocks.append(("table", w_avg_view(comparison)))
-    blocks.append(("figure", w_avg_figure(comparison, figures_dir),
+    blocks.append(("figure", w_avg_figure(comparison, figures_dir, run.load_label),
                    "W Avg per architecture, engine and offered rate: ours (filled; lighter: compiled) beside the paper's published value "
                    "(dotted; from experiments/paper_reference.json, citing ../shared/reference/). Log scale."))
     blocks.append(("p", "The paper's W Avg averages over 5, 10, 25 and 50 services and its testbed had about 50 times the cores; ours averages "
@@ -756,6 +800,9 @@ def build(run_dir: Path) -> dict:
         })))
 
     blocks.append(("h2", "Spread between repetitions"))
+    blocks.append(("p", f"The median RTT of each repetition and their coefficient of variation (standard deviation / mean), for the cases "
+                        f"that are not saturated; above {MAX_REPETITION_CV:.0%} a case is flagged \"{CV_FLAG}\": its repetitions disagree "
+                        "more than its pooled median shows. A saturated case's medians measure how far its queue grew and get no CV."))
     blocks.append(("table", spread_view(spread)))
 
     blocks.append(("h2", "Baseline and the cost of enforcement per hop"))
@@ -768,7 +815,7 @@ def build(run_dir: Path) -> dict:
                             + "; ".join(f"{r.rate} req/s, {r.services} services: {marked(f'{ms(r.median)} ms', r.saturated)}"
                                         for r in baseline_rows.itertuples()) + "."))
         blocks.append(("table", cost_view(cost)))
-        blocks.append(("figure", cost_figure(cost, figures_dir),
+        blocks.append(("figure", cost_figure(cost, figures_dir, run.load_label),
                        "(median RTT − the baseline's median RTT) / hops, same rate and services, same run; lighter: compiled engine."))
 
     blocks.append(("h2", "Where the time goes"))
@@ -776,7 +823,7 @@ def build(run_dir: Path) -> dict:
         blocks.append(("p", "Without a baseline in the run, time outside the services cannot be told apart into transit and enforcement; "
                             "the figure shows it all as transit."))
     blocks.append(("table", split_view(split)))
-    blocks.append(("figure", split_figure(split, figures_dir),
+    blocks.append(("figure", split_figure(split, figures_dir, run.load_label),
                    "Mean time per delivered request: inside the services, transit (the baseline's time outside its services) and enforcement "
                    "(the topology's time outside its services beyond the baseline's); negative enforcement (noise) is drawn as 0."))
 
@@ -789,7 +836,7 @@ def build(run_dir: Path) -> dict:
                            if cpu["service_ms"].isna().all() else "")))
     blocks.append(("table", cpu_view(cpu)))
     if not cpu["service_ms"].isna().all():
-        blocks.append(("figure", cpu_figure(cpu, figures_dir),
+        blocks.append(("figure", cpu_figure(cpu, figures_dir, run.load_label),
                        "CPU time per delivered record by kind of process: the services, the Envoys (entry, sidecars, routers or the "
                        "central entity) and the OPAs."))
 

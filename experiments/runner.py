@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+import zlib
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -37,8 +38,13 @@ BENCH_LOG = "bench.log"  # in raw/: what the bench printed, every session's
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
 # How long Locust lets requests in flight at the end finish (they were sent in the window).
 STOP_TIMEOUT_S = 30
+# Open loop: a request unanswered this long fails (status 0), so every scheduled request has
+# its row once the schedule's user stops; Locust lets that user finish the rest of its
+# schedule and this wait before it stops it.
+ANSWER_TIMEOUT_S = STOP_TIMEOUT_S
+OPEN_LOOP_STOP_TIMEOUT_S = ANSWER_TIMEOUT_S + 15
 # Besides warm-up and duration: Locust's start, the stop timeout, and slack for a loaded machine.
-LOCUST_DEADLINE_SLACK_S = STOP_TIMEOUT_S + 90
+LOCUST_DEADLINE_SLACK_S = OPEN_LOOP_STOP_TIMEOUT_S + 90
 SAMPLE_INTERVAL_S = 1.0
 # Locust's run time starts before its first request (t0, where the window is counted from):
 # a second more keeps the whole window under load.
@@ -155,13 +161,23 @@ class Runner:
         else:
             meta = {"run_id": self.run_dir.name, "created_at": taken["taken_at"], "parameters": self.parameters.to_json(),
                     "git": taken["git"], "versions": taken["versions"], "machine": taken["machine"],
-                    "locust": {"stop_timeout_s": STOP_TIMEOUT_S, "user_class": "FastHttpUser", "wait_time": "constant_throughput(user_rate) with a random phase per user"},
+                    "locust": self.locust_description(),
                     "sessions": []}
         # Every session records what it ran with: a resumed run may have changed machine or tools.
         meta["sessions"].append({"started_at": taken["taken_at"], "git": taken["git"], "versions": taken["versions"],
                                  "load_average_at_start": taken["machine"]["load_average_at_start"]})
         write_json(path, meta)
         return meta
+
+    def locust_description(self) -> dict:
+        """How Locust generated the load, for metadata.json."""
+        if self.parameters.load == "open":
+            return {"load": "open", "arrivals": self.parameters.arrivals, "user_class": "OpenLoopUser (FastHttpUser)",
+                    "pacing": "one user walks the schedule and sends each record in a greenlet of its own at its intended time",
+                    "max_in_flight": self.parameters.max_in_flight, "late_tolerance_ms": self.parameters.late_tolerance_ms,
+                    "answer_timeout_s": ANSWER_TIMEOUT_S, "stop_timeout_s": OPEN_LOOP_STOP_TIMEOUT_S}
+        return {"load": "closed", "stop_timeout_s": STOP_TIMEOUT_S, "user_class": "ClosedLoopUser (FastHttpUser)",
+                "wait_time": "constant_throughput(user_rate) with a random phase per user"}
 
     def end_session(self, outcome: str, cells_run: int) -> None:
         path = self.run_dir / "metadata.json"
@@ -291,8 +307,8 @@ class Runner:
         started = time.monotonic()
         timings = {}
         record = {"cell": vars(cell), "offered_rate": cell.rate, "users": self.parameters.users(cell.rate),
-                  "user_rate": self.parameters.user_rate, "warmup_s": self.parameters.warmup,
-                  "duration_s": self.parameters.duration, "mix": self.parameters.mix}
+                  "warmup_s": self.parameters.warmup, "duration_s": self.parameters.duration, "mix": self.parameters.mix,
+                  **self.load_of(cell)}
         with (cell_dir / "deploy.log").open("w") as log:
             try:
                 state = self.deploy(cell, log)
@@ -318,9 +334,14 @@ class Runner:
         write_json(cell_dir / "cell.json", record)
         advance(estimate)
         summary = stats.summarize_cell(cell_dir)
+        if self.parameters.load == "open":  # Poisson arrivals schedule a little more or less than the offered rate
+            sent = (f"sent {summary['achieved_rate']:.1f} of {summary['scheduled'] / self.parameters.duration:.1f} req/s scheduled "
+                    f"({cell.rate} offered, {summary['missed']} missed)")
+        else:
+            sent = f"achieved {summary['achieved_rate']:.1f} of {cell.rate} req/s"
         tqdm.write(
-            f"{cell.label}: achieved {summary['achieved_rate']:.1f} of {cell.rate} req/s, median RTT {summary['median']:.1f} ms, "
-            f"errors {summary['error_rate']:.1%}{'  SATURATED' if summary['saturated'] else ''}",
+            f"{cell.label}: {sent}, median RTT {summary['median']:.1f} ms, errors {summary['error_rate']:.1%}"
+            f"{'  SATURATED' if summary['saturated'] else ''}",
             file=self.out,
         )
 
@@ -341,20 +362,37 @@ class Runner:
             raise CellFailed(f"the check record did not go through the {cell.services} services: {answer.summary()}")
         return state
 
+    def load_of(self, cell: Cell) -> dict:
+        """What generated a cell's load, as its cell.json records it: the loop and its settings."""
+        if self.parameters.load == "open":
+            return {"load": "open", "arrivals": self.parameters.arrivals, "max_in_flight": self.parameters.max_in_flight,
+                    "late_tolerance_ms": self.parameters.late_tolerance_ms, "answer_timeout_s": ANSWER_TIMEOUT_S,
+                    "seed": zlib.crc32(cell.key.encode())}  # the same cell draws the same Poisson schedule again
+        return {"load": "closed", "user_rate": self.parameters.user_rate}
+
     def load(self, cell: Cell, cell_dir: Path, state: dict, advance) -> dict:
         entry = urlsplit(state["entry_url"])
         users = self.parameters.users(cell.rate)
         load_seconds = self.parameters.warmup + self.parameters.duration + RUN_TIME_MARGIN_S
+        settings = self.load_of(cell)
+        if settings["load"] == "open":
+            user_class, stop_timeout = "OpenLoopUser", OPEN_LOOP_STOP_TIMEOUT_S
+            loop = ["--rate", str(cell.rate), "--arrivals", settings["arrivals"], "--schedule-seconds", str(load_seconds),
+                    "--seed", str(settings["seed"]), "--max-in-flight", str(settings["max_in_flight"]),
+                    "--late-tolerance-ms", f"{settings['late_tolerance_ms']:g}", "--answer-timeout", str(settings["answer_timeout_s"])]
+        else:
+            user_class, stop_timeout = "ClosedLoopUser", STOP_TIMEOUT_S
+            loop = ["--user-rate", str(settings["user_rate"])]
         command = [
             sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless",
             "--host", f"{entry.scheme}://{entry.netloc}",
             "--users", str(users), "--spawn-rate", str(min(users, 100)),
             "--run-time", f"{load_seconds}s",
-            "--stop-timeout", str(STOP_TIMEOUT_S), "--only-summary", "--loglevel", "WARNING",
+            "--stop-timeout", str(stop_timeout), "--only-summary", "--loglevel", "WARNING",
             "--exit-code-on-error", "0",
             "--requests-csv", str(cell_dir / "requests.csv"), "--mix", self.parameters.mix,
-            "--user-rate", str(self.parameters.user_rate), "--services", str(cell.services),
-            "--enforcing", "no" if cell.topology == BASELINE else "yes",
+            "--services", str(cell.services), "--enforcing", "no" if cell.topology == BASELINE else "yes",
+            *loop, user_class,
         ]
         deadline = time.monotonic() + load_seconds + LOCUST_DEADLINE_SLACK_S
         with (cell_dir / "locust.log").open("w") as log:

@@ -6,9 +6,14 @@ Terms:
   baseline enforces nothing: its engine is "none", and it is measured once per rate and
   services, the reference of both engines.
 - the *window* of a cell is [t0 + warmup, t0 + warmup + duration) where t0 is its first
-  request's send time; requests sent before it are the warm-up and are left out.
-- a request is an *error* when its status is not the one its record should get (200, or 451
-  for a record the mix has denied); RTT statistics cover the *delivered* requests: records
+  request's intended send time; requests intended before it are the warm-up and are left out.
+  In the closed loop a request is intended when it is sent.
+- the RTT is measured from the intended send time (open loop: coordinated omission
+  corrected); the service time from the actual send. In the closed loop they are the same.
+- a request is *missed* when the open loop's sender could not make it on time (late beyond its
+  tolerance, or the in-flight cap reached): scheduled, never sent, counted apart.
+- a sent request is an *error* when its status is not the one its record should get (200, or
+  451 for a record the mix has denied); RTT statistics cover the *delivered* requests: records
   meant to go through the whole chain that got their 200.
 """
 
@@ -19,8 +24,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from .matrix import (BASELINE, COMPILED_ENGINE, ENGINE_OF_OLDER_RUNS, ENGINES, MAX_ERROR_RATE, MIN_ACHIEVED_SHARE,
-                     REFERENCE_ENGINE, TOPOLOGIES)
+from .matrix import (BASELINE, COMPILED_ENGINE, ENGINE_OF_OLDER_RUNS, ENGINES, LOAD_OF_OLDER_RUNS, MAX_ERROR_RATE,
+                     MAX_REPETITION_CV, MIN_ACHIEVED_SHARE, REFERENCE_ENGINE, TOPOLOGIES, load_label)
 from .timing import DURATIONS
 
 # The baseline's engine in the tables: a value, not a missing one, since pandas leaves rows
@@ -30,21 +35,29 @@ CASE = ["topology", "engine", "rate", "services"]
 CELL = [*CASE, "repetition"]
 RTT_COLUMNS = ["min", "q1", "median", "q3", "p95", "p99", "max", "mean", "std"]
 PERCENTILES = {0.25: "q1", 0.5: "median", 0.75: "q3", 0.95: "p95", 0.99: "p99"}
-REQUEST_DTYPES = {"t_send_ms": "float64", "rtt_ms": "float64", "status": "int16", "record": "category", "expected": "int16",
-                  "hops": "float32", **{name: "float32" for name in DURATIONS}}
+REQUEST_DTYPES = {"t_intended_ms": "float64", "t_send_ms": "float64", "rtt_ms": "float64", "service_time_ms": "float64",
+                  "status": "int16", "missed": "object", "record": "category", "expected": "int16", "hops": "float32",
+                  **{name: "float32" for name in DURATIONS}}
 
 
 # ---- one cell -----------------------------------------------------------------------
 
 def read_requests(cell_dir: Path) -> pd.DataFrame:
-    return pd.read_csv(cell_dir / "requests.csv.gz", dtype=REQUEST_DTYPES)
+    """A cell's requests.csv.gz. One recorded before the open loop has neither intended times
+    nor misses: its requests were intended when sent, and its RTT is their service time."""
+    path = cell_dir / "requests.csv.gz"
+    columns = pd.read_csv(path, nrows=0).columns
+    requests = pd.read_csv(path, dtype={name: kind for name, kind in REQUEST_DTYPES.items() if name in columns})
+    if "t_intended_ms" not in columns:
+        requests = requests.assign(t_intended_ms=requests["t_send_ms"], service_time_ms=requests["rtt_ms"], missed=None)
+    return requests
 
 
 def in_window(requests: pd.DataFrame, warmup_s: float, duration_s: float) -> pd.DataFrame:
-    """The requests sent in the measured window (after the warm-up, before the end)."""
-    start = requests["t_send_ms"].min() + warmup_s * 1000
+    """The requests intended in the measured window (after the warm-up, before the end)."""
+    start = requests["t_intended_ms"].min() + warmup_s * 1000
     end = start + duration_s * 1000
-    return requests[(requests["t_send_ms"] >= start) & (requests["t_send_ms"] < end)]
+    return requests[(requests["t_intended_ms"] >= start) & (requests["t_intended_ms"] < end)]
 
 
 def delivered(requests: pd.DataFrame) -> pd.DataFrame:
@@ -89,22 +102,40 @@ def cpu_cores(cpu: pd.DataFrame, start_ms: float, end_ms: float) -> dict:
     return cores
 
 
+def load_of(meta: dict) -> str:
+    """A cell's load as cell.json records it ("open" or "closed"; closed before the open loop existed)."""
+    return meta.get("load", LOAD_OF_OLDER_RUNS)
+
+
 def cell_statistics(requests: pd.DataFrame, meta: dict) -> dict:
-    """One cell's load, errors and RTT statistics from all its requests (warm-up included)."""
+    """One cell's load, misses, errors and RTT statistics from all its requests (warm-up included).
+
+    The achieved rate counts the requests sent in the window. In the open loop it is set
+    against the requests its schedule held (with Poisson arrivals a little more or less than
+    the offered rate): a cell that missed more than 5% of its sends is saturated. In the closed
+    loop it is set against the offered rate."""
     measured = in_window(requests, meta["warmup_s"], meta["duration_s"])
-    count = len(measured)
-    errors = int((measured["status"] != measured["expected"]).sum())
-    error_rate = errors / count if count else 1.0
-    achieved = count / meta["duration_s"]
+    was_missed = measured["missed"].notna()
+    sent = measured[~was_missed]
+    errors = int((sent["status"] != sent["expected"]).sum())
+    error_rate = errors / len(sent) if len(sent) else 1.0
+    achieved = len(sent) / meta["duration_s"]
+    target = len(measured) / meta["duration_s"] if load_of(meta) == "open" else meta["offered_rate"]
+    timed = delivered(sent)
     return {
-        "requests": count,
+        "scheduled": len(measured),
+        "missed": int(was_missed.sum()),
+        "miss_rate": float(was_missed.mean()) if len(measured) else 0.0,
+        "requests": len(sent),
         "errors": errors,
         "error_rate": error_rate,
         "offered_rate": meta["offered_rate"],
         "achieved_rate": achieved,
-        "saturated": is_saturated(achieved, meta["offered_rate"], error_rate),
+        "saturated": is_saturated(achieved, target, error_rate),
         "users": meta["users"],
-        **rtt_statistics(delivered(measured)["rtt_ms"]),
+        **rtt_statistics(timed["rtt_ms"]),
+        "median_service_time": float(timed["service_time_ms"].median()),
+        "send_lag_p99_ms": float((sent["t_send_ms"] - sent["t_intended_ms"]).quantile(0.99)),
     }
 
 
@@ -133,11 +164,12 @@ def load_run(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame, list[dict]]:
         meta = json.loads(cell_json.read_text())
         requests = read_requests(cell_json.parent)
         measured = in_window(requests, meta["warmup_s"], meta["duration_s"])
-        start = requests["t_send_ms"].min() + meta["warmup_s"] * 1000
+        start = requests["t_intended_ms"].min() + meta["warmup_s"] * 1000
         cpu = pd.read_csv(cell_json.parent / "cpu.csv")
         cell = identity(meta["cell"])
         cell_rows.append({
             **cell,
+            "load": load_label(load_of(meta), meta.get("arrivals")),
             **cell_statistics(requests, meta),
             **cpu_cores(cpu, start, start + meta["duration_s"] * 1000),
             "parts": meta["deployment"]["parts"],
@@ -168,7 +200,10 @@ def pooled(cells: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFrame:
     rtt = delivered(requests).groupby(CASE, observed=True)["rtt_ms"].describe(percentiles=list(PERCENTILES))
     rtt = rtt.rename(columns={f"{p:.0%}": name for p, name in PERCENTILES.items()})[["count", *RTT_COLUMNS]]
     load = cells.groupby(CASE).agg(
+        load=("load", "first"),
         repetitions=("repetition", "size"),
+        scheduled=("scheduled", "sum"),
+        missed=("missed", "sum"),
         requests=("requests", "sum"),
         errors=("errors", "sum"),
         offered_rate=("offered_rate", "first"),
@@ -192,11 +227,16 @@ def w_avg(table: pd.DataFrame) -> pd.DataFrame:
 
 def repetition_spread(cells: pd.DataFrame) -> pd.DataFrame:
     """Per case, the median RTT of each repetition and their coefficient of variation
-    (standard deviation / mean of those medians; undefined for one repetition)."""
-    grouped = cells.groupby(CASE)["median"]
-    spread = grouped.agg(repetitions="size", mean_of_medians="mean", std_of_medians="std").reset_index()
+    (standard deviation / mean of those medians; undefined for one repetition).
+
+    cv_flagged: a case none of whose repetitions is saturated with a CV above 10%. A saturated
+    case's medians measure how far its queue grew, which varies by nature; it is not flagged."""
+    grouped = cells.groupby(CASE)
+    spread = grouped.agg(load=("load", "first"), repetitions=("median", "size"), saturated=("saturated", "any"),
+                         mean_of_medians=("median", "mean"), std_of_medians=("median", "std")).reset_index()
     spread["cv"] = spread["std_of_medians"] / spread["mean_of_medians"]
-    spread["medians"] = grouped.agg(lambda m: " ".join(f"{v:.3f}" for v in m)).to_numpy()
+    spread["cv_flagged"] = ~spread["saturated"] & (spread["cv"] > MAX_REPETITION_CV)
+    spread["medians"] = grouped["median"].agg(lambda m: " ".join(f"{v:.3f}" for v in m)).to_numpy()
     return order(spread)
 
 
@@ -242,7 +282,8 @@ def time_split(requests: pd.DataFrame) -> pd.DataFrame:
     """Where the time of a delivered request goes, per case (means, which add up to the mean RTT).
 
     Inside the services: service_ms. Outside them: between services (forward + back) and at
-    the edge (entry + exit). The baseline has no enforcement, so its time outside the services
+    the edge (entry + exit). These add up to the service time, from the actual send; the
+    sender's lateness (open loop: actual − intended send time) makes up the rest of the RTT. The baseline has no enforcement, so its time outside the services
     is transit (loopback, the entry's plain proxy, the client); what a topology spends outside
     its services beyond that, at the same rate and services, is enforcement (decisions and
     proxying). Gap-based too: the median gap from one service's t_out to the next one's t_in,
@@ -252,7 +293,8 @@ def time_split(requests: pd.DataFrame) -> pd.DataFrame:
     timed = timed[timed["hops"] == timed["services"]]
     with_gap = timed.assign(forward_gap_ms=timed["forward_ms"] / (timed["services"] - 1).where(timed["services"] > 1))
     grouped = with_gap.groupby(CASE, observed=True)
-    split = grouped[["rtt_ms", *DURATIONS]].mean()
+    split = grouped[["rtt_ms", "service_time_ms", *DURATIONS]].mean()
+    split["send_lag_ms"] = split["rtt_ms"] - split["service_time_ms"]
     split["forward_gap_median_ms"] = grouped["forward_gap_ms"].median()
     split = split.reset_index()
     split["outside_ms"] = split[["forward_ms", "back_ms", "entry_ms", "exit_ms"]].sum(axis=1)

@@ -26,6 +26,7 @@ def test_quick_profile_and_explicit_values():
 
 @pytest.mark.parametrize("given", [{"topologies": ["mesh"]}, {"topologies": ["sa", "sidecar"]}, {"rates": [0]},
                                    {"mix": "none"}, {"repetitions": 0}, {"engines": []},
+                                   {"load": "half-open"}, {"arrivals": "bursty"}, {"max_in_flight": 0}, {"late_tolerance_ms": -1},
                                    {"engines": ["envoy-opa", "envoy-opa"]}, {"bench_records": 0}, {"bench_rounds": -1}])
 def test_refused_parameters(given):
     with pytest.raises(matrix.ParameterError):
@@ -78,9 +79,28 @@ def test_envoy_opa_cells_are_also_found_under_the_keys_of_runs_recorded_before_e
     assert matrix.Cell("baseline", None, 100, 5, 1).folder_names == ["baseline_r100_n5_rep1"]
 
 
-def test_users_keep_each_under_its_rate():
-    parameters = matrix.resolve("quick", user_rate=10)
+def test_closed_loop_users_keep_each_under_its_rate():
+    parameters = matrix.resolve("quick", load="closed", user_rate=10)
     assert [parameters.users(rate) for rate in (1, 100, 500, 1000, 1001)] == [1, 10, 50, 100, 101]
+
+
+def test_the_profiles_run_an_open_loop_of_one_pacing_user():
+    for profile in ("quick", "paper"):
+        parameters = matrix.resolve(profile)
+        assert (parameters.load, parameters.arrivals, parameters.max_in_flight, parameters.late_tolerance_ms) == ("open", "constant", 1000, 100)
+        assert [parameters.users(rate) for rate in (1, 500, 1000)] == [1, 1, 1]
+    assert matrix.resolve("quick").load_label == "open loop, constant arrivals"
+    assert matrix.resolve("quick", arrivals="poisson").load_label == "open loop, Poisson arrivals"
+    assert matrix.resolve("quick", load="closed").load_label == "closed loop"
+
+
+def test_a_run_recorded_before_the_open_loop_ran_the_closed_loop():
+    recorded = matrix.resolve("quick").to_json()
+    for name in ("load", "arrivals", "max_in_flight", "late_tolerance_ms"):
+        del recorded[name]
+    stored = matrix.Parameters.from_json(recorded)
+    assert stored.load == "closed" and stored.users(100) == 10
+    assert matrix.conflicts(stored, load="open") == ["--load open (the run has closed)"]
 
 
 def test_resuming_reports_parameters_that_differ():

@@ -139,6 +139,20 @@ def test_a_run_recorded_before_engines_ran_envoy_opa(report):
     assert not (run_dir / "report" / "figures" / "engines.png").exists()
 
 
+def test_a_run_recorded_before_the_open_loop_is_named_closed_loop_everywhere(report):
+    _, paths, tables = report
+    for name in ("cells", "table1", "repetitions"):
+        assert set(tables[name]["load"]) == {"closed loop"}, name
+    assert (tables["cells"]["missed"] == 0).all() and (tables["cells"]["scheduled"] == tables["cells"]["requests"]).all()
+    markdown = paths["markdown"].read_text()
+    assert "load: **closed loop** (10 req/s per Locust user)" in markdown
+    assert "The load is a closed loop" in markdown and "under closed loop." in markdown
+    # central-entity at 5 services: CV 1.2%, not flagged; at 10 a repetition is saturated: no CV
+    spread = tables["repetitions"].set_index(["topology", "services"])
+    assert not spread["cv_flagged"].any()
+    assert "| CE (envoy-opa) | 10 | 10 | closed loop | 2 | 109.500 109.500 | saturated † |  |" in markdown
+
+
 def test_report_command_accepts_a_run_folder(tmp_path, capsys):
     run_dir = tmp_path / "small-run"
     shutil.copytree(FIXTURE, run_dir)
@@ -271,3 +285,73 @@ def test_a_run_without_bench_csv_has_no_bench_section(tmp_path):
     shutil.copytree(TWO_ENGINES, run_dir)
     (run_dir / "raw" / "bench.csv").unlink()
     assert bench_blocks(run_dir, json.loads((run_dir / "metadata.json").read_text()), run_dir) == []
+
+
+# ---- an open-loop run -----------------------------------------------------------------
+
+OPEN_LOOP_COLUMNS = ["t_intended_ms", "t_send_ms", "rtt_ms", "service_time_ms", "status", "missed", "record", "expected", "hops",
+                     "service_ms", "forward_ms", "back_ms", "entry_ms", "exit_ms"]  # as experiments/locustfile.py writes them
+
+def open_loop_run(run_dir: Path, medians: dict) -> None:
+    """A run of the open loop with Poisson arrivals, built from two-engines' metadata and
+    cpu.csv: central-entity (envoy-opa) and the baseline at 10 req/s, 5 services, 3 repetitions;
+    warm-up 1 s, window 2 s. Every sent request takes its repetition's median; the window's
+    fourth request was sent 40 ms late, and in central-entity's first repetition its last one
+    was missed (the sender late beyond its tolerance)."""
+    meta = json.loads((TWO_ENGINES / "metadata.json").read_text())
+    meta["run_id"] = run_dir.name
+    meta["parameters"].update({"topologies": ["central-entity", "baseline"], "engines": ["envoy-opa"], "services": [5], "repetitions": 3,
+                               "load": "open", "arrivals": "poisson", "max_in_flight": 1000, "late_tolerance_ms": 100.0})
+    (run_dir / "raw").mkdir(parents=True)
+    (run_dir / "metadata.json").write_text(json.dumps(meta))
+    for (topology, engine), per_repetition in medians.items():
+        for repetition, median in enumerate(per_repetition, 1):
+            key = f"{topology}_{engine}_r10_n5_rep{repetition}" if engine else f"{topology}_r10_n5_rep{repetition}"
+            cell_dir = run_dir / "raw" / key
+            cell_dir.mkdir()
+            shutil.copy(TWO_ENGINES / "raw" / "baseline_r10_n5_rep1" / "cpu.csv", cell_dir)
+            cell = json.loads((TWO_ENGINES / "raw" / "baseline_r10_n5_rep1" / "cell.json").read_text())
+            cell.update({"cell": {"topology": topology, "engine": engine, "rate": 10, "services": 5, "repetition": repetition},
+                         "load": "open", "arrivals": "poisson", "max_in_flight": 1000, "late_tolerance_ms": 100.0, "seed": repetition})
+            del cell["user_rate"]
+            (cell_dir / "cell.json").write_text(json.dumps(cell))
+            rows = []
+            for k in range(30):  # 10 in the warm-up, 20 in the window
+                intended = 1800000080000.0 + 100 * k
+                if topology == "central-entity" and repetition == 1 and k == 29:
+                    rows.append({"t_intended_ms": intended, "status": 0, "missed": "late", "record": "allowed", "expected": 200})
+                    continue
+                late = 40.0 if k == 13 else 0.0
+                rows.append({"t_intended_ms": intended, "t_send_ms": intended + late, "rtt_ms": median + late, "service_time_ms": median,
+                             "status": 200, "record": "allowed", "expected": 200, "hops": 5, "service_ms": 5.0,
+                             "forward_ms": median - 8.0, "back_ms": 0.0, "entry_ms": 2.0, "exit_ms": 1.0})
+            pd.DataFrame(rows, columns=OPEN_LOOP_COLUMNS).to_csv(cell_dir / "requests.csv.gz", index=False)
+
+
+def test_an_open_loop_run_names_its_load_counts_its_misses_and_flags_disagreeing_repetitions(tmp_path):
+    run_dir = tmp_path / "open-loop"
+    # central-entity: mean 100, sample standard deviation 12, CV 12%; the baseline: 5%
+    open_loop_run(run_dir, {("central-entity", "envoy-opa"): [88.0, 100.0, 112.0], ("baseline", None): [19.0, 20.0, 21.0]})
+    paths = build(run_dir)
+    tables = {path.stem: pd.read_csv(path) for path in (run_dir / "report" / "tables").glob("*.csv")}
+    for name in ("cells", "table1", "repetitions"):
+        assert set(tables[name]["load"]) == {"open loop, Poisson arrivals"}, name
+    cells = tables["cells"].set_index(["topology", "repetition"])
+    assert (cells.loc[("central-entity", 1), "scheduled"], cells.loc[("central-entity", 1), "missed"]) == (20, 1)
+    assert not cells["saturated"].any()  # 19 of 20 sent: 95%, kept
+    assert cells.loc[("baseline", 1), ["median", "median_service_time"]].tolist() == pytest.approx([19.0, 19.0])
+    spread = tables["repetitions"].set_index("topology")
+    assert spread["cv"].tolist() == pytest.approx([0.12, 0.05])
+    assert spread["cv_flagged"].tolist() == [True, False]
+    split = tables["time_split"].set_index("topology")
+    assert split.loc["baseline", "send_lag_ms"] == pytest.approx(40 / 20)  # one request in 20 sent 40 ms late
+    markdown = paths["markdown"].read_text()
+    assert "load: **open loop, Poisson arrivals** (at most 1000 requests in flight, a send more than 100 ms late is missed)" in markdown
+    assert "The load is an open loop" in markdown
+    assert "**1 of 120 scheduled requests were missed**" in markdown
+    assert "**1 case(s) not saturated whose repetitions' medians vary by more than 10%**" in markdown
+    assert "CE (envoy-opa) 10 req/s 5 services (12.0%)" in markdown
+    assert "| CE (envoy-opa) | 10 | 5 | open loop, Poisson arrivals | 3 | 88.000 100.000 112.000 | 12.0% | over 10% |" in markdown
+    assert "| baseline | 10 | 5 | open loop, Poisson arrivals | 3 | 19.000 20.000 21.000 | 5.0% |  |" in markdown
+    assert "| 1 of 20 |" in markdown
+    assert "under open loop, Poisson arrivals (RTT from each record's intended send time)" in markdown

@@ -1,5 +1,5 @@
 """A short real run end to end: the bench, then a topology under both engines (deploy,
-Locust, collect, tear down), the report; and Ctrl-C."""
+Locust's open loop, collect, tear down), the report; and Ctrl-C."""
 
 import json
 import signal
@@ -31,7 +31,7 @@ def no_deployment():
 
 def test_one_topology_under_both_engines_five_services_100_per_second_for_10_seconds(tmp_path, no_deployment):
     run = subprocess.run(
-        experiments(tmp_path, "run", "--topologies", "sa", "--rates", "100", "--services", "5", "--repetitions", "1",
+        experiments(tmp_path, "run", "--profile", "quick", "--topologies", "sa", "--rates", "100", "--services", "5", "--repetitions", "1",
                     "--duration", "10", "--warmup", "2", "--bench-records", "100", "--bench-rounds", "1", "--run-id", "e2e"),
         cwd=REPO, capture_output=True, text=True, timeout=420,
     )
@@ -42,15 +42,24 @@ def test_one_topology_under_both_engines_five_services_100_per_second_for_10_sec
         cell = json.loads((cell_dir / "cell.json").read_text())
         assert cell["cell"]["engine"] == engine
         assert cell["deployment"]["parts"] > 5 and cell["locust"]["exit_code"] == 0
+        assert (cell["load"], cell["arrivals"], cell["users"]) == ("open", "constant", 1)
+        assert "OpenLoopUser" in cell["locust"]["command"]
         requests = pd.read_csv(cell_dir / "requests.csv.gz")
-        delivered = requests[requests["status"] == 200]
-        assert len(requests) > 500  # 12 s at up to 100 req/s
+        # the schedule: 13 s (warm-up, duration and a second more) at 100 req/s, every request a row, answered or missed
+        assert len(requests) == 1300
+        sent = requests[requests["missed"].isna()]
+        assert len(sent) >= 0.95 * 1300, requests["missed"].value_counts()
+        assert (requests["t_intended_ms"].sort_values().diff().dropna().round(3) == 10).all()  # rows come in answer order
+        assert (sent["t_send_ms"] >= sent["t_intended_ms"] - 1).all()  # never sent early (1 ms: two clocks read apart)
+        assert (sent["rtt_ms"] - sent["service_time_ms"] - (sent["t_send_ms"] - sent["t_intended_ms"])).abs().max() < 0.01
+        delivered = sent[sent["status"] == 200]
         assert (delivered["hops"] == 5).all()
         parts = delivered[["service_ms", "forward_ms", "back_ms", "entry_ms", "exit_ms"]].sum(axis=1)
-        assert (parts - delivered["rtt_ms"]).abs().max() < 0.01  # the split adds up to the RTT
+        assert (parts - delivered["service_time_ms"]).abs().max() < 0.01  # the split adds up to the time from the actual send
     meta = json.loads((run_dir / "metadata.json").read_text())
     assert meta["versions"]["locust"] == "2.47.0" and meta["machine"]["cores"] >= 1
     assert meta["parameters"]["engines"] == ["envoy-opa", "envoy-compiled"]
+    assert (meta["parameters"]["load"], meta["parameters"]["arrivals"], meta["locust"]["load"]) == ("open", "constant", "open")
     assert meta["sessions"][-1]["outcome"] == "finished"
     assert meta["sessions"][-1]["bench"]["csv"] == "bench.csv", meta["sessions"][-1]["bench"]
     bench = pd.read_csv(run_dir / "raw" / "bench.csv")
@@ -58,6 +67,7 @@ def test_one_topology_under_both_engines_five_services_100_per_second_for_10_sec
     table = pd.read_csv(run_dir / "report" / "tables" / "table1.csv")
     assert table[["topology", "engine", "rate", "services"]].values.tolist() == [["sidecar", "envoy-opa", 100, 5], ["sidecar", "envoy-compiled", 100, 5]]
     assert ((0 < table["min"]) & (table["min"] <= table["median"]) & (table["median"] <= table["max"])).all()
+    assert set(table["load"]) == {"open loop, constant arrivals"} and (table["scheduled"] == 1000).all()
     cpu = pd.read_csv(run_dir / "report" / "tables" / "cpu_per_record.csv").set_index("engine")
     # a sidecar deployment spends CPU in all three kinds of process, and they make up its total; under the compiled
     # engine its OPAs are asked nothing for allowed records, so only envoy-opa's must have used CPU
@@ -68,6 +78,7 @@ def test_one_topology_under_both_engines_five_services_100_per_second_for_10_sec
     assert len(pd.read_csv(run_dir / "report" / "tables" / "engines.csv")) == 1
     markdown = (run_dir / "report" / "report.md").read_text()
     assert "### SA" in markdown and "What each part of a hop costs, beside its floor" in markdown
+    assert "load: **open loop, constant arrivals**" in markdown and "The load is an open loop" in markdown
     assert (run_dir / "report" / "report.html").exists()
     assert str(run_dir / "report" / "report.html") in run.stdout
 

@@ -211,3 +211,20 @@ def test_a_bench_that_cannot_load_is_a_failed_bench(tmp_path, monkeypatch):
     run = new_runner(tmp_path)
     run.measure_bench()
     assert sessions(run)[-1]["bench"]["error"].startswith("ModuleNotFoundError")
+
+
+# ---- the load of a cell ------------------------------------------------------------------
+
+def test_a_cell_records_its_open_loop_and_the_run_its_locust(tmp_path):
+    run = new_runner(tmp_path, arrivals="poisson")
+    cell = Cell("sidecar", "envoy-opa", 100, 5, 1)
+    load = run.load_of(cell)
+    assert (load["load"], load["arrivals"], load["max_in_flight"], load["late_tolerance_ms"]) == ("open", "poisson", 1000, 100)
+    assert load["seed"] == run.load_of(Cell("sidecar", "envoy-opa", 100, 5, 1))["seed"] != run.load_of(Cell("sidecar", "envoy-opa", 100, 5, 2))["seed"]
+    assert json.loads((run.run_dir / "metadata.json").read_text())["locust"]["load"] == "open"
+
+
+def test_a_closed_loop_cell_records_its_user_rate(tmp_path):
+    run = new_runner(tmp_path, load="closed", user_rate=5)
+    assert run.load_of(Cell("sidecar", "envoy-opa", 100, 5, 1)) == {"load": "closed", "user_rate": 5}
+    assert json.loads((run.run_dir / "metadata.json").read_text())["locust"]["load"] == "closed"

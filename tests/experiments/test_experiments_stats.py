@@ -71,7 +71,9 @@ def test_saturation_flag(achieved, offered, error_rate, saturated):
 
 
 def requests_frame(rows):
-    return pd.DataFrame(rows, columns=["t_send_ms", "rtt_ms", "status", "record", "expected"])
+    """A closed loop's requests: each intended when sent, its RTT its service time, none missed."""
+    frame = pd.DataFrame(rows, columns=["t_send_ms", "rtt_ms", "status", "record", "expected"])
+    return frame.assign(t_intended_ms=frame["t_send_ms"], service_time_ms=frame["rtt_ms"], missed=None)
 
 
 def test_cell_statistics_leave_the_warm_up_and_the_tail_out():
@@ -96,10 +98,22 @@ def test_denied_records_are_counted_but_not_timed():
 
 def test_repetition_spread_is_the_coefficient_of_variation_of_the_medians():
     cells = pd.DataFrame({"topology": "sidecar", "engine": "envoy-opa", "rate": 100, "services": 5, "repetition": [1, 2, 3],
-                          "median": [10.0, 20.0, 30.0]})
+                          "median": [10.0, 20.0, 30.0], "saturated": False, "load": "open loop, constant arrivals"})
     row = stats.repetition_spread(cells).iloc[0]
     assert row["medians"] == "10.000 20.000 30.000"
     assert row["cv"] == pytest.approx(10 / 20)  # sample std 10, mean 20
+    assert row["load"] == "open loop, constant arrivals"
+
+
+def test_a_case_whose_repetitions_vary_by_more_than_ten_percent_is_flagged_unless_saturated():
+    def case(rate, medians, saturated=False):
+        return pd.DataFrame({"topology": "sidecar", "engine": "envoy-opa", "rate": rate, "services": 5, "repetition": [1, 2, 3],
+                             "median": medians, "saturated": saturated, "load": "open loop, constant arrivals"})
+    # mean 100 each; sample standard deviation 12 and 5: CV 12% and 5%
+    cells = pd.concat([case(100, [88.0, 100.0, 112.0]), case(200, [95.0, 100.0, 105.0]), case(500, [88.0, 100.0, 112.0], saturated=[False, True, False])])
+    spread = stats.repetition_spread(cells).set_index("rate")
+    assert spread["cv"].tolist() == pytest.approx([0.12, 0.05, 0.12])
+    assert spread["cv_flagged"].tolist() == [True, False, False]  # 500 req/s: a saturated repetition, not flagged
 
 
 def test_enforcement_cost_per_hop_of_both_engines_against_one_baseline():
@@ -131,7 +145,7 @@ def test_time_split_of_one_request_adds_up_to_its_rtt():
 def test_time_split_of_a_case_takes_transit_from_the_baseline():
     def rows(topology, engine, outside):
         return [{"topology": topology, "engine": engine, "rate": 100, "services": 2, "t_send_ms": 0.0, "rtt_ms": 4.0 + outside,
-                 "status": 200, "record": "allowed", "expected": 200, "hops": 2.0, "service_ms": 4.0, "forward_ms": outside / 2,
+                 "service_time_ms": 4.0 + outside, "status": 200, "record": "allowed", "expected": 200, "hops": 2.0, "service_ms": 4.0, "forward_ms": outside / 2,
                  "back_ms": outside / 4, "entry_ms": outside / 8, "exit_ms": outside / 8}]
     requests = pd.DataFrame(rows("sidecar", "envoy-opa", 16.0) + rows("sidecar", "envoy-compiled", 8.0) + rows("baseline", "none", 4.0))
     result = stats.time_split(requests).set_index("engine")
@@ -142,6 +156,16 @@ def test_time_split_of_a_case_takes_transit_from_the_baseline():
     # the compiled engine against the same baseline: 8 ms outside its services, 4 of them transit
     assert (result.loc["envoy-compiled", "transit_ms"], result.loc["envoy-compiled", "enforcement_ms"]) == pytest.approx((4.0, 4.0))
     assert result.loc["none", "enforcement_ms"] == pytest.approx(0.0)
+    assert (result["send_lag_ms"] == 0).all()  # sent when intended: the parts make up the whole RTT
+
+
+def test_time_split_leaves_the_senders_lateness_out_of_the_parts():
+    request = {"topology": "baseline", "engine": "none", "rate": 100, "services": 2, "t_send_ms": 0.0, "rtt_ms": 30.0,
+               "service_time_ms": 10.0, "status": 200, "record": "allowed", "expected": 200, "hops": 2.0, "service_ms": 4.0,
+               "forward_ms": 2.0, "back_ms": 2.0, "entry_ms": 1.0, "exit_ms": 1.0}
+    row = stats.time_split(pd.DataFrame([request])).iloc[0]
+    assert row["send_lag_ms"] == pytest.approx(20.0)  # sent 20 ms after its intended time
+    assert row["service_ms"] + row["outside_ms"] + row["send_lag_ms"] == pytest.approx(row["rtt_ms"])
 
 
 def test_records_of_a_mix_are_counted_by_kind_and_status():
