@@ -23,9 +23,6 @@ import csv
 import json
 import random
 import time
-import sys
-import time
-from pathlib import Path
 
 import gevent
 from gevent.pool import Pool
