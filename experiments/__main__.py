@@ -67,7 +67,8 @@ def cmd_model(args) -> int:
         print(f"error: no run with a bench under {args.results}", file=sys.stderr)
         return 2
     try:
-        paths = model.build_report(run_dir, paper_cores=args.paper_cores, seconds=args.seconds)
+        paths = model.build_report(run_dir, paper_cores=args.paper_cores, seconds=args.seconds, paper_rates=args.paper_rates,
+                                   paper_services=args.paper_services)
     except model.ModelError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -146,6 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     modelling.add_argument("--paper-cores", type=int, default=48, metavar="N",
                            help="hardware threads of each of the paper's service nodes (default 48; its gateway node: 56)")
     modelling.add_argument("--seconds", type=float, default=8.0, help="simulated seconds per cell of this machine (default 8)")
+    modelling.add_argument("--paper-rates", nargs="+", type=int, default=[100, 500, 1000], metavar="REQ_PER_S",
+                           help="rates predicted on the paper's testbed (default 100 500 1000)")
+    modelling.add_argument("--paper-services", nargs="+", type=int, default=[5, 10, 25, 50], metavar="N",
+                           help="chain lengths predicted on the paper's testbed (default 5 10 25 50)")
     modelling.set_defaults(handler=cmd_model)
 
     changes = commands.add_parser("reload", help="changeability: a rule-set change while records flow, per topology, engine and services")

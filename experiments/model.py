@@ -469,10 +469,11 @@ def case_text(row) -> str:
     return f"{arch(row.topology)}{engine} r{row.rate} n{row.services}"
 
 
-def build_report(run_dir: Path, paper_cores: int = PAPER_CORES, seconds: float = 8.0) -> dict:
+def build_report(run_dir: Path, paper_cores: int = PAPER_CORES, seconds: float = 8.0, paper_rates=PAPER_RATES,
+                 paper_services=PAPER_SERVICES) -> dict:
     """The model's section of a run's report: report/model.md and model.html, its tables and figure."""
     validation, calibration, costs = this_machine(run_dir, seconds=seconds)
-    predictions = paper_testbed(costs, calibration, cores=paper_cores)
+    predictions = paper_testbed(costs, calibration, cores=paper_cores, rates=paper_rates, services=paper_services)
     w_avg = predicted_w_avg(predictions)
     report_dir = run_dir / "report"
     (report_dir / "tables").mkdir(parents=True, exist_ok=True)
