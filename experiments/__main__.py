@@ -76,6 +76,20 @@ def cmd_model(args) -> int:
     return 0
 
 
+def cmd_compare(args) -> int:
+    from . import compare  # scipy and matplotlib only when runs are compared
+
+    run_a, run_b = run_folder(args.results, args.run_a), run_folder(args.results, args.run_b)
+    out = args.out or args.results / f"compare-{run_a.name}-{run_b.name}"
+    try:
+        paths = compare.build(run_a, run_b, out)
+    except compare.CompareError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"compare: {paths['html']}\ncompare: {paths['markdown']}")
+    return 0
+
+
 def cmd_reload(args) -> int:
     from . import changeability, metadata
     from .report import build, render_html, render_markdown
@@ -152,6 +166,12 @@ def main(argv: list[str] | None = None) -> int:
     modelling.add_argument("--paper-services", nargs="+", type=int, default=[5, 10, 25, 50], metavar="N",
                            help="chain lengths predicted on the paper's testbed (default 5 10 25 50)")
     modelling.set_defaults(handler=cmd_model)
+
+    comparing = commands.add_parser("compare", help="what changed from run A to run B, per case both measured, with bootstrap intervals")
+    comparing.add_argument("run_a", help="the run before: a run id under the results folder, or a run folder's path")
+    comparing.add_argument("run_b", help="the run after")
+    comparing.add_argument("--out", type=Path, help="folder to write into (default <results>/compare-<A>-<B>)")
+    comparing.set_defaults(handler=cmd_compare)
 
     changes = commands.add_parser("reload", help="changeability: a rule-set change while records flow, per topology, engine and services")
     changes.add_argument("--services", nargs="+", type=int, default=[5, 50], metavar="N", help="chain lengths (default 5 50)")
