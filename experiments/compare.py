@@ -9,7 +9,11 @@ method, each run's samples resampled on their own):
   divided by the records sent in it; the change is that of the mean;
 - the rate carried: the records sent per second of the window; where a case is saturated in
   both runs it is its capacity, and the table says so.
-A change whose interval excludes 0 is reported as a shift. Beside them, the bench of each run
+A change whose interval excludes 0 is reported as a shift. Then the cost of enforcement per hop
+before and after, per enforcing case whose baseline (same rate and services) both runs measured:
+(the case's median RTT − the baseline's) / hops, and the same of the mean CPU per record, as
+stats.enforcement_cost and stats.cpu_per_record define them, with the interval of their change
+(the four samples resampled each on its own). Beside them, the bench of each run
 (raw/bench.csv, ms of CPU per record of each part of a hop) before and after: it keeps only each
 part's median over its rounds, so it has no interval.
 """
@@ -29,7 +33,7 @@ import pandas as pd  # noqa: E402
 from scipy import stats as scipy_stats  # noqa: E402
 
 from . import stats  # noqa: E402
-from .matrix import BENCH_CSV  # noqa: E402
+from .matrix import BASELINE, BENCH_CSV  # noqa: E402
 from .report import names, render_html, render_markdown, save  # noqa: E402
 
 CONFIDENCE = 0.95
@@ -121,6 +125,32 @@ def compare(run_a: Path, run_b: Path, seed: int = 1) -> pd.DataFrame:
     return stats.order(table, by=[*stats.CASE, "measure_rank"]).drop(columns="measure_rank")
 
 
+PER_HOP = {"rtt_per_hop": ("rtt", np.median), "cpu_per_hop": ("cpu_per_record", np.mean)}  # name: (sample, statistic)
+
+
+def per_hop(run_a: Path, run_b: Path, seed: int = 1) -> pd.DataFrame:
+    """Per enforcing case common to both runs with its baseline in both: the enforcement cost per
+    hop (RTT and CPU) in A and in B, the change and its bootstrap interval."""
+    before, after = samples(run_a), samples(run_b)
+    rows = []
+    for case in (case for case in before if case in after and case[0] != BASELINE):
+        baseline = (BASELINE, stats.NO_ENGINE, case[2], case[3])
+        if baseline not in before or baseline not in after:
+            continue
+        hops = case[3]  # every hop into a service is decided (stats.enforcement_cost)
+        for name, (sample, statistic) in PER_HOP.items():
+            def cost(enforcing, reference, axis=-1):
+                return (statistic(enforcing, axis=axis) - statistic(reference, axis=axis)) / hops
+            data = (before[case][sample], before[baseline][sample], after[case][sample], after[baseline][sample])
+            interval = scipy_stats.bootstrap(data, lambda a, a0, b, b0, axis: cost(b, b0, axis) - cost(a, a0, axis), vectorized=True,
+                                             n_resamples=RESAMPLES, confidence_level=CONFIDENCE, method="percentile", batch=100,
+                                             rng=np.random.default_rng(seed)).confidence_interval
+            cost_a, cost_b = cost(*data[:2]), cost(*data[2:])
+            rows.append({**dict(zip(stats.CASE, case)), "measure": name, "before": cost_a, "after": cost_b, "change": cost_b - cost_a,
+                         "low": interval.low, "high": interval.high, "shift": interval.low > 0 or interval.high < 0})
+    return pd.DataFrame(rows)
+
+
 def bench_before_after(run_a: Path, run_b: Path) -> pd.DataFrame:
     """The bench rows (ms of CPU per record) both runs measured, before and after."""
     paths = [run / "raw" / BENCH_CSV for run in (run_a, run_b)]
@@ -186,6 +216,7 @@ def figure(table: pd.DataFrame, figures_dir: Path) -> Path:
 def build(run_a: Path, run_b: Path, out_dir: Path) -> dict:
     """compare.md, compare.html, compare.csv and the figure of runs A and B, in out_dir."""
     table = compare(run_a, run_b)
+    hops = per_hop(run_a, run_b)
     bench = bench_before_after(run_a, run_b)
     (out_dir / "figures").mkdir(parents=True, exist_ok=True)
     table.to_csv(out_dir / "compare.csv", index=False)
@@ -203,6 +234,15 @@ def build(run_a: Path, run_b: Path, out_dir: Path) -> dict:
             for name, row in zip(names(shifts), shifts.itertuples())]),
         ("figure", figure(table, out_dir / "figures"), "Each measure's change relative to A, with its interval."),
     ]
+    if not hops.empty:
+        blocks += [("h2", "The cost of enforcement per hop, before and after"),
+                   ("p", "(the case's median RTT − the baseline's) / hops, and the same of the mean CPU per record, in ms; "
+                         f"the change with its {CONFIDENCE:.0%} bootstrap interval (✱: it excludes 0)."),
+                   ("table", pd.DataFrame({
+                       "case": names(hops), "rate": hops["rate"], "services": hops["services"],
+                       "per hop": hops["measure"].map({"rtt_per_hop": "RTT (ms)", "cpu_per_hop": "CPU (ms)"}),
+                       "A → B": [f"{a:.3f} → {b:.3f}" for a, b in zip(hops["before"], hops["after"])],
+                       "change [95% CI]": [interval_text(row) + (" ✱" if row.shift else "") for row in hops.itertuples()]}))]
     if not bench.empty:
         blocks += [("h2", "The bench before and after (ms of CPU per record of each part of a hop)"),
                    ("p", "Each run's `raw/bench.csv`: the median of each part over the bench's rounds, so no interval; "

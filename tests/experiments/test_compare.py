@@ -78,11 +78,20 @@ def test_a_real_shift_has_its_interval_excluding_zero(runs):
     assert not row(table, BASELINE, "median")["shift"]  # the same distribution, other samples
 
 
+def test_the_cost_per_hop_before_and_after(runs):
+    hops = compare.per_hop(*runs).set_index("measure")
+    # CPU: (10 - 5) / 5 = 1 ms a hop before, (15 - 5) / 5 = 2 after; RTT: the medians of exponentials (ln 2 x mean).
+    assert hops.loc["cpu_per_hop", "before"] == pytest.approx(1.0, abs=0.15)
+    assert hops.loc["cpu_per_hop", "after"] == pytest.approx(2.0, abs=0.15)
+    assert hops["shift"].all() and (hops["low"] > 0).all()
+
+
 def test_an_identical_twin_has_its_interval_including_zero(runs, tmp_path):
     before, _ = runs
     twin = shutil.copytree(before, tmp_path / "twin")
     table = compare.compare(before, twin)
     assert not table["shift"].any()
+    assert not compare.per_hop(before, twin)["shift"].any()
     spread = table[table["measure"] != "rate"]
     assert (spread["change"] == 0).all() and (spread["low"] < 0).all() and (spread["high"] > 0).all()
 
