@@ -540,6 +540,7 @@ def paper_reading(predictions: pd.DataFrame, w_avg: pd.DataFrame, reference: dic
         lines.append("where both have a W Avg (envoy-opa): " + ", ".join(f"{arch(row.topology)} at {row.rate} req/s {row.w_avg:.1f} ms "
                                                                        f"against {paper:.1f} ({row.w_avg / paper:.2f}×)" for row, paper in both)
                      + "; elsewhere the paper's W Avg grows with the rate (CE to 728 ms, DR_3 to 242 ms at 1000 req/s) where ours "
-                       "has a saturated chain length: the same bottlenecks, queueing without bound in an open loop, against the "
-                       "paper's closed JMeter loop, whose RTTs stay finite (Little's law)")
+                       "has a saturated chain length: a bottleneck in both (ours the deciding Envoy named above; the paper does not "
+                       "break its own down), queueing without bound in our open loop, while the paper's closed JMeter loop keeps "
+                       "its RTTs finite (Little's law)")
     return lines
