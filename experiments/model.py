@@ -32,7 +32,7 @@ import json
 import math
 import random
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
@@ -49,7 +49,7 @@ from complyroute import manifest  # noqa: E402
 from complyroute.plan import GATEWAY_SENDER, place  # noqa: E402
 
 from . import stats  # noqa: E402
-from .matrix import BASELINE, COMPILED_ENGINE, ENGINES, MIN_ACHIEVED_SHARE, TOPOLOGIES  # noqa: E402
+from .matrix import BASELINE, BENCH_CSV, COMPILED_ENGINE, ENGINES, MIN_ACHIEVED_SHARE, TOPOLOGIES  # noqa: E402
 from .report import (COLORS, PAPER_NAMES, SATURATED_MARK, arch, color, load_paper_reference, marked, ms, names,  # noqa: E402
                      percent, rate_text, render_html, render_markdown, save)
 
@@ -169,7 +169,6 @@ class Prediction:
     mean: float | None = None
     p95: float | None = None
     mean_wait: float | None = None  # ms a record spent queued for threads and cores
-    rtts: list[float] = field(default_factory=list, repr=False)
 
 
 def simulate(path: list[Visit], cores: dict[str, int], rate: float, *, arrivals: str = "poisson", user_rate: float = 10.0,
@@ -244,7 +243,6 @@ def simulate(path: list[Visit], cores: dict[str, int], rate: float, *, arrivals:
         prediction.saturated = True
         return prediction
     rtts = sorted(rtt for rtt, _ in measured)
-    prediction.rtts = rtts
     prediction.median = statistics.median(rtts)
     prediction.mean = statistics.fmean(rtts)
     prediction.p95 = rtts[min(len(rtts) - 1, math.ceil(0.95 * len(rtts)) - 1)]
@@ -287,6 +285,9 @@ def load_measured(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
 
 
 def calibrate(cells: pd.DataFrame, table: pd.DataFrame, costs: Costs, cores: int, user_rate: float, seconds: float) -> Calibration:
+    """Locust's CPU per request, and the delays per service and per OPA visit fitted on the run's
+    baseline and central entity (envoy-opa) at its lowest rate and chain length, where measured
+    unsaturated."""
     client_cpu_ms = float((cells["cpu_locust"] * 1000 / cells["achieved_rate"]).median())
     lowest = table.sort_values(["rate", "services"]).iloc[0]
     rate, services = int(lowest["rate"]), int(lowest["services"])
@@ -314,7 +315,7 @@ def this_machine(run_dir: Path, seconds: float = 8.0) -> tuple[pd.DataFrame, Cal
     """Per case of the run: measured and predicted median RTT, achieved rate, saturation; the
     model's error on the median where neither is saturated."""
     cells, table, meta = load_measured(run_dir)
-    costs = Costs.from_bench(run_dir / "raw" / "bench.csv")
+    costs = Costs.from_bench(run_dir / "raw" / BENCH_CSV)
     parameters = meta["parameters"]
     cores = int(meta["machine"]["cores"])
     calibration = calibrate(cells, table, costs, cores, parameters["user_rate"], seconds)
@@ -327,7 +328,7 @@ def this_machine(run_dir: Path, seconds: float = 8.0) -> tuple[pd.DataFrame, Cal
         both_unsaturated = not case.saturated and not predicted.saturated
         rows.append({
             "topology": case.topology, "engine": case.engine, "rate": case.rate, "services": case.services,
-            "measured_median": case.median, "predicted_median": predicted.median if not predicted.saturated else None,
+            "measured_median": case.median, "predicted_median": predicted.median,
             "error": (predicted.median / case.median - 1) if both_unsaturated else None,
             "measured_achieved": case.achieved_rate, "predicted_achieved": predicted.achieved_rate,
             "measured_saturated": bool(case.saturated), "predicted_saturated": predicted.saturated,
