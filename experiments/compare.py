@@ -147,8 +147,9 @@ def per_hop(run_a: Path, run_b: Path, seed: int = 1) -> pd.DataFrame:
                                              rng=np.random.default_rng(seed)).confidence_interval
             cost_a, cost_b = cost(*data[:2]), cost(*data[2:])
             rows.append({**dict(zip(stats.CASE, case)), "measure": name, "before": cost_a, "after": cost_b, "change": cost_b - cost_a,
-                         "low": interval.low, "high": interval.high, "shift": interval.low > 0 or interval.high < 0})
-    return pd.DataFrame(rows)
+                         "low": interval.low, "high": interval.high, "shift": interval.low > 0 or interval.high < 0,
+                         "measure_rank": list(PER_HOP).index(name)})
+    return stats.order(pd.DataFrame(rows), by=[*stats.CASE, "measure_rank"]).drop(columns="measure_rank") if rows else pd.DataFrame()
 
 
 def bench_before_after(run_a: Path, run_b: Path) -> pd.DataFrame:
@@ -194,7 +195,8 @@ def figure(table: pd.DataFrame, figures_dir: Path) -> Path:
     cases = list(dict.fromkeys(zip(*(table[key] for key in stats.CASE))))
     labels = [f"{name} r{case[2]} n{case[3]}" for case, name in
               zip(cases, names(pd.DataFrame(cases, columns=stats.CASE)))]
-    fig, axes = plt.subplots(1, len(MEASURES), figsize=(3.2 * len(MEASURES) + 2, 0.35 * len(cases) + 1.6), sharey=True)
+    fig, axes = plt.subplots(1, len(MEASURES), figsize=(3.2 * len(MEASURES) + 2, 0.35 * len(cases) + 1.6), sharey=True,
+                             layout="constrained")
     for ax, (measure, (title, _)) in zip(axes, MEASURES.items()):
         rows = table[table["measure"] == measure].set_index(stats.CASE).loc[cases]
         centre = 100 * rows["relative"].to_numpy()
