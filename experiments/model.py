@@ -43,7 +43,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import simpy  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
-from matplotlib.ticker import NullFormatter  # noqa: E402
+from matplotlib.ticker import FuncFormatter, NullFormatter  # noqa: E402
 
 from complyroute import manifest  # noqa: E402
 from complyroute.plan import GATEWAY_SENDER, place  # noqa: E402
@@ -434,12 +434,14 @@ def figure(validation: pd.DataFrame, predictions: pd.DataFrame, figures_dir: Pat
     right.set(xscale="log", yscale="log", xlabel="services in the chain", ylabel="predicted median RTT (ms)",
               title="The paper's testbed: cells not saturated\n(○ 100, △ 500, □ 1000 req/s)")
     right.set_xticks(PAPER_SERVICES, [str(n) for n in PAPER_SERVICES])
-    right.xaxis.set_minor_formatter(NullFormatter())
     handles = [Line2D([], [], color=COLORS[t], label=arch(t)) for t in TOPOLOGIES]
     handles += [Line2D([], [], color="black", linestyle=styles[e], label=e) for e in styles]
     right.legend(handles=handles, fontsize=7, loc="upper left")
     for ax in (left, right):
         ax.grid(alpha=0.3, which="both")
+        for axis in (ax.xaxis, ax.yaxis):  # plain numbers, major ticks only: a log axis's minor labels overlap
+            axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+            axis.set_minor_formatter(NullFormatter())
     return save(fig, figures_dir, "model")
 
 
