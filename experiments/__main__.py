@@ -1,4 +1,5 @@
-"""`complyroute experiments run ...` (or `python -m experiments run ...`), `... report <run-id>`, `... bench`, `... reload` and `... soak`; see README.md."""
+"""`complyroute experiments run ...` (or `python -m experiments run ...`), `... report <run-id>`, `... bench`,
+`... reload`, `... soak`, `... model [run]` and `... compare <run> <run>`; see README.md."""
 
 from __future__ import annotations
 
@@ -51,6 +52,43 @@ def cmd_report(args) -> int:
         return 2
     paths = build(run_dir)
     print(f"report: {paths['html']}\nreport: {paths['markdown']}")
+    return 0
+
+
+def newest_run(results: Path) -> Path | None:
+    """The most recently started run under the results folder that has a bench."""
+    runs = [path.parent.parent for path in results.glob("*/raw/bench.csv") if (path.parent.parent / "metadata.json").exists()]
+    return max(runs, key=lambda run: json.loads((run / "metadata.json").read_text())["created_at"], default=None)
+
+
+def cmd_model(args) -> int:
+    from . import model  # simpy and matplotlib only when a model is made
+
+    run_dir = run_folder(args.results, args.run_id) if args.run_id else newest_run(args.results)
+    if run_dir is None:
+        print(f"error: no run with a bench under {args.results}", file=sys.stderr)
+        return 2
+    try:
+        paths = model.build_report(run_dir, paper_cores=args.paper_cores, seconds=args.seconds, paper_rates=args.paper_rates,
+                                   paper_services=args.paper_services)
+    except model.ModelError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"model: {paths['html']}\nmodel: {paths['markdown']}")
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from . import compare  # scipy and matplotlib only when runs are compared
+
+    run_a, run_b = run_folder(args.results, args.run_a), run_folder(args.results, args.run_b)
+    out = args.out or args.results / f"compare-{run_a.name}-{run_b.name}"
+    try:
+        paths = compare.build(run_a, run_b, out)
+    except compare.CompareError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"compare: {paths['html']}\ncompare: {paths['markdown']}")
     return 0
 
 
@@ -144,6 +182,24 @@ def main(argv: list[str] | None = None, prog: str = "python -m experiments") -> 
     bench.add_argument("--records", type=int, default=1500, help="sequential records per part and round (default 1500)")
     bench.add_argument("--rounds", type=int, default=3, help="rounds; every figure is the median over them (default 3)")
     bench.set_defaults(handler=cmd_bench)
+
+    modelling = commands.add_parser("model", help="predict RTTs from the bench's CPU costs, here and on the paper's testbed",
+                                    description="Writes report/model.md and model.html of the run (default: the newest with a bench).")
+    modelling.add_argument("run_id", nargs="?", help="a run id under the results folder, or a run folder's path")
+    modelling.add_argument("--paper-cores", type=int, default=48, metavar="N",
+                           help="hardware threads of each of the paper's service nodes (default 48; its gateway node: 56)")
+    modelling.add_argument("--seconds", type=float, default=8.0, help="simulated seconds per cell of this machine (default 8)")
+    modelling.add_argument("--paper-rates", nargs="+", type=int, default=[100, 500, 1000], metavar="REQ_PER_S",
+                           help="rates predicted on the paper's testbed (default 100 500 1000)")
+    modelling.add_argument("--paper-services", nargs="+", type=int, default=[5, 10, 25, 50], metavar="N",
+                           help="chain lengths predicted on the paper's testbed (default 5 10 25 50)")
+    modelling.set_defaults(handler=cmd_model)
+
+    comparing = commands.add_parser("compare", help="what changed from run A to run B, per case both measured, with bootstrap intervals")
+    comparing.add_argument("run_a", help="the run before: a run id under the results folder, or a run folder's path")
+    comparing.add_argument("run_b", help="the run after")
+    comparing.add_argument("--out", type=Path, help="folder to write into (default <results>/compare-<A>-<B>)")
+    comparing.set_defaults(handler=cmd_compare)
 
     changes = commands.add_parser("reload", help="changeability: a rule-set change while records flow, per topology, engine and services")
     changes.add_argument("--services", nargs="+", type=int, default=[5, 50], metavar="N", help="chain lengths (default 5 50)")

@@ -1,0 +1,136 @@
+"""The testbed model (experiments/model.py): queueing theory where it is known, the paths the
+placements lay out, the bench it reads, and the command on a small run folder."""
+
+import math
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from experiments import model
+from experiments.__main__ import main
+
+TWO_ENGINES = Path(__file__).resolve().parent / "fixtures" / "two-engines"
+COSTS = model.Costs(service=1.0, forwarding=0.25, decision_envoy=0.6, decision_opa=0.9, compiled_envoy=0.3)
+ONE_PART = [model.Visit("part", "service", "node", cpu_ms=5.0)]  # 5 ms of CPU: 200 records/s on one core
+
+
+def test_one_part_at_half_load_is_m_m_1():
+    # M/M/1, service 5 ms, 100 arrivals/s: utilisation 0.5, mean wait rho S / (1 - rho) = 5 ms,
+    # mean response S / (1 - rho) = 10 ms, exponentially distributed: median 10 ln 2.
+    predicted = model.simulate(ONE_PART, {"node": 1}, 100, seconds=600, max_records=60000, seed=7)
+    assert not predicted.saturated
+    assert predicted.capacity == pytest.approx(200)
+    assert predicted.mean_wait == pytest.approx(5.0, rel=0.1)
+    assert predicted.mean == pytest.approx(10.0, rel=0.1)
+    assert predicted.median == pytest.approx(10 * math.log(2), rel=0.1)
+
+
+def test_constant_service_times_give_pollaczek_khinchine():
+    # M/D/1 at utilisation 0.5: mean wait rho S / (2 (1 - rho)) = 2.5 ms.
+    predicted = model.simulate(ONE_PART, {"node": 1}, 100, service="constant", seconds=600, max_records=60000, seed=7)
+    assert predicted.mean_wait == pytest.approx(2.5, rel=0.1)
+
+
+def test_a_part_at_full_load_is_saturated_not_a_number():
+    predicted = model.simulate(ONE_PART, {"node": 1}, 200)
+    assert predicted.saturated
+    assert predicted.median is None and predicted.mean is None and predicted.p95 is None
+    assert predicted.bottleneck == "part" and predicted.capacity == pytest.approx(200)
+
+
+def test_a_closed_loop_past_its_capacity_carries_its_capacity_and_is_saturated():
+    # 40 users of 10 records/s each offer 400/s to a part that carries 200/s.
+    predicted = model.simulate(ONE_PART, {"node": 1}, 400, arrivals="closed", user_rate=10, seconds=20)
+    assert predicted.saturated and predicted.median is None
+    assert predicted.achieved_rate == pytest.approx(200, rel=0.1)
+
+
+def test_threads_and_cores_bound_capacity():
+    # Two single-thread processes on one core: the node (1 core, 10 ms a record) is the bottleneck.
+    path = [model.Visit("a", "service", "node", 5.0), model.Visit("b", "service", "node", 5.0)]
+    assert model.capacity(path, {"node": 1}) == (pytest.approx(100), "node node")
+    # On 4 cores each process's one thread is: 200 records/s each.
+    assert model.capacity(path, {"node": 4})[0] == pytest.approx(200)
+
+
+def test_fixed_delays_add_to_the_rtt():
+    without = model.simulate(ONE_PART, {"node": 1}, 10, service="constant", seconds=20)
+    with_delay = model.simulate(ONE_PART, {"node": 1}, 10, service="constant", seconds=20, delays={"service": 3.0})
+    assert with_delay.median - without.median == pytest.approx(3.0, abs=0.2)
+
+
+def chain(first: list[str], hop) -> list[str]:
+    """The processes of a 5-service chain: the entry's, then each later hop's (hop(i): into svc-0i)."""
+    return first + [name for i in range(2, 6) for name in hop(i)]
+
+
+@pytest.mark.parametrize("topology, engine, processes", [
+    ("central-entity", "envoy-opa", chain(["central-entity/envoy", "central-entity/opa", "svc-01"],
+                                          lambda i: ["central-entity/envoy", "central-entity/opa", f"svc-0{i}"])),
+    # The compiled engine decides later hops in Envoy alone; the entry, fed by clients, still asks OPA.
+    ("central-entity", "envoy-compiled", chain(["central-entity/envoy", "central-entity/opa", "svc-01"],
+                                               lambda i: ["central-entity/envoy", f"svc-0{i}"])),
+    ("sidecar", "envoy-opa", chain(["entry/envoy", "entry/opa", "sidecar-svc-01/envoy", "svc-01"],
+                                   lambda i: [f"sidecar-svc-0{i - 1}/envoy", f"sidecar-svc-0{i - 1}/opa", f"sidecar-svc-0{i}/envoy", f"svc-0{i}"])),
+    ("baseline", None, ["gateway/envoy", "svc-01", "svc-02", "svc-03", "svc-04", "svc-05"]),
+])
+def test_a_records_path_is_the_placements(topology, engine, processes):
+    assert [v.process for v in model.record_path(topology, engine, 5, COSTS)] == processes
+
+
+def test_dynamic_routers_decide_on_the_service_nodes():
+    path = model.record_path("dynamic-router-3", "envoy-opa", 5, COSTS)
+    deciding = [v for v in path if v.kind == "envoy"]
+    assert deciding[0].node == "gateway" and deciding[0].threads == 2  # the entry, gateway_concurrency
+    assert {v.node for v in deciding[1:]} == {"node-1", "node-2", "node-3"} and all(v.threads == 1 for v in deciding[1:])
+    assert all(v.threads is None for v in path if v.kind == "opa")  # Go: as many threads as its node's cores
+
+
+def test_costs_from_a_bench_and_a_bench_without_a_row(tmp_path):
+    rows = [{"part": name, "process": process, "value": value, "unit": model.CPU_UNIT}
+            for (name, process), value in zip(model.BENCH_PROCESSES.items(), [1.0, 0.25, 0.6, 0.9, 0.3])]
+    rows.append({"part": "decision through ext_authz: inside the plugin (wall time)", "process": "envoy-opa/opa", "value": 0.4,
+                 "unit": "ms/decision"})
+    pd.DataFrame(rows).to_csv(tmp_path / "bench.csv", index=False)
+    assert model.Costs.from_bench(tmp_path / "bench.csv") == COSTS  # the wall-time row of the same process is not CPU
+    pd.DataFrame(rows[1:]).to_csv(tmp_path / "bench.csv", index=False)
+    with pytest.raises(model.ModelError, match="service-work"):
+        model.Costs.from_bench(tmp_path / "bench.csv")
+
+
+def full_bench(run_dir: Path) -> None:
+    """The fixture's bench with the rows the model reads that it lacks."""
+    bench = pd.read_csv(run_dir / "raw" / "bench.csv")
+    extra = [{"part": name, "process": process, "value": value, "unit": model.CPU_UNIT}
+             for (name, process), value in zip(model.BENCH_PROCESSES.items(), [1.0, 0.25, 0.6, 0.9, 0.3])
+             if process not in set(bench["process"])]
+    pd.concat([bench, pd.DataFrame(extra)]).to_csv(run_dir / "raw" / "bench.csv", index=False)
+
+
+def test_the_model_command_writes_its_section(tmp_path, capsys):
+    run_dir = tmp_path / "two-engines"
+    shutil.copytree(TWO_ENGINES, run_dir)
+    full_bench(run_dir)
+    assert main(["model", str(run_dir), "--paper-rates", "100", "--paper-services", "5", "--seconds", "4"]) == 0
+    report = run_dir / "report"
+    assert f"model: {report / 'model.html'}" in capsys.readouterr().out
+    for name in ("model.md", "model.html", "figures/model.png", "figures/model.svg", "tables/model_this_machine.csv",
+                 "tables/model_paper_testbed.csv", "tables/model_w_avg.csv"):
+        assert (report / name).exists(), name
+    validation = pd.read_csv(report / "tables" / "model_this_machine.csv")
+    assert len(validation) == 10  # every case of the run
+    paper = pd.read_csv(report / "tables" / "model_paper_testbed.csv")
+    assert set(paper["topology"]) == {"central-entity", "dynamic-router-3", "dynamic-router-6", "sidecar", "baseline"}
+    assert "| Arch. | rate | paper W Avg (ms) |" in (report / "model.md").read_text()
+
+
+def test_the_model_command_refuses_a_run_without_the_benchs_rows(tmp_path, capsys):
+    run_dir = tmp_path / "two-engines"
+    shutil.copytree(TWO_ENGINES, run_dir)
+    assert main(["model", str(run_dir)]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "has no row for service-work" in error
+    assert main(["--results", str(tmp_path / "nothing"), "model"]) == 2
+    assert "no run with a bench" in capsys.readouterr().err
