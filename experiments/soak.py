@@ -98,6 +98,7 @@ def locust_command(state: dict, folder: Path, parameters: Parameters) -> list[st
         "--csv", str(folder / "locust"), "--requests-csv", str(folder / "requests.csv"), "--mix", parameters.mix,
         "--user-rate", str(parameters.user_rate), "--services", str(parameters.services),
         "--enforcing", "no" if state["topology"].startswith(BASELINE) else "yes",
+        "ClosedLoopUser",  # a held rate per user, so Locust's own count of requests checks the rows
     ]
 
 
