@@ -37,7 +37,7 @@ def cmd_render(args) -> int:
     folder = deployment.RUNS / "k8s" / f"{topology.name}-{len(topology.instances)}"
     output = folder.with_suffix(".yaml")
     output.parent.mkdir(parents=True, exist_ok=True)
-    kubernetes.write_private(output, kubernetes.render(topology, folder))  # it holds the parts' keys
+    kubernetes.write_private(output, kubernetes.render(topology, folder, one_node=args.one_node))  # it holds the parts' keys
     print(f"render: {topology.name} with {len(topology.instances)} services -> {output} (kustomization in {folder})")
     return 0
 
@@ -46,7 +46,7 @@ def cmd_k8s_deploy(args) -> int:
     from . import kubernetes
 
     topology = manifest.load(args.topology, args.services, engine=args.engine)
-    return kubernetes.apply(topology, deployment.RUNS / "k8s" / f"{topology.name}-{len(topology.instances)}", args.timeout)
+    return kubernetes.apply(topology, deployment.RUNS / "k8s" / f"{topology.name}-{len(topology.instances)}", args.timeout, one_node=args.one_node)
 
 
 def cmd_k8s_reload_policy(args) -> int:
@@ -136,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     render.add_argument("--topology", required=True)
     render.add_argument("--services")
     render.add_argument("--engine", choices=manifest.ENGINES)
+    render.add_argument("--one-node", action="store_true",
+                        help="every pod on the one node labelled complyroute.io/role=all (all roles on one node)")
     render.set_defaults(run=cmd_render)
 
     k8s_deploy = commands.add_parser("k8s-deploy", help="apply a topology to the current kubectl context and wait for it")
@@ -143,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     k8s_deploy.add_argument("--services")
     k8s_deploy.add_argument("--engine", choices=manifest.ENGINES)
     k8s_deploy.add_argument("--timeout", default="300s")
+    k8s_deploy.add_argument("--one-node", action="store_true",
+                        help="every pod on the one node labelled complyroute.io/role=all (all roles on one node)")
     k8s_deploy.set_defaults(run=cmd_k8s_deploy)
 
     k8s_reload = commands.add_parser(

