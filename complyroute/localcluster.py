@@ -6,6 +6,15 @@ gateway, three service nodes, labelled as an operator would label real ones) and
 the scheduler puts on them. Every object goes through the real API server, admission,
 controllers and scheduler; only the kubelet's work is simulated, so no container runs and
 no traffic flows: kwok's pod addresses are data in a status field, nothing is sent to them.
+
+With real_node=True one real node joins them (RealNode): containerd, runc and the CNI plugins
+from Debian's packages, a kubelet and kube-proxy built from the same k8s.io/kubernetes as the API
+server, and CoreDNS (tools/coredns), all in a network namespace of their own and a mount
+namespace of their own. Pods there run the images `make images` built (complyroute/images.py)
+and carry traffic; every iptables rule, bridge, veth and pod network namespace lives inside the
+node's network namespace, every mount inside its mount namespace, and stop() ends every
+process of the node (their cgroup), deletes both namespaces and restores what the kubelet
+changed on the host (a few kernel settings), so nothing stays behind.
 """
 
 from __future__ import annotations
@@ -23,8 +32,10 @@ from pathlib import Path
 
 import yaml
 
+from . import images, realnode
 from .kubernetes import NODE_LABEL, ROLE_LABEL
 from .manifest import REPO
+from .realnode import RealNode
 
 BIN = REPO / "bin"
 ETCD_CLIENT, ETCD_PEER, APISERVER, CONTROLLER_MANAGER, SCHEDULER = 32379, 32380, 36443, 30257, 30259
@@ -54,16 +65,22 @@ def kwok_module_dir() -> Path:
 
 
 class LocalCluster:
-    def __init__(self, workdir: Path, service_nodes: int = 3):
+    def __init__(self, workdir: Path, service_nodes: int = 3, real_node: bool = False):
         self.workdir = workdir
         self.nodes = [("gateway", "gateway")] + [(f"node-{n}", "service") for n in range(1, service_nodes + 1)]
         self.kubeconfig = workdir / "kubeconfig"
         self.processes: dict[str, subprocess.Popen] = {}
+        self.real_node = RealNode(self) if real_node else None
+        # Where the API server listens: loopback, or with a real node the host's end of the
+        # node's veth (the kubelet, kube-proxy and CoreDNS reach it from the node's namespace).
+        self.apiserver_host = realnode.HOST_IP if real_node else "127.0.0.1"
 
     # ---- processes
-    def start_process(self, name: str, command: list[str]) -> None:
+    def start_process(self, name: str, command: list[str], preexec_fn=None) -> subprocess.Popen:
         log = open(self.workdir / f"{name}.log", "ab")
-        self.processes[name] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        self.processes[name] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                                start_new_session=True, preexec_fn=preexec_fn)
+        return self.processes[name]
 
     def wait_for(self, what: str, check, timeout: float = 90) -> None:
         deadline = time.monotonic() + timeout
@@ -77,7 +94,7 @@ class LocalCluster:
         raise RuntimeError(f"{what} not ready after {timeout:.0f} s; logs in {self.workdir}")
 
     def apiserver_ready(self) -> bool:
-        request = urllib.request.Request(f"https://127.0.0.1:{APISERVER}/readyz", headers={"Authorization": f"Bearer {TOKEN}"})
+        request = urllib.request.Request(f"https://{self.apiserver_host}:{APISERVER}/readyz", headers={"Authorization": f"Bearer {TOKEN}"})
         try:
             with urllib.request.urlopen(request, context=ssl._create_unverified_context(), timeout=2) as answer:
                 return answer.status == 200
@@ -90,8 +107,12 @@ class LocalCluster:
         if busy:
             raise RuntimeError(f"ports in use: {', '.join(busy)}; is another local cluster still running? "
                                "Stop it (pkill -f runs/k8s-e2e) and try again.")
+        if self.real_node:
+            self.real_node.check()
         try:
             self.start_control_plane()
+            if self.real_node:
+                self.real_node.start()
         except BaseException:
             self.stop()
             raise
@@ -100,6 +121,8 @@ class LocalCluster:
         if self.workdir.exists():
             shutil.rmtree(self.workdir)
         self.workdir.mkdir(parents=True)
+        if self.real_node:  # the veth the API server listens on must be there first
+            self.real_node.make_namespaces()
         keys = self.workdir / "keys"
         keys.mkdir()
         subprocess.run(["openssl", "genrsa", "-out", str(keys / "sa.key"), "2048"], check=True, capture_output=True)
@@ -107,7 +130,7 @@ class LocalCluster:
         (keys / "tokens.csv").write_text(f"{TOKEN},admin,admin,system:masters\n")
         self.kubeconfig.write_text(yaml.safe_dump({
             "apiVersion": "v1", "kind": "Config", "current-context": "local",
-            "clusters": [{"name": "local", "cluster": {"server": f"https://127.0.0.1:{APISERVER}", "insecure-skip-tls-verify": True}}],
+            "clusters": [{"name": "local", "cluster": {"server": f"https://{self.apiserver_host}:{APISERVER}", "insecure-skip-tls-verify": True}}],
             "users": [{"name": "admin", "user": {"token": TOKEN}}],
             "contexts": [{"name": "local", "context": {"cluster": "local", "user": "admin"}}],
         }))
@@ -120,7 +143,7 @@ class LocalCluster:
         ])
         self.start_process("kube-apiserver", [
             str(BIN / "kube-apiserver"), f"--etcd-servers=http://127.0.0.1:{ETCD_CLIENT}",
-            f"--secure-port={APISERVER}", "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+            f"--secure-port={APISERVER}", f"--bind-address={self.apiserver_host}", f"--advertise-address={self.apiserver_host}",
             f"--cert-dir={self.workdir / 'certs'}", f"--token-auth-file={keys / 'tokens.csv'}", "--authorization-mode=RBAC",
             f"--service-account-key-file={keys / 'sa.pub'}", f"--service-account-signing-key-file={keys / 'sa.key'}",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
@@ -185,7 +208,10 @@ class LocalCluster:
 
     def stop(self) -> None:
         """Stop in reverse start order, each before the next: the API server shuts down
-        quickly while etcd is still there, and hangs retrying when etcd went first."""
+        quickly while etcd is still there, and hangs retrying when etcd went first. A real
+        node goes first, the control plane still up."""
+        if self.real_node:
+            self.real_node.stop()
         for process in reversed(list(self.processes.values())):
             try:
                 os.killpg(process.pid, signal.SIGTERM)
@@ -196,3 +222,23 @@ class LocalCluster:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
         self.processes.clear()
+
+
+def import_images() -> int:
+    """`make images`' last step: into the real node's containerd if a local cluster with one runs;
+    otherwise the node imports them when it starts (RealNode.import_images)."""
+    if not realnode.SOCKET.exists():
+        print("images: no local cluster with a real node runs; its node imports runs/images/*.tar when it starts")
+        return 0
+    for kind in images.IMAGES:
+        realnode.run("ctr", f"--address={realnode.SOCKET}", "--namespace=k8s.io", "images", "import", str(images.archive(kind)))
+        print(f"images: {images.IMAGES[kind]} imported into the real node's containerd (namespace k8s.io)")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] == ["import-images"]:
+        sys.exit(import_images())
+    sys.exit("usage: python -m complyroute.localcluster import-images")
