@@ -1,5 +1,7 @@
 """Every topology applied to a real API server (etcd, kube-apiserver, controllers, scheduler)
 whose nodes kwok fakes: accepted, scheduled where the manifest says, and shaped as designed.
+(The cluster, conftest.py, also has a real node, labelled for one-node renderings only: none of
+these pods lands there. test_real_node_e2e.py runs pods on it.)
 
 Run by `make k8s-e2e`, not by the default pytest run (it needs the binaries `make k8s-setup`
 builds).
@@ -17,7 +19,6 @@ from collections import Counter
 import pytest
 
 from complyroute import bundles, kubernetes, manifest
-from complyroute.localcluster import LocalCluster
 from complyroute.manifest import REPO
 
 pytestmark = pytest.mark.k8s
@@ -28,14 +29,6 @@ TOPOLOGIES = ["sidecar", "central-entity", "dynamic-router-3", "dynamic-router-6
 # of their own (kubernetes.split_routes).
 CASES = [(topology, services, None) for services in (5, 50) for topology in TOPOLOGIES]
 CASES += [("central-entity", 50, "envoy-compiled"), ("dynamic-router-3", 50, "envoy-compiled")]
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    local = LocalCluster(REPO / "runs" / "k8s-e2e")
-    local.start()
-    yield local
-    local.stop()
 
 
 def get(cluster, kind, namespace):
