@@ -27,7 +27,7 @@ import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from complyroute import bundles, deployment, kubernetes, kubetrust, manifest, pki
+from complyroute import bundles, deployment, images, kubernetes, kubetrust, manifest, pki
 from complyroute.deployment import POLICIES
 
 TOPOLOGIES = ["sidecar", "central-entity", "dynamic-router-3", "dynamic-router-6", "baseline"]
@@ -1263,3 +1263,26 @@ def test_reload_refuses_a_rule_set_that_changes_an_envoy_bootstrap_denied(deploy
     with pytest.raises(kubernetes.ReloadError, match="changes the Envoy configuration of central-entity beyond its route files"):
         kubernetes.reload_policy(renderer.topology, out=io.StringIO())
     assert api.applied == []
+
+
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+def test_every_container_runs_an_image_make_images_builds_never_pulled(topology, tmp_path):
+    _, objects = rendered(topology, 5, tmp_path)
+    for name, pod in pods(objects).items():
+        for container in pod["containers"] + pod.get("initContainers", []):
+            assert container["image"] in images.IMAGES.values(), (name, container["image"])
+            assert container["imagePullPolicy"] == "IfNotPresent", name
+
+
+@pytest.mark.parametrize("topology", ["sidecar", "dynamic-router-6", "baseline"])
+def test_a_one_node_rendering_puts_every_pod_on_the_node_labelled_for_all_roles(topology, tmp_path):
+    loaded = manifest.load(topology, services=5)
+    spread = [o for o in yaml.safe_load_all(kubernetes.render(loaded, tmp_path / "spread")) if o]
+    one = [o for o in yaml.safe_load_all(kubernetes.render(loaded, tmp_path / "one", one_node=True)) if o]
+    assert {name: pod["nodeSelector"] for name, pod in pods(one).items()} == {name: {kubernetes.ROLE_LABEL: "all"} for name in pods(spread)}
+    # The same workloads, Services and policies; only where the pods go differs.
+    assert sorted((o["kind"], o["metadata"]["name"]) for o in one if o["kind"] not in ("ConfigMap", "Secret")) == \
+        sorted((o["kind"], o["metadata"]["name"]) for o in spread if o["kind"] not in ("ConfigMap", "Secret"))
+    if topology == "dynamic-router-6":  # one router pod per slot, carrying every node's routers, still node-local
+        routers = {o["metadata"]["name"]: o for o in one if o["kind"] == "Service" and o["metadata"]["name"].startswith("router-")}
+        assert sorted(routers) == ["router-1", "router-2"] and all(r["spec"]["internalTrafficPolicy"] == "Local" for r in routers.values())

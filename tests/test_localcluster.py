@@ -23,3 +23,22 @@ def test_port_in_use_sees_a_free_port_allowed():
         probe.bind(("127.0.0.1", 0))
         free = probe.getsockname()[1]
     assert not port_in_use(free)
+
+
+def test_a_real_node_names_what_it_lacks_before_starting_anything_denied(tmp_path, monkeypatch):
+    from complyroute import images, realnode
+
+    monkeypatch.setattr(realnode, "BIN", tmp_path / "bin")
+    monkeypatch.setattr(images, "IMAGES_DIR", tmp_path / "images")
+    cluster = LocalCluster(tmp_path / "cluster", real_node=True)
+    with pytest.raises(RuntimeError, match=r"make k8s-setup|make images|needs root") as refused:
+        cluster.start()
+    assert "kubelet" in str(refused.value) or "root" in str(refused.value) or "image" in str(refused.value)
+    assert cluster.processes == {} and not (tmp_path / "cluster").exists()
+
+
+def test_a_real_node_is_reached_through_the_host_end_of_its_veth_allowed(tmp_path):
+    from complyroute import realnode
+
+    cluster = LocalCluster(tmp_path / "cluster", real_node=True)
+    assert cluster.apiserver_host == realnode.HOST_IP and LocalCluster(tmp_path / "other").apiserver_host == "127.0.0.1"
