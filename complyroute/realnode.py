@@ -105,7 +105,7 @@ class RealNode:
         self.dir = cluster.workdir / "node"
         self.holder: subprocess.Popen | None = None
         self.sysctls: dict[str, str] = {}
-        self.run_before: dict[str, set[str]] = {}
+        self.run_before: dict[str, set[str]] | None = None  # what /run held before make_namespaces
         self.names: list[str] = []  # its processes in cluster.processes
 
     # ---- before anything starts
@@ -313,6 +313,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         self.names.clear()
         remove_cgroup()
         remove_leftovers(self.run_before)
+        self.run_before = None
         for key, value in self.sysctls.items():
             Path("/proc/sys", key).write_text(value)
         self.sysctls.clear()
@@ -355,18 +356,19 @@ def remove_leftovers(before: dict[str, set[str]] | None = None) -> None:
     if Path(f"/run/netns/{NETNS}").exists():
         run("ip", "netns", "delete", NETNS, check=False)
     run("ip", "link", "delete", HOST_VETH, check=False)
-    # Without a record of what was there before (clean()), only the pod namespaces' handles:
-    # another containerd on the machine may own shim sockets.
+    # Without a record of what was there before (clean(), or a start that failed first), only
+    # pod namespace handles no namespace is mounted on any more: another containerd on the
+    # machine may own the rest.
     folders = (("/run/netns", "cni-"), ("/run/containerd/s", "")) if before is not None else (("/run/netns", "cni-"),)
-    before = before or {}
     for folder, prefix in folders:
         if not os.path.isdir(folder):
             continue
-        for name in set(os.listdir(folder)) - before.get(folder, set()):
-            if name.startswith(prefix):
-                path = Path(folder, name)
-                run("umount", "--lazy", str(path), check=False)
-                path.unlink(missing_ok=True)
+        for name in set(os.listdir(folder)) - (before or {}).get(folder, set()):
+            path = Path(folder, name)
+            if not name.startswith(prefix) or (before is None and os.path.ismount(path)):
+                continue
+            run("umount", "--lazy", str(path), check=False)
+            path.unlink(missing_ok=True)
     shutil.rmtree(RUN, ignore_errors=True)
     logs = Path("/var/log/containers")
     if logs.is_dir():
