@@ -15,9 +15,9 @@ Everything the node does to the machine stays in namespaces of its own:
 - a cgroup (CGROUP, in every hierarchy), under which the node's processes, containerd's shims
   and every pod run: stop() kills every process in it, then removes it.
 The containerd root, the kubelet's root, pod logs, CNI address leases all sit in the cluster's
-working folder. The few machine-wide kernel settings the kubelet would tune are read-only where
-it runs (and put back by stop() all the same); shim sockets and network namespace handles left
-on /run are removed.
+working folder. The few machine-wide kernel settings the kubelet tunes are, where it runs,
+files of the node's folder bind-mounted over them (and put back by stop() all the same); shim
+sockets and network namespace handles left on /run are removed.
 
 The images come from `make images` (runs/images/*.tar, complyroute/images.py), imported into
 this containerd at start: no registry is ever asked.
@@ -61,9 +61,9 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 # The labels an operator puts on a node that carries every role (kubernetes.ONE_NODE): a
 # one-node rendering selects it, and none of the kwok nodes has it.
 ROLE_ALL = "all"
-# Kernel settings the kubelet tunes on the host (its kernel tunables, with protectKernelDefaults
-# off): read-only in its mount namespace; read before it starts and written back when it has
-# stopped all the same.
+# Kernel settings the kubelet tunes (its kernel tunables, with protectKernelDefaults off): in its
+# mount namespace, files of its own stand in for them; the machine's are read before it starts
+# and written back when it has stopped all the same.
 KUBELET_SYSCTLS = ["vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops",
                    "kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes"]
 DEBIAN_PACKAGES = {"containerd": "containerd", "runc": "runc", "/usr/lib/cni/bridge": "containernetworking-plugins",
@@ -178,13 +178,13 @@ class RealNode:
             time.sleep(0.05)
 
         # The kubelet tunes a few kernel settings of the whole machine (overcommit, panic on
-        # oops...). In its mount namespace they are read-only, and the kubelet runs with
-        # KubeletInUserNamespace, which makes a setting it cannot write a warning: the machine
-        # keeps its own.
+        # oops...). In its mount namespace each is a file of the node's folder, bind-mounted over
+        # the setting: the kubelet reads and writes that, the machine keeps its own.
         for key in KUBELET_SYSCTLS:
-            path = f"/proc/sys/{key}"
-            run("nsenter", f"--target={self.holder.pid}", "--mount", "--", "mount", "--bind", path, path)
-            run("nsenter", f"--target={self.holder.pid}", "--mount", "--", "mount", "-o", "remount,bind,ro", path)
+            stand_in = self.dir / "sysctl" / key.replace("/", ".")
+            stand_in.parent.mkdir(exist_ok=True)
+            stand_in.write_text(self.sysctls[key] + "\n")
+            run("nsenter", f"--target={self.holder.pid}", "--mount", "--", "mount", "--bind", str(stand_in), f"/proc/sys/{key}")
         self.inside("containerd", ["containerd", "--config", str(self.dir / "containerd.toml")])
         self.cluster.wait_for("containerd", lambda: self.ctr("version", check=False).returncode == 0, timeout=60)
         self.import_images()
@@ -260,7 +260,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             "containerRuntimeEndpoint": f"unix://{SOCKET}",
             "cgroupDriver": "cgroupfs", "cgroupRoot": f"/{CGROUP}", "cgroupsPerQOS": True,
             # This machine mounts cgroup v1 (a hybrid layout); Kubernetes 1.34 still runs on it.
-            "failCgroupV1": False, "failSwapOn": False, "featureGates": {"KubeletInUserNamespace": True},
+            "failCgroupV1": False, "failSwapOn": False,
             "clusterDNS": [CLUSTER_DNS], "clusterDomain": "cluster.local", "resolvConf": str(d / "resolv.conf"),
             "podLogsDir": str(d / "pod-logs"),
             # ConfigMap updates (make reload-policy target=k8s) reach the pods within seconds.
