@@ -167,7 +167,7 @@ test: setup policy-test ## Run every test: policy, services, control plane and e
 
 ##@ Deploying (processes on this machine, or target=k8s)
 .PHONY: deploy
-deploy: check-topology check-target check-engine check-watch check-restart setup ## Start a topology: make topology=sidecar services=5 [engine=envoy-compiled] deploy [target=k8s] [watch=1: then reload on every save to policies/] [restart=0: a part that dies stays down]
+deploy: check-topology check-target check-engine check-watch check-restart setup ## Start a topology: make topology=sidecar services=5 [engine=envoy-compiled] deploy [target=k8s [one_node=1: every pod on the node labelled complyroute.io/role=all]] [watch=1: then reload on every save to policies/] [restart=0: a part that dies stays down]
 	$(CONTROL) $(if $(filter k8s,$(target)),k8s-deploy,deploy) --topology $(topology_file) $(if $(services),--services $(services)) $(if $(engine),--engine $(engine)) $(if $(filter 0,$(restart)),--no-restart) $(if $(filter 1,$(one_node)),--one-node)
 	$(if $(filter 1,$(watch)),$(CONTROL) watch-policy)
 
