@@ -15,6 +15,8 @@ target ?= local
 engine ?=
 # Run folders `make audit` checks; empty: every one under runs/.
 runs ?=
+# 0: make k8s-e2e without the real node (kwok's nodes only; its traffic tests are skipped).
+real_node ?=
 # 1: render for one node that carries every role (labelled complyroute.io/role=all), target=k8s.
 one_node ?=
 # 1: after deploying, reload the deployment whenever policies/ changes (make deploy watch=1).
@@ -251,8 +253,8 @@ etcd:
 k8s-setup: setup $(K8S_BINARIES) $(BIN)/kwok $(BIN)/coredns etcd node-packages ## Build the Kubernetes control plane, a real node's kubelet, kube-proxy and CoreDNS, and kwok into ./bin; install containerd, runc, CNI plugins, iptables, buildah
 
 .PHONY: k8s-e2e
-k8s-e2e: k8s-setup images ## Apply every topology to a real kube-apiserver with kwok nodes and check placement, routers, sidecars, policies; then run each on a real node and send records through it
-	$(PY) -m pytest -m k8s tests/k8s
+k8s-e2e: k8s-setup $(if $(filter 0,$(real_node)),,images) ## Apply every topology to a real kube-apiserver with kwok nodes and check placement, routers, sidecars, policies; then run each on a real node and send records through it [real_node=0: kwok only]
+	COMPLYROUTE_REAL_NODE=$(if $(filter 0,$(real_node)),0,1) $(PY) -m pytest -m k8s tests/k8s
 
 .PHONY: check-target
 check-target:

@@ -90,6 +90,8 @@ def realnode_root(cluster) -> Path:
 
 @pytest.fixture(scope="module", params=TOPOLOGIES)
 def running(cluster, request, tmp_path_factory):
+    if cluster.real_node is None:
+        pytest.skip("the cluster runs without a real node (COMPLYROUTE_REAL_NODE=0)")
     topology = manifest.load(request.param, services=str(MIXED_REGIONS))
     renderer = kubernetes.Renderer(topology, one_node=True)
     renderer.render()
