@@ -128,7 +128,7 @@ class RealNode:
         """The node's network namespace and veth; its cgroup in every hierarchy."""
         self.dir.mkdir(parents=True, exist_ok=True)
         self.run_before = {folder: set(os.listdir(folder)) if os.path.isdir(folder) else set()
-                           for folder in ("/run/netns", "/run/containerd/s")}
+                           for folder in ("/run/netns", "/run/containerd/s", "/run/containerd/runc/k8s.io")}
         run("ip", "netns", "add", NETNS)
         run("ip", "link", "add", HOST_VETH, "type", "veth", "peer", "name", NODE_VETH)
         run("ip", "link", "set", NODE_VETH, "netns", NETNS)
@@ -229,6 +229,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
   enable_selinux = false
+  # No process here may lower its OOM score (this machine grants no CAP_SYS_RESOURCE), and the
+  # kubelet asks -998 for every sandbox: containerd keeps it at its own score instead.
+  restrict_oom_score_adj = true
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
     default_runtime_name = "runc"
@@ -273,7 +276,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         (d / "kube-proxy.yaml").write_text(yaml.safe_dump({
             "apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration",
             "clientConnection": {"kubeconfig": str(self.cluster.kubeconfig)},
-            "mode": "iptables", "clusterCIDR": POD_CIDR, "hostnameOverride": NAME, "bindAddress": NODE_IP,
+            "mode": "iptables", "clusterCIDR": POD_CIDR, "oomScoreAdj": 0, "hostnameOverride": NAME, "bindAddress": NODE_IP,
             "metricsBindAddress": "127.0.0.1:10249", "healthzBindAddress": "127.0.0.1:10256",
             # Leave the machine's conntrack table size and timeouts as they are.
             "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
@@ -359,7 +362,8 @@ def remove_leftovers(before: dict[str, set[str]] | None = None) -> None:
     # Without a record of what was there before (clean(), or a start that failed first), only
     # pod namespace handles no namespace is mounted on any more: another containerd on the
     # machine may own the rest.
-    folders = (("/run/netns", "cni-"), ("/run/containerd/s", "")) if before is not None else (("/run/netns", "cni-"),)
+    folders = ((("/run/netns", "cni-"), ("/run/containerd/s", ""), ("/run/containerd/runc/k8s.io", ""))
+               if before is not None else (("/run/netns", "cni-"),))
     for folder, prefix in folders:
         if not os.path.isdir(folder):
             continue
@@ -368,7 +372,10 @@ def remove_leftovers(before: dict[str, set[str]] | None = None) -> None:
             if not name.startswith(prefix) or (before is None and os.path.ismount(path)):
                 continue
             run("umount", "--lazy", str(path), check=False)
-            path.unlink(missing_ok=True)
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)  # runc's state of a container
+            else:
+                path.unlink(missing_ok=True)
     shutil.rmtree(RUN, ignore_errors=True)
     logs = Path("/var/log/containers")
     if logs.is_dir():
