@@ -154,6 +154,9 @@ class LocalCluster:
             # (etcd >= 3.4.31); Debian's 3.4.23 lacks it, so each such watch failed at once and
             # kwok saw pods only when its backed-off re-list came round, up to 30 s late.
             "--feature-gates=WatchList=false",
+            # A real node's kubelet (port-forward, exec, logs) is reached at its address: no DNS
+            # here knows the node's name.
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
         ])
         self.wait_for("kube-apiserver", self.apiserver_ready)
         self.start_process("kube-controller-manager", [
