@@ -129,6 +129,7 @@ class RealNode:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.run_before = {folder: set(os.listdir(folder)) if os.path.isdir(folder) else set()
                            for folder in ("/run/netns", "/run/containerd/s", "/run/containerd/runc/k8s.io")}
+        self.run_before["/run/containerd-existed"] = os.path.isdir("/run/containerd")  # type: ignore[assignment]
         run("ip", "netns", "add", NETNS)
         run("ip", "link", "add", HOST_VETH, "type", "veth", "peer", "name", NODE_VETH)
         run("ip", "link", "set", NODE_VETH, "netns", NETNS)
@@ -377,6 +378,10 @@ def remove_leftovers(before: dict[str, set[str]] | None = None) -> None:
             else:
                 path.unlink(missing_ok=True)
     shutil.rmtree(RUN, ignore_errors=True)
+    # The folders the shims and runc made under /run/containerd when there was none before
+    # (and no other containerd has made its socket there since).
+    if before is not None and not before.get("/run/containerd-existed", True) and not Path("/run/containerd/containerd.sock").exists():
+        shutil.rmtree("/run/containerd", ignore_errors=True)
     logs = Path("/var/log/containers")
     if logs.is_dir():
         for link in logs.iterdir():
