@@ -110,11 +110,25 @@ def has_matcher_tree(route_config: dict) -> bool:
 # matcher tree) are files Envoy reads from ConfigMaps routes-<point>-<n> of their own, which a
 # reload updates. A compiled central entity or router set at 50 services holds 49 matcher trees
 # with a TLS context and a token check each: with them its bootstrap would be over 1 MiB.
+@pytest.fixture(scope="module")
+def compiled_at_fifty(tmp_path_factory):
+    """A compiled topology of 50 services as rendered under the default ConfigMap budget, rendered
+    and validated once for the tests below (compiling 49 matcher trees takes OPA most of a minute here)."""
+    rendered_once = {}
+
+    def render(topology):
+        if topology not in rendered_once:
+            path, objects = rendered(topology, 50, tmp_path_factory.mktemp(topology), engine="envoy-compiled")
+            result = kubernetes.validate(path)
+            assert result.returncode == 0, result.stdout + result.stderr
+            rendered_once[topology] = objects
+        return rendered_once[topology]
+    return render
+
+
 @pytest.mark.parametrize("topology", ["sidecar", "central-entity", "dynamic-router-3", "dynamic-router-6"])
-def test_compiled_engine_renders_its_matcher_trees_into_route_configmaps_under_the_size_limit_allowed(topology, tmp_path):
-    path, objects = rendered(topology, 50, tmp_path, engine="envoy-compiled")
-    result = kubernetes.validate(path)
-    assert result.returncode == 0, result.stdout + result.stderr
+def test_compiled_engine_renders_its_matcher_trees_into_route_configmaps_under_the_size_limit_allowed(topology, compiled_at_fifty):
+    objects = compiled_at_fifty(topology)
     configmaps = by_kind(objects, "ConfigMap")
     # The API server refuses a ConfigMap over 1 MiB; the renderer leaves a margin.
     assert max(configmap_bytes(o) for o in configmaps.values()) <= kubernetes.CONFIGMAP_BUDGET < kubernetes.CONFIGMAP_LIMIT
@@ -136,12 +150,15 @@ def test_compiled_engine_renders_its_matcher_trees_into_route_configmaps_under_t
 
 @pytest.mark.parametrize("budget", [None, 500_000], ids=["budget", "two-configmaps"])
 @pytest.mark.parametrize("topology, point", BIG)
-def test_every_route_file_a_listener_names_is_in_one_configmap_mounted_where_it_reads_allowed(topology, point, budget, tmp_path, monkeypatch):
+def test_every_route_file_a_listener_names_is_in_one_configmap_mounted_where_it_reads_allowed(topology, point, budget, tmp_path, monkeypatch,
+                                                                                            compiled_at_fifty):
     if budget:  # the route files of the central entity fill two ConfigMaps of 500,000 bytes
         monkeypatch.setattr(kubernetes, "CONFIGMAP_BUDGET", budget)
-    path, objects = rendered(topology, 50, tmp_path, engine="envoy-compiled")
-    result = kubernetes.validate(path)
-    assert result.returncode == 0, result.stdout + result.stderr
+        path, objects = rendered(topology, 50, tmp_path, engine="envoy-compiled")
+        result = kubernetes.validate(path)
+        assert result.returncode == 0, result.stdout + result.stderr
+    else:
+        objects = compiled_at_fifty(topology)
     configmaps = by_kind(objects, "ConfigMap")
     assert max(configmap_bytes(o) for o in configmaps.values()) <= (budget or kubernetes.CONFIGMAP_BUDGET)
     pod = pods(objects)[point]
