@@ -247,8 +247,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m experiments") -> 
     capacity = commands.add_parser("capacity", help="the highest offered rate each topology holds: a step search per topology, engine "
                                                     "and chain length, the baseline the reference",
                                    description="Per topology, engine and chain length one deployment; the open-loop rate doubles from "
-                                               "--start-rate while steps hold, up to --max-rate, then bisects to within 10%%. A step holds "
-                                               "when it achieved >= 95%% of the offered rate, errors + missed sends <= 1%% and p99 RTT <= "
+                                               "--start-rate while steps hold, up to --max-rate, then bisects to within 10%. A step holds "
+                                               "when it achieved >= 95% of the offered rate, errors + missed sends <= 1% and p99 RTT <= "
                                                "--p99-bound-ms. Writes <results>/<run-id>/raw/steps.csv and report/capacity.md, .html.")
     capacity.add_argument("--topologies", nargs="+", metavar="NAME",
                           help="names or aliases (ce dr3 dr6 sa); default central-entity dynamic-router-3 dynamic-router-6 sidecar; "
