@@ -77,7 +77,7 @@ def capacity_view(table: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
 
     def limited(row) -> str:
         if pd.isna(row.first_failed):
-            return "nothing failed up to the max rate"
+            return f"no step failed, up to {int(row.capacity)} req/s" if not pd.isna(row.capacity) else "no step"
         return f"at {int(row.first_failed)} req/s: {row.first_failed_why}"
 
     return pd.DataFrame({
