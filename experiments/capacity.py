@@ -179,6 +179,7 @@ class Parameters:
     step_warmup: int = STEP_WARMUP
     p99_bound_ms: float = P99_BOUND_MS
     gap: float = GAP
+    max_steps: int = MAX_STEPS
     mix: str = "allowed"
     max_in_flight: int = matrix.DEFAULT_MAX_IN_FLIGHT
     late_tolerance_ms: float = matrix.DEFAULT_LATE_TOLERANCE_MS
@@ -202,6 +203,8 @@ class Parameters:
             raise ParameterError(f"--step-seconds must be >= 1 and --step-warmup >= 0, got {self.step_seconds} and {self.step_warmup}")
         if not self.p99_bound_ms > 0:
             raise ParameterError(f"--p99-bound-ms must be above 0, got {self.p99_bound_ms:g}")
+        if self.max_steps < 1:
+            raise ParameterError(f"--max-steps must be >= 1, got {self.max_steps}")
         if not 0 < self.gap < 1:
             raise ParameterError(f"the gap must be between 0 and 1, got {self.gap:g}")
 
@@ -300,7 +303,8 @@ class CapacityRunner(Runner):
                         time.sleep(SETTLE_S)
                     return self.run_step(topology, engine, services, index, rate, folder, state, name)
 
-                result = search(step, self.capacity.start_rate, self.capacity.max_rate, self.capacity.gap)
+                result = search(step, self.capacity.start_rate, self.capacity.max_rate, self.capacity.gap,
+                                max_steps=self.capacity.max_steps)
             except (deployment.DeploymentError, manifest.ManifestError, CellFailed) as error:
                 self.undeploy(log)
                 self.update_metadata(search={"topology": topology, "engine": engine, "services": services, "error": str(error),

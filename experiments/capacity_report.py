@@ -170,7 +170,7 @@ def build(run_dir: Path) -> dict:
                         f"{', '.join(parameters['engines'])}; {', '.join(map(str, parameters['services']))} services. One deployment per "
                         f"search; the rate starts at {parameters['start_rate']} req/s and doubles while steps hold, up to "
                         f"{parameters['max_rate']} req/s, then bisects between the highest rate held and the lowest that failed until "
-                        f"they are within {parameters['gap']:.0%}. Each step: {parameters['step_warmup']} s of warm-up and "
+                        f"they are within {parameters['gap']:.0%} (at most {parameters.get('max_steps', 16)} steps). Each step: {parameters['step_warmup']} s of warm-up and "
                         f"{parameters['step_seconds']} s measured, {load} (at most {parameters['max_in_flight']} requests in flight, a "
                         f"send more than {parameters['late_tolerance_ms']:g} ms late is missed), record mix `{parameters['mix']}`. "
                         f"Outcome: {meta.get('outcome', 'unknown')}. Raw data: `{run_dir / 'raw' / STEPS_CSV}`."))

@@ -1,6 +1,9 @@
 """A tiny capacity search end to end (about 40 s): the central entity under envoy-opa and the
-baseline, 5 services, steps of 2 + 3 s at 20 and then 40 req/s (the max rate), against real
-Envoy, OPA and service processes, through the command line; the table and steps.csv."""
+baseline, 5 services, steps of 1 + 3 s from 20 req/s to at most 40 (the max rate) and at most
+3 steps per search, against real Envoy, OPA and service processes, through the command line;
+the table and steps.csv. Whether a step holds depends on how busy the shared machine is (a CE
+step at 20 req/s once failed with a p99 of 1.4 s while other tests ran): the test asserts that
+the search, the rows and the table agree, not which steps held."""
 
 import csv
 import json
@@ -27,7 +30,8 @@ def no_deployment():
 def test_a_tiny_search_of_the_central_entity_and_the_baseline(tmp_path, no_deployment):
     run = subprocess.run(
         [sys.executable, "-m", "experiments", "--results", str(tmp_path), "capacity", "--topologies", "ce", "--engines", "envoy-opa",
-         "--services", "5", "--start-rate", "20", "--max-rate", "40", "--step-seconds", "3", "--step-warmup", "1", "--run-id", "tiny"],
+         "--services", "5", "--start-rate", "20", "--max-rate", "40", "--step-seconds", "3", "--step-warmup", "1", "--max-steps", "3",
+         "--run-id", "tiny"],
         cwd=REPO, capture_output=True, text=True, timeout=240,
     )
     assert run.returncode == 0, run.stdout + run.stderr
@@ -39,7 +43,12 @@ def test_a_tiny_search_of_the_central_entity_and_the_baseline(tmp_path, no_deplo
     for topology, engine in set(searches):
         rows = [row for row in steps if (row["topology"], row["engine"]) == (topology, engine)]
         assert [row["step"] for row in rows] == [str(k) for k in range(1, len(rows) + 1)]
-        assert rows[0]["offered_rate"] == "20" and 2 <= len(rows) <= 3
+        assert rows[0]["offered_rate"] == "20" and 1 <= len(rows) <= 3
+        # the search's path: 40 after 20 held; 10 after 20 failed; then strictly between the highest held and the lowest failed
+        offered = [int(row["offered_rate"]) for row in rows]
+        held = [row["held"] == "True" for row in rows]
+        if len(rows) > 1:
+            assert offered[1] == (40 if held[0] else 10)
         for row in rows:
             # 3 s measured: every request of the window scheduled, each sent or missed, the verdict consistent
             assert int(row["scheduled"]) == 3 * int(row["offered_rate"])
@@ -49,8 +58,7 @@ def test_a_tiny_search_of_the_central_entity_and_the_baseline(tmp_path, no_deplo
                 assert 0 < float(row["p50_ms"]) <= float(row["p99_ms"])
         step_dir = run_dir / "raw" / f"{topology}{'_' + engine if engine != 'none' else ''}_n5" / "step01_r20"
         assert (step_dir / "requests.csv.gz").exists() and json.loads((step_dir / "step.json").read_text())["locust"]["exit_code"] == 0
-    # at 20 req/s with 5 services the baseline holds on any day of this machine
-    assert next(row for row in steps if row["topology"] == "baseline")["held"] == "True", steps
+    assert any(row["held"] == "True" for row in steps if row["topology"] == "baseline"), steps  # 5 services at 10-40 req/s
     with (run_dir / "report" / "tables" / "capacity.csv").open() as file:
         table = {row["topology"]: row for row in csv.DictReader(file)}
     assert set(table) == {"central-entity", "baseline"}
