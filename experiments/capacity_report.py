@@ -19,7 +19,7 @@ from .report import color, panels, render_html, render_markdown, save, series_of
 
 DOUBLINGS = [25 * 2**k for k in range(6)] + [2000]  # 25 .. 800 req/s, and the default max
 CAPACITY_COLUMNS = ("topology", "engine", "services", "capacity", "capped", "lowest_failed", "converged", "baseline_capacity",
-                    "share_of_baseline", "first_failed", "first_failed_why", "steps")
+                    "share_of_baseline", "first_failed", "first_failed_why", "first_failed_other_cores", "steps")
 
 
 def read_steps(run_dir: Path) -> pd.DataFrame:
@@ -37,22 +37,26 @@ def capacity_table(steps: pd.DataFrame, gap: float) -> pd.DataFrame:
     for (topology, engine, services), group in steps.groupby(["topology", "engine", "services"], sort=False):
         result = result_of_steps(group.to_dict("records"))
         first = group[~group["held"]].sort_values("step").head(1)
+        other = pd.to_numeric(first["cpu_machine"], errors="coerce") - pd.to_numeric(first["cpu_locust"], errors="coerce") \
+            - pd.to_numeric(first["cpu_deployment"], errors="coerce")
         rows.append({
             "topology": topology, "engine": engine, "services": int(services), "capacity": result.capacity, "capped": result.capped,
             "lowest_failed": result.lowest_failed,
             "converged": result.capped or (result.capacity is not None and result.lowest_failed is not None
                                            and result.lowest_failed - result.capacity <= max(1, gap * result.capacity)),
             "first_failed": int(first["offered_rate"].iloc[0]) if len(first) else None,
-            "first_failed_why": first["why_not"].iloc[0] if len(first) else "", "steps": len(group),
+            "first_failed_why": first["why_not"].iloc[0] if len(first) else "",
+            "first_failed_other_cores": round(float(other.iloc[0]), 2) if len(first) and not pd.isna(other.iloc[0]) else None,
+            "steps": len(group),
         })
     table = pd.DataFrame(rows, columns=[c for c in CAPACITY_COLUMNS if c not in ("baseline_capacity", "share_of_baseline")])
     for column in ("capacity", "lowest_failed", "first_failed"):  # whole rates, or none
         table[column] = table[column].astype("Int64")
     baseline = {row.services: row.capacity for row in table.itertuples() if row.topology == BASELINE}
     table["baseline_capacity"] = table["services"].map(baseline).astype("Int64")
-    table["share_of_baseline"] = [
-        (row.capacity / row.baseline_capacity) if row.capacity is not None and not pd.isna(row.capacity)
-        and row.baseline_capacity and not pd.isna(row.baseline_capacity) else None for row in table.itertuples()]
+    table["share_of_baseline"] = [  # none while the baseline has no capacity (not searched yet, or nothing held)
+        float(row.capacity / row.baseline_capacity) if pd.notna(row.capacity) and pd.notna(row.baseline_capacity)
+        and row.baseline_capacity > 0 else None for row in table.itertuples()]
     return stats.order(table[list(CAPACITY_COLUMNS)], by=["services", "topology", "engine"])
 
 
@@ -78,7 +82,8 @@ def capacity_view(table: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     def limited(row) -> str:
         if pd.isna(row.first_failed):
             return f"no step failed, up to {int(row.capacity)} req/s" if not pd.isna(row.capacity) else "no step"
-        return f"at {int(row.first_failed)} req/s: {row.first_failed_why}"
+        other = "" if pd.isna(row.first_failed_other_cores) else f" (other processes: {row.first_failed_other_cores:.2f} cores)"
+        return f"at {int(row.first_failed)} req/s: {row.first_failed_why}{other}"
 
     return pd.DataFrame({
         "topology": table["topology"].map(lambda t: PAPER_NAMES.get(t, t)),
@@ -103,6 +108,9 @@ def steps_view(steps: pd.DataFrame) -> pd.DataFrame:
         "errors": steps["errors"], "missed": steps["missed"], "errors+missed": steps["loss_share"].map(lambda v: f"{v:.1%}"),
         "p50 (ms)": steps["p50_ms"].map(number), "p95 (ms)": steps["p95_ms"].map(number), "p99 (ms)": steps["p99_ms"].map(number),
         "cores busy": steps["cpu_machine"].map(lambda v: number(v, 2)),
+        "deployment": steps["cpu_deployment"].map(lambda v: number(v, 2)),
+        "others": (pd.to_numeric(steps["cpu_machine"], errors="coerce") - pd.to_numeric(steps["cpu_locust"], errors="coerce")
+                   - pd.to_numeric(steps["cpu_deployment"], errors="coerce")).map(lambda v: number(v, 2)),
         "held": ["yes" if held else f"no: {why}" for held, why in zip(steps["held"], steps["why_not"])],
     })
 
@@ -201,7 +209,9 @@ def build(run_dir: Path) -> dict:
                        "RTT against the offered rate, one panel per chain length: p50 (solid) and p99 (dashed) of each step, hollow "
                        "where the step was not held; the dotted line is the p99 bound."))
         blocks.append(("h2", "Steps"))
-        blocks.append(("p", "Every step in the order run within each search (cores busy: the whole machine's, over the measured window)."))
+        blocks.append(("p", "Every step in the order run within each search. Cores busy over the measured window: the whole machine's, "
+                            "the deployment's, and others' (the machine's less the deployment's and Locust's: other users of a shared "
+                            "machine). On a 2-core machine a step where others took a core measured half a machine."))
         blocks.append(("table", steps_view(steps)))
     paths["markdown"].write_text(render_markdown(blocks, report_dir))
     paths["html"].write_text(render_html(blocks, title))

@@ -283,6 +283,7 @@ def test_the_report_table_figure_and_csv_of_a_synthetic_run(tmp_path, monkeypatc
     markdown = paths["markdown"].read_text()
     assert "| CE | envoy-opa | 5 | 175 |" in markdown and "| baseline | none | 10 | ≥ 2000 |" in markdown
     assert "at 200 req/s: p99" in markdown and "| 69% |" in markdown
+    assert "(other processes: 0.10 cores)" in markdown  # 1.2 busy, 0.1 Locust, 1.0 the deployment
     assert "≤ 3%" in markdown  # a share of a capped baseline is at most that
     assert "![capacity_latency](figures/capacity_latency.png)" in markdown
     for suffix in ("png", "svg"):
@@ -292,3 +293,11 @@ def test_the_report_table_figure_and_csv_of_a_synthetic_run(tmp_path, monkeypatc
     built = []
     monkeypatch.setattr(capacity, "build_report", lambda run_dir: built.append(run_dir) or paths)
     assert cli.main(["capacity", "--report", str(run_dir)]) == 0 and built == [run_dir]
+
+
+def test_a_run_without_its_baseline_yet_has_a_table_without_shares(tmp_path):
+    run_dir = synthetic_run(tmp_path)
+    steps = capacity_report.read_steps(run_dir)
+    table = capacity_report.capacity_table(steps[steps["topology"] != "baseline"], GAP)
+    assert len(table) == 4 and table["share_of_baseline"].isna().all()
+    assert set(capacity_report.capacity_view(table, steps)["of the baseline's"]) == {"–"}
