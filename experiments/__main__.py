@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m experiments") -> 
     capacity.add_argument("--start-rate", type=int, metavar="REQ_PER_S", help="the first step's offered rate (default 50)")
     capacity.add_argument("--max-rate", type=int, metavar="REQ_PER_S", help="the doubling stops here (default 2000)")
     capacity.add_argument("--step-seconds", type=int, metavar="SECONDS", help="measured seconds per step (default 10)")
-    capacity.add_argument("--step-warmup", type=int, metavar="SECONDS", help="seconds of load per step before its window (default 2)")
+    capacity.add_argument("--step-warmup", type=int, metavar="SECONDS", help="seconds of load per step before its window (default 5)")
     capacity.add_argument("--p99-bound-ms", type=float, metavar="MS", help="a held step's p99 RTT at most (default 500)")
     capacity.add_argument("--max-steps", type=int, metavar="N", help="steps of one search at most, whatever they find (default 16)")
     capacity.add_argument("--run-id", help="name of the new run (default capacity-<date>-<time>)")

@@ -43,7 +43,7 @@ from .runner import RESULTS, CellFailed, MachineBusy, Runner, compress, write_js
 START_RATE = 50
 MAX_RATE = 2000
 STEP_SECONDS = 10
-STEP_WARMUP = 2
+STEP_WARMUP = 5  # a step's first seconds carry a start transient (new Locust, new connections): 2 s left it in the window
 P99_BOUND_MS = 500.0
 SERVICES = [5, 10]
 GAP = 0.10  # bisect until the lowest failed rate is within this share above the highest held
