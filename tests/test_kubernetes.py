@@ -51,9 +51,7 @@ def by_kind(objects, kind):
 @pytest.mark.parametrize("topology", TOPOLOGIES)
 def test_rendered_manifests_pass_strict_validation_allowed(topology, services, tmp_path):
     path, objects = rendered(topology, services, tmp_path)
-    result = kubernetes.validate(path)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert f"Valid: {len(objects)}, Invalid: 0, Errors: 0, Skipped: 0" in result.stdout
+    assert kubernetes.validate(path) == []
     assert max(configmap_bytes(o) for o in objects if o["kind"] == "ConfigMap") <= kubernetes.CONFIGMAP_BUDGET
 
 
@@ -113,8 +111,7 @@ def has_matcher_tree(route_config: dict) -> bool:
 @pytest.mark.parametrize("topology", ["sidecar", "central-entity", "dynamic-router-3", "dynamic-router-6"])
 def test_compiled_engine_renders_its_matcher_trees_into_route_configmaps_under_the_size_limit_allowed(topology, tmp_path):
     path, objects = rendered(topology, 50, tmp_path, engine="envoy-compiled")
-    result = kubernetes.validate(path)
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert kubernetes.validate(path) == []
     configmaps = by_kind(objects, "ConfigMap")
     # The API server refuses a ConfigMap over 1 MiB; the renderer leaves a margin.
     assert max(configmap_bytes(o) for o in configmaps.values()) <= kubernetes.CONFIGMAP_BUDGET < kubernetes.CONFIGMAP_LIMIT
@@ -140,8 +137,7 @@ def test_every_route_file_a_listener_names_is_in_one_configmap_mounted_where_it_
     if budget:  # the route files of the central entity fill two ConfigMaps of 500,000 bytes
         monkeypatch.setattr(kubernetes, "CONFIGMAP_BUDGET", budget)
     path, objects = rendered(topology, 50, tmp_path, engine="envoy-compiled")
-    result = kubernetes.validate(path)
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert kubernetes.validate(path) == []
     configmaps = by_kind(objects, "ConfigMap")
     assert max(configmap_bytes(o) for o in configmaps.values()) <= (budget or kubernetes.CONFIGMAP_BUDGET)
     pod = pods(objects)[point]
@@ -334,8 +330,54 @@ def test_unknown_field_fails_strict_validation_denied(tmp_path):
     deployment = next(o for o in objects if o["kind"] == "Deployment")
     deployment["spec"]["template"]["spec"]["containers"][0]["imagePullPolicyy"] = "Always"
     path.write_text(yaml.safe_dump_all(objects))
-    result = kubernetes.validate(path)
-    assert result.returncode != 0 and "Invalid: 1" in result.stdout, result.stdout
+    errors = kubernetes.validate(path)
+    assert len(errors) == 1 and errors[0].startswith(f"Deployment/{deployment['metadata']['name']}: spec.template.spec.containers.0:"), errors
+    assert "'imagePullPolicyy' was unexpected" in errors[0]
+
+
+@pytest.mark.parametrize("change, where, message", [
+    (lambda d: d["spec"].update(replicas="one"), "spec.replicas", "'one' is not of type 'integer'"),
+    (lambda d: d["spec"]["template"]["spec"]["containers"][0].update(ports=[{"containerPort": "http"}]),
+     "spec.template.spec.containers.0.ports.0.containerPort", "'http' is not of type 'integer'"),
+    (lambda d: d["metadata"]["labels"].update(x=5), "metadata.labels.x", "5 is not of type 'string'"),
+    (lambda d: d["spec"].pop("selector"), "spec", "'selector' is a required property"),
+], ids=["replicas", "container-port", "label", "selector"])
+def test_wrong_types_and_missing_fields_fail_strict_validation_denied(change, where, message, tmp_path):
+    path, objects = rendered("central-entity", 5, tmp_path)
+    deployment = next(o for o in objects if o["kind"] == "Deployment")
+    change(deployment)
+    path.write_text(yaml.safe_dump_all(objects))
+    errors = kubernetes.validate(path)
+    assert len(errors) == 1 and errors[0].startswith(f"Deployment/{deployment['metadata']['name']}: {where}: {message}"), errors
+
+
+@pytest.mark.parametrize("api_version, kind", [("apps/v1", "Deploymentt"), ("apps/v1beta1", "Deployment")], ids=["unknown-kind", "removed-version"])
+def test_a_kind_without_a_schema_fails_strict_validation_denied(api_version, kind, tmp_path):
+    path, objects = rendered("central-entity", 5, tmp_path)
+    deployment = next(o for o in objects if o["kind"] == "Deployment")
+    deployment.update(apiVersion=api_version, kind=kind)
+    path.write_text(yaml.safe_dump_all(objects))
+    errors = kubernetes.validate(path)
+    assert len(errors) == 1 and errors[0].startswith(f"{kind}/{deployment['metadata']['name']}: Couldn't find schema for kind {kind}"), errors
+
+
+def test_validation_uses_the_schemas_of_the_pinned_kubernetes_version_allowed(tmp_path):
+    """The pinned control plane is v1.34 (tools/kubernetes/go.mod); kubernetes-validate ships its strict schemas."""
+    from kubernetes_validate.utils import all_versions
+
+    assert "k8s.io/kubernetes v" + kubernetes.KUBERNETES_VERSION.rsplit(".", 1)[0] in (manifest.REPO / "tools" / "kubernetes" / "go.mod").read_text()
+    assert kubernetes.KUBERNETES_VERSION in all_versions()  # v1.34.0-local-strict
+    path, _ = rendered("baseline", 5, tmp_path)
+    assert kubernetes.validate(path, kubernetes.KUBERNETES_VERSION) == []
+
+
+def test_validation_refuses_a_kubernetes_version_without_schemas_denied(tmp_path):
+    """Rather than check against an older version's schemas, as the package would on its own."""
+    from kubernetes_validate.utils import VersionNotSupportedError
+
+    path, _ = rendered("baseline", 5, tmp_path)
+    with pytest.raises(VersionNotSupportedError):
+        kubernetes.validate(path, "1.99.0")
 
 
 def test_every_container_has_probes_and_resources(tmp_path):
@@ -783,8 +825,7 @@ def test_network_policies_admit_every_connection_records_take_allowed(topology, 
 @pytest.mark.parametrize("topology", TOPOLOGIES)
 def test_without_mtls_no_secret_is_rendered_denied(topology, tmp_path):
     path, objects = rendered(topology, 5, tmp_path, overrides=PLAIN)
-    result = kubernetes.validate(path)
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert kubernetes.validate(path) == []
     assert [o["metadata"]["name"] for o in objects if o["kind"] == "Secret"] == []
     assert "secretGenerator" not in yaml.safe_load((tmp_path / "kustomization" / "kustomization.yaml").read_text())
     for workload, pod in pods(objects).items():
@@ -1263,3 +1304,4 @@ def test_reload_refuses_a_rule_set_that_changes_an_envoy_bootstrap_denied(deploy
     with pytest.raises(kubernetes.ReloadError, match="changes the Envoy configuration of central-entity beyond its route files"):
         kubernetes.reload_policy(renderer.topology, out=io.StringIO())
     assert api.applied == []
+
