@@ -124,8 +124,10 @@ def test_processes_using_a_run_folder_leaves_other_runs_processes_denied(tmp_pat
 
 
 def test_memory_sums_each_kinds_proportional_set_size_allowed(tmp_path):
-    child = sleeper(tmp_path)
+    # Read once Python runs in the child: just after exec its pages are not faulted in yet (PSS about 0).
+    child = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
     try:
+        assert child.stdout.readline() == "up\n"
         state = {"parts": [{"pid": child.pid, "kind": "service"}, {"pid": os.getpid(), "kind": "opa"}, {"pid": child.pid, "kind": "opa"}]}
         mib = deployment.memory(state)
         own = psutil.Process().memory_full_info().pss / 2**20
