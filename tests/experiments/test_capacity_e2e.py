@@ -12,19 +12,9 @@ import sys
 
 import pytest
 
-from complyroute import deployment
 from complyroute.manifest import REPO
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-def no_deployment():
-    """One deployment at a time on this machine: replace a running one, as the other e2e tests do."""
-    if deployment.read_state():
-        deployment.stop()
-    yield
-    assert deployment.read_state() is None, "the search left its deployment running"
 
 
 def test_a_tiny_search_of_the_central_entity_and_the_baseline(tmp_path, no_deployment):
