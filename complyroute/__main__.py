@@ -37,7 +37,12 @@ def cmd_render(args) -> int:
     folder = deployment.RUNS / "k8s" / f"{topology.name}-{len(topology.instances)}"
     output = folder.with_suffix(".yaml")
     output.parent.mkdir(parents=True, exist_ok=True)
-    kubernetes.write_private(output, kubernetes.render(topology, folder, one_node=args.one_node))  # it holds the parts' keys
+    try:
+        text = kubernetes.render(topology, folder, image=args.image or kubernetes.SERVICE_IMAGE, one_node=args.one_node)
+    except kubernetes.RenderError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    kubernetes.write_private(output, text)  # it holds the parts' keys
     print(f"render: {topology.name} with {len(topology.instances)} services -> {output} (kustomization in {folder})")
     return 0
 
@@ -46,7 +51,18 @@ def cmd_k8s_deploy(args) -> int:
     from . import kubernetes
 
     topology = manifest.load(args.topology, args.services, engine=args.engine)
-    return kubernetes.apply(topology, deployment.RUNS / "k8s" / f"{topology.name}-{len(topology.instances)}", args.timeout, one_node=args.one_node)
+    try:
+        return kubernetes.apply(topology, deployment.RUNS / "k8s" / f"{topology.name}-{len(topology.instances)}", args.timeout,
+                                args.image or kubernetes.SERVICE_IMAGE, one_node=args.one_node)
+    except kubernetes.RenderError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+
+def cmd_k8s_status(args) -> int:
+    from . import kubernetes
+
+    return kubernetes.status(manifest.load(args.topology) if args.topology else None)
 
 
 def cmd_k8s_reload_policy(args) -> int:
@@ -136,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     render.add_argument("--topology", required=True)
     render.add_argument("--services")
     render.add_argument("--engine", choices=manifest.ENGINES)
+    render.add_argument("--image", default=None, help="the service image, name[:tag][@sha256:digest] (default: complyroute/service:<its version>)")
     render.add_argument("--one-node", action="store_true",
                         help="every pod on the one node labelled complyroute.io/role=all (all roles on one node)")
     render.set_defaults(run=cmd_render)
@@ -145,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     k8s_deploy.add_argument("--services")
     k8s_deploy.add_argument("--engine", choices=manifest.ENGINES)
     k8s_deploy.add_argument("--timeout", default="300s")
+    k8s_deploy.add_argument("--image", default=None, help="the service image, name[:tag][@sha256:digest] (default: complyroute/service:<its version>)")
     k8s_deploy.add_argument("--one-node", action="store_true",
                         help="every pod on the one node labelled complyroute.io/role=all (all roles on one node)")
     k8s_deploy.set_defaults(run=cmd_k8s_deploy)
@@ -154,6 +172,10 @@ def main(argv: list[str] | None = None) -> int:
     k8s_reload.add_argument("--topology", required=True, help="the manifest (name, alias or path) it was deployed with")
     k8s_reload.add_argument("--policies", type=Path, default=bundles.POLICIES, help="the rule set's folder (default: policies/)")
     k8s_reload.set_defaults(run=cmd_k8s_reload_policy)
+
+    k8s_status = commands.add_parser("k8s-status", help="the pods of the topologies deployed to the current kubectl context: ready, restarts")
+    k8s_status.add_argument("--topology", help="only this manifest's (name, alias or path)")
+    k8s_status.set_defaults(run=cmd_k8s_status)
 
     commands.add_parser("k8s-undeploy", help="delete every complyroute namespace from the current kubectl context").set_defaults(run=cmd_k8s_undeploy)
 

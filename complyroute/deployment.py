@@ -32,6 +32,7 @@ import xmlrpc.client
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import yaml
 
 from . import bundles, enforcement, engines, identity, pki, policydata
@@ -473,16 +474,15 @@ def healthy(url: str, timeout: float = 1.0, tls: identity.TlsFiles | dict | None
 def alive(pid: int) -> bool:
     """True while the process runs; a zombie (exited, not yet reaped) counts as gone."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError, IndexError):
+        if pid > 0 and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+            return True
+    except psutil.NoSuchProcess:
         return False
-    if fields[0] == "Z":
-        try:
-            os.waitpid(pid, os.WNOHANG)  # reap it if it is our own child
-        except ChildProcessError:
-            pass
-        return False
-    return True
+    try:
+        os.waitpid(pid, os.WNOHANG)  # reap it if it is our own child
+    except ChildProcessError:
+        pass
+    return False
 
 
 def read_state(run_dir: Path | None = None) -> dict | None:
@@ -628,11 +628,10 @@ def memory(state: dict) -> dict:
     totals: dict[str, float] = {}
     for part in state["parts"]:
         try:
-            rollup = Path(f"/proc/{part['pid']}/smaps_rollup").read_text()
-        except OSError:
+            pss = psutil.Process(part["pid"]).memory_full_info().pss
+        except (psutil.Error, ValueError):  # gone, not ours to read, or never started (pid 0)
             continue
-        kib = next(int(line.split()[1]) for line in rollup.splitlines() if line.startswith("Pss:"))
-        totals[part["kind"]] = totals.get(part["kind"], 0) + kib / 1024
+        totals[part["kind"]] = totals.get(part["kind"], 0) + pss / 2**20
     totals["total"] = sum(totals.values())
     return {kind: round(mib, 1) for kind, mib in totals.items()}
 
@@ -673,16 +672,13 @@ def status(out=sys.stdout) -> int:
 def processes_using(run_dir: str) -> list[int]:
     """Processes whose command line names the run folder: what a lost state file would hide."""
     pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+    for process in psutil.process_iter(["cmdline", "environ"]):  # unreadable: None
+        if process.pid == os.getpid():
             continue
-        try:
-            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            environ = (entry / "environ").read_bytes().decode(errors="replace")
-        except OSError:
-            continue
-        if run_dir in command or f"AUDIT_LOG={run_dir}/" in environ:
-            pids.append(int(entry.name))
+        # The folder, or a path in it; not a folder whose name merely starts alike ({run_dir}-2).
+        named = re.search(re.escape(run_dir) + r"""(?=[/\s'"]|$)""", " ".join(process.info["cmdline"] or ()))
+        if named or (process.info["environ"] or {}).get("AUDIT_LOG", "").startswith(f"{run_dir}/"):
+            pids.append(process.pid)
     return pids
 
 

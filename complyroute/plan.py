@@ -101,7 +101,8 @@ class ServiceProcess:
             "HOST": self.endpoint.address,
             "PORT": str(self.endpoint.port),
             "AUDIT_LOG": audit_log,
-            "WORK_ITERATIONS": str(engine.get("work_iterations", 100)),
+            # Unset in the manifest: the service's own default (services/config.js), defined there only.
+            **({"WORK_ITERATIONS": str(engine["work_iterations"])} if "work_iterations" in engine else {}),
         }
 
 

@@ -1,5 +1,5 @@
 """`complyroute experiments run ...` (or `python -m experiments run ...`), `... report <run-id>`, `... bench`,
-`... reload`, `... soak`, `... model [run]` and `... compare <run> <run>`; see README.md."""
+`... reload`, `... soak`, `... capacity`, `... model [run]` and `... compare <run> <run>`; see README.md."""
 
 from __future__ import annotations
 
@@ -139,6 +139,29 @@ def cmd_soak(args) -> int:
     return 0 if all(s["all_accounted"] and s["audit"]["clean"] for s in summaries) else 1
 
 
+def cmd_capacity(args) -> int:
+    from . import capacity
+
+    if args.report:
+        run_dir = run_folder(args.results, args.report)
+        if not (run_dir / "metadata.json").exists():
+            print(f"error: no capacity run at {run_dir} (no metadata.json)", file=sys.stderr)
+            return 2
+        paths = capacity.build_report(run_dir)
+        print(f"capacity: report: {paths['html']}\ncapacity: report: {paths['markdown']}")
+        return 0
+    given = {name: value for name, value in {
+        "topologies": args.topologies, "engines": args.engines, "services": args.services, "start_rate": args.start_rate,
+        "max_rate": args.max_rate, "step_seconds": args.step_seconds, "step_warmup": args.step_warmup,
+        "p99_bound_ms": args.p99_bound_ms, "max_steps": args.max_steps}.items() if value is not None}
+    parameters = capacity.Parameters(**given)  # a ParameterError: one line and exit 2, in main
+    if args.run_id and (args.results / args.run_id).exists():
+        print(f"error: {args.results / args.run_id} already exists; name a new run with --run-id", file=sys.stderr)
+        return 2
+    code, _ = capacity.run(parameters, args.results, args.run_id)
+    return code
+
+
 def main(argv: list[str] | None = None, prog: str = "python -m experiments") -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__)
     parser.add_argument("--results", type=Path, default=RESULTS, help=f"folder of the runs (default {RESULTS})")
@@ -220,6 +243,27 @@ def main(argv: list[str] | None = None, prog: str = "python -m experiments") -> 
     soak.add_argument("--no-restart", action="store_true", help="deploy without restarts: a killed part stays down")
     soak.add_argument("--quick", action="store_true", help="dynamic-router-3 only, 20 req/s, 16 s: about 40 s")
     soak.set_defaults(handler=cmd_soak)
+
+    capacity = commands.add_parser("capacity", help="the highest offered rate each topology holds: a step search per topology, engine "
+                                                    "and chain length, the baseline the reference",
+                                   description="Per topology, engine and chain length one deployment; the open-loop rate doubles from "
+                                               "--start-rate while steps hold, up to --max-rate, then bisects to within 10%. A step holds "
+                                               "when it achieved >= 95% of the offered rate, errors + missed sends <= 1% and p99 RTT <= "
+                                               "--p99-bound-ms. Writes <results>/<run-id>/raw/steps.csv and report/capacity.md, .html.")
+    capacity.add_argument("--topologies", nargs="+", metavar="NAME",
+                          help="names or aliases (ce dr3 dr6 sa); default central-entity dynamic-router-3 dynamic-router-6 sidecar; "
+                               "the baseline is always searched")
+    capacity.add_argument("--engines", nargs="+", metavar="ENGINE", help=f"engines of the enforcing topologies (default both: {' '.join(matrix.ENGINES)})")
+    capacity.add_argument("--services", nargs="+", type=int, metavar="N", help="chain lengths (default 5 10)")
+    capacity.add_argument("--start-rate", type=int, metavar="REQ_PER_S", help="the first step's offered rate (default 50)")
+    capacity.add_argument("--max-rate", type=int, metavar="REQ_PER_S", help="the doubling stops here (default 2000)")
+    capacity.add_argument("--step-seconds", type=int, metavar="SECONDS", help="measured seconds per step (default 10)")
+    capacity.add_argument("--step-warmup", type=int, metavar="SECONDS", help="seconds of load per step before its window (default 5)")
+    capacity.add_argument("--p99-bound-ms", type=float, metavar="MS", help="a held step's p99 RTT at most (default 500)")
+    capacity.add_argument("--max-steps", type=int, metavar="N", help="steps of one search at most, whatever they find (default 16)")
+    capacity.add_argument("--run-id", help="name of the new run (default capacity-<date>-<time>)")
+    capacity.add_argument("--report", metavar="RUN", help="only rebuild the report of this capacity run (a run id or folder)")
+    capacity.set_defaults(handler=cmd_capacity)
 
     args = parser.parse_args(argv)
     try:

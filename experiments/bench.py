@@ -88,7 +88,6 @@ BASE_PORT = 28000
 # Canonical labels (one value each, consent sorted), as an entry hands them on.
 LABELS = {"x-data-region": "EU", "x-data-category": "personal", "x-data-consent": "analytics,billing,care"}
 BODY = json.dumps({"subject": "alice", "amount": 12}).encode()
-WORK_ITERATIONS = 100  # the manifests' default
 LONG_PATH = 49  # path entries a next hop answers at the head of a 50-service chain
 CSV_FIELDS = ["part", "process", "value", "unit", "floor", "floor_value", "ratio", "target", "verdict"]
 TOKEN_LIFETIME = 3600  # s: outlives any bench run
@@ -363,10 +362,10 @@ def start_parts(bench: Bench, scratch: Path) -> tuple[list[Pair], dict]:
     bench.node_app("floor-forwarder", FLOOR_APP, {"EGRESS_URL": sink.url})
     bench.node_app("floor-forwarder-49", FLOOR_APP, {"EGRESS_URL": long_sink.url})
     sender = next(s for s in plan.services if s.instance.id == hop.sender)
-    for name, work, upstream in (("service", 0, sink), ("service-work", WORK_ITERATIONS, sink), ("service-49", 0, long_sink)):
+    for name, work, upstream in (("service", 0, sink), ("service-work", None, sink), ("service-49", 0, long_sink)):
         endpoint = bench.endpoint()
         process = replace(sender, endpoint=endpoint, egress_url=upstream.url)
-        part = deployment.service_part(process, {"work_iterations": work}, scratch / f"{name}.audit.jsonl", bench.folder)
+        part = deployment.service_part(process, {} if work is None else {"work_iterations": work}, scratch / f"{name}.audit.jsonl", bench.folder)
         bench.start(replace(part, name=name))
         bench.urls[name] = endpoint.url
     # The service and the floor with mutual TLS on both sides: they admit the point deciding
@@ -434,7 +433,7 @@ def start_parts(bench: Bench, scratch: Path) -> tuple[list[Pair], dict]:
     pairs = [
         Pair("service hop floor (Fastify + undici)", "floor-forwarder", bench.urls["floor-forwarder"]),
         Pair("service hop, beyond its work", "service", bench.urls["service"], "service hop floor (Fastify + undici)", 1.5),
-        Pair(f"service hop with its work ({WORK_ITERATIONS} iterations)", "service-work", bench.urls["service-work"], "service hop, beyond its work"),
+        Pair("service hop with its work (the service's default WORK_ITERATIONS)", "service-work", bench.urls["service-work"], "service hop, beyond its work"),
         Pair("service hop floor, mTLS on both sides", "floor-forwarder-mtls", bench.urls["floor-forwarder-mtls"], "service hop floor (Fastify + undici)",
              client=as_point),
         Pair("service hop, mTLS on both sides", "service-mtls", bench.urls["service-mtls"], "service hop, beyond its work", client=as_point),

@@ -61,7 +61,7 @@ ONE_NODE = "machine"
 # bench.csv rows (by their process; CPU rows only) each part of a path costs. The plain-HTTP
 # rows: every bench since be16c7d has them, and deployments before ceffbcb spoke plain HTTP.
 BENCH_PROCESSES = {
-    "service": "service-work",  # a service with the manifests' default work
+    "service": "service-work",  # a service with its default work (WORK_ITERATIONS: services/config.js)
     "forwarding": "forwarding/envoy",  # a sidecar's ingress, the baseline's entry
     "decision_envoy": "envoy-opa/envoy",
     "decision_opa": "envoy-opa/opa",

@@ -43,8 +43,8 @@ fi
 if [ "$(uname -s)" != Linux ]; then
   echo "setup: note: this is $(uname -s), not Linux. Setup and the unit tests work, but local deployments" \
        "(make deploy, make demo, make test's end-to-end tests, make experiment, make bench) need Linux:" \
-       "the control plane finds and measures its processes by scanning /proc, and binds each node's parts to" \
-       "its own loopback address 127.0.1.x, which only Linux routes without configuration. Deploy to Kubernetes" \
+       "the control plane binds each node's parts to its own loopback address 127.0.1.x, which only Linux routes" \
+       "without configuration, and measures their memory as PSS, which only Linux reports. Deploy to Kubernetes" \
        "(make deploy target=k8s) or use a Linux machine or VM." >&2
 fi
 exit $missing

@@ -14,7 +14,7 @@ export const LOG_LEVELS = Object.freeze(['fatal', 'error', 'warn', 'info', 'debu
 export const DEFAULTS = Object.freeze({
   HOST: '127.0.0.1',
   PORT: 3000,
-  WORK_ITERATIONS: 200,
+  WORK_ITERATIONS: 100, // the one default: the control plane sets it only where a manifest does
   EGRESS_TIMEOUT_MS: 30000,
   LOG_LEVEL: 'warn',
   AUDIT_DIR: join('run', 'audit')

@@ -1,5 +1,11 @@
-"""Unit tests of the local deployment's bookkeeping (no process is started)."""
+"""Unit tests of the local deployment's bookkeeping (no part is started; a few idle children are)."""
 
+import os
+import subprocess
+import sys
+import time
+
+import psutil
 import pytest
 
 from complyroute import deployment
@@ -62,3 +68,79 @@ def test_socket_path_too_long_for_a_unix_socket_moves_to_a_private_folder_allowe
     path = deployment.socket_path(long_dir)
     assert len(str(path)) < 100 and stat.S_IMODE(path.parent.stat().st_mode) == 0o700
     path.parent.rmdir()
+
+
+# ---- processes, as psutil sees them (the deployment's own bookkeeping: alive, memory, what is left behind)
+def sleeper(tmp_path, *args, env=None):
+    """A child that does nothing for a minute; `args` end up in its command line."""
+    return subprocess.Popen([sys.executable, "-c", "import time, sys; time.sleep(60)", *args], env=env)
+
+
+def test_alive_while_a_process_runs_allowed(tmp_path):
+    child = sleeper(tmp_path)
+    try:
+        assert deployment.alive(child.pid)
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_alive_is_false_for_a_zombie_which_it_reaps_and_for_no_process_denied(tmp_path):
+    child = sleeper(tmp_path)
+    child.kill()
+    deadline = time.monotonic() + 10
+    while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE  # exited, not yet reaped
+    assert not deployment.alive(child.pid)
+    assert not psutil.pid_exists(child.pid) or psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE  # reaped
+    assert not deployment.alive(0) and not deployment.alive(2**22 + 1)  # never started; no such pid
+
+
+def test_processes_using_a_run_folder_finds_them_by_command_line_or_audit_log_allowed(tmp_path):
+    run_dir = str(tmp_path / "runs" / "sidecar-5")
+    by_command = sleeper(tmp_path, f"--config={run_dir}/envoy.json")
+    by_audit_log = sleeper(tmp_path, env={**os.environ, "AUDIT_LOG": f"{run_dir}/audit/svc-01.jsonl"})
+    try:
+        assert sorted(deployment.processes_using(run_dir)) == sorted([by_command.pid, by_audit_log.pid])
+    finally:
+        for child in (by_command, by_audit_log):
+            child.kill()
+            child.wait()
+    assert deployment.processes_using(run_dir) == []
+
+
+def test_processes_using_a_run_folder_leaves_other_runs_processes_denied(tmp_path):
+    run_dir = str(tmp_path / "runs" / "sidecar-5")
+    other = [sleeper(tmp_path, f"--config={run_dir}-2/envoy.json"),  # another run folder whose name starts alike
+             sleeper(tmp_path, env={**os.environ, "AUDIT_LOG": f"{run_dir}-2/audit/svc-01.jsonl"}),
+             sleeper(tmp_path, env={**os.environ, "NOT_AUDIT_LOG": f"{run_dir}/audit/svc-01.jsonl"})]
+    try:
+        assert deployment.processes_using(run_dir) == []
+    finally:
+        for child in other:
+            child.kill()
+            child.wait()
+
+
+def test_memory_sums_each_kinds_proportional_set_size_allowed(tmp_path):
+    # Read once Python runs in the child: just after exec its pages are not faulted in yet (PSS about 0).
+    child = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "up\n"
+        state = {"parts": [{"pid": child.pid, "kind": "service"}, {"pid": os.getpid(), "kind": "opa"}, {"pid": child.pid, "kind": "opa"}]}
+        mib = deployment.memory(state)
+        own = psutil.Process().memory_full_info().pss / 2**20
+        assert set(mib) == {"service", "opa", "total"} and 0 < mib["service"] < mib["opa"]
+        assert mib["opa"] == pytest.approx(own + mib["service"], rel=0.2)
+        assert mib["total"] == pytest.approx(mib["service"] + mib["opa"], abs=0.2)
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_memory_leaves_out_parts_that_are_gone_or_never_started_denied(tmp_path):
+    child = sleeper(tmp_path)
+    child.kill()
+    child.wait()
+    assert deployment.memory({"parts": [{"pid": child.pid, "kind": "service"}, {"pid": 0, "kind": "envoy"}]}) == {"total": 0}

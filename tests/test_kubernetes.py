@@ -51,9 +51,7 @@ def by_kind(objects, kind):
 @pytest.mark.parametrize("topology", TOPOLOGIES)
 def test_rendered_manifests_pass_strict_validation_allowed(topology, services, tmp_path):
     path, objects = rendered(topology, services, tmp_path)
-    result = kubernetes.validate(path)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert f"Valid: {len(objects)}, Invalid: 0, Errors: 0, Skipped: 0" in result.stdout
+    assert kubernetes.validate(path) == []
     assert max(configmap_bytes(o) for o in objects if o["kind"] == "ConfigMap") <= kubernetes.CONFIGMAP_BUDGET
 
 
@@ -110,11 +108,24 @@ def has_matcher_tree(route_config: dict) -> bool:
 # matcher tree) are files Envoy reads from ConfigMaps routes-<point>-<n> of their own, which a
 # reload updates. A compiled central entity or router set at 50 services holds 49 matcher trees
 # with a TLS context and a token check each: with them its bootstrap would be over 1 MiB.
+@pytest.fixture(scope="module")
+def compiled_at_fifty(tmp_path_factory):
+    """A compiled topology of 50 services as rendered under the default ConfigMap budget, rendered
+    and validated once for the tests below (compiling 49 matcher trees takes OPA most of a minute here)."""
+    rendered_once = {}
+
+    def render(topology):
+        if topology not in rendered_once:
+            path, objects = rendered(topology, 50, tmp_path_factory.mktemp(topology), engine="envoy-compiled")
+            assert kubernetes.validate(path) == []
+            rendered_once[topology] = objects
+        return rendered_once[topology]
+    return render
+
+
 @pytest.mark.parametrize("topology", ["sidecar", "central-entity", "dynamic-router-3", "dynamic-router-6"])
-def test_compiled_engine_renders_its_matcher_trees_into_route_configmaps_under_the_size_limit_allowed(topology, tmp_path):
-    path, objects = rendered(topology, 50, tmp_path, engine="envoy-compiled")
-    result = kubernetes.validate(path)
-    assert result.returncode == 0, result.stdout + result.stderr
+def test_compiled_engine_renders_its_matcher_trees_into_route_configmaps_under_the_size_limit_allowed(topology, compiled_at_fifty):
+    objects = compiled_at_fifty(topology)
     configmaps = by_kind(objects, "ConfigMap")
     # The API server refuses a ConfigMap over 1 MiB; the renderer leaves a margin.
     assert max(configmap_bytes(o) for o in configmaps.values()) <= kubernetes.CONFIGMAP_BUDGET < kubernetes.CONFIGMAP_LIMIT
@@ -136,12 +147,14 @@ def test_compiled_engine_renders_its_matcher_trees_into_route_configmaps_under_t
 
 @pytest.mark.parametrize("budget", [None, 500_000], ids=["budget", "two-configmaps"])
 @pytest.mark.parametrize("topology, point", BIG)
-def test_every_route_file_a_listener_names_is_in_one_configmap_mounted_where_it_reads_allowed(topology, point, budget, tmp_path, monkeypatch):
+def test_every_route_file_a_listener_names_is_in_one_configmap_mounted_where_it_reads_allowed(topology, point, budget, tmp_path, monkeypatch,
+                                                                                            compiled_at_fifty):
     if budget:  # the route files of the central entity fill two ConfigMaps of 500,000 bytes
         monkeypatch.setattr(kubernetes, "CONFIGMAP_BUDGET", budget)
-    path, objects = rendered(topology, 50, tmp_path, engine="envoy-compiled")
-    result = kubernetes.validate(path)
-    assert result.returncode == 0, result.stdout + result.stderr
+        path, objects = rendered(topology, 50, tmp_path, engine="envoy-compiled")
+        assert kubernetes.validate(path) == []
+    else:
+        objects = compiled_at_fifty(topology)
     configmaps = by_kind(objects, "ConfigMap")
     assert max(configmap_bytes(o) for o in configmaps.values()) <= (budget or kubernetes.CONFIGMAP_BUDGET)
     pod = pods(objects)[point]
@@ -334,8 +347,54 @@ def test_unknown_field_fails_strict_validation_denied(tmp_path):
     deployment = next(o for o in objects if o["kind"] == "Deployment")
     deployment["spec"]["template"]["spec"]["containers"][0]["imagePullPolicyy"] = "Always"
     path.write_text(yaml.safe_dump_all(objects))
-    result = kubernetes.validate(path)
-    assert result.returncode != 0 and "Invalid: 1" in result.stdout, result.stdout
+    errors = kubernetes.validate(path)
+    assert len(errors) == 1 and errors[0].startswith(f"Deployment/{deployment['metadata']['name']}: spec.template.spec.containers.0:"), errors
+    assert "'imagePullPolicyy' was unexpected" in errors[0]
+
+
+@pytest.mark.parametrize("change, where, message", [
+    (lambda d: d["spec"].update(replicas="one"), "spec.replicas", "'one' is not of type 'integer'"),
+    (lambda d: d["spec"]["template"]["spec"]["containers"][0].update(ports=[{"containerPort": "http"}]),
+     "spec.template.spec.containers.0.ports.0.containerPort", "'http' is not of type 'integer'"),
+    (lambda d: d["metadata"]["labels"].update(x=5), "metadata.labels.x", "5 is not of type 'string'"),
+    (lambda d: d["spec"].pop("selector"), "spec", "'selector' is a required property"),
+], ids=["replicas", "container-port", "label", "selector"])
+def test_wrong_types_and_missing_fields_fail_strict_validation_denied(change, where, message, tmp_path):
+    path, objects = rendered("central-entity", 5, tmp_path)
+    deployment = next(o for o in objects if o["kind"] == "Deployment")
+    change(deployment)
+    path.write_text(yaml.safe_dump_all(objects))
+    errors = kubernetes.validate(path)
+    assert len(errors) == 1 and errors[0].startswith(f"Deployment/{deployment['metadata']['name']}: {where}: {message}"), errors
+
+
+@pytest.mark.parametrize("api_version, kind", [("apps/v1", "Deploymentt"), ("apps/v1beta1", "Deployment")], ids=["unknown-kind", "removed-version"])
+def test_a_kind_without_a_schema_fails_strict_validation_denied(api_version, kind, tmp_path):
+    path, objects = rendered("central-entity", 5, tmp_path)
+    deployment = next(o for o in objects if o["kind"] == "Deployment")
+    deployment.update(apiVersion=api_version, kind=kind)
+    path.write_text(yaml.safe_dump_all(objects))
+    errors = kubernetes.validate(path)
+    assert len(errors) == 1 and errors[0].startswith(f"{kind}/{deployment['metadata']['name']}: Couldn't find schema for kind {kind}"), errors
+
+
+def test_validation_uses_the_schemas_of_the_pinned_kubernetes_version_allowed(tmp_path):
+    """The pinned control plane is v1.34 (tools/kubernetes/go.mod); kubernetes-validate ships its strict schemas."""
+    from kubernetes_validate.utils import all_versions
+
+    assert "k8s.io/kubernetes v" + kubernetes.KUBERNETES_VERSION.rsplit(".", 1)[0] in (manifest.REPO / "tools" / "kubernetes" / "go.mod").read_text()
+    assert kubernetes.KUBERNETES_VERSION in all_versions()  # v1.34.0-local-strict
+    path, _ = rendered("baseline", 5, tmp_path)
+    assert kubernetes.validate(path, kubernetes.KUBERNETES_VERSION) == []
+
+
+def test_validation_refuses_a_kubernetes_version_without_schemas_denied(tmp_path):
+    """Rather than check against an older version's schemas, as the package would on its own."""
+    from kubernetes_validate.utils import VersionNotSupportedError
+
+    path, _ = rendered("baseline", 5, tmp_path)
+    with pytest.raises(VersionNotSupportedError):
+        kubernetes.validate(path, "1.99.0")
 
 
 def test_every_container_has_probes_and_resources(tmp_path):
@@ -783,8 +842,7 @@ def test_network_policies_admit_every_connection_records_take_allowed(topology, 
 @pytest.mark.parametrize("topology", TOPOLOGIES)
 def test_without_mtls_no_secret_is_rendered_denied(topology, tmp_path):
     path, objects = rendered(topology, 5, tmp_path, overrides=PLAIN)
-    result = kubernetes.validate(path)
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert kubernetes.validate(path) == []
     assert [o["metadata"]["name"] for o in objects if o["kind"] == "Secret"] == []
     assert "secretGenerator" not in yaml.safe_load((tmp_path / "kustomization" / "kustomization.yaml").read_text())
     for workload, pod in pods(objects).items():
@@ -1286,3 +1344,172 @@ def test_a_one_node_rendering_puts_every_pod_on_the_node_labelled_for_all_roles(
     if topology == "dynamic-router-6":  # one router pod per slot, carrying every node's routers, still node-local
         routers = {o["metadata"]["name"]: o for o in one if o["kind"] == "Service" and o["metadata"]["name"].startswith("router-")}
         assert sorted(routers) == ["router-1", "router-2"] and all(r["spec"]["internalTrafficPolicy"] == "Local" for r in routers.values())
+
+
+# ---- the recommended labels, the service image, the pods' status
+def recommended_labels(topology) -> dict:
+    """The app.kubernetes.io/ labels every object of `topology` carries but its name and component."""
+    return {"app.kubernetes.io/instance": f"complyroute-{topology}",
+            "app.kubernetes.io/version": kubernetes.VERSION, "app.kubernetes.io/part-of": "complyroute",
+            "app.kubernetes.io/managed-by": "complyroute"}
+
+
+def missing_labels(objects) -> list[str]:
+    """Every object, and every pod template, without all six recommended labels."""
+    missing = []
+    for o in objects:
+        for where, meta in [("", o["metadata"])] + ([(" template", o["spec"]["template"]["metadata"])] if "template" in o.get("spec", {}) else []):
+            absent = [key for key in kubernetes.RECOMMENDED_LABELS if not meta.get("labels", {}).get(key)]
+            if absent:
+                missing.append(f"{o['kind']}/{o['metadata']['name']}{where}: {', '.join(absent)}")
+    return missing
+
+
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+def test_every_rendered_object_carries_the_recommended_labels_allowed(topology, tmp_path):
+    _, objects = rendered(topology, 5, tmp_path)
+    assert {o["kind"] for o in objects} >= {"Namespace", "Deployment", "Service", "ConfigMap", "Secret", "NetworkPolicy"}
+    assert missing_labels(objects) == []
+    expected = recommended_labels(topology)
+    for o in objects:
+        found = o["metadata"]["labels"]
+        assert {key: found[key] for key in expected} == expected, (o["kind"], o["metadata"]["name"])
+        # name: the object's own (a generated ConfigMap or Secret: its name before kustomize's hash).
+        assert o["metadata"]["name"].startswith(found["app.kubernetes.io/name"]), (o["kind"], o["metadata"]["name"])
+        assert found["app.kubernetes.io/component"]
+    components = {o["metadata"]["name"]: o["metadata"]["labels"]["app.kubernetes.io/component"] for o in objects if o["kind"] in ("Deployment", "DaemonSet")}
+    assert components.get("bundle-server", "bundle-server") == "bundle-server"
+    assert {c for name, c in components.items() if name not in ("bundle-server",)} <= {"service", "entry", "central-entity", "router", "gateway"}
+    # The short labels the selectors and network policies use are still there.
+    for workload in [o for o in objects if o["kind"] in ("Deployment", "DaemonSet")]:
+        assert workload["spec"]["selector"]["matchLabels"].items() <= workload["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_an_object_without_a_recommended_label_is_found_and_topologies_are_told_apart_denied(tmp_path):
+    _, objects = rendered("central-entity", 5, tmp_path / "ce")
+    service = next(o for o in objects if o["kind"] == "Service")
+    del service["metadata"]["labels"]["app.kubernetes.io/managed-by"]
+    template = next(o for o in objects if o["kind"] == "Deployment")["spec"]["template"]["metadata"]
+    del template["labels"]["app.kubernetes.io/version"]
+    assert sorted(missing_labels(objects)) == sorted([f"Service/{service['metadata']['name']}: app.kubernetes.io/managed-by",
+                                                      f"Deployment/{next(o for o in objects if o['kind'] == 'Deployment')['metadata']['name']} template: app.kubernetes.io/version"])
+    # What selects one topology's objects (its instance) selects none of another's.
+    _, sidecar = rendered("sidecar", 5, tmp_path / "sa")
+    assert {o["metadata"]["labels"]["app.kubernetes.io/instance"] for o in sidecar} == {"complyroute-sidecar"}
+    assert "complyroute-sidecar" not in {o["metadata"]["labels"]["app.kubernetes.io/instance"] for o in objects}
+
+
+def test_a_label_value_the_api_server_would_refuse_is_refused_at_render_denied():
+    topology = manifest.load("sidecar", services=3)
+    assert kubernetes.labels(topology, "ingest-eu", "service")["app.kubernetes.io/name"] == "ingest-eu"
+    with pytest.raises(kubernetes.RenderError, match="not a label value"):
+        kubernetes.labels(topology, "x" * 64, "service")
+
+
+def service_images(objects) -> set[str]:
+    return {c["image"] for pod in pods(objects).values() for c in containers(pod) if c["name"] == "service"}
+
+
+def test_the_service_image_is_the_kustomizations_by_default_its_own_version_allowed(tmp_path):
+    _, objects = rendered("sidecar", 5, tmp_path)
+    assert service_images(objects) == {kubernetes.SERVICE_IMAGE}
+    version = json.loads((manifest.REPO / "services" / "package.json").read_text())["version"]
+    assert kubernetes.SERVICE_IMAGE == f"complyroute/service:{version}"
+    kustomization = yaml.safe_load((tmp_path / "kustomization" / "kustomization.yaml").read_text())
+    assert kustomization["images"] == [{"name": "complyroute/service", "newName": "complyroute/service", "newTag": version}]
+    # The resources name the image without a tag: which one is the kustomization's to say.
+    resources = [o for o in yaml.safe_load_all((tmp_path / "kustomization" / "resources.yaml").read_text()) if o]
+    assert service_images(resources) == {"complyroute/service"}
+
+
+@pytest.mark.parametrize("image, entry", [
+    ("registry.example:5000/team/service:1.2.0", {"newName": "registry.example:5000/team/service", "newTag": "1.2.0"}),
+    ("localhost/complyroute/service", {"newName": "localhost/complyroute/service"}),
+    ("ghcr.io/x/service@sha256:" + "a" * 64, {"newName": "ghcr.io/x/service", "digest": "sha256:" + "a" * 64}),
+    ("ghcr.io/x/service:2@sha256:" + "b" * 64, {"newName": "ghcr.io/x/service", "newTag": "2", "digest": "sha256:" + "b" * 64}),
+], ids=["registry-port-tag", "no-tag", "digest", "tag-and-digest"])
+def test_an_image_given_replaces_the_service_image_everywhere_allowed(image, entry, tmp_path):
+    text = kubernetes.render(manifest.load("sidecar", services=3), tmp_path / "kustomization", image=image)
+    objects = [o for o in yaml.safe_load_all(text) if o]
+    assert service_images(objects) == {image}
+    assert yaml.safe_load((tmp_path / "kustomization" / "kustomization.yaml").read_text())["images"] == [{"name": "complyroute/service", **entry}]
+    # Envoy, OPA and the bundle server keep the images make images builds.
+    others = {c["image"] for pod in pods(objects).values() for c in containers(pod) if c["name"] != "service"}
+    assert others == {kubernetes.ENVOY_IMAGE, kubernetes.OPA_IMAGE, kubernetes.PYTHON_IMAGE}
+
+
+@pytest.mark.parametrize("image", ["", "Complyroute/Service:1", "complyroute/service:1 --x", "a/b@sha256:short", "a/b:"])
+def test_an_image_that_is_no_image_reference_is_refused_denied(image, tmp_path):
+    with pytest.raises(kubernetes.RenderError, match="is not an image reference"):
+        kubernetes.render(manifest.load("sidecar", services=3), tmp_path / "kustomization", image=image)
+    assert not (tmp_path / "kustomization").exists()
+
+
+def fake_pod(name, component, ready, restarts=0, sidecars=0, node="node-1"):
+    containers = [{"name": "service"}]
+    init = [{"name": f"sidecar-{n}", "restartPolicy": "Always"} for n in range(sidecars)]
+    return {"metadata": {"name": name, "labels": {"component": component}},
+            "spec": {"containers": containers, "initContainers": init, "nodeName": node},
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+                       "containerStatuses": [{"name": "service", "ready": ready, "restartCount": restarts}],
+                       "initContainerStatuses": [{"name": c["name"], "ready": True, "restartCount": 1} for c in init]}}
+
+
+def fake_kubectl(namespaces, pods_by_namespace, asked):
+    def kubectl_json(*args):
+        asked.append(args)
+        if args[:2] == ("get", "namespaces"):
+            return {"items": [{"metadata": {"name": n}} for n in namespaces]}
+        return {"items": pods_by_namespace[args[1]]}
+    return kubectl_json
+
+
+def test_k8s_status_shows_each_pod_ready_and_its_restarts_allowed(monkeypatch):
+    asked = []
+    pods_ = [fake_pod("ingest-eu-5d9c", "service", True, restarts=2, sidecars=2), fake_pod("entry-7f", "entry", True, node="gateway")]
+    monkeypatch.setattr(kubernetes, "kubectl_json", fake_kubectl(["complyroute-sidecar"], {"complyroute-sidecar": pods_}, asked))
+    out = io.StringIO()
+    assert kubernetes.status(manifest.load("sidecar", services=3), out=out) == 0
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "complyroute-sidecar: 2 pods"
+    assert re.match(r"  ready +1/1 +restarts 0 +entry-7f +entry +gateway +Running$", lines[1]), lines[1]
+    assert re.match(r"  ready +3/3 +restarts 4 +ingest-eu-5d9c +service +node-1 +Running$", lines[2]), lines[2]  # 2 + a restart of each sidecar
+    assert lines[-1] == "status: complyroute-sidecar: 2/2 pods ready"
+    assert asked[0] == ("get", "namespaces", "-l", "app.kubernetes.io/part-of=complyroute,app.kubernetes.io/instance=complyroute-sidecar")
+
+
+def test_k8s_status_fails_on_a_pod_not_ready_and_on_nothing_deployed_denied(monkeypatch):
+    asked = []
+    pods_ = [fake_pod("ingest-eu-5d9c", "service", False, sidecars=1), fake_pod("entry-7f", "entry", True, node="gateway")]
+    monkeypatch.setattr(kubernetes, "kubectl_json", fake_kubectl(["complyroute-sidecar"], {"complyroute-sidecar": pods_}, asked))
+    out = io.StringIO()
+    assert kubernetes.status(out=out) == 1
+    assert re.search(r"NOT READY 1/2 +restarts 1 +ingest-eu-5d9c", out.getvalue()) and "1/2 pods ready" in out.getvalue()
+    assert asked[0] == ("get", "namespaces", "-l", "app.kubernetes.io/part-of=complyroute")
+    monkeypatch.setattr(kubernetes, "kubectl_json", fake_kubectl([], {}, []))
+    out = io.StringIO()
+    assert kubernetes.status(out=out) == 1 and "no complyroute topology is deployed" in out.getvalue()
+    monkeypatch.setattr(kubernetes, "kubectl_json", lambda *args: None)
+    out = io.StringIO()
+    assert kubernetes.status(out=out) == 1 and "does not answer" in out.getvalue()
+
+
+def test_reload_keeps_each_configmap_in_the_deploys_applyset_allowed(deployed_central_entity, us_adequate):
+    """k8s-deploy applied the ConfigMaps as members of its ApplySet (kubectl labelled them); a
+    reload's server-side apply carries the label over, or it would take it off and the next
+    deploy could no longer prune them."""
+    renderer, objects, api = deployed_central_entity()
+    for key in [("ConfigMap", "bundles-1"), ("ConfigMap", "routes-central-entity-1")]:
+        api.objects[key]["metadata"]["labels"] = {**api.objects[key]["metadata"]["labels"], kubernetes.APPLYSET_MEMBER: "applyset-abc-v1"}
+    kubernetes.reload_policy(renderer.topology, us_adequate, out=io.StringIO())
+    [applied] = api.applied
+    assert {o["metadata"]["name"]: o["metadata"]["labels"][kubernetes.APPLYSET_MEMBER] for o in applied} == {
+        "bundles-1": "applyset-abc-v1", "routes-central-entity-1": "applyset-abc-v1"}
+    assert all(o["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "complyroute" for o in applied)
+
+
+def test_reload_adds_no_applyset_label_where_the_deploy_had_none_denied(deployed_central_entity, us_adequate):
+    renderer, objects, api = deployed_central_entity()
+    kubernetes.reload_policy(renderer.topology, us_adequate, out=io.StringIO())
+    [applied] = api.applied
+    assert not [o["metadata"]["name"] for o in applied if kubernetes.APPLYSET_MEMBER in o["metadata"]["labels"]]

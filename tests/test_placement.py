@@ -109,3 +109,17 @@ def test_baseline_decides_nothing_and_chains_services_directly():
     egress = {s.instance.id: s.egress_url for s in p.services}
     assert egress["ingest-us"] == "http://127.0.1.4:20003"  # analyse-eu: the first instance of the next step
     assert egress["store-eu"] is None
+
+
+def test_a_manifests_work_iterations_reach_every_service_allowed():
+    p = place(manifest.load("sidecar", services=3))  # engine.work_iterations: 100
+    assert [s.environment(p.topology.engine, "a.jsonl")["WORK_ITERATIONS"] for s in p.services] == ["100"] * 3
+    other = place(manifest.load("sidecar", services=3, overrides={"engine": {"work_iterations": 7}}))
+    assert {s.environment(other.topology.engine, "a.jsonl")["WORK_ITERATIONS"] for s in other.services} == {"7"}
+
+
+def test_without_work_iterations_the_service_keeps_its_own_default_denied():
+    """The default is defined once, by the service (services/config.js): the control plane sets none."""
+    p = place(manifest.load("sidecar", services=3, overrides={"engine": {"kind": "envoy-opa"}}))
+    assert "work_iterations" not in p.topology.engine
+    assert not any("WORK_ITERATIONS" in s.environment(p.topology.engine, "a.jsonl") for s in p.services)

@@ -30,7 +30,7 @@ test('a last step with only the required variables gets the defaults', () => {
   assert.equal(config.host, DEFAULTS.HOST)
   assert.equal(config.port, DEFAULTS.PORT)
   assert.equal(config.auditLog, 'run/audit/analyse-eu.jsonl')
-  assert.equal(config.workIterations, 200)
+  assert.equal(config.workIterations, 100)
   assert.equal(config.egressTimeoutMs, 30000)
   assert.equal(config.logLevel, 'warn')
   assert.ok(Object.isFrozen(config))

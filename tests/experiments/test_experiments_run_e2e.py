@@ -20,15 +20,6 @@ def experiments(results, *args):
     return [sys.executable, "-m", "experiments", "--results", str(results), *args]
 
 
-@pytest.fixture
-def no_deployment():
-    """One deployment at a time on this machine: replace a running one, as the other e2e tests do."""
-    if deployment.read_state():
-        deployment.stop()
-    yield
-    assert deployment.read_state() is None, "the run left its deployment running"
-
-
 def test_one_topology_under_both_engines_five_services_100_per_second_for_10_seconds(tmp_path, no_deployment):
     run = subprocess.run(
         experiments(tmp_path, "run", "--profile", "quick", "--topologies", "sa", "--rates", "100", "--services", "5", "--repetitions", "1",

@@ -17,6 +17,7 @@ import tarfile
 from collections import Counter
 
 import pytest
+import yaml
 
 from complyroute import bundles, kubernetes, manifest
 from complyroute.manifest import REPO
@@ -205,6 +206,86 @@ def test_make_deploy_and_undeploy_target_k8s_drive_the_current_context(cluster):
     assert "port-forward service/entry 8080:8080" in deployed.stdout
     assert len(get(cluster, "pods", "complyroute-dynamic-router-6")) == 5 + 1 + 6 + 1  # services, entry, 2 routers x 3 nodes, bundle server
 
+    # make status target=k8s: the pods of what was deployed, each ready, with its restarts.
+    status = subprocess.run(["make", "status", "target=k8s"], cwd=REPO, env=env, capture_output=True, text=True)
+    assert status.returncode == 0, status.stdout + status.stderr
+    lines = status.stdout.splitlines()
+    assert "complyroute-dynamic-router-6: 13 pods" in lines and "status: complyroute-dynamic-router-6: 13/13 pods ready" in lines, status.stdout
+    pod_lines = [line for line in lines if line.startswith("  ready ")]
+    assert len(pod_lines) == 13 and all("restarts 0" in line for line in pod_lines), status.stdout
+    assert sum(" router " in line for line in pod_lines) == 6 and sum(" service " in line for line in pod_lines) == 5
+
     undeployed = subprocess.run(["make", "undeploy", "target=k8s"], cwd=REPO, env=env, capture_output=True, text=True)
     assert undeployed.returncode == 0, undeployed.stdout + undeployed.stderr
     assert cluster.kubectl("get", "namespace", "complyroute-dynamic-router-6", check=False, quiet=True).returncode != 0
+    status = subprocess.run(["make", "status", "target=k8s"], cwd=REPO, env=env, capture_output=True, text=True)
+    assert status.returncode != 0 and "no complyroute topology is deployed" in status.stdout, status.stdout + status.stderr
+
+
+KINDS = ["deployments", "daemonsets", "services", "configmaps", "secrets", "networkpolicies"]
+
+
+def inventory(cluster, namespace) -> dict[tuple[str, str], dict]:
+    """Every object of KINDS in the namespace, by (kind, name)."""
+    return {(o["kind"], o["metadata"]["name"]): o for kind in KINDS for o in get(cluster, kind, namespace)}
+
+
+def test_deploying_5_services_after_50_prunes_what_only_the_50_had_allowed(cluster, monkeypatch):
+    """k8s-deploy applies a topology as an ApplySet with --prune: deployed again with 5 services
+    after 50, the namespace holds exactly what the 5-service render holds. No svc-06..50 (their
+    Deployments, Services, TLS Secrets), no ConfigMap or Secret of an earlier hash. What the
+    deploy did not make (a ConfigMap an operator added) is not a member, and stays."""
+    monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
+    big, small = manifest.load("central-entity", services=50), manifest.load("central-entity", services=5)
+    namespace = kubernetes.namespace_of(small)
+    folder = REPO / "runs" / "k8s-e2e-prune"
+    gone = sorted({i.id for i in big.instances} - {i.id for i in small.instances})
+    try:
+        assert kubernetes.apply(big, folder / "central-entity-50", "180s") == 0
+        before = inventory(cluster, namespace)
+        assert len(gone) == 45 and all(("Deployment", name) in before and ("Service", name) in before for name in gone)
+        cluster.kubectl("-n", namespace, "create", "configmap", "operator-notes", "--from-literal=note=kept", quiet=True)
+
+        assert kubernetes.apply(small, folder / "central-entity-5", "180s") == 0
+        after = inventory(cluster, namespace)
+        rendered = {(o["kind"], o["metadata"]["name"]) for o in yaml.safe_load_all((folder / "central-entity-5.yaml").read_text()) if o}
+        # Beside the render: the ApplySet's parent, the operator's ConfigMap, the CA bundle Kubernetes puts in every namespace.
+        kept = {("Secret", kubernetes.APPLYSET), ("ConfigMap", "operator-notes"), ("ConfigMap", "kube-root-ca.crt")}
+        assert set(after) == rendered | kept, (sorted(set(after) - rendered - kept), sorted(rendered - set(after)))
+        assert not [name for kind, name in after if name in gone or name.startswith(tuple(f"tls-{g}-" for g in gone))]
+        # What only the 50-service deploy had is gone: the 45 services' objects, and every ConfigMap and
+        # Secret named by a hash of content that changed (the central entity's Envoy configuration; every
+        # TLS Secret, since each render makes a new CA).
+        stale = set(before) - rendered - kept
+        assert not stale & set(after), sorted(stale & set(after))
+        assert [name for kind, name in stale if kind == "ConfigMap" and name.startswith("envoy-central-entity-")]
+        assert len([name for kind, name in stale if kind == "Secret" and name.startswith("tls-")]) == len(before_tls := [
+            name for kind, name in before if kind == "Secret" and name.startswith("tls-")]) and before_tls
+        assert all(o["metadata"]["labels"].get(kubernetes.APPLYSET_MEMBER) for key, o in after.items() if key in rendered)
+        assert kubernetes.APPLYSET_MEMBER not in after[("ConfigMap", "operator-notes")]["metadata"].get("labels", {})
+    finally:
+        cluster.kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=180s", quiet=True, check=False)
+        kubernetes.Deployed.path(namespace).unlink(missing_ok=True)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_deploying_again_prunes_nothing_of_another_topology_denied(cluster, monkeypatch):
+    """Each topology is its own ApplySet in its own namespace: deploying one with fewer services
+    deletes nothing of another topology deployed beside it."""
+    monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
+    other, this = manifest.load("baseline", services=5), manifest.load("sidecar", services=5)
+    folder = REPO / "runs" / "k8s-e2e-prune-other"
+    namespaces = [kubernetes.namespace_of(other), kubernetes.namespace_of(this)]
+    try:
+        assert kubernetes.apply(other, folder / "baseline-5", "180s") == 0
+        before = inventory(cluster, namespaces[0])
+        assert kubernetes.apply(this, folder / "sidecar-5", "180s") == 0
+        assert kubernetes.apply(manifest.load("sidecar", services=3), folder / "sidecar-3", "180s") == 0
+        assert len([key for key in inventory(cluster, namespaces[1]) if key[0] == "Deployment"]) == 3 + 1 + 1  # pruned: 2 services
+        after = inventory(cluster, namespaces[0])
+        assert {key: o["metadata"]["uid"] for key, o in after.items()} == {key: o["metadata"]["uid"] for key, o in before.items()}
+    finally:
+        for namespace in namespaces:
+            cluster.kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=180s", quiet=True, check=False)
+            kubernetes.Deployed.path(namespace).unlink(missing_ok=True)
+        shutil.rmtree(folder, ignore_errors=True)

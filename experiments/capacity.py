@@ -1,0 +1,378 @@
+"""Capacity: the highest offered rate each topology holds, per engine and chain length.
+
+For each (topology, engine, services) one deployment is made and the offered rate is stepped
+inside it: each step is a short run of the matrix's open-loop Locust load (runner.Runner.load,
+experiments/openloop.py: RTT from each record's intended send time, sends that cannot be made
+on time counted as missed). The search starts at `start_rate`, doubles while steps hold, up to
+`max_rate`; then it bisects between the last rate held and the first that failed until the gap
+is within `gap` (10%) of the rate held. The baseline is always searched too: the reference.
+
+A step is *held* when (`judge`): its achieved rate is at least 95% of the offered one; its
+errors and missed sends are at most 1% of the requests its window scheduled; and the p99 of
+its delivered records' RTTs is at most `p99_bound_ms`.
+
+A run lives in <results>/<run-id>/ (capacity-<date>-<time> by default): metadata.json (the
+parameters, commit, versions, machine, each search's outcome), raw/steps.csv (one row per
+step), raw/<search>/step<k>_r<rate>/ (each step's requests.csv.gz, cpu.csv, step.json,
+locust.log) and raw/<search>/deploy.log; report/capacity.md and capacity.html, built from
+metadata.json and raw/steps.csv alone (`capacity --report RUN` rebuilds them), with
+tables/capacity.csv and figures/capacity_latency.png (.svg).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import pandas as pd
+
+from complyroute import deployment, manifest
+
+from . import matrix, metadata, stats
+from .matrix import BASELINE, ENGINES, MAX_ERROR_RATE, MIN_ACHIEVED_SHARE, ParameterError, case_name
+from .runner import RESULTS, CellFailed, MachineBusy, Runner, compress, write_json
+
+# The search's defaults (the command line's).
+START_RATE = 50
+MAX_RATE = 2000
+STEP_SECONDS = 10
+STEP_WARMUP = 5  # a step's first seconds carry a start transient (new Locust, new connections): 2 s left it in the window
+P99_BOUND_MS = 500.0
+SERVICES = [5, 10]
+GAP = 0.10  # bisect until the lowest failed rate is within this share above the highest held
+HALVINGS = 3  # a first step that fails: halve the rate at most this often to find one held
+MAX_STEPS = 16  # steps of one search at most, whatever the step function does
+SETTLE_S = 1.0  # pause between steps, so a failed step's last answers are not the next one's start
+ENFORCING = tuple(t for t in matrix.TOPOLOGIES if t != BASELINE)
+STEPS_CSV = "steps.csv"
+STEP_COLUMNS = ("topology", "engine", "services", "step", "offered_rate", "scheduled", "sent", "achieved_rate", "achieved_share",
+                "errors", "missed", "loss_share", "p50_ms", "p95_ms", "p99_ms", "held", "why_not", "cpu_machine", "cpu_locust",
+                "cpu_deployment", "started_at")
+
+
+# ---- what a step is judged by -----------------------------------------------------------------
+
+def judge(offered_rate: float, achieved_rate: float, scheduled: int, errors: int, missed: int, p99_ms: float,
+          p99_bound_ms: float) -> tuple[bool, list[str]]:
+    """Whether a step held, and if not every criterion it failed, worded for the report.
+
+    Held: achieved >= 95% of offered; errors + missed <= 1% of the requests scheduled in the
+    window; p99 RTT (delivered records, from the intended send time) <= the bound. A step
+    that delivered nothing has no p99 and fails that criterion."""
+    reasons = []
+    share = achieved_rate / offered_rate if offered_rate else 0.0
+    if share < MIN_ACHIEVED_SHARE:
+        reasons.append(f"achieved {share:.1%} of offered < {MIN_ACHIEVED_SHARE:.0%}")
+    loss = (errors + missed) / scheduled if scheduled else 1.0
+    if loss > MAX_ERROR_RATE:
+        reasons.append(f"errors+missed {loss:.1%} > {MAX_ERROR_RATE:.0%}")
+    if p99_ms is None or math.isnan(p99_ms):
+        reasons.append("no record delivered (no p99)")
+    elif p99_ms > p99_bound_ms:
+        reasons.append(f"p99 {p99_ms:.0f} ms > {p99_bound_ms:g} ms")
+    return not reasons, reasons
+
+
+# ---- the search -------------------------------------------------------------------------------
+
+@dataclass
+class SearchResult:
+    capacity: int | None  # the highest rate held; None when no step held
+    capped: bool  # every step held, up to max_rate: the capacity is at least that
+    lowest_failed: int | None  # the lowest rate that failed (the bracket's top)
+    first_failed: int | None  # the first step in time that failed
+    steps: list[tuple[int, bool]] = field(default_factory=list)  # (rate, held) in the order run
+
+    @property
+    def converged(self) -> bool:
+        """Whether the bracket is within the gap (or capped at max_rate)."""
+        if self.capped:
+            return True
+        if self.capacity is None or self.lowest_failed is None:
+            return False
+        return self.lowest_failed - self.capacity <= max(1, GAP * self.capacity)
+
+
+def search(step: Callable[[int], bool], start_rate: int = START_RATE, max_rate: int = MAX_RATE, gap: float = GAP,
+           halvings: int = HALVINGS, max_steps: int = MAX_STEPS) -> SearchResult:
+    """Find the highest rate `step(rate)` holds.
+
+    Doubling from start_rate while steps hold, up to max_rate (held there: capped); a first
+    step that fails is followed by halvings until one holds (at most `halvings`); then
+    bisection between the highest held and the lowest failed rate until their gap is within
+    `gap` of the held rate (or 1 req/s). Every rate probed lies strictly between the two, so
+    the held rates stay below the failed ones even when the step function is noisy: the
+    capacity is always the highest rate held and the lowest failed rate the bracket's top."""
+    if start_rate < 1 or max_rate < start_rate:
+        raise ParameterError(f"the search needs 1 <= start rate <= max rate, got {start_rate} and {max_rate}")
+    steps: list[tuple[int, bool]] = []
+
+    def probe(rate: int) -> bool:
+        held = bool(step(rate))
+        steps.append((rate, held))
+        return held
+
+    held_rate: int | None = None
+    failed_rate: int | None = None
+    rate = start_rate
+    while len(steps) < max_steps:
+        if not probe(rate):
+            failed_rate = rate
+            break
+        held_rate = rate
+        if rate >= max_rate:
+            break
+        rate = min(2 * rate, max_rate)
+    first_failed = failed_rate
+    if held_rate is None and failed_rate is not None:  # the first step failed: look below it
+        for _ in range(halvings):
+            rate //= 2
+            if rate < 1 or len(steps) >= max_steps:
+                break
+            if probe(rate):
+                held_rate = rate
+                break
+            failed_rate = rate
+    if held_rate is not None and failed_rate is not None:
+        while failed_rate - held_rate > max(1, gap * held_rate) and len(steps) < max_steps:
+            middle = (held_rate + failed_rate) // 2
+            if probe(middle):
+                held_rate = middle
+            else:
+                failed_rate = middle
+    return SearchResult(capacity=held_rate, capped=failed_rate is None and held_rate is not None, lowest_failed=failed_rate,
+                        first_failed=first_failed, steps=steps)
+
+
+def result_of_steps(rows: list[dict]) -> SearchResult:
+    """A search's result from its rows of steps.csv (held as "True"/"False" or bools): what
+    search() returned, derived from the raw data alone."""
+    ordered = sorted(rows, key=lambda row: int(row["step"]))
+    steps = [(int(float(row["offered_rate"])), as_bool(row["held"])) for row in ordered]
+    held = [rate for rate, ok in steps if ok]
+    failed = [rate for rate, ok in steps if not ok]
+    return SearchResult(capacity=max(held) if held else None, capped=bool(held) and not failed,
+                        lowest_failed=min(failed) if failed else None, first_failed=failed[0] if failed else None, steps=steps)
+
+
+def as_bool(value) -> bool:
+    return value if isinstance(value, bool) else str(value).strip().lower() in ("true", "1", "yes")
+
+
+# ---- parameters -------------------------------------------------------------------------------
+
+@dataclass
+class Parameters:
+    topologies: list[str] = field(default_factory=lambda: list(ENFORCING))
+    engines: list[str] = field(default_factory=lambda: list(ENGINES))
+    services: list[int] = field(default_factory=lambda: list(SERVICES))
+    start_rate: int = START_RATE
+    max_rate: int = MAX_RATE
+    step_seconds: int = STEP_SECONDS
+    step_warmup: int = STEP_WARMUP
+    p99_bound_ms: float = P99_BOUND_MS
+    gap: float = GAP
+    max_steps: int = MAX_STEPS
+    mix: str = "allowed"
+    max_in_flight: int = matrix.DEFAULT_MAX_IN_FLIGHT
+    late_tolerance_ms: float = matrix.DEFAULT_LATE_TOLERANCE_MS
+
+    def __post_init__(self):
+        names = [matrix.topology_name(t) for t in self.topologies]
+        if len(set(names)) != len(names):
+            raise ParameterError(f"topologies {self.topologies} name one twice")
+        # The baseline is always searched, last at each chain length: the reference.
+        self.topologies = [t for t in names if t != BASELINE] + [BASELINE]
+        for engine in self.engines:
+            if engine not in ENGINES:
+                raise ParameterError(f"engine '{engine}' is not one of {list(ENGINES)}")
+        if not self.engines or len(set(self.engines)) != len(self.engines):
+            raise ParameterError(f"engines {self.engines}: give one or more of {list(ENGINES)}, each once")
+        if not self.services or any(n < 1 for n in self.services) or len(set(self.services)) != len(self.services):
+            raise ParameterError(f"services must be distinct whole numbers >= 1, got {self.services}")
+        if self.start_rate < 1 or self.max_rate < self.start_rate:
+            raise ParameterError(f"rates: need 1 <= --start-rate <= --max-rate, got {self.start_rate} and {self.max_rate}")
+        if self.step_seconds < 1 or self.step_warmup < 0:
+            raise ParameterError(f"--step-seconds must be >= 1 and --step-warmup >= 0, got {self.step_seconds} and {self.step_warmup}")
+        if not self.p99_bound_ms > 0:
+            raise ParameterError(f"--p99-bound-ms must be above 0, got {self.p99_bound_ms:g}")
+        if self.max_steps < 1:
+            raise ParameterError(f"--max-steps must be >= 1, got {self.max_steps}")
+        if not 0 < self.gap < 1:
+            raise ParameterError(f"the gap must be between 0 and 1, got {self.gap:g}")
+
+    def searches(self) -> list[tuple[str, str | None, int]]:
+        """(topology, engine, services) in the order run: per chain length every topology under
+        each engine, then the baseline (engine None)."""
+        return [(topology, engine, services) for services in self.services for topology in self.topologies
+                for engine in ([None] if topology == BASELINE else self.engines)]
+
+
+def search_key(topology: str, engine: str | None, services: int) -> str:
+    return f"{topology}{'_' + engine if engine else ''}_n{services}"
+
+
+# ---- running ----------------------------------------------------------------------------------
+
+class CapacityRunner(Runner):
+    """The matrix runner's deployment, open-loop load, CPU sampling and clean stop, stepping
+    the rate of one deployment instead of running one cell per deployment."""
+
+    def __init__(self, run_dir: Path, parameters: Parameters, out=sys.stdout):
+        load = matrix.Parameters(profile="capacity", topologies=parameters.topologies, rates=[parameters.start_rate],
+                                 services=parameters.services, repetitions=1, duration=parameters.step_seconds,
+                                 warmup=parameters.step_warmup, mix=parameters.mix, load="open", arrivals="constant",
+                                 max_in_flight=parameters.max_in_flight, late_tolerance_ms=parameters.late_tolerance_ms,
+                                 engines=parameters.engines, bench_rounds=0)
+        super().__init__(run_dir, load, out)
+        self.capacity = parameters
+        self.steps_csv = self.raw / STEPS_CSV
+
+    def start(self) -> None:
+        if (self.run_dir / "metadata.json").exists():
+            raise ParameterError(f"{self.run_dir} already holds a run; name a new one with --run-id")
+        self.raw.mkdir(parents=True, exist_ok=True)
+        taken = metadata.describe()
+        write_json(self.run_dir / "metadata.json", {
+            "run_id": self.run_dir.name, "kind": "capacity", "created_at": taken["taken_at"], "parameters": asdict(self.capacity),
+            "held": {"min_achieved_share": MIN_ACHIEVED_SHARE, "max_errors_and_missed_share": MAX_ERROR_RATE,
+                     "p99_bound_ms": self.capacity.p99_bound_ms},
+            "git": taken["git"], "versions": taken["versions"], "machine": taken["machine"], "locust": self.locust_description(),
+            "searches": [], "outcome": "running"})
+        with self.steps_csv.open("w", newline="") as file:
+            csv.writer(file).writerow(STEP_COLUMNS)
+
+    def update_metadata(self, **changes) -> None:
+        path = self.run_dir / "metadata.json"
+        meta = json.loads(path.read_text())
+        if "search" in changes:
+            meta["searches"].append(changes.pop("search"))
+        meta.update(changes)
+        write_json(path, meta)
+
+    def run(self) -> int:
+        self.start()
+        print(f"capacity: run {self.run_dir.name}: {len(self.capacity.searches())} searches; steps in {self.steps_csv}", file=self.out,
+              flush=True)
+        previous = {sig: signal.signal(sig, self.interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            for topology, engine, services in self.capacity.searches():
+                self.run_search(topology, engine, services)
+        except MachineBusy as error:
+            self.update_metadata(outcome="stopped: another deployment is running", ended_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+            print(f"capacity: {error}", file=self.out)
+            return 2
+        except KeyboardInterrupt:
+            left = self.stop_everything()
+            self.update_metadata(outcome="interrupted", ended_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+            print("capacity: interrupted" + (f"; processes {left} are still running: stop them by hand" if left
+                                             else "; Locust and the deployment are stopped"), file=self.out)
+            build_report(self.run_dir)
+            return 1 if left else 130
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        self.update_metadata(outcome="finished", ended_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        paths = build_report(self.run_dir)
+        print(f"capacity: report: {paths['html']}\ncapacity: report: {paths['markdown']}", file=self.out)
+        return 0
+
+    def run_search(self, topology: str, engine: str | None, services: int) -> None:
+        key = search_key(topology, engine, services)
+        folder = self.raw / key
+        folder.mkdir(parents=True)
+        name = f"{case_name(topology, engine)} {services} services"
+        started = time.monotonic()
+        index = 0
+        with (folder / "deploy.log").open("w") as log:
+            try:
+                state = self.deploy(matrix.Cell(topology, engine, self.capacity.start_rate, services, 0), log)
+                deployed_s = round(time.monotonic() - started, 1)
+
+                def step(rate: int) -> bool:
+                    nonlocal index
+                    index += 1
+                    if index > 1:
+                        time.sleep(SETTLE_S)
+                    return self.run_step(topology, engine, services, index, rate, folder, state, name)
+
+                result = search(step, self.capacity.start_rate, self.capacity.max_rate, self.capacity.gap,
+                                max_steps=self.capacity.max_steps)
+            except (deployment.DeploymentError, manifest.ManifestError, CellFailed) as error:
+                self.undeploy(log)
+                self.update_metadata(search={"topology": topology, "engine": engine, "services": services, "error": str(error),
+                                             "steps": index})
+                print(f"capacity: {name}: FAILED: {str(error).splitlines()[0]}", file=self.out, flush=True)
+                return
+            self.undeploy(log)
+        self.update_metadata(search={"topology": topology, "engine": engine, "services": services, "capacity": result.capacity,
+                                     "capped": result.capped, "lowest_failed": result.lowest_failed,
+                                     "first_failed": result.first_failed, "converged": result.converged, "steps": len(result.steps),
+                                     "deploy_s": deployed_s, "seconds": round(time.monotonic() - started, 1)})
+        print(f"capacity: {name}: {capacity_text(result)} req/s ({len(result.steps)} steps, "
+              f"{time.monotonic() - started:.0f} s)", file=self.out, flush=True)
+
+    def run_step(self, topology: str, engine: str | None, services: int, index: int, rate: int, folder: Path, state: dict,
+                 name: str) -> bool:
+        cell = matrix.Cell(topology, engine, rate, services, index)
+        step_dir = folder / f"step{index:02d}_r{rate}"
+        step_dir.mkdir()
+        started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        record = {"search": {"topology": topology, "engine": engine, "services": services}, "step": index, "offered_rate": rate,
+                  "users": 1, "warmup_s": self.capacity.step_warmup, "duration_s": self.capacity.step_seconds,
+                  "mix": self.capacity.mix, **self.load_of(cell)}
+        record["locust"] = self.load(cell, step_dir, state, lambda seconds: None)
+        compress(step_dir / "requests.csv")
+        write_json(step_dir / "step.json", record)
+        requests = stats.read_requests(step_dir)
+        summary = stats.cell_statistics(requests, record)
+        start = requests["t_intended_ms"].min() + record["warmup_s"] * 1000
+        cpu = stats.cpu_cores(pd.read_csv(step_dir / "cpu.csv"), start, start + record["duration_s"] * 1000)
+        held, reasons = judge(rate, summary["achieved_rate"], summary["scheduled"], summary["errors"], summary["missed"],
+                              summary["p99"], self.capacity.p99_bound_ms)
+        row = {
+            "topology": topology, "engine": engine or stats.NO_ENGINE, "services": services, "step": index, "offered_rate": rate,
+            "scheduled": summary["scheduled"], "sent": summary["requests"], "achieved_rate": round(summary["achieved_rate"], 2),
+            "achieved_share": round(summary["achieved_rate"] / rate, 4), "errors": summary["errors"], "missed": summary["missed"],
+            "loss_share": round((summary["errors"] + summary["missed"]) / summary["scheduled"], 4) if summary["scheduled"] else 1.0,
+            "p50_ms": rounded(summary["median"]), "p95_ms": rounded(summary["p95"]), "p99_ms": rounded(summary["p99"]),
+            "held": held, "why_not": "; ".join(reasons),
+            "cpu_machine": rounded(cpu["cpu_machine"], 2), "cpu_locust": rounded(cpu["cpu_locust"], 2),
+            "cpu_deployment": rounded(cpu["cpu_deployment"], 2), "started_at": started_at,
+        }
+        with self.steps_csv.open("a", newline="") as file:
+            csv.writer(file).writerow([row[column] for column in STEP_COLUMNS])
+        print(f"capacity: {name} step {index}: {rate} req/s: achieved {row['achieved_rate']:.1f} ({row['achieved_share']:.1%}), "
+              f"errors+missed {row['loss_share']:.1%}, p50 {summary['median']:.0f} ms, p99 {summary['p99']:.0f} ms, "
+              f"cores busy {cpu['cpu_machine']:.2f}: {'held' if held else 'NOT held: ' + row['why_not']}", file=self.out, flush=True)
+        return held
+
+
+def rounded(value: float, digits: int = 1):
+    return "" if value is None or (isinstance(value, float) and math.isnan(value)) else round(float(value), digits)
+
+
+def capacity_text(result: SearchResult) -> str:
+    """"287" (bracket within the gap), "≥ 2000" (every step held), "< 6" (none held)."""
+    if result.capacity is None:
+        tried = min(rate for rate, _ in result.steps) if result.steps else None
+        return f"< {tried}" if tried is not None else "not measured"
+    return f"≥ {result.capacity}" if result.capped else str(result.capacity)
+
+
+def run(parameters: Parameters, results: Path = RESULTS, run_id: str | None = None, out=sys.stdout) -> tuple[int, Path]:
+    run_dir = results / (run_id or f"capacity-{time.strftime('%Y%m%d-%H%M%S')}")
+    return CapacityRunner(run_dir, parameters, out).run(), run_dir
+
+
+def build_report(run_dir: Path) -> dict:
+    from .capacity_report import build  # matplotlib only when a report is made
+
+    return build(run_dir)

@@ -1,0 +1,303 @@
+"""The capacity search without a deployment: the step search against fake step functions
+(doubling, bisection, the max-rate cap, a first step that fails, a noisy non-monotone step),
+the held criteria (each failing alone beside a held twin), the runner's steps.csv and
+metadata with stand-ins for the deployment and Locust, the report, table and figure of a
+synthetic run folder, and the command line's errors."""
+
+import csv
+import io
+import json
+import math
+import random
+
+import pytest
+
+from experiments import __main__ as cli
+from experiments import capacity, capacity_report
+from experiments.capacity import GAP, MAX_STEPS, Parameters, judge, result_of_steps, search
+from experiments.matrix import ParameterError
+from experiments.timing import DURATIONS
+
+
+# ---- the search -------------------------------------------------------------------------------
+
+def rates(result):
+    return [rate for rate, _ in result.steps]
+
+
+def check_invariants(result, max_rate):
+    """What any search must leave: each rate probed once, every held rate below every failed one,
+    the capacity the highest held, and what steps.csv would say the same as what search said."""
+    assert len(rates(result)) == len(set(rates(result)))
+    held = [rate for rate, ok in result.steps if ok]
+    failed = [rate for rate, ok in result.steps if not ok]
+    if held and failed:
+        assert max(held) < min(failed)
+    assert result.capacity == (max(held) if held else None)
+    assert result.lowest_failed == (min(failed) if failed else None)
+    assert all(1 <= rate <= max_rate for rate in rates(result))
+    rows = [{"step": k, "offered_rate": rate, "held": str(ok)} for k, (rate, ok) in enumerate(result.steps, 1)]
+    assert vars(result_of_steps(rows)) == vars(result)
+
+
+def test_doubling_then_bisection_to_within_ten_percent():
+    result = search(lambda rate: rate <= 300, start_rate=50, max_rate=2000)
+    assert result.steps == [(50, True), (100, True), (200, True), (400, False), (300, True), (350, False), (325, False)]
+    assert (result.capacity, result.lowest_failed, result.first_failed, result.capped) == (300, 325, 400, False)
+    assert result.converged and result.lowest_failed - result.capacity <= GAP * result.capacity
+    check_invariants(result, 2000)
+
+
+def test_bisection_stops_at_the_gap_not_before():
+    result = search(lambda rate: rate <= 1234, start_rate=50, max_rate=2000)
+    assert result.capacity <= 1234 < result.lowest_failed <= 1.1 * result.capacity
+    # one step fewer would have left the gap above 10%
+    held_before, failed_before = result_of_steps([{"step": k, "offered_rate": r, "held": ok}
+                                                  for k, (r, ok) in enumerate(result.steps[:-1], 1)]).capacity, None
+    failed_before = min(r for r, ok in result.steps[:-1] if not ok)
+    assert failed_before - held_before > GAP * held_before
+    check_invariants(result, 2000)
+
+
+def test_the_max_rate_caps_the_doubling_and_a_capacity_at_it_is_marked_capped():
+    result = search(lambda rate: True, start_rate=50, max_rate=300)
+    assert rates(result) == [50, 100, 200, 300]
+    assert result.capped and result.capacity == 300 and result.lowest_failed is None and result.converged
+    assert capacity.capacity_text(result) == "≥ 300"
+    check_invariants(result, 300)
+    # failing only at the cap: bisection between the last doubling and the cap
+    result = search(lambda rate: rate < 300, start_rate=50, max_rate=300)
+    assert rates(result)[:4] == [50, 100, 200, 300] and not result.capped and 270 <= result.capacity < 300
+    check_invariants(result, 300)
+
+
+def test_a_first_step_that_fails_halves_down_then_bisects():
+    result = search(lambda rate: rate <= 20, start_rate=50, max_rate=2000)
+    assert result.steps[:3] == [(50, False), (25, False), (12, True)]
+    assert result.first_failed == 50 and result.capacity == 20 and result.lowest_failed == 21
+    check_invariants(result, 2000)
+
+
+def test_nothing_held_gives_no_capacity_below_the_lowest_rate_tried():
+    result = search(lambda rate: False, start_rate=50, max_rate=2000)
+    assert rates(result) == [50, 25, 12, 6]
+    assert result.capacity is None and not result.capped and not result.converged
+    assert capacity.capacity_text(result) == "< 6"
+    check_invariants(result, 2000)
+
+
+def test_a_noisy_step_that_fails_once_below_its_knee_still_gives_a_held_rate_within_the_gap():
+    noisy = lambda rate: rate <= 300 and rate != 200  # noqa: E731 - a failure below the knee, by noise
+    result = search(noisy, start_rate=50, max_rate=2000)
+    assert result.steps[:3] == [(50, True), (100, True), (200, False)]
+    assert result.capacity == 187 and result.lowest_failed == 200 and result.converged
+    check_invariants(result, 2000)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_randomly_noisy_step_terminates_and_keeps_the_bracket(seed):
+    draw = random.Random(seed)
+    knee = draw.randint(30, 1500)
+
+    def step(rate):  # around the knee, a step holds or not by chance
+        return draw.random() < 1 / (1 + math.exp((rate - knee) / (0.15 * knee)))
+
+    result = search(step, start_rate=50, max_rate=2000)
+    assert 1 <= len(result.steps) <= MAX_STEPS
+    check_invariants(result, 2000)
+    if result.capacity is not None and result.lowest_failed is not None and len(result.steps) < MAX_STEPS:
+        assert result.converged
+
+
+def test_a_start_above_the_max_is_refused():
+    with pytest.raises(ParameterError):
+        search(lambda rate: True, start_rate=100, max_rate=50)
+
+
+# ---- held or not ------------------------------------------------------------------------------
+
+HELD = dict(offered_rate=100, achieved_rate=99.0, scheduled=1000, errors=5, missed=4, p99_ms=300.0, p99_bound_ms=500.0)
+
+
+def test_the_held_twin_holds_and_the_boundaries_hold():
+    assert judge(**HELD) == (True, [])
+    assert judge(**{**HELD, "achieved_rate": 95.0, "errors": 6, "missed": 4, "p99_ms": 500.0}) == (True, [])
+
+
+@pytest.mark.parametrize("change, reason", [
+    ({"achieved_rate": 94.9}, "achieved 94.9% of offered < 95%"),  # the sender's schedule short, nothing missed
+    ({"errors": 7, "missed": 4}, "errors+missed 1.1% > 1%"),
+    ({"errors": 0, "missed": 11}, "errors+missed 1.1% > 1%"),
+    ({"p99_ms": 501.0}, "p99 501 ms > 500 ms"),
+    ({"p99_ms": float("nan")}, "no record delivered (no p99)"),
+])
+def test_each_criterion_failing_alone_fails_the_step_and_is_named(change, reason):
+    held, reasons = judge(**{**HELD, **change})
+    assert not held and reasons == [reason]
+
+
+def test_every_criterion_failing_is_named():
+    held, reasons = judge(offered_rate=400, achieved_rate=200, scheduled=4000, errors=100, missed=2000, p99_ms=5000, p99_bound_ms=500)
+    assert not held and [r.split(" ")[0] for r in reasons] == ["achieved", "errors+missed", "p99"]
+
+
+# ---- parameters and the command line ----------------------------------------------------------
+
+def test_parameters_always_add_the_baseline_and_take_aliases():
+    parameters = Parameters(topologies=["ce", "sa"], engines=["envoy-opa"], services=[5])
+    assert parameters.topologies == ["central-entity", "sidecar", "baseline"]
+    assert parameters.searches() == [("central-entity", "envoy-opa", 5), ("sidecar", "envoy-opa", 5), ("baseline", None, 5)]
+    assert Parameters(topologies=["baseline"]).topologies == ["baseline"]
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--start-rate", "0"], "--start-rate"),
+    (["--start-rate", "100", "--max-rate", "50"], "--max-rate"),
+    (["--topologies", "nope"], "topology 'nope'"),
+    (["--engines", "envoy-magic"], "engine 'envoy-magic'"),
+    (["--services", "0"], "services"),
+    (["--step-seconds", "0"], "--step-seconds"),
+    (["--p99-bound-ms", "-1"], "--p99-bound-ms"),
+    (["--max-steps", "0"], "--max-steps"),
+    (["--report", "no-such-run"], "no capacity run"),
+])
+def test_bad_arguments_get_one_line_and_exit_2(tmp_path, capsys, args, words):
+    assert cli.main(["--results", str(tmp_path), "capacity", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and words in err and err.count("\n") == 1
+
+
+# ---- the runner, with stand-ins for the deployment and Locust ---------------------------------
+
+KNEE = 150  # the stand-in deployment answers in 10 ms up to this rate, in 900 ms above
+
+
+@pytest.fixture
+def stand_ins(monkeypatch):
+    monkeypatch.setattr(capacity.metadata, "describe", lambda: {
+        "taken_at": "2026-11-26T03:00:00+0000", "git": {"commit": "abc", "dirty": False}, "versions": {"locust": "2.47.0"},
+        "machine": {"cores": 2, "load_average_at_start": [0.1, 0.1, 0.1]}})
+    monkeypatch.setattr(capacity, "SETTLE_S", 0)
+    deployed = []
+
+    def deploy(self, cell, log):
+        deployed.append((cell.topology, cell.engine, cell.services))
+        self.deployment_parts = []
+        return {"run_dir": "runs/stand-in", "parts": [], "engine": cell.engine, "entry_url": "http://127.0.0.1:8080/process"}
+
+    def load(self, cell, step_dir, state, advance):
+        seconds = self.parameters.warmup + self.parameters.duration + 1
+        rtt = 10.0 if cell.rate <= KNEE else 900.0
+        with (step_dir / "requests.csv").open("w", newline="") as file:
+            writer = csv.writer(file)
+            writer.writerow(["t_intended_ms", "t_send_ms", "rtt_ms", "service_time_ms", "status", "missed", "record", "expected", "hops",
+                             *DURATIONS])
+            for k in range(cell.rate * seconds):
+                t = 1_000_000 + k * 1000 / cell.rate
+                writer.writerow([t, t, rtt, rtt, 200, "", "allowed", 200, cell.services, *[""] * len(DURATIONS)])
+        (step_dir / "cpu.csv").write_text("t_ms,machine_busy_s,locust_s,deployment_s,service_s,envoy_s,opa_s,control_s\n" + "".join(
+            f"{1_000_000 + t * 1000},{1.5 * t},{0.1 * t},{t},{t},0,0,0\n" for t in range(seconds + 1)))
+        return {"command": ["locust"], "exit_code": 0}
+
+    monkeypatch.setattr(capacity.CapacityRunner, "deploy", deploy)
+    monkeypatch.setattr(capacity.CapacityRunner, "load", load)
+    monkeypatch.setattr(capacity.CapacityRunner, "undeploy", lambda self, log: None)
+    return deployed
+
+
+def test_a_run_steps_each_deployment_writes_steps_csv_metadata_and_the_report(tmp_path, stand_ins, monkeypatch):
+    built = []
+    monkeypatch.setattr(capacity, "build_report", lambda run_dir: built.append(run_dir) or {"html": "h", "markdown": "m"})
+    out = io.StringIO()
+    parameters = Parameters(topologies=["ce"], engines=["envoy-opa"], services=[5], start_rate=50, max_rate=2000, step_seconds=2,
+                            step_warmup=1)
+    code, run_dir = capacity.run(parameters, tmp_path, "cap", out=out)
+    assert code == 0, out.getvalue()
+    assert stand_ins == [("central-entity", "envoy-opa", 5), ("baseline", None, 5)]  # one deployment per search
+    with (run_dir / "raw" / "steps.csv").open() as file:
+        rows = list(csv.DictReader(file))
+    assert [r["offered_rate"] for r in rows if r["topology"] == "central-entity"] == ["50", "100", "200", "150", "175", "162"]
+    assert {r["engine"] for r in rows} == {"envoy-opa", "none"}
+    first_failed = next(r for r in rows if r["held"] == "False")
+    assert first_failed["why_not"] == "p99 900 ms > 500 ms" and first_failed["p99_ms"] == "900.0"
+    assert rows[0]["held"] == "True" and rows[0]["scheduled"] == "100" and rows[0]["achieved_share"] == "1.0"
+    assert rows[0]["cpu_machine"] == "1.5"
+    assert (run_dir / "raw" / "central-entity_envoy-opa_n5" / "step01_r50" / "requests.csv.gz").exists()
+    meta = json.loads((run_dir / "metadata.json").read_text())
+    assert meta["outcome"] == "finished" and meta["parameters"]["p99_bound_ms"] == 500.0 and meta["machine"]["cores"] == 2
+    assert [(s["topology"], s["capacity"], s["lowest_failed"]) for s in meta["searches"]] == [
+        ("central-entity", 150, 162), ("baseline", 150, 162)]
+    lines = out.getvalue().splitlines()
+    assert sum("step" in line and "req/s:" in line for line in lines) == len(rows)  # a line per step
+    assert any(line.startswith("capacity: CE (envoy-opa) 5 services: 150 req/s") for line in lines)
+    table = capacity_report.capacity_table(capacity_report.read_steps(run_dir), GAP)
+    assert table[["topology", "capacity", "share_of_baseline"]].values.tolist() == [["central-entity", 150, 1.0], ["baseline", 150, 1.0]]
+    assert built == [run_dir]  # the report itself: below, on a synthetic run
+
+
+def test_an_existing_run_is_not_overwritten(tmp_path, stand_ins, capsys):
+    (tmp_path / "taken").mkdir()
+    assert cli.main(["--results", str(tmp_path), "capacity", "--run-id", "taken"]) == 2
+    assert "already exists" in capsys.readouterr().err
+
+
+# ---- the report of a synthetic run folder -----------------------------------------------------
+
+def synthetic_run(tmp_path):
+    run_dir = tmp_path / "capacity-synthetic"
+    (run_dir / "raw").mkdir(parents=True)
+    parameters = Parameters(topologies=["ce"], engines=["envoy-opa", "envoy-compiled"], services=[5, 10])
+    (run_dir / "metadata.json").write_text(json.dumps({
+        "run_id": run_dir.name, "kind": "capacity", "parameters": vars(parameters), "outcome": "finished", "searches": [],
+        "machine": {"cores": 2}, "versions": {}, "git": {"commit": "abc"}}))
+    knees = {("central-entity", "envoy-opa", 5): 180, ("central-entity", "envoy-compiled", 5): 290, ("baseline", "none", 5): 420,
+             ("central-entity", "envoy-opa", 10): 70, ("central-entity", "envoy-compiled", 10): 95, ("baseline", "none", 10): 2000}
+    with (run_dir / "raw" / "steps.csv").open("w", newline="") as file:
+        writer = csv.DictWriter(file, capacity.STEP_COLUMNS)
+        writer.writeheader()
+        for (topology, engine, services), knee in knees.items():
+            result = search(lambda rate: rate <= knee, 50, 2000)
+            for index, (rate, held) in enumerate(result.steps, 1):
+                p99 = 100 + 300 * rate / knee
+                writer.writerow({"topology": topology, "engine": engine, "services": services, "step": index, "offered_rate": rate,
+                                 "scheduled": rate * 10, "sent": rate * 10, "achieved_rate": rate, "achieved_share": 1.0, "errors": 0,
+                                 "missed": 0, "loss_share": 0.0, "p50_ms": p99 / 5, "p95_ms": p99 / 2, "p99_ms": round(p99, 1),
+                                 "held": held, "why_not": "" if held else f"p99 {p99:.0f} ms > 500 ms", "cpu_machine": 1.2,
+                                 "cpu_locust": 0.1, "cpu_deployment": 1.0, "started_at": "2026-11-26T03:00:00+0000"})
+    return run_dir
+
+
+def test_the_report_table_figure_and_csv_of_a_synthetic_run(tmp_path, monkeypatch):
+    run_dir = synthetic_run(tmp_path)
+    paths = capacity_report.build(run_dir)
+    table = capacity_report.read_steps(run_dir)
+    assert len(table) > 12
+    capacity_csv = list(csv.DictReader((run_dir / "report" / "tables" / "capacity.csv").open()))
+    assert [(r["topology"], r["engine"], r["services"], r["capacity"]) for r in capacity_csv] == [
+        ("central-entity", "envoy-opa", "5", "175"), ("central-entity", "envoy-compiled", "5", "275"), ("baseline", "none", "5", "400"),
+        ("central-entity", "envoy-opa", "10", "68"), ("central-entity", "envoy-compiled", "10", "93"),
+        ("baseline", "none", "10", "2000")]
+    share = {(r["engine"], r["services"]): r["share_of_baseline"] for r in capacity_csv}
+    assert float(share[("envoy-compiled", "5")]) == pytest.approx(275 / 400)
+    assert capacity_csv[-1]["capped"] == "True" and capacity_csv[0]["first_failed"] == "200"
+    markdown = paths["markdown"].read_text()
+    assert "| CE | envoy-opa | 5 | 175 |" in markdown and "| baseline | none | 10 | ≥ 2000 |" in markdown
+    assert "at 200 req/s: p99" in markdown and "| 69% |" in markdown
+    assert "(other processes: 0.10 cores)" in markdown  # 1.2 busy, 0.1 Locust, 1.0 the deployment
+    assert "≤ 3%" in markdown  # a share of a capped baseline is at most that
+    assert "![capacity_latency](figures/capacity_latency.png)" in markdown
+    for suffix in ("png", "svg"):
+        assert (run_dir / "report" / "figures" / f"capacity_latency.{suffix}").stat().st_size > 1000
+    assert "data:image/png;base64," in paths["html"].read_text()
+    # rebuilt through the command line alike
+    built = []
+    monkeypatch.setattr(capacity, "build_report", lambda run_dir: built.append(run_dir) or paths)
+    assert cli.main(["capacity", "--report", str(run_dir)]) == 0 and built == [run_dir]
+
+
+def test_a_run_without_its_baseline_yet_has_a_table_without_shares(tmp_path):
+    run_dir = synthetic_run(tmp_path)
+    steps = capacity_report.read_steps(run_dir)
+    table = capacity_report.capacity_table(steps[steps["topology"] != "baseline"], GAP)
+    assert len(table) == 4 and table["share_of_baseline"].isna().all()
+    assert set(capacity_report.capacity_view(table, steps)["of the baseline's"]) == {"–"}
