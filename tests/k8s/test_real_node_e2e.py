@@ -46,6 +46,19 @@ class Running:
         answer = send(self.url, labels, record, request_id=f"k8s-{time.monotonic_ns()}", timeout=30)
         return answer.request_id, answer
 
+    def wait_until_records_pass(self, timeout: float = 60) -> None:
+        """Available pods are not yet a path: kube-proxy programs a Service's addresses some time
+        after its endpoints are ready (seconds on a loaded machine), and until then a hop's connect
+        times out (503 HOP_UNAVAILABLE). Wait, as a local deploy does before it returns, until one
+        record passes the whole chain."""
+        deadline = time.monotonic() + timeout
+        while True:
+            _, answer = self.post(EU_PERSONAL)
+            if answer.status == 200 or time.monotonic() > deadline:
+                assert answer.status == 200, f"no record passed {self.topology.name} within {timeout:.0f} s: {answer.text}"
+                return
+            time.sleep(1)
+
     def pods(self) -> list[dict]:
         return json.loads(self.cluster.kubectl("-n", self.namespace, "get", "pods", "-o", "json", quiet=True).stdout)["items"]
 
@@ -114,7 +127,9 @@ def running(cluster, request, tmp_path_factory):
         while free(LOCAL_PORT):
             assert forward.poll() is None and time.monotonic() < deadline, forward.stdout.read() if forward.poll() is not None else "no forward"
             time.sleep(0.2)
-        yield Running(cluster, renderer, forward)
+        running = Running(cluster, renderer, forward)
+        running.wait_until_records_pass()
+        yield running
     finally:
         if forward:
             forward.terminate()
