@@ -210,7 +210,7 @@ K8S_LDFLAGS := $(foreach pkg,k8s.io/component-base/version k8s.io/client-go/pkg/
 K8S_BINARIES := $(BIN)/kube-apiserver $(BIN)/kube-controller-manager $(BIN)/kube-scheduler $(BIN)/kubectl $(BIN)/kubelet $(BIN)/kube-proxy
 
 $(K8S_BINARIES): tools/kubernetes/go.mod tools/kubernetes/go.sum
-	@echo "k8s-setup: building $(notdir $@) $(K8S_VERSION) (the first build of all four: see topologies/README.md)"
+	@echo "k8s-setup: building $(notdir $@) $(K8S_VERSION) (the first build of all six: see topologies/README.md)"
 	cd tools/kubernetes && $(GO_ENV) go build -ldflags "$(K8S_LDFLAGS)" -o $@ k8s.io/kubernetes/cmd/$(notdir $@)
 
 $(BIN)/kwok: tools/kwok/go.mod tools/kwok/go.sum
