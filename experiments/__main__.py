@@ -129,7 +129,10 @@ def cmd_soak(args) -> int:
     given = {name: value for name, value in {
         "topologies": args.topologies and [matrix.topology_name(t) for t in args.topologies], "engine": args.engine, "services": args.services,
         "rate": args.rate, "duration": args.duration, "warmup": args.warmup, "fault_every": args.fault_every, "pause_s": args.pause,
-        "seed": args.seed}.items() if value is not None}
+        "seed": args.seed, "user_rate": args.user_rate}.items() if value is not None}
+    if args.user_rate is not None and not 1 <= args.user_rate <= (args.rate or soak.Parameters.rate):
+        print(f"error: --user-rate {args.user_rate:g} must be at least 1 and at most the offered rate", file=sys.stderr)
+        return 2
     parameters = soak.Parameters(**{**(soak.QUICK if args.quick else {}), **given}, restart=not args.no_restart)
     try:
         _, summaries = soak.run(parameters, args.results)
@@ -240,6 +243,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m experiments") -> 
     soak.add_argument("--fault-every", type=float, metavar="SECONDS", help="seconds between faults (default 6)")
     soak.add_argument("--pause", type=float, metavar="SECONDS", help="how long a paused part stays stopped (default 2)")
     soak.add_argument("--seed", type=int, help="which parts the schedule draws (default 1)")
+    soak.add_argument("--user-rate", type=float, metavar="REQ_PER_S",
+                      help="each Locust user's held rate (default 10): users = rate / user rate. The soak's loop is closed, "
+                           "so a user waits for its answer; lower this when RTTs near 1/user rate, or the offered rate is not kept")
     soak.add_argument("--no-restart", action="store_true", help="deploy without restarts: a killed part stays down")
     soak.add_argument("--quick", action="store_true", help="dynamic-router-3 only, 20 req/s, 16 s: about 40 s")
     soak.set_defaults(handler=cmd_soak)

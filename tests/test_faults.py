@@ -1,6 +1,7 @@
 """The fault schedule and the soak's accounting, without processes."""
 
 import csv
+from pathlib import Path
 
 from complyroute import faults
 from experiments import soak
@@ -43,3 +44,21 @@ def test_soak_accounts_every_request_and_attributes_losses_to_faults_allowed(tmp
     assert summary["faults"][0]["outage_s"] == 0.61  # until the lost request at 101.5 s gave up (10 ms)
     assert summary["mttr_s"] == 0.2 and summary["mttf_s"] == 1.8 and summary["availability"] == 0.9
     assert summary["lost_per_failure"] == 2 and summary["lost_before_first_fault"] == 0
+
+
+def test_soak_user_rate_sets_how_many_users_hold_the_rate_allowed(monkeypatch):
+    from experiments import __main__ as cli
+    ran = []
+    monkeypatch.setattr(soak, "run", lambda parameters, results: ran.append(parameters) or (None, []))
+    assert cli.main(["soak", "--rate", "50", "--user-rate", "2"]) == 0
+    assert ran[0].user_rate == 2 and ran[0].users == 25
+    command = soak.locust_command({"entry_url": "https://127.0.0.1:8080", "topology": "sidecar-5"}, Path("/tmp/x"), ran[0])
+    assert command[command.index("--users") + 1] == "25" and float(command[command.index("--user-rate") + 1]) == 2
+
+
+def test_soak_user_rate_below_one_or_above_the_rate_is_refused_denied(monkeypatch, capsys):
+    from experiments import __main__ as cli
+    monkeypatch.setattr(soak, "run", lambda parameters, results: (_ for _ in ()).throw(AssertionError("ran")))
+    for given in (["--user-rate", "0.5"], ["--rate", "20", "--user-rate", "30"]):
+        assert cli.main(["soak", *given]) == 2
+        assert "--user-rate" in capsys.readouterr().err
