@@ -182,7 +182,6 @@ def stand_ins(monkeypatch):
 
     def deploy(self, cell, log):
         deployed.append((cell.topology, cell.engine, cell.services))
-        self.deployment_parts = []
         return {"run_dir": "runs/stand-in", "parts": [], "engine": cell.engine, "entry_url": "http://127.0.0.1:8080/process"}
 
     def load(self, cell, step_dir, state, advance):
