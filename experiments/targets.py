@@ -93,11 +93,11 @@ class LocalTarget:
             raise TargetBusy(f"another deployment is running ({running['topology']}, run folder {running['run_dir']}); "
                              "stop it (`make undeploy`)")
 
-    def deploy(self, topology: Topology, log, restart: bool = True) -> dict:
+    def deploy(self, topology: Topology, log) -> dict:
         self.check_free(topology)
         self.deploying = True
         try:
-            state = deployment.deploy(topology, out=log, restart=restart)
+            state = deployment.deploy(topology, out=log)
         except deployment.DeploymentError as error:
             raise DeployFailed(str(error)) from None
         self.run_dir = state["run_dir"]
@@ -228,6 +228,7 @@ class KubernetesTarget:
         pods = json.loads(self.kubectl("-n", self.namespace, "get", "pods", "-o", "json").stdout or '{"items": []}')["items"]
         entry_url = self.entry_url or self.port_forward(kubernetes.entry_service(place(topology, kubernetes.KubernetesNetwork(self.namespace))),
                                                         log)
+        # The engine is the rendered manifest's: the pods run what the render configured.
         return {"entry_url": entry_url, "engine": topology.engine["kind"], "parts": len(pods), "bring_up_seconds": bring_up,
                 "memory_mib": {"total": None}, "cpu_parts": None, "namespace": self.namespace,
                 "nodes": sorted({p["spec"].get("nodeName", "") for p in pods} - {""})}
