@@ -31,9 +31,9 @@ from complyroute.client import send
 from complyroute.manifest import REPO
 
 from . import metadata, stats
-from .targets import DeployFailed, LocalTarget, Target, TargetBusy
 from .matrix import BASELINE, BENCH_CSV, Cell, Parameters
 from .mixes import ALLOWED_LABELS, BODY
+from .targets import DeployFailed, LocalTarget, Target, TargetBusy
 
 RESULTS = REPO / "experiments" / "results"
 BENCH_LOG = "bench.log"  # in raw/: what the bench printed, every session's
@@ -223,9 +223,7 @@ class Runner:
             if left:
                 print(f"experiments: interrupted; processes {left} are still running: stop them by hand", file=self.out)
                 return 1
-            print("experiments: interrupted; Locust and the deployment are stopped and no process of theirs is left"
-                  + ("" if self.target.name == "local" else f" (namespace deleted from context {self.target.describe()['context']})"),
-                  file=self.out)
+            print("experiments: interrupted; Locust and the deployment are stopped and no process of theirs is left", file=self.out)
             results = "" if self.run_dir.parent == RESULTS else f" --results {self.run_dir.parent}"
             print(f"experiments: resume with: python -m experiments{results} run --run-id {self.run_dir.name}", file=self.out)
             return 130
