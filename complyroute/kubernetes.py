@@ -832,12 +832,14 @@ def validate(yaml_file: Path, version: str = KUBERNETES_VERSION) -> list[str]:
     return errors
 
 
-def kubectl(*args: str, check: bool = True, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def kubectl(*args: str, check: bool = True, env: dict[str, str] | None = None, out=None) -> subprocess.CompletedProcess:
     """kubectl against the current context (KUBECONFIG and the context are the operator's); `env`
-    adds to the environment."""
+    adds to the environment. The command and what kubectl prints go to `out` (an open file), or
+    to this process's standard output."""
     command = [shutil.which("kubectl") or "kubectl", *args]
-    print("$ " + "".join(f"{k}={v} " for k, v in (env or {}).items()) + " ".join(command))
-    result = subprocess.run(command, text=True, env={**os.environ, **env} if env else None)
+    print("$ " + "".join(f"{k}={v} " for k, v in (env or {}).items()) + " ".join(command), file=out, flush=True)
+    result = subprocess.run(command, text=True, env={**os.environ, **env} if env else None,
+                            stdout=out, stderr=subprocess.STDOUT if out else None)
     if check and result.returncode != 0:
         raise RuntimeError(f"kubectl {' '.join(args)} failed with exit code {result.returncode}")
     return result
@@ -900,10 +902,11 @@ APPLYSET_MEMBER = "applyset.kubernetes.io/part-of"
 
 
 def apply(topology: Topology, folder: Path, timeout: str = "300s", image: str = SERVICE_IMAGE,
-          one_node: bool = False) -> int:
+          one_node: bool = False, out=None) -> int:
     """Apply the rendered topology in its own namespace, pruning what an earlier apply there left that
     this one does not hold, and wait until every workload is ready. What a reload needs of it is
-    recorded once the API server took it (Deployed)."""
+    recorded once the API server took it (Deployed). kubectl's commands and output go to `out` (an
+    open file), or to standard output."""
     renderer = Renderer(topology, image=image, one_node=one_node)
     renderer.render()
     output = folder.with_suffix(".yaml")
@@ -914,17 +917,23 @@ def apply(topology: Topology, folder: Path, timeout: str = "300s", image: str = 
     namespace_file.write_text(yaml.safe_dump(renderer.namespace_object(), sort_keys=False))
     built = [o for o in yaml.load_all(build(renderer, folder), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) if o]
     write_private(output, yaml.dump_all([o for o in built if o["kind"] != "Namespace"], Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper), sort_keys=False))
-    kubectl("apply", "--server-side", "-f", str(namespace_file))
-    kubectl("-n", namespace, "apply", "--server-side", "--prune", f"--applyset={APPLYSET}", "-f", str(output), env={"KUBECTL_APPLYSET": "true"})
+    kubectl("apply", "--server-side", "-f", str(namespace_file), out=out)
+    kubectl("-n", namespace, "apply", "--server-side", "--prune", f"--applyset={APPLYSET}", "-f", str(output), env={"KUBECTL_APPLYSET": "true"},
+            out=out)
     Deployed.of(renderer).write()
-    kubectl("-n", namespace, "wait", "--for=condition=Available", "deployment", "--all", f"--timeout={timeout}")
+    kubectl("-n", namespace, "wait", "--for=condition=Available", "deployment", "--all", f"--timeout={timeout}", out=out)
     for daemonset in [o["metadata"]["name"] for o in renderer.objects if o["kind"] == "DaemonSet"]:
-        kubectl("-n", namespace, "rollout", "status", f"daemonset/{daemonset}", f"--timeout={timeout}")
-    entry = renderer.plan.entry.reach.split(".")[0]  # the Service in front of the entry
+        kubectl("-n", namespace, "rollout", "status", f"daemonset/{daemonset}", f"--timeout={timeout}", out=out)
+    entry = entry_service(renderer.plan)
     print(f"k8s: {topology.name} is running in namespace {namespace}. Reach its entry with\n"
-          f"  kubectl -n {namespace} port-forward service/{entry} 8080:8080\n"
-          f"and send records to http://127.0.0.1:8080/process")
+          f"  kubectl -n {namespace} port-forward service/{entry} 8080:{KubernetesNetwork.ENTRY}\n"
+          f"and send records to http://127.0.0.1:8080/process", file=out)
     return 0
+
+
+def entry_service(plan: Plan) -> str:
+    """The Service in front of a placed topology's entry: what clients and `kubectl port-forward` reach."""
+    return plan.entry.reach.split(".")[0]
 
 
 def status(topology: Topology | None = None, out=sys.stdout) -> int:

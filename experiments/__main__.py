@@ -9,7 +9,9 @@ import sys
 import time
 from pathlib import Path
 
-from . import matrix
+from complyroute.kubernetes import ONE_NODE_ROLE, ROLE_LABEL
+
+from . import matrix, targets
 from .mixes import MIXES
 from .openloop import ARRIVALS
 from .runner import RESULTS, Runner, new_run_id
@@ -30,8 +32,12 @@ def cmd_run(args) -> int:
     }
     if args.run_id and (run_folder(args.results, args.run_id) / "metadata.json").exists():
         run_dir = run_folder(args.results, args.run_id)
-        stored = matrix.Parameters.from_json(json.loads((run_dir / "metadata.json").read_text())["parameters"])
+        meta = json.loads((run_dir / "metadata.json").read_text())
+        stored = matrix.Parameters.from_json(meta["parameters"])
         differing = matrix.conflicts(stored, profile=args.profile, **given)
+        stored_target = (meta.get("target") or {}).get("target", "local")  # runs recorded before targets ran locally
+        if args.target != stored_target:
+            differing.append(f"--target {args.target} (the run has {stored_target})")
         if differing:
             print(f"error: run {run_dir.name} was started with other parameters; resuming keeps its own. Differing: "
                   + "; ".join(differing), file=sys.stderr)
@@ -40,7 +46,7 @@ def cmd_run(args) -> int:
     else:
         parameters = matrix.resolve(args.profile, **given)
         run_dir = args.results / (args.run_id or new_run_id(parameters.profile))
-    return Runner(run_dir, parameters).run()
+    return Runner(run_dir, parameters, target=targets.make(args.target, args.one_node, args.entry_url)).run()
 
 
 def cmd_report(args) -> int:
@@ -126,6 +132,12 @@ def cmd_bench(args) -> int:
 def cmd_soak(args) -> int:
     from . import soak
 
+    if args.target != "local":
+        print("error: soak --target k8s is not supported: its faults are signals to this machine's processes by pid (SIGKILL, "
+              "SIGSTOP) with recovery timed by their supervisor and health checks, rule-set reloads it waits for, and its audit "
+              "reads the local run folder; pods have none of these here. On Kubernetes a killed container is shown failing closed "
+              "and restarted by the kubelet in tests/k8s/test_real_node_e2e.py; run soak without --target (local)", file=sys.stderr)
+        return 2
     given = {name: value for name, value in {
         "topologies": args.topologies and [matrix.topology_name(t) for t in args.topologies], "engine": args.engine, "services": args.services,
         "rate": args.rate, "duration": args.duration, "warmup": args.warmup, "fault_every": args.fault_every, "pause_s": args.pause,
@@ -161,8 +173,20 @@ def cmd_capacity(args) -> int:
     if args.run_id and (args.results / args.run_id).exists():
         print(f"error: {args.results / args.run_id} already exists; name a new run with --run-id", file=sys.stderr)
         return 2
-    code, _ = capacity.run(parameters, args.results, args.run_id)
+    code, _ = capacity.run(parameters, args.results, args.run_id, target=targets.make(args.target, args.one_node, args.entry_url))
     return code
+
+
+def add_target_options(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--target", choices=targets.TARGETS, default="local",
+                         help="where each deployment goes: local (processes on this machine, the default) or k8s (the current kubectl "
+                              "context, as make deploy target=k8s; the namespace is deleted after each)")
+    command.add_argument("--one-node", action="store_true",
+                         help=f"--target k8s: render for one node that carries every role (labelled {ROLE_LABEL}={ONE_NODE_ROLE}, "
+                              "as the local cluster's real node)")
+    command.add_argument("--entry-url", metavar="URL",
+                         help="--target k8s: the entry's address as this machine reaches it (http://host:port), instead of "
+                              "kubectl port-forward to its Service")
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m experiments") -> int:
@@ -197,6 +221,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m experiments") -> 
                      help=f"records per part and round of the bench each session takes before its cells (default {matrix.BENCH_RECORDS})")
     run.add_argument("--bench-rounds", type=int, metavar="N", help=f"rounds of that bench (default {matrix.BENCH_ROUNDS}; 0: no bench)")
     run.add_argument("--run-id", help="resume this run (finished cells are skipped), or name a new one")
+    add_target_options(run)
     run.set_defaults(handler=cmd_run)
 
     report = commands.add_parser("report", help="write report.md and report.html of a run")
@@ -248,6 +273,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m experiments") -> 
                            "so a user waits for its answer; lower this when RTTs near 1/user rate, or the offered rate is not kept")
     soak.add_argument("--no-restart", action="store_true", help="deploy without restarts: a killed part stays down")
     soak.add_argument("--quick", action="store_true", help="dynamic-router-3 only, 20 req/s, 16 s: about 40 s")
+    soak.add_argument("--target", choices=targets.TARGETS, default="local",
+                      help="local only (the default): faults by pid and the audit of the run folder need processes of this machine")
     soak.set_defaults(handler=cmd_soak)
 
     capacity = commands.add_parser("capacity", help="the highest offered rate each topology holds: a step search per topology, engine "
@@ -269,12 +296,13 @@ def main(argv: list[str] | None = None, prog: str = "python -m experiments") -> 
     capacity.add_argument("--max-steps", type=int, metavar="N", help="steps of one search at most, whatever they find (default 16)")
     capacity.add_argument("--run-id", help="name of the new run (default capacity-<date>-<time>)")
     capacity.add_argument("--report", metavar="RUN", help="only rebuild the report of this capacity run (a run id or folder)")
+    add_target_options(capacity)
     capacity.set_defaults(handler=cmd_capacity)
 
     args = parser.parse_args(argv)
     try:
         return args.handler(args)
-    except matrix.ParameterError as error:
+    except (matrix.ParameterError, targets.TargetError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
 

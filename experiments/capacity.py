@@ -33,11 +33,12 @@ from typing import Callable
 
 import pandas as pd
 
-from complyroute import deployment, manifest
+from complyroute import manifest
 
 from . import matrix, metadata, stats
 from .matrix import BASELINE, ENGINES, MAX_ERROR_RATE, MIN_ACHIEVED_SHARE, ParameterError, case_name
-from .runner import RESULTS, CellFailed, MachineBusy, Runner, compress, write_json
+from .runner import RESULTS, CellFailed, Runner, compress, write_json
+from .targets import DeployFailed, Target, TargetBusy
 
 # The search's defaults (the command line's).
 START_RATE = 50
@@ -225,13 +226,13 @@ class CapacityRunner(Runner):
     """The matrix runner's deployment, open-loop load, CPU sampling and clean stop, stepping
     the rate of one deployment instead of running one cell per deployment."""
 
-    def __init__(self, run_dir: Path, parameters: Parameters, out=sys.stdout):
+    def __init__(self, run_dir: Path, parameters: Parameters, out=sys.stdout, target: Target | None = None):
         load = matrix.Parameters(profile="capacity", topologies=parameters.topologies, rates=[parameters.start_rate],
                                  services=parameters.services, repetitions=1, duration=parameters.step_seconds,
                                  warmup=parameters.step_warmup, mix=parameters.mix, load="open", arrivals="constant",
                                  max_in_flight=parameters.max_in_flight, late_tolerance_ms=parameters.late_tolerance_ms,
                                  engines=parameters.engines, bench_rounds=0)
-        super().__init__(run_dir, load, out)
+        super().__init__(run_dir, load, out, target)
         self.capacity = parameters
         self.steps_csv = self.raw / STEPS_CSV
 
@@ -244,6 +245,7 @@ class CapacityRunner(Runner):
             "run_id": self.run_dir.name, "kind": "capacity", "created_at": taken["taken_at"], "parameters": asdict(self.capacity),
             "held": {"min_achieved_share": MIN_ACHIEVED_SHARE, "max_errors_and_missed_share": MAX_ERROR_RATE,
                      "p99_bound_ms": self.capacity.p99_bound_ms},
+            "target": self.target.describe(), "unmeasured": self.target.unmeasured(),
             "git": taken["git"], "versions": taken["versions"], "machine": taken["machine"], "locust": self.locust_description(),
             "searches": [], "outcome": "running"})
         with self.steps_csv.open("w", newline="") as file:
@@ -265,7 +267,7 @@ class CapacityRunner(Runner):
         try:
             for topology, engine, services in self.capacity.searches():
                 self.run_search(topology, engine, services)
-        except MachineBusy as error:
+        except TargetBusy as error:
             self.update_metadata(outcome="stopped: another deployment is running", ended_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
             print(f"capacity: {error}", file=self.out)
             return 2
@@ -305,7 +307,7 @@ class CapacityRunner(Runner):
 
                 result = search(step, self.capacity.start_rate, self.capacity.max_rate, self.capacity.gap,
                                 max_steps=self.capacity.max_steps)
-            except (deployment.DeploymentError, manifest.ManifestError, CellFailed) as error:
+            except (DeployFailed, manifest.ManifestError, CellFailed) as error:
                 self.undeploy(log)
                 self.update_metadata(search={"topology": topology, "engine": engine, "services": services, "error": str(error),
                                              "steps": index})
@@ -367,9 +369,10 @@ def capacity_text(result: SearchResult) -> str:
     return f"≥ {result.capacity}" if result.capped else str(result.capacity)
 
 
-def run(parameters: Parameters, results: Path = RESULTS, run_id: str | None = None, out=sys.stdout) -> tuple[int, Path]:
+def run(parameters: Parameters, results: Path = RESULTS, run_id: str | None = None, out=sys.stdout,
+        target: Target | None = None) -> tuple[int, Path]:
     run_dir = results / (run_id or f"capacity-{time.strftime('%Y%m%d-%H%M%S')}")
-    return CapacityRunner(run_dir, parameters, out).run(), run_dir
+    return CapacityRunner(run_dir, parameters, out, target).run(), run_dir
 
 
 def build_report(run_dir: Path) -> dict:

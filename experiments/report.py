@@ -26,6 +26,7 @@ from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from . import changeability, stats  # noqa: E402
+from .targets import unmeasured_text, where_text  # noqa: E402
 from .matrix import (BASELINE, BENCH_CSV, COMPILED_ENGINE, ENGINE_NAMES, ENGINES, MAX_ERROR_RATE, MAX_REPETITION_CV,  # noqa: E402
                      MIN_ACHIEVED_SHARE, PAPER_NAMES, PROFILES, TOPOLOGIES, Parameters, case_name)
 
@@ -716,6 +717,10 @@ def build(run_dir: Path) -> dict:
                         f"{run.repetitions} repetition(s) of {run.duration} s after a {run.warmup} s warm-up; "
                         f"record mix `{run.mix}`; load: **{run.load_label}** ({load_settings(run)}). "
                         f"Raw data: `{run_dir / 'raw'}`; tables: `{tables_dir}`; figures: `{figures_dir}`."))
+    blocks.append(("p", where_text(meta.get("target"))))
+    unmeasured = unmeasured_text(meta.get("unmeasured"))
+    if unmeasured:
+        blocks.append(("p", unmeasured))
     expected = len(run.cells())
     bench = bench_blocks(run_dir, meta, figures_dir)
     if cells.empty:
@@ -757,8 +762,11 @@ def build(run_dir: Path) -> dict:
         f"**Engines.** Every figure names the engine it belongs to: \"CE (envoy-opa)\", \"CE (compiled)\"; the baseline has none. {ENGINES_TEXT} "
         + ("This run was recorded before engines were run: its topologies ran envoy-opa." if "engines" not in recorded else
            f"This run measured {' and '.join(ENGINE_NAMES[e] for e in run.engines)}."),
-        f"This machine has {machine['cores']} cores ({machine['cpu_model']}, {machine['memory_gib']} GiB), shared by Locust and every process "
-        "of the deployment (services, Envoys, OPAs): the paper ran on 4 nodes of 48 to 56 hardware threads, with the load from 5 other "
+        (f"This machine has {machine['cores']} cores ({machine['cpu_model']}, {machine['memory_gib']} GiB), shared by Locust and every process "
+         "of the deployment (services, Envoys, OPAs)" if (meta.get("target") or {}).get("target", "local") == "local" else
+         f"Locust ran on this machine, {machine['cores']} cores ({machine['cpu_model']}, {machine['memory_gib']} GiB); the deployment's pods "
+         f"on the cluster's nodes ({', '.join(meta['target']['deploys_to'])}), whose cores this report does not know")
+        + ": the paper ran on 4 nodes of 48 to 56 hardware threads, with the load from 5 other "
         "machines. Absolute numbers are not comparable with the paper's; the ranking of the architectures and the trends are what to compare.",
         "CPU columns: cores kept busy in the window by the whole machine, by Locust, by the deployment, and by anything else (\"other\": other "
         "users of a shared machine disturb a cell when this is high).",

@@ -5,7 +5,8 @@ sessions), raw/<cell>/ per cell, raw/bench.csv (`make bench`'s measurement, take
 session before its cells). A cell is finished once its cell.json is written; a resumed run
 skips finished cells and redoes any other. Ctrl-C (or SIGTERM) stops Locust and the
 deployment (a bench stops its own processes), checks that none of their processes is left,
-and says how to resume.
+and says how to resume. Where the cells deploy is the run's Target (targets.py: processes on
+this machine, or the current kubectl context), recorded in metadata.json.
 """
 
 from __future__ import annotations
@@ -25,13 +26,14 @@ from urllib.parse import urlsplit
 import psutil
 from tqdm import tqdm
 
-from complyroute import deployment, manifest
+from complyroute import manifest
 from complyroute.client import send
 from complyroute.manifest import REPO
 
 from . import metadata, stats
 from .matrix import BASELINE, BENCH_CSV, Cell, Parameters
 from .mixes import ALLOWED_LABELS, BODY
+from .targets import DeployFailed, LocalTarget, Target, TargetBusy
 
 RESULTS = REPO / "experiments" / "results"
 BENCH_LOG = "bench.log"  # in raw/: what the bench printed, every session's
@@ -53,10 +55,6 @@ RUN_TIME_MARGIN_S = 1
 
 class CellFailed(RuntimeError):
     """A cell that could not be measured; recorded in its failed.json and retried on resume."""
-
-
-class MachineBusy(RuntimeError):
-    """Another deployment holds the ports: the run stops rather than fail every cell."""
 
 
 def new_run_id(profile: str) -> str:
@@ -100,18 +98,20 @@ class CpuSampler:
     The report divides their increase over the measured window by its length: how many of
     the cores the system under test, the load generator and anything else on the machine
     (other users of a shared machine) kept busy; and, divided by the achieved rate, the CPU
-    each kind of part spent per record.
+    each kind of part spent per record. With parts None (a deployment whose parts are not
+    processes of this machine: pods) the deployment's columns stay empty, not 0.
     """
 
     KINDS = ("service", "envoy", "opa", "control")
     COLUMNS = ("t_ms", "machine_busy_s", "locust_s", "deployment_s", *(f"{kind}_s" for kind in KINDS))
 
-    def __init__(self, path: Path, locust_pid: int, parts: list[tuple[int, str]]):
+    def __init__(self, path: Path, locust_pid: int, parts: list[tuple[int, str]] | None):
         self.file = path.open("w")
         self.file.write(",".join(self.COLUMNS) + "\n")
         self.locust = psutil.Process(locust_pid)
+        self.measured = parts is not None
         self.parts: list[tuple[psutil.Process, str]] = []
-        for pid, kind in parts:
+        for pid, kind in parts or []:
             try:
                 self.parts.append((psutil.Process(pid), kind))
             except psutil.NoSuchProcess:
@@ -132,40 +132,44 @@ class CpuSampler:
         by_kind = dict.fromkeys(self.KINDS, 0.0)
         for process, kind in self.parts:
             by_kind[kind] += self.cpu_seconds(process)
-        kinds = ",".join(f"{by_kind[kind]:.2f}" for kind in self.KINDS)
-        self.file.write(f"{time.time() * 1000:.0f},{busy:.2f},{self.cpu_seconds(self.locust):.2f},{sum(by_kind.values()):.2f},{kinds}\n")
+        if self.measured:
+            deployment = f"{sum(by_kind.values()):.2f}," + ",".join(f"{by_kind[kind]:.2f}" for kind in self.KINDS)
+        else:
+            deployment = "," * len(self.KINDS)
+        self.file.write(f"{time.time() * 1000:.0f},{busy:.2f},{self.cpu_seconds(self.locust):.2f},{deployment}\n")
 
     def close(self) -> None:
         self.file.close()
 
 
 class Runner:
-    def __init__(self, run_dir: Path, parameters: Parameters, out=sys.stdout):
+    def __init__(self, run_dir: Path, parameters: Parameters, out=sys.stdout, target: Target | None = None):
         self.run_dir = run_dir
         self.raw = run_dir / "raw"
         self.parameters = parameters
         self.out = out
-        # What Ctrl-C has to stop: the Locust process and the deployment this run started.
+        self.target = target or LocalTarget()
+        # What Ctrl-C has to stop: the Locust process, and the deployment the target started.
         self.locust: subprocess.Popen | None = None
-        self.deploying = False
-        self.deployment_dir: str | None = None
-        self.deployment_parts: list[tuple[int, str]] = []  # (pid, kind)
+        self.cpu_parts: list[tuple[int, str]] | None = []  # (pid, kind) of the deployed parts; None: not processes of this machine
 
     # ---- the run --------------------------------------------------------------------
 
     def start_session(self) -> dict:
         path = self.run_dir / "metadata.json"
         taken = metadata.describe()
+        where = self.target.describe()
         if path.exists():
             meta = json.loads(path.read_text())
         else:
             meta = {"run_id": self.run_dir.name, "created_at": taken["taken_at"], "parameters": self.parameters.to_json(),
+                    "target": where, "unmeasured": self.target.unmeasured(),
                     "git": taken["git"], "versions": taken["versions"], "machine": taken["machine"],
                     "locust": self.locust_description(),
                     "sessions": []}
-        # Every session records what it ran with: a resumed run may have changed machine or tools.
+        # Every session records what it ran with: a resumed run may have changed machine, tools or cluster.
         meta["sessions"].append({"started_at": taken["taken_at"], "git": taken["git"], "versions": taken["versions"],
-                                 "load_average_at_start": taken["machine"]["load_average_at_start"]})
+                                 "load_average_at_start": taken["machine"]["load_average_at_start"], "target": where})
         write_json(path, meta)
         return meta
 
@@ -209,9 +213,9 @@ class Runner:
                     progress.set_description(f"cell {index}/{len(pending)}: {cell.label}")
                     self.run_cell(cell, progress)
                     done += 1
-        except MachineBusy as error:
+        except TargetBusy as error:
             self.end_session("stopped: another deployment is running", done)
-            print(f"experiments: {error}", file=self.out)
+            print(f"experiments: {error}; resume with --run-id {self.run_dir.name}", file=self.out)
             return 2
         except KeyboardInterrupt:
             left = self.stop_everything()
@@ -240,12 +244,6 @@ class Runner:
     def interrupt(signum, frame):
         raise KeyboardInterrupt
 
-    def check_no_deployment(self) -> None:
-        running = deployment.running()
-        if running:
-            raise MachineBusy(f"another deployment is running ({running['topology']}, run folder {running['run_dir']}); "
-                              f"stop it (`make undeploy`) and resume with --run-id {self.run_dir.name}")
-
     def measure_bench(self) -> None:
         """`make bench`'s measurement, once per session before its cells, into raw/bench.csv:
         what each part of a hop costs beside its floor, with the code and on the machine the
@@ -253,12 +251,15 @@ class Runner:
         A bench that fails is recorded and the cells run all the same: it is not what they measure."""
         path = self.run_dir / "metadata.json"
         meta = json.loads(path.read_text())
-        if self.parameters.bench_rounds == 0:
-            meta["sessions"][-1]["bench"] = {"skipped": "--bench-rounds 0"}
+        skipped = "--bench-rounds 0" if self.parameters.bench_rounds == 0 else (
+            None if self.target.runs_here else f"target {self.target.name}: the bench measures processes of this machine, "
+                                                 "and the cells' parts do not run as such")
+        if skipped:
+            meta["sessions"][-1]["bench"] = {"skipped": skipped}
             write_json(path, meta)
-            print("experiments: no bench (--bench-rounds 0)", file=self.out)
+            print(f"experiments: no bench ({skipped})", file=self.out)
             return
-        self.check_no_deployment()  # its processes would share the cores the bench measures
+        self.target.check_free(None)  # a deployment's processes would share the cores the bench measures
         csv_file = self.raw / BENCH_CSV
         for number, session in enumerate(meta["sessions"][:-1], 1):
             if session.get("bench", {}).get("csv") == BENCH_CSV and csv_file.exists():
@@ -313,13 +314,12 @@ class Runner:
             try:
                 state = self.deploy(cell, log)
                 timings["deploy_s"] = round(time.monotonic() - started, 2)
-                record["deployment"] = {"run_dir": state["run_dir"], "parts": len(state["parts"]),
-                                        "bring_up_seconds": state["bring_up_seconds"], "memory_mib": state["memory_mib"]}
+                record["deployment"] = {key: value for key, value in state.items() if key not in ("entry_url", "cpu_parts")}
                 advance(overhead_estimate(cell) * 0.7)
                 load_started = time.monotonic()
                 record["locust"] = self.load(cell, cell_dir, state, advance)
                 timings["load_s"] = round(time.monotonic() - load_started, 2)
-            except (deployment.DeploymentError, manifest.ManifestError, CellFailed) as error:
+            except (DeployFailed, manifest.ManifestError, CellFailed) as error:
                 self.undeploy(log)
                 write_json(cell_dir / "failed.json", {**record, "error": str(error), "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
                 advance(estimate)
@@ -346,14 +346,11 @@ class Runner:
         )
 
     def deploy(self, cell: Cell, log) -> dict:
-        """Deploy through the same code as `make deploy`; it returns once every part is healthy.
-        One record through the whole chain then shows the chain works before it is loaded."""
-        self.check_no_deployment()
-        self.deploying = True  # from here on, whatever is deployed is this run's
-        state = deployment.deploy(manifest.load(cell.topology, services=cell.services, engine=cell.engine), out=log)
-        self.deployment_dir = state["run_dir"]
-        self.deployment_parts = [(part["pid"], part["kind"]) for part in state["parts"]]
-        self.deploying = False
+        """Deploy through the same code as `make deploy` (target=k8s: as `make deploy target=k8s`);
+        it returns once every part is healthy. One record through the whole chain then shows the
+        chain works before it is loaded."""
+        state = self.target.deploy(manifest.load(cell.topology, services=cell.services, engine=cell.engine), log)
+        self.cpu_parts = state["cpu_parts"]
         if cell.engine and state["engine"] != cell.engine:
             raise CellFailed(f"deployed with engine {state['engine']} instead of {cell.engine}")
         answer = send(state["entry_url"], ALLOWED_LABELS, BODY, request_id=f"experiment-check-{cell.key}", timeout=30)
@@ -399,7 +396,7 @@ class Runner:
             started_ms = time.time() * 1000
             self.locust = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                            start_new_session=True)  # its own group: stopped by us, not by a terminal's Ctrl-C
-            sampler = CpuSampler(cell_dir / "cpu.csv", self.locust.pid, self.deployment_parts)
+            sampler = CpuSampler(cell_dir / "cpu.csv", self.locust.pid, self.cpu_parts)
             started = time.monotonic()
             shown = 0.0
             try:
@@ -437,10 +434,7 @@ class Runner:
                 continue
 
     def undeploy(self, log) -> None:
-        state = deployment.read_state()
-        if state and (self.deploying or state["run_dir"] == self.deployment_dir):
-            deployment.stop(out=log)
-        self.deploying = False
+        self.target.undeploy(log)
 
     def stop_everything(self) -> list[int]:
         """Stop Locust and this run's deployment; return the pids of any of theirs still alive."""
@@ -449,13 +443,10 @@ class Runner:
         with open(os.devnull, "w") as quiet:
             try:
                 self.undeploy(quiet)
-            except deployment.DeploymentError:
+            except (RuntimeError, OSError):
                 pass  # what is left is found and reported below
         left = [locust.pid] if locust is not None and locust.poll() is None else []
-        left += [pid for pid, _ in self.deployment_parts if deployment.alive(pid)]
-        if self.deployment_dir:
-            left += deployment.processes_using(self.deployment_dir)
-        return sorted(set(left))
+        return sorted(set(left + self.target.left_over()))
 
 
 def compress(path: Path) -> None:

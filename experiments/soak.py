@@ -52,6 +52,7 @@ from complyroute.manifest import REPO
 from .matrix import BASELINE, DEFAULT_USER_RATE, PAPER_NAMES
 from .mixes import ALLOWED_LABELS, BODY
 from .runner import LOCUSTFILE, RESULTS, STOP_TIMEOUT_S
+from .targets import LocalTarget, where_text
 
 TOPOLOGIES = ("central-entity", "dynamic-router-3", "dynamic-router-6", "sidecar")
 DECENTRALISED = ("dynamic-router-3", "dynamic-router-6", "sidecar")
@@ -259,7 +260,7 @@ def _mean(values) -> float | None:
 def report(summaries: list[dict], parameters: Parameters) -> str:
     lines = [f"# Soak: {parameters.rate} req/s, {parameters.services} services, engine {parameters.engine}, "
              f"a fault every {parameters.fault_every:g} s for {parameters.duration} s (pauses {parameters.pause_s:g} s)"
-             f"{'' if parameters.restart else ', restarts OFF'}", "",
+             f"{'' if parameters.restart else ', restarts OFF'}", "", where_text(LocalTarget().describe()), "",
              "| topology | requests | all accounted | as expected | lost before faults | faults | lost per fault | lost per kill/pause | "
              "max restart (s) | MTTR (s) | MTTF (s) | availability | answered as expected | audit |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -306,7 +307,7 @@ def report(summaries: list[dict], parameters: Parameters) -> str:
 def run(parameters: Parameters, results: Path = RESULTS, out=sys.stdout) -> tuple[Path, list[dict]]:
     folder = results / f"soak-{time.strftime('%Y%m%d-%H%M%S')}"
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "parameters.json").write_text(json.dumps(asdict(parameters), indent=1))
+    (folder / "parameters.json").write_text(json.dumps({**asdict(parameters), "target": LocalTarget().describe()}, indent=1))
     summaries = []
     for topology in parameters.topologies:
         print(f"soak: {topology}: {parameters.rate} req/s for {parameters.warmup}+{parameters.duration} s, "

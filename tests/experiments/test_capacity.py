@@ -182,7 +182,6 @@ def stand_ins(monkeypatch):
 
     def deploy(self, cell, log):
         deployed.append((cell.topology, cell.engine, cell.services))
-        self.deployment_parts = []
         return {"run_dir": "runs/stand-in", "parts": [], "engine": cell.engine, "entry_url": "http://127.0.0.1:8080/process"}
 
     def load(self, cell, step_dir, state, advance):
@@ -301,3 +300,35 @@ def test_a_run_without_its_baseline_yet_has_a_table_without_shares(tmp_path):
     table = capacity_report.capacity_table(steps[steps["topology"] != "baseline"], GAP)
     assert len(table) == 4 and table["share_of_baseline"].isna().all()
     assert set(capacity_report.capacity_view(table, steps)["of the baseline's"]) == {"–"}
+
+
+class KubernetesStandIn:
+    """A k8s target as the runner sees it, its context already asked."""
+
+    name, runs_here = "k8s", False
+
+    def describe(self):
+        return {"target": "k8s", "context": "local", "server": "https://10.250.250.1:36443", "nodes": ["complyroute-node"],
+                "deploys_to": ["complyroute-node"], "one_node": True, "entry": "kubectl port-forward to the entry's Service",
+                "image": "complyroute/service:0.1.0"}
+
+    def unmeasured(self):
+        return ["the deployment's CPU time and memory"]
+
+
+def test_a_capacity_run_on_k8s_names_its_target_in_metadata_and_report(tmp_path, stand_ins):
+    parameters = Parameters(topologies=["ce"], engines=["envoy-opa"], services=[5], start_rate=50, max_rate=100, step_seconds=2,
+                            step_warmup=1)
+    code, run_dir = capacity.run(parameters, tmp_path, "cap-k8s", out=io.StringIO(), target=KubernetesStandIn())
+    assert code == 0
+    meta = json.loads((run_dir / "metadata.json").read_text())
+    assert meta["target"]["target"] == "k8s" and meta["target"]["context"] == "local"
+    assert meta["unmeasured"] == ["the deployment's CPU time and memory"]
+    markdown = (run_dir / "report" / "capacity.md").read_text()
+    assert "Target: **k8s**: kubectl context `local`, API server https://10.250.250.1:36443, nodes complyroute-node" in markdown
+    assert "Not measured on this target: the deployment's CPU time and memory." in markdown
+
+
+def test_a_capacity_run_recorded_before_targets_reports_local(tmp_path):
+    markdown = capacity_report.build(synthetic_run(tmp_path))["markdown"].read_text()
+    assert "Target: **local** (processes on this machine" in markdown and "Not measured on this target" not in markdown

@@ -139,6 +139,28 @@ def test_a_run_recorded_before_engines_ran_envoy_opa(report):
     assert not (run_dir / "report" / "figures" / "engines.png").exists()
 
 
+def test_a_run_recorded_before_targets_ran_locally(report):
+    markdown = report[1]["markdown"].read_text()
+    assert "Target: **local** (processes on this machine, supervised; entry on loopback)." in markdown
+    assert "Not measured on this target" not in markdown and "shared by Locust and every process of the deployment" in markdown
+
+
+def test_a_k8s_run_names_its_context_and_nodes_and_what_it_did_not_measure(tmp_path):
+    run_dir = tmp_path / "k8s-run"
+    shutil.copytree(FIXTURE, run_dir)
+    meta = json.loads((run_dir / "metadata.json").read_text())
+    meta["target"] = {"target": "k8s", "context": "local", "server": "https://10.250.250.1:36443", "nodes": ["complyroute-node"],
+                      "deploys_to": ["complyroute-node"], "one_node": True, "entry": "kubectl port-forward to the entry's Service",
+                      "image": "complyroute/service:0.1.0"}
+    meta["unmeasured"] = ["the deployment's CPU time and memory, by part or in total"]
+    (run_dir / "metadata.json").write_text(json.dumps(meta))
+    markdown = build(run_dir)["markdown"].read_text()
+    assert ("Target: **k8s**: kubectl context `local`, API server https://10.250.250.1:36443, nodes complyroute-node (deployed to "
+            "complyroute-node, rendered for one node); entry: kubectl port-forward to the entry's Service") in markdown
+    assert "Not measured on this target: the deployment's CPU time and memory, by part or in total." in markdown
+    assert "the deployment's pods on the cluster's nodes (complyroute-node)" in markdown
+
+
 def test_a_run_recorded_before_the_open_loop_is_named_closed_loop_everywhere(report):
     _, paths, tables = report
     for name in ("cells", "table1", "repetitions"):

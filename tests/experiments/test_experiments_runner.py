@@ -15,7 +15,7 @@ import pytest
 import experiments
 from complyroute.client import Answer
 from experiments import __main__ as cli
-from experiments import runner
+from experiments import runner, targets
 from experiments.matrix import Cell, resolve
 
 SMALL_RUN = Path(__file__).resolve().parent / "fixtures" / "small-run"
@@ -44,11 +44,11 @@ def deployments(monkeypatch):
     def deploy(topology, out):
         deployed.append(topology)
         return {"run_dir": f"runs/{topology.name}", "parts": [], "engine": deployed_engine.get(topology.name, topology.engine["kind"]),
-                "entry_url": "http://127.0.0.1:8080/process"}
+                "entry_url": "http://127.0.0.1:8080/process", "bring_up_seconds": 1.0, "memory_mib": {"total": 100}}
 
     deployed_engine = {}
-    monkeypatch.setattr(runner.deployment, "running", lambda: None)
-    monkeypatch.setattr(runner.deployment, "deploy", deploy)
+    monkeypatch.setattr(targets.deployment, "running", lambda: None)
+    monkeypatch.setattr(targets.deployment, "deploy", deploy)
     monkeypatch.setattr(runner, "send", lambda url, labels, body, request_id, timeout: Answer(
         200, {"path": [{"instance": f"svc-{k}"} for k in range(len(deployed[-1].instances))]}, ""))
     return deployed, deployed_engine
@@ -109,7 +109,7 @@ def bench(monkeypatch):
     stand_in = types.SimpleNamespace(run=run)
     monkeypatch.setitem(sys.modules, "experiments.bench", stand_in)
     monkeypatch.setattr(experiments, "bench", stand_in, raising=False)
-    monkeypatch.setattr(runner.deployment, "running", lambda: None)
+    monkeypatch.setattr(targets.deployment, "running", lambda: None)
     return calls, failure
 
 
@@ -161,8 +161,8 @@ def test_a_failed_bench_is_recorded_and_the_cells_still_run(tmp_path, bench):
 
 def test_no_bench_while_another_deployment_runs(tmp_path, bench, monkeypatch):
     calls, _ = bench
-    monkeypatch.setattr(runner.deployment, "running", lambda: {"topology": "sidecar", "run_dir": "runs/sidecar-5"})
-    with pytest.raises(runner.MachineBusy, match="another deployment is running"):
+    monkeypatch.setattr(targets.deployment, "running", lambda: {"topology": "sidecar", "run_dir": "runs/sidecar-5"})
+    with pytest.raises(targets.TargetBusy, match="another deployment is running"):
         new_runner(tmp_path).measure_bench()
     assert calls == []
 
@@ -175,7 +175,7 @@ def started(monkeypatch):
     runs = []
 
     class NotRunning:
-        def __init__(self, run_dir, parameters):
+        def __init__(self, run_dir, parameters, target):
             runs.append((run_dir, parameters))
 
         def run(self):
@@ -205,7 +205,7 @@ def test_resuming_a_run_recorded_before_engines_keeps_envoy_opa(tmp_path, starte
 
 
 def test_a_bench_that_cannot_load_is_a_failed_bench(tmp_path, monkeypatch):
-    monkeypatch.setattr(runner.deployment, "running", lambda: None)
+    monkeypatch.setattr(targets.deployment, "running", lambda: None)
     monkeypatch.delattr(experiments, "bench", raising=False)
     monkeypatch.setitem(sys.modules, "experiments.bench", None)  # importing it raises ImportError
     run = new_runner(tmp_path)
