@@ -31,10 +31,12 @@ class LocalNetwork:
     def entry(self, point_name: str) -> Endpoint:
         return Endpoint("127.0.0.1", 8080)
 
-    def point(self, name: str, node: Node, index: int, concurrency: int = 1) -> EnforcementPoint:
+    def point(self, name: str, node: Node, index: int, role: str, group: str = "", concurrency: int = 1) -> EnforcementPoint:
         return EnforcementPoint(
             name=name,
             node=node.name,
+            role=role,
+            group=group,
             # Every address is the node's loopback one: admin interfaces are reached from this
             # machine only.
             admin=Endpoint(node.address, self.ENVOY_ADMIN + index),
@@ -122,13 +124,14 @@ def catalog(topology: Topology, instances: list[Instance], gateway: bool = False
     return data
 
 
-def deciding_entry(topology: Topology, net, name: str, reach: Callable[[Instance], Endpoint]) -> EnforcementPoint:
+def deciding_entry(topology: Topology, net, name: str, reach: Callable[[Instance], Endpoint], role: str = "entry") -> EnforcementPoint:
     """The enforcement point on the gateway node that decides the first hop of every record.
 
-    `reach` says where an instance of the first step receives records in this topology.
+    `reach` says where an instance of the first step receives records in this topology; `role`
+    is "central" where this point decides every later hop too.
     """
     first = topology.steps[0]
-    entry = net.point(name, topology.gateway, 0, concurrency=int(topology.engine.get("gateway_concurrency", 2)))
+    entry = net.point(name, topology.gateway, 0, role, concurrency=int(topology.engine.get("gateway_concurrency", 2)))
     entry.deciding.append(DecidingListener("entry", net.entry(name), sender=GATEWAY_SENDER, step=first, from_client=True))
     entry.destinations = {i.id: reach(i) for i in topology.instances_of(first)}
     entry.catalog = catalog(topology, topology.instances_of(first), gateway=True)

@@ -212,8 +212,9 @@ class Bench:
         )
 
     def enforcement_point(self, name: str) -> EnforcementPoint:
+        # A point that stands alone between a sender and a sink, as a router does between services.
         return EnforcementPoint(name, "bench", admin=self.endpoint(), ready=self.endpoint(), opa_grpc=self.endpoint(),
-                                opa_http=self.endpoint(), opa_diagnostic=self.endpoint())
+                                opa_http=self.endpoint(), opa_diagnostic=self.endpoint(), role="router")
 
     def point(self, point: EnforcementPoint, kind: str, settings: dict, policies: Path = deployment.POLICIES,
               trust: identity.PointTrust | None = None) -> None:

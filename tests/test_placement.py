@@ -123,3 +123,17 @@ def test_without_work_iterations_the_service_keeps_its_own_default_denied():
     p = place(manifest.load("sidecar", services=3, overrides={"engine": {"kind": "envoy-opa"}}))
     assert "work_iterations" not in p.topology.engine
     assert not any("WORK_ITERATIONS" in s.environment(p.topology.engine, "a.jsonl") for s in p.services)
+
+
+def test_placement_tags_each_point_with_its_role_and_group():
+    expected = {
+        "sidecar": {"entry": ("entry", "entry"), "sidecar-svc-01": ("sidecar", "svc-01")},
+        "central-entity": {"central-entity": ("central", "central-entity")},
+        # The routers of one slot on every node share a group: on Kubernetes one DaemonSet.
+        "dynamic-router-6": {"entry": ("entry", "entry"), "router-node-1-2": ("router", "router-2"), "router-node-3-2": ("router", "router-2")},
+        "baseline": {"gateway": ("entry", "gateway")},
+    }
+    for topology, tags in expected.items():
+        points = {p.name: (p.role, p.group) for p in place(manifest.load(topology, services=6)).points}
+        assert {name: points[name] for name in tags} == tags, topology
+        assert {role for role, _ in points.values()} <= set(enforcement.ROLES)
