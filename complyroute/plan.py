@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .enforcement import DecidingListener, EnforcementPoint, Endpoint
-from .manifest import REPO, Instance, Node, Topology
+from .manifest import PLACEMENT, Instance, Node, Topology
 
 GATEWAY_SENDER = "gateway"
 
@@ -68,15 +68,6 @@ class LocalNetwork:
         return Endpoint(gateway.address, self.BUNDLE_SERVER)
 
 
-# Where each topology's placement lives.
-TOPOLOGY_FOLDERS = {
-    "sidecar": "sidecar",
-    "central-entity": "central-entity",
-    "dynamic-router": "dynamic-router",
-    "baseline": "baseline",
-}
-
-
 @dataclass(frozen=True)
 class ServiceProcess:
     instance: Instance
@@ -115,6 +106,11 @@ class Plan:
     points: list[EnforcementPoint]
     services: list[ServiceProcess]
 
+    @property
+    def enforces(self) -> bool:
+        """Whether any point decides a hop; one that decides none (the baseline) lets every record through."""
+        return any(point.deciding for point in self.points)
+
 
 def catalog(topology: Topology, instances: list[Instance], gateway: bool = False) -> dict:
     """The slice of the service catalog one enforcement point holds."""
@@ -140,7 +136,7 @@ def deciding_entry(topology: Topology, net, name: str, reach: Callable[[Instance
 
 def place(topology: Topology, net=None) -> Plan:
     """Run the placement of the manifest's topology (the topology folder's placement.py)."""
-    path = REPO / TOPOLOGY_FOLDERS[topology.kind] / "placement.py"
+    path = topology.folder / PLACEMENT
     spec = importlib.util.spec_from_file_location(f"complyroute_placement_{topology.kind}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

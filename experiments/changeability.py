@@ -36,7 +36,7 @@ import pandas as pd
 from complyroute import deployment, manifest, reload
 from complyroute.client import send
 
-TOPOLOGIES = ("central-entity", "dynamic-router-3", "dynamic-router-6", "sidecar")
+from .matrix import ENFORCING as TOPOLOGIES
 ENGINES = ("envoy-opa", "envoy-compiled")
 LABELS = {"region": "EU", "category": "personal", "consent": "analytics,billing,care"}
 # Hops per second the records bring, whatever the chain's length: well under this machine's

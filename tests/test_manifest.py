@@ -57,6 +57,18 @@ def test_alias_resolves_allowed_and_unknown_name_denied():
         manifest.resolve("no-such-topology")
 
 
+def test_aliases_and_the_papers_names_are_read_from_the_manifests_allowed():
+    assert manifest.aliases() == {"ce": "central-entity", "dr3": "dynamic-router-3", "dr6": "dynamic-router-6", "sa": "sidecar"}
+    assert manifest.paper_topologies() == ["central-entity", "dynamic-router-3", "dynamic-router-6", "sidecar", "baseline"]
+    assert manifest.paper_names() == {"central-entity": "CE", "dynamic-router-3": "DR_3", "dynamic-router-6": "DR_6",
+                                      "sidecar": "SA", "baseline": "baseline"}
+
+
+def test_a_topology_without_a_placement_folder_denied():
+    with pytest.raises(ManifestError, match=r"field 'topology': 'mesh' is not one of \['baseline', 'central-entity', 'dynamic-router', 'sidecar'\]"):
+        expand({"topology": "mesh"}, SOURCE)
+
+
 def test_services_from_another_manifest_allowed():
     topology = manifest.load("central-entity", services="topologies/examples/mixed-regions.yaml")
     assert topology.kind == "central-entity" and topology.name == "central-entity-mixed-regions"
