@@ -206,10 +206,10 @@ def bundle_server_part(folder: Path, endpoint: Endpoint, node: str, logs: Path, 
     )
 
 
-def service_part(service: ServiceProcess, engine: dict, audit_log: Path, logs: Path,
+def service_part(service: ServiceProcess, workload: dict, audit_log: Path, logs: Path,
                  trust: identity.ServiceTrust | None = None, control: identity.TlsFiles | None = None) -> Part:
     instance = service.instance
-    env = service.environment(engine, str(audit_log))
+    env = service.environment(workload, str(audit_log))
     health_url = service.health_url
     if trust:
         env.update(trust.environment(service.egress_url))
@@ -270,7 +270,7 @@ def render(plan: Plan, run_dir: Path, policies: Path = POLICIES) -> list[Part]:
         parts += point_parts(point, configs[point.name], run_dir / "points" / point.name, logs, revision, source, disk_data)
     for service in plan.services:
         service_trust = trust.service(service, files[identity.service_identity(service)]) if trust else None
-        parts.append(service_part(service, engine, audit / f"{service.instance.id}.jsonl", logs,
+        parts.append(service_part(service, plan.topology.workload, audit / f"{service.instance.id}.jsonl", logs,
                                   service_trust, files[pki.CONTROL] if trust else None))
     update_rendered(run_dir, Rendered(plan, point_trust, revision), revision)
     return parts
@@ -549,6 +549,8 @@ def deploy(topology: Topology, policies: Path = POLICIES, health_timeout: float 
     state = {
         "topology": topology.name,
         "kind": topology.kind,
+        # Whether any point decides a hop: a deployment that does not (the baseline) lets every record through.
+        "enforces": plan.enforces,
         "engine": topology.engine["kind"],
         "decision_logs": topology.engine.get("decision_logs", "off"),
         "manifest": str(topology.source),

@@ -578,7 +578,7 @@ class Renderer:
 
     def service_instance(self, process, sidecar: EnforcementPoint | None) -> None:
         instance = process.instance
-        env = process.environment(self.topology.engine, f"{AUDIT_DIR}/{instance.id}.jsonl")
+        env = process.environment(self.topology.workload, f"{AUDIT_DIR}/{instance.id}.jsonl")
         mounts = [{"name": "audit", "mountPath": AUDIT_DIR}]
         volumes = [{"name": "audit", "emptyDir": {}}]
         if self.trust:

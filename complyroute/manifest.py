@@ -72,7 +72,8 @@ class Topology:
     instances: list[Instance]
     steps: list[str]  # in chain order
     routers_per_node: int = 1
-    engine: dict = field(default_factory=dict)
+    engine: dict = field(default_factory=dict)  # how its points enforce (engines/, enforcement.py)
+    workload: dict = field(default_factory=dict)  # what its services do with a record: work_iterations
     # mtls: every hop between parts is mutual TLS with the deployment's own CA; label_tokens:
     # the entry signs each record's labels and later points decide on the token (identity.py).
     security: dict = field(default_factory=lambda: dict(SECURITY_DEFAULTS))
@@ -220,6 +221,15 @@ def expand(raw: dict, source: Path, services: int | list | None = None) -> Topol
     if engine.setdefault("decision_logs", "off") not in DECISION_LOGS:
         raise fail("engine.decision_logs", f"'{engine['decision_logs']}' is not one of {list(DECISION_LOGS)}")
 
+    if "work_iterations" in engine:
+        raise fail("engine.work_iterations", "is a setting of the services, not of enforcement: write it as workload.work_iterations")
+    workload = dict(raw.get("workload") or {})
+    for setting, value in workload.items():
+        if setting != "work_iterations":
+            raise fail(f"workload.{setting}", "is not a setting; the one setting is work_iterations")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise fail("workload.work_iterations", f"must be a whole number >= 0, got {value!r}")
+
     security = {**SECURITY_DEFAULTS, **(raw.get("security") or {})}
     for setting, value in security.items():
         if setting not in SECURITY_DEFAULTS:
@@ -317,5 +327,6 @@ def expand(raw: dict, source: Path, services: int | list | None = None) -> Topol
         steps=steps,
         routers_per_node=routers_per_node,
         engine=engine,
+        workload=workload,
         security=security,
     )

@@ -79,7 +79,7 @@ class ServiceProcess:
     def health_url(self) -> str:
         return f"{self.endpoint.url}/health"
 
-    def environment(self, engine: dict, audit_log: str) -> dict[str, str]:
+    def environment(self, workload: dict, audit_log: str) -> dict[str, str]:
         """The service's configuration (services/config.js reads it), for any way of running it."""
         instance = self.instance
         return {
@@ -95,7 +95,7 @@ class ServiceProcess:
             "PORT": str(self.endpoint.port),
             "AUDIT_LOG": audit_log,
             # Unset in the manifest: the service's own default (services/config.js), defined there only.
-            **({"WORK_ITERATIONS": str(engine["work_iterations"])} if "work_iterations" in engine else {}),
+            **({"WORK_ITERATIONS": str(workload["work_iterations"])} if "work_iterations" in workload else {}),
         }
 
 

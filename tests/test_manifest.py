@@ -115,3 +115,11 @@ def test_decision_logs_elsewhere_denied():
 @pytest.mark.parametrize("name", ["sidecar", "central-entity", "dynamic-router-3", "dynamic-router-6", "baseline"])
 def test_every_shipped_manifest_is_valid_allowed(name):
     assert len(manifest.load(name).instances) == 5
+
+
+def test_work_iterations_is_a_workload_setting_allowed_and_under_engine_denied():
+    assert expand({"topology": "sidecar", "workload": {"work_iterations": 7}}, SOURCE).workload == {"work_iterations": 7}
+    with pytest.raises(ManifestError, match=r"field 'engine.work_iterations': .* workload.work_iterations"):
+        expand({"topology": "sidecar", "engine": {"work_iterations": 7}}, SOURCE)
+    with pytest.raises(ManifestError, match=r"field 'workload.work_iterations': must be a whole number >= 0"):
+        expand({"topology": "sidecar", "workload": {"work_iterations": -1}}, SOURCE)
