@@ -1,6 +1,8 @@
 """Sidecar placement: one enforcement point per instance, each holding only the catalog it needs."""
 
-from complyroute import enforcement, manifest
+import yaml
+
+from complyroute import enforcement, kubernetes, manifest
 from complyroute.plan import place
 
 
@@ -137,3 +139,17 @@ def test_placement_tags_each_point_with_its_role_and_group():
         points = {p.name: (p.role, p.group) for p in place(manifest.load(topology, services=6)).points}
         assert {name: points[name] for name in tags} == tags, topology
         assert {role for role, _ in points.values()} <= set(enforcement.ROLES)
+
+
+def test_a_topology_outside_the_repository_is_its_folder_and_its_manifest_allowed(hub_topology, tmp_path):
+    """Placed, and rendered for Kubernetes as its roles say; tests/e2e/test_new_topology_e2e.py deploys it."""
+    assert hub_topology.kind == "hub" and hub_topology.folder == (tmp_path / "hub").resolve()
+    p = place(hub_topology)
+    assert [(x.name, x.role) for x in p.points] == [("entry", "entry"), ("hub", "router")] and p.enforces
+    assert {s.egress_url for s in p.services if s.next_step} == {listener.endpoint.url for listener in point(p, "hub").deciding}
+    path = tmp_path / "hub.k8s.yaml"
+    path.write_text(kubernetes.render(hub_topology, tmp_path / "kustomization"))
+    assert kubernetes.validate(path) == []
+    rendered = [o for o in yaml.safe_load_all(path.read_text()) if o]
+    assert {(o["kind"], o["metadata"]["name"]) for o in rendered if o["kind"] in ("Deployment", "DaemonSet")} == {
+        ("Deployment", "entry"), ("DaemonSet", "hub"), ("Deployment", "bundle-server"), *(("Deployment", f"svc-0{n}") for n in (1, 2, 3))}
