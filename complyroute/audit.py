@@ -33,8 +33,8 @@ from pathlib import Path
 
 from . import bundles, policydata
 from .manifest import REPO
+from .policyfiles import POLICIES
 
-POLICIES = policydata.POLICIES
 RUNS = REPO / "runs"
 RECHECK = Path(__file__).with_name("recheck.rego")
 QUERY = "data.complyroute_audit.recheck.allowed"

@@ -648,11 +648,6 @@ def write_data(data_dir: Path, document: dict) -> None:
     path.write_text(json.dumps(document, indent=2, sort_keys=True))
 
 
-# Flags of every point's `opa run --server`, wherever it runs: its REST API asks the rule set's
-# system.authz policy (policies/system/authz) about every request, which refuses writes.
-OPA_SERVER_FLAGS = ["--authorization=basic"]
-
-
 @dataclass(frozen=True)
 class BundleSource:
     """Where a point's OPA fetches its bundle (complyroute/bundleserver.py), and, with mutual

@@ -44,14 +44,13 @@ from pathlib import Path
 
 import yaml
 
-from . import bundles, enforcement, engines, identity, images, kubetrust, pki, policydata
+from . import bundles, enforcement, engines, identity, images, kubetrust, pki, policydata, policyfiles
 from .enforcement import ROUTE_CONFIGURATION, EnforcementPoint, Endpoint, split_routes
 from .manifest import REPO, Instance, Node, Topology
 from .plan import Plan, place
+from .policyfiles import POLICIES, SYSTEM_POLICIES
 from .reload import ReloadError
 
-POLICIES = REPO / "policies"
-SYSTEM_POLICIES = POLICIES / "system"  # as deployment.SYSTEM_POLICIES: the same for every rule set
 # What k8s-deploy applied, by namespace (Deployed): what `make reload-policy target=k8s` reads.
 DEPLOYED = REPO / "runs" / "k8s" / "deployed"
 KUSTOMIZE = REPO / "bin" / "kustomize"
@@ -357,15 +356,11 @@ class Renderer:
     @staticmethod
     def system_policy_files() -> list[tuple[str, str]]:
         """(ConfigMap key, path under /policy) for the enforcement point's own policies, which OPA
-        loads from disk beside its bundle (deployment.SYSTEM_POLICIES: the REST API's
+        loads from disk beside its bundle (policyfiles.SYSTEM_POLICIES: the REST API's
         authorization, the decision log's mask); their tests are left out. Not the rule set:
         that comes in the point's bundle."""
-        files = []
-        for path in sorted(SYSTEM_POLICIES.rglob("*")):
-            relative = path.relative_to(SYSTEM_POLICIES.parent)
-            if path.is_file() and not path.name.endswith("_test.rego") and path.suffix in (".rego", ".json"):
-                files.append((".".join(relative.parts), str(relative)))
-        return files
+        relative = [path.relative_to(SYSTEM_POLICIES.parent) for path in policyfiles.system_policy_files()]
+        return [(".".join(path.parts), str(path)) for path in relative]
 
     def generate(self, name: str, files: dict[str, str], secret_type: str | None = None) -> None:
         """A ConfigMap of `files`; with `secret_type`, a Secret of that type."""
@@ -473,15 +468,10 @@ class Renderer:
         return {
             "name": "opa",
             "image": OPA_IMAGE,
-            "args": [
-                "run", "--server", f"--addr={point.opa_http.address}:{point.opa_http.port}",
-                f"--diagnostic-addr={point.opa_diagnostic.address}:{point.opa_diagnostic.port}", *enforcement.OPA_SERVER_FLAGS,
-                # Its rule set, index and revision come in its bundle (bundle_source); from disk only
-                # the system policies and, at the entry, the label-token key.
-                "--config-file=/config/opa.yaml",
-                # ConfigMap volumes hold hidden ..data folders; loaded, they would add data twice.
-                "--skip-version-check", "--log-level=error", *policydata.OPA_RUN_FLAGS, "--ignore=.*", "/policy", *token,
-            ],
+            # Its rule set, index and revision come in its bundle (bundle_source); from disk only
+            # the system policies and, at the entry, the label-token key. Their ConfigMap volumes
+            # hold hidden ..data folders; loaded, they would add data twice.
+            "args": policyfiles.server_args(point.opa_http, point.opa_diagnostic, "/config/opa.yaml", ["/policy", *token], ignore=[".*"]),
             "env": [{"name": "GOMAXPROCS", "value": str(point.concurrency)}],
             "ports": [{"name": "opa-diagnostic", "containerPort": self.net.OPA_DIAGNOSTIC}],
             "readinessProbe": _probe("/health?plugins", self.net.OPA_DIAGNOSTIC),

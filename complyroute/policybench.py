@@ -29,12 +29,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import manifest, policydata
+from . import manifest, policydata, policyfiles
 from .enforcement import POLICY_QUERY, write_data
 from .manifest import GENERATED_PURPOSES, REPO
 from .plan import place
-
-OPA = REPO / "bin" / "opa"
+from .policyfiles import OPA
 QUERY = "data." + POLICY_QUERY.replace("/", ".")
 SIZES = [5, 50]
 BASELINE_COMMIT = "d2d81e4"  # the rule set before the lean OPA path
@@ -94,7 +93,7 @@ class BaselineUnavailable(RuntimeError):
 
 
 def current() -> RuleSet:
-    return RuleSet("current", policydata.POLICIES, "index", policydata.opa_data, policydata.OPA_RUN_FLAGS)
+    return RuleSet("current", policyfiles.POLICIES, "index", policydata.opa_data, list(policyfiles.RUN_FLAGS))
 
 
 def baseline(scratch: Path) -> RuleSet:
@@ -117,7 +116,7 @@ def opa(*args: str, env: dict | None = None, cpus: set[int] | None = None) -> st
 
 
 def loading(rule_set: RuleSet, data_dir: Path) -> list[str]:
-    return ["--data", str(rule_set.policies), *policydata.RULE_SET_IGNORES, "--data", str(data_dir)]
+    return ["--data", str(rule_set.policies), *policyfiles.ignore_flags(), "--data", str(data_dir)]
 
 
 def decisions(rule_set: RuleSet, asked: dict[str, tuple[dict, dict]], scratch: Path) -> dict[str, dict]:

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from complyroute import deployment, manifest, reload
+from complyroute import deployment, manifest, policyfiles, reload
 from complyroute.client import send
 
 from .matrix import ENFORCING as TOPOLOGIES
@@ -53,7 +53,7 @@ PAPER_CLAIM = ("the paper (sections I, II, VII) argues that a central entity is 
 def changed_rule_set(folder: Path) -> Path:
     """policies/ with the US added to the EU adequacy list (a change of the reference data)."""
     policies = folder / "policies"
-    shutil.copytree(deployment.POLICIES, policies)
+    shutil.copytree(policyfiles.POLICIES, policies)
     reference = policies / "complyroute" / "reference" / "data.json"
     data = json.loads(reference.read_text())
     data["adequacy"].append("US")
