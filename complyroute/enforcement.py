@@ -133,7 +133,7 @@ class EnforcementPoint:
     opa_http: Endpoint  # OPA's REST API: loopback only, read-only (OPA_AUTHZ_POLICY)
     opa_diagnostic: Endpoint  # OPA's --diagnostic-addr: /health?plugins is its health check, /metrics
     concurrency: int = 1
-    role: str = ""  # one of ROLES
+    role: str = ""  # one of ROLES, which the placement gives (net.point); __post_init__ refuses any other
     # The points that run as one workload and are reached under one name: a sidecar's group is its
     # service instance's id (it runs in that pod); routers of one slot on every node share one group
     # (one DaemonSet); any other point is a group of its own, named as the point.
