@@ -52,12 +52,11 @@ NODE_MODULES := services/node_modules/.installed
 # their hashes are pinned in tools/*/go.sum instead.
 GO_ENV := GONOSUMDB=github.com/open-policy-agent/opa-envoy-plugin,github.com/open-policy-agent/regal GOFLAGS=-mod=mod GOWORK=off
 
-# Short names a user may type for a topology manifest.
-alias.sa := sidecar
-alias.ce := central-entity
-alias.dr3 := dynamic-router-3
-alias.dr6 := dynamic-router-6
-topology_name := $(or $(alias.$(topology)),$(topology))
+# Short names a user may type for a topology manifest: each manifest lists its own (aliases: [sa]).
+# `aliases` prints "<alias>=<manifest name>" for each.
+aliases = $(shell awk '$$1 == "aliases:" { sub(/\#.*/, ""); gsub(/[][,]/, " "); n = FILENAME; sub(/.*\//, "", n); sub(/\.yaml$$/, "", n); for (i = 2; i <= NF; i++) print $$i "=" n }' topologies/*.yaml)
+known_aliases = $(foreach a,$(aliases),$(firstword $(subst =, ,$(a))))
+topology_name := $(or $(lastword $(subst =, ,$(filter $(topology)=%,$(aliases)))),$(topology))
 topology_file := $(firstword $(wildcard $(topology) topologies/$(topology_name).yaml))
 known_topologies := $(basename $(notdir $(wildcard topologies/*.yaml)))
 known_engines := envoy-opa envoy-compiled
@@ -70,7 +69,7 @@ help: ## Show this help
 	@awk 'BEGIN {FS = ":.*##"; printf "Usage: make <target> [topology=sidecar] [services=N] [engine=envoy-opa|envoy-compiled]\n"} \
 	  /^##@/ {printf "\n%s\n", substr($$0, 5)} \
 	  /^[a-zA-Z0-9_-]+:.*##/ {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
-	@printf "\nTopologies: %s (aliases: sa ce dr3 dr6)\n" "$(known_topologies)"
+	@printf "\nTopologies: %s (aliases: %s)\n" "$(known_topologies)" "$(known_aliases)"
 
 .PHONY: setup
 setup: prereqs $(OPA) $(REGAL) $(KUSTOMIZE) $(VENV)/.installed $(NODE) $(NODE_MODULES) ## Install every pinned tool and dependency into the repo
@@ -283,7 +282,7 @@ check-engine:
 
 .PHONY: check-topology
 check-topology:
-	$(if $(topology_file),,$(error topology '$(topology)' is unknown: use one of $(known_topologies), an alias (sa ce dr3 dr6), or a path to a manifest))
+	$(if $(topology_file),,$(error topology '$(topology)' is unknown: use one of $(known_topologies), an alias ($(known_aliases)), or a path to a manifest))
 	$(if $(services),$(if $(or $(shell [[ '$(services)' =~ ^[1-9][0-9]*$$ ]] && echo ok),$(wildcard $(services))),,$(error services='$(services)' must be a number of service instances (services=5) or a manifest whose services to deploy (services=topologies/examples/mixed-regions.yaml))))
 	@true
 

@@ -12,7 +12,7 @@ from complyroute.plan import Plan, ServiceProcess
 
 def place(topology, net) -> Plan:
     first = topology.instances_of(topology.steps[0])[0]
-    gateway = net.point("gateway", topology.gateway, 0, concurrency=int(topology.engine.get("gateway_concurrency", 2)))
+    gateway = net.point("gateway", topology.gateway, 0, "entry", concurrency=int(topology.engine.get("gateway_concurrency", 2)))
     gateway.forwarding.append(ForwardingListener("entry", net.entry("gateway"), net.service(first)))
     services = []
     for instance in topology.instances:

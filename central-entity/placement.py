@@ -11,7 +11,7 @@ from complyroute.plan import Plan, ServiceProcess, catalog, deciding_entry
 
 
 def place(topology, net) -> Plan:
-    central = deciding_entry(topology, net, "central-entity", reach=net.service)
+    central = deciding_entry(topology, net, "central-entity", reach=net.service, role="central")
     services = []
     for instance in topology.instances:
         next_step = topology.next_step(instance.step)

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import audit, bundles, deployment, manifest, policybench, policydiff, reload, trace
+from . import audit, deployment, manifest, policybench, policydiff, policyfiles, reload, trace
 from .client import send
 
 DEMO_MANIFEST = "topologies/examples/mixed-regions.yaml"
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     k8s_reload = commands.add_parser(
         "k8s-reload-policy", help="apply the rule set to a topology k8s-deploy applied, as its bundle and route ConfigMaps only: no pod is rolled")
     k8s_reload.add_argument("--topology", required=True, help="the manifest (name, alias or path) it was deployed with")
-    k8s_reload.add_argument("--policies", type=Path, default=bundles.POLICIES, help="the rule set's folder (default: policies/)")
+    k8s_reload.add_argument("--policies", type=Path, default=policyfiles.POLICIES, help="the rule set's folder (default: policies/)")
     k8s_reload.set_defaults(run=cmd_k8s_reload_policy)
 
     k8s_status = commands.add_parser("k8s-status", help="the pods of the topologies deployed to the current kubectl context: ready, restarts")
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("demo", help="deploy the mixed-regions example and send sample records").set_defaults(run=cmd_demo)
 
     reload_policy = commands.add_parser("reload-policy", help="apply the rule set to the running deployment without restarting anything")
-    reload_policy.add_argument("--policies", type=Path, default=bundles.POLICIES, help="the rule set's folder (default: policies/)")
+    reload_policy.add_argument("--policies", type=Path, default=policyfiles.POLICIES, help="the rule set's folder (default: policies/)")
     reload_policy.add_argument("--timeout", type=float, default=120, help="seconds to wait for every point to decide with it")
     reload_policy.set_defaults(run=lambda a: (reload.reload_policy(a.policies, timeout=a.timeout), 0)[1])
     trace_record = commands.add_parser("trace", help="each hop of one record: the deciding point, labels, decision, revision, audit line")
@@ -200,11 +200,11 @@ def main(argv: list[str] | None = None) -> int:
     diff.add_argument("--base", required=True, help="git ref of the rule set to compare with (HEAD, a commit, a branch)")
     diff.add_argument("--topology", default=policydiff.WALKTHROUGH, help="manifest whose enforcement points to ask (default: the walkthrough's)")
     diff.add_argument("--services", help="number of service instances, or a manifest whose services to use")
-    diff.add_argument("--policies", type=Path, default=bundles.POLICIES)
+    diff.add_argument("--policies", type=Path, default=policyfiles.POLICIES)
     diff.add_argument("--format", choices=["text", "json"], default="text")
     diff.set_defaults(run=lambda a: policydiff.main(a.base, a.topology, a.services, a.policies, a.format == "json"))
     watch_policy = commands.add_parser("watch-policy", help="reload the running deployment whenever the rule set changes")
-    watch_policy.add_argument("--policies", type=Path, default=bundles.POLICIES)
+    watch_policy.add_argument("--policies", type=Path, default=policyfiles.POLICIES)
     watch_policy.set_defaults(run=cmd_watch_policy)
 
     coverage = commands.add_parser("policy-coverage", help="policy tests with a coverage threshold")

@@ -33,8 +33,8 @@ from pathlib import Path
 
 from . import bundles, policydata
 from .manifest import REPO
+from .policyfiles import POLICIES
 
-POLICIES = policydata.POLICIES
 RUNS = REPO / "runs"
 RECHECK = Path(__file__).with_name("recheck.rego")
 QUERY = "data.complyroute_audit.recheck.allowed"
@@ -165,7 +165,8 @@ def audit_run(run_dir: Path, policies: Path = POLICIES, progress=None) -> Verdic
         raise AuditError(f"{run_dir} is not a run folder (no state.json)")
     state = json.loads(state_file.read_text())
     points = {p["name"]: p for p in state.get("points", []) if p.get("senders")}
-    policy = state.get("kind") != "baseline"
+    # Runs recorded before the state said whether they enforce: only the baseline did not.
+    policy = state.get("enforces", state.get("kind") != "baseline")
     verdict = Verdict(run_dir, policy, f"{state.get('topology', '?')}, {state.get('engine', 'envoy-opa')}")
 
     lines: list[Line] = []

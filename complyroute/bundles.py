@@ -31,10 +31,8 @@ import tarfile
 from pathlib import Path
 
 from .manifest import REPO
+from .policyfiles import POLICIES, RULE_SET, is_test
 
-POLICIES = REPO / "policies"
-# Where the rule set lives in policies/: the rest (system/, examples/) is not in a bundle.
-RULE_SET = "complyroute"
 REVISION_PATH = ("complyroute", "revision")
 # In a run folder: every bundle the deployment served, by revision (what `make audit` re-checks with).
 REVISIONS = "revisions"
@@ -53,7 +51,7 @@ def rule_set_files(policies: Path = POLICIES) -> dict[str, bytes]:
         raise BundleError(f"{policies} has no {RULE_SET}/ folder: it is not a rule set")
     files = {}
     for path in sorted(root.rglob("*")):
-        if path.is_file() and ((path.suffix == ".rego" and not path.name.endswith("_test.rego")) or path.name == "data.json"):
+        if path.is_file() and ((path.suffix == ".rego" and not is_test(path)) or path.name == "data.json"):
             files[path.relative_to(policies).as_posix()] = path.read_bytes()
     return files
 

@@ -35,21 +35,16 @@ from pathlib import Path
 import psutil
 import yaml
 
-from . import bundles, enforcement, engines, identity, pki, policydata
+from . import bundles, enforcement, engines, identity, pki, policyfiles
 from .manifest import REPO, Topology
+from .policyfiles import OPA, POLICIES, SYSTEM_POLICIES
 from .enforcement import EnforcementPoint, Endpoint
 from .plan import LocalNetwork, Plan, ServiceProcess, place
 
 RUNS = REPO / "runs"
 CURRENT = RUNS / "current"
-OPA = REPO / "bin" / "opa"
 # Node.js 24 as `make setup` installs it from the npm registry (tools/node/package.json).
 NODE = REPO / "tools" / "node" / "node_modules" / ".bin" / "node"
-POLICIES = REPO / "policies"
-# The enforcement point's own policies, which OPA loads from disk beside its bundle: the REST
-# API's authorization (system.authz). They are not the rule set: a reload leaves them, and a
-# test's or the bench's stand-in rule set runs with them too.
-SYSTEM_POLICIES = POLICIES / "system"
 SERVICE_SERVER = REPO / "services" / "server.js"
 # In a run folder: the points' bundles, each point's route configurations, what a reload reads.
 BUNDLES = "bundles"
@@ -157,13 +152,8 @@ def point_parts(point: EnforcementPoint, config: engines.PointConfig, folder: Pa
                 name=f"{point.name}/opa",
                 kind="opa",
                 node=point.node,
-                command=[
-                    str(OPA), "run", "--server", "--addr", f"{point.opa_http.address}:{point.opa_http.port}",
-                    "--diagnostic-addr", f"{point.opa_diagnostic.address}:{point.opa_diagnostic.port}", *enforcement.OPA_SERVER_FLAGS,
-                    "--config-file", str(folder / "opa.yaml"), "--skip-version-check", "--log-level", "error",
-                    *policydata.OPA_RUN_FLAGS,
-                    *policydata.RULE_SET_IGNORES, str(SYSTEM_POLICIES), str(data_dir),
-                ],
+                command=[str(OPA), *policyfiles.server_args(point.opa_http, point.opa_diagnostic, str(folder / "opa.yaml"),
+                                                            [str(SYSTEM_POLICIES), str(data_dir)])],
                 env={"GOMAXPROCS": str(point.concurrency)},
                 health_url=point.opa_health_url,
                 log=str(logs / f"{point.name}.opa.log"),
@@ -206,10 +196,10 @@ def bundle_server_part(folder: Path, endpoint: Endpoint, node: str, logs: Path, 
     )
 
 
-def service_part(service: ServiceProcess, engine: dict, audit_log: Path, logs: Path,
+def service_part(service: ServiceProcess, workload: dict, audit_log: Path, logs: Path,
                  trust: identity.ServiceTrust | None = None, control: identity.TlsFiles | None = None) -> Part:
     instance = service.instance
-    env = service.environment(engine, str(audit_log))
+    env = service.environment(workload, str(audit_log))
     health_url = service.health_url
     if trust:
         env.update(trust.environment(service.egress_url))
@@ -270,7 +260,7 @@ def render(plan: Plan, run_dir: Path, policies: Path = POLICIES) -> list[Part]:
         parts += point_parts(point, configs[point.name], run_dir / "points" / point.name, logs, revision, source, disk_data)
     for service in plan.services:
         service_trust = trust.service(service, files[identity.service_identity(service)]) if trust else None
-        parts.append(service_part(service, engine, audit / f"{service.instance.id}.jsonl", logs,
+        parts.append(service_part(service, plan.topology.workload, audit / f"{service.instance.id}.jsonl", logs,
                                   service_trust, files[pki.CONTROL] if trust else None))
     update_rendered(run_dir, Rendered(plan, point_trust, revision), revision)
     return parts
@@ -549,6 +539,8 @@ def deploy(topology: Topology, policies: Path = POLICIES, health_timeout: float 
     state = {
         "topology": topology.name,
         "kind": topology.kind,
+        # Whether any point decides a hop: a deployment that does not (the baseline) lets every record through.
+        "enforces": plan.enforces,
         "engine": topology.engine["kind"],
         "decision_logs": topology.engine.get("decision_logs", "off"),
         "manifest": str(topology.source),

@@ -113,6 +113,16 @@ class ForwardingListener:
     upstream: Endpoint
 
 
+# What an enforcement point is to the rest of the house, set by the placement that makes it: the
+# Kubernetes rendering, for one, runs each role as its own kind of workload (kubernetes.py).
+ROLES = (
+    "entry",  # on the gateway node, where clients send records: decides (or just forwards) the first hop
+    "central",  # the entry and also the only way from one service to the next (central entity)
+    "sidecar",  # beside one service instance, in its pod: decides the hops out of it
+    "router",  # on a service node, shared by some of its services: decides the hops out of them
+)
+
+
 @dataclass
 class EnforcementPoint:
     name: str
@@ -123,10 +133,20 @@ class EnforcementPoint:
     opa_http: Endpoint  # OPA's REST API: loopback only, read-only (OPA_AUTHZ_POLICY)
     opa_diagnostic: Endpoint  # OPA's --diagnostic-addr: /health?plugins is its health check, /metrics
     concurrency: int = 1
+    role: str = ""  # one of ROLES, which the placement gives (net.point); __post_init__ refuses any other
+    # The points that run as one workload and are reached under one name: a sidecar's group is its
+    # service instance's id (it runs in that pod); routers of one slot on every node share one group
+    # (one DaemonSet); any other point is a group of its own, named as the point.
+    group: str = ""
     deciding: list[DecidingListener] = field(default_factory=list)
     forwarding: list[ForwardingListener] = field(default_factory=list)
     destinations: dict[str, Endpoint] = field(default_factory=dict)  # instance id -> where it is reached
     catalog: dict = field(default_factory=dict)  # the catalog slice it decides with (its OPA loads it indexed: policydata)
+
+    def __post_init__(self):
+        if self.role not in ROLES:
+            raise ValueError(f"enforcement point {self.name}: role {self.role!r} is not one of {list(ROLES)}")
+        self.group = self.group or self.name
 
     @property
     def opa_health_url(self) -> str:
@@ -626,11 +646,6 @@ def write_data(data_dir: Path, document: dict) -> None:
     # The entry's holds the label-token signing key: readable by its owner (OPA's user) only.
     path.touch(mode=0o600)
     path.write_text(json.dumps(document, indent=2, sort_keys=True))
-
-
-# Flags of every point's `opa run --server`, wherever it runs: its REST API asks the rule set's
-# system.authz policy (policies/system/authz) about every request, which refuses writes.
-OPA_SERVER_FLAGS = ["--authorization=basic"]
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import bundles, deployment
+from . import deployment, policyfiles
 
 KINDS = ("kill", "pause", "reload")
 POLICY = "policy"  # the target of a reload
@@ -122,7 +122,7 @@ def _current_pid(state: dict, name: str) -> int | None:
 
 
 def inject(state: dict, fault: Fault, start: float, recovery_timeout: float = 30.0,
-           policies: Path = bundles.POLICIES, out=sys.stdout) -> FaultRecord:
+           policies: Path = policyfiles.POLICIES, out=sys.stdout) -> FaultRecord:
     """Inject one fault now and wait for its target to recover; its record."""
     if fault.kind == "reload":
         from . import reload  # reload imports deployment, as this module does
@@ -174,7 +174,7 @@ def inject(state: dict, fault: Fault, start: float, recovery_timeout: float = 30
     return record
 
 
-def run(state: dict, faults: list[Fault], recovery_timeout: float = 30.0, policies: Path = bundles.POLICIES,
+def run(state: dict, faults: list[Fault], recovery_timeout: float = 30.0, policies: Path = policyfiles.POLICIES,
         log: Path | None = None, stop: threading.Event | None = None, out=sys.stdout) -> list[FaultRecord]:
     """Inject every fault at its time (a fault falls due no earlier than the previous one's
     recovery); one JSON line per fault into `log` as it is recorded. `stop` ends the schedule early."""

@@ -38,19 +38,19 @@ import secrets
 import shutil
 import subprocess
 import sys
+import urllib.parse
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
 
-from . import bundles, enforcement, engines, identity, images, kubetrust, pki, policydata
+from . import bundles, enforcement, engines, identity, images, kubetrust, pki, policydata, policyfiles
 from .enforcement import ROUTE_CONFIGURATION, EnforcementPoint, Endpoint, split_routes
 from .manifest import REPO, Instance, Node, Topology
 from .plan import Plan, place
+from .policyfiles import POLICIES, SYSTEM_POLICIES
 from .reload import ReloadError
 
-POLICIES = REPO / "policies"
-SYSTEM_POLICIES = POLICIES / "system"  # as deployment.SYSTEM_POLICIES: the same for every rule set
 # What k8s-deploy applied, by namespace (Deployed): what `make reload-policy target=k8s` reads.
 DEPLOYED = REPO / "runs" / "k8s" / "deployed"
 KUSTOMIZE = REPO / "bin" / "kustomize"
@@ -149,19 +149,15 @@ class KubernetesNetwork:
     def dns(self, service: str) -> str:
         return f"{service}.{self.namespace}.svc.cluster.local"
 
-    @staticmethod
-    def service_of(point_name: str) -> str:
-        """The Kubernetes Service of a shared point: routers of one slot form one DaemonSet."""
-        router = re.fullmatch(r"router-.+-(\d+)", point_name)
-        return f"router-{router.group(1)}" if router else point_name
-
     def entry(self, point_name: str) -> Endpoint:
         return Endpoint("0.0.0.0", self.ENTRY, self.dns(point_name))
 
-    def point(self, name: str, node: Node, index: int, concurrency: int = 1) -> EnforcementPoint:
+    def point(self, name: str, node: Node, index: int, role: str, group: str = "", concurrency: int = 1) -> EnforcementPoint:
         return EnforcementPoint(
             name=name,
             node=node.name,
+            role=role,
+            group=group,
             # Envoy's admin and OPA's REST API listen on the pod's loopback: no peer reaches
             # them. The kubelet probes the readiness listener and OPA's diagnostic address.
             admin=Endpoint("127.0.0.1", self.ENVOY_ADMIN),
@@ -186,7 +182,8 @@ class KubernetesNetwork:
         return Endpoint("127.0.0.1", self.EGRESS)
 
     def hop(self, point: EnforcementPoint, instance: Instance) -> Endpoint:
-        return Endpoint("0.0.0.0", self.HOPS + instance.index, self.dns(self.service_of(point.name)))
+        # A point is reached by its group's Service: routers of one slot form one DaemonSet.
+        return Endpoint("0.0.0.0", self.HOPS + instance.index, self.dns(point.group))
 
     def bundle_server(self) -> Endpoint:
         return Endpoint("0.0.0.0", self.BUNDLES, self.dns(BUNDLE_SERVER))
@@ -236,21 +233,31 @@ def image_reference(image: str) -> dict:
     return entry
 
 
-def merge_router_sets(points: list[EnforcementPoint]) -> dict[str, EnforcementPoint]:
-    """Routers of one slot run as one DaemonSet, whose pods are alike on every node.
+def component_of(point: EnforcementPoint) -> str:
+    """The `component` label of the pods a point runs in: a sidecar runs in its service's pod, every
+    router in a pod of its group's DaemonSet, any other point in a Deployment of its own."""
+    return {"sidecar": "service", "router": "router"}.get(point.role, point.group)
 
-    A pod therefore carries the listeners and catalog of its slot's routers on all nodes; the
+
+def merge_router_sets(points: list[EnforcementPoint]) -> dict[str, EnforcementPoint]:
+    """The routers of one group run as one DaemonSet, whose pods are alike on every node.
+
+    A pod therefore carries the listeners and catalog of its group's routers on all nodes; the
     node-local Service (internalTrafficPolicy: Local) makes each serve only its node's services.
     """
     sets: dict[str, EnforcementPoint] = {}
     for point in points:
-        name = KubernetesNetwork.service_of(point.name)
-        merged = sets.setdefault(name, replace(point, name=name, node="service", deciding=[], forwarding=[], destinations={}, catalog={}))
+        merged = sets.setdefault(point.group, replace(point, name=point.group, node="service", deciding=[], forwarding=[], destinations={}, catalog={}))
         merged.deciding += point.deciding
         merged.destinations.update(point.destinations)
         instances = {**merged.catalog.get("instances", {}), **point.catalog.get("instances", {})}
         merged.catalog = {"instances": instances, "gateways": {}}
     return sets
+
+
+def _component_selector(components: list[str]) -> list[dict]:
+    """NetworkPolicy peers: the pods of any of `components`."""
+    return [{"podSelector": {"matchExpressions": [{"key": "component", "operator": "In", "values": sorted(components)}]}}]
 
 
 def _probe(path: str, port: int) -> dict:
@@ -349,15 +356,11 @@ class Renderer:
     @staticmethod
     def system_policy_files() -> list[tuple[str, str]]:
         """(ConfigMap key, path under /policy) for the enforcement point's own policies, which OPA
-        loads from disk beside its bundle (deployment.SYSTEM_POLICIES: the REST API's
+        loads from disk beside its bundle (policyfiles.SYSTEM_POLICIES: the REST API's
         authorization, the decision log's mask); their tests are left out. Not the rule set:
         that comes in the point's bundle."""
-        files = []
-        for path in sorted(SYSTEM_POLICIES.rglob("*")):
-            relative = path.relative_to(SYSTEM_POLICIES.parent)
-            if path.is_file() and not path.name.endswith("_test.rego") and path.suffix in (".rego", ".json"):
-                files.append((".".join(relative.parts), str(relative)))
-        return files
+        relative = [path.relative_to(SYSTEM_POLICIES.parent) for path in policyfiles.system_policy_files()]
+        return [(".".join(path.parts), str(path)) for path in relative]
 
     def generate(self, name: str, files: dict[str, str], secret_type: str | None = None) -> None:
         """A ConfigMap of `files`; with `secret_type`, a Secret of that type."""
@@ -465,15 +468,10 @@ class Renderer:
         return {
             "name": "opa",
             "image": OPA_IMAGE,
-            "args": [
-                "run", "--server", f"--addr={point.opa_http.address}:{point.opa_http.port}",
-                f"--diagnostic-addr={point.opa_diagnostic.address}:{point.opa_diagnostic.port}", *enforcement.OPA_SERVER_FLAGS,
-                # Its rule set, index and revision come in its bundle (bundle_source); from disk only
-                # the system policies and, at the entry, the label-token key.
-                "--config-file=/config/opa.yaml",
-                # ConfigMap volumes hold hidden ..data folders; loaded, they would add data twice.
-                "--skip-version-check", "--log-level=error", *policydata.OPA_RUN_FLAGS, "--ignore=.*", "/policy", *token,
-            ],
+            # Its rule set, index and revision come in its bundle (bundle_source); from disk only
+            # the system policies and, at the entry, the label-token key. Their ConfigMap volumes
+            # hold hidden ..data folders; loaded, they would add data twice.
+            "args": policyfiles.server_args(point.opa_http, point.opa_diagnostic, "/config/opa.yaml", ["/policy", *token], ignore=[".*"]),
             "env": [{"name": "GOMAXPROCS", "value": str(point.concurrency)}],
             "ports": [{"name": "opa-diagnostic", "containerPort": self.net.OPA_DIAGNOSTIC}],
             "readinessProbe": _probe("/health?plugins", self.net.OPA_DIAGNOSTIC),
@@ -570,7 +568,7 @@ class Renderer:
 
     def service_instance(self, process, sidecar: EnforcementPoint | None) -> None:
         instance = process.instance
-        env = process.environment(self.topology.engine, f"{AUDIT_DIR}/{instance.id}.jsonl")
+        env = process.environment(self.topology.workload, f"{AUDIT_DIR}/{instance.id}.jsonl")
         mounts = [{"name": "audit", "mountPath": AUDIT_DIR}]
         volumes = [{"name": "audit", "emptyDir": {}}]
         if self.trust:
@@ -637,27 +635,66 @@ class Renderer:
         self.objects.append(self.workload("Deployment", BUNDLE_SERVER, BUNDLE_SERVER, pod))
         self.objects.append(self.service_object(BUNDLE_SERVER, BUNDLE_SERVER, [endpoint.port]))
 
-    def shared_point(self, point: EnforcementPoint, component: str) -> None:
-        """The entry, the central entity or the baseline gateway: a Deployment on the gateway node."""
+    def shared_point(self, point: EnforcementPoint) -> None:
+        """The entry (a deciding one, or the baseline's plain gateway) or the central entity: a
+        Deployment on the gateway node."""
+        component = component_of(point)
         pod = self.pod_spec({NODE_LABEL: self.topology.gateway.name}, self.point_containers(point), self.point_volumes(point))
         self.objects.append(self.workload("Deployment", point.name, component, pod))
         self.objects.append(self.service_object(point.name, component, [l.endpoint.port for l in [*point.deciding, *point.forwarding]]))
 
     def router_set(self, point: EnforcementPoint) -> None:
         pod = self.pod_spec({ROLE_LABEL: "service"}, self.point_containers(point), self.point_volumes(point))
-        self.objects.append(self.workload("DaemonSet", point.name, "router", pod))
-        self.objects.append(self.service_object(point.name, "router", [l.endpoint.port for l in point.deciding], node_local=True))
+        self.objects.append(self.workload("DaemonSet", point.name, component_of(point), pod))
+        self.objects.append(self.service_object(point.name, component_of(point), [l.endpoint.port for l in point.deciding], node_local=True))
 
     # ---- network policies
-    def network_policy(self, name: str, component: str, ingress_from: list[str] | None, ingress_ports: list[dict], egress_to: list[str], egress_ports: list[dict]) -> dict:
-        """Pods of `component` accept traffic only from `ingress_from` components (None: anyone)
-        on `ingress_ports`, and send only to `egress_to` components on `egress_ports`, and DNS."""
-        peers = lambda components: [{"podSelector": {"matchExpressions": [{"key": "component", "operator": "In", "values": components}]}}]
-        ingress_rule = {"ports": ingress_ports}
-        if ingress_from is not None:
-            ingress_rule["from"] = peers(ingress_from)
+    def edges(self) -> list[tuple[str | None, str, int]]:
+        """Who sends records to whom, read off the plan as its pods run it: (sending component,
+        receiving component, port). Clients (None) send to the entry; a point sends to its
+        destinations and the upstreams of its forwarding listeners; a service sends on to its
+        egress. What a part reaches on its own pod's loopback (a service and its sidecar) crosses
+        no network policy and is left out."""
+        receivers = {self.net.dns(o["metadata"]["name"]): o["metadata"]["labels"]["component"] for o in self.objects if o["kind"] == "Service"}
+        found = [(None, receivers[self.plan.entry.reach], self.plan.entry.port)]
+        for point in self.points:
+            for endpoint in [*point.destinations.values(), *(f.upstream for f in point.forwarding)]:
+                if endpoint.reach in receivers:
+                    found.append((component_of(point), receivers[endpoint.reach], endpoint.port))
+        for process in self.plan.services:
+            egress = urllib.parse.urlsplit(process.egress_url or "")
+            if egress.hostname in receivers:
+                found.append(("service", receivers[egress.hostname], egress.port))
+        return found
+
+    def port_rule(self, port: int) -> dict:
+        """A port as a NetworkPolicy names it: the shared points' hop listeners (one per sending
+        instance) as their whole block, so that a policy does not grow with the services."""
+        if self.net.HOPS <= port < self.net.HOPS + 1000:
+            return {"protocol": "TCP", "port": self.net.HOPS, "endPort": self.net.HOPS + 999}
+        return {"protocol": "TCP", "port": port}
+
+    def rules(self, peers_by_port: list[tuple[str | None, int]], side: str) -> list[dict]:
+        """NetworkPolicy rules admitting each (peer component, port): the ports that admit the same
+        peers share a rule; a peer None (clients) admits anyone, so its rule names no peer. `side`:
+        "from" (ingress) or "to" (egress)."""
+        peers: dict[str, set] = {}
+        rule_of: dict[str, dict] = {}
+        for peer, port in peers_by_port:
+            rule = self.port_rule(port)
+            key = _compact(rule)
+            rule_of[key] = rule
+            peers.setdefault(key, set()).add(peer)
+        by_peers: dict[tuple, list[dict]] = {}
+        for key, admitted in peers.items():
+            by_peers.setdefault(tuple(sorted(admitted, key=str)), []).append(rule_of[key])
+        return [{"ports": ports, **({} if None in admitted else {side: _component_selector(list(admitted))})}
+                for admitted, ports in by_peers.items()]
+
+    def network_policy(self, name: str, component: str, ingress: list[dict], egress: list[dict]) -> dict:
+        """Pods of `component` accept only what the `ingress` rules admit, and send only where the
+        `egress` rules and DNS let them."""
         dns = {"to": [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}], "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]}
-        egress = [dns] + ([{"to": peers(egress_to), "ports": egress_ports}] if egress_to else [])
         return {
             "apiVersion": "networking.k8s.io/v1",
             "kind": "NetworkPolicy",
@@ -665,53 +702,43 @@ class Renderer:
             "spec": {
                 "podSelector": {"matchLabels": {"component": component}},
                 "policyTypes": ["Ingress", "Egress"],
-                "ingress": [ingress_rule],
-                "egress": egress,
+                "ingress": ingress,
+                "egress": [dns, *egress],
             },
         }
 
     def network_policies(self) -> None:
-        net, kind = self.net, self.topology.kind
-        port = lambda p: {"protocol": "TCP", "port": p}
-        hops = {"protocol": "TCP", "port": net.HOPS, "endPort": net.HOPS + 999}
-        # No peer reaches Envoy's admin or OPA's REST API (both on the pod's loopback), nor the
-        # readiness listener or OPA's diagnostic address: the kubelet's probes need no rule,
-        # since a NetworkPolicy always allows traffic from the node a pod runs on.
-        entry_component = {"sidecar": "entry", "dynamic-router": "entry", "central-entity": "central-entity", "baseline": "gateway"}[kind]
-        service_port = net.INGRESS if kind == "sidecar" else net.SERVICE
-        # Who may hand a record to a service, and where a service may send one on.
-        senders, service_sends_to, service_egress = {
-            "sidecar": (["entry", "service"], ["service"], [port(net.INGRESS)]),
-            "central-entity": (["central-entity"], ["central-entity"], [hops]),
-            "dynamic-router": (["entry", "router"], ["router"], [hops]),
-            "baseline": (["gateway", "service"], ["service"], [port(net.SERVICE)]),
-        }[kind]
-        self.objects.append(self.network_policy("services", "service", senders, [port(service_port)], service_sends_to, service_egress))
-        entry_ports = [port(net.ENTRY)]
-        if kind == "central-entity":
-            # Clients reach the entry port; the hop ports are for the services only.
-            policy = self.network_policy(entry_component, entry_component, None, entry_ports, ["service"], [port(net.SERVICE)])
-            policy["spec"]["ingress"].append({"from": [{"podSelector": {"matchLabels": {"component": "service"}}}], "ports": [hops]})
-        else:
-            policy = self.network_policy(entry_component, entry_component, None, entry_ports, ["service"], [port(service_port)])
-        self.objects.append(policy)
-        if kind == "dynamic-router":
-            self.objects.append(self.network_policy("routers", "router", ["service"], [hops], ["service"], [port(net.SERVICE)]))
+        """One policy per component, from the plan's edges: its pods accept records only from the
+        components that send to them, on the ports they are sent to, and send only along their own
+        edges. No peer reaches Envoy's admin or OPA's REST API (both on the pod's loopback), nor the
+        readiness listener or OPA's diagnostic address: the kubelet's probes need no rule, since a
+        NetworkPolicy always allows traffic from the node a pod runs on."""
+        edges = self.edges()
+        for component in dict.fromkeys(["service", *(component_of(p) for p in self.points)]):
+            # The services' and the routers' pods are those of several workloads: a plural name.
+            name = {"service": "services", "router": "routers"}.get(component, component)
+            ingress = self.rules([(sender, port) for sender, receiver, port in edges if receiver == component], "from")
+            egress = self.rules([(receiver, port) for sender, receiver, port in edges if sender == component], "to")
+            self.objects.append(self.network_policy(name, component, ingress, egress))
         # Only the pods that run an OPA reach the bundle server, and it reaches nobody (but DNS).
         with_opa = sorted({w["spec"]["template"]["metadata"]["labels"]["component"] for w in self.objects
                            if w["kind"] in ("Deployment", "DaemonSet") and any(c["name"] == "opa" for c in containers_of(w))})
         if with_opa:
-            to_bundles = {"to": [{"podSelector": {"matchLabels": {"component": BUNDLE_SERVER}}}], "ports": [port(net.BUNDLES)]}
+            bundles_port = [{"protocol": "TCP", "port": self.net.BUNDLES}]
+            to_bundles = {"to": [{"podSelector": {"matchLabels": {"component": BUNDLE_SERVER}}}], "ports": bundles_port}
             for policy in [o for o in self.objects if o["kind"] == "NetworkPolicy"]:
                 if policy["spec"]["podSelector"]["matchLabels"]["component"] in with_opa:
                     policy["spec"]["egress"].append(to_bundles)
-            self.objects.append(self.network_policy(BUNDLE_SERVER, BUNDLE_SERVER, with_opa, [port(net.BUNDLES)], [], []))
+            self.objects.append(self.network_policy(BUNDLE_SERVER, BUNDLE_SERVER, [{"ports": bundles_port, "from": _component_selector(with_opa)}], []))
 
     # ---- all of it
     def render(self) -> None:
-        sidecars = {p.name.removeprefix("sidecar-"): p for p in self.plan.points if p.name.startswith("sidecar-")}
-        shared = [p for p in self.plan.points if p.name in ("entry", "central-entity", "gateway")]
-        routers = list(merge_router_sets([p for p in self.plan.points if p.name.startswith("router-")]).values())
+        # Each role its own kind of workload: a sidecar in its service's pod (its group names the
+        # instance), the entry or central entity a Deployment on the gateway node, the routers of a
+        # group one DaemonSet on the service nodes.
+        sidecars = {p.group: p for p in self.plan.points if p.role == "sidecar"}
+        shared = [p for p in self.plan.points if p.role in ("entry", "central")]
+        routers = list(merge_router_sets([p for p in self.plan.points if p.role == "router"]).values())
         # The points as their pods run them (a router DaemonSet carries its slot's routers of all nodes).
         points = [*sidecars.values(), *shared, *routers]
         # A new CA for every render: who admits whom is read off the plan (kubetrust.py).
@@ -727,7 +754,7 @@ class Renderer:
         for process in self.plan.services:
             self.service_instance(process, sidecars.get(process.instance.id))
         for point in shared:
-            self.shared_point(point, point.name)
+            self.shared_point(point)
         for router in routers:
             self.router_set(router)
         self.network_policies()
@@ -1059,11 +1086,7 @@ def reload_policy(topology: Topology, policies: Path = POLICIES, out=sys.stdout)
 
 def _opa_components(deployed: Deployed) -> list[str]:
     """The components whose pods run an OPA (their workloads' `component` label)."""
-    components = set()
-    for point in deployed.points:
-        if point.deciding:
-            components.add("service" if point.name.startswith("sidecar-") else "router" if point.name.startswith("router-") else point.name)
-    return sorted(components)
+    return sorted({component_of(point) for point in deployed.points if point.deciding})
 
 
 def delete() -> int:

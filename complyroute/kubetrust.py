@@ -37,11 +37,6 @@ LOOPBACK = "127.0.0.1"
 POD_LOOPBACK = ".pod-loopback"  # a loopback address as the trust sees it: "<pod>.pod-loopback"
 
 
-def pod_of(part: str) -> str:
-    """The workload a part runs in: a sidecar in its service's pod, every other point in its own."""
-    return part.removeprefix("sidecar-")
-
-
 def _in_pod(endpoint: Endpoint, pod: str) -> Endpoint:
     return replace(endpoint, host=pod + POD_LOOPBACK) if endpoint.reach == LOOPBACK else endpoint
 
@@ -55,7 +50,7 @@ def _url_in_pod(url: str | None, pod: str) -> str | None:
 
 
 def _point_in_pod(point: EnforcementPoint) -> EnforcementPoint:
-    pod = pod_of(point.name)
+    pod = point.group  # the workload it runs in: a sidecar in its service's pod, every other point in its own
     return replace(
         point,
         deciding=[replace(listener, endpoint=_in_pod(listener.endpoint, pod)) for listener in point.deciding],

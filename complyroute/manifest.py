@@ -6,6 +6,7 @@ their placement. Validation happens before anything starts and names the field a
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,11 +15,11 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 REFERENCE_DATA = REPO / "policies" / "complyroute" / "reference" / "data.json"
+MANIFESTS = REPO / "topologies"  # the topologies every tool lists (not its examples/)
+PLACEMENT = "placement.py"  # what makes a folder a topology's: `place(topology, net) -> Plan`
 
-TOPOLOGIES = ("sidecar", "central-entity", "dynamic-router", "baseline")
 ENGINES = ("envoy-opa", "envoy-compiled")  # modules in complyroute/engines/
 DECISION_LOGS = ("off", "file")
-ALIASES = {"sa": "sidecar", "ce": "central-entity", "dr3": "dynamic-router-3", "dr6": "dynamic-router-6"}
 
 # Default purposes of generated instances, cycled; the default record consents to all of them.
 GENERATED_PURPOSES = ("billing", "analytics", "care")
@@ -62,15 +63,17 @@ class Instance:
 @dataclass
 class Topology:
     name: str
-    kind: str
+    kind: str  # the name of its topology folder
     source: Path
+    folder: Path  # the topology folder, which holds its placement
     gateway: Node
     service_nodes: list[Node]
     gateway_region: str
     instances: list[Instance]
     steps: list[str]  # in chain order
     routers_per_node: int = 1
-    engine: dict = field(default_factory=dict)
+    engine: dict = field(default_factory=dict)  # how its points enforce (engines/, enforcement.py)
+    workload: dict = field(default_factory=dict)  # what its services do with a record: work_iterations
     # mtls: every hop between parts is mutual TLS with the deployment's own CA; label_tokens:
     # the entry signs each record's labels and later points decide on the token (identity.py).
     security: dict = field(default_factory=lambda: dict(SECURITY_DEFAULTS))
@@ -83,17 +86,68 @@ class Topology:
         return self.steps[position + 1] if position + 1 < len(self.steps) else None
 
 
+@dataclass(frozen=True)
+class Listed:
+    """A manifest in MANIFESTS as the tools list it: the names it goes by."""
+
+    name: str  # its file name
+    aliases: tuple[str, ...]  # short names (`aliases: [sa]`)
+    paper_name: str | None  # what the paper, and the experiments' report, call it (`paper: {name: SA, order: 4}`)
+    paper_order: int | None  # its place in the experiments: the paper's Table I, the reference last
+
+
+@functools.cache
+def listed() -> tuple[Listed, ...]:
+    """Every manifest in MANIFESTS, by file name."""
+    found = []
+    for path in sorted(MANIFESTS.glob("*.yaml")):
+        raw = read(path)
+        aliases, paper = raw.get("aliases", []), raw.get("paper", {})
+        if not isinstance(aliases, list) or not all(isinstance(a, str) and a for a in aliases):
+            raise ManifestError(f"{path}: field 'aliases': must be a list of short names, such as [sa]")
+        if not isinstance(paper, dict) or set(paper) - {"name", "order"} or not isinstance(paper.get("order", 0), int):
+            raise ManifestError(f"{path}: field 'paper': must be {{name: <its name in the paper>, order: <a whole number>}}")
+        found.append(Listed(path.stem, tuple(aliases), paper.get("name"), paper.get("order")))
+    return tuple(found)
+
+
+def aliases() -> dict[str, str]:
+    """Every alias, and the manifest name it stands for; an alias two manifests claim is refused."""
+    found: dict[str, str] = {}
+    for entry in listed():
+        for alias in entry.aliases:
+            if found.setdefault(alias, entry.name) != entry.name:
+                raise ManifestError(f"alias '{alias}' is claimed by both {found[alias]}.yaml and {entry.name}.yaml in {MANIFESTS}")
+    return found
+
+
+def paper_topologies() -> list[str]:
+    """The manifests the experiments run, in the paper's order (`paper.order`)."""
+    return [entry.name for entry in sorted((e for e in listed() if e.paper_order is not None), key=lambda e: e.paper_order)]
+
+
+def paper_names() -> dict[str, str]:
+    """What the paper calls each manifest that names it (CE, DR_3, ...)."""
+    return {entry.name: entry.paper_name for entry in listed() if entry.paper_name}
+
+
 def resolve(name_or_path: str) -> Path:
     """Find a manifest by path, by name in topologies/, or by alias."""
     candidate = Path(name_or_path)
     if candidate.suffix in (".yaml", ".yml") and candidate.exists():
         return candidate
-    name = ALIASES.get(name_or_path, name_or_path)
-    path = REPO / "topologies" / f"{name}.yaml"
+    known_aliases = aliases()
+    name = known_aliases.get(name_or_path, name_or_path)
+    path = MANIFESTS / f"{name}.yaml"
     if not path.exists():
-        known = sorted(p.stem for p in (REPO / "topologies").glob("*.yaml"))
-        raise ManifestError(f"topology '{name_or_path}' is unknown: use one of {known}, an alias {sorted(ALIASES)}, or a path to a manifest")
+        known = [entry.name for entry in listed()]
+        raise ManifestError(f"topology '{name_or_path}' is unknown: use one of {known}, an alias {sorted(known_aliases)}, or a path to a manifest")
     return path
+
+
+def topology_folders() -> list[str]:
+    """The topology folders of this repository: those at its root that hold a placement."""
+    return sorted(path.parent.name for path in REPO.glob(f"*/{PLACEMENT}"))
 
 
 def known_regions() -> set[str]:
@@ -140,9 +194,13 @@ def expand(raw: dict, source: Path, services: int | list | None = None) -> Topol
     def fail(field_name: str, problem: str) -> ManifestError:
         return ManifestError(f"{source}: field '{field_name}': {problem}")
 
+    # A topology folder of this repository by name, or any folder by its path from the manifest.
     kind = raw.get("topology")
-    if kind not in TOPOLOGIES:
-        raise fail("topology", f"'{kind}' is not one of {list(TOPOLOGIES)}")
+    if not isinstance(kind, str) or not kind:
+        raise fail("topology", f"is required: one of {topology_folders()}, or the path of a topology folder")
+    folder = (source.parent / kind).resolve() if "/" in kind else REPO / kind
+    if not (folder / PLACEMENT).is_file():
+        raise fail("topology", f"'{kind}' is not one of {topology_folders()}, nor the path of a folder with a {PLACEMENT}")
 
     nodes = raw.get("nodes", {})
     service_node_count = nodes.get("service", 3)
@@ -162,6 +220,15 @@ def expand(raw: dict, source: Path, services: int | list | None = None) -> Topol
     # no record body, no label token), which `python -m complyroute trace` reads.
     if engine.setdefault("decision_logs", "off") not in DECISION_LOGS:
         raise fail("engine.decision_logs", f"'{engine['decision_logs']}' is not one of {list(DECISION_LOGS)}")
+
+    if "work_iterations" in engine:
+        raise fail("engine.work_iterations", "is a setting of the services, not of enforcement: write it as workload.work_iterations")
+    workload = dict(raw.get("workload") or {})
+    for setting, value in workload.items():
+        if setting != "work_iterations":
+            raise fail(f"workload.{setting}", "is not a setting; the one setting is work_iterations")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise fail("workload.work_iterations", f"must be a whole number >= 0, got {value!r}")
 
     security = {**SECURITY_DEFAULTS, **(raw.get("security") or {})}
     for setting, value in security.items():
@@ -250,8 +317,9 @@ def expand(raw: dict, source: Path, services: int | list | None = None) -> Topol
 
     return Topology(
         name=raw.get("name", source.stem),
-        kind=kind,
+        kind=folder.name,
         source=source,
+        folder=folder,
         gateway=gateway,
         service_nodes=service_nodes,
         gateway_region=gateway_region,
@@ -259,5 +327,6 @@ def expand(raw: dict, source: Path, services: int | list | None = None) -> Topol
         steps=steps,
         routers_per_node=routers_per_node,
         engine=engine,
+        workload=workload,
         security=security,
     )

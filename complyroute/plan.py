@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .enforcement import DecidingListener, EnforcementPoint, Endpoint
-from .manifest import REPO, Instance, Node, Topology
+from .manifest import PLACEMENT, Instance, Node, Topology
 
 GATEWAY_SENDER = "gateway"
 
@@ -31,10 +31,12 @@ class LocalNetwork:
     def entry(self, point_name: str) -> Endpoint:
         return Endpoint("127.0.0.1", 8080)
 
-    def point(self, name: str, node: Node, index: int, concurrency: int = 1) -> EnforcementPoint:
+    def point(self, name: str, node: Node, index: int, role: str, group: str = "", concurrency: int = 1) -> EnforcementPoint:
         return EnforcementPoint(
             name=name,
             node=node.name,
+            role=role,
+            group=group,
             # Every address is the node's loopback one: admin interfaces are reached from this
             # machine only.
             admin=Endpoint(node.address, self.ENVOY_ADMIN + index),
@@ -66,15 +68,6 @@ class LocalNetwork:
         return Endpoint(gateway.address, self.BUNDLE_SERVER)
 
 
-# Where each topology's placement lives.
-TOPOLOGY_FOLDERS = {
-    "sidecar": "sidecar",
-    "central-entity": "central-entity",
-    "dynamic-router": "dynamic-router",
-    "baseline": "baseline",
-}
-
-
 @dataclass(frozen=True)
 class ServiceProcess:
     instance: Instance
@@ -86,7 +79,7 @@ class ServiceProcess:
     def health_url(self) -> str:
         return f"{self.endpoint.url}/health"
 
-    def environment(self, engine: dict, audit_log: str) -> dict[str, str]:
+    def environment(self, workload: dict, audit_log: str) -> dict[str, str]:
         """The service's configuration (services/config.js reads it), for any way of running it."""
         instance = self.instance
         return {
@@ -102,7 +95,7 @@ class ServiceProcess:
             "PORT": str(self.endpoint.port),
             "AUDIT_LOG": audit_log,
             # Unset in the manifest: the service's own default (services/config.js), defined there only.
-            **({"WORK_ITERATIONS": str(engine["work_iterations"])} if "work_iterations" in engine else {}),
+            **({"WORK_ITERATIONS": str(workload["work_iterations"])} if "work_iterations" in workload else {}),
         }
 
 
@@ -113,6 +106,11 @@ class Plan:
     points: list[EnforcementPoint]
     services: list[ServiceProcess]
 
+    @property
+    def enforces(self) -> bool:
+        """Whether any point decides a hop; one that decides none (the baseline) lets every record through."""
+        return any(point.deciding for point in self.points)
+
 
 def catalog(topology: Topology, instances: list[Instance], gateway: bool = False) -> dict:
     """The slice of the service catalog one enforcement point holds."""
@@ -122,13 +120,14 @@ def catalog(topology: Topology, instances: list[Instance], gateway: bool = False
     return data
 
 
-def deciding_entry(topology: Topology, net, name: str, reach: Callable[[Instance], Endpoint]) -> EnforcementPoint:
+def deciding_entry(topology: Topology, net, name: str, reach: Callable[[Instance], Endpoint], role: str = "entry") -> EnforcementPoint:
     """The enforcement point on the gateway node that decides the first hop of every record.
 
-    `reach` says where an instance of the first step receives records in this topology.
+    `reach` says where an instance of the first step receives records in this topology; `role`
+    is "central" where this point decides every later hop too.
     """
     first = topology.steps[0]
-    entry = net.point(name, topology.gateway, 0, concurrency=int(topology.engine.get("gateway_concurrency", 2)))
+    entry = net.point(name, topology.gateway, 0, role, concurrency=int(topology.engine.get("gateway_concurrency", 2)))
     entry.deciding.append(DecidingListener("entry", net.entry(name), sender=GATEWAY_SENDER, step=first, from_client=True))
     entry.destinations = {i.id: reach(i) for i in topology.instances_of(first)}
     entry.catalog = catalog(topology, topology.instances_of(first), gateway=True)
@@ -137,7 +136,7 @@ def deciding_entry(topology: Topology, net, name: str, reach: Callable[[Instance
 
 def place(topology: Topology, net=None) -> Plan:
     """Run the placement of the manifest's topology (the topology folder's placement.py)."""
-    path = REPO / TOPOLOGY_FOLDERS[topology.kind] / "placement.py"
+    path = topology.folder / PLACEMENT
     spec = importlib.util.spec_from_file_location(f"complyroute_placement_{topology.kind}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

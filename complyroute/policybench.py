@@ -29,16 +29,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import manifest, policydata
+from . import manifest, policydata, policyfiles
 from .enforcement import POLICY_QUERY, write_data
 from .manifest import GENERATED_PURPOSES, REPO
 from .plan import place
-
-OPA = REPO / "bin" / "opa"
+from .policyfiles import OPA
 QUERY = "data." + POLICY_QUERY.replace("/", ".")
-TOPOLOGIES = ["sidecar", "dynamic-router-3", "dynamic-router-6", "central-entity"]
 SIZES = [5, 50]
 BASELINE_COMMIT = "d2d81e4"  # the rule set before the lean OPA path
+
+
+def deciding_topologies() -> list[str]:
+    """The experiments' topologies (manifest.paper_topologies) whose points decide hops."""
+    return [name for name in manifest.paper_topologies() if place(manifest.load(name)).enforces]
 
 
 def envoy_input(sender: str, step: str, consent: list[str]) -> dict:
@@ -90,7 +93,7 @@ class BaselineUnavailable(RuntimeError):
 
 
 def current() -> RuleSet:
-    return RuleSet("current", policydata.POLICIES, "index", policydata.opa_data, policydata.OPA_RUN_FLAGS)
+    return RuleSet("current", policyfiles.POLICIES, "index", policydata.opa_data, list(policyfiles.RUN_FLAGS))
 
 
 def baseline(scratch: Path) -> RuleSet:
@@ -113,7 +116,7 @@ def opa(*args: str, env: dict | None = None, cpus: set[int] | None = None) -> st
 
 
 def loading(rule_set: RuleSet, data_dir: Path) -> list[str]:
-    return ["--data", str(rule_set.policies), *policydata.RULE_SET_IGNORES, "--data", str(data_dir)]
+    return ["--data", str(rule_set.policies), *policyfiles.ignore_flags(), "--data", str(data_dir)]
 
 
 def decisions(rule_set: RuleSet, asked: dict[str, tuple[dict, dict]], scratch: Path) -> dict[str, dict]:
@@ -179,7 +182,7 @@ def compare(rule_sets: list[RuleSet] | None = None, out=None) -> list[dict]:
         scratch = Path(scratch_name)
         if rule_sets is None:
             rule_sets = [baseline(scratch), current()]
-        every_case = {f"{t}-{n}": (t, n, *cases(t, n)) for t in TOPOLOGIES for n in SIZES}
+        every_case = {f"{t}-{n}": (t, n, *cases(t, n)) for t in deciding_topologies() for n in SIZES}
         catalogs = {case: point.catalog for case, (_, _, point, _, _) in every_case.items()}
         requests = {f"{case} {record}": request for case, (*_, allowed, denied) in every_case.items()
                     for record, request in (("allowed", allowed), ("denied", denied))}
@@ -235,7 +238,7 @@ def run() -> int:
     except BaselineUnavailable as error:
         print(f"policy-bench: {error}; this rule set alone, no comparison")
         with tempfile.TemporaryDirectory() as scratch_name:
-            for topology_name in TOPOLOGIES:
+            for topology_name in deciding_topologies():
                 for services in SIZES:
                     point, allowed, denied = cases(topology_name, services)
                     for record, request in (("allowed", allowed), ("denied", denied)):

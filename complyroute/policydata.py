@@ -13,16 +13,9 @@ import json
 import subprocess
 from pathlib import Path
 
-from .manifest import REPO
+from .policyfiles import OPA, POLICIES, ignore_flags
 
-OPA = REPO / "bin" / "opa"
-POLICIES = REPO / "policies"
 QUERY = "data.complyroute.indexing.documents"
-# A point's OPA reads its index on every decision and never writes it: held as OPA's own
-# values rather than as JSON, a decision's lookups convert nothing.
-OPA_RUN_FLAGS = ["--optimize-store-for-read-speed"]
-# What of policies/ is not the rule set: the tests beside each module and the example inputs.
-RULE_SET_IGNORES = ["--ignore", "*_test.rego", "--ignore", "examples"]
 
 
 class PolicyDataError(RuntimeError):
@@ -32,7 +25,7 @@ class PolicyDataError(RuntimeError):
 def evaluate(query: str, input_document: dict, policies: Path = POLICIES, modules: tuple[Path, ...] = ()) -> object:
     """The value of `query` over the rule set (plus `modules`, queries kept beside their Python)
     for `input_document`, in one `opa eval`; None when the query is undefined."""
-    command = [str(OPA), "eval", "--format", "json", "--data", str(policies), *RULE_SET_IGNORES]
+    command = [str(OPA), "eval", "--format", "json", "--data", str(policies), *ignore_flags()]
     for module in modules:
         command += ["--data", str(module)]
     result = subprocess.run(command + ["--stdin-input", query], input=json.dumps(input_document), capture_output=True, text=True)

@@ -27,7 +27,7 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from . import manifest, policydata
+from . import manifest, policydata, policyfiles
 from .engines import EngineError, envoy_compiled, envoy_opa
 from .manifest import REPO
 from .plan import place
@@ -256,7 +256,7 @@ def report(result: dict, base: str, policies: str = "policies/", out=sys.stdout)
               f"({count} labelling{'s' * (count != 1)}): {move(change['before'], change['after'])}", file=out)
 
 
-def main(base: str, topology_name: str = WALKTHROUGH, services: str | None = None, policies: Path = policydata.POLICIES,
+def main(base: str, topology_name: str = WALKTHROUGH, services: str | None = None, policies: Path = policyfiles.POLICIES,
          as_json: bool = False, out=None) -> int:
     out = out or sys.stdout
     if not (policies / "complyroute").is_dir():
@@ -267,6 +267,6 @@ def main(base: str, topology_name: str = WALKTHROUGH, services: str | None = Non
     if as_json:
         print(json.dumps({"base": base, "policies": str(policies), "topology": topology.name, **result}, indent=1), file=out)
     else:
-        shown = "policies/" if policies.resolve() == policydata.POLICIES.resolve() else str(policies)
+        shown = "policies/" if policies.resolve() == policyfiles.POLICIES.resolve() else str(policies)
         report(result, base, shown, out)
     return 0

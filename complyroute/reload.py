@@ -30,7 +30,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from . import bundles, deployment, engines, policydata
+from . import bundles, deployment, engines, policydata, policyfiles
 from .enforcement import EnforcementPoint
 
 POLL_INTERVAL = 0.05  # between rounds of asking the points still on the old revision
@@ -78,7 +78,7 @@ def load_rendered(state: dict) -> deployment.Rendered:
     return pickle.loads(path.read_bytes())
 
 
-def reload_policy(policies: Path = bundles.POLICIES, out=sys.stdout, timeout: float = 120.0) -> dict:
+def reload_policy(policies: Path = policyfiles.POLICIES, out=sys.stdout, timeout: float = 120.0) -> dict:
     """Apply the rule set in `policies` to the current deployment; returns once every
     enforcement point decides with its revision:
     {"revision", "seconds" (from the call until the last point switched), "points": {point: seconds}}."""
@@ -137,7 +137,7 @@ def reload_policy(policies: Path = bundles.POLICIES, out=sys.stdout, timeout: fl
     return result
 
 
-def watch(policies: Path = bundles.POLICIES, interval: float = 0.5, out=sys.stdout, stop: threading.Event | None = None) -> None:
+def watch(policies: Path = policyfiles.POLICIES, interval: float = 0.5, out=sys.stdout, stop: threading.Event | None = None) -> None:
     """Reload whenever the rule set's files change (until interrupted, or `stop` is set); a rule
     set that cannot be applied is reported and the deployment keeps the one it has."""
     def content() -> str | None:

@@ -14,10 +14,6 @@ from complyroute.enforcement import DecidingListener
 from complyroute.plan import Plan, ServiceProcess, catalog, deciding_entry
 
 
-def router_name(node, slot: int) -> str:
-    return f"router-{node.name}-{slot + 1}"
-
-
 def place(topology, net) -> Plan:
     points = [deciding_entry(topology, net, "entry", reach=net.service)]
     services = []
@@ -26,7 +22,8 @@ def place(topology, net) -> Plan:
         on_node = [i for i in topology.instances if i.node == node]
         for slot in range(topology.routers_per_node):
             router_index += 1
-            router = net.point(router_name(node, slot), node, router_index)
+            # The routers of one slot on every node form a group: on Kubernetes one DaemonSet.
+            router = net.point(f"router-{node.name}-{slot + 1}", node, router_index, "router", group=f"router-{slot + 1}")
             owned = on_node[slot :: topology.routers_per_node]
             known = list(owned)
             for instance in owned:

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from complyroute import manifest
 from complyroute.kubernetes import ONE_NODE_ROLE, ROLE_LABEL
 
 from . import matrix, targets
@@ -197,7 +198,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m experiments") -> 
     run = commands.add_parser("run", help="run the matrix (or resume a run), then write its report",
                               description="Every matrix parameter defaults to the profile's (paper unless --profile quick).")
     run.add_argument("--profile", choices=sorted(matrix.PROFILES), help="preset parameters (default paper)")
-    run.add_argument("--topologies", nargs="+", metavar="NAME", help=f"names or aliases (ce dr3 dr6 sa); default {' '.join(matrix.TOPOLOGIES)}")
+    run.add_argument("--topologies", nargs="+", metavar="NAME", help=f"names or aliases ({' '.join(manifest.aliases())}); default {' '.join(matrix.TOPOLOGIES)}")
     run.add_argument("--engines", nargs="+", metavar="ENGINE",
                      help=f"how the enforcing topologies decide, each run under every one given (default both: {' '.join(matrix.ENGINES)})")
     run.add_argument("--rates", nargs="+", type=int, metavar="REQ_PER_S", help="offered rates (default 100 500 1000)")
@@ -259,7 +260,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m experiments") -> 
     changes.set_defaults(handler=cmd_reload)
 
     soak = commands.add_parser("soak", help="a held rate through each topology while parts are killed, paused and the rules reloaded")
-    soak.add_argument("--topologies", nargs="+", metavar="NAME", help="default: central-entity dynamic-router-3 dynamic-router-6 sidecar")
+    soak.add_argument("--topologies", nargs="+", metavar="NAME", help=f"default: {' '.join(matrix.ENFORCING)}")
     soak.add_argument("--engine", choices=["envoy-opa", "envoy-compiled"], help="default envoy-opa")
     soak.add_argument("--services", type=int, help="chain length (default 5)")
     soak.add_argument("--rate", type=int, metavar="REQ_PER_S", help="offered rate (default 50)")
@@ -284,7 +285,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m experiments") -> 
                                                "when it achieved >= 95% of the offered rate, errors + missed sends <= 1% and p99 RTT <= "
                                                "--p99-bound-ms. Writes <results>/<run-id>/raw/steps.csv and report/capacity.md, .html.")
     capacity.add_argument("--topologies", nargs="+", metavar="NAME",
-                          help="names or aliases (ce dr3 dr6 sa); default central-entity dynamic-router-3 dynamic-router-6 sidecar; "
+                          help=f"names or aliases ({' '.join(manifest.aliases())}); default {' '.join(matrix.ENFORCING)}; "
                                "the baseline is always searched")
     capacity.add_argument("--engines", nargs="+", metavar="ENGINE", help=f"engines of the enforcing topologies (default both: {' '.join(matrix.ENGINES)})")
     capacity.add_argument("--services", nargs="+", type=int, metavar="N", help="chain lengths (default 5 10)")

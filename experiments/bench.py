@@ -73,7 +73,7 @@ from pathlib import Path
 
 import psutil
 
-from complyroute import bundles, deployment, enforcement, engines, identity, manifest, pki, policybench
+from complyroute import bundles, deployment, enforcement, engines, identity, manifest, pki, policybench, policyfiles
 from complyroute.enforcement import DIGEST_HEADER, LABEL_TOKEN_HEADER, TOKEN_ISSUER, DecidingListener, EnforcementPoint, Endpoint, ForwardingListener, write_data
 from complyroute.manifest import REPO
 from complyroute.plan import place
@@ -212,12 +212,13 @@ class Bench:
         )
 
     def enforcement_point(self, name: str) -> EnforcementPoint:
+        # A point that stands alone between a sender and a sink, as a router does between services.
         return EnforcementPoint(name, "bench", admin=self.endpoint(), ready=self.endpoint(), opa_grpc=self.endpoint(),
-                                opa_http=self.endpoint(), opa_diagnostic=self.endpoint())
+                                opa_http=self.endpoint(), opa_diagnostic=self.endpoint(), role="router")
 
-    def point(self, point: EnforcementPoint, kind: str, settings: dict, policies: Path = deployment.POLICIES,
+    def point(self, point: EnforcementPoint, kind: str, settings: dict, policies: Path = policyfiles.POLICIES,
               trust: identity.PointTrust | None = None) -> None:
-        config = engines.configure(kind, [point], settings, deployment.POLICIES, {point.name: trust} if trust else None)[point.name]
+        config = engines.configure(kind, [point], settings, policyfiles.POLICIES, {point.name: trust} if trust else None)[point.name]
         revision = bundles.revision(policies)
         if config.opa is not None:
             bundles.write(self.folder / deployment.BUNDLES, {point.name: config.data}, policies, revision)
@@ -408,10 +409,10 @@ def start_parts(bench: Bench, scratch: Path) -> tuple[list[Pair], dict]:
     (allow_all / "complyroute" / "envoy" / "response.rego").write_text(ALLOW_ALL_POLICY % destination)
     admins, opas = {}, {}
     # name, engine, policies, security: "" plain HTTP, "mtls", "token" (mTLS and the label token check)
-    deciding = [("envoy-opa", "envoy-opa", deployment.POLICIES, ""), ("allow-all", "envoy-opa", allow_all, ""),
-                ("envoy-compiled", "envoy-compiled", deployment.POLICIES, ""),
-                ("envoy-compiled-mtls", "envoy-compiled", deployment.POLICIES, "mtls"), ("envoy-compiled-token", "envoy-compiled", deployment.POLICIES, "token"),
-                ("envoy-opa-mtls", "envoy-opa", deployment.POLICIES, "mtls"), ("envoy-opa-token", "envoy-opa", deployment.POLICIES, "token")]
+    deciding = [("envoy-opa", "envoy-opa", policyfiles.POLICIES, ""), ("allow-all", "envoy-opa", allow_all, ""),
+                ("envoy-compiled", "envoy-compiled", policyfiles.POLICIES, ""),
+                ("envoy-compiled-mtls", "envoy-compiled", policyfiles.POLICIES, "mtls"), ("envoy-compiled-token", "envoy-compiled", policyfiles.POLICIES, "token"),
+                ("envoy-opa-mtls", "envoy-opa", policyfiles.POLICIES, "mtls"), ("envoy-opa-token", "envoy-opa", policyfiles.POLICIES, "token")]
     for name, kind, policies, security in deciding:
         point = bench.enforcement_point(name)
         point.deciding.append(DecidingListener(hop.name, bench.endpoint(), sender=hop.sender, step=hop.step))

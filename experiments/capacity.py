@@ -51,7 +51,7 @@ GAP = 0.10  # bisect until the lowest failed rate is within this share above the
 HALVINGS = 3  # a first step that fails: halve the rate at most this often to find one held
 MAX_STEPS = 16  # steps of one search at most, whatever the step function does
 SETTLE_S = 1.0  # pause between steps, so a failed step's last answers are not the next one's start
-ENFORCING = tuple(t for t in matrix.TOPOLOGIES if t != BASELINE)
+ENFORCING = matrix.ENFORCING
 STEPS_CSV = "steps.csv"
 STEP_COLUMNS = ("topology", "engine", "services", "step", "offered_rate", "scheduled", "sent", "achieved_rate", "achieved_share",
                 "errors", "missed", "loss_share", "p50_ms", "p95_ms", "p99_ms", "held", "why_not", "cpu_machine", "cpu_locust",

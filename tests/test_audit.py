@@ -27,7 +27,7 @@ def write_run(folder, topology="sidecar"):
     for name, document in policydata.opa_data(deciding).items():
         enforcement.write_data(folder / "points" / name / "data", document)
     state = {
-        "topology": plan.topology.name, "kind": plan.topology.kind, "engine": "envoy-opa",
+        "topology": plan.topology.name, "kind": plan.topology.kind, "enforces": plan.enforces, "engine": "envoy-opa",
         "points": [
             {"name": p.name, "node": p.node, "senders": [d.sender for d in p.deciding], "destinations": sorted(p.destinations)}
             for p in plan.points
@@ -168,6 +168,15 @@ def test_a_baseline_run_has_no_policy_allowed(tmp_path):
     verdict = audit.audit_run(run)
     assert not verdict.policy and verdict.clean
     assert verdict.summary() == "1 lines checked, chains intact 1/1: no policy (nothing decided its receptions)"
+
+
+def test_a_baseline_run_recorded_before_the_state_said_whether_it_enforces_has_no_policy_allowed(tmp_path):
+    run = write_run(tmp_path / "baseline-5", topology="baseline")
+    state = json.loads((run / "state.json").read_text())
+    del state["enforces"]
+    (run / "state.json").write_text(json.dumps(state))
+    write_log(run, "store-eu", chained([entry("store-eu", "store", None, None, revision=None)]))
+    assert not audit.audit_run(run).policy
 
 
 def test_a_baseline_run_with_a_broken_chain_denied(tmp_path):

@@ -16,7 +16,7 @@ import urllib.request
 
 import pytest
 
-from complyroute import bundles, bundleserver, deployment, identity, pki
+from complyroute import bundles, bundleserver, deployment, identity, pki, policyfiles
 from complyroute.manifest import REPO
 
 OPA = str(REPO / "bin" / "opa")
@@ -26,7 +26,7 @@ INDEX = {"complyroute": {"index": {"steps": {}}}}
 def modified_copy(tmp_path, name, region):
     """policies/ with `region` added to the adequacy list."""
     copy = tmp_path / name
-    shutil.copytree(bundles.POLICIES, copy)
+    shutil.copytree(policyfiles.POLICIES, copy)
     reference = copy / "complyroute" / "reference" / "data.json"
     data = json.loads(reference.read_text())
     data["adequacy"].append(region)
@@ -93,7 +93,7 @@ def test_bundle_leaves_out_tests_system_policies_and_examples_denied():
 
 def test_a_package_outside_complyroute_is_refused_denied(tmp_path):
     copy = tmp_path / "policies"
-    shutil.copytree(bundles.POLICIES, copy)
+    shutil.copytree(policyfiles.POLICIES, copy)
     (copy / "complyroute" / "stray.rego").write_text("package stray\n\nallow := true\n")
     with pytest.raises(bundles.BundleError, match="stray.rego: its package is not complyroute"):
         bundles.tarball(bundles.rule_set_files(copy), INDEX, "r-1")

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from complyroute import deployment, engines, enforcement, identity, manifest
-from complyroute.deployment import POLICIES
+from complyroute.policyfiles import POLICIES
 from complyroute.plan import place
 
 TOPOLOGIES = ["sidecar", "central-entity", "dynamic-router-3", "dynamic-router-6", "baseline"]
@@ -135,8 +135,8 @@ def test_opa_runs_with_a_read_only_api_and_a_diagnostic_address(tmp_path):
     source = enforcement.BundleSource("http://127.0.0.1:1")
     opa, envoy = deployment.point_parts(point, configs[point.name], tmp_path / "point", tmp_path, "r1", source, {})
     command = opa.command
-    assert command[command.index("--addr") + 1] == f"{point.opa_http.address}:{point.opa_http.port}"
-    assert command[command.index("--diagnostic-addr") + 1] == f"{point.opa_diagnostic.address}:{point.opa_diagnostic.port}"
+    assert f"--addr={point.opa_http.address}:{point.opa_http.port}" in command
+    assert f"--diagnostic-addr={point.opa_diagnostic.address}:{point.opa_diagnostic.port}" in command
     assert "--authorization=basic" in command
     assert opa.health_url == point.opa_health_url and envoy.health_url == point.envoy_ready_url
     # The authorization policy OPA asks is loaded from disk with it; the rule set comes from its bundle.

@@ -6,7 +6,7 @@ import re
 import pytest
 
 from complyroute import engines, manifest
-from complyroute.deployment import POLICIES
+from complyroute.policyfiles import POLICIES
 from complyroute.engines import envoy_compiled
 from complyroute.plan import place
 

@@ -6,7 +6,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives import hashes
 
 from complyroute import engines, enforcement, identity, manifest, pki
-from complyroute.deployment import POLICIES
+from complyroute.policyfiles import POLICIES
 from complyroute.plan import place
 
 MIXED_REGIONS = str(manifest.REPO / "topologies" / "examples" / "mixed-regions.yaml")

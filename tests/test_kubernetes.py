@@ -28,7 +28,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from complyroute import bundles, deployment, images, kubernetes, kubetrust, manifest, pki
-from complyroute.deployment import POLICIES
+from complyroute.policyfiles import POLICIES
 
 TOPOLOGIES = ["sidecar", "central-entity", "dynamic-router-3", "dynamic-router-6", "baseline"]
 

@@ -57,6 +57,18 @@ def test_alias_resolves_allowed_and_unknown_name_denied():
         manifest.resolve("no-such-topology")
 
 
+def test_aliases_and_the_papers_names_are_read_from_the_manifests_allowed():
+    assert manifest.aliases() == {"ce": "central-entity", "dr3": "dynamic-router-3", "dr6": "dynamic-router-6", "sa": "sidecar"}
+    assert manifest.paper_topologies() == ["central-entity", "dynamic-router-3", "dynamic-router-6", "sidecar", "baseline"]
+    assert manifest.paper_names() == {"central-entity": "CE", "dynamic-router-3": "DR_3", "dynamic-router-6": "DR_6",
+                                      "sidecar": "SA", "baseline": "baseline"}
+
+
+def test_a_topology_without_a_placement_folder_denied():
+    with pytest.raises(ManifestError, match=r"field 'topology': 'mesh' is not one of \['baseline', 'central-entity', 'dynamic-router', 'sidecar'\]"):
+        expand({"topology": "mesh"}, SOURCE)
+
+
 def test_services_from_another_manifest_allowed():
     topology = manifest.load("central-entity", services="topologies/examples/mixed-regions.yaml")
     assert topology.kind == "central-entity" and topology.name == "central-entity-mixed-regions"
@@ -103,3 +115,11 @@ def test_decision_logs_elsewhere_denied():
 @pytest.mark.parametrize("name", ["sidecar", "central-entity", "dynamic-router-3", "dynamic-router-6", "baseline"])
 def test_every_shipped_manifest_is_valid_allowed(name):
     assert len(manifest.load(name).instances) == 5
+
+
+def test_work_iterations_is_a_workload_setting_allowed_and_under_engine_denied():
+    assert expand({"topology": "sidecar", "workload": {"work_iterations": 7}}, SOURCE).workload == {"work_iterations": 7}
+    with pytest.raises(ManifestError, match=r"field 'engine.work_iterations': .* workload.work_iterations"):
+        expand({"topology": "sidecar", "engine": {"work_iterations": 7}}, SOURCE)
+    with pytest.raises(ManifestError, match=r"field 'workload.work_iterations': must be a whole number >= 0"):
+        expand({"topology": "sidecar", "workload": {"work_iterations": -1}}, SOURCE)

@@ -1,6 +1,8 @@
 """Sidecar placement: one enforcement point per instance, each holding only the catalog it needs."""
 
-from complyroute import enforcement, manifest
+import yaml
+
+from complyroute import enforcement, kubernetes, manifest
 from complyroute.plan import place
 
 
@@ -112,14 +114,42 @@ def test_baseline_decides_nothing_and_chains_services_directly():
 
 
 def test_a_manifests_work_iterations_reach_every_service_allowed():
-    p = place(manifest.load("sidecar", services=3))  # engine.work_iterations: 100
-    assert [s.environment(p.topology.engine, "a.jsonl")["WORK_ITERATIONS"] for s in p.services] == ["100"] * 3
-    other = place(manifest.load("sidecar", services=3, overrides={"engine": {"work_iterations": 7}}))
-    assert {s.environment(other.topology.engine, "a.jsonl")["WORK_ITERATIONS"] for s in other.services} == {"7"}
+    p = place(manifest.load("sidecar", services=3))  # workload.work_iterations: 100
+    assert [s.environment(p.topology.workload, "a.jsonl")["WORK_ITERATIONS"] for s in p.services] == ["100"] * 3
+    other = place(manifest.load("sidecar", services=3, overrides={"workload": {"work_iterations": 7}}))
+    assert {s.environment(other.topology.workload, "a.jsonl")["WORK_ITERATIONS"] for s in other.services} == {"7"}
 
 
 def test_without_work_iterations_the_service_keeps_its_own_default_denied():
     """The default is defined once, by the service (services/config.js): the control plane sets none."""
-    p = place(manifest.load("sidecar", services=3, overrides={"engine": {"kind": "envoy-opa"}}))
-    assert "work_iterations" not in p.topology.engine
-    assert not any("WORK_ITERATIONS" in s.environment(p.topology.engine, "a.jsonl") for s in p.services)
+    p = place(manifest.load("sidecar", services=3, overrides={"workload": {}}))
+    assert "work_iterations" not in p.topology.workload
+    assert not any("WORK_ITERATIONS" in s.environment(p.topology.workload, "a.jsonl") for s in p.services)
+
+
+def test_placement_tags_each_point_with_its_role_and_group():
+    expected = {
+        "sidecar": {"entry": ("entry", "entry"), "sidecar-svc-01": ("sidecar", "svc-01")},
+        "central-entity": {"central-entity": ("central", "central-entity")},
+        # The routers of one slot on every node share a group: on Kubernetes one DaemonSet.
+        "dynamic-router-6": {"entry": ("entry", "entry"), "router-node-1-2": ("router", "router-2"), "router-node-3-2": ("router", "router-2")},
+        "baseline": {"gateway": ("entry", "gateway")},
+    }
+    for topology, tags in expected.items():
+        points = {p.name: (p.role, p.group) for p in place(manifest.load(topology, services=6)).points}
+        assert {name: points[name] for name in tags} == tags, topology
+        assert {role for role, _ in points.values()} <= set(enforcement.ROLES)
+
+
+def test_a_topology_outside_the_repository_is_its_folder_and_its_manifest_allowed(hub_topology, tmp_path):
+    """Placed, and rendered for Kubernetes as its roles say; tests/e2e/test_new_topology_e2e.py deploys it."""
+    assert hub_topology.kind == "hub" and hub_topology.folder == (tmp_path / "hub").resolve()
+    p = place(hub_topology)
+    assert [(x.name, x.role) for x in p.points] == [("entry", "entry"), ("hub", "router")] and p.enforces
+    assert {s.egress_url for s in p.services if s.next_step} == {listener.endpoint.url for listener in point(p, "hub").deciding}
+    path = tmp_path / "hub.k8s.yaml"
+    path.write_text(kubernetes.render(hub_topology, tmp_path / "kustomization"))
+    assert kubernetes.validate(path) == []
+    rendered = [o for o in yaml.safe_load_all(path.read_text()) if o]
+    assert {(o["kind"], o["metadata"]["name"]) for o in rendered if o["kind"] in ("Deployment", "DaemonSet")} == {
+        ("Deployment", "entry"), ("DaemonSet", "hub"), ("Deployment", "bundle-server"), *(("Deployment", f"svc-0{n}") for n in (1, 2, 3))}

@@ -4,7 +4,7 @@ import shutil
 
 import pytest
 
-from complyroute import manifest, policydata
+from complyroute import manifest, policydata, policyfiles
 from complyroute.plan import place
 
 
@@ -34,7 +34,7 @@ def test_a_rule_set_without_the_indexing_package_loads_empty_documents_allowed(t
 
 def test_a_broken_rule_set_is_an_error_denied(tmp_path):
     broken = tmp_path / "policies"
-    shutil.copytree(policydata.POLICIES, broken)
+    shutil.copytree(policyfiles.POLICIES, broken)
     (broken / "complyroute" / "indexing" / "indexing.rego").write_text("package complyroute.indexing\n\ndocuments :=\n")
     with pytest.raises(policydata.PolicyDataError, match="could not derive"):
         policydata.opa_data({"p": {}}, broken)

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from complyroute import __main__ as cli, deployment, manifest, policydiff
+from complyroute import __main__ as cli, manifest, policydiff, policyfiles
 
 # The walkthrough: 5 deciding listeners (the entry and four sidecars), 16 regions, 3 categories,
 # consent absent or one of 63 canonical values.
@@ -150,7 +150,7 @@ def test_the_command_answers_json_for_tools(capsys, monkeypatch, us_adequacy_dif
     monkeypatch.setattr(policydiff, "compare", lambda *args: us_adequacy_diff)
     assert cli.main(["policy-diff", "--base", "HEAD", "--format", "json"]) == 0
     answer = json.loads(capsys.readouterr().out)
-    assert answer == {"base": "HEAD", "policies": str(deployment.POLICIES), "topology": "mixed-regions", **us_adequacy_diff}
+    assert answer == {"base": "HEAD", "policies": str(policyfiles.POLICIES), "topology": "mixed-regions", **us_adequacy_diff}
 
 
 def test_a_ref_that_is_no_commit_or_has_no_rule_set_is_refused(capsys):

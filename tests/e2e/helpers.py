@@ -7,7 +7,7 @@ import time
 import uuid
 from pathlib import Path
 
-from complyroute import deployment, manifest, pki
+from complyroute import deployment, manifest, pki, policyfiles
 from complyroute.client import send
 
 MIXED_REGIONS = manifest.REPO / "topologies" / "examples" / "mixed-regions.yaml"
@@ -35,7 +35,7 @@ def mixed_regions(topology: str, engine: str | None = None) -> manifest.Topology
     return manifest.load(topology, services=str(MIXED_REGIONS), engine=engine)
 
 
-def deploy_mixed_regions(topology: str, policies: Path = deployment.POLICIES, engine: str | None = None):
+def deploy_mixed_regions(topology: str, policies: Path = policyfiles.POLICIES, engine: str | None = None):
     """Deploy the example in a topology, replacing a running deployment (the entry port is one)."""
     if deployment.read_state():
         deployment.stop()

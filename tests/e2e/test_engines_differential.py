@@ -29,7 +29,7 @@ from dataclasses import replace
 
 import pytest
 
-from complyroute import bundles, deployment, enforcement, engines, manifest
+from complyroute import bundles, deployment, enforcement, engines, manifest, policyfiles
 from complyroute.engines.envoy_compiled import canonical_consents, compiled_listeners
 from complyroute.enforcement import Endpoint
 from complyroute.plan import place
@@ -126,7 +126,7 @@ class Engine:
         # Only the deciding side of each point: a sidecar's ingress would take the sink's
         # addresses (its service's, which the sink stands in for).
         points = [replace(point, forwarding=[]) for point in self.plan.points if point.deciding]
-        configs = engines.configure(self.kind, points, self.plan.topology.engine, deployment.POLICIES)
+        configs = engines.configure(self.kind, points, self.plan.topology.engine, policyfiles.POLICIES)
         # Their OPAs' bundles, served in plain HTTP on loopback as a deployment without mTLS does.
         revision = bundles.write(self.folder / deployment.BUNDLES, {p.name: configs[p.name].data for p in points})
         bundle_server = Endpoint("127.0.0.1", 39991)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from complyroute import audit, bundles, deployment, reload
+from complyroute import audit, bundles, deployment, policyfiles, reload
 from complyroute.client import send
 
 from .helpers import ENFORCING, ENGINES, EU_PERSONAL, RECORD, audit_lines, deploy_mixed_regions
@@ -29,7 +29,7 @@ INTERVAL = 0.02  # a record every 20 ms while the rule set changes
 def us_adequate_policies(tmp_path_factory):
     """The rule set with one routing change: the US joins the adequacy list."""
     policies = tmp_path_factory.mktemp("policies") / "policies"
-    shutil.copytree(deployment.POLICIES, policies)
+    shutil.copytree(policyfiles.POLICIES, policies)
     reference = policies / "complyroute" / "reference" / "data.json"
     data = json.loads(reference.read_text())
     data["adequacy"].append("US")
@@ -128,7 +128,7 @@ def test_a_rule_set_that_does_not_compile_is_not_applied_denied(tmp_path):
     state, _ = deploy_mixed_regions("sidecar", engine="envoy-compiled")
     try:
         broken = tmp_path / "policies"
-        shutil.copytree(deployment.POLICIES, broken)
+        shutil.copytree(policyfiles.POLICIES, broken)
         (broken / "complyroute" / "compliance" / "compliance.rego").write_text("package complyroute.compliance\n\nallow if {\n")
         with Flow(state) as flow:
             time.sleep(0.3)
@@ -154,7 +154,7 @@ def test_watch_reloads_on_save_and_reports_a_broken_save_denied(tmp_path):
     """`make deploy watch=1`: a save reloads; a save that does not compile is reported and the
     deployment keeps deciding with what it had."""
     policies = tmp_path / "policies"
-    shutil.copytree(deployment.POLICIES, policies)
+    shutil.copytree(policyfiles.POLICIES, policies)
     state, _ = deploy_mixed_regions("central-entity", engine="envoy-opa")
     stop, printed = threading.Event(), io.StringIO()
     watching = threading.Thread(target=reload.watch, args=(policies, 0.1, printed, stop))

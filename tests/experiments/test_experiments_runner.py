@@ -59,7 +59,7 @@ def test_a_cell_deploys_its_engine(tmp_path, deployments, engine):
     deployed, _ = deployments
     new_runner(tmp_path).deploy(Cell("central-entity", engine, 100, 5, 1), io.StringIO())
     assert deployed[-1].engine["kind"] == engine
-    assert deployed[-1].engine["work_iterations"] == 100  # the manifest's other engine settings are kept
+    assert deployed[-1].engine["decision_timeout"] == "2s"  # the manifest's other engine settings are kept
 
 
 def test_the_baseline_deploys_its_manifest_as_it_is(tmp_path, deployments):

@@ -19,7 +19,7 @@ from collections import Counter
 import pytest
 import yaml
 
-from complyroute import bundles, kubernetes, manifest
+from complyroute import bundles, kubernetes, manifest, policyfiles
 from complyroute.manifest import REPO
 
 pytestmark = pytest.mark.k8s
@@ -139,7 +139,7 @@ def configmap_bytes(configmap) -> int:
 def us_adequate(tmp_path_factory):
     """policies/ with one routing change: the US joins the adequacy list."""
     policies = tmp_path_factory.mktemp("us-adequate") / "policies"
-    shutil.copytree(kubernetes.POLICIES, policies)
+    shutil.copytree(policyfiles.POLICIES, policies)
     reference = policies / "complyroute" / "reference" / "data.json"
     reference.write_text(json.dumps({**(data := json.loads(reference.read_text())), "adequacy": [*data["adequacy"], "US"]}))
     return policies

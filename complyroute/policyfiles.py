@@ -1,0 +1,61 @@
+"""The policy bundle: where the policies are, what of them OPA loads, and how OPA is run.
+
+policies/ holds the rule set (complyroute/, which the points get in their bundles: bundles.py),
+the enforcement points' own policies (system/: the REST API's authorization, the decision
+log's mask, which each point's OPA loads from disk), the tests beside every module and example
+inputs. Everything that loads policies/ or starts an OPA over it asks this module what to
+load and how; the Makefile's policy targets repeat the ignore list (IGNORED) for `opa` itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .manifest import REPO
+
+if TYPE_CHECKING:
+    from .enforcement import Endpoint
+
+OPA = REPO / "bin" / "opa"  # opa-envoy-plugin, as `make setup` builds it (tools/opa/go.mod)
+POLICIES = REPO / "policies"
+RULE_SET = "complyroute"  # the rule set's folder in policies/: the rest is not in a bundle
+# The enforcement point's own policies, which OPA loads from disk beside its bundle: the REST
+# API's authorization (system.authz). They are not the rule set: a reload leaves them, and a
+# test's or the bench's stand-in rule set runs with them too.
+SYSTEM_POLICIES = POLICIES / "system"
+# What of policies/ is not policy: the tests beside each module and the example inputs.
+IGNORED = ("*_test.rego", "examples")
+# Flags of every point's `opa run --server`, wherever it runs: its REST API asks the rule set's
+# system.authz policy (policies/system/authz) about every request, which refuses writes.
+SERVER_FLAGS = ("--authorization=basic",)
+# A point's OPA reads its index on every decision and never writes it: held as OPA's own
+# values rather than as JSON, a decision's lookups convert nothing.
+RUN_FLAGS = ("--optimize-store-for-read-speed",)
+
+
+def ignore_flags(patterns: Sequence[str] = IGNORED) -> list[str]:
+    return [f"--ignore={pattern}" for pattern in patterns]
+
+
+def is_test(path: Path) -> bool:
+    return path.name.endswith("_test.rego")
+
+
+def system_policy_files() -> list[Path]:
+    """The files of SYSTEM_POLICIES a point's OPA loads: its modules and data, not their tests."""
+    return [path for path in sorted(SYSTEM_POLICIES.rglob("*"))
+            if path.is_file() and path.suffix in (".rego", ".json") and not is_test(path)]
+
+
+def server_args(http: Endpoint, diagnostic: Endpoint, config_file: str, paths: Sequence[str],
+                ignore: Sequence[str] = IGNORED) -> list[str]:
+    """The arguments of an enforcement point's `opa run`, on this machine or in a pod: its REST
+    API on `http`, its health and metrics on `diagnostic`, its configuration (the bundle it
+    fetches), and the files under `paths` it loads from disk less `ignore`."""
+    return [
+        "run", "--server", f"--addr={http.address}:{http.port}", f"--diagnostic-addr={diagnostic.address}:{diagnostic.port}",
+        *SERVER_FLAGS, f"--config-file={config_file}", "--skip-version-check", "--log-level=error", *RUN_FLAGS,
+        *ignore_flags(ignore), *paths,
+    ]
