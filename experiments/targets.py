@@ -21,14 +21,19 @@ from typing import Protocol
 from urllib.parse import urlsplit
 
 from complyroute import deployment, kubernetes
+from complyroute.client import send
 from complyroute.manifest import Topology
 from complyroute.plan import place
+
+from .mixes import ALLOWED_LABELS, BODY
 
 TARGETS = ("local", "k8s")
 # How long a cell waits for its pods to be ready, and for its namespace to be gone.
 K8S_READY_TIMEOUT = "300s"
 K8S_DELETE_TIMEOUT = "180s"
 PORT_FORWARD_WAIT_S = 30
+# How long a cell waits, once its pods are ready, for a record to pass its whole chain.
+PATH_READY_WAIT_S = 60
 K8S_WORKDIR = deployment.RUNS / "k8s" / "experiments"
 
 
@@ -228,10 +233,31 @@ class KubernetesTarget:
         pods = json.loads(self.kubectl("-n", self.namespace, "get", "pods", "-o", "json").stdout or '{"items": []}')["items"]
         entry_url = self.entry_url or self.port_forward(kubernetes.entry_service(place(topology, kubernetes.KubernetesNetwork(self.namespace))),
                                                         log)
+        path_wait = self.wait_for_path(entry_url, len(topology.instances), log)
         # The engine is the rendered manifest's: the pods run what the render configured.
         return {"entry_url": entry_url, "engine": topology.engine["kind"], "parts": len(pods), "bring_up_seconds": bring_up,
+                "path_wait_seconds": path_wait,
                 "memory_mib": {"total": None}, "cpu_parts": None, "namespace": self.namespace,
                 "nodes": sorted({p["spec"].get("nodeName", "") for p in pods} - {""})}
+
+    @staticmethod
+    def wait_for_path(entry_url: str, services: int, log) -> float:
+        """Ready pods are not yet a path: kube-proxy programs a Service's addresses a moment after
+        its endpoints are ready (seconds on a loaded node), and until then a hop to it is refused
+        (502 NEXT_HOP_FAILED, ECONNREFUSED) or times out. As a local deploy returns once its parts
+        answer, a cell's deployment is up once one record passes its whole chain. Seconds waited;
+        a chain that never passes is left to the runner's check record, which fails the cell with
+        the answer."""
+        started = time.monotonic()
+        while True:
+            answer = send(entry_url, ALLOWED_LABELS, BODY, request_id=f"path-check-{time.monotonic_ns()}", timeout=10)
+            passed = answer.status == 200 and answer.body and len(answer.body["path"]) == services
+            waited = round(time.monotonic() - started, 2)
+            if passed or waited > PATH_READY_WAIT_S:
+                print(f"path: {'a record passed the ' + str(services) + ' services' if passed else 'no record passed'} after {waited} s"
+                      f"{'' if passed else ': ' + answer.summary()}", file=log, flush=True)
+                return waited
+            time.sleep(1)
 
     def port_forward(self, service: str, log) -> str:
         port = free_port()

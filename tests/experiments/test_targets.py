@@ -84,7 +84,14 @@ def cluster_side(monkeypatch, kubectl, tmp_path):
     monkeypatch.setattr(kubernetes, "kubectl", delete)
     monkeypatch.setattr(kubernetes, "DEPLOYED", tmp_path / "deployed")
     monkeypatch.setattr(targets.KubernetesTarget, "port_forward", port_forward)
+    monkeypatch.setattr(targets, "send", lambda url, labels, body, **kwargs: passed_through(5))
     return asked
+
+
+def passed_through(services: int):
+    from complyroute.client import Answer
+
+    return Answer(200, {"path": [{"instance": f"svc-{n:02d}"} for n in range(1, services + 1)]}, "")
 
 
 # ---- which target, and what is refused ---------------------------------------------------------------
@@ -187,6 +194,30 @@ def test_a_k8s_cell_is_applied_forwarded_and_its_namespace_deleted_allowed(clust
     assert "complyroute-sidecar" not in kubectl.namespaces
     target.undeploy(log)  # nothing deployed: nothing deleted
     assert len(cluster_side["kubectl"]) == 1
+
+
+def test_a_k8s_cell_waits_until_a_record_passes_its_chain_allowed(cluster_side, monkeypatch):
+    from complyroute.client import Answer
+
+    answers = [Answer(502, {"code": "NEXT_HOP_FAILED", "message": "connect ECONNREFUSED 10.96.93.138:22001"}, ""),
+               Answer(503, {"code": "HOP_UNAVAILABLE"}, ""), passed_through(5)]
+    sent = []
+    monkeypatch.setattr(targets, "send", lambda url, labels, body, **kwargs: sent.append(url) or answers[len(sent) - 1])
+    monkeypatch.setattr(targets.time, "sleep", lambda s: None)
+    log = io.StringIO()
+    state = targets.make("k8s", one_node=True).deploy(manifest.load("sidecar", services="5"), log)
+    assert sent == ["http://127.0.0.1:40123/process"] * 3 and state["path_wait_seconds"] >= 0
+    assert "path: a record passed the 5 services after" in log.getvalue()
+
+
+def test_a_k8s_cell_whose_chain_never_passes_is_left_to_the_check_record_denied(cluster_side, monkeypatch):
+    from complyroute.client import Answer
+
+    monkeypatch.setattr(targets, "send", lambda url, labels, body, **kwargs: Answer(502, {"code": "NEXT_HOP_FAILED", "message": "refused"}, ""))
+    monkeypatch.setattr(targets, "PATH_READY_WAIT_S", 0)
+    log = io.StringIO()
+    targets.make("k8s", one_node=True).deploy(manifest.load("sidecar", services="5"), log)
+    assert "path: no record passed after" in log.getvalue() and "502 NEXT_HOP_FAILED: refused" in log.getvalue()
 
 
 def test_a_k8s_cell_with_an_entry_url_is_not_forwarded_allowed(cluster_side):
