@@ -68,6 +68,11 @@ def instances_reached(state, request_id) -> set[str]:
 # ---- acting as a part of the deployment (mutual TLS, label tokens) -------------------------
 
 
+def opa_api(part: dict) -> str:
+    """host:port of an OPA part's REST API, as its command line gives it (`--addr=host:port`)."""
+    return next(arg.removeprefix("--addr=") for arg in part["command"] if arg.startswith("--addr="))
+
+
 def tls_context(cert: str | None = None, key: str | None = None, ca: str | None = None) -> ssl.SSLContext:
     """A client TLS context: with a certificate when given; the server's chain checked against `ca`
     when given (a part names itself by a URI SAN only, which Python's hostname check does not read)."""

@@ -29,7 +29,7 @@ import pytest
 
 from complyroute import deployment, enforcement
 
-from .helpers import ENFORCING, ENGINES, as_part, as_service, egress_url, label_token, mixed_regions
+from .helpers import ENFORCING, ENGINES, as_part, as_service, egress_url, label_token, mixed_regions, opa_api
 
 pytestmark = pytest.mark.e2e
 
@@ -253,7 +253,7 @@ def test_a_denial_keeps_the_policys_body_and_a_refusal_its_id_denied(deployed):
 def test_opa_rest_api_refuses_writes_and_envoy_answers_readiness_on_its_own_listener_denied(deployed):
     state, _ = deployed
     for part in [p for p in state["parts"] if p["kind"] == "opa"]:
-        api = part["command"][part["command"].index("--addr") + 1]
+        api = opa_api(part)
         read = urllib.request.urlopen(f"http://{api}/v1/data/complyroute/reference/purposes", timeout=5)
         assert read.status == 200  # the allowed twin: reading
         for method, path in (("PUT", "/v1/policies/evil"), ("PUT", "/v1/data/complyroute/index"), ("DELETE", "/v1/data/complyroute"), ("PATCH", "/v1/data")):

@@ -36,7 +36,7 @@ import pytest
 from complyroute import deployment, manifest, pki
 from complyroute.client import send
 
-from .helpers import ENFORCING, ENGINES, EU_PERSONAL, RECORD, as_service, deploy_mixed_regions, egress_url, post, tls_context, wait_for_audit
+from .helpers import ENFORCING, ENGINES, EU_PERSONAL, RECORD, as_service, deploy_mixed_regions, egress_url, opa_api, post, tls_context, wait_for_audit
 
 pytestmark = pytest.mark.e2e
 
@@ -204,7 +204,7 @@ def test_local_process_cannot_read_the_signing_key_or_mint_tokens_denied(deploye
     """The entry's OPA holds the signing key; its REST API serves neither the key nor a signed answer."""
     state = deployed
     opa = next(p for p in state["parts"] if p["kind"] == "opa" and p["name"].split("/")[0] in ("entry", "central-entity"))
-    address = opa["command"][opa["command"].index("--addr") + 1]
+    address = opa_api(opa)
     mint = {"input": {"attributes": {"request": {"http": {"method": "POST", "path": "/process", "body": "{}", "headers": {
         "x-data-region": "EU", "x-data-category": "anonymous", "x-request-id": "minted"}}},
         "contextExtensions": {"sender": "gateway", "step": "ingest", "label_token": "issue"}}}}
