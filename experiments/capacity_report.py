@@ -16,7 +16,7 @@ from . import stats
 from .capacity import STEPS_CSV, as_bool, result_of_steps
 from .matrix import BASELINE, ENGINE_NAMES, MAX_ERROR_RATE, MIN_ACHIEVED_SHARE, PAPER_NAMES, case_name, load_label
 from .report import color, panels, render_html, render_markdown, save, series_of
-from .targets import unmeasured_text, where_text
+from .targets import run_paragraphs
 
 DOUBLINGS = [25 * 2**k for k in range(6)] + [2000]  # 25 .. 800 req/s, and the default max
 CAPACITY_COLUMNS = ("topology", "engine", "services", "capacity", "capped", "lowest_failed", "converged", "baseline_capacity",
@@ -187,10 +187,7 @@ def build(run_dir: Path) -> dict:
                         f"and missed sends are at most {MAX_ERROR_RATE:.0%} of the requests its window scheduled, and the p99 of its "
                         f"delivered records' RTTs, from each record's intended send time, is at most {bound:g} ms. The capacity is the "
                         f"highest rate held (≥: every step held up to the max rate; <: none held)."))
-    blocks.append(("p", where_text(meta.get("target"))))
-    unmeasured = unmeasured_text(meta.get("unmeasured"))
-    if unmeasured:
-        blocks.append(("p", unmeasured))
+    blocks.extend(("p", paragraph) for paragraph in run_paragraphs(meta))
     machine = meta.get("machine", {})
     versions = meta.get("versions", {})
     blocks.append(("p", f"Machine: {machine.get('cores')} cores ({machine.get('cpu_model')}), load average at the start "

@@ -26,7 +26,7 @@ from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from . import changeability, stats  # noqa: E402
-from .targets import unmeasured_text, where_text  # noqa: E402
+from .targets import run_paragraphs  # noqa: E402
 from .matrix import (BASELINE, BENCH_CSV, COMPILED_ENGINE, ENFORCING, ENGINE_NAMES, ENGINES, MAX_ERROR_RATE, MAX_REPETITION_CV,  # noqa: E402
                      MIN_ACHIEVED_SHARE, PAPER_NAMES, PROFILES, TOPOLOGIES, Parameters, case_name)
 
@@ -720,10 +720,7 @@ def build(run_dir: Path) -> dict:
                         f"{run.repetitions} repetition(s) of {run.duration} s after a {run.warmup} s warm-up; "
                         f"record mix `{run.mix}`; load: **{run.load_label}** ({load_settings(run)}). "
                         f"Raw data: `{run_dir / 'raw'}`; tables: `{tables_dir}`; figures: `{figures_dir}`."))
-    blocks.append(("p", where_text(meta.get("target"))))
-    unmeasured = unmeasured_text(meta.get("unmeasured"))
-    if unmeasured:
-        blocks.append(("p", unmeasured))
+    blocks.extend(("p", paragraph) for paragraph in run_paragraphs(meta))
     expected = len(run.cells())
     bench = bench_blocks(run_dir, meta, figures_dir)
     if cells.empty:

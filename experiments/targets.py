@@ -324,3 +324,10 @@ def where_text(described: dict | None) -> str:
 def unmeasured_text(unmeasured: list[str] | None) -> str | None:
     """What the target could not measure, as the reports say it; None when everything was."""
     return f"Not measured on this target: {'; '.join(unmeasured)}." if unmeasured else None
+
+
+def run_paragraphs(meta: dict) -> list[str]:
+    """Where a run's cells deployed and what that target could not measure: the paragraphs the
+    run's report and the capacity report both give under their parameters."""
+    unmeasured = unmeasured_text(meta.get("unmeasured"))
+    return [where_text(meta.get("target"))] + ([unmeasured] if unmeasured else [])
