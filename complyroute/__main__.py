@@ -31,51 +31,51 @@ def cmd_deploy(args) -> int:
 
 
 def cmd_render(args) -> int:
-    from . import kubernetes
+    from .kubernetes import render
 
     topology = manifest.load(args.topology, args.services, engine=args.engine)
     folder = deployment.RUNS / "k8s" / f"{topology.name}-{len(topology.instances)}"
     output = folder.with_suffix(".yaml")
     output.parent.mkdir(parents=True, exist_ok=True)
     try:
-        text = kubernetes.render(topology, folder, image=args.image or kubernetes.SERVICE_IMAGE, one_node=args.one_node)
-    except kubernetes.RenderError as error:
+        text = render.render(topology, folder, image=args.image or render.SERVICE_IMAGE, one_node=args.one_node)
+    except render.RenderError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    kubernetes.write_private(output, text)  # it holds the parts' keys
+    render.write_private(output, text)  # it holds the parts' keys
     print(f"render: {topology.name} with {len(topology.instances)} services -> {output} (kustomization in {folder})")
     return 0
 
 
 def cmd_k8s_deploy(args) -> int:
-    from . import kubernetes
+    from .kubernetes import apply, render
 
     topology = manifest.load(args.topology, args.services, engine=args.engine)
     try:
-        return kubernetes.apply(topology, deployment.RUNS / "k8s" / f"{topology.name}-{len(topology.instances)}", args.timeout,
-                                args.image or kubernetes.SERVICE_IMAGE, one_node=args.one_node)
-    except kubernetes.RenderError as error:
+        return apply.apply(topology, deployment.RUNS / "k8s" / f"{topology.name}-{len(topology.instances)}", args.timeout,
+                           args.image or render.SERVICE_IMAGE, one_node=args.one_node)
+    except render.RenderError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
 
 
 def cmd_k8s_status(args) -> int:
-    from . import kubernetes
+    from .kubernetes import apply
 
-    return kubernetes.status(manifest.load(args.topology) if args.topology else None)
+    return apply.status(manifest.load(args.topology) if args.topology else None)
 
 
 def cmd_k8s_reload_policy(args) -> int:
-    from . import kubernetes
+    from .kubernetes import apply
 
-    kubernetes.reload_policy(manifest.load(args.topology), args.policies)
+    apply.reload_policy(manifest.load(args.topology), args.policies)
     return 0
 
 
 def cmd_k8s_undeploy(args) -> int:
-    from . import kubernetes
+    from .kubernetes import apply
 
-    return kubernetes.delete()
+    return apply.delete()
 
 
 def cmd_demo(args) -> int:

@@ -33,7 +33,7 @@ from pathlib import Path
 import yaml
 
 from . import images, realnode
-from .kubernetes import NODE_LABEL, ROLE_LABEL
+from .kubernetes.nodes import NODE_LABEL, ROLE_LABEL
 from .manifest import REPO
 from .realnode import RealNode
 

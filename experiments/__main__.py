@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from complyroute import manifest
-from complyroute.kubernetes import ONE_NODE_ROLE, ROLE_LABEL
+from complyroute.kubernetes.nodes import ONE_NODE_ROLE, ROLE_LABEL
 
 from . import matrix, targets
 from .mixes import MIXES

@@ -20,8 +20,10 @@ from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlsplit
 
-from complyroute import deployment, kubernetes
+from complyroute import deployment
 from complyroute.client import send
+from complyroute.kubernetes import apply, render
+from complyroute.kubernetes.nodes import NODE_LABEL, ONE_NODE_ROLE, ROLE_LABEL
 from complyroute.manifest import Topology
 from complyroute.plan import place
 
@@ -146,14 +148,14 @@ def entry_url_of(url: str) -> str:
 
 class KubernetesTarget:
     """The current kubectl context: each cell's topology rendered and applied in its own namespace
-    (kubernetes.apply, as `make deploy target=k8s`), its entry reached through `kubectl
+    (complyroute.kubernetes.apply, as `make deploy target=k8s`), its entry reached through `kubectl
     port-forward` to the entry's Service or at `entry_url`, the namespace deleted afterwards."""
 
     name = "k8s"
     runs_here = False
 
     def __init__(self, workdir: Path = K8S_WORKDIR, one_node: bool = False, entry_url: str | None = None,
-                 image: str = kubernetes.SERVICE_IMAGE):
+                 image: str = render.SERVICE_IMAGE):
         self.workdir = workdir  # each cell's kustomization and rendered YAML: they hold the parts' keys, so not in the results
         self.one_node = one_node
         self.entry_url = entry_url_of(entry_url) if entry_url else None
@@ -164,7 +166,7 @@ class KubernetesTarget:
 
     def kubectl(self, *args: str) -> subprocess.CompletedProcess:
         try:
-            return kubernetes.kubectl_output(*args)
+            return apply.kubectl_output(*args)
         except FileNotFoundError:
             raise TargetError("--target k8s needs kubectl on PATH (make k8s-setup builds one into bin/)") from None
 
@@ -186,17 +188,17 @@ class KubernetesTarget:
         nodes = json.loads(listed.stdout)["items"]
         labels = {n["metadata"]["name"]: n["metadata"].get("labels", {}) for n in nodes}
         if self.one_node:
-            carrying = sorted(name for name, label in labels.items() if label.get(kubernetes.ROLE_LABEL) == kubernetes.ONE_NODE_ROLE)
+            carrying = sorted(name for name, label in labels.items() if label.get(ROLE_LABEL) == ONE_NODE_ROLE)
             if not carrying:
-                raise TargetError(f"--one-node: no node of context {context} is labelled {kubernetes.ROLE_LABEL}={kubernetes.ONE_NODE_ROLE} "
+                raise TargetError(f"--one-node: no node of context {context} is labelled {ROLE_LABEL}={ONE_NODE_ROLE} "
                                   f"(nodes: {', '.join(sorted(labels)) or 'none'})")
         else:
-            carrying = sorted(name for name, label in labels.items() if kubernetes.NODE_LABEL in label)
+            carrying = sorted(name for name, label in labels.items() if NODE_LABEL in label)
             if not carrying:
-                raise TargetError(f"--target k8s: no node of context {context} is labelled {kubernetes.NODE_LABEL}=<node> "
+                raise TargetError(f"--target k8s: no node of context {context} is labelled {NODE_LABEL}=<node> "
                                   f"(nodes: {', '.join(sorted(labels)) or 'none'}); label them as topologies/README.md says, "
                                   "or give --one-node for a single node labelled "
-                                  f"{kubernetes.ROLE_LABEL}={kubernetes.ONE_NODE_ROLE}")
+                                  f"{ROLE_LABEL}={ONE_NODE_ROLE}")
         self.described = {"target": self.name, "context": context, "server": server, "nodes": sorted(labels),
                           "deploys_to": carrying, "one_node": self.one_node,
                           "entry": f"{self.entry_url} (--entry-url)" if self.entry_url else "kubectl port-forward to the entry's Service",
@@ -214,24 +216,24 @@ class KubernetesTarget:
     def check_free(self, topology: Topology | None) -> None:
         if topology is None:  # every topology has a namespace of its own: only its own can be taken
             return
-        namespace = kubernetes.namespace_of(topology)
+        namespace = render.namespace_of(topology)
         if self.kubectl("get", "namespace", namespace).returncode == 0:
             raise TargetBusy(f"namespace {namespace} already exists in context {self.describe()['context']}: another deployment of "
                              f"{topology.name} is there, or one still being deleted (`make undeploy target=k8s`)")
 
     def deploy(self, topology: Topology, log) -> dict:
         self.check_free(topology)
-        self.namespace = kubernetes.namespace_of(topology)
+        self.namespace = render.namespace_of(topology)
         started = time.monotonic()
         try:
-            kubernetes.apply(topology, self.workdir / f"{topology.name}-{len(topology.instances)}", K8S_READY_TIMEOUT, self.image,
-                             one_node=self.one_node, out=log)
-        except (RuntimeError, kubernetes.RenderError) as error:
+            apply.apply(topology, self.workdir / f"{topology.name}-{len(topology.instances)}", K8S_READY_TIMEOUT, self.image,
+                        one_node=self.one_node, out=log)
+        except (RuntimeError, render.RenderError) as error:
             raise DeployFailed(f"applying {topology.name} to namespace {self.namespace} failed: {error} (see the cell's deploy.log)") \
                 from None
         bring_up = round(time.monotonic() - started, 2)
         pods = json.loads(self.kubectl("-n", self.namespace, "get", "pods", "-o", "json").stdout or '{"items": []}')["items"]
-        entry_url = self.entry_url or self.port_forward(kubernetes.entry_service(place(topology, kubernetes.KubernetesNetwork(self.namespace))),
+        entry_url = self.entry_url or self.port_forward(apply.entry_service(place(topology, render.KubernetesNetwork(self.namespace))),
                                                         log)
         path_wait = self.wait_for_path(entry_url, len(topology.instances), log)
         # The engine is the rendered manifest's: the pods run what the render configured.
@@ -262,7 +264,7 @@ class KubernetesTarget:
     def port_forward(self, service: str, log) -> str:
         port = free_port()
         command = [shutil.which("kubectl") or "kubectl", "-n", self.namespace, "port-forward", "--address=127.0.0.1", f"service/{service}",
-                   f"{port}:{kubernetes.KubernetesNetwork.ENTRY}"]
+                   f"{port}:{render.KubernetesNetwork.ENTRY}"]
         print("$ " + " ".join(command), file=log, flush=True)
         self.forward = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + PORT_FORWARD_WAIT_S
@@ -284,9 +286,9 @@ class KubernetesTarget:
             self.forward = None
         if self.namespace is None:
             return
-        kubernetes.kubectl("delete", "namespace", self.namespace, "--ignore-not-found", "--wait=true", f"--timeout={K8S_DELETE_TIMEOUT}",
-                           check=False, out=log)
-        kubernetes.Deployed.path(self.namespace).unlink(missing_ok=True)
+        apply.kubectl("delete", "namespace", self.namespace, "--ignore-not-found", "--wait=true", f"--timeout={K8S_DELETE_TIMEOUT}",
+                      check=False, out=log)
+        apply.Deployed.path(self.namespace).unlink(missing_ok=True)
         self.namespace = None
 
     def left_over(self) -> list[int]:

@@ -27,8 +27,11 @@ import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from complyroute import bundles, deployment, images, kubernetes, kubetrust, manifest, pki
+from complyroute import bundles, deployment, enforcement, images, kubetrust, manifest, pki
+from complyroute.kubernetes import apply, render, validate
+from complyroute.kubernetes.nodes import NODE_LABEL, ROLE_LABEL
 from complyroute.policyfiles import POLICIES
+from complyroute.reload import ReloadError
 
 TOPOLOGIES = ["sidecar", "central-entity", "dynamic-router-3", "dynamic-router-6", "baseline"]
 
@@ -37,7 +40,7 @@ PLAIN = {"security": {"mtls": False, "label_tokens": False}}
 
 
 def rendered(topology, services, tmp_path, engine=None, overrides=None):
-    text = kubernetes.render(manifest.load(topology, services=services, engine=engine, overrides=overrides), tmp_path / "kustomization")
+    text = render.render(manifest.load(topology, services=services, engine=engine, overrides=overrides), tmp_path / "kustomization")
     path = tmp_path / f"{topology}-{services}.yaml"
     path.write_text(text)
     return path, [o for o in yaml.safe_load_all(text) if o]
@@ -51,8 +54,8 @@ def by_kind(objects, kind):
 @pytest.mark.parametrize("topology", TOPOLOGIES)
 def test_rendered_manifests_pass_strict_validation_allowed(topology, services, tmp_path):
     path, objects = rendered(topology, services, tmp_path)
-    assert kubernetes.validate(path) == []
-    assert max(configmap_bytes(o) for o in objects if o["kind"] == "ConfigMap") <= kubernetes.CONFIGMAP_BUDGET
+    assert validate.validate(path) == []
+    assert max(configmap_bytes(o) for o in objects if o["kind"] == "ConfigMap") <= render.CONFIGMAP_BUDGET
 
 
 def configmap_bytes(configmap) -> int:
@@ -117,7 +120,7 @@ def compiled_at_fifty(tmp_path_factory):
     def render(topology):
         if topology not in rendered_once:
             path, objects = rendered(topology, 50, tmp_path_factory.mktemp(topology), engine="envoy-compiled")
-            assert kubernetes.validate(path) == []
+            assert validate.validate(path) == []
             rendered_once[topology] = objects
         return rendered_once[topology]
     return render
@@ -128,7 +131,7 @@ def test_compiled_engine_renders_its_matcher_trees_into_route_configmaps_under_t
     objects = compiled_at_fifty(topology)
     configmaps = by_kind(objects, "ConfigMap")
     # The API server refuses a ConfigMap over 1 MiB; the renderer leaves a margin.
-    assert max(configmap_bytes(o) for o in configmaps.values()) <= kubernetes.CONFIGMAP_BUDGET < kubernetes.CONFIGMAP_LIMIT
+    assert max(configmap_bytes(o) for o in configmaps.values()) <= render.CONFIGMAP_BUDGET < render.CONFIGMAP_LIMIT
     routes = {name: o for name, o in configmaps.items() if name.startswith("routes-")}
     assert routes and all(has_matcher_tree(json.loads(value)["resources"][0]) for o in routes.values() for value in o["data"].values())
     assert not any(has_matcher_tree(manager["route_config"]) for name, o in configmaps.items() if name.startswith("envoy-")
@@ -150,13 +153,13 @@ def test_compiled_engine_renders_its_matcher_trees_into_route_configmaps_under_t
 def test_every_route_file_a_listener_names_is_in_one_configmap_mounted_where_it_reads_allowed(topology, point, budget, tmp_path, monkeypatch,
                                                                                             compiled_at_fifty):
     if budget:  # the route files of the central entity fill two ConfigMaps of 500,000 bytes
-        monkeypatch.setattr(kubernetes, "CONFIGMAP_BUDGET", budget)
+        monkeypatch.setattr(render, "CONFIGMAP_BUDGET", budget)
         path, objects = rendered(topology, 50, tmp_path, engine="envoy-compiled")
-        assert kubernetes.validate(path) == []
+        assert validate.validate(path) == []
     else:
         objects = compiled_at_fifty(topology)
     configmaps = by_kind(objects, "ConfigMap")
-    assert max(configmap_bytes(o) for o in configmaps.values()) <= (budget or kubernetes.CONFIGMAP_BUDGET)
+    assert max(configmap_bytes(o) for o in configmaps.values()) <= (budget or render.CONFIGMAP_BUDGET)
     pod = pods(objects)[point]
     envoy_container = next(c for c in containers(pod) if c["name"] == "envoy")
     _, envoy = envoy_config(objects, pod, envoy_container)
@@ -170,15 +173,15 @@ def test_every_route_file_a_listener_names_is_in_one_configmap_mounted_where_it_
     for listener, manager in [(l, m) for l, m in managers.items() if l not in inline]:
         rds = manager["rds"]
         # Envoy reads a file again when the kubelet swaps the volume's contents (a rename in the folder).
-        assert rds["config_source"] == {"path_config_source": {"path": f"{kubernetes.ROUTES_MOUNT}/{listener}.json",
-                                                               "watched_directory": {"path": kubernetes.ROUTES_MOUNT}},
+        assert rds["config_source"] == {"path_config_source": {"path": f"{render.ROUTES_MOUNT}/{listener}.json",
+                                                               "watched_directory": {"path": render.ROUTES_MOUNT}},
                                         "resource_api_version": "V3"}
         holding = [name for name, o in configmaps.items() if f"{listener}.json" in o.get("data", {})]
         assert len(holding) == 1, (listener, holding)
         response = json.loads(files[rds["config_source"]["path_config_source"]["path"]])
         # Its version is the rule set's revision: what Envoy's rds statistics tell of a reload.
         assert response["version_info"] == bundles.revision() and len(response["resources"]) == 1
-        assert response["resources"][0]["@type"] == kubernetes.ROUTE_CONFIGURATION
+        assert response["resources"][0]["@type"] == enforcement.ROUTE_CONFIGURATION
         assert has_matcher_tree(response["resources"][0])
         assert response["resources"][0]["name"] == rds["route_config_name"] == listener
     routes = [name for name in configmaps if name.startswith(f"routes-{point}-")]
@@ -186,10 +189,10 @@ def test_every_route_file_a_listener_names_is_in_one_configmap_mounted_where_it_
     projected = next(v for v in pod["volumes"] if v["name"] == f"routes-{point}")
     assert sorted(s["configMap"]["name"] for s in projected["projected"]["sources"]) == sorted(routes)
     assert [m for m in envoy_container["volumeMounts"] if m["name"] == f"routes-{point}"] == [
-        {"name": f"routes-{point}", "mountPath": kubernetes.ROUTES_MOUNT, "readOnly": True}]
+        {"name": f"routes-{point}", "mountPath": render.ROUTES_MOUNT, "readOnly": True}]
     # Only that point's Envoy reads them.
     assert [(w, c["name"]) for w, p in pods(objects).items() for c in containers(p)
-            if any(m["mountPath"] == kubernetes.ROUTES_MOUNT for m in c.get("volumeMounts", []))] == [(point, "envoy")]
+            if any(m["mountPath"] == render.ROUTES_MOUNT for m in c.get("volumeMounts", []))] == [(point, "envoy")]
 
 
 @pytest.mark.parametrize("engine", manifest.ENGINES)
@@ -209,27 +212,27 @@ def test_only_routes_the_rule_set_decides_leave_the_bootstrap_denied(topology, p
             split = len(managers) - len(inline)
             assert split == (4 if compiled and workload == point else 0), (workload, split)  # the 4 hops of 5 services
             mounts = [m["mountPath"] for m in container["volumeMounts"]]
-            assert mounts == ["/config", kubernetes.ROUTES_MOUNT, kubetrust.MOUNT] if split else ["/config", kubetrust.MOUNT]
+            assert mounts == ["/config", render.ROUTES_MOUNT, kubetrust.MOUNT] if split else ["/config", kubetrust.MOUNT]
 
 
 def test_split_routes_moves_every_route_configuration_and_leaves_the_bootstrap_it_was_given():
     manager = lambda name: {"stat_prefix": name, "route_config": {"name": name, "virtual_hosts": []}, "http_filters": []}
     listener = lambda name: {"name": name, "filter_chains": [{"filters": [{"name": "hcm", "typed_config": manager(name)}]}]}
     envoy = {"static_resources": {"listeners": [listener("a"), listener("b")], "clusters": []}}
-    bootstrap, files = kubernetes.split_routes(envoy, kubernetes.ROUTES_MOUNT)
+    bootstrap, files = enforcement.split_routes(envoy, render.ROUTES_MOUNT)
     assert envoy["static_resources"]["listeners"][0] == listener("a")
     assert list(connection_managers(bootstrap)["a"]) == ["stat_prefix", "rds", "http_filters"]
     assert connection_managers(bootstrap)["b"]["rds"]["config_source"]["path_config_source"]["path"] == "/etc/envoy/routes/b.json"
-    assert json.loads(files["a.json"]) == {"version_info": "1", "resources": [{"@type": kubernetes.ROUTE_CONFIGURATION, "name": "a", "virtual_hosts": []}]}
+    assert json.loads(files["a.json"]) == {"version_info": "1", "resources": [{"@type": enforcement.ROUTE_CONFIGURATION, "name": "a", "virtual_hosts": []}]}
 
 
 def test_route_files_fill_configmaps_in_turn_and_one_too_large_is_refused_denied():
     files = {"a.json": "x" * 10, "b.json": "y" * 10, "c.json": "z" * 10}  # 16 bytes each, key and value
-    assert kubernetes.pack(files, budget=32) == [{"a.json": "x" * 10, "b.json": "y" * 10}, {"c.json": "z" * 10}]
-    assert kubernetes.pack(files, budget=48) == [files]
-    assert kubernetes.pack({}) == []
-    with pytest.raises(kubernetes.RenderError, match="b.json is 26 bytes, over the 16 bytes"):
-        kubernetes.pack({"a.json": "x" * 10, "b.json": "y" * 20}, budget=16)
+    assert render.pack(files, budget=32) == [{"a.json": "x" * 10, "b.json": "y" * 10}, {"c.json": "z" * 10}]
+    assert render.pack(files, budget=48) == [files]
+    assert render.pack({}) == []
+    with pytest.raises(render.RenderError, match="b.json is 26 bytes, over the 16 bytes"):
+        render.pack({"a.json": "x" * 10, "b.json": "y" * 20}, budget=16)
 
 
 # ---- Envoy reads the split configuration: its route files as it reads route_config inline
@@ -297,9 +300,9 @@ def running_envoy(bootstrap: str):
 def split_central_entity(tmp_path_factory):
     """The compiled central entity at 50 services, mutual TLS on: its Envoy container's files as
     the pod mounts them, its bootstrap's path, and the configuration before the split."""
-    renderer = kubernetes.Renderer(manifest.load("central-entity", services=50, engine="envoy-compiled"))
+    renderer = render.Renderer(manifest.load("central-entity", services=50, engine="envoy-compiled"))
     renderer.render()
-    objects = [o for o in yaml.safe_load_all(kubernetes.build(renderer, tmp_path_factory.mktemp("render") / "kustomization")) if o]
+    objects = [o for o in yaml.safe_load_all(render.build(renderer, tmp_path_factory.mktemp("render") / "kustomization")) if o]
     pod = pods(objects)["central-entity"]
     container = next(c for c in pod["containers"] if c["name"] == "envoy")
     return mounted_files(objects, pod, container), container["args"][container["args"].index("-c") + 1], renderer.configs["central-entity"].envoy
@@ -327,7 +330,7 @@ def test_envoy_loads_every_route_file_of_a_split_configuration_as_it_loads_them_
 
 def test_envoy_refuses_a_route_file_that_is_missing_or_malformed_denied(split_central_entity, tmp_path):
     files, config, _ = split_central_entity
-    route_file = f"{kubernetes.ROUTES_MOUNT}/from-svc-07.json"
+    route_file = f"{render.ROUTES_MOUNT}/from-svc-07.json"
     missing = local_bootstrap({path: content for path, content in files.items() if path != route_file}, config, tmp_path / "missing")
     result = subprocess.run([deployment.envoy_binary(), "--mode", "validate", "-c", missing], capture_output=True, text=True)
     assert result.returncode != 0 and "from-svc-07.json' does not exist" in result.stdout + result.stderr
@@ -347,7 +350,7 @@ def test_unknown_field_fails_strict_validation_denied(tmp_path):
     deployment = next(o for o in objects if o["kind"] == "Deployment")
     deployment["spec"]["template"]["spec"]["containers"][0]["imagePullPolicyy"] = "Always"
     path.write_text(yaml.safe_dump_all(objects))
-    errors = kubernetes.validate(path)
+    errors = validate.validate(path)
     assert len(errors) == 1 and errors[0].startswith(f"Deployment/{deployment['metadata']['name']}: spec.template.spec.containers.0:"), errors
     assert "'imagePullPolicyy' was unexpected" in errors[0]
 
@@ -364,7 +367,7 @@ def test_wrong_types_and_missing_fields_fail_strict_validation_denied(change, wh
     deployment = next(o for o in objects if o["kind"] == "Deployment")
     change(deployment)
     path.write_text(yaml.safe_dump_all(objects))
-    errors = kubernetes.validate(path)
+    errors = validate.validate(path)
     assert len(errors) == 1 and errors[0].startswith(f"Deployment/{deployment['metadata']['name']}: {where}: {message}"), errors
 
 
@@ -374,7 +377,7 @@ def test_a_kind_without_a_schema_fails_strict_validation_denied(api_version, kin
     deployment = next(o for o in objects if o["kind"] == "Deployment")
     deployment.update(apiVersion=api_version, kind=kind)
     path.write_text(yaml.safe_dump_all(objects))
-    errors = kubernetes.validate(path)
+    errors = validate.validate(path)
     assert len(errors) == 1 and errors[0].startswith(f"{kind}/{deployment['metadata']['name']}: Couldn't find schema for kind {kind}"), errors
 
 
@@ -382,10 +385,10 @@ def test_validation_uses_the_schemas_of_the_pinned_kubernetes_version_allowed(tm
     """The pinned control plane is v1.34 (tools/kubernetes/go.mod); kubernetes-validate ships its strict schemas."""
     from kubernetes_validate.utils import all_versions
 
-    assert "k8s.io/kubernetes v" + kubernetes.KUBERNETES_VERSION.rsplit(".", 1)[0] in (manifest.REPO / "tools" / "kubernetes" / "go.mod").read_text()
-    assert kubernetes.KUBERNETES_VERSION in all_versions()  # v1.34.0-local-strict
+    assert "k8s.io/kubernetes v" + validate.KUBERNETES_VERSION.rsplit(".", 1)[0] in (manifest.REPO / "tools" / "kubernetes" / "go.mod").read_text()
+    assert validate.KUBERNETES_VERSION in all_versions()  # v1.34.0-local-strict
     path, _ = rendered("baseline", 5, tmp_path)
-    assert kubernetes.validate(path, kubernetes.KUBERNETES_VERSION) == []
+    assert validate.validate(path, validate.KUBERNETES_VERSION) == []
 
 
 def test_validation_refuses_a_kubernetes_version_without_schemas_denied(tmp_path):
@@ -394,7 +397,7 @@ def test_validation_refuses_a_kubernetes_version_without_schemas_denied(tmp_path
 
     path, _ = rendered("baseline", 5, tmp_path)
     with pytest.raises(VersionNotSupportedError):
-        kubernetes.validate(path, "1.99.0")
+        validate.validate(path, "1.99.0")
 
 
 def test_every_container_has_probes_and_resources(tmp_path):
@@ -450,7 +453,7 @@ def test_sidecars_are_native_sidecar_containers_in_each_service_pod(tmp_path):
         assert set(sidecars) == ({"envoy"} if n == 5 else {"opa", "envoy"})
         service = pod["containers"][0]
         assert {"name": "HOST", "value": "127.0.0.1"} in service["env"]  # reachable only through the sidecar
-    assert deployments["entry"]["spec"]["template"]["spec"]["nodeSelector"] == {kubernetes.NODE_LABEL: "gateway"}
+    assert deployments["entry"]["spec"]["template"]["spec"]["nodeSelector"] == {NODE_LABEL: "gateway"}
 
 
 def test_each_sidecar_index_holds_itself_and_the_next_step_only(tmp_path):
@@ -468,20 +471,20 @@ def test_routers_are_daemonsets_behind_node_local_services(topology, sets, tmp_p
     assert sorted(daemonsets) == [f"router-{k}" for k in range(1, sets + 1)]
     services = by_kind(objects, "Service")
     for name, daemonset in daemonsets.items():
-        assert daemonset["spec"]["template"]["spec"]["nodeSelector"] == {kubernetes.ROLE_LABEL: "service"}
+        assert daemonset["spec"]["template"]["spec"]["nodeSelector"] == {ROLE_LABEL: "service"}
         assert services[name]["spec"]["internalTrafficPolicy"] == "Local"
     # Each service sends its records on to its own router set, on its own port.
     deployments = by_kind(objects, "Deployment")
     egress = {n: next(e["value"] for e in d["spec"]["template"]["spec"]["containers"][0]["env"] if e["name"] == "EGRESS_URL")
               for n, d in deployments.items() if n.startswith("svc-")}
-    assert egress["svc-01"].startswith(f"https://router-1.{kubernetes.namespace_of(manifest.load(topology))}.svc.cluster.local:")
+    assert egress["svc-01"].startswith(f"https://router-1.{render.namespace_of(manifest.load(topology))}.svc.cluster.local:")
     assert egress["svc-12"] == ""
 
 
 def test_central_entity_is_pinned_to_the_gateway_and_services_reach_only_it(tmp_path):
     _, objects = rendered("central-entity", 5, tmp_path)
     central = by_kind(objects, "Deployment")["central-entity"]
-    assert central["spec"]["template"]["spec"]["nodeSelector"] == {kubernetes.NODE_LABEL: "gateway"}
+    assert central["spec"]["template"]["spec"]["nodeSelector"] == {NODE_LABEL: "gateway"}
     policy = by_kind(objects, "NetworkPolicy")["services"]["spec"]
     assert policy["ingress"][0]["from"][0]["podSelector"]["matchExpressions"][0]["values"] == ["central-entity"]
     assert policy["egress"][1]["to"][0]["podSelector"]["matchExpressions"][0]["values"] == ["central-entity"]
@@ -542,12 +545,12 @@ def test_a_pod_that_breaks_the_standard_is_told_apart_denied(tmp_path):
 def test_the_service_image_runs_as_the_pods_numeric_user():
     dockerfile = (manifest.REPO / "services" / "Dockerfile").read_text()
     users = [line.split()[1] for line in dockerfile.splitlines() if line.startswith("USER ")]
-    assert users == [f"{kubernetes.RUN_AS}:{kubernetes.RUN_AS}"]
+    assert users == [f"{render.RUN_AS}:{render.RUN_AS}"]
 
 
 @pytest.mark.parametrize("topology", TOPOLOGIES)
 def test_admin_and_opa_api_stay_in_the_pod_and_probes_use_readiness_and_diagnostics(topology, tmp_path):
-    net = kubernetes.KubernetesNetwork
+    net = render.KubernetesNetwork
     _, objects = rendered(topology, 5, tmp_path)
     envoys = [o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("envoy-")]
     for configmap in envoys:
@@ -566,12 +569,12 @@ def test_admin_and_opa_api_stay_in_the_pod_and_probes_use_readiness_and_diagnost
                 assert {p["httpGet"]["port"] for p in probes} == {net.OPA_DIAGNOSTIC}
             elif container["name"] == "envoy":
                 assert {(p["httpGet"]["path"], p["httpGet"]["port"]) for p in probes} == {("/ready", net.ENVOY_READY)}
-            elif container["name"] == kubernetes.BUNDLE_SERVER:
+            elif container["name"] == render.BUNDLE_SERVER:
                 # With mutual TLS it answers /health to the control plane's certificate only: a TCP probe.
                 assert all(p["tcpSocket"] == {"port": net.BUNDLES} for p in probes)
             elif any("127.0.0.1" == e["value"] for e in container["env"] if e["name"] == "HOST"):
                 # Beside its sidecar the service listens on the pod's loopback: the probe runs inside.
-                assert all(p == kubernetes.service_probe(net.SERVICE, beside=True, mtls=True) for p in probes)
+                assert all(p == render.service_probe(net.SERVICE, beside=True, mtls=True) for p in probes)
                 assert all("exec" in p and "connect(3000, '127.0.0.1')" in p["exec"]["command"][-1] for p in probes)
             else:
                 # With mutual TLS GET /health needs the control plane's certificate: a TCP probe.
@@ -587,12 +590,12 @@ def test_without_mtls_services_are_probed_on_get_health(topology, tmp_path):
             if topology == "sidecar":
                 assert "http://127.0.0.1:3000/health" in probe["exec"]["command"][-1], name
             else:
-                assert probe["httpGet"] == {"path": "/health", "port": kubernetes.KubernetesNetwork.SERVICE}, name
+                assert probe["httpGet"] == {"path": "/health", "port": render.KubernetesNetwork.SERVICE}, name
 
 
 @pytest.mark.parametrize("topology", TOPOLOGIES)
 def test_network_policies_admit_no_peer_to_admin_opa_or_probe_ports_denied(topology, tmp_path):
-    net = kubernetes.KubernetesNetwork
+    net = render.KubernetesNetwork
     _, objects = rendered(topology, 5, tmp_path)
     closed = {net.ENVOY_ADMIN, net.OPA_HTTP, net.OPA_GRPC, net.ENVOY_READY, net.OPA_DIAGNOSTIC}
     policies = by_kind(objects, "NetworkPolicy")
@@ -675,7 +678,7 @@ def test_every_part_has_its_own_tls_secret_issued_by_one_ca_allowed(topology, tm
     expected = {f"tls-{p}": pki.spiffe_id("point", p) for p in points}
     expected |= {f"tls-{i.id}": pki.spiffe_id("service", i.id) for i in manifest.load(topology, services=5).instances}
     if topology != "baseline":  # nothing decides in the baseline: no bundle to serve
-        expected[f"tls-{kubernetes.BUNDLE_SERVER}"] = pki.BUNDLE_SERVER
+        expected[f"tls-{render.BUNDLE_SERVER}"] = pki.BUNDLE_SERVER
     assert {name for name in found if name.startswith("tls-")} == set(expected)
     authorities = set()
     for name, part in expected.items():
@@ -788,7 +791,7 @@ def test_each_sidecar_pod_admits_only_its_own_service_and_sidecar(tmp_path):
 def test_secrets_are_mounted_read_only_for_the_pods_group(topology, tmp_path):
     _, objects = rendered(topology, 5, tmp_path)
     for workload, pod in pods(objects).items():
-        assert pod["securityContext"]["fsGroup"] == kubernetes.RUN_AS
+        assert pod["securityContext"]["fsGroup"] == render.RUN_AS
         secret_volumes = {v["name"]: v for v in pod["volumes"] if "secret" in v}
         assert secret_volumes, workload
         assert all(v["secret"]["defaultMode"] == 0o440 for v in secret_volumes.values())
@@ -842,7 +845,7 @@ def test_network_policies_admit_every_connection_records_take_allowed(topology, 
 @pytest.mark.parametrize("topology", TOPOLOGIES)
 def test_without_mtls_no_secret_is_rendered_denied(topology, tmp_path):
     path, objects = rendered(topology, 5, tmp_path, overrides=PLAIN)
-    assert kubernetes.validate(path) == []
+    assert validate.validate(path) == []
     assert [o["metadata"]["name"] for o in objects if o["kind"] == "Secret"] == []
     assert "secretGenerator" not in yaml.safe_load((tmp_path / "kustomization" / "kustomization.yaml").read_text())
     for workload, pod in pods(objects).items():
@@ -889,20 +892,20 @@ def dns_sans(pem: str) -> list[str]:
 @pytest.mark.parametrize("topology", DECIDING)
 def test_the_bundle_server_serves_every_deciding_points_bundle_from_configmaps_named_without_a_hash_allowed(topology, tmp_path):
     _, objects = rendered(topology, 5, tmp_path)
-    namespace = kubernetes.namespace_of(manifest.load(topology))
-    server = by_kind(objects, "Deployment")[kubernetes.BUNDLE_SERVER]
-    assert server["metadata"]["namespace"] == namespace and server["metadata"]["labels"]["component"] == kubernetes.BUNDLE_SERVER
-    assert by_kind(objects, "Service")[kubernetes.BUNDLE_SERVER]["spec"]["ports"] == [
-        {"name": f"p{kubernetes.KubernetesNetwork.BUNDLES}", "port": kubernetes.KubernetesNetwork.BUNDLES, "targetPort": kubernetes.KubernetesNetwork.BUNDLES}]
+    namespace = render.namespace_of(manifest.load(topology))
+    server = by_kind(objects, "Deployment")[render.BUNDLE_SERVER]
+    assert server["metadata"]["namespace"] == namespace and server["metadata"]["labels"]["component"] == render.BUNDLE_SERVER
+    assert by_kind(objects, "Service")[render.BUNDLE_SERVER]["spec"]["ports"] == [
+        {"name": f"p{render.KubernetesNetwork.BUNDLES}", "port": render.KubernetesNetwork.BUNDLES, "targetPort": render.KubernetesNetwork.BUNDLES}]
     pod = server["spec"]["template"]["spec"]
-    assert pod["nodeSelector"] == {kubernetes.NODE_LABEL: "gateway"}  # where the control side lives
+    assert pod["nodeSelector"] == {NODE_LABEL: "gateway"}  # where the control side lives
     [container] = pod["containers"]
-    assert container["image"] == kubernetes.PYTHON_IMAGE and container["command"][:3] == ["python", "-m", "complyroute.bundleserver"]
+    assert container["image"] == render.PYTHON_IMAGE and container["command"][:3] == ["python", "-m", "complyroute.bundleserver"]
     # Its code: the module and all it imports, as they are in complyroute/.
     files = mounted_files(objects, pod, container)
     package = manifest.REPO / "complyroute"
-    assert {path: content for path, content in files.items() if path.startswith(kubernetes.CODE_MOUNT)} == {
-        f"{kubernetes.CODE_MOUNT}/complyroute/{name}": (package / name).read_text() for name in kubernetes.BUNDLE_SERVER_MODULES}
+    assert {path: content for path, content in files.items() if path.startswith(render.CODE_MOUNT)} == {
+        f"{render.CODE_MOUNT}/complyroute/{name}": (package / name).read_text() for name in render.BUNDLE_SERVER_MODULES}
     # Its bundles: one per deciding point, each as that point's OPA asks for it, in ConfigMaps
     # named as they are (no hash suffix), all of them in its one projected volume.
     configmaps = by_kind(objects, "ConfigMap")
@@ -911,7 +914,7 @@ def test_the_bundle_server_serves_every_deciding_points_bundle_from_configmaps_n
     projected = next(v for v in pod["volumes"] if v["name"] == "bundles")["projected"]["sources"]
     assert [s["configMap"]["name"] for s in projected] == names
     points = {point for *_, point in opa_containers(objects)}
-    served = {path.removeprefix(f"{kubernetes.BUNDLES_MOUNT}/"): content for path, content in files.items() if path.startswith(kubernetes.BUNDLES_MOUNT)}
+    served = {path.removeprefix(f"{render.BUNDLES_MOUNT}/"): content for path, content in files.items() if path.startswith(render.BUNDLES_MOUNT)}
     assert set(served) == {f"{point}.tar.gz" for point in points} == set(bundle_files(objects))
     revision = bundles.revision()
     for name, bundle in served.items():
@@ -922,22 +925,22 @@ def test_the_bundle_server_serves_every_deciding_points_bundle_from_configmaps_n
     # Every ConfigMap the rule set fills says which revision it holds; no other one changes with it.
     rule_set = [o for o in configmaps.values() if o["metadata"].get("labels", {}).get("component") == "rule-set"]
     assert {o["metadata"]["name"] for o in rule_set} == {n for n in configmaps if n.startswith(("bundles-", "routes-"))}
-    assert all(o["metadata"]["annotations"] == {kubernetes.REVISION_ANNOTATION: revision} for o in rule_set)
+    assert all(o["metadata"]["annotations"] == {render.REVISION_ANNOTATION: revision} for o in rule_set)
     assert all(re.search(r"-[a-z0-9]{10}$", n) for n in configmaps if n not in {o["metadata"]["name"] for o in rule_set})
 
 
 def test_the_baseline_decides_nothing_so_renders_no_bundle_server_denied(tmp_path):
     _, objects = rendered("baseline", 5, tmp_path)
-    assert kubernetes.BUNDLE_SERVER not in {**by_kind(objects, "Deployment"), **by_kind(objects, "Service"), **by_kind(objects, "NetworkPolicy")}
+    assert render.BUNDLE_SERVER not in {**by_kind(objects, "Deployment"), **by_kind(objects, "Service"), **by_kind(objects, "NetworkPolicy")}
     assert [n for n in by_kind(objects, "ConfigMap") if n.startswith(("bundles-", "policy-", "opa-config-", "bundle-server-"))] == []
 
 
 @pytest.mark.parametrize("topology", DECIDING)
 def test_each_opa_fetches_its_own_bundle_with_its_own_credential_from_the_bundle_servers_service_allowed(topology, tmp_path):
     _, objects = rendered(topology, 5, tmp_path)
-    net = kubernetes.KubernetesNetwork
-    host = f"{kubernetes.BUNDLE_SERVER}.{kubernetes.namespace_of(manifest.load(topology))}.svc.cluster.local"
-    server = pods(objects)[kubernetes.BUNDLE_SERVER]
+    net = render.KubernetesNetwork
+    host = f"{render.BUNDLE_SERVER}.{render.namespace_of(manifest.load(topology))}.svc.cluster.local"
+    server = pods(objects)[render.BUNDLE_SERVER]
     server_files = mounted_files(objects, server, server["containers"][0])
     # OPA checks the host it reaches: the bundle server's certificate names its Service.
     assert dns_sans(server_files[kubetrust.FILES.cert]) == [host] and uri_sans(server_files[kubetrust.FILES.cert]) == [pki.BUNDLE_SERVER]
@@ -959,25 +962,25 @@ def test_each_opa_fetches_its_own_bundle_with_its_own_credential_from_the_bundle
 @pytest.mark.parametrize("topology", DECIDING)
 def test_only_pods_with_an_opa_reach_the_bundle_server_denied(topology, tmp_path):
     _, objects = rendered(topology, 5, tmp_path)
-    port = kubernetes.KubernetesNetwork.BUNDLES
+    port = render.KubernetesNetwork.BUNDLES
     policies = list(by_kind(objects, "NetworkPolicy").values())
     policy_of = lambda c: next(p["spec"] for p in policies if p["spec"]["podSelector"]["matchLabels"]["component"] == c)
     component = {name: w["metadata"]["labels"]["component"] for name, w in {**by_kind(objects, "Deployment"), **by_kind(objects, "DaemonSet")}.items()}
     with_opa = {component[workload] for workload, *_ in opa_containers(objects)}
-    for name in set(component.values()) - {kubernetes.BUNDLE_SERVER}:
-        assert admitted(policy_of(kubernetes.BUNDLE_SERVER)["ingress"], "from", name, port) == (name in with_opa), name
-        assert admitted(policy_of(name)["egress"], "to", kubernetes.BUNDLE_SERVER, port) == (name in with_opa), name
+    for name in set(component.values()) - {render.BUNDLE_SERVER}:
+        assert admitted(policy_of(render.BUNDLE_SERVER)["ingress"], "from", name, port) == (name in with_opa), name
+        assert admitted(policy_of(name)["egress"], "to", render.BUNDLE_SERVER, port) == (name in with_opa), name
     # The bundle server itself sends nothing but DNS queries.
-    assert len(policy_of(kubernetes.BUNDLE_SERVER)["egress"]) == 1 and policy_of(kubernetes.BUNDLE_SERVER)["egress"][0]["ports"][0]["port"] == 53
+    assert len(policy_of(render.BUNDLE_SERVER)["egress"]) == 1 and policy_of(render.BUNDLE_SERVER)["egress"][0]["ports"][0]["port"] == 53
 
 
 def test_without_mtls_opa_fetches_its_bundle_over_plain_http_and_the_server_is_probed_on_get_health(tmp_path):
     _, objects = rendered("central-entity", 5, tmp_path, overrides=PLAIN)
-    net = kubernetes.KubernetesNetwork
+    net = render.KubernetesNetwork
     [(_, pod, container, point)] = opa_containers(objects)
     config = yaml.safe_load(mounted_files(objects, pod, container)["/config/opa.yaml"])
-    assert config["services"] == {"control": {"url": f"http://{kubernetes.BUNDLE_SERVER}.complyroute-central-entity.svc.cluster.local:{net.BUNDLES}"}}
-    server = pods(objects)[kubernetes.BUNDLE_SERVER]["containers"][0]
+    assert config["services"] == {"control": {"url": f"http://{render.BUNDLE_SERVER}.complyroute-central-entity.svc.cluster.local:{net.BUNDLES}"}}
+    server = pods(objects)[render.BUNDLE_SERVER]["containers"][0]
     assert "--cert" not in server["command"] and server["readinessProbe"]["httpGet"] == {"path": "/health", "port": net.BUNDLES}
 
 
@@ -1004,7 +1007,7 @@ def test_each_secret_is_mounted_by_its_own_parts_containers_only_denied(topology
                 mounted.setdefault(secret, set()).add((workload, container["name"]))
     assert set(mounted) == set(names.values())  # none left unmounted
     if topology != "baseline":
-        assert mounted[f"tls-{kubernetes.BUNDLE_SERVER}"] == {(kubernetes.BUNDLE_SERVER, kubernetes.BUNDLE_SERVER)}
+        assert mounted[f"tls-{render.BUNDLE_SERVER}"] == {(render.BUNDLE_SERVER, render.BUNDLE_SERVER)}
         assert mounted[f"token-{ENTRY[topology]}"] == {(ENTRY[topology], "opa")}
 
 
@@ -1075,19 +1078,19 @@ def test_the_rendered_bundle_server_runs_on_the_standard_library_alone_and_takes
     under a Python without site-packages (so without `cryptography` and the rest of
     complyroute): it serves a point's OPA its own bundle, over mutual TLS, under the Service's
     name; and when the kubelet swaps the bundles' ConfigMap, a long poll gets the new bundle."""
-    renderer = kubernetes.Renderer(manifest.load("sidecar", services=3))
+    renderer = render.Renderer(manifest.load("sidecar", services=3))
     renderer.render()
-    objects = [o for o in yaml.safe_load_all(kubernetes.build(renderer, tmp_path / "kustomization")) if o]
-    pod = pods(objects)[kubernetes.BUNDLE_SERVER]
+    objects = [o for o in yaml.safe_load_all(render.build(renderer, tmp_path / "kustomization")) if o]
+    pod = pods(objects)[render.BUNDLE_SERVER]
     container = pod["containers"][0]
     files = mounted_files(objects, pod, container)
     root = tmp_path / "pod"
     for path, content in files.items():
-        if not path.startswith(kubernetes.BUNDLES_MOUNT):
+        if not path.startswith(render.BUNDLES_MOUNT):
             (root / path.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
             (root / path.lstrip("/")).write_text(content)
-    served = {path.rsplit("/", 1)[1]: content for path, content in files.items() if path.startswith(kubernetes.BUNDLES_MOUNT)}
-    kubelet_volume(root / kubernetes.BUNDLES_MOUNT.lstrip("/"), served)
+    served = {path.rsplit("/", 1)[1]: content for path, content in files.items() if path.startswith(render.BUNDLES_MOUNT)}
+    kubelet_volume(root / render.BUNDLES_MOUNT.lstrip("/"), served)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -1095,7 +1098,7 @@ def test_the_rendered_bundle_server_runs_on_the_standard_library_alone_and_takes
     command[command.index("--address") + 1], command[command.index("--port") + 1] = "127.0.0.1", str(port)
     # -S: no site-packages; -E, -s: no environment or user site either. The working directory, as
     # the pod's, puts its complyroute package on the path.
-    server = subprocess.Popen([sys.executable, "-S", "-E", "-s", *command], cwd=root / kubernetes.CODE_MOUNT.lstrip("/"),
+    server = subprocess.Popen([sys.executable, "-S", "-E", "-s", *command], cwd=root / render.CODE_MOUNT.lstrip("/"),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     host = renderer.net.bundle_server().reach
     point = "sidecar-svc-01"
@@ -1114,10 +1117,10 @@ def test_the_rendered_bundle_server_runs_on_the_standard_library_alone_and_takes
         status, _, _ = https_get(port, host, credential, "/bundles/sidecar-svc-02.tar.gz")
         assert status == 403  # a point reads its own bundle only
         with pytest.raises(ssl.SSLCertVerificationError, match="match"):  # OPA checks the name it reached
-            https_get(port, f"{kubernetes.BUNDLE_SERVER}.elsewhere.svc.cluster.local", credential, f"/bundles/{point}.tar.gz")
+            https_get(port, f"{render.BUNDLE_SERVER}.elsewhere.svc.cluster.local", credential, f"/bundles/{point}.tar.gz")
 
         # A reload: the same points and trust, another rule set; the kubelet swaps the volume.
-        reloaded = kubernetes.Renderer(renderer.topology, us_adequate)
+        reloaded = render.Renderer(renderer.topology, us_adequate)
         reloaded.configure(renderer.points, renderer.point_trust)
         [new] = reloaded.bundles
         answers = []
@@ -1125,7 +1128,7 @@ def test_the_rendered_bundle_server_runs_on_the_standard_library_alone_and_takes
             port, host, credential, f"/bundles/{point}.tar.gz", {"If-None-Match": headers["ETag"], "Prefer": "wait=20"})))
         waiting.start()
         time.sleep(0.5)
-        kubelet_volume(root / kubernetes.BUNDLES_MOUNT.lstrip("/"), new)
+        kubelet_volume(root / render.BUNDLES_MOUNT.lstrip("/"), new)
         waiting.join(25)
         status, new_headers, body = answers[0]
         assert status == 200 and body == new[f"{point}.tar.gz"] != served[f"{point}.tar.gz"]
@@ -1140,17 +1143,17 @@ def test_envoy_rereads_its_route_files_when_the_kubelet_swaps_their_configmap_al
     as the kubelet does: when the kubelet swaps in the route files a reload renders (the same
     points and trust, the US adequate), Envoy serves them, named by the new revision, without a
     restart; its bootstrap is the same for both rule sets."""
-    renderer = kubernetes.Renderer(manifest.load("central-entity", services=5, engine="envoy-compiled"))
+    renderer = render.Renderer(manifest.load("central-entity", services=5, engine="envoy-compiled"))
     renderer.render()
-    objects = [o for o in yaml.safe_load_all(kubernetes.build(renderer, tmp_path / "kustomization")) if o]
+    objects = [o for o in yaml.safe_load_all(render.build(renderer, tmp_path / "kustomization")) if o]
     pod = pods(objects)["central-entity"]
     container = next(c for c in pod["containers"] if c["name"] == "envoy")
     files = mounted_files(objects, pod, container)
     bootstrap = local_bootstrap(files, container["args"][container["args"].index("-c") + 1], tmp_path / "pod")
-    routes = tmp_path / "pod" / kubernetes.ROUTES_MOUNT.lstrip("/")
+    routes = tmp_path / "pod" / render.ROUTES_MOUNT.lstrip("/")
     shutil.rmtree(routes)
-    kubelet_volume(routes, {path.rsplit("/", 1)[1]: content for path, content in files.items() if path.startswith(kubernetes.ROUTES_MOUNT)})
-    reloaded = kubernetes.Renderer(renderer.topology, us_adequate)
+    kubelet_volume(routes, {path.rsplit("/", 1)[1]: content for path, content in files.items() if path.startswith(render.ROUTES_MOUNT)})
+    reloaded = render.Renderer(renderer.topology, us_adequate)
     reloaded.configure(renderer.points, renderer.point_trust)
     assert reloaded.bootstraps == renderer.bootstraps and reloaded.routes != renderer.routes
     [new] = reloaded.routes["central-entity"]
@@ -1212,25 +1215,25 @@ class FakeApiServer:
 def deployed_central_entity(tmp_path, monkeypatch):
     """The compiled central entity at 5 services as k8s-deploy applies and records it, against a
     fake API server; its ConfigMaps' budget as given to the factory at deploy time."""
-    monkeypatch.setattr(kubernetes, "DEPLOYED", tmp_path / "deployed")
+    monkeypatch.setattr(apply, "DEPLOYED", tmp_path / "deployed")
 
     def deploy(budget=None):
         with monkeypatch.context() as during:
             if budget:
-                during.setattr(kubernetes, "CONFIGMAP_BUDGET", budget)
-            renderer = kubernetes.Renderer(manifest.load("central-entity", services=5, engine="envoy-compiled"))
+                during.setattr(render, "CONFIGMAP_BUDGET", budget)
+            renderer = render.Renderer(manifest.load("central-entity", services=5, engine="envoy-compiled"))
             renderer.render()
-            objects = [o for o in yaml.safe_load_all(kubernetes.build(renderer, tmp_path / "kustomization")) if o]
-        kubernetes.Deployed.of(renderer).write()
+            objects = [o for o in yaml.safe_load_all(render.build(renderer, tmp_path / "kustomization")) if o]
+        apply.Deployed.of(renderer).write()
         api = FakeApiServer(objects)
-        monkeypatch.setattr(kubernetes, "kubectl_output", api)
+        monkeypatch.setattr(apply, "kubectl_output", api)
         return renderer, objects, api
     return deploy
 
 
 def test_reload_with_the_deployed_rule_set_applies_the_same_configmaps_and_changes_nothing_denied(deployed_central_entity):
     renderer, objects, api = deployed_central_entity()
-    result = kubernetes.reload_policy(renderer.topology, out=io.StringIO())
+    result = apply.reload_policy(renderer.topology, out=io.StringIO())
     assert result["applied"] == ["bundles-1", "routes-central-entity-1"] and result["changed"] == []
     assert result["revision"] == renderer.revision == bundles.revision()
     [applied] = api.applied
@@ -1241,21 +1244,21 @@ def test_reload_with_the_deployed_rule_set_applies_the_same_configmaps_and_chang
 def test_reload_with_another_rule_set_applies_only_the_bundle_and_route_configmaps_allowed(deployed_central_entity, us_adequate):
     renderer, objects, api = deployed_central_entity()
     out = io.StringIO()
-    result = kubernetes.reload_policy(renderer.topology, us_adequate, out=out)
+    result = apply.reload_policy(renderer.topology, us_adequate, out=out)
     revision = bundles.revision(us_adequate)
     assert result == {"revision": revision, "namespace": "complyroute-central-entity",
                       "applied": ["bundles-1", "routes-central-entity-1"], "changed": ["bundles-1", "routes-central-entity-1"]}
     [applied] = api.applied
     assert {o["kind"] for o in applied} == {"ConfigMap"}  # no Deployment, so no pod template changes
-    assert all(o["metadata"]["annotations"] == {kubernetes.REVISION_ANNOTATION: revision} for o in applied)
+    assert all(o["metadata"]["annotations"] == {render.REVISION_ANNOTATION: revision} for o in applied)
     bundle = bundle_members(bundle_files(applied)["central-entity.tar.gz"])
     assert json.loads(bundle["complyroute/reference/data.json"])["adequacy"][-1] == "US"
     assert json.loads(bundle["data.json"])["complyroute"]["revision"] == revision
     assert f"revision {revision} applied to namespace complyroute-central-entity" in out.getvalue()
     assert "does not wait" in out.getvalue() and "/v1/data/complyroute/revision" in out.getvalue()
     # The record names the revision now applied; a second reload of it changes nothing.
-    assert pickle.loads(kubernetes.Deployed.path("complyroute-central-entity").read_bytes()).revision == revision
-    assert kubernetes.reload_policy(renderer.topology, us_adequate, out=io.StringIO())["changed"] == []
+    assert pickle.loads(apply.Deployed.path("complyroute-central-entity").read_bytes()).revision == revision
+    assert apply.reload_policy(renderer.topology, us_adequate, out=io.StringIO())["changed"] == []
 
 
 def test_reload_of_a_rule_set_that_does_not_compile_applies_nothing_denied(deployed_central_entity, tmp_path):
@@ -1263,21 +1266,21 @@ def test_reload_of_a_rule_set_that_does_not_compile_applies_nothing_denied(deplo
     broken = tmp_path / "broken"
     shutil.copytree(POLICIES, broken)
     (broken / "complyroute" / "compliance" / "compliance.rego").write_text("package complyroute.compliance\n\nallow if {\n")
-    with pytest.raises(kubernetes.ReloadError, match="cannot be applied; nothing was applied"):
-        kubernetes.reload_policy(renderer.topology, broken, out=io.StringIO())
+    with pytest.raises(ReloadError, match="cannot be applied; nothing was applied"):
+        apply.reload_policy(renderer.topology, broken, out=io.StringIO())
     assert api.applied == []
 
 
 def test_reload_refuses_a_namespace_it_has_no_record_of_or_one_deployed_again_since_denied(deployed_central_entity):
     renderer, _, api = deployed_central_entity()
-    with pytest.raises(kubernetes.ReloadError, match="was not deployed to Kubernetes from here"):
-        kubernetes.reload_policy(manifest.load("sidecar"), out=io.StringIO())
-    api.objects[("Namespace", "complyroute-central-entity")]["metadata"]["annotations"][kubernetes.RENDER_ANNOTATION] = "another"
-    with pytest.raises(kubernetes.ReloadError, match="runs render another, not"):
-        kubernetes.reload_policy(renderer.topology, out=io.StringIO())
+    with pytest.raises(ReloadError, match="was not deployed to Kubernetes from here"):
+        apply.reload_policy(manifest.load("sidecar"), out=io.StringIO())
+    api.objects[("Namespace", "complyroute-central-entity")]["metadata"]["annotations"][render.RENDER_ANNOTATION] = "another"
+    with pytest.raises(ReloadError, match="runs render another, not"):
+        apply.reload_policy(renderer.topology, out=io.StringIO())
     del api.objects[("Namespace", "complyroute-central-entity")]
-    with pytest.raises(kubernetes.ReloadError, match="not in the current kubectl context"):
-        kubernetes.reload_policy(renderer.topology, out=io.StringIO())
+    with pytest.raises(ReloadError, match="not in the current kubectl context"):
+        apply.reload_policy(renderer.topology, out=io.StringIO())
     assert api.applied == []
 
 
@@ -1286,7 +1289,7 @@ def test_reload_keeps_the_configmaps_the_pods_mount_allowed(deployed_central_ent
     whose files fill one leaves the second mounted, empty."""
     renderer, _, api = deployed_central_entity(budget=55_000)
     assert renderer.route_configmaps("central-entity") == ["routes-central-entity-1", "routes-central-entity-2"]
-    result = kubernetes.reload_policy(renderer.topology, us_adequate, out=io.StringIO())
+    result = apply.reload_policy(renderer.topology, us_adequate, out=io.StringIO())
     assert result["applied"] == ["bundles-1", "routes-central-entity-1", "routes-central-entity-2"]
     emptied = by_kind(api.applied[0], "ConfigMap")["routes-central-entity-2"]
     assert "data" not in emptied and "binaryData" not in emptied
@@ -1294,32 +1297,32 @@ def test_reload_keeps_the_configmaps_the_pods_mount_allowed(deployed_central_ent
 
 
 def test_reload_of_the_baseline_says_there_is_no_rule_set_to_reload_denied(tmp_path, monkeypatch):
-    monkeypatch.setattr(kubernetes, "DEPLOYED", tmp_path / "deployed")
-    renderer = kubernetes.Renderer(manifest.load("baseline", services=3))
+    monkeypatch.setattr(apply, "DEPLOYED", tmp_path / "deployed")
+    renderer = render.Renderer(manifest.load("baseline", services=3))
     renderer.render()
-    api = FakeApiServer([o for o in yaml.safe_load_all(kubernetes.build(renderer, tmp_path / "kustomization")) if o])
-    monkeypatch.setattr(kubernetes, "kubectl_output", api)
-    kubernetes.Deployed.of(renderer).write()
-    with pytest.raises(kubernetes.ReloadError, match="baseline runs no OPA"):
-        kubernetes.reload_policy(renderer.topology, out=io.StringIO())
+    api = FakeApiServer([o for o in yaml.safe_load_all(render.build(renderer, tmp_path / "kustomization")) if o])
+    monkeypatch.setattr(apply, "kubectl_output", api)
+    apply.Deployed.of(renderer).write()
+    with pytest.raises(ReloadError, match="baseline runs no OPA"):
+        apply.reload_policy(renderer.topology, out=io.StringIO())
     assert api.applied == []
 
 
 def test_reload_refuses_files_that_would_need_configmaps_the_pods_do_not_mount_denied(deployed_central_entity, us_adequate, monkeypatch):
     renderer, _, api = deployed_central_entity()
-    monkeypatch.setattr(kubernetes, "CONFIGMAP_BUDGET", 55_000)
-    with pytest.raises(kubernetes.ReloadError, match=r"fills ConfigMaps the pods do not mount \(routes-central-entity-2\)"):
-        kubernetes.reload_policy(renderer.topology, us_adequate, out=io.StringIO())
+    monkeypatch.setattr(render, "CONFIGMAP_BUDGET", 55_000)
+    with pytest.raises(ReloadError, match=r"fills ConfigMaps the pods do not mount \(routes-central-entity-2\)"):
+        apply.reload_policy(renderer.topology, us_adequate, out=io.StringIO())
     assert api.applied == []
 
 
 def test_reload_refuses_a_rule_set_that_changes_an_envoy_bootstrap_denied(deployed_central_entity):
     renderer, _, api = deployed_central_entity()
-    path = kubernetes.Deployed.path("complyroute-central-entity")
+    path = apply.Deployed.path("complyroute-central-entity")
     record = pickle.loads(path.read_bytes())
     path.write_bytes(pickle.dumps(replace(record, bootstraps={"central-entity": "0" * 64})))  # as if deployed with another bootstrap
-    with pytest.raises(kubernetes.ReloadError, match="changes the Envoy configuration of central-entity beyond its route files"):
-        kubernetes.reload_policy(renderer.topology, out=io.StringIO())
+    with pytest.raises(ReloadError, match="changes the Envoy configuration of central-entity beyond its route files"):
+        apply.reload_policy(renderer.topology, out=io.StringIO())
     assert api.applied == []
 
 
@@ -1335,9 +1338,9 @@ def test_every_container_runs_an_image_make_images_builds_never_pulled(topology,
 @pytest.mark.parametrize("topology", ["sidecar", "dynamic-router-6", "baseline"])
 def test_a_one_node_rendering_puts_every_pod_on_the_node_labelled_for_all_roles(topology, tmp_path):
     loaded = manifest.load(topology, services=5)
-    spread = [o for o in yaml.safe_load_all(kubernetes.render(loaded, tmp_path / "spread")) if o]
-    one = [o for o in yaml.safe_load_all(kubernetes.render(loaded, tmp_path / "one", one_node=True)) if o]
-    assert {name: pod["nodeSelector"] for name, pod in pods(one).items()} == {name: {kubernetes.ROLE_LABEL: "all"} for name in pods(spread)}
+    spread = [o for o in yaml.safe_load_all(render.render(loaded, tmp_path / "spread")) if o]
+    one = [o for o in yaml.safe_load_all(render.render(loaded, tmp_path / "one", one_node=True)) if o]
+    assert {name: pod["nodeSelector"] for name, pod in pods(one).items()} == {name: {ROLE_LABEL: "all"} for name in pods(spread)}
     # The same workloads, Services and policies; only where the pods go differs.
     assert sorted((o["kind"], o["metadata"]["name"]) for o in one if o["kind"] not in ("ConfigMap", "Secret")) == \
         sorted((o["kind"], o["metadata"]["name"]) for o in spread if o["kind"] not in ("ConfigMap", "Secret"))
@@ -1350,7 +1353,7 @@ def test_a_one_node_rendering_puts_every_pod_on_the_node_labelled_for_all_roles(
 def recommended_labels(topology) -> dict:
     """The app.kubernetes.io/ labels every object of `topology` carries but its name and component."""
     return {"app.kubernetes.io/instance": f"complyroute-{topology}",
-            "app.kubernetes.io/version": kubernetes.VERSION, "app.kubernetes.io/part-of": "complyroute",
+            "app.kubernetes.io/version": render.VERSION, "app.kubernetes.io/part-of": "complyroute",
             "app.kubernetes.io/managed-by": "complyroute"}
 
 
@@ -1359,7 +1362,7 @@ def missing_labels(objects) -> list[str]:
     missing = []
     for o in objects:
         for where, meta in [("", o["metadata"])] + ([(" template", o["spec"]["template"]["metadata"])] if "template" in o.get("spec", {}) else []):
-            absent = [key for key in kubernetes.RECOMMENDED_LABELS if not meta.get("labels", {}).get(key)]
+            absent = [key for key in render.RECOMMENDED_LABELS if not meta.get("labels", {}).get(key)]
             if absent:
                 missing.append(f"{o['kind']}/{o['metadata']['name']}{where}: {', '.join(absent)}")
     return missing
@@ -1401,9 +1404,9 @@ def test_an_object_without_a_recommended_label_is_found_and_topologies_are_told_
 
 def test_a_label_value_the_api_server_would_refuse_is_refused_at_render_denied():
     topology = manifest.load("sidecar", services=3)
-    assert kubernetes.labels(topology, "ingest-eu", "service")["app.kubernetes.io/name"] == "ingest-eu"
-    with pytest.raises(kubernetes.RenderError, match="not a label value"):
-        kubernetes.labels(topology, "x" * 64, "service")
+    assert render.labels(topology, "ingest-eu", "service")["app.kubernetes.io/name"] == "ingest-eu"
+    with pytest.raises(render.RenderError, match="not a label value"):
+        render.labels(topology, "x" * 64, "service")
 
 
 def service_images(objects) -> set[str]:
@@ -1412,9 +1415,9 @@ def service_images(objects) -> set[str]:
 
 def test_the_service_image_is_the_kustomizations_by_default_its_own_version_allowed(tmp_path):
     _, objects = rendered("sidecar", 5, tmp_path)
-    assert service_images(objects) == {kubernetes.SERVICE_IMAGE}
+    assert service_images(objects) == {render.SERVICE_IMAGE}
     version = json.loads((manifest.REPO / "services" / "package.json").read_text())["version"]
-    assert kubernetes.SERVICE_IMAGE == f"complyroute/service:{version}"
+    assert render.SERVICE_IMAGE == f"complyroute/service:{version}"
     kustomization = yaml.safe_load((tmp_path / "kustomization" / "kustomization.yaml").read_text())
     assert kustomization["images"] == [{"name": "complyroute/service", "newName": "complyroute/service", "newTag": version}]
     # The resources name the image without a tag: which one is the kustomization's to say.
@@ -1429,19 +1432,19 @@ def test_the_service_image_is_the_kustomizations_by_default_its_own_version_allo
     ("ghcr.io/x/service:2@sha256:" + "b" * 64, {"newName": "ghcr.io/x/service", "newTag": "2", "digest": "sha256:" + "b" * 64}),
 ], ids=["registry-port-tag", "no-tag", "digest", "tag-and-digest"])
 def test_an_image_given_replaces_the_service_image_everywhere_allowed(image, entry, tmp_path):
-    text = kubernetes.render(manifest.load("sidecar", services=3), tmp_path / "kustomization", image=image)
+    text = render.render(manifest.load("sidecar", services=3), tmp_path / "kustomization", image=image)
     objects = [o for o in yaml.safe_load_all(text) if o]
     assert service_images(objects) == {image}
     assert yaml.safe_load((tmp_path / "kustomization" / "kustomization.yaml").read_text())["images"] == [{"name": "complyroute/service", **entry}]
     # Envoy, OPA and the bundle server keep the images make images builds.
     others = {c["image"] for pod in pods(objects).values() for c in containers(pod) if c["name"] != "service"}
-    assert others == {kubernetes.ENVOY_IMAGE, kubernetes.OPA_IMAGE, kubernetes.PYTHON_IMAGE}
+    assert others == {render.ENVOY_IMAGE, render.OPA_IMAGE, render.PYTHON_IMAGE}
 
 
 @pytest.mark.parametrize("image", ["", "Complyroute/Service:1", "complyroute/service:1 --x", "a/b@sha256:short", "a/b:"])
 def test_an_image_that_is_no_image_reference_is_refused_denied(image, tmp_path):
-    with pytest.raises(kubernetes.RenderError, match="is not an image reference"):
-        kubernetes.render(manifest.load("sidecar", services=3), tmp_path / "kustomization", image=image)
+    with pytest.raises(render.RenderError, match="is not an image reference"):
+        render.render(manifest.load("sidecar", services=3), tmp_path / "kustomization", image=image)
     assert not (tmp_path / "kustomization").exists()
 
 
@@ -1467,9 +1470,9 @@ def fake_kubectl(namespaces, pods_by_namespace, asked):
 def test_k8s_status_shows_each_pod_ready_and_its_restarts_allowed(monkeypatch):
     asked = []
     pods_ = [fake_pod("ingest-eu-5d9c", "service", True, restarts=2, sidecars=2), fake_pod("entry-7f", "entry", True, node="gateway")]
-    monkeypatch.setattr(kubernetes, "kubectl_json", fake_kubectl(["complyroute-sidecar"], {"complyroute-sidecar": pods_}, asked))
+    monkeypatch.setattr(apply, "kubectl_json", fake_kubectl(["complyroute-sidecar"], {"complyroute-sidecar": pods_}, asked))
     out = io.StringIO()
-    assert kubernetes.status(manifest.load("sidecar", services=3), out=out) == 0
+    assert apply.status(manifest.load("sidecar", services=3), out=out) == 0
     lines = out.getvalue().splitlines()
     assert lines[0] == "complyroute-sidecar: 2 pods"
     assert re.match(r"  ready +1/1 +restarts 0 +entry-7f +entry +gateway +Running$", lines[1]), lines[1]
@@ -1481,17 +1484,17 @@ def test_k8s_status_shows_each_pod_ready_and_its_restarts_allowed(monkeypatch):
 def test_k8s_status_fails_on_a_pod_not_ready_and_on_nothing_deployed_denied(monkeypatch):
     asked = []
     pods_ = [fake_pod("ingest-eu-5d9c", "service", False, sidecars=1), fake_pod("entry-7f", "entry", True, node="gateway")]
-    monkeypatch.setattr(kubernetes, "kubectl_json", fake_kubectl(["complyroute-sidecar"], {"complyroute-sidecar": pods_}, asked))
+    monkeypatch.setattr(apply, "kubectl_json", fake_kubectl(["complyroute-sidecar"], {"complyroute-sidecar": pods_}, asked))
     out = io.StringIO()
-    assert kubernetes.status(out=out) == 1
+    assert apply.status(out=out) == 1
     assert re.search(r"NOT READY 1/2 +restarts 1 +ingest-eu-5d9c", out.getvalue()) and "1/2 pods ready" in out.getvalue()
     assert asked[0] == ("get", "namespaces", "-l", "app.kubernetes.io/part-of=complyroute")
-    monkeypatch.setattr(kubernetes, "kubectl_json", fake_kubectl([], {}, []))
+    monkeypatch.setattr(apply, "kubectl_json", fake_kubectl([], {}, []))
     out = io.StringIO()
-    assert kubernetes.status(out=out) == 1 and "no complyroute topology is deployed" in out.getvalue()
-    monkeypatch.setattr(kubernetes, "kubectl_json", lambda *args: None)
+    assert apply.status(out=out) == 1 and "no complyroute topology is deployed" in out.getvalue()
+    monkeypatch.setattr(apply, "kubectl_json", lambda *args: None)
     out = io.StringIO()
-    assert kubernetes.status(out=out) == 1 and "does not answer" in out.getvalue()
+    assert apply.status(out=out) == 1 and "does not answer" in out.getvalue()
 
 
 def test_reload_keeps_each_configmap_in_the_deploys_applyset_allowed(deployed_central_entity, us_adequate):
@@ -1500,16 +1503,16 @@ def test_reload_keeps_each_configmap_in_the_deploys_applyset_allowed(deployed_ce
     deploy could no longer prune them."""
     renderer, objects, api = deployed_central_entity()
     for key in [("ConfigMap", "bundles-1"), ("ConfigMap", "routes-central-entity-1")]:
-        api.objects[key]["metadata"]["labels"] = {**api.objects[key]["metadata"]["labels"], kubernetes.APPLYSET_MEMBER: "applyset-abc-v1"}
-    kubernetes.reload_policy(renderer.topology, us_adequate, out=io.StringIO())
+        api.objects[key]["metadata"]["labels"] = {**api.objects[key]["metadata"]["labels"], apply.APPLYSET_MEMBER: "applyset-abc-v1"}
+    apply.reload_policy(renderer.topology, us_adequate, out=io.StringIO())
     [applied] = api.applied
-    assert {o["metadata"]["name"]: o["metadata"]["labels"][kubernetes.APPLYSET_MEMBER] for o in applied} == {
+    assert {o["metadata"]["name"]: o["metadata"]["labels"][apply.APPLYSET_MEMBER] for o in applied} == {
         "bundles-1": "applyset-abc-v1", "routes-central-entity-1": "applyset-abc-v1"}
     assert all(o["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "complyroute" for o in applied)
 
 
 def test_reload_adds_no_applyset_label_where_the_deploy_had_none_denied(deployed_central_entity, us_adequate):
     renderer, objects, api = deployed_central_entity()
-    kubernetes.reload_policy(renderer.topology, us_adequate, out=io.StringIO())
+    apply.reload_policy(renderer.topology, us_adequate, out=io.StringIO())
     [applied] = api.applied
-    assert not [o["metadata"]["name"] for o in applied if kubernetes.APPLYSET_MEMBER in o["metadata"]["labels"]]
+    assert not [o["metadata"]["name"] for o in applied if apply.APPLYSET_MEMBER in o["metadata"]["labels"]]

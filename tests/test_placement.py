@@ -2,7 +2,8 @@
 
 import yaml
 
-from complyroute import enforcement, kubernetes, manifest
+from complyroute import enforcement, manifest
+from complyroute.kubernetes import render, validate
 from complyroute.plan import place
 
 
@@ -148,8 +149,8 @@ def test_a_topology_outside_the_repository_is_its_folder_and_its_manifest_allowe
     assert [(x.name, x.role) for x in p.points] == [("entry", "entry"), ("hub", "router")] and p.enforces
     assert {s.egress_url for s in p.services if s.next_step} == {listener.endpoint.url for listener in point(p, "hub").deciding}
     path = tmp_path / "hub.k8s.yaml"
-    path.write_text(kubernetes.render(hub_topology, tmp_path / "kustomization"))
-    assert kubernetes.validate(path) == []
+    path.write_text(render.render(hub_topology, tmp_path / "kustomization"))
+    assert validate.validate(path) == []
     rendered = [o for o in yaml.safe_load_all(path.read_text()) if o]
     assert {(o["kind"], o["metadata"]["name"]) for o in rendered if o["kind"] in ("Deployment", "DaemonSet")} == {
         ("Deployment", "entry"), ("DaemonSet", "hub"), ("Deployment", "bundle-server"), *(("Deployment", f"svc-0{n}") for n in (1, 2, 3))}

@@ -1,4 +1,4 @@
-"""Where cells deploy (experiments/targets.py), with kubectl, kubernetes.apply, the port-forward
+"""Where cells deploy (experiments/targets.py), with kubectl, kubernetes.apply.apply, the port-forward
 and the local deployment standing in: which target the command line makes and what it refuses,
 what a k8s target asks of its context and says about it, how it deploys, reaches and removes
 a cell, and what the runner and the reports record of it. Nothing here starts a process; the
@@ -12,7 +12,9 @@ import sys
 
 import pytest
 
-from complyroute import kubernetes, manifest
+from complyroute import manifest
+from complyroute.kubernetes import apply, render
+from complyroute.kubernetes.nodes import NODE_LABEL, ONE_NODE_ROLE, ROLE_LABEL
 from experiments import __main__ as cli
 from experiments import runner, targets
 from experiments.matrix import Cell, resolve
@@ -31,7 +33,7 @@ class Kubectl:
 
     def __init__(self, nodes=None, context=CONTEXT, answering=True):
         self.context, self.answering = context, answering
-        self.nodes = [node("complyroute-node", **{kubernetes.ROLE_LABEL: kubernetes.ONE_NODE_ROLE})] if nodes is None else nodes
+        self.nodes = [node("complyroute-node", **{ROLE_LABEL: ONE_NODE_ROLE})] if nodes is None else nodes
         self.namespaces: set[str] = set()
         self.calls: list[tuple] = []
 
@@ -56,18 +58,18 @@ class Kubectl:
 @pytest.fixture
 def kubectl(monkeypatch):
     fake = Kubectl()
-    monkeypatch.setattr(kubernetes, "kubectl_output", fake)
+    monkeypatch.setattr(apply, "kubectl_output", fake)
     return fake
 
 
 @pytest.fixture
 def cluster_side(monkeypatch, kubectl, tmp_path):
-    """kubernetes.apply, the namespace's deletion and the port-forward standing in; what each was asked."""
+    """apply.apply, the namespace's deletion and the port-forward standing in; what each was asked."""
     asked = {"apply": [], "kubectl": [], "forward": []}
 
-    def apply(topology, folder, timeout, image, one_node, out):
+    def fake_apply(topology, folder, timeout, image, one_node, out):
         asked["apply"].append({"topology": topology.name, "folder": folder, "one_node": one_node, "image": image})
-        kubectl.namespaces.add(kubernetes.namespace_of(topology))
+        kubectl.namespaces.add(render.namespace_of(topology))
         print("$ kubectl apply ...", file=out)
         return 0
 
@@ -80,9 +82,9 @@ def cluster_side(monkeypatch, kubectl, tmp_path):
         asked["forward"].append((self.namespace, service))
         return "http://127.0.0.1:40123/process"
 
-    monkeypatch.setattr(kubernetes, "apply", apply)
-    monkeypatch.setattr(kubernetes, "kubectl", delete)
-    monkeypatch.setattr(kubernetes, "DEPLOYED", tmp_path / "deployed")
+    monkeypatch.setattr(apply, "apply", fake_apply)
+    monkeypatch.setattr(apply, "kubectl", delete)
+    monkeypatch.setattr(apply, "DEPLOYED", tmp_path / "deployed")
     monkeypatch.setattr(targets.KubernetesTarget, "port_forward", port_forward)
     monkeypatch.setattr(targets, "send", lambda url, labels, body, **kwargs: passed_through(5))
     return asked
@@ -114,7 +116,7 @@ def test_k8s_names_its_context_server_and_nodes_allowed(kubectl):
     described = target.describe()
     assert described == {"target": "k8s", "context": CONTEXT, "server": SERVER, "nodes": ["complyroute-node"],
                          "deploys_to": ["complyroute-node"], "one_node": True, "entry": "kubectl port-forward to the entry's Service",
-                         "image": kubernetes.SERVICE_IMAGE}
+                         "image": render.SERVICE_IMAGE}
     assert not target.runs_here
     assert any("CPU time and memory" in line for line in target.unmeasured())
     assert any("port-forward" in line for line in target.unmeasured())
@@ -124,13 +126,13 @@ def test_k8s_names_its_context_server_and_nodes_allowed(kubectl):
 
 
 def test_k8s_without_a_context_is_refused_denied(monkeypatch):
-    monkeypatch.setattr(kubernetes, "kubectl_output", Kubectl(context=""))
+    monkeypatch.setattr(apply, "kubectl_output", Kubectl(context=""))
     with pytest.raises(targets.TargetError, match="kubectl has no current context"):
         targets.make("k8s")
 
 
 def test_k8s_whose_cluster_does_not_answer_is_refused_denied(monkeypatch):
-    monkeypatch.setattr(kubernetes, "kubectl_output", Kubectl(answering=False))
+    monkeypatch.setattr(apply, "kubectl_output", Kubectl(answering=False))
     with pytest.raises(targets.TargetError, match=f"context \\({CONTEXT}, server {SERVER}\\) does not answer: .*refused"):
         targets.make("k8s", one_node=True)
 
@@ -139,23 +141,23 @@ def test_k8s_without_kubectl_is_refused_denied(monkeypatch):
     def missing(*args):
         raise FileNotFoundError("kubectl")
 
-    monkeypatch.setattr(kubernetes, "kubectl_output", missing)
+    monkeypatch.setattr(apply, "kubectl_output", missing)
     with pytest.raises(targets.TargetError, match="needs kubectl on PATH"):
         targets.make("k8s")
 
 
 def test_one_node_needs_a_node_labelled_for_every_role_denied(monkeypatch):
-    monkeypatch.setattr(kubernetes, "kubectl_output", Kubectl(nodes=[node("worker-1")]))
+    monkeypatch.setattr(apply, "kubectl_output", Kubectl(nodes=[node("worker-1")]))
     with pytest.raises(targets.TargetError, match="--one-node: no node of context local is labelled complyroute.io/role=all"):
         targets.make("k8s", one_node=True)
 
 
 def test_several_nodes_need_the_placement_labels_denied_and_allowed(monkeypatch):
-    monkeypatch.setattr(kubernetes, "kubectl_output", Kubectl(nodes=[node("worker-1")]))
+    monkeypatch.setattr(apply, "kubectl_output", Kubectl(nodes=[node("worker-1")]))
     with pytest.raises(targets.TargetError, match="no node of context local is labelled complyroute.io/node=<node>.*--one-node"):
         targets.make("k8s")
-    labelled = [node("worker-1", **{kubernetes.NODE_LABEL: "gateway"}), node("worker-2", **{kubernetes.NODE_LABEL: "node-1"})]
-    monkeypatch.setattr(kubernetes, "kubectl_output", Kubectl(nodes=labelled))
+    labelled = [node("worker-1", **{NODE_LABEL: "gateway"}), node("worker-2", **{NODE_LABEL: "node-1"})]
+    monkeypatch.setattr(apply, "kubectl_output", Kubectl(nodes=labelled))
     assert targets.make("k8s").describe()["deploys_to"] == ["worker-1", "worker-2"]
 
 
@@ -182,9 +184,9 @@ def test_a_k8s_cell_is_applied_forwarded_and_its_namespace_deleted_allowed(clust
     log = io.StringIO()
     state = target.deploy(topology, log)
     assert cluster_side["apply"] == [{"topology": "sidecar", "folder": targets.K8S_WORKDIR / "sidecar-5", "one_node": True,
-                                      "image": kubernetes.SERVICE_IMAGE}]
-    assert cluster_side["forward"] == [("complyroute-sidecar", kubernetes.entry_service(
-        targets.place(topology, kubernetes.KubernetesNetwork("complyroute-sidecar"))))]
+                                      "image": render.SERVICE_IMAGE}]
+    assert cluster_side["forward"] == [("complyroute-sidecar", apply.entry_service(
+        targets.place(topology, render.KubernetesNetwork("complyroute-sidecar"))))]
     assert state["entry_url"] == "http://127.0.0.1:40123/process"
     assert (state["parts"], state["nodes"], state["namespace"]) == (7, ["complyroute-node"], "complyroute-sidecar")
     assert state["cpu_parts"] is None and state["memory_mib"] == {"total": None}  # pods: not sampled here
@@ -238,7 +240,7 @@ def test_a_failed_apply_fails_the_cell_and_leaves_the_namespace_to_undeploy_deni
     def failing(topology, folder, timeout, image, one_node, out):
         raise RuntimeError("kubectl -n complyroute-sidecar wait ... failed with exit code 1")
 
-    monkeypatch.setattr(kubernetes, "apply", failing)
+    monkeypatch.setattr(apply, "apply", failing)
     target = targets.make("k8s", one_node=True)
     with pytest.raises(targets.DeployFailed, match="applying sidecar to namespace complyroute-sidecar failed: kubectl .* wait"):
         target.deploy(manifest.load("sidecar", services="5"), io.StringIO())
@@ -306,7 +308,7 @@ def test_a_k8s_cell_fails_when_its_check_record_does_not_pass(tmp_path, cluster_
 # ---- the command line ------------------------------------------------------------------------------------
 
 def test_run_with_k8s_and_no_cluster_answering_exits_2_before_any_cell_denied(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(kubernetes, "kubectl_output", Kubectl(answering=False))
+    monkeypatch.setattr(apply, "kubectl_output", Kubectl(answering=False))
     assert cli.main(["--results", str(tmp_path), "run", "--profile", "quick", "--target", "k8s", "--one-node"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --target k8s: the current kubectl context (local") and err.count("\n") == 1
@@ -314,7 +316,7 @@ def test_run_with_k8s_and_no_cluster_answering_exits_2_before_any_cell_denied(tm
 
 
 def test_capacity_with_k8s_and_no_cluster_answering_exits_2_denied(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(kubernetes, "kubectl_output", Kubectl(answering=False))
+    monkeypatch.setattr(apply, "kubectl_output", Kubectl(answering=False))
     assert cli.main(["--results", str(tmp_path), "capacity", "--target", "k8s", "--one-node"]) == 2
     assert "does not answer" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []

@@ -19,7 +19,8 @@ from collections import Counter
 import pytest
 import yaml
 
-from complyroute import bundles, kubernetes, manifest, policyfiles
+from complyroute import bundles, manifest, policyfiles
+from complyroute.kubernetes import apply, render
 from complyroute.manifest import REPO
 
 pytestmark = pytest.mark.k8s
@@ -27,7 +28,7 @@ pytestmark = pytest.mark.k8s
 TOPOLOGIES = ["sidecar", "central-entity", "dynamic-router-3", "dynamic-router-6", "baseline"]
 # Every topology at 5 and 50 services with the default engine; and the two whose compiled Envoy
 # configuration at 50 services is over one ConfigMap, so its route configurations fill ConfigMaps
-# of their own (kubernetes.split_routes).
+# of their own (enforcement.split_routes).
 CASES = [(topology, services, None) for services in (5, 50) for topology in TOPOLOGIES]
 CASES += [("central-entity", 50, "envoy-compiled"), ("dynamic-router-3", 50, "envoy-compiled")]
 
@@ -39,10 +40,10 @@ def get(cluster, kind, namespace):
 @pytest.mark.parametrize("topology_name, services, engine", CASES, ids=[f"{t}-{n}" + (f"-{e}" if e else "") for t, n, e in CASES])
 def test_topology_is_accepted_scheduled_and_shaped_as_designed(cluster, topology_name, services, engine, tmp_path):
     topology = manifest.load(topology_name, services=services, engine=engine)
-    namespace = kubernetes.namespace_of(topology)
-    net = kubernetes.KubernetesNetwork
+    namespace = render.namespace_of(topology)
+    net = render.KubernetesNetwork
     rendered = tmp_path / "rendered.yaml"
-    rendered.write_text(kubernetes.render(topology, tmp_path / "kustomization"))
+    rendered.write_text(render.render(topology, tmp_path / "kustomization"))
     objects = [line for line in rendered.read_text().split("\n---\n") if line.strip()]
 
     # The API server accepts every object (server-side apply validates against its schemas).
@@ -88,7 +89,7 @@ def test_topology_is_accepted_scheduled_and_shaped_as_designed(cluster, topology
         assert len([n for n in stored if n.startswith("token-")]) == (0 if topology.kind == "baseline" else 1)
         assert not any("PRIVATE KEY" in value for c in configmaps for value in c.get("data", {}).values())
         for pod in pods:
-            assert pod["spec"]["securityContext"]["fsGroup"] == kubernetes.RUN_AS
+            assert pod["spec"]["securityContext"]["fsGroup"] == render.RUN_AS
             mounted = [v["secret"]["secretName"] for v in pod["spec"]["volumes"] if "secret" in v]
             assert mounted and all(name in stored for name in mounted), (pod["metadata"]["name"], mounted)
 
@@ -100,7 +101,7 @@ def test_topology_is_accepted_scheduled_and_shaped_as_designed(cluster, topology
             mounted = [v["configMap"]["name"] for v in volumes if "configMap" in v]
             mounted += [s["configMap"]["name"] for v in volumes if "projected" in v for s in v["projected"]["sources"]]
             assert set(mounted) <= names, (pod["metadata"]["name"], set(mounted) - names)
-        assert max(configmap_bytes(c) for c in configmaps) <= kubernetes.CONFIGMAP_BUDGET
+        assert max(configmap_bytes(c) for c in configmaps) <= render.CONFIGMAP_BUDGET
         routes = [c for c in configmaps if c["metadata"]["name"].startswith("routes-")]
         assert bool(routes) == (engine == "envoy-compiled"), [c["metadata"]["name"] for c in routes]
         # The deciding points' bundles, in ConfigMaps named as they are (a reload updates them in place).
@@ -111,7 +112,7 @@ def test_topology_is_accepted_scheduled_and_shaped_as_designed(cluster, topology
         for pod in pods:
             assert pod["spec"]["securityContext"]["runAsNonRoot"] and pod["spec"]["automountServiceAccountToken"] is False
         privileged = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "privileged", "namespace": namespace},
-                      "spec": {"containers": [{"name": "c", "image": kubernetes.ENVOY_IMAGE, "securityContext": {"privileged": True}}]}}
+                      "spec": {"containers": [{"name": "c", "image": render.ENVOY_IMAGE, "securityContext": {"privileged": True}}]}}
         refused = cluster.kubectl("apply", "-f", "-", input=json.dumps(privileged), check=False, quiet=True)
         assert refused.returncode != 0 and "violates PodSecurity" in refused.stderr, refused.stdout + refused.stderr
 
@@ -166,10 +167,10 @@ def test_reload_policy_updates_the_bundle_and_route_configmaps_and_rolls_no_pod_
     ReplicaSet or pod is made. (kwok runs no kubelet: nothing here swaps files in a pod.)"""
     monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
     topology = manifest.load("central-entity", services=5, engine="envoy-compiled")
-    namespace = kubernetes.namespace_of(topology)
+    namespace = render.namespace_of(topology)
     changing = ["bundles-1", "routes-central-entity-1"]
     try:
-        assert kubernetes.apply(topology, REPO / "runs" / "k8s" / "central-entity-5", "180s") == 0
+        assert apply.apply(topology, REPO / "runs" / "k8s" / "central-entity-5", "180s") == 0
         deployed = snapshot(cluster, namespace)
         assert set(changing) <= set(deployed["configmaps"]) and deployed["replicasets"]
 
@@ -178,7 +179,7 @@ def test_reload_policy_updates_the_bundle_and_route_configmaps_and_rolls_no_pod_
         assert f"revision {bundles.revision()} applied to namespace {namespace}: no ConfigMap changed" in same.stdout
         assert snapshot(cluster, namespace) == deployed
 
-        result = kubernetes.reload_policy(topology, us_adequate, out=io.StringIO())
+        result = apply.reload_policy(topology, us_adequate, out=io.StringIO())
         revision = bundles.revision(us_adequate)
         assert result["changed"] == changing and result["revision"] == revision != bundles.revision()
         reloaded = snapshot(cluster, namespace)
@@ -186,7 +187,7 @@ def test_reload_policy_updates_the_bundle_and_route_configmaps_and_rolls_no_pod_
         assert {key: reloaded[key] for key in ("secrets", "workloads", "replicasets", "pods")} == {
             key: deployed[key] for key in ("secrets", "workloads", "replicasets", "pods")}
         stored = {c["metadata"]["name"]: c for c in get(cluster, "configmaps", namespace)}
-        assert all(stored[n]["metadata"]["annotations"][kubernetes.REVISION_ANNOTATION] == revision for n in changing)
+        assert all(stored[n]["metadata"]["annotations"][render.REVISION_ANNOTATION] == revision for n in changing)
         bundle = base64.b64decode(stored["bundles-1"]["binaryData"]["central-entity.tar.gz"])
         with tarfile.open(fileobj=io.BytesIO(bundle), mode="r:gz") as tar:
             members = {m.name.lstrip("/"): tar.extractfile(m).read() for m in tar.getmembers()}
@@ -195,7 +196,7 @@ def test_reload_policy_updates_the_bundle_and_route_configmaps_and_rolls_no_pod_
         assert all(json.loads(route)["version_info"] == revision for route in stored["routes-central-entity-1"]["data"].values())
     finally:
         cluster.kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=180s", quiet=True, check=False)
-        kubernetes.Deployed.path(namespace).unlink(missing_ok=True)
+        apply.Deployed.path(namespace).unlink(missing_ok=True)
 
 
 def test_make_deploy_and_undeploy_target_k8s_drive_the_current_context(cluster):
@@ -237,20 +238,20 @@ def test_deploying_5_services_after_50_prunes_what_only_the_50_had_allowed(clust
     deploy did not make (a ConfigMap an operator added) is not a member, and stays."""
     monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
     big, small = manifest.load("central-entity", services=50), manifest.load("central-entity", services=5)
-    namespace = kubernetes.namespace_of(small)
+    namespace = render.namespace_of(small)
     folder = REPO / "runs" / "k8s-e2e-prune"
     gone = sorted({i.id for i in big.instances} - {i.id for i in small.instances})
     try:
-        assert kubernetes.apply(big, folder / "central-entity-50", "180s") == 0
+        assert apply.apply(big, folder / "central-entity-50", "180s") == 0
         before = inventory(cluster, namespace)
         assert len(gone) == 45 and all(("Deployment", name) in before and ("Service", name) in before for name in gone)
         cluster.kubectl("-n", namespace, "create", "configmap", "operator-notes", "--from-literal=note=kept", quiet=True)
 
-        assert kubernetes.apply(small, folder / "central-entity-5", "180s") == 0
+        assert apply.apply(small, folder / "central-entity-5", "180s") == 0
         after = inventory(cluster, namespace)
         rendered = {(o["kind"], o["metadata"]["name"]) for o in yaml.safe_load_all((folder / "central-entity-5.yaml").read_text()) if o}
         # Beside the render: the ApplySet's parent, the operator's ConfigMap, the CA bundle Kubernetes puts in every namespace.
-        kept = {("Secret", kubernetes.APPLYSET), ("ConfigMap", "operator-notes"), ("ConfigMap", "kube-root-ca.crt")}
+        kept = {("Secret", apply.APPLYSET), ("ConfigMap", "operator-notes"), ("ConfigMap", "kube-root-ca.crt")}
         assert set(after) == rendered | kept, (sorted(set(after) - rendered - kept), sorted(rendered - set(after)))
         assert not [name for kind, name in after if name in gone or name.startswith(tuple(f"tls-{g}-" for g in gone))]
         # What only the 50-service deploy had is gone: the 45 services' objects, and every ConfigMap and
@@ -261,11 +262,11 @@ def test_deploying_5_services_after_50_prunes_what_only_the_50_had_allowed(clust
         assert [name for kind, name in stale if kind == "ConfigMap" and name.startswith("envoy-central-entity-")]
         assert len([name for kind, name in stale if kind == "Secret" and name.startswith("tls-")]) == len(before_tls := [
             name for kind, name in before if kind == "Secret" and name.startswith("tls-")]) and before_tls
-        assert all(o["metadata"]["labels"].get(kubernetes.APPLYSET_MEMBER) for key, o in after.items() if key in rendered)
-        assert kubernetes.APPLYSET_MEMBER not in after[("ConfigMap", "operator-notes")]["metadata"].get("labels", {})
+        assert all(o["metadata"]["labels"].get(apply.APPLYSET_MEMBER) for key, o in after.items() if key in rendered)
+        assert apply.APPLYSET_MEMBER not in after[("ConfigMap", "operator-notes")]["metadata"].get("labels", {})
     finally:
         cluster.kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=180s", quiet=True, check=False)
-        kubernetes.Deployed.path(namespace).unlink(missing_ok=True)
+        apply.Deployed.path(namespace).unlink(missing_ok=True)
         shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -275,17 +276,17 @@ def test_deploying_again_prunes_nothing_of_another_topology_denied(cluster, monk
     monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
     other, this = manifest.load("baseline", services=5), manifest.load("sidecar", services=5)
     folder = REPO / "runs" / "k8s-e2e-prune-other"
-    namespaces = [kubernetes.namespace_of(other), kubernetes.namespace_of(this)]
+    namespaces = [render.namespace_of(other), render.namespace_of(this)]
     try:
-        assert kubernetes.apply(other, folder / "baseline-5", "180s") == 0
+        assert apply.apply(other, folder / "baseline-5", "180s") == 0
         before = inventory(cluster, namespaces[0])
-        assert kubernetes.apply(this, folder / "sidecar-5", "180s") == 0
-        assert kubernetes.apply(manifest.load("sidecar", services=3), folder / "sidecar-3", "180s") == 0
+        assert apply.apply(this, folder / "sidecar-5", "180s") == 0
+        assert apply.apply(manifest.load("sidecar", services=3), folder / "sidecar-3", "180s") == 0
         assert len([key for key in inventory(cluster, namespaces[1]) if key[0] == "Deployment"]) == 3 + 1 + 1  # pruned: 2 services
         after = inventory(cluster, namespaces[0])
         assert {key: o["metadata"]["uid"] for key, o in after.items()} == {key: o["metadata"]["uid"] for key, o in before.items()}
     finally:
         for namespace in namespaces:
             cluster.kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=180s", quiet=True, check=False)
-            kubernetes.Deployed.path(namespace).unlink(missing_ok=True)
+            apply.Deployed.path(namespace).unlink(missing_ok=True)
         shutil.rmtree(folder, ignore_errors=True)

@@ -1,4 +1,4 @@
-"""Every topology, rendered for one node (kubernetes.Renderer(one_node=True)), running on the
+"""Every topology, rendered for one node (render.Renderer(one_node=True)), running on the
 local cluster's real node (realnode.py): real containerd, runc, CNI, kubelet, kube-proxy and
 CoreDNS, the images `make images` built. Records go in through `kubectl port-forward` to the
 entry's Service (the host sends to its loopback only) and travel pod to pod over the node's
@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from complyroute import audit, bundles, kubernetes, manifest, realnode
+from complyroute import audit, bundles, manifest, realnode
+from complyroute.images import IMAGES
+from complyroute.kubernetes import render
 from complyroute.client import send
 
 pytestmark = pytest.mark.k8s
@@ -36,7 +38,7 @@ def free(port: int) -> bool:
 class Running:
     """One topology on the real node, its entry forwarded to 127.0.0.1:LOCAL_PORT."""
 
-    def __init__(self, cluster, renderer: kubernetes.Renderer, forward: subprocess.Popen):
+    def __init__(self, cluster, renderer: render.Renderer, forward: subprocess.Popen):
         self.cluster, self.renderer, self.forward = cluster, renderer, forward
         self.topology, self.namespace = renderer.topology, renderer.namespace
         self.entry = renderer.plan.entry.reach.split(".")[0]
@@ -106,11 +108,11 @@ def running(cluster, request, tmp_path_factory):
     if cluster.real_node is None:
         pytest.skip("the cluster runs without a real node (COMPLYROUTE_REAL_NODE=0)")
     topology = manifest.load(request.param, services=str(MIXED_REGIONS))
-    renderer = kubernetes.Renderer(topology, one_node=True)
+    renderer = render.Renderer(topology, one_node=True)
     renderer.render()
     folder = tmp_path_factory.mktemp(request.param)
     rendered = folder / "rendered.yaml"
-    rendered.write_text(kubernetes.build(renderer, folder / "kustomization"))
+    rendered.write_text(render.build(renderer, folder / "kustomization"))
     namespace = renderer.namespace
     cluster.kubectl("apply", "--server-side", "-f", str(rendered), quiet=True)
     forward = None
@@ -121,7 +123,7 @@ def running(cluster, request, tmp_path_factory):
         assert free(LOCAL_PORT), f"127.0.0.1:{LOCAL_PORT} is taken"
         entry = renderer.plan.entry.reach.split(".")[0]
         forward = subprocess.Popen([str(realnode.BIN / "kubectl"), f"--kubeconfig={cluster.kubeconfig}", "-n", namespace, "port-forward",
-                                    "--address=127.0.0.1", f"service/{entry}", f"{LOCAL_PORT}:{kubernetes.KubernetesNetwork.ENTRY}"],
+                                    "--address=127.0.0.1", f"service/{entry}", f"{LOCAL_PORT}:{render.KubernetesNetwork.ENTRY}"],
                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         deadline = time.monotonic() + 30
         while free(LOCAL_PORT):
@@ -142,7 +144,7 @@ def test_every_pod_runs_on_the_real_node(running):
     assert pods and {p["spec"]["nodeName"] for p in pods} == {realnode.NAME}
     assert all(p["status"]["phase"] == "Running" for p in pods), [(p["metadata"]["name"], p["status"]["phase"]) for p in pods]
     images = {c["image"] for p in pods for c in p["spec"]["containers"] + p["spec"].get("initContainers", [])}
-    assert images <= set(kubernetes.images.IMAGES.values())
+    assert images <= set(IMAGES.values())
 
 
 def test_eu_personal_record_travels_only_through_eu_instances_allowed(running):

@@ -11,12 +11,12 @@ What does change with the rule set is in ConfigMaps named as they are, without a
 (rule_set_configmaps): every deciding point's OPA bundle (bundles.py), which the bundle server
 (bundleserver.py, a Deployment of its own) serves the OPAs, and under envoy-compiled the route
 files of the listeners whose routes OPA decided ahead of time. `make reload-policy target=k8s`
-(reload_policy) applies just those: the kubelet swaps the new files into the running bundle
+(apply.reload_policy) applies just those: the kubelet swaps the new files into the running bundle
 server and Envoys, no pod template changes, so no pod is rolled and no audit log (an emptyDir)
 is lost.
 
-Logical nodes (gateway, node-1, ...) become node labels: an operator labels the cluster's
-nodes `complyroute.io/node=<name>` and `complyroute.io/role=gateway|service`.
+Logical nodes (gateway, node-1, ...) become node labels (nodes.py): an operator labels the
+cluster's nodes `complyroute.io/node=<name>` and `complyroute.io/role=gateway|service`.
 
 With mutual TLS (the manifest's security.mtls, on by default) every render makes a new CA;
 each part's key and certificate, and the entry's label-token signing key, become Secrets
@@ -27,32 +27,25 @@ every render changes every Secret, and applying it rolls every pod onto the new 
 from __future__ import annotations
 
 import base64
-import functools
-import hashlib
 import importlib.metadata
 import json
-import os
-import pickle
 import re
 import secrets
 import shutil
 import subprocess
-import sys
 import urllib.parse
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
 
-from . import bundles, enforcement, engines, identity, images, kubetrust, pki, policydata, policyfiles
-from .enforcement import ROUTE_CONFIGURATION, EnforcementPoint, Endpoint, split_routes
-from .manifest import REPO, Instance, Node, Topology
-from .plan import Plan, place
-from .policyfiles import POLICIES, SYSTEM_POLICIES
-from .reload import ReloadError
+from .. import bundles, enforcement, engines, identity, images, kubetrust, pki, policyfiles
+from ..enforcement import EnforcementPoint, Endpoint, split_routes
+from ..manifest import REPO, Instance, Node, Topology
+from ..plan import Plan, place
+from ..policyfiles import POLICIES, SYSTEM_POLICIES
+from .nodes import NODE_LABEL, ONE_NODE_ROLE, ROLE_LABEL
 
-# What k8s-deploy applied, by namespace (Deployed): what `make reload-policy target=k8s` reads.
-DEPLOYED = REPO / "runs" / "k8s" / "deployed"
 KUSTOMIZE = REPO / "bin" / "kustomize"
 # Images of our own, built from scratch by `make images` (images.py, scripts/build-images.sh)
 # from the binaries the project pins; a node holding them never pulls (imagePullPolicy).
@@ -67,19 +60,14 @@ OPA_IMAGE = images.IMAGES["opa"]  # bin/opa: opa-envoy-plugin v1.14.1-envoy, as 
 PYTHON_IMAGE = images.IMAGES["python"]
 IMAGE_PULL_POLICY = "IfNotPresent"
 BUNDLE_SERVER = "bundle-server"  # its Deployment, Service, component and TLS Secret (tls-bundle-server)
-BUNDLE_SERVER_MODULES = ("__init__.py", "spiffe.py", "bundleserver.py")  # of complyroute/, all it imports
+BUNDLE_SERVER_MODULES = ("__init__.py", "spiffe.py", "bundleserver.py")  # of complyroute/ (PACKAGE), all it imports
+PACKAGE = Path(__file__).resolve().parent.parent
 CODE_MOUNT = "/app"  # the package at /app/complyroute: `python -m complyroute.bundleserver` from there
 BUNDLES_MOUNT = "/bundles"
 # On every ConfigMap the rule set fills: the revision it holds (kubectl get configmap -o yaml shows it).
 REVISION_ANNOTATION = "complyroute.io/revision"
 # On the namespace: which render it runs, so a reload applies to the deployment it was recorded for.
 RENDER_ANNOTATION = "complyroute.io/render"
-NODE_LABEL = "complyroute.io/node"
-ROLE_LABEL = "complyroute.io/role"
-# A one-node rendering (Renderer(one_node=True), render --one-node) puts every pod on the node
-# labelled complyroute.io/role=all: the gateway's and every service node's pods, and one pod of
-# each router DaemonSet, which carries its slot's routers of every logical node.
-ONE_NODE_ROLE = "all"
 AUDIT_DIR = "/var/log/complyroute"
 
 # Every pod runs under the restricted Pod Security Standard (its namespace enforces it): one
@@ -197,7 +185,7 @@ def namespace_of(topology: Topology) -> str:
 # topology's namespace: one per topology in a cluster, so a selector with it picks one deployment's
 # objects and no other's.
 PART_OF = "complyroute"
-MANAGED_BY = "complyroute"  # rendered by this module, applied by k8s-deploy (apply)
+MANAGED_BY = "complyroute"  # rendered by this module, applied by k8s-deploy (apply.apply)
 VERSION = importlib.metadata.version("complyroute")  # pyproject.toml's, as installed by make setup
 RECOMMENDED_LABELS = tuple(f"app.kubernetes.io/{key}" for key in ("name", "instance", "version", "component", "part-of", "managed-by"))
 LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
@@ -447,7 +435,7 @@ class Renderer:
     def configure(self, points: list[EnforcementPoint], point_trust: dict[str, identity.PointTrust]) -> None:
         """Everything that follows from the rule set in self.policies: each point's configuration
         (engines), its Envoy's bootstrap and route files, every deciding point's bundle. A render
-        calls it with the trust it made; reload_policy with the trust the deployment was given."""
+        calls it with the trust it made; apply.reload_policy with the trust the deployment was given."""
         engine = self.topology.engine
         self.points, self.point_trust = points, point_trust
         self.configs = engines.configure(engine["kind"], points, engine, self.policies, point_trust)
@@ -603,7 +591,7 @@ class Renderer:
         which OPA checks. Our Python image (images.py) runs the module from a ConfigMap."""
         endpoint = self.net.bundle_server()
         code = f"{BUNDLE_SERVER}-code"
-        self.generate(code, {name: (Path(__file__).parent / name).read_text() for name in BUNDLE_SERVER_MODULES})
+        self.generate(code, {name: (PACKAGE / name).read_text() for name in BUNDLE_SERVER_MODULES})
         sources = [{"configMap": {"name": name}} for name in self.bundle_configmaps()]
         volumes = [_configmap_volume(code), {"name": "bundles", "projected": {"sources": sources}}]
         mounts = [{"name": code, "mountPath": f"{CODE_MOUNT}/complyroute", "readOnly": True},
@@ -760,7 +748,7 @@ class Renderer:
         self.network_policies()
 
     def namespace_object(self) -> dict:
-        """The topology's namespace, which k8s-deploy applies first (apply: the ApplySet's parent lives in it)."""
+        """The topology's namespace, which k8s-deploy applies first (apply.apply: the ApplySet's parent lives in it)."""
         return {
             "apiVersion": "v1",
             "kind": "Namespace",
@@ -820,278 +808,3 @@ def render(topology: Topology, folder: Path, policies: Path = POLICIES, image: s
     renderer = Renderer(topology, policies, image, one_node)
     renderer.render()
     return build(renderer, folder)
-
-
-# The Kubernetes version whose schemas the rendered objects are checked against: the pinned control
-# plane's (tools/kubernetes/go.mod, v1.34.4) minor version, which the pinned kubernetes-validate
-# package ships strict schemas for (v1.34.0-local-strict).
-KUBERNETES_VERSION = "1.34.0"
-
-
-def validate(yaml_file: Path, version: str = KUBERNETES_VERSION) -> list[str]:
-    """Check every object in `yaml_file` offline against the strict JSON schemas of Kubernetes
-    `version`, by the pinned kubernetes-validate package in its strict mode: a field the schema
-    does not know, a value of the wrong type and a kind it has no schema for are errors. Returns
-    one line per invalid object (its first error); [] when every object is valid. A minor
-    version whose schemas the package does not ship raises (the package would otherwise check
-    against an older one)."""
-    import kubernetes_validate  # installed by `make setup` (requirements.lock)
-    from kubernetes_validate import utils
-
-    # The package reads and parses a schema and the 1.5 MB of shared definitions for every object
-    # it checks (0.02 s each); read once, a 50-service render's 315 objects take 3 s here, not 16.
-    if not hasattr(utils.schema_contents, "cache_info"):
-        utils.schema_contents = functools.lru_cache(maxsize=None)(utils.schema_contents)
-        utils.all_versions = functools.lru_cache(maxsize=None)(utils.all_versions)
-    if utils.major_minor(version) not in {utils.major_minor(v) for v in utils.all_versions()}:
-        raise utils.VersionNotSupportedError(version=version)
-    errors = []
-    for document in yaml.load_all(yaml_file.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
-        if not document:
-            continue
-        where = f"{document.get('kind')}/{(document.get('metadata') or {}).get('name')}"
-        try:
-            kubernetes_validate.validate(document, version, strict=True)
-        except kubernetes_validate.ValidationError as error:
-            errors.append(f"{where}: {'.'.join(map(str, error.path)) or '(the object)'}: {error.message}")
-        except kubernetes_validate.SchemaNotFoundError as error:
-            errors.append(f"{where}: {error.message}")
-    return errors
-
-
-def kubectl(*args: str, check: bool = True, env: dict[str, str] | None = None, out=None) -> subprocess.CompletedProcess:
-    """kubectl against the current context (KUBECONFIG and the context are the operator's); `env`
-    adds to the environment. The command and what kubectl prints go to `out` (an open file), or
-    to this process's standard output."""
-    command = [shutil.which("kubectl") or "kubectl", *args]
-    print("$ " + "".join(f"{k}={v} " for k, v in (env or {}).items()) + " ".join(command), file=out, flush=True)
-    result = subprocess.run(command, text=True, env={**os.environ, **env} if env else None,
-                            stdout=out, stderr=subprocess.STDOUT if out else None)
-    if check and result.returncode != 0:
-        raise RuntimeError(f"kubectl {' '.join(args)} failed with exit code {result.returncode}")
-    return result
-
-
-def kubectl_output(*args: str) -> subprocess.CompletedProcess:
-    """kubectl against the current context, its output captured."""
-    return subprocess.run([shutil.which("kubectl") or "kubectl", *args], capture_output=True, text=True)
-
-
-def kubectl_json(*args: str) -> dict | None:
-    """What kubectl ... -o json answers; None when it fails (its message is left out)."""
-    result = kubectl_output(*args, "-o", "json")
-    return json.loads(result.stdout) if result.returncode == 0 else None
-
-
-@dataclass(frozen=True)
-class Deployed:
-    """What `make reload-policy target=k8s` needs of a topology k8s-deploy applied (apply): how
-    its points were configured, and what of that was applied. No private key: a point's trust
-    names files in its Secret and holds the label tokens' public key only."""
-
-    topology: Topology
-    render_id: str  # the namespace's RENDER_ANNOTATION
-    points: list[EnforcementPoint]  # as their pods run them
-    point_trust: dict[str, identity.PointTrust]
-    bootstraps: dict[str, str]  # SHA-256 of each point's Envoy bootstrap as applied
-    configmaps: list[str]  # the rule-set ConfigMaps as applied (rule_set_configmaps)
-    revision: str
-
-    @classmethod
-    def of(cls, renderer: Renderer) -> Deployed:
-        return cls(renderer.topology, renderer.render_id, renderer.points, renderer.point_trust, _digests(renderer.bootstraps),
-                   [o["metadata"]["name"] for o in renderer.rule_set_configmaps()], renderer.revision)
-
-    @staticmethod
-    def path(namespace: str) -> Path:
-        return DEPLOYED / f"{namespace}.pickle"
-
-    def write(self) -> None:
-        DEPLOYED.mkdir(parents=True, exist_ok=True)
-        partial = DEPLOYED / f".{namespace_of(self.topology)}.partial"
-        partial.write_bytes(pickle.dumps(self))
-        partial.replace(self.path(namespace_of(self.topology)))
-
-
-def _digests(texts: dict[str, str]) -> dict[str, str]:
-    return {name: hashlib.sha256(text.encode()).hexdigest() for name, text in texts.items()}
-
-
-# k8s-deploy applies a topology as an ApplySet (KEP-3659): kubectl records in a parent Secret in the
-# namespace which kinds and objects the last apply made, labels each member with the set's id
-# (APPLYSET_MEMBER), and with --prune deletes every member the new apply no longer holds (a
-# service of a larger render, a ConfigMap or Secret of an earlier hash). Pruning by a label
-# selector with an allowlist (kubectl apply --prune -l ...) does not work with server-side
-# apply, which the ConfigMaps need (client-side apply keeps each object in an annotation, at
-# most 256 KiB).
-APPLYSET = "complyroute"  # the parent: Secret `complyroute` in the topology's namespace
-APPLYSET_MEMBER = "applyset.kubernetes.io/part-of"
-
-
-def apply(topology: Topology, folder: Path, timeout: str = "300s", image: str = SERVICE_IMAGE,
-          one_node: bool = False, out=None) -> int:
-    """Apply the rendered topology in its own namespace, pruning what an earlier apply there left that
-    this one does not hold, and wait until every workload is ready. What a reload needs of it is
-    recorded once the API server took it (Deployed). kubectl's commands and output go to `out` (an
-    open file), or to standard output."""
-    renderer = Renderer(topology, image=image, one_node=one_node)
-    renderer.render()
-    output = folder.with_suffix(".yaml")
-    output.parent.mkdir(parents=True, exist_ok=True)
-    namespace = renderer.namespace
-    # The namespace first, on its own: the ApplySet's parent lives in it, and no apply prunes it.
-    namespace_file = folder.with_suffix(".namespace.yaml")
-    namespace_file.write_text(yaml.safe_dump(renderer.namespace_object(), sort_keys=False))
-    built = [o for o in yaml.load_all(build(renderer, folder), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) if o]
-    write_private(output, yaml.dump_all([o for o in built if o["kind"] != "Namespace"], Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper), sort_keys=False))
-    kubectl("apply", "--server-side", "-f", str(namespace_file), out=out)
-    kubectl("-n", namespace, "apply", "--server-side", "--prune", f"--applyset={APPLYSET}", "-f", str(output), env={"KUBECTL_APPLYSET": "true"},
-            out=out)
-    Deployed.of(renderer).write()
-    kubectl("-n", namespace, "wait", "--for=condition=Available", "deployment", "--all", f"--timeout={timeout}", out=out)
-    for daemonset in [o["metadata"]["name"] for o in renderer.objects if o["kind"] == "DaemonSet"]:
-        kubectl("-n", namespace, "rollout", "status", f"daemonset/{daemonset}", f"--timeout={timeout}", out=out)
-    entry = entry_service(renderer.plan)
-    print(f"k8s: {topology.name} is running in namespace {namespace}. Reach its entry with\n"
-          f"  kubectl -n {namespace} port-forward service/{entry} 8080:{KubernetesNetwork.ENTRY}\n"
-          f"and send records to http://127.0.0.1:8080/process", file=out)
-    return 0
-
-
-def entry_service(plan: Plan) -> str:
-    """The Service in front of a placed topology's entry: what clients and `kubectl port-forward` reach."""
-    return plan.entry.reach.split(".")[0]
-
-
-def status(topology: Topology | None = None, out=sys.stdout) -> int:
-    """The pods of every topology deployed to the current context (or of `topology` only): each one's
-    ready containers, restarts, node and phase. 0 when every pod is ready, 1 otherwise or when
-    nothing is deployed."""
-    selector = f"app.kubernetes.io/part-of={PART_OF}" + (f",app.kubernetes.io/instance={namespace_of(topology)}" if topology else "")
-    found = kubectl_json("get", "namespaces", "-l", selector)
-    if found is None:
-        print("status: the current kubectl context does not answer (kubectl get namespaces failed)", file=out)
-        return 1
-    namespaces = sorted(n["metadata"]["name"] for n in found["items"])
-    if not namespaces:
-        print(f"status: no complyroute topology is deployed to the current kubectl context{f' as {namespace_of(topology)}' if topology else ''}", file=out)
-        return 1
-    unready = 0
-    for namespace in namespaces:
-        pods = sorted((kubectl_json("-n", namespace, "get", "pods") or {"items": []})["items"], key=lambda p: p["metadata"]["name"])
-        ready_pods = 0
-        print(f"{namespace}: {len(pods)} pods", file=out)
-        for pod in pods:
-            spec, state = pod["spec"], pod.get("status", {})
-            # As kubectl's READY: the containers, and the native sidecars (init containers that keep running).
-            sidecars = {c["name"] for c in spec.get("initContainers", []) if c.get("restartPolicy") == "Always"}
-            statuses = state.get("containerStatuses", []) + [c for c in state.get("initContainerStatuses", []) if c["name"] in sidecars]
-            restarts = sum(c.get("restartCount", 0) for c in state.get("containerStatuses", []) + state.get("initContainerStatuses", []))
-            ready = any(c["type"] == "Ready" and c["status"] == "True" for c in state.get("conditions", []))
-            ready_pods += ready
-            print(f"  {'ready    ' if ready else 'NOT READY'} {sum(c.get('ready', False) for c in statuses)}/{len(spec['containers']) + len(sidecars)}"
-                  f"  restarts {restarts:<3} {pod['metadata']['name']:<48} {pod['metadata'].get('labels', {}).get('component', '-'):<15}"
-                  f" {spec.get('nodeName', '(unscheduled)'):<10} {state.get('phase', '-')}", file=out)
-        unready += len(pods) - ready_pods + (not pods)
-        print(f"status: {namespace}: {ready_pods}/{len(pods)} pods ready", file=out)
-    return 1 if unready else 0
-
-
-def reload_policy(topology: Topology, policies: Path = POLICIES, out=sys.stdout) -> dict:
-    """Apply the rule set in `policies` to `topology` as k8s-deploy applied it to the current context
-    (its namespace's record: the services it was deployed with, whatever `topology` holds),
-    as its rule-set ConfigMaps only (bundles-<n>, routes-<point>-<n>): no pod template changes,
-    so no pod is rolled. Returns {"revision", "namespace", "applied": [names], "changed": [names
-    whose content changed]}.
-
-    Every point is configured again from what the deploy recorded (Deployed: its points and
-    their trust, so the same CA and keys) and the rule set, by the code a render runs. Refused,
-    with nothing applied, when the rule set does not compile, when it would change anything
-    else (an Envoy bootstrap), or when its files would need more ConfigMaps than were deployed
-    (the pods mount a fixed list): then deploy again.
-
-    It does not wait for the points to take the new revision: the kubelet swaps an updated
-    ConfigMap into a running pod at its next sync of that pod (up to its sync period, a minute
-    by default, plus its ConfigMap cache's delay); from there each OPA's long poll and each
-    Envoy's watched folder take it at once. It prints how to ask a point which revision it
-    decides with.
-    """
-    namespace = namespace_of(topology)
-    record = Deployed.path(namespace)
-    if not record.exists():
-        raise ReloadError(f"{topology.name} was not deployed to Kubernetes from here ({record} is missing): "
-                          f"make deploy target=k8s topology={topology.name} first")
-    deployed: Deployed = pickle.loads(record.read_bytes())
-    if not deployed.configmaps:
-        raise ReloadError(f"{topology.name} runs no OPA (nothing in it decides): there is no rule set to reload")
-    found = kubectl_json("get", "namespace", namespace)
-    if found is None:
-        raise ReloadError(f"namespace {namespace} is not in the current kubectl context: deploy it there first (make deploy target=k8s)")
-    running = found["metadata"].get("annotations", {}).get(RENDER_ANNOTATION)
-    if running != deployed.render_id:
-        raise ReloadError(f"namespace {namespace} runs render {running}, not {deployed.render_id} which {record} records: "
-                          "it was deployed from elsewhere or again since; deploy it from here (make deploy target=k8s)")
-
-    renderer = Renderer(deployed.topology, policies)
-    try:
-        renderer.configure(deployed.points, deployed.point_trust)
-    except (engines.EngineError, policydata.PolicyDataError, bundles.BundleError, RenderError) as error:
-        raise ReloadError(f"the rule set in {policies} cannot be applied; nothing was applied: {error}") from None
-    changed_bootstraps = sorted(name for name, digest in _digests(renderer.bootstraps).items() if deployed.bootstraps.get(name) != digest)
-    if changed_bootstraps:
-        raise ReloadError(f"the rule set in {policies} changes the Envoy configuration of {', '.join(changed_bootstraps)} beyond its "
-                          "route files, which a reload does not apply; nothing was applied: deploy again (make deploy target=k8s)")
-    configmaps = {o["metadata"]["name"]: o for o in renderer.rule_set_configmaps()}
-    beyond = sorted(set(configmaps) - set(deployed.configmaps))
-    if beyond:
-        raise ReloadError(f"the rule set in {policies} fills ConfigMaps the pods do not mount ({', '.join(beyond)}); "
-                          "nothing was applied: deploy again (make deploy target=k8s)")
-    for name in deployed.configmaps:  # a ConfigMap the new rule set leaves empty stays mounted, empty
-        configmaps.setdefault(name, renderer.rule_set_configmap(name, {}))
-    names = sorted(configmaps)
-    for configmap in configmaps.values():
-        configmap["metadata"]["namespace"] = namespace
-
-    def versions() -> dict[str, str | None]:
-        listed = kubectl_json("-n", namespace, "get", "configmap", *names) or {"items": []}
-        return {**dict.fromkeys(names), **{c["metadata"]["name"]: c["metadata"]["resourceVersion"] for c in listed["items"]}}
-
-    before = versions()
-    # Each stays a member of the deploy's ApplySet (the label this apply would otherwise take off).
-    members = (kubectl_json("-n", namespace, "get", "configmap", *names) or {"items": []})["items"]
-    for member in members:
-        if APPLYSET_MEMBER in member["metadata"].get("labels", {}):
-            configmaps[member["metadata"]["name"]]["metadata"]["labels"][APPLYSET_MEMBER] = member["metadata"]["labels"][APPLYSET_MEMBER]
-    applied = DEPLOYED / f"{namespace}.reload.yaml"
-    applied.write_text(yaml.safe_dump_all([configmaps[name] for name in names], sort_keys=False))
-    print(f"$ kubectl apply --server-side -f {applied}", file=out)
-    result = kubectl_output("apply", "--server-side", "-f", str(applied))
-    print((result.stdout + result.stderr).rstrip(), file=out)
-    if result.returncode != 0:
-        raise ReloadError(f"kubectl apply of {applied} failed (exit code {result.returncode}): {result.stderr.strip()}")
-    after = versions()
-    changed = [name for name in names if before[name] != after[name]]
-    replace(deployed, revision=renderer.revision).write()
-    print(f"reload-policy: revision {renderer.revision} applied to namespace {namespace}: "
-          + (", ".join(changed) + " changed" if changed else "no ConfigMap changed")
-          + (f"; {', '.join(n for n in names if n not in changed)} unchanged" if len(changed) < len(names) else ""), file=out)
-    print(f"reload-policy: this does not wait for the pods. The kubelet swaps a changed ConfigMap into the pods that mount it at "
-          f"its next sync of each (up to about a minute); each OPA and Envoy then takes it at once. Which revision a point decides with:\n"
-          f"  kubectl -n {namespace} port-forward pod/<pod> 18181:{KubernetesNetwork.OPA_HTTP} 19901:{KubernetesNetwork.ENVOY_ADMIN} &\n"
-          f"  curl -s 127.0.0.1:18181/v1/data/complyroute/revision                     # its OPA\n"
-          f"  curl -s '127.0.0.1:19901/stats?filter=rds.*version_text'                   # its Envoy's route files (envoy-compiled)\n"
-          f"  (pods with an OPA: kubectl -n {namespace} get pods -l 'component in ({','.join(_opa_components(deployed))})')", file=out)
-    return {"revision": renderer.revision, "namespace": namespace, "applied": names, "changed": changed}
-
-
-def _opa_components(deployed: Deployed) -> list[str]:
-    """The components whose pods run an OPA (their workloads' `component` label)."""
-    return sorted({component_of(point) for point in deployed.points if point.deciding})
-
-
-def delete() -> int:
-    """Remove every complyroute namespace (each holds one topology) from the current context,
-    and the records a reload would read."""
-    kubectl("delete", "namespace", "-l", "app.kubernetes.io/part-of=complyroute", "--wait=true")
-    shutil.rmtree(DEPLOYED, ignore_errors=True)
-    return 0
