@@ -114,7 +114,7 @@ class ForwardingListener:
 
 
 # What an enforcement point is to the rest of the house, set by the placement that makes it: the
-# Kubernetes rendering, for one, runs each role as its own kind of workload (kubernetes.py).
+# Kubernetes rendering, for one, runs each role as its own kind of workload (kubernetes/render.py).
 ROLES = (
     "entry",  # on the gateway node, where clients send records: decides (or just forwards) the first hop
     "central",  # the entry and also the only way from one service to the next (central entity)

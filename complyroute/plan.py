@@ -3,7 +3,7 @@
 Each topology folder (sidecar/, ...) has a placement.py with `place(topology, net) -> Plan`;
 the rest of the control plane (rendering, starting, health checks) is shared. `net` gives
 every part its addresses: LocalNetwork here (loopback addresses, port blocks), the
-Kubernetes network in complyroute/kubernetes.py (Service names, fixed pod ports).
+Kubernetes network in complyroute/kubernetes/render.py (Service names, fixed pod ports).
 """
 
 from __future__ import annotations

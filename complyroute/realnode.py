@@ -58,8 +58,8 @@ RUN = Path("/run") / NAME  # containerd's state and socket (a socket path must b
 SOCKET = RUN / "containerd.sock"
 CGROUP = NAME
 CGROUP_ROOT = Path("/sys/fs/cgroup")
-# The labels an operator puts on a node that carries every role (kubernetes.ONE_NODE): a
-# one-node rendering selects it, and none of the kwok nodes has it.
+# The labels an operator puts on a node that carries every role (ONE_NODE_ROLE of
+# complyroute/kubernetes/nodes.py): a one-node rendering selects it, and none of the kwok nodes has it.
 ROLE_ALL = "all"
 # Kernel settings the kubelet tunes (its kernel tunables, with protectKernelDefaults off): in its
 # mount namespace, files of its own stand in for them; the machine's are read before it starts
