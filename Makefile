@@ -199,7 +199,7 @@ render: check-topology check-engine setup ## Write a topology's Kubernetes manif
 .PHONY: images
 images: setup node-packages ## Build the images a topology runs (service, Envoy, OPA, Python, pause) from scratch with buildah into runs/images/, and import them into the local cluster's node if one runs
 	bash scripts/build-images.sh
-	$(PY) -m complyroute.localcluster import-images
+	$(PY) -m tests.k8s.harness.localcluster import-images
 
 # The control plane `make k8s-e2e` runs: built from k8s.io/kubernetes (tools/kubernetes/go.mod)
 # with the version stamped in, since kubectl cannot parse an unstamped server version.
@@ -216,7 +216,7 @@ $(BIN)/kwok: tools/kwok/go.mod tools/kwok/go.sum
 	@echo "k8s-setup: building kwok"
 	cd tools/kwok && $(GO_ENV) go build -o $@ sigs.k8s.io/kwok/cmd/kwok
 
-# The real node's DNS (complyroute/realnode.py).
+# The real node's DNS (tests/k8s/harness/realnode.py).
 $(BIN)/coredns: tools/coredns/go.mod tools/coredns/go.sum
 	@echo "k8s-setup: building coredns"
 	cd tools/coredns && $(GO_ENV) go build -o $@ github.com/coredns/coredns

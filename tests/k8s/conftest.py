@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from complyroute.localcluster import LocalCluster
 from complyroute.manifest import REPO
+from tests.k8s.harness.localcluster import LocalCluster
 
 
 @pytest.fixture(scope="session")

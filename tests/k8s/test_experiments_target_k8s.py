@@ -17,8 +17,8 @@ import subprocess
 import pytest
 import yaml
 
-from complyroute import realnode
 from experiments import __main__ as cli
+from tests.k8s.harness import realnode
 
 pytestmark = pytest.mark.k8s
 

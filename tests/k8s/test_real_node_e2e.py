@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from complyroute import audit, bundles, manifest, realnode
+from complyroute import audit, bundles, manifest
+from complyroute.client import send
 from complyroute.images import IMAGES
 from complyroute.kubernetes import render
-from complyroute.client import send
+from tests.k8s.harness import realnode
 
 pytestmark = pytest.mark.k8s
 

@@ -32,9 +32,11 @@ from pathlib import Path
 
 import yaml
 
-from . import images, realnode
-from .kubernetes.nodes import NODE_LABEL, ROLE_LABEL
-from .manifest import REPO
+from complyroute import images
+from complyroute.kubernetes.nodes import NODE_LABEL, ROLE_LABEL
+from complyroute.manifest import REPO
+
+from . import realnode
 from .realnode import RealNode
 
 BIN = REPO / "bin"
@@ -244,4 +246,4 @@ if __name__ == "__main__":
 
     if sys.argv[1:] == ["import-images"]:
         sys.exit(import_images())
-    sys.exit("usage: python -m complyroute.localcluster import-images")
+    sys.exit("usage: python -m tests.k8s.harness.localcluster import-images")

@@ -1,10 +1,11 @@
-"""The local test cluster refuses to start over another one (runs without the k8s binaries)."""
+"""The local test cluster (harness/localcluster.py) refuses to start over another one (runs without the k8s
+binaries, in `make test`: not marked k8s)."""
 
 import socket
 
 import pytest
 
-from complyroute.localcluster import APISERVER, LocalCluster, port_in_use
+from tests.k8s.harness.localcluster import APISERVER, LocalCluster, port_in_use
 
 
 def test_start_refuses_when_a_control_plane_port_is_taken_denied(tmp_path):
@@ -26,7 +27,8 @@ def test_port_in_use_sees_a_free_port_allowed():
 
 
 def test_a_real_node_names_what_it_lacks_before_starting_anything_denied(tmp_path, monkeypatch):
-    from complyroute import images, realnode
+    from complyroute import images
+    from tests.k8s.harness import realnode
 
     monkeypatch.setattr(realnode, "BIN", tmp_path / "bin")
     monkeypatch.setattr(images, "IMAGES_DIR", tmp_path / "images")
@@ -38,7 +40,7 @@ def test_a_real_node_names_what_it_lacks_before_starting_anything_denied(tmp_pat
 
 
 def test_a_real_node_is_reached_through_the_host_end_of_its_veth_allowed(tmp_path):
-    from complyroute import realnode
+    from tests.k8s.harness import realnode
 
     cluster = LocalCluster(tmp_path / "cluster", real_node=True)
     assert cluster.apiserver_host == realnode.HOST_IP and LocalCluster(tmp_path / "other").apiserver_host == "127.0.0.1"

@@ -40,8 +40,8 @@ from typing import TYPE_CHECKING
 
 import yaml
 
-from . import images
-from .manifest import REPO
+from complyroute import images
+from complyroute.manifest import REPO
 
 if TYPE_CHECKING:
     from .localcluster import LocalCluster
@@ -121,7 +121,7 @@ class RealNode:
             raise RuntimeError(f"no image archive for {', '.join(absent)} in {images.IMAGES_DIR}: run make images")
         if Path(f"/run/netns/{NETNS}").exists() or (CGROUP_ROOT / "pids" / CGROUP).exists():
             raise RuntimeError(f"a real node's namespace /run/netns/{NETNS} or cgroup {CGROUP} is there already: is another local "
-                               "cluster with a real node running? Stop it first (python -m complyroute.realnode clean removes what a "
+                               "cluster with a real node running? Stop it first (python -m tests.k8s.harness.realnode clean removes what a "
                                "crashed one left)")
 
     def make_namespaces(self) -> None:
@@ -402,4 +402,4 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["clean"]:
         clean()
     else:
-        sys.exit("usage: python -m complyroute.realnode clean")
+        sys.exit("usage: python -m tests.k8s.harness.realnode clean")
