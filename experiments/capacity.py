@@ -24,7 +24,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-import signal
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -263,24 +262,19 @@ class CapacityRunner(Runner):
         self.start()
         print(f"capacity: run {self.run_dir.name}: {len(self.capacity.searches())} searches; steps in {self.steps_csv}", file=self.out,
               flush=True)
-        previous = {sig: signal.signal(sig, self.interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
+
+        def search_all() -> None:
             for topology, engine, services in self.capacity.searches():
                 self.run_search(topology, engine, services)
-        except TargetBusy as error:
-            self.update_metadata(outcome="stopped: another deployment is running", ended_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
-            print(f"capacity: {error}", file=self.out)
-            return 2
-        except KeyboardInterrupt:
-            left = self.stop_everything()
-            self.update_metadata(outcome="interrupted", ended_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
-            print("capacity: interrupted" + (f"; processes {left} are still running: stop them by hand" if left
-                                             else "; Locust and the deployment are stopped"), file=self.out)
-            build_report(self.run_dir)
-            return 1 if left else 130
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+
+        def end(outcome: str) -> None:
+            self.update_metadata(outcome=outcome, ended_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+            if outcome == "interrupted":
+                build_report(self.run_dir)  # the searches done so far
+
+        stopped = self.stop_cleanly(search_all, end, "capacity")
+        if stopped is not None:
+            return stopped
         self.update_metadata(outcome="finished", ended_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
         paths = build_report(self.run_dir)
         print(f"capacity: report: {paths['html']}\ncapacity: report: {paths['markdown']}", file=self.out)
