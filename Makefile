@@ -131,18 +131,15 @@ demo: setup ## Set up, deploy the sidecar topology with EU and US replicas, and 
 
 ##@ Policy authoring
 .PHONY: policy-test
-policy-test: $(OPA) $(REGAL) ## Format check, strict check, Regal lint and unit tests with coverage of policies/
+policy-test: $(OPA) $(REGAL) $(VENV)/.installed ## Format check, strict check, Regal lint and unit tests with coverage of policies/
 	$(OPA) fmt --list --fail policies
 	$(OPA) check --strict policies
 	$(REGAL) lint --format pretty policies
-	$(OPA) test --ignore examples policies
-	$(CONTROL) policy-coverage --opa $(OPA) --threshold 95 policies
+	$(CONTROL) policy-test --opa $(OPA) --threshold 95 policies
 
 .PHONY: decide
-decide: $(OPA) ## Show the decision for one input: make decide input=policies/examples/eu-health-denied.json
-	$(OPA) eval --format pretty --data policies --data $(catalog) --input $(input) \
-	  --ignore '*_test.rego' --ignore examples \
-	  'data.complyroute.compliance.decision with data.complyroute.index as data.complyroute.indexing.index(data.complyroute.catalog)'
+decide: $(OPA) $(VENV)/.installed ## Show the decision for one input: make decide input=policies/examples/eu-health-denied.json
+	$(CONTROL) decide --opa $(OPA) --input $(input) --catalog $(catalog)
 
 .PHONY: policy-diff
 policy-diff: check-base check-topology $(OPA) $(VENV)/.installed ## Every decision policies/ would make differently from a git ref, at each point of the walkthrough (make demo's): make policy-diff base=HEAD [topology=ce] [services=N]

@@ -101,12 +101,12 @@ def cmd_watch_policy(args) -> int:
     return 0
 
 
-def cmd_policy_coverage(args) -> int:
-    """Run the policy tests with coverage; print one line per file and fail under the threshold."""
-    run = subprocess.run(
-        [args.opa, "test", "--coverage", "--format", "json", "--ignore", "examples", *args.paths],
-        capture_output=True, text=True,
-    )
+def cmd_policy_test(args) -> int:
+    """Run the policy tests, then again with coverage; one line per file, failing under the threshold."""
+    tests = subprocess.run([args.opa, *policyfiles.test_args(args.paths)])
+    if tests.returncode != 0:
+        return tests.returncode
+    run = subprocess.run([args.opa, *policyfiles.test_args(args.paths, coverage=True)], capture_output=True, text=True)
     try:
         report = json.loads(run.stdout)
     except json.JSONDecodeError:
@@ -122,6 +122,11 @@ def cmd_policy_coverage(args) -> int:
         print(run.stderr, file=sys.stderr)
         return run.returncode
     return 0 if total >= args.threshold else 1
+
+
+def cmd_decide(args) -> int:
+    """One decision of the rule set for one input, as OPA prints it."""
+    return subprocess.run([args.opa, *policyfiles.decide_args(args.input, args.catalog)]).returncode
 
 
 def program_name() -> str:
@@ -207,11 +212,17 @@ def main(argv: list[str] | None = None) -> int:
     watch_policy.add_argument("--policies", type=Path, default=policyfiles.POLICIES)
     watch_policy.set_defaults(run=cmd_watch_policy)
 
-    coverage = commands.add_parser("policy-coverage", help="policy tests with a coverage threshold")
-    coverage.add_argument("--opa", required=True)
-    coverage.add_argument("--threshold", type=float, default=95)
-    coverage.add_argument("paths", nargs="+")
-    coverage.set_defaults(run=cmd_policy_coverage)
+    policy_test = commands.add_parser("policy-test", help="the policy tests, then their coverage against a threshold")
+    policy_test.add_argument("--opa", default=str(policyfiles.OPA))
+    policy_test.add_argument("--threshold", type=float, default=95, help="least share of lines covered, %% (default 95)")
+    policy_test.add_argument("paths", nargs="+")
+    policy_test.set_defaults(run=cmd_policy_test)
+
+    decide = commands.add_parser("decide", help="the rule set's decision for one input, in the direct form (policies/README.md)")
+    decide.add_argument("--opa", default=str(policyfiles.OPA))
+    decide.add_argument("--input", required=True, help="a hop as JSON, such as policies/examples/eu-personal-allowed.json")
+    decide.add_argument("--catalog", required=True, help="the instances as JSON, such as policies/examples/catalog.json")
+    decide.set_defaults(run=cmd_decide)
 
     commands.add_parser("policy-bench", help="what one decision costs at each topology's enforcement points (opa bench)").set_defaults(
         run=lambda a: policybench.run())

@@ -4,7 +4,7 @@ policies/ holds the rule set (complyroute/, which the points get in their bundle
 the enforcement points' own policies (system/: the REST API's authorization, the decision
 log's mask, which each point's OPA loads from disk), the tests beside every module and example
 inputs. Everything that loads policies/ or starts an OPA over it asks this module what to
-load and how; the Makefile's policy targets repeat the ignore list (IGNORED) for `opa` itself.
+load and how, the Makefile's policy targets too (`complyroute policy-test`, `complyroute decide`).
 """
 
 from __future__ import annotations
@@ -25,8 +25,15 @@ RULE_SET = "complyroute"  # the rule set's folder in policies/: the rest is not 
 # API's authorization (system.authz). They are not the rule set: a reload leaves them, and a
 # test's or the bench's stand-in rule set runs with them too.
 SYSTEM_POLICIES = POLICIES / "system"
+EXAMPLES = "examples"  # example inputs and a catalog (policies/examples/), JSON that is not data
 # What of policies/ is not policy: the tests beside each module and the example inputs.
-IGNORED = ("*_test.rego", "examples")
+IGNORED = ("*_test.rego", EXAMPLES)
+# What `opa test` leaves out: it loads the tests, not the examples.
+TEST_IGNORED = (EXAMPLES,)
+# One decision in the direct form (policies/README.md): the input is the hop, the catalog comes
+# as data, and the index the points get in their bundles is derived from it on the spot.
+DIRECT_DECISION = ("data.complyroute.compliance.decision"
+                   " with data.complyroute.index as data.complyroute.indexing.index(data.complyroute.catalog)")
 # Flags of every point's `opa run --server`, wherever it runs: its REST API asks the rule set's
 # system.authz policy (policies/system/authz) about every request, which refuses writes.
 SERVER_FLAGS = ("--authorization=basic",)
@@ -37,6 +44,18 @@ RUN_FLAGS = ("--optimize-store-for-read-speed",)
 
 def ignore_flags(patterns: Sequence[str] = IGNORED) -> list[str]:
     return [f"--ignore={pattern}" for pattern in patterns]
+
+
+def test_args(paths: Sequence[str], coverage: bool = False) -> list[str]:
+    """`opa test` over `paths` (the rule set's tests), with coverage as JSON when asked."""
+    return ["test", *(["--coverage", "--format=json"] if coverage else []), *ignore_flags(TEST_IGNORED), *paths]
+
+
+def decide_args(input_file: str, catalog: str) -> list[str]:
+    """`opa eval` of one decision in the direct form: `input_file` is the hop, `catalog` the
+    instances (policies/examples/catalog.json's shape)."""
+    return ["eval", "--format=pretty", f"--data={POLICIES}", f"--data={catalog}", f"--input={input_file}",
+            *ignore_flags(), DIRECT_DECISION]
 
 
 def is_test(path: Path) -> bool:

@@ -169,7 +169,8 @@ def cmd_capacity(args) -> int:
     given = {name: value for name, value in {
         "topologies": args.topologies, "engines": args.engines, "services": args.services, "start_rate": args.start_rate,
         "max_rate": args.max_rate, "step_seconds": args.step_seconds, "step_warmup": args.step_warmup,
-        "p99_bound_ms": args.p99_bound_ms, "max_steps": args.max_steps}.items() if value is not None}
+        "p99_bound_ms": args.p99_bound_ms, "max_steps": args.max_steps, "prime": False if args.no_prime else None}.items()
+        if value is not None}
     parameters = capacity.Parameters(**given)  # a ParameterError: one line and exit 2, in main
     if args.run_id and (args.results / args.run_id).exists():
         print(f"error: {args.results / args.run_id} already exists; name a new run with --run-id", file=sys.stderr)
@@ -295,6 +296,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m experiments") -> 
     capacity.add_argument("--step-warmup", type=int, metavar="SECONDS", help="seconds of load per step before its window (default 5)")
     capacity.add_argument("--p99-bound-ms", type=float, metavar="MS", help="a held step's p99 RTT at most (default 500)")
     capacity.add_argument("--max-steps", type=int, metavar="N", help="steps of one search at most, whatever they find (default 16)")
+    capacity.add_argument("--no-prime", action="store_true",
+                          help="no priming load: by default a search first runs one step's load at half the start rate, not judged, "
+                               "so a fresh deployment's slow first seconds do not fail its first step")
     capacity.add_argument("--run-id", help="name of the new run (default capacity-<date>-<time>)")
     capacity.add_argument("--report", metavar="RUN", help="only rebuild the report of this capacity run (a run id or folder)")
     add_target_options(capacity)

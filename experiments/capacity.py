@@ -24,7 +24,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-import signal
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -51,6 +50,11 @@ GAP = 0.10  # bisect until the lowest failed rate is within this share above the
 HALVINGS = 3  # a first step that fails: halve the rate at most this often to find one held
 MAX_STEPS = 16  # steps of one search at most, whatever the step function does
 SETTLE_S = 1.0  # pause between steps, so a failed step's last answers are not the next one's start
+# A fresh deployment's first seconds under load are slower than its later ones whatever the rate
+# (new connections, Node's and OPA's first evaluations): a first step at 50 req/s failed on a
+# p99 of 680 ms that 46 req/s then held at 77 ms. So before its first step a search runs one
+# step's load at this share of the start rate, kept in prime_r<rate>/ and not judged.
+PRIME_SHARE = 0.5
 ENFORCING = matrix.ENFORCING
 STEPS_CSV = "steps.csv"
 STEP_COLUMNS = ("topology", "engine", "services", "step", "offered_rate", "scheduled", "sent", "achieved_rate", "achieved_share",
@@ -181,6 +185,7 @@ class Parameters:
     p99_bound_ms: float = P99_BOUND_MS
     gap: float = GAP
     max_steps: int = MAX_STEPS
+    prime: bool = True  # a step's load at PRIME_SHARE of the start rate before each search's first step, not judged
     mix: str = "allowed"
     max_in_flight: int = matrix.DEFAULT_MAX_IN_FLIGHT
     late_tolerance_ms: float = matrix.DEFAULT_LATE_TOLERANCE_MS
@@ -263,24 +268,19 @@ class CapacityRunner(Runner):
         self.start()
         print(f"capacity: run {self.run_dir.name}: {len(self.capacity.searches())} searches; steps in {self.steps_csv}", file=self.out,
               flush=True)
-        previous = {sig: signal.signal(sig, self.interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
+
+        def search_all() -> None:
             for topology, engine, services in self.capacity.searches():
                 self.run_search(topology, engine, services)
-        except TargetBusy as error:
-            self.update_metadata(outcome="stopped: another deployment is running", ended_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
-            print(f"capacity: {error}", file=self.out)
-            return 2
-        except KeyboardInterrupt:
-            left = self.stop_everything()
-            self.update_metadata(outcome="interrupted", ended_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
-            print("capacity: interrupted" + (f"; processes {left} are still running: stop them by hand" if left
-                                             else "; Locust and the deployment are stopped"), file=self.out)
-            build_report(self.run_dir)
-            return 1 if left else 130
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+
+        def end(outcome: str) -> None:
+            self.update_metadata(outcome=outcome, ended_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+            if outcome == "interrupted":
+                build_report(self.run_dir)  # the searches done so far
+
+        stopped = self.stop_cleanly(search_all, end, "capacity")
+        if stopped is not None:
+            return stopped
         self.update_metadata(outcome="finished", ended_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
         paths = build_report(self.run_dir)
         print(f"capacity: report: {paths['html']}\ncapacity: report: {paths['markdown']}", file=self.out)
@@ -297,6 +297,7 @@ class CapacityRunner(Runner):
             try:
                 state = self.deploy(matrix.Cell(topology, engine, self.capacity.start_rate, services, 0), log)
                 deployed_s = round(time.monotonic() - started, 1)
+                primed_at = self.prime(topology, engine, services, folder, state) if self.capacity.prime else None
 
                 def step(rate: int) -> bool:
                     nonlocal index
@@ -317,9 +318,20 @@ class CapacityRunner(Runner):
         self.update_metadata(search={"topology": topology, "engine": engine, "services": services, "capacity": result.capacity,
                                      "capped": result.capped, "lowest_failed": result.lowest_failed,
                                      "first_failed": result.first_failed, "converged": result.converged, "steps": len(result.steps),
-                                     "deploy_s": deployed_s, "seconds": round(time.monotonic() - started, 1)})
+                                     "primed_at_rate": primed_at, "deploy_s": deployed_s, "seconds": round(time.monotonic() - started, 1)})
         print(f"capacity: {name}: {capacity_text(result)} req/s ({len(result.steps)} steps, "
               f"{time.monotonic() - started:.0f} s)", file=self.out, flush=True)
+
+    def prime(self, topology: str, engine: str | None, services: int, folder: Path, state: dict) -> int:
+        """One step's load at PRIME_SHARE of the start rate on the fresh deployment, before the
+        search's first step: its requests are kept (prime_r<rate>/), not judged. Returns its rate."""
+        rate = max(1, round(self.capacity.start_rate * PRIME_SHARE))
+        prime_dir = folder / f"prime_r{rate}"
+        prime_dir.mkdir()
+        self.load(matrix.Cell(topology, engine, rate, services, 0), prime_dir, state, lambda seconds: None)
+        compress(prime_dir / "requests.csv")
+        time.sleep(SETTLE_S)
+        return rate
 
     def run_step(self, topology: str, engine: str | None, services: int, index: int, rate: int, folder: Path, state: dict,
                  name: str) -> bool:

@@ -13,7 +13,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter
 
 from . import stats
-from .capacity import STEPS_CSV, as_bool, result_of_steps
+from .capacity import PRIME_SHARE, STEPS_CSV, as_bool, result_of_steps
 from .matrix import BASELINE, ENGINE_NAMES, MAX_ERROR_RATE, MIN_ACHIEVED_SHARE, PAPER_NAMES, case_name, load_label
 from .report import color, panels, render_html, render_markdown, save, series_of
 from .targets import run_paragraphs
@@ -162,6 +162,14 @@ def latency_figure(steps: pd.DataFrame, bound_ms: float, figures_dir: Path, load
     return save(figure, figures_dir, "capacity_latency", load)
 
 
+def priming(parameters: dict) -> str:
+    """What came before a search's first step (runs before the priming load had none)."""
+    if not parameters.get("prime", False):
+        return "No priming load: a search's first step was the fresh deployment's first load. "
+    return (f"Before its first step each search ran one step's load at {PRIME_SHARE:.0%} of the start rate, not judged (a fresh "
+            "deployment's first seconds are slower whatever the rate). ")
+
+
 def build(run_dir: Path) -> dict:
     """Write report/ of a capacity run; return the paths of capacity.md and capacity.html."""
     meta = json.loads((run_dir / "metadata.json").read_text())
@@ -179,7 +187,8 @@ def build(run_dir: Path) -> dict:
                         f"{', '.join(parameters['engines'])}; {', '.join(map(str, parameters['services']))} services. One deployment per "
                         f"search; the rate starts at {parameters['start_rate']} req/s and doubles while steps hold, up to "
                         f"{parameters['max_rate']} req/s, then bisects between the highest rate held and the lowest that failed until "
-                        f"they are within {parameters['gap']:.0%} (at most {parameters.get('max_steps', 16)} steps). Each step: {parameters['step_warmup']} s of warm-up and "
+                        f"they are within {parameters['gap']:.0%} (at most {parameters.get('max_steps', 16)} steps). {priming(parameters)}"
+                        f"Each step: {parameters['step_warmup']} s of warm-up and "
                         f"{parameters['step_seconds']} s measured, {load} (at most {parameters['max_in_flight']} requests in flight, a "
                         f"send more than {parameters['late_tolerance_ms']:g} ms late is missed), record mix `{parameters['mix']}`. "
                         f"Outcome: {meta.get('outcome', 'unknown')}. Raw data: `{run_dir / 'raw' / STEPS_CSV}`."))

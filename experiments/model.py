@@ -13,9 +13,11 @@ the ext_authz round trip): fitted on two cells of the run (below), zero for Envo
 
 Two machines:
 - this one: every part on one node of the run's cores, with the load generator (Locust) on it
-  too, its CPU per request taken from the run's cells; a closed loop as Locust runs it (users of
-  `user_rate` each, a constant-throughput wait, random phases), so a saturated cell settles at
-  the rate it carries, judged by the runner's criterion (under 95% of the offered rate);
+  too, its CPU per request taken from the run's cells; the run's load (RunLoad): its open loop's
+  arrivals, constant or Poisson, so a cell past its capacity is saturated; or, for runs of the
+  closed loop, that loop as Locust runs it (users of `user_rate` each, a constant-throughput
+  wait, random phases), so a saturated cell settles at the rate it carries, judged by the
+  runner's criterion (under 95% of the offered rate);
 - the paper's testbed: the placement's gateway node and three service nodes, each of
   PAPER_CORES hardware threads (the gateway PAPER_GATEWAY_CORES), load from other machines, Poisson arrivals (an open loop: JMeter's
   thread count is not published). A cell whose busiest process or node would need more than its
@@ -49,7 +51,8 @@ from complyroute import manifest  # noqa: E402
 from complyroute.plan import GATEWAY_SENDER, place  # noqa: E402
 
 from . import stats  # noqa: E402
-from .matrix import BASELINE, BENCH_CSV, COMPILED_ENGINE, ENGINES, MIN_ACHIEVED_SHARE, TOPOLOGIES  # noqa: E402
+from .matrix import (BASELINE, BENCH_CSV, COMPILED_ENGINE, DEFAULT_ARRIVALS, DEFAULT_USER_RATE, ENGINES, LOAD_OF_OLDER_RUNS,  # noqa: E402
+                     MIN_ACHIEVED_SHARE, TOPOLOGIES)
 from .report import (COLORS, PAPER_NAMES, SATURATED_MARK, arch, color, load_paper_reference, marked, ms, names,  # noqa: E402
                      percent, rate_text, render_html, render_markdown, save)
 
@@ -253,12 +256,35 @@ def simulate(path: list[Visit], cores: dict[str, int], rate: float, *, arrivals:
 # ---- a run: calibration, this machine, the paper's testbed ---------------------------
 
 @dataclass(frozen=True)
+class RunLoad:
+    """How a run's load arrived, as `simulate` takes it: "constant" or "poisson" (an open loop),
+    or "closed" (Locust users of `user_rate` req/s each)."""
+
+    arrivals: str
+    user_rate: float
+
+    @classmethod
+    def of(cls, parameters: dict) -> RunLoad:
+        user_rate = float(parameters.get("user_rate", DEFAULT_USER_RATE))
+        if parameters.get("load", LOAD_OF_OLDER_RUNS) == "open":
+            return cls(parameters.get("arrivals", DEFAULT_ARRIVALS), user_rate)
+        return cls("closed", user_rate)
+
+    def describe(self) -> str:
+        if self.arrivals == "closed":
+            return (f"Locust's closed loop (users of {self.user_rate:g} req/s, constant-throughput waits); saturated as the runner "
+                    "judges it (under 95% of the offered rate)")
+        return f"the run's open loop ({self.arrivals} arrivals); saturated where the rate exceeds the capacity"
+
+
+@dataclass(frozen=True)
 class Calibration:
     """The fixed delays per kind of visit (ms), and the cells they were fitted on."""
 
     delays: dict[str, float]
     cells: list[str]
     client_cpu_ms: float  # Locust's CPU per request here
+    load: RunLoad  # how the run's load arrived, which the model reproduces
 
 
 def fit_delay(measured_median: float, simulate_with, count: int, fixed: dict[str, float], kind: str) -> float:
@@ -284,7 +310,7 @@ def load_measured(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     return cells, stats.pooled(cells, requests), meta
 
 
-def calibrate(cells: pd.DataFrame, table: pd.DataFrame, costs: Costs, cores: int, user_rate: float, seconds: float) -> Calibration:
+def calibrate(cells: pd.DataFrame, table: pd.DataFrame, costs: Costs, cores: int, load: RunLoad, seconds: float) -> Calibration:
     """Locust's CPU per request, and the delays per service and per OPA visit fitted on the run's
     baseline and central entity (envoy-opa) at its lowest rate and chain length, where measured
     unsaturated."""
@@ -304,11 +330,11 @@ def calibrate(cells: pd.DataFrame, table: pd.DataFrame, costs: Costs, cores: int
         if row is None:
             continue  # without its calibration cell a kind's delay stays 0, and the output says so
         path = on_one_node(record_path(topology, None if engine == stats.NO_ENGINE else engine, services, costs), client_cpu_ms)
-        delays[kind] = fit_delay(float(row["median"]), lambda d: simulate(path, one_node, rate, arrivals="closed", user_rate=user_rate,
+        delays[kind] = fit_delay(float(row["median"]), lambda d: simulate(path, one_node, rate, arrivals=load.arrivals, user_rate=load.user_rate,
                                                                            delays=d, seconds=seconds),
                                  sum(v.kind == kind for v in path), delays, kind)
         used.append(f"{topology} ({engine}) r{rate} n{services}")
-    return Calibration(delays, used, client_cpu_ms)
+    return Calibration(delays, used, client_cpu_ms, load)
 
 
 def this_machine(run_dir: Path, seconds: float = 8.0) -> tuple[pd.DataFrame, Calibration, Costs]:
@@ -318,12 +344,13 @@ def this_machine(run_dir: Path, seconds: float = 8.0) -> tuple[pd.DataFrame, Cal
     costs = Costs.from_bench(run_dir / "raw" / BENCH_CSV)
     parameters = meta["parameters"]
     cores = int(meta["machine"]["cores"])
-    calibration = calibrate(cells, table, costs, cores, parameters["user_rate"], seconds)
+    load = RunLoad.of(parameters)
+    calibration = calibrate(cells, table, costs, cores, load, seconds)
     rows = []
     for case in table.itertuples():
         engine = None if case.topology == BASELINE else case.engine
         path = on_one_node(record_path(case.topology, engine, int(case.services), costs), calibration.client_cpu_ms)
-        predicted = simulate(path, {ONE_NODE: cores}, case.rate, arrivals="closed", user_rate=parameters["user_rate"],
+        predicted = simulate(path, {ONE_NODE: cores}, case.rate, arrivals=load.arrivals, user_rate=load.user_rate,
                              delays=calibration.delays, seconds=seconds)
         both_unsaturated = not case.saturated and not predicted.saturated
         rows.append({
@@ -498,8 +525,7 @@ def build_report(run_dir: Path, paper_cores: int = PAPER_CORES, seconds: float =
                                 "ms CPU per record": [f"{getattr(costs, name):.3f}" for name in BENCH_PROCESSES]})),
         ("list", [f"delays fitted per visit: {delays}; on {', '.join(calibration.cells) or 'no cell'} (their errors are ~0 by construction)",
                   f"Locust's CPU per request here (median over the run's cells), a visit before the entry: {calibration.client_cpu_ms:.2f} ms",
-                  "this machine: every part on one node of the run's cores; Locust's closed loop (users of the run's user rate, "
-                  "constant-throughput waits); saturated as the runner judges it (under 95% of the offered rate)"]),
+                  f"this machine: every part on one node of the run's cores; {calibration.load.describe()}"]),
         ("h2", "This machine: predicted against measured"),
         ("table", validation_view(validation)),
         ("list", summary(validation)),

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -199,11 +200,10 @@ class Runner:
               f"{len(pending)} to run", file=self.out)
         print(f"experiments: raw data in {self.raw}", file=self.out)
         print(f"experiments: the report will be {report_html} (and report.md beside it)", file=self.out)
-        # Ctrl-C and SIGTERM both stop the run cleanly, also when started where SIGINT is
-        # ignored (a background job of a script).
-        previous_handlers = {sig: signal.signal(sig, self.interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
         done = 0
-        try:
+
+        def measure() -> None:
+            nonlocal done
             if pending:
                 self.measure_bench()
             with tqdm(total=sum(cell_estimate(c, self.parameters) for c in pending), unit="s", file=sys.stderr,
@@ -213,23 +213,12 @@ class Runner:
                     progress.set_description(f"cell {index}/{len(pending)}: {cell.label}")
                     self.run_cell(cell, progress)
                     done += 1
-        except TargetBusy as error:
-            self.end_session("stopped: another deployment is running", done)
-            print(f"experiments: {error}; resume with --run-id {self.run_dir.name}", file=self.out)
-            return 2
-        except KeyboardInterrupt:
-            left = self.stop_everything()
-            self.end_session("interrupted", done)
-            if left:
-                print(f"experiments: interrupted; processes {left} are still running: stop them by hand", file=self.out)
-                return 1
-            print("experiments: interrupted; Locust and the deployment are stopped and no process of theirs is left", file=self.out)
-            results = "" if self.run_dir.parent == RESULTS else f" --results {self.run_dir.parent}"
-            print(f"experiments: resume with: python -m experiments{results} run --run-id {self.run_dir.name}", file=self.out)
-            return 130
-        finally:
-            for sig, handler in previous_handlers.items():
-                signal.signal(sig, handler)
+
+        results = "" if self.run_dir.parent == RESULTS else f" --results {self.run_dir.parent}"
+        stopped = self.stop_cleanly(measure, lambda outcome: self.end_session(outcome, done), "experiments",
+                                    resume=f"python -m experiments{results} run --run-id {self.run_dir.name}")
+        if stopped is not None:
+            return stopped
         self.end_session("finished", done)
         failed = sorted(p.parent.name for p in self.raw.glob("*/failed.json"))
         if failed:
@@ -243,6 +232,33 @@ class Runner:
     @staticmethod
     def interrupt(signum, frame):
         raise KeyboardInterrupt
+
+    def stop_cleanly(self, work: Callable[[], None], end: Callable[[str], None], name: str, resume: str | None = None) -> int | None:
+        """Run `work` so that Ctrl-C and SIGTERM stop it cleanly (also when started where SIGINT
+        is ignored: a background job of a script), and a busy target stops it before it starts
+        anything. None when the work finished; else `end` has been told the outcome, a line
+        says what is left (and how to resume), and the exit code is returned."""
+        previous_handlers = {sig: signal.signal(sig, self.interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            work()
+            return None
+        except TargetBusy as error:
+            end("stopped: another deployment is running")
+            print(f"{name}: {error}" + (f"; resume with: {resume}" if resume else ""), file=self.out)
+            return 2
+        except KeyboardInterrupt:
+            left = self.stop_everything()
+            end("interrupted")
+            if left:
+                print(f"{name}: interrupted; processes {left} are still running: stop them by hand", file=self.out)
+                return 1
+            print(f"{name}: interrupted; Locust and the deployment are stopped and no process of theirs is left", file=self.out)
+            if resume:
+                print(f"{name}: resume with: {resume}", file=self.out)
+            return 130
+        finally:
+            for sig, handler in previous_handlers.items():
+                signal.signal(sig, handler)
 
     def measure_bench(self) -> None:
         """`make bench`'s measurement, once per session before its cells, into raw/bench.csv:

@@ -222,7 +222,10 @@ def test_a_run_steps_each_deployment_writes_steps_csv_metadata_and_the_report(tm
     assert rows[0]["held"] == "True" and rows[0]["scheduled"] == "100" and rows[0]["achieved_share"] == "1.0"
     assert rows[0]["cpu_machine"] == "1.5"
     assert (run_dir / "raw" / "central-entity_envoy-opa_n5" / "step01_r50" / "requests.csv.gz").exists()
+    # The priming load ran at half the start rate before the first step, and is no step.
+    assert (run_dir / "raw" / "central-entity_envoy-opa_n5" / "prime_r25" / "requests.csv.gz").exists()
     meta = json.loads((run_dir / "metadata.json").read_text())
+    assert [s["primed_at_rate"] for s in meta["searches"]] == [25, 25]
     assert meta["outcome"] == "finished" and meta["parameters"]["p99_bound_ms"] == 500.0 and meta["machine"]["cores"] == 2
     assert [(s["topology"], s["capacity"], s["lowest_failed"]) for s in meta["searches"]] == [
         ("central-entity", 150, 162), ("baseline", 150, 162)]
@@ -232,6 +235,15 @@ def test_a_run_steps_each_deployment_writes_steps_csv_metadata_and_the_report(tm
     table = capacity_report.capacity_table(capacity_report.read_steps(run_dir), GAP)
     assert table[["topology", "capacity", "share_of_baseline"]].values.tolist() == [["central-entity", 150, 1.0], ["baseline", 150, 1.0]]
     assert built == [run_dir]  # the report itself: below, on a synthetic run
+
+
+def test_without_priming_the_first_step_is_the_first_load_denied(tmp_path, stand_ins):
+    parameters = Parameters(topologies=["ce"], engines=["envoy-opa"], services=[5], start_rate=50, max_rate=100, step_seconds=2,
+                            step_warmup=1, prime=False)
+    code, run_dir = capacity.run(parameters, tmp_path, "unprimed", out=io.StringIO())
+    assert code == 0
+    assert not list((run_dir / "raw").glob("*/prime_r*"))
+    assert [s["primed_at_rate"] for s in json.loads((run_dir / "metadata.json").read_text())["searches"]] == [None, None]
 
 
 def test_an_existing_run_is_not_overwritten(tmp_path, stand_ins, capsys):
@@ -332,3 +344,9 @@ def test_a_capacity_run_on_k8s_names_its_target_in_metadata_and_report(tmp_path,
 def test_a_capacity_run_recorded_before_targets_reports_local(tmp_path):
     markdown = capacity_report.build(synthetic_run(tmp_path))["markdown"].read_text()
     assert "Target: **local** (processes on this machine" in markdown and "Not measured on this target" not in markdown
+
+
+def test_the_report_says_a_priming_load_ran_allowed_or_did_not_denied():
+    assert "one step's load at 50% of the start rate, not judged" in capacity_report.priming({"prime": True})
+    assert capacity_report.priming({"prime": False}).startswith("No priming load")
+    assert capacity_report.priming({}).startswith("No priming load")  # runs from before the priming load

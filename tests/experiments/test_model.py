@@ -1,6 +1,7 @@
 """The testbed model (experiments/model.py): queueing theory where it is known, the paths the
 placements lay out, the bench it reads, and the command on a small run folder."""
 
+import json
 import math
 import shutil
 from pathlib import Path
@@ -134,3 +135,30 @@ def test_the_model_command_refuses_a_run_without_the_benchs_rows(tmp_path, capsy
     assert error.count("\n") == 1 and "has no row for service-work" in error
     assert main(["--results", str(tmp_path / "nothing"), "model"]) == 2
     assert "no run with a bench" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("parameters, arrivals", [
+    ({"load": "open", "arrivals": "poisson", "user_rate": 10}, "poisson"),
+    ({"load": "open", "user_rate": 10}, "constant"),  # the open loop's default arrivals
+])
+def test_an_open_loop_run_is_modelled_with_its_arrivals_allowed(parameters, arrivals):
+    load = model.RunLoad.of(parameters)
+    assert load.arrivals == arrivals and "open loop" in load.describe()
+
+
+@pytest.mark.parametrize("parameters", [{"load": "closed", "user_rate": 5}, {"user_rate": 5}])  # runs before the open loop: closed
+def test_a_closed_loop_run_is_not_modelled_as_an_open_one_denied(parameters):
+    load = model.RunLoad.of(parameters)
+    assert (load.arrivals, load.user_rate) == ("closed", 5.0) and "closed loop (users of 5 req/s" in load.describe()
+
+
+def test_the_model_of_an_open_loop_run_says_so(tmp_path):
+    run_dir = tmp_path / "two-engines"
+    shutil.copytree(TWO_ENGINES, run_dir)
+    full_bench(run_dir)
+    meta_path = run_dir / "metadata.json"
+    meta = json.loads(meta_path.read_text())
+    meta["parameters"].update(load="open", arrivals="constant")
+    meta_path.write_text(json.dumps(meta))
+    _, calibration, _ = model.this_machine(run_dir, seconds=4)
+    assert calibration.load == model.RunLoad("constant", float(meta["parameters"].get("user_rate", 10)))

@@ -1,0 +1,51 @@
+"""`complyroute decide` and `complyroute policy-test`, the Makefile's policy targets: a real OPA
+over policies/, loaded as policyfiles says."""
+
+import json
+import shutil
+
+import pytest
+
+from complyroute import policyfiles
+from complyroute.__main__ import main
+
+EXAMPLES = policyfiles.POLICIES / policyfiles.EXAMPLES
+CATALOG = str(EXAMPLES / "catalog.json")
+
+pytestmark = pytest.mark.skipif(not policyfiles.OPA.exists(), reason="bin/opa is built by make setup")
+
+
+@pytest.mark.parametrize("example, allowed, status", [
+    ("eu-personal-allowed.json", True, 200),
+    ("eu-health-denied.json", False, 451),
+    ("unlabelled.json", False, 400),
+])
+def test_decide_allowed_and_denied(example, allowed, status, capfd):
+    assert main(["decide", "--input", str(EXAMPLES / example), "--catalog", CATALOG]) == 0
+    decision = json.loads(capfd.readouterr().out)
+    assert (decision["allowed"], decision.get("status", 200)) == (allowed, status)
+
+
+def test_decide_bad_input_denied(tmp_path, capfd):
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    assert main(["decide", "--input", str(broken), "--catalog", CATALOG]) != 0
+
+
+def write_rule_set(folder, test_body: str, covered: bool = True) -> None:
+    (folder / "m.rego").write_text("package m\n\nanswer := 42\n\nother := 1 if input.x\n" if not covered else "package m\n\nanswer := 42\n")
+    (folder / "m_test.rego").write_text(f"package m_test\n\nimport data.m\n\ntest_answer if {{\n\t{test_body}\n}}\n")
+    (folder / policyfiles.EXAMPLES).mkdir()
+    (folder / policyfiles.EXAMPLES / "input.json").write_text("{}")  # left out, as in policies/
+
+
+def test_policy_test_passing_allowed(tmp_path, capfd):
+    write_rule_set(tmp_path, "m.answer == 42")
+    assert main(["policy-test", str(tmp_path)]) == 0
+    assert "policy coverage: 100.00%" in capfd.readouterr().out
+
+
+@pytest.mark.parametrize("test_body, covered", [("m.answer == 41", True), ("m.answer == 42", False)])
+def test_policy_test_failing_or_uncovered_denied(tmp_path, test_body, covered):
+    write_rule_set(tmp_path, test_body, covered)
+    assert main(["policy-test", "--threshold", "100", str(tmp_path)]) != 0
