@@ -1284,6 +1284,16 @@ def test_reload_refuses_a_namespace_it_has_no_record_of_or_one_deployed_again_si
     assert api.applied == []
 
 
+@pytest.mark.parametrize("written", [b"not a pickle", pickle.dumps({"topology": "an older record"}),
+                                     pickle.dumps(object.__new__(apply.Deployed))])  # no fields: a record from before a field
+def test_reload_refuses_a_record_another_version_wrote_and_says_deploy_again_denied(deployed_central_entity, written):
+    renderer, _, api = deployed_central_entity()
+    apply.Deployed.path(render.namespace_of(renderer.topology)).write_bytes(written)
+    with pytest.raises(ReloadError, match="written by another version of complyroute and cannot be read: deploy again"):
+        apply.reload_policy(renderer.topology, out=io.StringIO())
+    assert api.applied == []
+
+
 def test_reload_keeps_the_configmaps_the_pods_mount_allowed(deployed_central_entity, us_adequate):
     """Deployed with the route files over two ConfigMaps (a budget of 55,000 bytes), a rule set
     whose files fill one leaves the second mounted, empty."""

@@ -76,6 +76,18 @@ class Deployed:
     def path(namespace: str) -> Path:
         return DEPLOYED / f"{namespace}.pickle"
 
+    @staticmethod
+    def read(record: Path) -> Deployed | None:
+        """The record at `record`; None when an older or newer complyroute wrote it (its classes
+        moved or changed since: the module split, the points' roles)."""
+        try:
+            deployed = pickle.loads(record.read_bytes())
+        except (pickle.UnpicklingError, AttributeError, ImportError, EOFError, TypeError, ValueError):
+            return None
+        if not isinstance(deployed, Deployed) or any(not hasattr(deployed, name) for name in Deployed.__dataclass_fields__):
+            return None
+        return deployed
+
     def write(self) -> None:
         DEPLOYED.mkdir(parents=True, exist_ok=True)
         partial = DEPLOYED / f".{namespace_of(self.topology)}.partial"
@@ -191,7 +203,10 @@ def reload_policy(topology: Topology, policies: Path = POLICIES, out=sys.stdout)
     if not record.exists():
         raise ReloadError(f"{topology.name} was not deployed to Kubernetes from here ({record} is missing): "
                           f"make deploy target=k8s topology={topology.name} first")
-    deployed: Deployed = pickle.loads(record.read_bytes())
+    deployed = Deployed.read(record)
+    if deployed is None:
+        raise ReloadError(f"{record} was written by another version of complyroute and cannot be read: "
+                          f"deploy again (make deploy target=k8s topology={topology.name}), then reload")
     if not deployed.configmaps:
         raise ReloadError(f"{topology.name} runs no OPA (nothing in it decides): there is no rule set to reload")
     found = kubectl_json("get", "namespace", namespace)
