@@ -5,16 +5,19 @@ import socket
 
 import pytest
 
-from tests.k8s.harness.localcluster import APISERVER, LocalCluster, port_in_use
+from tests.k8s.harness import localcluster
+from tests.k8s.harness.localcluster import LocalCluster, port_in_use
 
 
-def test_start_refuses_when_a_control_plane_port_is_taken_denied(tmp_path):
+def test_start_refuses_when_a_control_plane_port_is_taken_denied(tmp_path, monkeypatch):
     with socket.socket() as squatter:
         squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        squatter.bind(("127.0.0.1", APISERVER))
+        squatter.bind(("127.0.0.1", 0))  # a port of its own: the real ones may be a running cluster's (make k8s-e2e)
         squatter.listen()
+        taken = squatter.getsockname()[1]
+        monkeypatch.setattr(localcluster, "PORTS", {"kube-apiserver": taken})
         cluster = LocalCluster(tmp_path / "cluster")
-        with pytest.raises(RuntimeError, match=f"ports in use: {APISERVER} \\(kube-apiserver\\)"):
+        with pytest.raises(RuntimeError, match=f"ports in use: {taken} \\(kube-apiserver\\)"):
             cluster.start()
     assert cluster.processes == {} and not (tmp_path / "cluster").exists()  # nothing started, nothing written
 
