@@ -162,3 +162,22 @@ def test_the_model_of_an_open_loop_run_says_so(tmp_path):
     meta_path.write_text(json.dumps(meta))
     _, calibration, _ = model.this_machine(run_dir, seconds=4)
     assert calibration.load == model.RunLoad("constant", float(meta["parameters"].get("user_rate", 10)))
+
+
+OPEN, CLOSED = model.RunLoad("constant", 10.0), model.RunLoad("closed", 10.0)
+
+
+@pytest.mark.parametrize("case, load", [
+    ({"saturated": False, "p99": 499.0}, OPEN),
+    ({"saturated": False, "p99": 5000.0}, CLOSED),  # a closed loop's RTT is bounded by its users
+])
+def test_a_cell_below_its_capacity_is_compared_allowed(case, load):
+    assert not model.past_capacity(case, load)
+
+
+@pytest.mark.parametrize("case, load", [
+    ({"saturated": False, "p99": 2329.0}, OPEN),  # an open loop's queue that grew: CE (envoy-opa) at 100 req/s here
+    ({"saturated": True, "p99": 80.0}, CLOSED),
+])
+def test_a_cell_past_its_capacity_is_neither_calibrated_on_nor_compared_denied(case, load):
+    assert model.past_capacity(case, load)
