@@ -1,14 +1,16 @@
-"""A model of the testbed: `make bench`'s CPU costs per part, fed to a discrete-event simulation
-(simpy) of the nodes, cores and processes a record passes through.
+"""A model of the testbed: the CPU each part costs per record, fed to a discrete-event simulation
+(simpy) of the nodes, cores and processes a record passes through. The CPU per part is what the
+run's own cells measured under load (costs_under_load), or, for a run whose cells cannot tell it,
+what `make bench` measured one part at a time.
 
 A record's path is taken from the topology's own placement (complyroute.plan.place): the entry,
 every service of the chain in turn, the sidecar ingress before a service, the point deciding the
 hop out of it. Each part it passes is a *visit*: a process (a Node service, a point's Envoy or its
 OPA, the load generator) on a node, holding one of the process's threads and one of the node's
-cores for its CPU cost, drawn from an exponential distribution around the bench's mean (or that
+cores for its CPU cost, drawn from an exponential distribution around its mean (or that
 mean exactly). A Node service has one thread, an Envoy its point's concurrency, an OPA (Go) as
 many as its node has cores. Queues are FIFO. After its CPU a visit adds a fixed delay, per kind
-of part, for what the bench's CPU figures do not hold (loopback transfer, waking a process,
+of part, for what CPU figures do not hold (loopback transfer, waking a process,
 the ext_authz round trip): fitted on two cells of the run (below), zero for Envoy and the client.
 
 Two machines:
@@ -25,7 +27,8 @@ Two machines:
 
 Calibration: the delay of a service visit is fitted on the run's baseline cell at its lowest rate
 and chain length, the delay of an OPA visit on the central entity (envoy-opa) cell of the same
-rate and length. Both cells are named in the output; every other cell is a prediction.
+rate and length. Both cells are named in the output; every other cell is a prediction. The CPU
+per part fitted on the cells is a measurement of CPU, not of RTT: it holds no latency.
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ import json
 import math
 import random
 import statistics
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from functools import cache
 from pathlib import Path
 
 import matplotlib
@@ -42,8 +46,10 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import simpy  # noqa: E402
+from scipy.optimize import nnls  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import FuncFormatter, NullFormatter  # noqa: E402
 
@@ -80,13 +86,16 @@ class ModelError(Exception):
 
 @dataclass(frozen=True)
 class Costs:
-    """ms of CPU per record of each part, from a run's raw/bench.csv."""
+    """ms of CPU per record of each part: from a run's raw/bench.csv, or fitted on its cells
+    (under_load). `entry_opa` is the entry's decision, which also issues the record's label
+    token; the bench measures one decision alone, so from a bench it is `decision_opa`."""
 
     service: float
     forwarding: float
     decision_envoy: float
     decision_opa: float
     compiled_envoy: float
+    entry_opa: float
 
     @classmethod
     def from_bench(cls, path: Path) -> "Costs":
@@ -97,7 +106,78 @@ class Costs:
         missing = [process for process in BENCH_PROCESSES.values() if process not in cpu.index]
         if missing:
             raise ModelError(f"{path} has no row for {', '.join(missing)}")
-        return cls(**{name: float(cpu[process]) for name, process in BENCH_PROCESSES.items()})
+        costs = {name: float(cpu[process]) for name, process in BENCH_PROCESSES.items()}
+        return cls(**costs, entry_opa=costs["decision_opa"])
+
+    @classmethod
+    def one_of(cls, part: str) -> "Costs":
+        """1 ms for `part`, 0 for every other: a path's CPU with these costs counts `part`'s visits."""
+        return cls(**{name: float(name == part) for name in COST_PARTS})
+
+
+COST_PARTS = tuple(Costs.__dataclass_fields__)
+# cpu.csv's kinds of deployment part (stats.CPU_KINDS), each with the parts of a path whose CPU it holds
+PARTS_OF_CPU_KIND = {
+    "service": ("service",),
+    "envoy": ("forwarding", "decision_envoy", "compiled_envoy"),
+    "opa": ("decision_opa", "entry_opa"),
+}
+
+
+@dataclass(frozen=True)
+class LoadCosts:
+    """CPU per record of each part as a run's cells measured it, with what the fit rests on."""
+
+    costs: Costs
+    idle_ms_per_s: dict[str, float]  # per process of each kind, whatever the rate (timers, stats, polling)
+    cells: int  # the cells below capacity the fit used
+    from_bench: list[str]  # parts no such cell visited: the bench's figure stands
+
+
+@cache  # a placement per call: the fit asks each case's many times
+def visits(topology: str, engine: str | None, services: int) -> dict[str, int]:
+    """How many times an allowed record visits each part, as placed."""
+    return {part: round(sum(v.cpu_ms for v in record_path(topology, engine, services, Costs.one_of(part)))) for part in COST_PARTS}
+
+
+@cache
+def processes(topology: str, engine: str | None, services: int) -> dict[str, int]:
+    """The deployment's processes of each CPU kind: its services, an Envoy per point, an OPA per deciding point."""
+    plan = place(manifest.load(topology, services=services, engine=engine))
+    return {"service": len(plan.services), "envoy": len(plan.points), "opa": sum(bool(point.deciding) for point in plan.points)}
+
+
+def costs_under_load(cells: pd.DataFrame, load: RunLoad, bench: Costs) -> LoadCosts | None:
+    """Each part's CPU per record, fitted on the cores each kind of part kept busy in the run's
+    cells below capacity (cpu.csv, by process): per kind, cores x 1000 = sum over its parts of
+    achieved rate x visits x ms per visit, plus idle ms/s per process; non-negative least
+    squares (scipy). What a part costs here, in a chain sharing the cores with Locust, is not
+    what the bench measures one part at a time. None when the cells cannot tell a part's cost
+    from its idle CPU: no CPU by kind (runs before 3116cf4), or fewer than two rates below capacity."""
+    kinds = list(PARTS_OF_CPU_KIND)
+    usable = cells[[not past_capacity(row, load) for row in cells.to_dict("records")]]
+    usable = usable.dropna(subset=[f"cpu_{kind}" for kind in kinds] + ["achieved_rate"])
+    if usable["rate"].nunique() < 2:
+        return None
+    costs = asdict(bench)
+    idle: dict[str, float] = {}
+    unvisited: list[str] = []
+    for kind, parts in PARTS_OF_CPU_KIND.items():
+        rows, busy = [], []
+        for cell in usable.itertuples():
+            engine = None if cell.topology == BASELINE else cell.engine
+            count = visits(cell.topology, engine, int(cell.services))
+            rows.append([cell.achieved_rate * count[part] for part in parts] + [processes(cell.topology, engine, int(cell.services))[kind]])
+            busy.append(1000 * getattr(cell, f"cpu_{kind}"))
+        design = np.array(rows, dtype=float)
+        fitted, _ = nnls(design, np.array(busy, dtype=float))
+        for column, part in enumerate(parts):
+            if design[:, column].any():
+                costs[part] = float(fitted[column])
+            else:
+                unvisited.append(part)
+        idle[kind] = float(fitted[-1])
+    return LoadCosts(Costs(**costs), idle, len(usable), unvisited)
 
 
 @dataclass(frozen=True)
@@ -126,8 +206,9 @@ def record_path(topology: str, engine: str | None, services: int, costs: Costs) 
         envoy = f"{point.name}/envoy"
         if engine == COMPILED_ENGINE and not listener.from_client:
             return [Visit(envoy, "envoy", point.node, costs.compiled_envoy, point.concurrency)]
+        opa = costs.entry_opa if listener.from_client else costs.decision_opa
         return [Visit(envoy, "envoy", point.node, costs.decision_envoy, point.concurrency),
-                Visit(f"{point.name}/opa", "opa", point.node, costs.decision_opa, None)]
+                Visit(f"{point.name}/opa", "opa", point.node, opa, None)]
 
     path = decision(*deciding[GATEWAY_SENDER]) if GATEWAY_SENDER in deciding else []
     for process in sorted(plan.services, key=lambda s: s.instance.index):
@@ -294,6 +375,7 @@ class Calibration:
     cells: list[str]
     client_cpu_ms: float  # Locust's CPU per request here
     load: RunLoad  # how the run's load arrived, which the model reproduces
+    under_load: LoadCosts | None  # the parts' CPU fitted on the run's cells, which the model then uses; None: the bench's
 
 
 def fit_delay(measured_median: float, simulate_with, count: int, fixed: dict[str, float], kind: str) -> float:
@@ -319,10 +401,11 @@ def load_measured(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     return cells, stats.pooled(cells, requests), meta
 
 
-def calibrate(cells: pd.DataFrame, table: pd.DataFrame, costs: Costs, cores: int, load: RunLoad, seconds: float) -> Calibration:
+def calibrate(cells: pd.DataFrame, table: pd.DataFrame, costs: Costs, cores: int, load: RunLoad, seconds: float,
+              under_load: LoadCosts | None = None) -> Calibration:
     """Locust's CPU per request, and the delays per service and per OPA visit fitted on the run's
     baseline and central entity (envoy-opa) at its lowest rate and chain length, where measured
-    unsaturated."""
+    unsaturated; `costs` are the parts' CPU the model uses (under_load's, where fitted)."""
     client_cpu_ms = float((cells["cpu_locust"] * 1000 / cells["achieved_rate"]).median())
     lowest = table.sort_values(["rate", "services"]).iloc[0]
     rate, services = int(lowest["rate"]), int(lowest["services"])
@@ -343,18 +426,22 @@ def calibrate(cells: pd.DataFrame, table: pd.DataFrame, costs: Costs, cores: int
                                                                            delays=d, seconds=seconds),
                                  sum(v.kind == kind for v in path), delays, kind)
         used.append(f"{topology} ({engine}) r{rate} n{services}")
-    return Calibration(delays, used, client_cpu_ms, load)
+    return Calibration(delays, used, client_cpu_ms, load, under_load)
 
 
 def this_machine(run_dir: Path, seconds: float = 8.0) -> tuple[pd.DataFrame, Calibration, Costs]:
     """Per case of the run: measured and predicted median RTT, achieved rate, saturation; the
-    model's error on the median where neither is saturated."""
+    model's error on the median where neither is saturated. The parts' CPU is what the run's
+    cells measured (costs_under_load) where they tell it, else the bench's; the costs used are
+    returned."""
     cells, table, meta = load_measured(run_dir)
-    costs = Costs.from_bench(run_dir / "raw" / BENCH_CSV)
+    bench = Costs.from_bench(run_dir / "raw" / BENCH_CSV)
     parameters = meta["parameters"]
     cores = int(meta["machine"]["cores"])
     load = RunLoad.of(parameters)
-    calibration = calibrate(cells, table, costs, cores, load, seconds)
+    under_load = costs_under_load(cells, load, bench)
+    costs = under_load.costs if under_load else bench
+    calibration = calibrate(cells, table, costs, cores, load, seconds, under_load)
     rows = []
     for case in table.itertuples():
         measured_saturated = past_capacity(case._asdict(), load)
@@ -498,15 +585,34 @@ def summary(validation: pd.DataFrame) -> list[str]:
     saturated = validation[validation["measured_saturated"] & validation["predicted_saturated"]]
     if len(saturated):
         ratio = (saturated["measured_achieved"] / saturated["predicted_achieved"]).median()
-        lines.append(f"in the {len(saturated)} cells both saturated, the rate measured is {ratio:.2f}× the rate predicted (median): "
-                     "the bench's CPU per part, measured one record at a time, is above what a part costs per record under load, "
-                     "where it handles several records per wake-up (the report's CPU per record falls with the rate)")
+        lines.append(f"in the {len(saturated)} cells both saturated, the rate measured is {ratio:.2f}× the rate predicted (median)")
     return lines
 
 
 def case_text(row) -> str:
     engine = "" if row.engine == stats.NO_ENGINE else f" ({'compiled' if row.engine == COMPILED_ENGINE else row.engine})"
     return f"{arch(row.topology)}{engine} r{row.rate} n{row.services}"
+
+
+def costs_view(used: Costs, bench: Costs, under_load: LoadCosts | None) -> pd.DataFrame:
+    """Per part: the bench's CPU per record and, where the run's cells gave it, theirs; the model uses the latter."""
+    view = pd.DataFrame({"part": list(COST_PARTS),
+                         "bench row (process)": [BENCH_PROCESSES.get(part, f"{BENCH_PROCESSES['decision_opa']} (one decision)") for part in COST_PARTS],
+                         "bench (ms CPU per record)": [f"{getattr(bench, part):.3f}" for part in COST_PARTS]})
+    if under_load:
+        view["under this run's load (ms CPU per record)"] = [
+            "– (no cell visits it: the bench's)" if part in under_load.from_bench else f"{getattr(used, part):.3f}" for part in COST_PARTS]
+    return view
+
+
+def costs_source(under_load: LoadCosts | None) -> str:
+    if under_load is None:
+        return ("the model uses the bench's CPU per part: this run's cells cannot tell a part's CPU per record from its idle CPU "
+                "(no CPU by kind of process, or fewer than two rates below capacity)")
+    idle = ", ".join(f"{kind} {ms_per_s:.1f}" for kind, ms_per_s in under_load.idle_ms_per_s.items())
+    return (f"the model uses the CPU per part under this run's load: the cores each kind of process kept busy in the "
+            f"{under_load.cells} cells below capacity, fitted (non-negative least squares) as achieved rate × visits × ms per "
+            f"visit, plus idle ms of CPU per second per process ({idle})")
 
 
 def build_report(run_dir: Path, paper_cores: int = PAPER_CORES, seconds: float = 8.0, paper_rates=PAPER_RATES,
@@ -525,15 +631,15 @@ def build_report(run_dir: Path, paper_cores: int = PAPER_CORES, seconds: float =
     delays = ", ".join(f"{kind} {delay:.2f} ms" for kind, delay in calibration.delays.items()) or "none (no calibration cell)"
     blocks = [
         ("h1", f"Model of the testbed: {run_dir.name}"),
-        ("p", "`make bench`'s CPU per part (this run's `raw/bench.csv`) fed to a discrete-event simulation (simpy): a record "
+        ("p", "The CPU each part costs per record (below) fed to a discrete-event simulation (simpy): a record "
               "visits the parts its topology's placement lays out, each holding a thread of its process (a service 1, an Envoy its "
               "point's concurrency, an OPA as many as its node's cores) and a core of its node for an exponentially distributed CPU "
-              "time around the bench's figure, then a fixed delay per kind of part for what CPU does not hold (loopback, waking a "
+              "time around that figure, then a fixed delay per kind of part for what CPU does not hold (loopback, waking a "
               "process, the ext_authz round trip). `experiments/model.py` says how."),
         ("h2", "Costs and calibration"),
-        ("table", pd.DataFrame({"part": list(BENCH_PROCESSES), "bench row (process)": list(BENCH_PROCESSES.values()),
-                                "ms CPU per record": [f"{getattr(costs, name):.3f}" for name in BENCH_PROCESSES]})),
-        ("list", [f"delays fitted per visit: {delays}; on {', '.join(calibration.cells) or 'no cell'} (their errors are ~0 by construction)",
+        ("table", costs_view(costs, Costs.from_bench(run_dir / "raw" / BENCH_CSV), calibration.under_load)),
+        ("list", [costs_source(calibration.under_load),
+                  f"delays fitted per visit: {delays}; on {', '.join(calibration.cells) or 'no cell'} (their errors are ~0 by construction)",
                   f"Locust's CPU per request here (median over the run's cells), a visit before the entry: {calibration.client_cpu_ms:.2f} ms",
                   f"this machine: every part on one node of the run's cores; {calibration.load.describe()}"]),
         ("h2", "This machine: predicted against measured"),

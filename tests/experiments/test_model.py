@@ -9,11 +9,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from experiments import model
+from experiments import model, stats
 from experiments.__main__ import main
 
 TWO_ENGINES = Path(__file__).resolve().parent / "fixtures" / "two-engines"
-COSTS = model.Costs(service=1.0, forwarding=0.25, decision_envoy=0.6, decision_opa=0.9, compiled_envoy=0.3)
+COSTS = model.Costs(service=1.0, forwarding=0.25, decision_envoy=0.6, decision_opa=0.9, compiled_envoy=0.3, entry_opa=0.9)
 ONE_PART = [model.Visit("part", "service", "node", cpu_ms=5.0)]  # 5 ms of CPU: 200 records/s on one core
 
 
@@ -181,3 +181,56 @@ def test_a_cell_below_its_capacity_is_compared_allowed(case, load):
 ])
 def test_a_cell_past_its_capacity_is_neither_calibrated_on_nor_compared_denied(case, load):
     assert model.past_capacity(case, load)
+
+
+TRUE_COSTS = model.Costs(service=1.5, forwarding=0.4, decision_envoy=0.9, decision_opa=0.3, compiled_envoy=0.45, entry_opa=2.5)
+IDLE = {"service": 2.0, "envoy": 3.0, "opa": 1.0}  # ms of CPU per second per process
+
+
+def measured_cells(cases, rates, costs=TRUE_COSTS, past_capacity=()) -> pd.DataFrame:
+    """Cells as a run would measure them if each part cost `costs` per visit plus IDLE per process."""
+    rows = []
+    for topology, engine in cases:
+        for services in (5, 10):
+            for rate in rates:
+                count = model.visits(topology, engine, services)
+                running = model.processes(topology, engine, services)
+                rows.append({"topology": topology, "engine": engine or stats.NO_ENGINE, "rate": rate, "services": services, "achieved_rate": rate,
+                             "saturated": False, "p99": 5000.0 if (topology, rate) in past_capacity else 50.0,
+                             **{f"cpu_{kind}": (sum(rate * count[part] * getattr(costs, part) for part in parts)
+                                                + IDLE[kind] * running[kind]) / 1000
+                                for kind, parts in model.PARTS_OF_CPU_KIND.items()}})
+    return pd.DataFrame(rows)
+
+
+EVERY_CASE = [("central-entity", "envoy-opa"), ("central-entity", "envoy-compiled"), ("sidecar", "envoy-opa"),
+              ("sidecar", "envoy-compiled"), ("baseline", None)]
+
+
+def test_costs_under_load_are_the_cells_cpu_per_visit_allowed():
+    # A cell past its capacity is left out of the fit: its CPU (here a wrong one) does not move it.
+    cells = measured_cells(EVERY_CASE, (20, 40))
+    wrong = measured_cells([("sidecar", "envoy-opa")], (80,), costs=model.Costs(*(10.0,) * 6), past_capacity=[("sidecar", 80)])
+    fitted = model.costs_under_load(pd.concat([cells, wrong]), OPEN, COSTS)
+    assert fitted.cells == len(cells) and fitted.from_bench == []
+    for part in model.COST_PARTS:
+        assert getattr(fitted.costs, part) == pytest.approx(getattr(TRUE_COSTS, part), rel=1e-6), part
+    assert fitted.idle_ms_per_s == pytest.approx(IDLE)
+
+
+def test_costs_under_load_need_two_rates_below_capacity_denied():
+    assert model.costs_under_load(measured_cells(EVERY_CASE, (20,)), OPEN, COSTS) is None
+    assert model.costs_under_load(measured_cells(EVERY_CASE, (20, 40), past_capacity=[(t, 40) for t, _ in EVERY_CASE]), OPEN, COSTS) is None
+
+
+def test_a_part_no_cell_visits_keeps_the_benchs_cost():
+    fitted = model.costs_under_load(measured_cells([("central-entity", "envoy-opa"), ("baseline", None)], (20, 40)), OPEN, COSTS)
+    assert fitted.from_bench == ["compiled_envoy"] and fitted.costs.compiled_envoy == COSTS.compiled_envoy
+    assert fitted.costs.decision_envoy == pytest.approx(TRUE_COSTS.decision_envoy)
+
+
+def test_the_entry_decision_costs_its_own():
+    path = model.record_path("central-entity", "envoy-compiled", 5, TRUE_COSTS)
+    assert [v.cpu_ms for v in path if v.kind == "opa"] == [TRUE_COSTS.entry_opa]  # the entry's, issuing the label token
+    assert model.visits("central-entity", "envoy-opa", 5) == {"service": 5, "forwarding": 0, "decision_envoy": 5, "decision_opa": 4,
+                                                            "compiled_envoy": 0, "entry_opa": 1}
