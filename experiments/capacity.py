@@ -35,7 +35,7 @@ import pandas as pd
 from complyroute import manifest
 
 from . import matrix, metadata, stats
-from .matrix import BASELINE, ENGINES, MAX_ERROR_RATE, MIN_ACHIEVED_SHARE, ParameterError, case_name
+from .matrix import BASELINE, ENGINES, MAX_ERROR_RATE, MIN_ACHIEVED_SHARE, P99_BOUND_MS, ParameterError, case_name
 from .runner import RESULTS, CellFailed, Runner, compress, write_json
 from .targets import DeployFailed, Target, TargetBusy
 
@@ -44,7 +44,6 @@ START_RATE = 50
 MAX_RATE = 2000
 STEP_SECONDS = 10
 STEP_WARMUP = 5  # a step's first seconds carry a start transient (new Locust, new connections): 2 s left it in the window
-P99_BOUND_MS = 500.0
 SERVICES = [5, 10]
 GAP = 0.10  # bisect until the lowest failed rate is within this share above the highest held
 HALVINGS = 3  # a first step that fails: halve the rate at most this often to find one held

@@ -74,6 +74,9 @@ DEFAULT_USER_RATE = 10.0
 # Saturation: a cell that got less than this share of its target rate, or more errors.
 MIN_ACHIEVED_SHARE = 0.95
 MAX_ERROR_RATE = 0.01
+# An open loop keeps its rate past capacity while its queue grows: its cell is saturated, as the capacity
+# search judges a step, when the p99 RTT is beyond this.
+P99_BOUND_MS = 500.0
 # Repetitions: a case that is not saturated whose per-repetition medians have a coefficient
 # of variation above this is flagged; its repetitions disagree more than its median says.
 MAX_REPETITION_CV = 0.10

@@ -57,7 +57,6 @@ from complyroute import manifest  # noqa: E402
 from complyroute.plan import GATEWAY_SENDER, place  # noqa: E402
 
 from . import stats  # noqa: E402
-from .capacity import P99_BOUND_MS  # noqa: E402
 from .matrix import (BASELINE, BENCH_CSV, COMPILED_ENGINE, DEFAULT_ARRIVALS, DEFAULT_USER_RATE, ENGINES, LOAD_OF_OLDER_RUNS,  # noqa: E402
                      MIN_ACHIEVED_SHARE, TOPOLOGIES)
 from .report import (COLORS, PAPER_NAMES, SATURATED_MARK, arch, color, load_paper_reference, marked, ms, names,  # noqa: E402
@@ -130,7 +129,7 @@ class LoadCosts:
 
     costs: Costs
     idle_ms_per_s: dict[str, float]  # per process of each kind, whatever the rate (timers, stats, polling)
-    cells: int  # the cells below capacity the fit used
+    cells: int  # the cells not saturated the fit used
     from_bench: list[str]  # parts no such cell visited: the bench's figure stands
 
 
@@ -147,15 +146,15 @@ def processes(topology: str, engine: str | None, services: int) -> dict[str, int
     return {"service": len(plan.services), "envoy": len(plan.points), "opa": sum(bool(point.deciding) for point in plan.points)}
 
 
-def costs_under_load(cells: pd.DataFrame, load: RunLoad, bench: Costs) -> LoadCosts | None:
+def costs_under_load(cells: pd.DataFrame, bench: Costs) -> LoadCosts | None:
     """Each part's CPU per record, fitted on the cores each kind of part kept busy in the run's
-    cells below capacity (cpu.csv, by process): per kind, cores x 1000 = sum over its parts of
+    cells that are not saturated (stats.is_saturated; cpu.csv, by process): per kind, cores x 1000 = sum over its parts of
     achieved rate x visits x ms per visit, plus idle ms/s per process; non-negative least
     squares (scipy). What a part costs here, in a chain sharing the cores with Locust, is not
     what the bench measures one part at a time. None when the cells cannot tell a part's cost
-    from its idle CPU: no CPU by kind (runs before 3116cf4), or fewer than two rates below capacity."""
+    from its idle CPU: no CPU by kind (runs before 3116cf4), or fewer than two rates with a cell not saturated."""
     kinds = list(PARTS_OF_CPU_KIND)
-    usable = cells[[not past_capacity(row, load) for row in cells.to_dict("records")]]
+    usable = cells[~cells["saturated"].astype(bool)]
     usable = usable.dropna(subset=[f"cpu_{kind}" for kind in kinds] + ["achieved_rate"])
     if usable["rate"].nunique() < 2:
         return None
@@ -337,14 +336,6 @@ def simulate(path: list[Visit], cores: dict[str, int], rate: float, *, arrivals:
 
 # ---- a run: calibration, this machine, the paper's testbed ---------------------------
 
-def past_capacity(case, load: RunLoad) -> bool:
-    """A measured cell the model cannot be compared with: saturated as the runner judges it, or,
-    under an open loop, a queue that grew through the window (p99 beyond the capacity search's
-    bound). An open loop keeps its rate past capacity, so the runner's achieved-rate criterion
-    misses that; a closed loop's RTT is bounded by its users."""
-    return bool(case["saturated"]) or (load.arrivals != "closed" and float(case["p99"]) > P99_BOUND_MS)
-
-
 @dataclass(frozen=True)
 class RunLoad:
     """How a run's load arrived, as `simulate` takes it: "constant" or "poisson" (an open loop),
@@ -413,7 +404,7 @@ def calibrate(cells: pd.DataFrame, table: pd.DataFrame, costs: Costs, cores: int
 
     def reference(topology: str, engine: str):
         row = table[(table["topology"] == topology) & (table["engine"] == engine) & (table["rate"] == rate) & (table["services"] == services)]
-        return None if row.empty or past_capacity(row.iloc[0], load) else row.iloc[0]
+        return None if row.empty or row.iloc[0]["saturated"] else row.iloc[0]
 
     delays: dict[str, float] = {}
     used = []
@@ -439,12 +430,12 @@ def this_machine(run_dir: Path, seconds: float = 8.0) -> tuple[pd.DataFrame, Cal
     parameters = meta["parameters"]
     cores = int(meta["machine"]["cores"])
     load = RunLoad.of(parameters)
-    under_load = costs_under_load(cells, load, bench)
+    under_load = costs_under_load(cells, bench)
     costs = under_load.costs if under_load else bench
     calibration = calibrate(cells, table, costs, cores, load, seconds, under_load)
     rows = []
     for case in table.itertuples():
-        measured_saturated = past_capacity(case._asdict(), load)
+        measured_saturated = bool(case.saturated)
         engine = None if case.topology == BASELINE else case.engine
         path = on_one_node(record_path(case.topology, engine, int(case.services), costs), calibration.client_cpu_ms)
         predicted = simulate(path, {ONE_NODE: cores}, case.rate, arrivals=load.arrivals, user_rate=load.user_rate,
@@ -608,10 +599,10 @@ def costs_view(used: Costs, bench: Costs, under_load: LoadCosts | None) -> pd.Da
 def costs_source(under_load: LoadCosts | None) -> str:
     if under_load is None:
         return ("the model uses the bench's CPU per part: this run's cells cannot tell a part's CPU per record from its idle CPU "
-                "(no CPU by kind of process, or fewer than two rates below capacity)")
+                "(no CPU by kind of process, or fewer than two rates with a cell not saturated)")
     idle = ", ".join(f"{kind} {ms_per_s:.1f}" for kind, ms_per_s in under_load.idle_ms_per_s.items())
     return (f"the model uses the CPU per part under this run's load: the cores each kind of process kept busy in the "
-            f"{under_load.cells} cells below capacity, fitted (non-negative least squares) as achieved rate × visits × ms per "
+            f"{under_load.cells} cells not saturated, fitted (non-negative least squares) as achieved rate × visits × ms per "
             f"visit, plus idle ms of CPU per second per process ({idle})")
 
 

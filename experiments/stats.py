@@ -25,7 +25,7 @@ from pathlib import Path
 import pandas as pd
 
 from .matrix import (BASELINE, COMPILED_ENGINE, ENGINE_OF_OLDER_RUNS, ENGINES, LOAD_OF_OLDER_RUNS, MAX_ERROR_RATE,
-                     MAX_REPETITION_CV, MIN_ACHIEVED_SHARE, REFERENCE_ENGINE, TOPOLOGIES, load_label)
+                     MAX_REPETITION_CV, MIN_ACHIEVED_SHARE, P99_BOUND_MS, REFERENCE_ENGINE, TOPOLOGIES, load_label)
 from .timing import DURATIONS
 
 # The baseline's engine in the tables: a value, not a missing one, since pandas leaves rows
@@ -74,9 +74,12 @@ def rtt_statistics(rtt: pd.Series) -> dict:
     return {"count": int(described["count"]), **{name: float(described[name]) for name in RTT_COLUMNS}}
 
 
-def is_saturated(achieved_rate: float, offered_rate: float, error_rate: float) -> bool:
-    """Less than 95% of the target rate reached, or more than 1% errors."""
-    return bool(achieved_rate < MIN_ACHIEVED_SHARE * offered_rate or error_rate > MAX_ERROR_RATE)
+def is_saturated(achieved_rate: float, offered_rate: float, error_rate: float, p99_ms: float | None = None) -> bool:
+    """Less than 95% of the target rate reached, more than 1% errors, or, for an open loop (whose
+    rate holds while its queue grows: `p99_ms` given), a p99 RTT beyond P99_BOUND_MS. A closed
+    loop's users bound its RTT, so its p99 says nothing of capacity (None)."""
+    return bool(achieved_rate < MIN_ACHIEVED_SHARE * offered_rate or error_rate > MAX_ERROR_RATE
+                or (p99_ms is not None and p99_ms > P99_BOUND_MS))
 
 
 CPU_KINDS = ("service", "envoy", "opa", "control")  # the kinds of deployment parts cpu.csv splits by (control: the bundle server)
@@ -112,8 +115,9 @@ def cell_statistics(requests: pd.DataFrame, meta: dict) -> dict:
 
     The achieved rate counts the requests sent in the window. In the open loop it is set
     against the requests its schedule held (with Poisson arrivals a little more or less than
-    the offered rate): a cell that missed more than 5% of its sends is saturated. In the closed
-    loop it is set against the offered rate."""
+    the offered rate): a cell that missed more than 5% of its sends, or whose p99 RTT is beyond
+    P99_BOUND_MS (its queue grew through the window), is saturated. In the closed loop it is set
+    against the offered rate."""
     measured = in_window(requests, meta["warmup_s"], meta["duration_s"])
     was_missed = measured["missed"].notna()
     sent = measured[~was_missed]
@@ -122,6 +126,7 @@ def cell_statistics(requests: pd.DataFrame, meta: dict) -> dict:
     achieved = len(sent) / meta["duration_s"]
     target = len(measured) / meta["duration_s"] if load_of(meta) == "open" else meta["offered_rate"]
     timed = delivered(sent)
+    rtt = rtt_statistics(timed["rtt_ms"])
     return {
         "scheduled": len(measured),
         "missed": int(was_missed.sum()),
@@ -131,9 +136,9 @@ def cell_statistics(requests: pd.DataFrame, meta: dict) -> dict:
         "error_rate": error_rate,
         "offered_rate": meta["offered_rate"],
         "achieved_rate": achieved,
-        "saturated": is_saturated(achieved, target, error_rate),
+        "saturated": is_saturated(achieved, target, error_rate, rtt["p99"] if load_of(meta) == "open" else None),
         "users": meta["users"],
-        **rtt_statistics(timed["rtt_ms"]),
+        **rtt,
         "median_service_time": float(timed["service_time_ms"].median()),
         "send_lag_p99_ms": float((sent["t_send_ms"] - sent["t_intended_ms"]).quantile(0.99)),
     }

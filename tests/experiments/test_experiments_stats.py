@@ -70,6 +70,16 @@ def test_saturation_flag(achieved, offered, error_rate, saturated):
     assert stats.is_saturated(achieved, offered, error_rate) is saturated
 
 
+def test_an_open_loop_cell_under_the_p99_bound_is_not_saturated_allowed():
+    assert not stats.is_saturated(100.0, 100, 0.0, p99_ms=stats.P99_BOUND_MS)
+    assert not stats.is_saturated(100.0, 100, 0.0, p99_ms=None)  # a closed loop: its users bound the RTT, whatever the p99
+
+
+def test_an_open_loop_cell_whose_queue_grew_is_saturated_denied():
+    # CE (envoy-opa) at 100 req/s and 5 services in 20261126-quick: the rate held, p99 2.3 s
+    assert stats.is_saturated(100.0, 100, 0.0, p99_ms=2329.0)
+
+
 def requests_frame(rows):
     """A closed loop's requests: each intended when sent, its RTT its service time, none missed."""
     frame = pd.DataFrame(rows, columns=["t_send_ms", "rtt_ms", "status", "record", "expected"])

@@ -164,30 +164,11 @@ def test_the_model_of_an_open_loop_run_says_so(tmp_path):
     assert calibration.load == model.RunLoad("constant", float(meta["parameters"].get("user_rate", 10)))
 
 
-OPEN, CLOSED = model.RunLoad("constant", 10.0), model.RunLoad("closed", 10.0)
-
-
-@pytest.mark.parametrize("case, load", [
-    ({"saturated": False, "p99": 499.0}, OPEN),
-    ({"saturated": False, "p99": 5000.0}, CLOSED),  # a closed loop's RTT is bounded by its users
-])
-def test_a_cell_below_its_capacity_is_compared_allowed(case, load):
-    assert not model.past_capacity(case, load)
-
-
-@pytest.mark.parametrize("case, load", [
-    ({"saturated": False, "p99": 2329.0}, OPEN),  # an open loop's queue that grew: CE (envoy-opa) at 100 req/s here
-    ({"saturated": True, "p99": 80.0}, CLOSED),
-])
-def test_a_cell_past_its_capacity_is_neither_calibrated_on_nor_compared_denied(case, load):
-    assert model.past_capacity(case, load)
-
-
 TRUE_COSTS = model.Costs(service=1.5, forwarding=0.4, decision_envoy=0.9, decision_opa=0.3, compiled_envoy=0.45, entry_opa=2.5)
 IDLE = {"service": 2.0, "envoy": 3.0, "opa": 1.0}  # ms of CPU per second per process
 
 
-def measured_cells(cases, rates, costs=TRUE_COSTS, past_capacity=()) -> pd.DataFrame:
+def measured_cells(cases, rates, costs=TRUE_COSTS, saturated=()) -> pd.DataFrame:
     """Cells as a run would measure them if each part cost `costs` per visit plus IDLE per process."""
     rows = []
     for topology, engine in cases:
@@ -196,7 +177,7 @@ def measured_cells(cases, rates, costs=TRUE_COSTS, past_capacity=()) -> pd.DataF
                 count = model.visits(topology, engine, services)
                 running = model.processes(topology, engine, services)
                 rows.append({"topology": topology, "engine": engine or stats.NO_ENGINE, "rate": rate, "services": services, "achieved_rate": rate,
-                             "saturated": False, "p99": 5000.0 if (topology, rate) in past_capacity else 50.0,
+                             "saturated": (topology, rate) in saturated,
                              **{f"cpu_{kind}": (sum(rate * count[part] * getattr(costs, part) for part in parts)
                                                 + IDLE[kind] * running[kind]) / 1000
                                 for kind, parts in model.PARTS_OF_CPU_KIND.items()}})
@@ -208,10 +189,10 @@ EVERY_CASE = [("central-entity", "envoy-opa"), ("central-entity", "envoy-compile
 
 
 def test_costs_under_load_are_the_cells_cpu_per_visit_allowed():
-    # A cell past its capacity is left out of the fit: its CPU (here a wrong one) does not move it.
+    # A saturated cell is left out of the fit: its CPU (here a wrong one) does not move it.
     cells = measured_cells(EVERY_CASE, (20, 40))
-    wrong = measured_cells([("sidecar", "envoy-opa")], (80,), costs=model.Costs(*(10.0,) * 6), past_capacity=[("sidecar", 80)])
-    fitted = model.costs_under_load(pd.concat([cells, wrong]), OPEN, COSTS)
+    wrong = measured_cells([("sidecar", "envoy-opa")], (80,), costs=model.Costs(*(10.0,) * 6), saturated=[("sidecar", 80)])
+    fitted = model.costs_under_load(pd.concat([cells, wrong]), COSTS)
     assert fitted.cells == len(cells) and fitted.from_bench == []
     for part in model.COST_PARTS:
         assert getattr(fitted.costs, part) == pytest.approx(getattr(TRUE_COSTS, part), rel=1e-6), part
@@ -219,12 +200,12 @@ def test_costs_under_load_are_the_cells_cpu_per_visit_allowed():
 
 
 def test_costs_under_load_need_two_rates_below_capacity_denied():
-    assert model.costs_under_load(measured_cells(EVERY_CASE, (20,)), OPEN, COSTS) is None
-    assert model.costs_under_load(measured_cells(EVERY_CASE, (20, 40), past_capacity=[(t, 40) for t, _ in EVERY_CASE]), OPEN, COSTS) is None
+    assert model.costs_under_load(measured_cells(EVERY_CASE, (20,)), COSTS) is None
+    assert model.costs_under_load(measured_cells(EVERY_CASE, (20, 40), saturated=[(t, 40) for t, _ in EVERY_CASE]), COSTS) is None
 
 
 def test_a_part_no_cell_visits_keeps_the_benchs_cost():
-    fitted = model.costs_under_load(measured_cells([("central-entity", "envoy-opa"), ("baseline", None)], (20, 40)), OPEN, COSTS)
+    fitted = model.costs_under_load(measured_cells([("central-entity", "envoy-opa"), ("baseline", None)], (20, 40)), COSTS)
     assert fitted.from_bench == ["compiled_envoy"] and fitted.costs.compiled_envoy == COSTS.compiled_envoy
     assert fitted.costs.decision_envoy == pytest.approx(TRUE_COSTS.decision_envoy)
 

@@ -114,3 +114,16 @@ def test_a_late_senders_cell_has_the_rtts_from_intended_time_and_its_misses_coun
     assert result["max"] == pytest.approx(50.0)  # not the 10 ms of service time: the lateness is in the RTT
     assert result["median_service_time"] == pytest.approx(10.0)
     assert result["achieved_rate"] == pytest.approx(8.0) and result["saturated"] is True  # 80% of the schedule sent
+
+
+@pytest.mark.parametrize("load, saturated", [("closed", False), ("open", True)])
+def test_a_cell_whose_rtts_grew_past_the_bound_is_saturated_only_in_the_open_loop(load, saturated):
+    # every send on time and answered, the RTT growing by 60 ms a record to 600 ms: an open
+    # loop's queue past capacity; a closed loop's RTT grows only as its users wait
+    rows = [(100.0 * k, 100.0 * k, 60.0 * (k + 1), 200, None) for k in range(10)]
+    requests = pd.DataFrame(rows, columns=["t_intended_ms", "t_send_ms", "service_time_ms", "status", "missed"])
+    requests["rtt_ms"] = round_trip_ms(requests["t_intended_ms"], requests["t_send_ms"], requests["service_time_ms"])
+    requests = requests.assign(record="allowed", expected=200)
+    result = stats.cell_statistics(requests, {"warmup_s": 0, "duration_s": 1, "offered_rate": 10, "users": 1, "load": load})
+    assert result["achieved_rate"] == pytest.approx(10.0) and result["p99"] > stats.P99_BOUND_MS
+    assert result["saturated"] is saturated
