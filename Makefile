@@ -158,7 +158,7 @@ policy-bench: setup ## What one decision costs at each topology's enforcement po
 .PHONY: test
 test: setup policy-test ## Run every test: policy, services, control plane and end-to-end against real processes
 	cd services && npm test
-	$(PY) -m pytest
+	$(PY) -m pytest --durations=30  # the slowest tests named in the log: where the 20-minute budget goes
 
 ##@ Deploying (processes on this machine, or target=k8s)
 .PHONY: deploy
