@@ -35,8 +35,8 @@ import pandas as pd
 from complyroute import manifest
 
 from . import matrix, metadata, stats
-from .matrix import BASELINE, ENGINES, MAX_ERROR_RATE, MIN_ACHIEVED_SHARE, P99_BOUND_MS, ParameterError, case_name
-from .runner import RESULTS, CellFailed, Runner, compress, write_json
+from .matrix import BASELINE, ENGINES, MAX_ERROR_RATE, MIN_ACHIEVED_SHARE, P99_BOUND_MS, PRIME_SHARE, ParameterError, case_name
+from .runner import RESULTS, SETTLE_S, CellFailed, Runner, compress, write_json
 from .targets import DeployFailed, Target, TargetBusy
 
 # The search's defaults (the command line's).
@@ -48,12 +48,6 @@ SERVICES = [5, 10]
 GAP = 0.10  # bisect until the lowest failed rate is within this share above the highest held
 HALVINGS = 3  # a first step that fails: halve the rate at most this often to find one held
 MAX_STEPS = 16  # steps of one search at most, whatever the step function does
-SETTLE_S = 1.0  # pause between steps, so a failed step's last answers are not the next one's start
-# A fresh deployment's first seconds under load are slower than its later ones whatever the rate
-# (new connections, Node's and OPA's first evaluations): a first step at 50 req/s failed on a
-# p99 of 680 ms that 46 req/s then held at 77 ms. So before its first step a search runs one
-# step's load at this share of the start rate, kept in prime_r<rate>/ and not judged.
-PRIME_SHARE = 0.5
 ENFORCING = matrix.ENFORCING
 STEPS_CSV = "steps.csv"
 STEP_COLUMNS = ("topology", "engine", "services", "step", "offered_rate", "scheduled", "sent", "achieved_rate", "achieved_share",
@@ -184,7 +178,9 @@ class Parameters:
     p99_bound_ms: float = P99_BOUND_MS
     gap: float = GAP
     max_steps: int = MAX_STEPS
-    prime: bool = True  # a step's load at PRIME_SHARE of the start rate before each search's first step, not judged
+    # A first step at 50 req/s on a fresh deployment failed on a p99 of 680 ms that 46 req/s then held
+    # at 77 ms: before its first step a search runs one step's load at PRIME_SHARE of the start rate.
+    prime: bool = True
     mix: str = "allowed"
     max_in_flight: int = matrix.DEFAULT_MAX_IN_FLIGHT
     late_tolerance_ms: float = matrix.DEFAULT_LATE_TOLERANCE_MS
@@ -296,7 +292,7 @@ class CapacityRunner(Runner):
             try:
                 state = self.deploy(matrix.Cell(topology, engine, self.capacity.start_rate, services, 0), log)
                 deployed_s = round(time.monotonic() - started, 1)
-                primed_at = self.prime(topology, engine, services, folder, state) if self.capacity.prime else None
+                primed_at = self.prime_search(topology, engine, services, folder, state) if self.capacity.prime else None
 
                 def step(rate: int) -> bool:
                     nonlocal index
@@ -321,15 +317,11 @@ class CapacityRunner(Runner):
         print(f"capacity: {name}: {capacity_text(result)} req/s ({len(result.steps)} steps, "
               f"{time.monotonic() - started:.0f} s)", file=self.out, flush=True)
 
-    def prime(self, topology: str, engine: str | None, services: int, folder: Path, state: dict) -> int:
+    def prime_search(self, topology: str, engine: str | None, services: int, folder: Path, state: dict) -> int:
         """One step's load at PRIME_SHARE of the start rate on the fresh deployment, before the
         search's first step: its requests are kept (prime_r<rate>/), not judged. Returns its rate."""
         rate = max(1, round(self.capacity.start_rate * PRIME_SHARE))
-        prime_dir = folder / f"prime_r{rate}"
-        prime_dir.mkdir()
-        self.load(matrix.Cell(topology, engine, rate, services, 0), prime_dir, state, lambda seconds: None)
-        compress(prime_dir / "requests.csv")
-        time.sleep(SETTLE_S)
+        self.prime(matrix.Cell(topology, engine, rate, services, 0), folder / f"prime_r{rate}", state)
         return rate
 
     def run_step(self, topology: str, engine: str | None, services: int, index: int, rate: int, folder: Path, state: dict,

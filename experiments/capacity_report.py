@@ -13,8 +13,8 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter
 
 from . import stats
-from .capacity import PRIME_SHARE, STEPS_CSV, as_bool, result_of_steps
-from .matrix import BASELINE, ENGINE_NAMES, MAX_ERROR_RATE, MIN_ACHIEVED_SHARE, PAPER_NAMES, case_name, load_label
+from .capacity import STEPS_CSV, as_bool, result_of_steps
+from .matrix import BASELINE, ENGINE_NAMES, MAX_ERROR_RATE, MIN_ACHIEVED_SHARE, PAPER_NAMES, PRIME_SHARE, case_name, load_label
 from .report import color, panels, render_html, render_markdown, save, series_of
 from .targets import run_paragraphs
 

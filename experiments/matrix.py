@@ -51,6 +51,12 @@ PROFILES = {
     },
 }
 DEFAULT_PROFILE = "paper"
+# A fresh deployment's first seconds of load are slow (the services' JIT, TLS sessions, connection
+# pools): at rates near capacity the queue they build takes longer to drain than a warm-up. So
+# every cell's deployment, and every capacity search's, first carries a load at this share of its
+# rate, kept apart and not judged.
+PRIME_SHARE = 0.5
+DEFAULT_PRIME_SECONDS = 10
 DEFAULT_MIX = "allowed"
 # How the load is generated. open: records sent on a schedule whatever the answers, RTT from
 # each send's intended time (experiments/openloop.py); closed: Locust users that wait for each
@@ -148,6 +154,7 @@ class Parameters:
     engines: list[str] = field(default_factory=lambda: list(ENGINES))  # of the enforcing topologies
     bench_records: int = BENCH_RECORDS
     bench_rounds: int = BENCH_ROUNDS
+    prime: int = DEFAULT_PRIME_SECONDS  # seconds of load at PRIME_SHARE of a cell's rate before its own; 0: none
 
     def __post_init__(self):
         self.topologies = [topology_name(t) for t in self.topologies]
@@ -174,6 +181,8 @@ class Parameters:
             raise ParameterError(f"arrivals '{self.arrivals}' is not one of {list(ARRIVALS)}")
         if self.max_in_flight < 1 or self.late_tolerance_ms < 0:
             raise ParameterError("max in flight must be >= 1 and late tolerance >= 0 ms")
+        if self.prime < 0:
+            raise ParameterError(f"prime must be >= 0 seconds (0: none), got {self.prime}")
 
     def cells(self) -> list[Cell]:
         """Repetitions outermost, so a stopped run has whole repetitions; the baseline of a
@@ -204,8 +213,9 @@ class Parameters:
     @classmethod
     def from_json(cls, data: dict) -> "Parameters":
         """A run's parameters from its metadata.json; a run recorded before engines ran envoy-opa
-        only, and one recorded before the open loop ran the closed loop."""
-        older = {"engines": [ENGINE_OF_OLDER_RUNS], "load": LOAD_OF_OLDER_RUNS}
+        only, one recorded before the open loop ran the closed loop, and one recorded before
+        priming primed no cell."""
+        older = {"engines": [ENGINE_OF_OLDER_RUNS], "load": LOAD_OF_OLDER_RUNS, "prime": 0}
         return cls(**{**older, **{f.name: data[f.name] for f in fields(cls) if f.name in data}})
 
 
@@ -222,7 +232,7 @@ def resolve(profile: str | None, **given) -> Parameters:
     if name not in PROFILES:
         raise ParameterError(f"profile '{name}' is not one of {sorted(PROFILES)}")
     chosen = {"mix": DEFAULT_MIX, "user_rate": DEFAULT_USER_RATE, "arrivals": DEFAULT_ARRIVALS, "max_in_flight": DEFAULT_MAX_IN_FLIGHT,
-              "late_tolerance_ms": DEFAULT_LATE_TOLERANCE_MS, **PROFILES[name]}
+              "late_tolerance_ms": DEFAULT_LATE_TOLERANCE_MS, "prime": DEFAULT_PRIME_SECONDS, **PROFILES[name]}
     chosen.update({key: value for key, value in given.items() if value is not None})
     return Parameters(profile=name, **chosen)
 

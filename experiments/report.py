@@ -28,7 +28,7 @@ from matplotlib.ticker import FuncFormatter  # noqa: E402
 from . import changeability, stats  # noqa: E402
 from .targets import run_paragraphs  # noqa: E402
 from .matrix import (BASELINE, BENCH_CSV, COMPILED_ENGINE, ENFORCING, ENGINE_NAMES, ENGINES, MAX_ERROR_RATE, MAX_REPETITION_CV,  # noqa: E402
-                     MIN_ACHIEVED_SHARE, PAPER_NAMES, PROFILES, TOPOLOGIES, Parameters, case_name)
+                     MIN_ACHIEVED_SHARE, P99_BOUND_MS, PAPER_NAMES, PRIME_SHARE, PROFILES, TOPOLOGIES, Parameters, case_name)
 
 PAPER_REFERENCE = Path(__file__).resolve().parent / "paper_reference.json"
 # A colour per topology in the experiments' order, the reference grey; a topology added to the
@@ -620,12 +620,15 @@ METHOD = [
     "same rate and services; the baseline enforces nothing, has no engine, and is measured once per rate and services as the reference "
     "of both. Runs recorded before engines were run ran envoy-opa.",
     f"**Saturation.** A cell is saturated when it achieved less than {MIN_ACHIEVED_SHARE:.0%} of its offered rate or had more than "
-    f"{MAX_ERROR_RATE:.0%} errors (a status other than the one its record should get). Saturated cases are marked {SATURATED_MARK} "
+    f"{MAX_ERROR_RATE:.0%} errors (a status other than the one its record should get), or, under the open loop, whose rate holds while "
+    f"its queue grows, a p99 RTT beyond {P99_BOUND_MS:g} ms (the capacity search's bound). Saturated cases are marked {SATURATED_MARK} "
     "(any repetition saturated) and hatched in the box plots: their numbers describe an overloaded system at the achieved rate, not the "
     "system at the offered rate.",
     "**Warm-up and window.** t0 is a cell's first request. Requests sent before t0 + warm-up are left out; the window is the next "
     "`duration` seconds. Requests still in flight at the end are given up to 30 s to finish, so slow answers to requests sent in the "
-    "window are not lost. Every request's send time, RTT and status is kept in raw/<cell>/requests.csv.gz, warm-up included.",
+    "window are not lost. Every request's send time, RTT and status is kept in raw/<cell>/requests.csv.gz, warm-up included. "
+    "Before a cell's load, the priming load (when the run has one) ran on the same fresh deployment: its requests are in "
+    "raw/<cell>/prime/, outside every statistic.",
     "**Statistics.** RTT statistics cover the delivered requests: records meant to go through the whole chain (all of them with the "
     "default mix) that got their 200. Quantiles are pandas' (linear interpolation between closest ranks), STD the sample standard "
     "deviation. Repetitions are pooled as in the paper (Table I); the median of each repetition and their coefficient of variation "
@@ -717,7 +720,9 @@ def build(run_dir: Path) -> dict:
     blocks.append(("p", f"Profile `{run.profile}`" + (f" (changed: {', '.join(changed)})" if changed else "") + f": topologies {', '.join(arch(t) for t in run.topologies)}; "
                         f"engines {', '.join(ENGINE_NAMES[e] for e in run.engines)} (the baseline has none); "
                         f"offered rates {', '.join(map(str, run.rates))} req/s; {', '.join(map(str, run.services))} services; "
-                        f"{run.repetitions} repetition(s) of {run.duration} s after a {run.warmup} s warm-up; "
+                        f"{run.repetitions} repetition(s) of {run.duration} s after a {run.warmup} s warm-up"
+                        + (f", each on a deployment primed by {run.prime} s at {PRIME_SHARE:.0%} of its rate; " if run.prime else "; ")
+                        + 
                         f"record mix `{run.mix}`; load: **{run.load_label}** ({load_settings(run)}). "
                         f"Raw data: `{run_dir / 'raw'}`; tables: `{tables_dir}`; figures: `{figures_dir}`."))
     blocks.extend(("p", paragraph) for paragraph in run_paragraphs(meta))

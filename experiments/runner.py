@@ -21,6 +21,7 @@ import sys
 import time
 import zlib
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -32,7 +33,7 @@ from complyroute.client import send
 from complyroute.manifest import REPO
 
 from . import metadata, stats
-from .matrix import BASELINE, BENCH_CSV, Cell, Parameters
+from .matrix import BASELINE, BENCH_CSV, PRIME_SHARE, Cell, Parameters
 from .mixes import ALLOWED_LABELS, BODY
 from .targets import DeployFailed, LocalTarget, Target, TargetBusy
 
@@ -49,6 +50,7 @@ OPEN_LOOP_STOP_TIMEOUT_S = ANSWER_TIMEOUT_S + 15
 # Besides warm-up and duration: Locust's start, the stop timeout, and slack for a loaded machine.
 LOCUST_DEADLINE_SLACK_S = OPEN_LOOP_STOP_TIMEOUT_S + 90
 SAMPLE_INTERVAL_S = 1.0
+SETTLE_S = 1.0  # pause between two loads on one deployment, so the first's last answers are not the next one's start
 # Locust's run time starts before its first request (t0, where the window is counted from):
 # a second more keeps the whole window under load.
 RUN_TIME_MARGIN_S = 1
@@ -73,7 +75,8 @@ def overhead_estimate(cell: Cell) -> float:
 
 
 def cell_estimate(cell: Cell, parameters: Parameters) -> float:
-    return overhead_estimate(cell) + parameters.warmup + parameters.duration + RUN_TIME_MARGIN_S
+    priming = parameters.prime + RUN_TIME_MARGIN_S + SETTLE_S if parameters.prime else 0
+    return overhead_estimate(cell) + priming + parameters.warmup + parameters.duration + RUN_TIME_MARGIN_S
 
 
 def finished(cell_dir: Path) -> bool:
@@ -332,6 +335,11 @@ class Runner:
                 timings["deploy_s"] = round(time.monotonic() - started, 2)
                 record["deployment"] = {key: value for key, value in state.items() if key not in ("entry_url", "cpu_parts")}
                 advance(overhead_estimate(cell) * 0.7)
+                if self.parameters.prime:
+                    primed = replace(cell, rate=max(1, round(cell.rate * PRIME_SHARE)))
+                    self.prime(primed, cell_dir / "prime", state, self.parameters.prime)
+                    record["primed"] = {"rate": primed.rate, "seconds": self.parameters.prime}
+                    advance(self.parameters.prime + RUN_TIME_MARGIN_S + SETTLE_S)
                 load_started = time.monotonic()
                 record["locust"] = self.load(cell, cell_dir, state, advance)
                 timings["load_s"] = round(time.monotonic() - load_started, 2)
@@ -383,10 +391,19 @@ class Runner:
                     "seed": zlib.crc32(cell.key.encode())}  # the same cell draws the same Poisson schedule again
         return {"load": "closed", "user_rate": self.parameters.user_rate}
 
-    def load(self, cell: Cell, cell_dir: Path, state: dict, advance) -> dict:
+    def prime(self, cell: Cell, prime_dir: Path, state: dict, seconds: int | None = None) -> None:
+        """`cell`'s load on a fresh deployment before the one measured (PRIME_SHARE): its requests
+        and CPU are kept in prime_dir, not judged. `seconds` of it (default: a cell's warm-up and duration)."""
+        prime_dir.mkdir()
+        self.load(cell, prime_dir, state, lambda _: None, seconds)
+        compress(prime_dir / "requests.csv")
+        time.sleep(SETTLE_S)
+
+    def load(self, cell: Cell, cell_dir: Path, state: dict, advance, seconds: int | None = None) -> dict:
+        """Locust at `cell`'s rate for `seconds` (default: the warm-up and the duration), into cell_dir."""
         entry = urlsplit(state["entry_url"])
         users = self.parameters.users(cell.rate)
-        load_seconds = self.parameters.warmup + self.parameters.duration + RUN_TIME_MARGIN_S
+        load_seconds = (self.parameters.warmup + self.parameters.duration if seconds is None else seconds) + RUN_TIME_MARGIN_S
         settings = self.load_of(cell)
         if settings["load"] == "open":
             user_class, stop_timeout = "OpenLoopUser", OPEN_LOOP_STOP_TIMEOUT_S

@@ -184,8 +184,8 @@ def stand_ins(monkeypatch):
         deployed.append((cell.topology, cell.engine, cell.services))
         return {"run_dir": "runs/stand-in", "parts": [], "engine": cell.engine, "entry_url": "http://127.0.0.1:8080/process"}
 
-    def load(self, cell, step_dir, state, advance):
-        seconds = self.parameters.warmup + self.parameters.duration + 1
+    def load(self, cell, step_dir, state, advance, seconds=None):
+        seconds = (self.parameters.warmup + self.parameters.duration if seconds is None else seconds) + 1
         rtt = 10.0 if cell.rate <= KNEE else 900.0
         with (step_dir / "requests.csv").open("w", newline="") as file:
             writer = csv.writer(file)

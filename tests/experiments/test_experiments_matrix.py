@@ -26,7 +26,7 @@ def test_quick_profile_and_explicit_values():
 
 @pytest.mark.parametrize("given", [{"topologies": ["mesh"]}, {"topologies": ["sa", "sidecar"]}, {"rates": [0]},
                                    {"mix": "none"}, {"repetitions": 0}, {"engines": []},
-                                   {"load": "half-open"}, {"arrivals": "bursty"}, {"max_in_flight": 0}, {"late_tolerance_ms": -1},
+                                   {"load": "half-open"}, {"arrivals": "bursty"}, {"max_in_flight": 0}, {"late_tolerance_ms": -1}, {"prime": -1},
                                    {"engines": ["envoy-opa", "envoy-opa"]}, {"bench_records": 0}, {"bench_rounds": -1}])
 def test_refused_parameters(given):
     with pytest.raises(matrix.ParameterError):

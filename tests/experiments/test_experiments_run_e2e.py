@@ -23,7 +23,7 @@ def experiments(results, *args):
 def test_one_topology_under_both_engines_five_services_100_per_second_for_10_seconds(tmp_path, no_deployment):
     run = subprocess.run(
         experiments(tmp_path, "run", "--profile", "quick", "--topologies", "sa", "--rates", "100", "--services", "5", "--repetitions", "1",
-                    "--duration", "10", "--warmup", "2", "--bench-records", "100", "--bench-rounds", "1", "--run-id", "e2e"),
+                    "--duration", "10", "--warmup", "2", "--prime", "2", "--bench-records", "100", "--bench-rounds", "1", "--run-id", "e2e"),
         cwd=REPO, capture_output=True, text=True, timeout=420,
     )
     assert run.returncode == 0, run.stdout + run.stderr
@@ -35,6 +35,10 @@ def test_one_topology_under_both_engines_five_services_100_per_second_for_10_sec
         assert cell["deployment"]["parts"] > 5 and cell["locust"]["exit_code"] == 0
         assert (cell["load"], cell["arrivals"], cell["users"]) == ("open", "constant", 1)
         assert "OpenLoopUser" in cell["locust"]["command"]
+        # primed first on the same deployment: 3 s (2 and a second more) at half the rate, kept apart
+        assert cell["primed"] == {"rate": 50, "seconds": 2}
+        primed = pd.read_csv(cell_dir / "prime" / "requests.csv.gz")
+        assert len(primed) == 150 and (primed.loc[primed["missed"].isna(), "status"] == 200).mean() > 0.95
         requests = pd.read_csv(cell_dir / "requests.csv.gz")
         # the schedule: 13 s (warm-up, duration and a second more) at 100 req/s, every request a row, answered or missed
         assert len(requests) == 1300
@@ -77,7 +81,7 @@ def test_one_topology_under_both_engines_five_services_100_per_second_for_10_sec
 def test_ctrl_c_stops_locust_and_the_deployment(tmp_path, no_deployment):
     runner = subprocess.Popen(
         experiments(tmp_path, "run", "--topologies", "ce", "--engines", "envoy-opa", "--rates", "100", "--services", "5",
-                    "--repetitions", "1", "--duration", "60", "--warmup", "2", "--bench-rounds", "0",
+                    "--repetitions", "1", "--duration", "60", "--warmup", "2", "--prime", "0", "--bench-rounds", "0",
                     "--run-id", "interrupted"),
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )

@@ -228,3 +228,43 @@ def test_a_closed_loop_cell_records_its_user_rate(tmp_path):
     run = new_runner(tmp_path, load="closed", user_rate=5)
     assert run.load_of(Cell("sidecar", "envoy-opa", 100, 5, 1)) == {"load": "closed", "user_rate": 5}
     assert json.loads((run.run_dir / "metadata.json").read_text())["locust"]["load"] == "closed"
+
+
+def loads_of_a_cell(tmp_path, deployments, monkeypatch, **given) -> tuple[list, Path]:
+    """Run one cell with stand-ins for Locust and the deployment: the loads asked, as (rate, seconds), and the cell's folder."""
+    run = new_runner(tmp_path, **given)
+    asked = []
+
+    def load(cell, cell_dir, state, advance, seconds=None):
+        asked.append((cell.rate, seconds))
+        (cell_dir / "requests.csv").write_text("t_intended_ms\n")
+        return {"exit_code": 0}
+
+    monkeypatch.setattr(run, "load", load)
+    monkeypatch.setattr(run, "undeploy", lambda log: None)
+    monkeypatch.setattr(runner, "SETTLE_S", 0)
+    monkeypatch.setattr(runner.stats, "summarize_cell", lambda cell_dir: {"achieved_rate": 100.0, "scheduled": 2000, "missed": 0,
+                                                                          "median": 10.0, "error_rate": 0.0, "saturated": False})
+    cell = Cell("central-entity", "envoy-opa", 100, 5, 1)
+    run.run_cell(cell, types.SimpleNamespace(update=lambda seconds: None))
+    return asked, run.raw / cell.key
+
+
+def test_a_cell_is_primed_on_its_fresh_deployment_before_its_load_allowed(tmp_path, deployments, monkeypatch):
+    asked, cell_dir = loads_of_a_cell(tmp_path, deployments, monkeypatch)
+    assert asked == [(50, 10), (100, None)]  # half the rate for the default 10 s, then the cell's own warm-up and window
+    assert (cell_dir / "prime" / "requests.csv.gz").exists() and (cell_dir / "requests.csv.gz").exists()
+    assert json.loads((cell_dir / "cell.json").read_text())["primed"] == {"rate": 50, "seconds": 10}
+
+
+def test_a_run_with_prime_zero_loads_its_cells_cold_denied(tmp_path, deployments, monkeypatch):
+    asked, cell_dir = loads_of_a_cell(tmp_path, deployments, monkeypatch, prime=0)
+    assert asked == [(100, None)]
+    assert not (cell_dir / "prime").exists() and "primed" not in json.loads((cell_dir / "cell.json").read_text())
+
+
+def test_a_run_recorded_before_priming_resumes_unprimed():
+    assert runner.Parameters.from_json({**resolve("quick").to_json(), "prime": 0}).prime == 0
+    recorded = resolve("quick").to_json()
+    del recorded["prime"]
+    assert runner.Parameters.from_json(recorded).prime == 0
