@@ -9,7 +9,9 @@ hop out of it. Each part it passes is a *visit*: a process (a Node service, a po
 OPA, the load generator) on a node, holding one of the process's threads and one of the node's
 cores for its CPU cost, drawn from an exponential distribution around its mean (or that
 mean exactly). A Node service has one thread, an Envoy its point's concurrency, an OPA (Go) as
-many as its node has cores. Queues are FIFO. After its CPU a visit adds a fixed delay, per kind
+many as its node has cores. Queues are FIFO. A node's processes also spend CPU whatever the rate
+(timers, health checks, polling: the idle CPU the fit on the cells finds), which records wait
+behind. After its CPU a visit adds a fixed delay, per kind
 of part, for what CPU figures do not hold (loopback transfer, waking a process,
 the ext_authz round trip): fitted on two cells of the run (below), zero for Envoy and the client.
 
@@ -77,6 +79,7 @@ BENCH_PROCESSES = {
     "compiled_envoy": "envoy-compiled/envoy",
 }
 CPU_UNIT = "ms CPU/request"
+IDLE_SLICE_MS = 1.0  # the idle CPU of a node's processes, as the simulation spends it: a core for this long at a time
 
 
 class ModelError(Exception):
@@ -131,6 +134,14 @@ class LoadCosts:
     idle_ms_per_s: dict[str, float]  # per process of each kind, whatever the rate (timers, stats, polling)
     cells: int  # the cells not saturated the fit used
     from_bench: list[str]  # parts no such cell visited: the bench's figure stands
+
+
+def idle_on_one_node(under_load: LoadCosts | None, topology: str, engine: str | None, services: int) -> dict[str, float]:
+    """The idle CPU (ms/s) of a deployment's processes, all on this machine's one node; none from a bench."""
+    if under_load is None:
+        return {}
+    running = processes(topology, engine, services)
+    return {ONE_NODE: sum(ms_per_s * running[kind] for kind, ms_per_s in under_load.idle_ms_per_s.items())}
 
 
 @cache  # a placement per call: the fit asks each case's many times
@@ -227,8 +238,9 @@ def on_one_node(path: list[Visit], client_cpu_ms: float = 0.0) -> list[Visit]:
     return ([Visit("locust", "client", ONE_NODE, client_cpu_ms)] if client_cpu_ms > 0 else []) + moved
 
 
-def capacity(path: list[Visit], cores: dict[str, int]) -> tuple[float, str]:
-    """The highest rate (records/s) the path's busiest process or node carries, and its name."""
+def capacity(path: list[Visit], cores: dict[str, int], idle: dict[str, float] | None = None) -> tuple[float, str]:
+    """The highest rate (records/s) the path's busiest process or node carries, and its name;
+    `idle`: ms of CPU per second a node's processes spend whatever the rate, which its records cannot use."""
     process_demand: dict[str, float] = {}
     node_demand: dict[str, float] = {}
     threads: dict[str, int] = {}
@@ -237,7 +249,8 @@ def capacity(path: list[Visit], cores: dict[str, int]) -> tuple[float, str]:
         node_demand[v.node] = node_demand.get(v.node, 0.0) + v.cpu_ms
         threads[v.process] = min(v.threads or cores[v.node], cores[v.node])
     limits = {name: 1000 * threads[name] / demand for name, demand in process_demand.items() if demand > 0}
-    limits.update({f"node {name}": 1000 * cores[name] / demand for name, demand in node_demand.items() if demand > 0})
+    idle = idle or {}
+    limits.update({f"node {name}": (1000 * cores[name] - idle.get(name, 0.0)) / demand for name, demand in node_demand.items() if demand > 0})
     bottleneck = min(limits, key=limits.get)
     return limits[bottleneck], bottleneck
 
@@ -256,16 +269,18 @@ class Prediction:
 
 
 def simulate(path: list[Visit], cores: dict[str, int], rate: float, *, arrivals: str = "poisson", user_rate: float = 10.0,
-             delays: dict[str, float] | None = None, service: str = "exponential", seconds: float = 10.0,
+             delays: dict[str, float] | None = None, idle: dict[str, float] | None = None, service: str = "exponential", seconds: float = 10.0,
              warmup_share: float = 0.2, max_records: int = 4000, seed: int = 1) -> Prediction:
     """Records through `path` at `rate` per second; the first `warmup_share` of the time left out.
 
     arrivals: "poisson" or "constant" (open loops: a cell past its capacity is saturated and not
     simulated), or "closed" (Locust's loop: rate / user_rate users; saturated under 95% of the
     offered rate). service: "exponential" CPU times around each visit's mean, or "constant".
-    The simulated time is `seconds`, shortened so that at most `max_records` are offered.
+    idle: ms of CPU per second each node's processes spend whatever the rate: taken from its cores
+    in slices of IDLE_SLICE_MS, as timers and polling do. The simulated time is `seconds`,
+    shortened so that at most `max_records` are offered.
     """
-    limit, bottleneck = capacity(path, cores)
+    limit, bottleneck = capacity(path, cores, idle)
     prediction = Prediction(rate, limit, bottleneck, saturated=rate >= limit)
     if prediction.saturated and arrivals != "closed":
         return prediction
@@ -313,6 +328,18 @@ def simulate(path: list[Visit], cores: dict[str, int], rate: float, *, arrivals:
             yield env.process(record())
             yield env.timeout(max(0.0, period - (env.now - started)))
 
+    def background(node: str, ms_per_s: float):
+        gap = IDLE_SLICE_MS * 1000 / ms_per_s  # one slice of CPU every `gap` ms
+        yield env.timeout(rng.uniform(0, gap))
+        while True:
+            with nodes[node].request() as core:
+                yield core
+                yield env.timeout(IDLE_SLICE_MS)
+            yield env.timeout(max(0.0, gap - IDLE_SLICE_MS))
+
+    for node, ms_per_s in (idle or {}).items():
+        if ms_per_s > 0:
+            env.process(background(node, ms_per_s))
     if arrivals == "closed":
         for _ in range(max(1, round(rate / user_rate))):
             env.process(user())
@@ -412,9 +439,11 @@ def calibrate(cells: pd.DataFrame, table: pd.DataFrame, costs: Costs, cores: int
         row = reference(topology, engine)
         if row is None:
             continue  # without its calibration cell a kind's delay stays 0, and the output says so
-        path = on_one_node(record_path(topology, None if engine == stats.NO_ENGINE else engine, services, costs), client_cpu_ms)
+        deployed = None if engine == stats.NO_ENGINE else engine
+        path = on_one_node(record_path(topology, deployed, services, costs), client_cpu_ms)
+        idle = idle_on_one_node(under_load, topology, deployed, services)
         delays[kind] = fit_delay(float(row["median"]), lambda d: simulate(path, one_node, rate, arrivals=load.arrivals, user_rate=load.user_rate,
-                                                                           delays=d, seconds=seconds),
+                                                                           delays=d, idle=idle, seconds=seconds),
                                  sum(v.kind == kind for v in path), delays, kind)
         used.append(f"{topology} ({engine}) r{rate} n{services}")
     return Calibration(delays, used, client_cpu_ms, load, under_load)
@@ -439,7 +468,8 @@ def this_machine(run_dir: Path, seconds: float = 8.0) -> tuple[pd.DataFrame, Cal
         engine = None if case.topology == BASELINE else case.engine
         path = on_one_node(record_path(case.topology, engine, int(case.services), costs), calibration.client_cpu_ms)
         predicted = simulate(path, {ONE_NODE: cores}, case.rate, arrivals=load.arrivals, user_rate=load.user_rate,
-                             delays=calibration.delays, seconds=seconds)
+                             delays=calibration.delays, idle=idle_on_one_node(under_load, case.topology, engine, int(case.services)),
+                             seconds=seconds)
         both_unsaturated = not measured_saturated and not predicted.saturated
         rows.append({
             "topology": case.topology, "engine": case.engine, "rate": case.rate, "services": case.services,
@@ -573,8 +603,8 @@ def summary(validation: pd.DataFrame) -> list[str]:
                  + "".join(f"; {case_text(row)}: measured {'saturated' if row.measured_saturated else 'unsaturated'}, predicted "
                            f"{'saturated' if row.predicted_saturated else 'unsaturated'}"
                            for row in validation[validation["measured_saturated"] != validation["predicted_saturated"]].itertuples()))
-    saturated = validation[validation["measured_saturated"] & validation["predicted_saturated"]]
-    if len(saturated):
+    saturated = validation[validation["measured_saturated"] & validation["predicted_saturated"] & validation["predicted_achieved"].notna()]
+    if len(saturated):  # an open loop's saturated cells are not simulated: no rate to compare
         ratio = (saturated["measured_achieved"] / saturated["predicted_achieved"]).median()
         lines.append(f"in the {len(saturated)} cells both saturated, the rate measured is {ratio:.2f}× the rate predicted (median)")
     return lines

@@ -56,6 +56,16 @@ def test_threads_and_cores_bound_capacity():
     assert model.capacity(path, {"node": 4})[0] == pytest.approx(200)
 
 
+def test_idle_cpu_leaves_a_node_less_for_records():
+    # Two single-thread processes on one core, 5 ms each: 100 records/s; half the core idle-busy: 50.
+    path = [model.Visit("a", "service", "node", 5.0), model.Visit("b", "service", "node", 5.0)]
+    assert model.capacity(path, {"node": 1}, idle={"node": 500.0})[0] == pytest.approx(50)
+    busy = model.simulate(path, {"node": 1}, 40, service="constant", idle={"node": 500.0}, seconds=60, seed=3)
+    quiet = model.simulate(path, {"node": 1}, 40, service="constant", seconds=60, seed=3)
+    assert not busy.saturated and busy.mean_wait > 1.5 * quiet.mean_wait  # records wait behind the node's idle CPU
+    assert model.simulate(path, {"node": 1}, 60, idle={"node": 500.0}).saturated and not model.simulate(path, {"node": 1}, 60).saturated
+
+
 def test_fixed_delays_add_to_the_rtt():
     without = model.simulate(ONE_PART, {"node": 1}, 10, service="constant", seconds=20)
     with_delay = model.simulate(ONE_PART, {"node": 1}, 10, service="constant", seconds=20, delays={"service": 3.0})
