@@ -77,7 +77,8 @@ def cmd_model(args) -> int:
         return 2
     try:
         paths = model.build_report(run_dir, paper_cores=args.paper_cores, seconds=args.seconds, paper_rates=args.paper_rates,
-                                   paper_services=args.paper_services)
+                                   paper_services=args.paper_services,
+                                   capacity_runs=[run_folder(args.results, run_id) for run_id in args.capacity or []])
     except model.ModelError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -239,12 +240,14 @@ def main(argv: list[str] | None = None, prog: str = "python -m experiments") -> 
     bench.add_argument("--rounds", type=int, default=3, help="rounds; every figure is the median over them (default 3)")
     bench.set_defaults(handler=cmd_bench)
 
-    modelling = commands.add_parser("model", help="predict RTTs from the bench's CPU costs, here and on the paper's testbed",
+    modelling = commands.add_parser("model", help="predict RTTs from the parts' CPU costs, here and on the paper's testbed",
                                     description="Writes report/model.md and model.html of the run (default: the newest with a bench).")
     modelling.add_argument("run_id", nargs="?", help="a run id under the results folder, or a run folder's path")
     modelling.add_argument("--paper-cores", type=int, default=48, metavar="N",
                            help="hardware threads of each of the paper's service nodes (default 48; its gateway node: 56)")
     modelling.add_argument("--seconds", type=float, default=8.0, help="simulated seconds per cell of this machine (default 8)")
+    modelling.add_argument("--capacity", nargs="+", metavar="CAPACITY_RUN",
+                           help="capacity runs of this machine whose searches' capacities to set beside the model's")
     modelling.add_argument("--paper-rates", nargs="+", type=int, default=[100, 500, 1000], metavar="REQ_PER_S",
                            help="rates predicted on the paper's testbed (default 100 500 1000)")
     modelling.add_argument("--paper-services", nargs="+", type=int, default=[5, 10, 25, 50], metavar="N",

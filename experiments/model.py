@@ -58,7 +58,7 @@ from matplotlib.ticker import FuncFormatter, NullFormatter  # noqa: E402
 from complyroute import manifest  # noqa: E402
 from complyroute.plan import GATEWAY_SENDER, place  # noqa: E402
 
-from . import stats  # noqa: E402
+from . import capacity_report, stats  # noqa: E402
 from .matrix import (BASELINE, BENCH_CSV, COMPILED_ENGINE, DEFAULT_ARRIVALS, DEFAULT_USER_RATE, ENGINES, LOAD_OF_OLDER_RUNS,  # noqa: E402
                      MIN_ACHIEVED_SHARE, TOPOLOGIES)
 from .report import (COLORS, PAPER_NAMES, SATURATED_MARK, arch, color, load_paper_reference, marked, ms, names,  # noqa: E402
@@ -484,6 +484,46 @@ def this_machine(run_dir: Path, seconds: float = 8.0) -> tuple[pd.DataFrame, Cal
 
 
 
+def against_capacity_searches(capacity_runs: list[Path], costs: Costs, calibration: Calibration, cores: int) -> pd.DataFrame:
+    """Per search of the capacity runs: the capacity it found (the highest rate held) beside the
+    model's, the rate at which this machine's busiest process or node, idle CPU and Locust
+    included, is fully used: an upper bound of what a search can hold, a p99 bound below it."""
+    rows = []
+    for run_dir in capacity_runs:
+        if not (run_dir / "raw" / capacity_report.STEPS_CSV).exists():
+            raise ModelError(f"{run_dir} is not a capacity run with steps (no raw/{capacity_report.STEPS_CSV})")
+        meta = json.loads((run_dir / "metadata.json").read_text())
+        searched = capacity_report.capacity_table(capacity_report.read_steps(run_dir), meta["parameters"]["gap"])
+        for search in searched.itertuples():
+            engine = None if search.topology == BASELINE else search.engine
+            path = on_one_node(record_path(search.topology, engine, int(search.services), costs), calibration.client_cpu_ms)
+            limit, bottleneck = capacity(path, {ONE_NODE: cores}, idle_on_one_node(calibration.under_load, search.topology, engine,
+                                                                                   int(search.services)))
+            found = None if pd.isna(search.capacity) or search.capped else int(search.capacity)
+            rows.append({"run": run_dir.name, "topology": search.topology, "engine": search.engine, "services": int(search.services),
+                         "searched": found, "predicted": limit, "bottleneck": bottleneck,
+                         "error": limit / found - 1 if found else None})
+    return stats.order(pd.DataFrame(rows), by=["services", "topology", "engine"])
+
+
+def capacity_view(table: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame({
+        "case": names(table), "services": table["services"], "capacity run": table["run"],
+        "searched (req/s)": table["searched"].map(lambda v: "–" if pd.isna(v) else f"{v:.0f}"),
+        "predicted (req/s)": table["predicted"].map(lambda v: f"{v:.0f}"),
+        "the model's bottleneck": table["bottleneck"],
+        "error": table["error"].map(lambda v: "–" if pd.isna(v) else percent(v)),
+    })
+
+
+def capacity_summary(table: pd.DataFrame) -> str:
+    compared = table[table["error"].notna()]
+    within = compared[compared["error"].abs() <= TOLERANCE]
+    others = [f"{engine_text(row)} n{row.services} {row.error:+.0%}" for row in compared.drop(within.index).itertuples()]
+    return (f"{len(within)} of the {len(compared)} searches that found a capacity are within {TOLERANCE:.0%} of the model's"
+            + (f"; the others: {', '.join(others)}" if others else ""))
+
+
 def paper_testbed(costs: Costs, calibration: Calibration, cores: int = PAPER_CORES, rates=PAPER_RATES, services=PAPER_SERVICES,
                   max_records: int = 2000) -> pd.DataFrame:
     """Per topology, engine, rate and chain length: the prediction on the paper's nodes (the
@@ -610,9 +650,14 @@ def summary(validation: pd.DataFrame) -> list[str]:
     return lines
 
 
-def case_text(row) -> str:
+def engine_text(row) -> str:
+    """"CE (compiled)", "SA (envoy-opa)", "baseline"."""
     engine = "" if row.engine == stats.NO_ENGINE else f" ({'compiled' if row.engine == COMPILED_ENGINE else row.engine})"
-    return f"{arch(row.topology)}{engine} r{row.rate} n{row.services}"
+    return f"{arch(row.topology)}{engine}"
+
+
+def case_text(row) -> str:
+    return f"{engine_text(row)} r{row.rate} n{row.services}"
 
 
 def costs_view(used: Costs, bench: Costs, under_load: LoadCosts | None) -> pd.DataFrame:
@@ -637,8 +682,9 @@ def costs_source(under_load: LoadCosts | None) -> str:
 
 
 def build_report(run_dir: Path, paper_cores: int = PAPER_CORES, seconds: float = 8.0, paper_rates=PAPER_RATES,
-                 paper_services=PAPER_SERVICES) -> dict:
-    """The model's section of a run's report: report/model.md and model.html, its tables and figure."""
+                 paper_services=PAPER_SERVICES, capacity_runs: list[Path] = ()) -> dict:
+    """The model's section of a run's report: report/model.md and model.html, its tables and
+    figure; with capacity runs, their searches' capacities beside the model's."""
     validation, calibration, costs = this_machine(run_dir, seconds=seconds)
     predictions = paper_testbed(costs, calibration, cores=paper_cores, rates=paper_rates, services=paper_services)
     w_avg = predicted_w_avg(predictions)
@@ -667,6 +713,8 @@ def build_report(run_dir: Path, paper_cores: int = PAPER_CORES, seconds: float =
         ("table", validation_view(validation)),
         ("list", summary(validation)),
         ("figure", plot, "Left: predicted against measured median RTT of the cells neither saturated. Right: the paper's testbed."),
+        *capacity_blocks(capacity_runs, costs, calibration, int(json.loads((run_dir / "metadata.json").read_text())["machine"]["cores"]),
+                         report_dir / "tables"),
         ("h2", f"The paper's testbed: a gateway node of {PAPER_GATEWAY_CORES} and three service nodes of {paper_cores} hardware threads"),
         ("p", "Poisson arrivals (the paper's JMeter thread count is not published), no load generator on the nodes, this machine's CPU "
               "per part and fitted delays. A cell whose busiest process or node would need more than its capacity is saturated and "
@@ -679,6 +727,22 @@ def build_report(run_dir: Path, paper_cores: int = PAPER_CORES, seconds: float =
     paths["markdown"].write_text(render_markdown(blocks, report_dir))
     paths["html"].write_text(render_html(blocks, f"complyroute model {run_dir.name}"))
     return paths
+
+
+def capacity_blocks(capacity_runs: list[Path], costs: Costs, calibration: Calibration, cores: int, tables_dir: Path) -> list[tuple]:
+    if not capacity_runs:
+        return []
+    table = against_capacity_searches(capacity_runs, costs, calibration, cores)
+    table.to_csv(tables_dir / "model_capacity.csv", index=False)
+    return [
+        ("h2", "This machine: capacity predicted against the capacity searches"),
+        ("p", "A search's capacity is the highest rate it held (at least 95% sent, at most 1% errors, p99 within its bound); the "
+              "model's is the rate at which the busiest process or the node (this run's CPU per part, its idle CPU and Locust's "
+              "included) is fully used, an upper bound of what a search can hold. A search capped at its highest rate has no "
+              "capacity to compare."),
+        ("table", capacity_view(table)),
+        ("list", [capacity_summary(table)]),
+    ]
 
 
 def paper_reading(predictions: pd.DataFrame, w_avg: pd.DataFrame, reference: dict) -> list[str]:

@@ -225,3 +225,48 @@ def test_the_entry_decision_costs_its_own():
     assert [v.cpu_ms for v in path if v.kind == "opa"] == [TRUE_COSTS.entry_opa]  # the entry's, issuing the label token
     assert model.visits("central-entity", "envoy-opa", 5) == {"service": 5, "forwarding": 0, "decision_envoy": 5, "decision_opa": 4,
                                                             "compiled_envoy": 0, "entry_opa": 1}
+
+
+def capacity_run(folder: Path, steps: list[tuple]) -> Path:
+    """A capacity run's raw steps: (topology, engine, services, step, offered rate, held) each."""
+    from experiments.capacity import STEP_COLUMNS
+    (folder / "raw").mkdir(parents=True)
+    rows = [dict.fromkeys(STEP_COLUMNS, "") | {"topology": t, "engine": e, "services": n, "step": k, "offered_rate": r, "held": h,
+                                                "why_not": "" if h else "p99 900 ms > 500 ms"}
+            for t, e, n, k, r, h in steps]
+    pd.DataFrame(rows, columns=list(STEP_COLUMNS)).to_csv(folder / "raw" / "steps.csv", index=False)
+    (folder / "metadata.json").write_text(json.dumps({"parameters": {"gap": 0.1}}))
+    return folder
+
+
+CALIBRATION = model.Calibration(delays={}, cells=[], client_cpu_ms=0.5, load=model.RunLoad("constant", 10.0), under_load=None)
+
+
+def test_a_searched_capacity_is_set_beside_the_models_allowed(tmp_path):
+    run = capacity_run(tmp_path / "capacity", [("central-entity", "envoy-opa", 5, 1, 50, True), ("central-entity", "envoy-opa", 5, 2, 100, False),
+                                               ("central-entity", "envoy-opa", 5, 3, 75, True), ("central-entity", "envoy-opa", 5, 4, 87, False)])
+    [row] = model.against_capacity_searches([run], COSTS, CALIBRATION, cores=2).to_dict("records")
+    path = model.on_one_node(model.record_path("central-entity", "envoy-opa", 5, COSTS), 0.5)
+    assert (row["searched"], row["predicted"]) == (75, pytest.approx(model.capacity(path, {model.ONE_NODE: 2})[0]))
+    assert row["error"] == pytest.approx(row["predicted"] / 75 - 1)
+
+
+def test_a_capped_search_has_no_capacity_to_compare_denied(tmp_path):
+    run = capacity_run(tmp_path / "capacity", [("baseline", "none", 5, 1, 50, True), ("baseline", "none", 5, 2, 100, True)])
+    [row] = model.against_capacity_searches([run], COSTS, CALIBRATION, cores=2).to_dict("records")
+    assert pd.isna(row["searched"]) and pd.isna(row["error"]) and row["predicted"] > 0
+    with pytest.raises(model.ModelError, match="not a capacity run"):
+        model.against_capacity_searches([tmp_path], COSTS, CALIBRATION, cores=2)
+
+
+def test_the_model_command_sets_capacity_runs_beside_it(tmp_path, capsys):
+    run_dir = tmp_path / "two-engines"
+    shutil.copytree(TWO_ENGINES, run_dir)
+    full_bench(run_dir)
+    searched = capacity_run(tmp_path / "capacity", [("sidecar", "envoy-opa", 5, 1, 50, True), ("sidecar", "envoy-opa", 5, 2, 100, False)])
+    assert main(["model", str(run_dir), "--paper-rates", "100", "--paper-services", "5", "--seconds", "2", "--capacity", str(searched)]) == 0
+    table = pd.read_csv(run_dir / "report" / "tables" / "model_capacity.csv")
+    assert table[["topology", "engine", "services", "searched"]].values.tolist() == [["sidecar", "envoy-opa", 5, 50]]
+    assert "capacity predicted against the capacity searches" in (run_dir / "report" / "model.md").read_text()
+    assert main(["model", str(run_dir), "--capacity", str(tmp_path / "nothing")]) == 2
+    assert "not a capacity run" in capsys.readouterr().err
