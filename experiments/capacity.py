@@ -231,7 +231,7 @@ class CapacityRunner(Runner):
                                  services=parameters.services, repetitions=1, duration=parameters.step_seconds,
                                  warmup=parameters.step_warmup, mix=parameters.mix, load="open", arrivals="constant",
                                  max_in_flight=parameters.max_in_flight, late_tolerance_ms=parameters.late_tolerance_ms,
-                                 engines=parameters.engines, bench_rounds=0)
+                                 engines=parameters.engines, bench_rounds=0, prime=0)  # a search primes once, not per step
         super().__init__(run_dir, load, out, target)
         self.capacity = parameters
         self.steps_csv = self.raw / STEPS_CSV
