@@ -8,8 +8,8 @@ every service of the chain in turn, the sidecar ingress before a service, the po
 hop out of it. Each part it passes is a *visit*: a process (a Node service, a point's Envoy or its
 OPA, the load generator) on a node, holding one of the process's threads and one of the node's
 cores for its CPU cost, drawn from an exponential distribution around its mean (or that
-mean exactly). A Node service has one thread, an Envoy its point's concurrency, an OPA (Go) as
-many as its node has cores. Queues are FIFO. A node's processes also spend CPU whatever the rate
+mean exactly). A Node service has one thread, an Envoy its point's concurrency, and so has its
+OPA (the deployment sets its GOMAXPROCS to it). Queues are FIFO. A node's processes also spend CPU whatever the rate
 (timers, health checks, polling: the idle CPU the fit on the cells finds), which records wait
 behind. After its CPU a visit adds a fixed delay, per kind
 of part, for what CPU figures do not hold (loopback transfer, waking a process,
@@ -192,13 +192,13 @@ def costs_under_load(cells: pd.DataFrame, bench: Costs) -> LoadCosts | None:
 
 @dataclass(frozen=True)
 class Visit:
-    """One part a record passes: `threads` None means as many as its node has cores."""
+    """One part a record passes, on `threads` threads of its process at most."""
 
     process: str
     kind: str  # service, envoy, opa, client
     node: str
     cpu_ms: float
-    threads: int | None = 1
+    threads: int = 1
 
 
 def record_path(topology: str, engine: str | None, services: int, costs: Costs) -> list[Visit]:
@@ -218,7 +218,7 @@ def record_path(topology: str, engine: str | None, services: int, costs: Costs) 
             return [Visit(envoy, "envoy", point.node, costs.compiled_envoy, point.concurrency)]
         opa = costs.entry_opa if listener.from_client else costs.decision_opa
         return [Visit(envoy, "envoy", point.node, costs.decision_envoy, point.concurrency),
-                Visit(f"{point.name}/opa", "opa", point.node, opa, None)]
+                Visit(f"{point.name}/opa", "opa", point.node, opa, point.concurrency)]  # its GOMAXPROCS (deployment.py)
 
     path = decision(*deciding[GATEWAY_SENDER]) if GATEWAY_SENDER in deciding else []
     for process in sorted(plan.services, key=lambda s: s.instance.index):
@@ -247,7 +247,7 @@ def capacity(path: list[Visit], cores: dict[str, int], idle: dict[str, float] | 
     for v in path:
         process_demand[v.process] = process_demand.get(v.process, 0.0) + v.cpu_ms
         node_demand[v.node] = node_demand.get(v.node, 0.0) + v.cpu_ms
-        threads[v.process] = min(v.threads or cores[v.node], cores[v.node])
+        threads[v.process] = min(v.threads, cores[v.node])
     limits = {name: 1000 * threads[name] / demand for name, demand in process_demand.items() if demand > 0}
     idle = idle or {}
     limits.update({f"node {name}": (1000 * cores[name] - idle.get(name, 0.0)) / demand for name, demand in node_demand.items() if demand > 0})
@@ -288,7 +288,7 @@ def simulate(path: list[Visit], cores: dict[str, int], rate: float, *, arrivals:
     rng = random.Random(seed)
     env = simpy.Environment()
     nodes = {name: simpy.Resource(env, count) for name, count in cores.items()}
-    threads = {v.process: simpy.Resource(env, min(v.threads or cores[v.node], cores[v.node])) for v in path}
+    threads = {v.process: simpy.Resource(env, min(v.threads, cores[v.node])) for v in path}
     horizon = 1000 * min(seconds, max_records / rate)  # ms
     window_start = warmup_share * horizon
     finished: list[tuple[float, float, float]] = []  # (send time, rtt, wait), all in ms
@@ -699,8 +699,8 @@ def build_report(run_dir: Path, paper_cores: int = PAPER_CORES, seconds: float =
     blocks = [
         ("h1", f"Model of the testbed: {run_dir.name}"),
         ("p", "The CPU each part costs per record (below) fed to a discrete-event simulation (simpy): a record "
-              "visits the parts its topology's placement lays out, each holding a thread of its process (a service 1, an Envoy its "
-              "point's concurrency, an OPA as many as its node's cores) and a core of its node for an exponentially distributed CPU "
+              "visits the parts its topology's placement lays out, each holding a thread of its process (a service 1, an Envoy and "
+              "its OPA (GOMAXPROCS) their point's concurrency) and a core of its node for an exponentially distributed CPU "
               "time around that figure, then a fixed delay per kind of part for what CPU does not hold (loopback, waking a "
               "process, the ext_authz round trip). `experiments/model.py` says how."),
         ("h2", "Costs and calibration"),
