@@ -208,9 +208,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m experiments") -> 
     run.add_argument("--repetitions", type=int, help="repetitions of every case (default 5)")
     run.add_argument("--duration", type=int, metavar="SECONDS", help="measured seconds per cell, after the warm-up (paper 60, quick 20)")
     run.add_argument("--warmup", type=int, metavar="SECONDS", help="seconds of load left out of the statistics (paper 10, quick 5)")
-    run.add_argument("--prime", type=int, metavar="SECONDS",
-                     help=f"seconds of load at {matrix.PRIME_SHARE:.0%} of a cell's rate on its fresh deployment before its own, kept in "
-                          f"raw/<cell>/prime/ and not judged (default {matrix.DEFAULT_PRIME_SECONDS}; 0: none)"),
+    run.add_argument("--prime", type=int, metavar="RECORDS",
+                     help=f"records sent at a cell's rate on its fresh deployment before its own (at least {matrix.PRIME_MIN_SECONDS} s), "
+                          f"kept in raw/<cell>/prime/ and not judged (default {matrix.DEFAULT_PRIME_RECORDS}; 0: none)"),
     run.add_argument("--mix", choices=sorted(MIXES), help="records sent: allowed (default: all through the whole chain) or mixed (1 in 5 denied)")
     run.add_argument("--load", choices=matrix.LOADS,
                      help=f"open: records sent on a schedule whatever the answers, RTT from each intended send time; closed: users that wait "

@@ -51,12 +51,16 @@ PROFILES = {
     },
 }
 DEFAULT_PROFILE = "paper"
-# A fresh deployment's first seconds of load are slow (the services' JIT, TLS sessions, connection
-# pools): at rates near capacity the queue they build takes longer to drain than a warm-up. So
-# every cell's deployment, and every capacity search's, first carries a load at this share of its
-# rate, kept apart and not judged.
+# A fresh deployment is slow twice: in its first seconds of load (cold TLS sessions, connection
+# pools, code), and once more about 500 records in, when the services' CPU doubles for a second
+# and every record in flight waits 0.4-0.6 s, whatever the rate and the topology, the baseline's
+# too (no Node GC pause shows then: likely V8 optimising its hot code, in every service at once).
+# So a cell's fresh deployment first carries DEFAULT_PRIME_RECORDS records at the cell's rate, and
+# at least PRIME_MIN_SECONDS, kept apart and not judged. A capacity search, whose first rate is a
+# guess, primes at PRIME_SHARE of it.
+DEFAULT_PRIME_RECORDS = 800
+PRIME_MIN_SECONDS = 10
 PRIME_SHARE = 0.5
-DEFAULT_PRIME_SECONDS = 10
 DEFAULT_MIX = "allowed"
 # How the load is generated. open: records sent on a schedule whatever the answers, RTT from
 # each send's intended time (experiments/openloop.py); closed: Locust users that wait for each
@@ -154,7 +158,7 @@ class Parameters:
     engines: list[str] = field(default_factory=lambda: list(ENGINES))  # of the enforcing topologies
     bench_records: int = BENCH_RECORDS
     bench_rounds: int = BENCH_ROUNDS
-    prime: int = DEFAULT_PRIME_SECONDS  # seconds of load at PRIME_SHARE of a cell's rate before its own; 0: none
+    prime: int = DEFAULT_PRIME_RECORDS  # records at a cell's rate on its fresh deployment before its own; 0: none
 
     def __post_init__(self):
         self.topologies = [topology_name(t) for t in self.topologies]
@@ -182,7 +186,7 @@ class Parameters:
         if self.max_in_flight < 1 or self.late_tolerance_ms < 0:
             raise ParameterError("max in flight must be >= 1 and late tolerance >= 0 ms")
         if self.prime < 0:
-            raise ParameterError(f"prime must be >= 0 seconds (0: none), got {self.prime}")
+            raise ParameterError(f"prime must be >= 0 records (0: none), got {self.prime}")
 
     def cells(self) -> list[Cell]:
         """Repetitions outermost, so a stopped run has whole repetitions; the baseline of a
@@ -197,6 +201,10 @@ class Parameters:
             for topology in self.topologies
             for engine in ([None] if topology == BASELINE else self.engines)
         ]
+
+    def prime_seconds(self, rate: int) -> int:
+        """How long a cell at `rate` is primed: its `prime` records, at least PRIME_MIN_SECONDS; 0 without priming."""
+        return max(PRIME_MIN_SECONDS, math.ceil(self.prime / rate)) if self.prime else 0
 
     def users(self, rate: int) -> int:
         """Locust users of a cell: the open loop's one pacing user, or rate / user_rate in the closed loop."""
@@ -232,7 +240,7 @@ def resolve(profile: str | None, **given) -> Parameters:
     if name not in PROFILES:
         raise ParameterError(f"profile '{name}' is not one of {sorted(PROFILES)}")
     chosen = {"mix": DEFAULT_MIX, "user_rate": DEFAULT_USER_RATE, "arrivals": DEFAULT_ARRIVALS, "max_in_flight": DEFAULT_MAX_IN_FLIGHT,
-              "late_tolerance_ms": DEFAULT_LATE_TOLERANCE_MS, "prime": DEFAULT_PRIME_SECONDS, **PROFILES[name]}
+              "late_tolerance_ms": DEFAULT_LATE_TOLERANCE_MS, "prime": DEFAULT_PRIME_RECORDS, **PROFILES[name]}
     chosen.update({key: value for key, value in given.items() if value is not None})
     return Parameters(profile=name, **chosen)
 

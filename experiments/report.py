@@ -28,7 +28,7 @@ from matplotlib.ticker import FuncFormatter  # noqa: E402
 from . import changeability, stats  # noqa: E402
 from .targets import run_paragraphs  # noqa: E402
 from .matrix import (BASELINE, BENCH_CSV, COMPILED_ENGINE, ENFORCING, ENGINE_NAMES, ENGINES, MAX_ERROR_RATE, MAX_REPETITION_CV,  # noqa: E402
-                     MIN_ACHIEVED_SHARE, P99_BOUND_MS, PAPER_NAMES, PRIME_SHARE, PROFILES, TOPOLOGIES, Parameters, case_name)
+                     MIN_ACHIEVED_SHARE, P99_BOUND_MS, PAPER_NAMES, PRIME_MIN_SECONDS, PROFILES, TOPOLOGIES, Parameters, case_name)
 
 PAPER_REFERENCE = Path(__file__).resolve().parent / "paper_reference.json"
 # A colour per topology in the experiments' order, the reference grey; a topology added to the
@@ -721,7 +721,8 @@ def build(run_dir: Path) -> dict:
                         f"engines {', '.join(ENGINE_NAMES[e] for e in run.engines)} (the baseline has none); "
                         f"offered rates {', '.join(map(str, run.rates))} req/s; {', '.join(map(str, run.services))} services; "
                         f"{run.repetitions} repetition(s) of {run.duration} s after a {run.warmup} s warm-up"
-                        + (f", each on a deployment primed by {run.prime} s at {PRIME_SHARE:.0%} of its rate; " if run.prime else "; ")
+                        + (f", each on a deployment primed by {run.prime} records at its rate (at least {PRIME_MIN_SECONDS} s); "
+                           if run.prime else "; ")
                         + 
                         f"record mix `{run.mix}`; load: **{run.load_label}** ({load_settings(run)}). "
                         f"Raw data: `{run_dir / 'raw'}`; tables: `{tables_dir}`; figures: `{figures_dir}`."))

@@ -21,7 +21,6 @@ import sys
 import time
 import zlib
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -33,7 +32,7 @@ from complyroute.client import send
 from complyroute.manifest import REPO
 
 from . import metadata, stats
-from .matrix import BASELINE, BENCH_CSV, PRIME_SHARE, Cell, Parameters
+from .matrix import BASELINE, BENCH_CSV, Cell, Parameters
 from .mixes import ALLOWED_LABELS, BODY
 from .targets import DeployFailed, LocalTarget, Target, TargetBusy
 
@@ -75,7 +74,7 @@ def overhead_estimate(cell: Cell) -> float:
 
 
 def cell_estimate(cell: Cell, parameters: Parameters) -> float:
-    priming = parameters.prime + RUN_TIME_MARGIN_S + SETTLE_S if parameters.prime else 0
+    priming = parameters.prime_seconds(cell.rate) + RUN_TIME_MARGIN_S + SETTLE_S if parameters.prime else 0
     return overhead_estimate(cell) + priming + parameters.warmup + parameters.duration + RUN_TIME_MARGIN_S
 
 
@@ -336,10 +335,10 @@ class Runner:
                 record["deployment"] = {key: value for key, value in state.items() if key not in ("entry_url", "cpu_parts")}
                 advance(overhead_estimate(cell) * 0.7)
                 if self.parameters.prime:
-                    primed = replace(cell, rate=max(1, round(cell.rate * PRIME_SHARE)))
-                    self.prime(primed, cell_dir / "prime", state, self.parameters.prime)
-                    record["primed"] = {"rate": primed.rate, "seconds": self.parameters.prime}
-                    advance(self.parameters.prime + RUN_TIME_MARGIN_S + SETTLE_S)
+                    seconds = self.parameters.prime_seconds(cell.rate)
+                    self.prime(cell, cell_dir / "prime", state, seconds)
+                    record["primed"] = {"rate": cell.rate, "seconds": seconds}
+                    advance(seconds + RUN_TIME_MARGIN_S + SETTLE_S)
                 load_started = time.monotonic()
                 record["locust"] = self.load(cell, cell_dir, state, advance)
                 timings["load_s"] = round(time.monotonic() - load_started, 2)
@@ -392,8 +391,9 @@ class Runner:
         return {"load": "closed", "user_rate": self.parameters.user_rate}
 
     def prime(self, cell: Cell, prime_dir: Path, state: dict, seconds: int | None = None) -> None:
-        """`cell`'s load on a fresh deployment before the one measured (PRIME_SHARE): its requests
-        and CPU are kept in prime_dir, not judged. `seconds` of it (default: a cell's warm-up and duration)."""
+        """`cell`'s load on a fresh deployment before the one measured (matrix.DEFAULT_PRIME_RECORDS):
+        its requests and CPU are kept in prime_dir, not judged. `seconds` of it (default: a cell's
+        warm-up and duration)."""
         prime_dir.mkdir()
         self.load(cell, prime_dir, state, lambda _: None, seconds)
         compress(prime_dir / "requests.csv")

@@ -23,7 +23,7 @@ def experiments(results, *args):
 def test_one_topology_under_both_engines_five_services_100_per_second_for_10_seconds(tmp_path, no_deployment):
     run = subprocess.run(
         experiments(tmp_path, "run", "--profile", "quick", "--topologies", "sa", "--rates", "100", "--services", "5", "--repetitions", "1",
-                    "--duration", "10", "--warmup", "2", "--prime", "2", "--bench-records", "100", "--bench-rounds", "1", "--run-id", "e2e"),
+                    "--duration", "10", "--warmup", "2", "--prime", "100", "--bench-records", "100", "--bench-rounds", "1", "--run-id", "e2e"),
         cwd=REPO, capture_output=True, text=True, timeout=420,
     )
     assert run.returncode == 0, run.stdout + run.stderr
@@ -35,11 +35,11 @@ def test_one_topology_under_both_engines_five_services_100_per_second_for_10_sec
         assert cell["deployment"]["parts"] > 5 and cell["locust"]["exit_code"] == 0
         assert (cell["load"], cell["arrivals"], cell["users"]) == ("open", "constant", 1)
         assert "OpenLoopUser" in cell["locust"]["command"]
-        # primed first on the same deployment: 3 s (2 and a second more) at half the rate, kept apart
-        assert cell["primed"] == {"rate": 50, "seconds": 2}
+        # primed first on the same deployment: 100 records are 1 s at 100 req/s, so the least 10 s, and a second more; kept apart
+        assert cell["primed"] == {"rate": 100, "seconds": 10}
         primed = pd.read_csv(cell_dir / "prime" / "requests.csv.gz")
         # every priming request answered or counted; a cold envoy-opa chain may fail closed (503: no decision within 2 s)
-        assert len(primed) == 150 and (primed["status"].notna() | primed["missed"].notna()).all() and (primed["status"] == 200).any()
+        assert len(primed) == 1100 and (primed["status"].notna() | primed["missed"].notna()).all() and (primed["status"] == 200).any()
         requests = pd.read_csv(cell_dir / "requests.csv.gz")
         # the schedule: 13 s (warm-up, duration and a second more) at 100 req/s, every request a row, answered or missed
         assert len(requests) == 1300

@@ -252,9 +252,14 @@ def loads_of_a_cell(tmp_path, deployments, monkeypatch, **given) -> tuple[list, 
 
 def test_a_cell_is_primed_on_its_fresh_deployment_before_its_load_allowed(tmp_path, deployments, monkeypatch):
     asked, cell_dir = loads_of_a_cell(tmp_path, deployments, monkeypatch)
-    assert asked == [(50, 10), (100, None)]  # half the rate for the default 10 s, then the cell's own warm-up and window
+    assert asked == [(100, 10), (100, None)]  # the default 800 records at its rate: 8 s, so the least 10 s; then its own load
     assert (cell_dir / "prime" / "requests.csv.gz").exists() and (cell_dir / "requests.csv.gz").exists()
-    assert json.loads((cell_dir / "cell.json").read_text())["primed"] == {"rate": 50, "seconds": 10}
+    assert json.loads((cell_dir / "cell.json").read_text())["primed"] == {"rate": 100, "seconds": 10}
+
+
+@pytest.mark.parametrize("prime, rate, seconds", [(800, 100, 10), (800, 20, 40), (800, 500, 10), (801, 20, 41), (0, 20, 0)])
+def test_a_prime_lasts_its_records_at_the_cells_rate_and_ten_seconds_at_least(prime, rate, seconds):
+    assert resolve("quick", prime=prime).prime_seconds(rate) == seconds
 
 
 def test_a_run_with_prime_zero_loads_its_cells_cold_denied(tmp_path, deployments, monkeypatch):
