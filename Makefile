@@ -285,7 +285,7 @@ check-topology:
 
 ##@ Experiments
 .PHONY: experiment
-experiment: setup ## Quick run of the paper's experiment (every topology under both engines and the baseline, 100 and 500 req/s, 5 and 10 services; the bench first): about 21-27 minutes here
+experiment: setup ## Quick run of the paper's experiment (every topology under both engines and the baseline, 100 and 500 req/s, 5 and 10 services; the bench first): about 28-34 minutes here
 	$(PY) -m experiments run --profile quick
 
 .PHONY: bench
