@@ -721,7 +721,7 @@ def build_report(run_dir: Path, paper_cores: int = PAPER_CORES, seconds: float =
               "has no RTT; a W Avg with any saturated chain length has none either. The paper's W Avg is that of its one engine, "
               "whose architecture is envoy-opa's."),
         ("table", paper_view(w_avg, predictions, load_paper_reference())),
-        ("list", paper_reading(predictions, w_avg, load_paper_reference())),
+        ("list", paper_reading(predictions, w_avg, load_paper_reference(), costs)),
     ]
     paths = {"markdown": report_dir / "model.md", "html": report_dir / "model.html"}
     paths["markdown"].write_text(render_markdown(blocks, report_dir))
@@ -745,7 +745,7 @@ def capacity_blocks(capacity_runs: list[Path], costs: Costs, calibration: Calibr
     ]
 
 
-def paper_reading(predictions: pd.DataFrame, w_avg: pd.DataFrame, reference: dict) -> list[str]:
+def paper_reading(predictions: pd.DataFrame, w_avg: pd.DataFrame, reference: dict, costs: Costs) -> list[str]:
     """Where the predictions on the paper's testbed part from its Table I, and why, from the numbers."""
     limits = predictions.groupby(["topology", "engine", "services"], sort=False).first().reset_index()
     lines = []
@@ -754,14 +754,16 @@ def paper_reading(predictions: pd.DataFrame, w_avg: pd.DataFrame, reference: dic
             rows = limits[(limits["topology"] == topology) & (limits["engine"] == engine)]
             lines.append(f"{arch(topology)}{'' if engine == stats.NO_ENGINE else f' ({engine})'}: capacity "
                          + ", ".join(f"n={row.services} {row.capacity:.0f} req/s ({row.bottleneck})" for row in rows.itertuples()))
+    central = limits[(limits["topology"] == "central-entity") & (limits["engine"] == "envoy-opa")].sort_values("services").iloc[0]
     lines += [
-        "a Node service is one thread: at the bench's CPU per record (this machine's, not scaled to the paper's Xeons) no chain "
-        "carries 1000 req/s, whatever the topology, while the paper's sidecars still answered there (its W Avg 55 ms): what its "
-        "services did per record is not published; ours write a hash-chained audit line and run 100 work iterations each",
-        "our central entity and the entry are one point of 2 Envoy threads (gateway_concurrency) on the gateway node: its Envoy, "
-        "deciding every hop of every record, saturates first, as the paper's central entity did (a Node.js service of its own; "
-        "its RTT grew to seconds at 25 and 50 services); dynamic routers' single-thread Envoys saturate at long chains too, "
-        "sidecars only at their services",
+        f"a Node service is one thread: at {costs.service:.2f} ms of CPU per service visit (this machine's, not scaled to the "
+        f"paper's Xeons) a service carries at most {1000 / costs.service:.0f} req/s, so no chain carries 1000 req/s, whatever the "
+        "topology, while the paper's sidecars still answered there (its W Avg 55 ms): what its services did per record is not "
+        "published; ours check a label token, write a hash-chained audit line and run 100 work iterations each",
+        f"our central entity and the entry are one point (2 Envoy threads, its OPA's GOMAXPROCS 2) deciding every hop of every "
+        f"record: at 5 services its {central['bottleneck']} limits it to {central['capacity']:.0f} req/s, and it saturates first as "
+        "the chain grows, as the paper's central entity did (a Node.js service of its own; its RTT grew to seconds at 25 and 50 "
+        "services); dynamic routers (1 thread each) saturate at long chains too, sidecars only at their own parts",
     ]
     ours = w_avg[(w_avg["engine"] == "envoy-opa") & ~w_avg["saturated"]]
     both = [(row, reference["w_avg_ms"][PAPER_NAMES[row.topology]][str(row.rate)]) for row in ours.itertuples()
@@ -770,7 +772,7 @@ def paper_reading(predictions: pd.DataFrame, w_avg: pd.DataFrame, reference: dic
         lines.append("where both have a W Avg (envoy-opa): " + ", ".join(f"{arch(row.topology)} at {row.rate} req/s {row.w_avg:.1f} ms "
                                                                        f"against {paper:.1f} ({row.w_avg / paper:.2f}×)" for row, paper in both)
                      + "; elsewhere the paper's W Avg grows with the rate (CE to 728 ms, DR_3 to 242 ms at 1000 req/s) where ours "
-                       "has a saturated chain length: a bottleneck in both (ours the deciding Envoy named above; the paper does not "
+                       "has a saturated chain length: a bottleneck in both (ours named above; the paper does not "
                        "break its own down), queueing without bound in our open loop, while the paper's closed JMeter loop keeps "
                        "its RTTs finite (Little's law)")
     return lines
