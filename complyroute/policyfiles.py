@@ -46,9 +46,15 @@ def ignore_flags(patterns: Sequence[str] = IGNORED) -> list[str]:
     return [f"--ignore={pattern}" for pattern in patterns]
 
 
+# `opa test`'s own limit, 5 s, is too short on two busy cores: the coverage run of a CI clone
+# beside `make k8s-e2e` and an experiment's model stopped with "context deadline exceeded".
+TEST_TIMEOUT = "300s"
+
+
 def test_args(paths: Sequence[str], coverage: bool = False) -> list[str]:
     """`opa test` over `paths` (the rule set's tests), with coverage as JSON when asked."""
-    return ["test", *(["--coverage", "--format=json"] if coverage else []), *ignore_flags(TEST_IGNORED), *paths]
+    return ["test", f"--timeout={TEST_TIMEOUT}", *(["--coverage", "--format=json"] if coverage else []), *ignore_flags(TEST_IGNORED),
+            *paths]
 
 
 def decide_args(input_file: str, catalog: str) -> list[str]:

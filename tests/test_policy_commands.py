@@ -49,3 +49,10 @@ def test_policy_test_passing_allowed(tmp_path, capfd):
 def test_policy_test_failing_or_uncovered_denied(tmp_path, test_body, covered):
     write_rule_set(tmp_path, test_body, covered)
     assert main(["policy-test", "--threshold", "100", str(tmp_path)]) != 0
+
+
+@pytest.mark.parametrize("coverage", [False, True])
+def test_policy_tests_are_given_more_than_opas_five_seconds(coverage):
+    # a loaded machine runs the coverage pass slower than OPA's default 5 s allow
+    assert f"--timeout={policyfiles.TEST_TIMEOUT}" in policyfiles.test_args(["policies"], coverage=coverage)
+    assert int(policyfiles.TEST_TIMEOUT.removesuffix("s")) > 5
