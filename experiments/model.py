@@ -488,10 +488,9 @@ def against_capacity_searches(capacity_runs: list[Path], costs: Costs, calibrati
     """Per search of the capacity runs: the capacity it found (the highest rate held) beside the
     model's, the rate at which this machine's busiest process or node, idle CPU and Locust
     included, is fully used: an upper bound of what a search can hold, a p99 bound below it."""
+    check_capacity_runs(capacity_runs)
     rows = []
     for run_dir in capacity_runs:
-        if not (run_dir / "raw" / capacity_report.STEPS_CSV).exists():
-            raise ModelError(f"{run_dir} is not a capacity run with steps (no raw/{capacity_report.STEPS_CSV})")
         meta = json.loads((run_dir / "metadata.json").read_text())
         searched = capacity_report.capacity_table(capacity_report.read_steps(run_dir), meta["parameters"]["gap"])
         for search in searched.itertuples():
@@ -504,6 +503,12 @@ def against_capacity_searches(capacity_runs: list[Path], costs: Costs, calibrati
                          "searched": found, "predicted": limit, "bottleneck": bottleneck,
                          "error": limit / found - 1 if found else None})
     return stats.order(pd.DataFrame(rows), by=["services", "topology", "engine"])
+
+
+def check_capacity_runs(capacity_runs: list[Path]) -> None:
+    for run_dir in capacity_runs:
+        if not (run_dir / "raw" / capacity_report.STEPS_CSV).exists():
+            raise ModelError(f"{run_dir} is not a capacity run with steps (no raw/{capacity_report.STEPS_CSV})")
 
 
 def capacity_view(table: pd.DataFrame) -> pd.DataFrame:
@@ -685,6 +690,7 @@ def build_report(run_dir: Path, paper_cores: int = PAPER_CORES, seconds: float =
                  paper_services=PAPER_SERVICES, capacity_runs: list[Path] = ()) -> dict:
     """The model's section of a run's report: report/model.md and model.html, its tables and
     figure; with capacity runs, their searches' capacities beside the model's."""
+    check_capacity_runs(capacity_runs)  # before minutes of simulation
     validation, calibration, costs = this_machine(run_dir, seconds=seconds)
     predictions = paper_testbed(costs, calibration, cores=paper_cores, rates=paper_rates, services=paper_services)
     w_avg = predicted_w_avg(predictions)
