@@ -152,8 +152,9 @@ def visits(topology: str, engine: str | None, services: int) -> dict[str, int]:
 
 @cache
 def processes(topology: str, engine: str | None, services: int) -> dict[str, int]:
-    """The deployment's processes of each CPU kind: its services, an Envoy per point, an OPA per deciding point."""
-    plan = place(manifest.load(topology, services=services, engine=engine))
+    """The deployment's processes of each CPU kind: its services, an Envoy per point, an OPA per
+    deciding point. The baseline's engine, whatever a table calls it, is none (as in record_path)."""
+    plan = place(manifest.load(topology, services=services, engine=None if topology == BASELINE else engine))
     return {"service": len(plan.services), "envoy": len(plan.points), "opa": sum(bool(point.deciding) for point in plan.points)}
 
 
@@ -175,9 +176,8 @@ def costs_under_load(cells: pd.DataFrame, bench: Costs) -> LoadCosts | None:
     for kind, parts in PARTS_OF_CPU_KIND.items():
         rows, busy = [], []
         for cell in usable.itertuples():
-            engine = None if cell.topology == BASELINE else cell.engine
-            count = visits(cell.topology, engine, int(cell.services))
-            rows.append([cell.achieved_rate * count[part] for part in parts] + [processes(cell.topology, engine, int(cell.services))[kind]])
+            count = visits(cell.topology, cell.engine, int(cell.services))
+            rows.append([cell.achieved_rate * count[part] for part in parts] + [processes(cell.topology, cell.engine, int(cell.services))[kind]])
             busy.append(1000 * getattr(cell, f"cpu_{kind}"))
         design = np.array(rows, dtype=float)
         fitted, _ = nnls(design, np.array(busy, dtype=float))
@@ -439,9 +439,8 @@ def calibrate(cells: pd.DataFrame, table: pd.DataFrame, costs: Costs, cores: int
         row = reference(topology, engine)
         if row is None:
             continue  # without its calibration cell a kind's delay stays 0, and the output says so
-        deployed = None if engine == stats.NO_ENGINE else engine
-        path = on_one_node(record_path(topology, deployed, services, costs), client_cpu_ms)
-        idle = idle_on_one_node(under_load, topology, deployed, services)
+        path = on_one_node(record_path(topology, engine, services, costs), client_cpu_ms)
+        idle = idle_on_one_node(under_load, topology, engine, services)
         delays[kind] = fit_delay(float(row["median"]), lambda d: simulate(path, one_node, rate, arrivals=load.arrivals, user_rate=load.user_rate,
                                                                            delays=d, idle=idle, seconds=seconds),
                                  sum(v.kind == kind for v in path), delays, kind)
@@ -494,9 +493,8 @@ def against_capacity_searches(capacity_runs: list[Path], costs: Costs, calibrati
         meta = json.loads((run_dir / "metadata.json").read_text())
         searched = capacity_report.capacity_table(capacity_report.read_steps(run_dir), meta["parameters"]["gap"])
         for search in searched.itertuples():
-            engine = None if search.topology == BASELINE else search.engine
-            path = on_one_node(record_path(search.topology, engine, int(search.services), costs), calibration.client_cpu_ms)
-            limit, bottleneck = capacity(path, {ONE_NODE: cores}, idle_on_one_node(calibration.under_load, search.topology, engine,
+            path = on_one_node(record_path(search.topology, search.engine, int(search.services), costs), calibration.client_cpu_ms)
+            limit, bottleneck = capacity(path, {ONE_NODE: cores}, idle_on_one_node(calibration.under_load, search.topology, search.engine,
                                                                                    int(search.services)))
             found = None if pd.isna(search.capacity) or search.capped else int(search.capacity)
             rows.append({"run": run_dir.name, "topology": search.topology, "engine": search.engine, "services": int(search.services),
