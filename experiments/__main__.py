@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -43,7 +44,7 @@ def cmd_run(args) -> int:
             print(f"error: run {run_dir.name} was started with other parameters; resuming keeps its own. Differing: "
                   + "; ".join(differing), file=sys.stderr)
             return 2
-        parameters = stored
+        parameters = dataclasses.replace(stored, repetitions=max(stored.repetitions, args.repetitions or 0))
     else:
         parameters = matrix.resolve(args.profile, **given)
         run_dir = args.results / (args.run_id or new_run_id(parameters.profile))
@@ -205,7 +206,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m experiments") -> 
                      help=f"how the enforcing topologies decide, each run under every one given (default both: {' '.join(matrix.ENGINES)})")
     run.add_argument("--rates", nargs="+", type=int, metavar="REQ_PER_S", help="offered rates (default 100 500 1000)")
     run.add_argument("--services", nargs="+", type=int, metavar="N", help="chain lengths (default 5 10 25 50)")
-    run.add_argument("--repetitions", type=int, help="repetitions of every case (default 5)")
+    run.add_argument("--repetitions", type=int, help="repetitions of every case (default 5); with --run-id of a run that has fewer, "
+                                                     "the repetitions added to it")
     run.add_argument("--duration", type=int, metavar="SECONDS", help="measured seconds per cell, after the warm-up (paper 60, quick 20)")
     run.add_argument("--warmup", type=int, metavar="SECONDS", help="seconds of load left out of the statistics (paper 10, quick 5)")
     run.add_argument("--prime", type=int, metavar="RECORDS",

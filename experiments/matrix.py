@@ -246,7 +246,8 @@ def resolve(profile: str | None, **given) -> Parameters:
 
 
 def conflicts(stored: Parameters, **given) -> list[str]:
-    """The explicitly given parameters that differ from a run's own (resuming keeps its own)."""
+    """The explicitly given parameters that differ from a run's own (resuming keeps its own),
+    but for more repetitions than the run has: those are added to it (its cells are the same)."""
     stored_values = stored.to_json()
     differing = []
     for key, value in given.items():
@@ -254,6 +255,8 @@ def conflicts(stored: Parameters, **given) -> list[str]:
             continue
         if key == "topologies":
             value = [topology_name(t) for t in value]
+        if key == "repetitions" and value >= stored_values[key]:
+            continue
         if value != stored_values[key]:
             differing.append(f"--{key.replace('_', '-')} {value} (the run has {stored_values[key]})")
     return differing

@@ -162,8 +162,12 @@ class Runner:
         path = self.run_dir / "metadata.json"
         taken = metadata.describe()
         where = self.target.describe()
+        added = 0
         if path.exists():
             meta = json.loads(path.read_text())
+            added = self.parameters.repetitions - meta["parameters"]["repetitions"]
+            if added > 0:  # resumed with more repetitions (matrix.conflicts): the run has them from now on
+                meta["parameters"]["repetitions"] = self.parameters.repetitions
         else:
             meta = {"run_id": self.run_dir.name, "created_at": taken["taken_at"], "parameters": self.parameters.to_json(),
                     "target": where, "unmeasured": self.target.unmeasured(),
@@ -172,7 +176,8 @@ class Runner:
                     "sessions": []}
         # Every session records what it ran with: a resumed run may have changed machine, tools or cluster.
         meta["sessions"].append({"started_at": taken["taken_at"], "git": taken["git"], "versions": taken["versions"],
-                                 "load_average_at_start": taken["machine"]["load_average_at_start"], "target": where})
+                                 "load_average_at_start": taken["machine"]["load_average_at_start"], "target": where,
+                                 **({"repetitions_added": added} if added > 0 else {})})
         write_json(path, meta)
         return meta
 

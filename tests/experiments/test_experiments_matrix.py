@@ -110,6 +110,16 @@ def test_resuming_reports_parameters_that_differ():
     assert matrix.Parameters.from_json(stored.to_json()) == stored
 
 
+def test_resuming_with_more_repetitions_adds_them_allowed():
+    stored = matrix.resolve("quick", repetitions=1)
+    assert matrix.conflicts(stored, repetitions=1) == [] and matrix.conflicts(stored, repetitions=3) == []
+
+
+def test_resuming_with_fewer_repetitions_is_refused_denied():
+    stored = matrix.resolve("quick", repetitions=3)
+    assert matrix.conflicts(stored, repetitions=2) == ["--repetitions 2 (the run has 3)"]
+
+
 def test_resuming_keeps_the_runs_engines():
     stored = matrix.resolve("quick", engines=["envoy-compiled"])
     assert matrix.conflicts(stored, engines=["envoy-compiled"]) == []

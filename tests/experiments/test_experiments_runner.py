@@ -204,6 +204,27 @@ def test_resuming_a_run_recorded_before_engines_keeps_envoy_opa(tmp_path, starte
     assert [parameters.engines for _, parameters in started] == [["envoy-opa"], ["envoy-opa"]]
 
 
+def test_a_run_resumed_with_more_repetitions_runs_them_allowed(tmp_path, started):
+    shutil.copytree(SMALL_RUN, tmp_path / "small-run")  # a run of 2 repetitions
+    assert cli.main(["--results", str(tmp_path), "run", "--run-id", "small-run", "--repetitions", "3"]) == 0
+    assert started[-1][1].repetitions == 3
+
+
+def test_a_run_resumed_with_fewer_repetitions_is_refused_denied(tmp_path, started, capsys):
+    shutil.copytree(SMALL_RUN, tmp_path / "small-run")
+    assert cli.main(["--results", str(tmp_path), "run", "--run-id", "small-run", "--repetitions", "1"]) == 2
+    assert "--repetitions 1 (the run has 2)" in capsys.readouterr().err and started == []
+
+
+def test_the_session_that_adds_repetitions_records_them(tmp_path):
+    run = new_runner(tmp_path, repetitions=1)
+    resumed = runner.Runner(run.run_dir, resolve("quick", repetitions=3), out=io.StringIO())
+    resumed.start_session()
+    meta = json.loads((run.run_dir / "metadata.json").read_text())
+    assert meta["parameters"]["repetitions"] == 3
+    assert "repetitions_added" not in meta["sessions"][0] and meta["sessions"][1]["repetitions_added"] == 2
+
+
 def test_a_bench_that_cannot_load_is_a_failed_bench(tmp_path, monkeypatch):
     monkeypatch.setattr(targets.deployment, "running", lambda: None)
     monkeypatch.delattr(experiments, "bench", raising=False)
