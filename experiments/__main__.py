@@ -77,7 +77,8 @@ def cmd_model(args) -> int:
         print(f"error: no run with a bench under {args.results}", file=sys.stderr)
         return 2
     try:
-        paths = model.build_report(run_dir, paper_cores=args.paper_cores, seconds=args.seconds, paper_rates=args.paper_rates,
+        seconds = model.THIS_MACHINE_SECONDS if args.seconds is None else args.seconds
+        paths = model.build_report(run_dir, paper_cores=args.paper_cores, seconds=seconds, paper_rates=args.paper_rates,
                                    paper_services=args.paper_services,
                                    capacity_runs=[run_folder(args.results, run_id) for run_id in args.capacity or []])
     except model.ModelError as error:
@@ -247,7 +248,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m experiments") -> 
     modelling.add_argument("run_id", nargs="?", help="a run id under the results folder, or a run folder's path")
     modelling.add_argument("--paper-cores", type=int, default=48, metavar="N",
                            help="hardware threads of each of the paper's service nodes (default 48; its gateway node: 56)")
-    modelling.add_argument("--seconds", type=float, default=8.0, help="simulated seconds per cell of this machine (default 8)")
+    modelling.add_argument("--seconds", type=float, help="simulated seconds per cell of this machine (default 30)")
     modelling.add_argument("--capacity", nargs="+", metavar="CAPACITY_RUN",
                            help="capacity runs of this machine whose searches' capacities to set beside the model's")
     modelling.add_argument("--paper-rates", nargs="+", type=int, default=[100, 500, 1000], metavar="REQ_PER_S",

@@ -79,6 +79,10 @@ BENCH_PROCESSES = {
     "compiled_envoy": "envoy-compiled/envoy",
 }
 CPU_UNIT = "ms CPU/request"
+# Simulated seconds per cell of this machine: at 8 the model's own noise moved a cell's error by
+# 2 points from one seed to the next (20261126-below-capacity-p800: DR_3 envoy-opa r20 n10 -24%
+# to -25%); at 30 the mean error was the same (0.076) for seeds 1-3.
+THIS_MACHINE_SECONDS = 30.0
 IDLE_SLICE_MS = 1.0  # the idle CPU of a node's processes, as the simulation spends it: a core for this long at a time
 
 
@@ -448,7 +452,7 @@ def calibrate(cells: pd.DataFrame, table: pd.DataFrame, costs: Costs, cores: int
     return Calibration(delays, used, client_cpu_ms, load, under_load)
 
 
-def this_machine(run_dir: Path, seconds: float = 8.0) -> tuple[pd.DataFrame, Calibration, Costs]:
+def this_machine(run_dir: Path, seconds: float = THIS_MACHINE_SECONDS) -> tuple[pd.DataFrame, Calibration, Costs]:
     """Per case of the run: measured and predicted median RTT, achieved rate, saturation; the
     model's error on the median where neither is saturated. The parts' CPU is what the run's
     cells measured (costs_under_load) where they tell it, else the bench's; the costs used are
@@ -684,7 +688,7 @@ def costs_source(under_load: LoadCosts | None) -> str:
             f"visit, plus idle ms of CPU per second per process ({idle})")
 
 
-def build_report(run_dir: Path, paper_cores: int = PAPER_CORES, seconds: float = 8.0, paper_rates=PAPER_RATES,
+def build_report(run_dir: Path, paper_cores: int = PAPER_CORES, seconds: float = THIS_MACHINE_SECONDS, paper_rates=PAPER_RATES,
                  paper_services=PAPER_SERVICES, capacity_runs: list[Path] = ()) -> dict:
     """The model's section of a run's report: report/model.md and model.html, its tables and
     figure; with capacity runs, their searches' capacities beside the model's."""
