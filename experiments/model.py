@@ -60,7 +60,7 @@ from complyroute.plan import GATEWAY_SENDER, place  # noqa: E402
 
 from . import capacity_report, stats  # noqa: E402
 from .matrix import (BASELINE, BENCH_CSV, COMPILED_ENGINE, DEFAULT_ARRIVALS, DEFAULT_USER_RATE, ENGINES, LOAD_OF_OLDER_RUNS,  # noqa: E402
-                     MIN_ACHIEVED_SHARE, TOPOLOGIES)
+                     MAX_REPETITION_CV, MIN_ACHIEVED_SHARE, TOPOLOGIES)
 from .report import (COLORS, PAPER_NAMES, SATURATED_MARK, arch, color, load_paper_reference, marked, ms, names,  # noqa: E402
                      percent, rate_text, render_html, render_markdown, save)
 
@@ -465,9 +465,11 @@ def this_machine(run_dir: Path, seconds: float = THIS_MACHINE_SECONDS) -> tuple[
     under_load = costs_under_load(cells, bench)
     costs = under_load.costs if under_load else bench
     calibration = calibrate(cells, table, costs, cores, load, seconds, under_load)
+    spread = stats.repetition_spread(cells).set_index(stats.CASE)
     rows = []
     for case in table.itertuples():
         measured_saturated = bool(case.saturated)
+        repeated = spread.loc[(case.topology, case.engine, case.rate, case.services)]
         engine = None if case.topology == BASELINE else case.engine
         path = on_one_node(record_path(case.topology, engine, int(case.services), costs), calibration.client_cpu_ms)
         predicted = simulate(path, {ONE_NODE: cores}, case.rate, arrivals=load.arrivals, user_rate=load.user_rate,
@@ -476,7 +478,8 @@ def this_machine(run_dir: Path, seconds: float = THIS_MACHINE_SECONDS) -> tuple[
         both_unsaturated = not measured_saturated and not predicted.saturated
         rows.append({
             "topology": case.topology, "engine": case.engine, "rate": case.rate, "services": case.services,
-            "measured_median": case.median, "predicted_median": predicted.median,
+            "measured_median": case.median, "repetitions": int(repeated["repetitions"]), "measured_cv": repeated["cv"],
+            "predicted_median": predicted.median,
             "error": (predicted.median / case.median - 1) if both_unsaturated else None,
             "measured_achieved": case.achieved_rate, "predicted_achieved": predicted.achieved_rate,
             "measured_saturated": measured_saturated, "predicted_saturated": predicted.saturated,
@@ -568,6 +571,7 @@ def validation_view(validation: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({
         "case": names(validation), "rate": validation["rate"], "services": validation["services"],
         "median measured (ms)": [marked(ms(v), s) for v, s in zip(validation["measured_median"], validation["measured_saturated"])],
+        "its repetitions' CV": [f"{percent(cv)} of {n}" if pd.notna(cv) else f"– ({n})" for cv, n in zip(validation["measured_cv"], validation["repetitions"])],
         "median predicted (ms)": [SATURATED_MARK if s else ms(v) for v, s in zip(validation["predicted_median"], validation["predicted_saturated"])],
         "error": [("calibrated " if c else "") + percent(e) if pd.notna(e) else "–" for e, c in zip(validation["error"], validation["calibration"])],
         "achieved measured (req/s)": validation["measured_achieved"].map(rate_text),
@@ -645,6 +649,7 @@ def summary(validation: pd.DataFrame) -> list[str]:
              f"within {TOLERANCE:.0%} on the median RTT"
              + (f"; the others: " + ", ".join(f"{case_text(row)} {row.error:+.0%}" for row in predicted.drop(within.index).itertuples())
                 if len(within) < len(predicted) else "")]
+    lines.append(measurement_spread(predicted))
     agree = (validation["measured_saturated"] == validation["predicted_saturated"]).sum()
     lines.append(f"saturation: the model agrees with the measurement on {agree} of {len(validation)} cells"
                  + "".join(f"; {case_text(row)}: measured {'saturated' if row.measured_saturated else 'unsaturated'}, predicted "
@@ -655,6 +660,19 @@ def summary(validation: pd.DataFrame) -> list[str]:
         ratio = (saturated["measured_achieved"] / saturated["predicted_achieved"]).median()
         lines.append(f"in the {len(saturated)} cells both saturated, the rate measured is {ratio:.2f}× the rate predicted (median)")
     return lines
+
+
+def measurement_spread(compared: pd.DataFrame) -> str:
+    """How far the compared cases' medians move between repetitions (separate deployments),
+    which the model's error includes: its floor."""
+    cv = compared["measured_cv"].dropna()
+    if cv.empty:
+        return ("one repetition per case: how far a case's median moves from one deployment to the next is not measured here, "
+                "and the errors above include it (`run --run-id RUN --repetitions 2` adds a repetition)")
+    return (f"the measurement's own spread: the medians of the compared cases' {compared['repetitions'].min()}"
+            f"{'' if compared['repetitions'].nunique() == 1 else '+'} repetitions have a coefficient of variation of "
+            f"{percent(cv.median())} (median; at most {percent(cv.max())}, {int((cv > MAX_REPETITION_CV).sum())} of "
+            f"{len(cv)} above {MAX_REPETITION_CV:.0%}): the errors above include it")
 
 
 def engine_text(row) -> str:

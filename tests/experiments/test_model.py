@@ -162,6 +162,21 @@ def test_a_closed_loop_run_is_not_modelled_as_an_open_one_denied(parameters):
     assert (load.arrivals, load.user_rate) == ("closed", 5.0) and "closed loop (users of 5 req/s" in load.describe()
 
 
+def compared(cvs: list[float | None], repetitions: int) -> pd.DataFrame:
+    return pd.DataFrame({"measured_cv": cvs, "repetitions": [repetitions] * len(cvs)})
+
+
+def test_the_measurements_own_spread_is_set_beside_the_errors_allowed():
+    line = model.measurement_spread(compared([0.05, 0.12, 0.08], repetitions=2))
+    assert line.startswith("the measurement's own spread: the medians of the compared cases' 2 repetitions")
+    assert "8.0% (median; at most 12.0%, 1 of 3 above 10%)" in line
+
+
+def test_one_repetition_says_its_spread_is_not_measured_denied():
+    line = model.measurement_spread(compared([None, None], repetitions=1))
+    assert line.startswith("one repetition per case") and "--repetitions 2" in line
+
+
 def test_the_model_of_an_open_loop_run_says_so(tmp_path):
     run_dir = tmp_path / "two-engines"
     shutil.copytree(TWO_ENGINES, run_dir)
