@@ -470,10 +470,9 @@ def this_machine(run_dir: Path, seconds: float = THIS_MACHINE_SECONDS) -> tuple[
     for case in table.itertuples():
         measured_saturated = bool(case.saturated)
         repeated = spread.loc[(case.topology, case.engine, case.rate, case.services)]
-        engine = None if case.topology == BASELINE else case.engine
-        path = on_one_node(record_path(case.topology, engine, int(case.services), costs), calibration.client_cpu_ms)
+        path = on_one_node(record_path(case.topology, case.engine, int(case.services), costs), calibration.client_cpu_ms)
         predicted = simulate(path, {ONE_NODE: cores}, case.rate, arrivals=load.arrivals, user_rate=load.user_rate,
-                             delays=calibration.delays, idle=idle_on_one_node(under_load, case.topology, engine, int(case.services)),
+                             delays=calibration.delays, idle=idle_on_one_node(under_load, case.topology, case.engine, int(case.services)),
                              seconds=seconds)
         both_unsaturated = not measured_saturated and not predicted.saturated
         rows.append({
@@ -543,7 +542,7 @@ def paper_testbed(costs: Costs, calibration: Calibration, cores: int = PAPER_COR
     for topology in TOPOLOGIES:
         for engine in ([stats.NO_ENGINE] if topology == BASELINE else ENGINES):
             for count in services:
-                path = record_path(topology, None if topology == BASELINE else engine, count, costs)
+                path = record_path(topology, engine, count, costs)
                 nodes = {v.node: PAPER_GATEWAY_CORES if v.node == "gateway" else cores for v in path}
                 for rate in rates:
                     predicted = simulate(path, nodes, rate, delays=calibration.delays, max_records=max_records)
