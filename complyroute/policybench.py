@@ -10,7 +10,8 @@ service's purpose), labelled as that point receives them: canonical, the way eve
 allowed a hop before rewrote them (one value each, consent sorted).
 
 Each rule set is timed as its enforcement points run it: today's with its catalog indexed
-(complyroute/policydata.py) and OPA's store optimised for reads; d2d81e4's with the catalog
+(complyroute/policydata.py), its allowed table (complyroute/engines/precompute.py: an allowed
+record takes the quick path) and OPA's store optimised for reads; d2d81e4's with the catalog
 itself at data.complyroute.catalog, and OPA's default store; both with the point's GOMAXPROCS
 (its concurrency: 1 for sidecars and routers, 2 for the central entity), on the same CPUs. Both decisions are checked before
 anything is timed: each must be the one the case expects, and both must agree (a benchmark of
@@ -29,8 +30,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import manifest, policydata, policyfiles
-from .enforcement import POLICY_QUERY, write_data
+from . import manifest, policyfiles
+from .enforcement import POLICY_QUERY, EnforcementPoint, write_data
+from .engines import envoy_opa
 from .manifest import GENERATED_PURPOSES, REPO
 from .plan import place
 from .policyfiles import OPA
@@ -83,8 +85,8 @@ class RuleSet:
 
     name: str
     policies: Path
-    data_key: str  # it reads a point's catalog as data.complyroute.<data_key>
-    data: Callable[[dict[str, dict]], dict[str, dict]]  # {point: catalog} -> {point: what its OPA loads}
+    data_keys: tuple[str, ...]  # what of a point's document it reads, under data.complyroute
+    data: Callable[[dict[str, EnforcementPoint]], dict[str, dict]]  # {case: point} -> {case: what its OPA loads}
     flags: list[str] = field(default_factory=list)
 
 
@@ -93,7 +95,12 @@ class BaselineUnavailable(RuntimeError):
 
 
 def current() -> RuleSet:
-    return RuleSet("current", policyfiles.POLICIES, "index", policydata.opa_data, list(policyfiles.RUN_FLAGS))
+    return RuleSet("current", policyfiles.POLICIES, ("index", "table"), point_documents, list(policyfiles.RUN_FLAGS))
+
+
+def point_documents(points: dict[str, EnforcementPoint]) -> dict[str, dict]:
+    """{case: what the point's OPA loads under this rule set}: its index and its allowed table."""
+    return {case: envoy_opa.decided_data([point], policyfiles.POLICIES)[0][point.name] for case, point in points.items()}
 
 
 def baseline(scratch: Path) -> RuleSet:
@@ -103,8 +110,8 @@ def baseline(scratch: Path) -> RuleSet:
         raise BaselineUnavailable(f"commit {BASELINE_COMMIT} is not available: {archive.stderr.decode().strip()}")
     scratch.mkdir(parents=True, exist_ok=True)
     subprocess.run(["tar", "-x", "-C", str(scratch)], input=archive.stdout, check=True)
-    as_catalogs = lambda catalogs: {point: {"complyroute": {"catalog": catalog}} for point, catalog in catalogs.items()}
-    return RuleSet(BASELINE_COMMIT, scratch / "policies", "catalog", as_catalogs)
+    as_catalogs = lambda points: {case: {"complyroute": {"catalog": point.catalog}} for case, point in points.items()}
+    return RuleSet(BASELINE_COMMIT, scratch / "policies", ("catalog",), as_catalogs)
 
 
 def opa(*args: str, env: dict | None = None, cpus: set[int] | None = None) -> str:
@@ -123,9 +130,8 @@ def decisions(rule_set: RuleSet, asked: dict[str, tuple[dict, dict]], scratch: P
     """{name: the rule set's answer} for every {name: (a point's data document, request)}, in one OPA run."""
     data_dir = scratch / f"{rule_set.name}-decisions"
     write_data(data_dir, {"bench": {name: {"data": document, "request": request} for name, (document, request) in asked.items()}})
-    key = rule_set.data_key
-    query = (f"some name, asked in data.bench; answer := {QUERY} with input as asked.request "
-             f"with data.complyroute.{key} as asked.data.complyroute.{key}")
+    query = f"some name, asked in data.bench; answer := {QUERY} with input as asked.request " + " ".join(
+        f"with data.complyroute.{key} as asked.data.complyroute.{key}" for key in rule_set.data_keys)
     results = json.loads(opa("eval", "--format", "json", *loading(rule_set, data_dir), query)).get("result", [])
     return {result["bindings"]["name"]: result["bindings"]["answer"] for result in results}
 
@@ -153,10 +159,10 @@ def bench(rule_set: RuleSet, data_dir: Path, request: dict, scratch: Path, concu
     }
 
 
-def bench_query(catalog: dict, request: dict, scratch: Path, concurrency: int | None = None) -> tuple[dict, dict]:
-    """This rule set's answer to one request at a point holding `catalog`, and `opa bench`'s figures."""
+def bench_query(point: EnforcementPoint, request: dict, scratch: Path, concurrency: int | None = None) -> tuple[dict, dict]:
+    """This rule set's answer to one request at `point`, and `opa bench`'s figures."""
     rule_set = current()
-    document = rule_set.data({"point": catalog})["point"]
+    document = rule_set.data({"point": point})["point"]
     data_dir = scratch / "bench-query"
     write_data(data_dir, document)
     answer = decisions(rule_set, {"query": (document, request)}, scratch)["query"]
@@ -183,10 +189,10 @@ def compare(rule_sets: list[RuleSet] | None = None, out=None) -> list[dict]:
         if rule_sets is None:
             rule_sets = [baseline(scratch), current()]
         every_case = {f"{t}-{n}": (t, n, *cases(t, n)) for t in deciding_topologies() for n in SIZES}
-        catalogs = {case: point.catalog for case, (_, _, point, _, _) in every_case.items()}
+        points = {case: point for case, (_, _, point, _, _) in every_case.items()}
         requests = {f"{case} {record}": request for case, (*_, allowed, denied) in every_case.items()
                     for record, request in (("allowed", allowed), ("denied", denied))}
-        documents = {rule_set.name: rule_set.data(catalogs) for rule_set in rule_sets}
+        documents = {rule_set.name: rule_set.data(points) for rule_set in rule_sets}
         answers = {
             rule_set.name: decisions(rule_set, {name: (documents[rule_set.name][name.rsplit(" ", 1)[0]], request)
                                                 for name, request in requests.items()}, scratch)
@@ -242,7 +248,7 @@ def run() -> int:
                 for services in SIZES:
                     point, allowed, denied = cases(topology_name, services)
                     for record, request in (("allowed", allowed), ("denied", denied)):
-                        answer, figures = bench_query(point.catalog, request, Path(scratch_name), point.concurrency)
+                        answer, figures = bench_query(point, request, Path(scratch_name), point.concurrency)
                         print(f"{topology_name:<18}{services:>8}  {point.name:<20}{len(point.catalog['instances']):>8}  {record:<8}"
                               f"{outcome(answer):<34}{figures['median_us']:>16.0f}µs{figures['allocs']:>26.0f}", flush=True)
         return 0

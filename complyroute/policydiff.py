@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from . import manifest, policydata, policyfiles
-from .engines import EngineError, envoy_compiled, envoy_opa
+from .engines import EngineError, envoy_opa, precompute
 from .manifest import REPO
 from .plan import place
 
@@ -66,7 +66,7 @@ def rule_set_at(ref: str, folder: Path) -> Path:
 
 def reference_of(policies: Path, name: str) -> dict:
     try:
-        return envoy_compiled.reference(policies)
+        return precompute.reference(policies)
     except (OSError, json.JSONDecodeError) as error:
         raise PolicyDiffError(f"the rule set {name} has no readable reference data (complyroute/reference/data.json): {error}") from None
 
@@ -99,8 +99,8 @@ def decisions(points, policies: Path, name: str, space: dict) -> dict[tuple, dic
         },
     }
     try:
-        answers = policydata.evaluate(QUERY, document, policies, modules=(envoy_compiled.DECISION_SPACE,))
-    except policydata.PolicyDataError as error:
+        answers = precompute.evaluate_split(QUERY, document, policies)
+    except EngineError as error:
         raise PolicyDiffError(f"OPA could not ask the rule set {name} what its points decide (a rule set older than this "
                               f"checkout's complyroute/engines/decision_space.rego may lack what it asks): {one_line(error)}") from None
     return {tuple(answer[:5]): answer[5] for answer in answers or []}
@@ -129,7 +129,7 @@ def compare(topology: manifest.Topology, old: Path, new: Path, base: str = "base
     # Labels either rule set knows: a code one of them adds or drops is part of the change.
     known = {key: sorted(set().union(*(r.get(key, {}) for r in references))) for key in ("regions", "categories", "purposes")}
     try:
-        consents = [None, *envoy_compiled.canonical_consents(known["purposes"])]
+        consents = [None, *precompute.canonical_consents(known["purposes"])]
     except EngineError as error:
         raise PolicyDiffError(f"policy-diff asks every consent value: {error}") from None
     space = {"regions": known["regions"], "categories": known["categories"], "consents": consents}

@@ -462,7 +462,7 @@ def start_parts(bench: Bench, scratch: Path) -> tuple[list[Pair], dict]:
         Pair("compiled engine, mTLS and label token check: Envoy deciding the hop", "envoy-compiled-token/envoy", bench.urls["envoy-compiled-token"],
              compiled_mtls, client=as_sender, token="shared"),
     ]
-    context = {"admins": admins, "opas": opas, "concurrency": central.concurrency, "listener": hop.name, "catalog": central.catalog, "sender": hop.sender, "step": hop.step,
+    context = {"admins": admins, "opas": opas, "concurrency": central.concurrency, "listener": hop.name, "point": central, "sender": hop.sender, "step": hop.step,
                "consent": LABELS["x-data-consent"].split(","), "opa_alone": opa_alone,
                "compiled": [name for name, kind, *_ in deciding if kind == "envoy-compiled"],
                "token_checked": [name for name, *_, security in deciding if security == "token"]}
@@ -509,7 +509,7 @@ def measure(bench: Bench, pairs: list[Pair], records: int, rounds: int, out=sys.
 def policy_evaluation(context: dict, scratch: Path) -> float:
     """ms per evaluation of the query Envoy asks, by `opa bench`, on the bench's check request."""
     request = policybench.envoy_input(context["sender"], context["step"], context["consent"])
-    decision, figures = policybench.bench_query(context["catalog"], request, scratch, context["concurrency"])
+    decision, figures = policybench.bench_query(context["point"], request, scratch, context["concurrency"])
     if not decision.get("allowed"):
         raise RuntimeError(f"bench: the policy does not allow the bench's record: {decision}")
     return figures["median_us"] / 1000
@@ -523,7 +523,7 @@ def entry_signing(jwk: dict, jwks: dict, scratch: Path) -> dict[str, float]:
     central = plan.points[0]
     entry = next(listener for listener in central.deciding if listener.from_client)
     rule_set = policybench.current()
-    document = rule_set.data({"point": central.catalog})["point"]
+    document = rule_set.data({"point": central})["point"]
     document = identity.Credentials(b"", {}, jwk, jwks).with_token_key(identity.Trust.of(plan), central, document)
     data_dir = scratch / "entry-signing"
     write_data(data_dir, document)

@@ -7,7 +7,7 @@ import pytest
 
 from complyroute import engines, manifest
 from complyroute.policyfiles import POLICIES
-from complyroute.engines import envoy_compiled
+from complyroute.engines import envoy_compiled, precompute
 from complyroute.plan import place
 
 
@@ -29,21 +29,13 @@ def test_digits_at_most_refuses_larger_numbers_and_other_text_denied(limit):
 
 
 def test_canonical_consents_are_every_sorted_non_empty_set_allowed():
-    values = envoy_compiled.canonical_consents(["care", "billing", "analytics"])
+    values = precompute.canonical_consents(["care", "billing", "analytics"])
     assert values == ["analytics", "billing", "care", "analytics,billing", "analytics,care", "billing,care", "analytics,billing,care"]
 
 
 def test_too_many_purposes_to_enumerate_are_refused_denied():
-    with pytest.raises(engines.EngineError, match="envoy-opa"):
-        envoy_compiled.canonical_consents([f"p{n}" for n in range(envoy_compiled.MAX_PURPOSES + 1)])
-
-
-def test_consent_classes_group_values_by_the_processed_purposes_allowed():
-    classes = envoy_compiled.consent_classes(["analytics", "billing", "care"], {"care"})
-    assert classes[None] == [None]
-    assert classes["care"] == ["care", "analytics,care", "billing,care", "analytics,billing,care"]
-    assert classes["analytics"] == ["analytics", "billing", "analytics,billing"]
-    assert sorted(v for values in classes.values() for v in values if v) == sorted(envoy_compiled.canonical_consents(["analytics", "billing", "care"]))
+    with pytest.raises(precompute.SpaceTooLarge, match="at most 10 purposes"):
+        precompute.canonical_consents([f"p{n}" for n in range(precompute.MAX_PURPOSES + 1)])
 
 
 def test_compiled_listener_sends_what_its_tree_misses_to_opa_denied():

@@ -28,7 +28,7 @@ def test_this_rule_set_and_the_baseline_decide_alike_allowed(tmp_path):
     point, allowed, denied = policybench.cases("central-entity", 5)
     said = {}
     for rule_set in (policybench.baseline(tmp_path / "baseline"), policybench.current()):
-        document = rule_set.data({point.name: point.catalog})[point.name]
+        document = rule_set.data({point.name: point})[point.name]
         answers = policybench.decisions(rule_set, {"allowed": (document, allowed), "denied": (document, denied)}, tmp_path)
         said[rule_set.name] = {record: policybench.outcome(answer) for record, answer in answers.items()}
     assert said[policybench.BASELINE_COMMIT] == said["current"] == {

@@ -1,12 +1,17 @@
 # METADATA
-# title: Decision space of enforcement points (envoy-compiled engine)
+# title: Decision space of enforcement points
 # description: |
 #   Asks the rule set, ahead of time, what Envoy would ask it at run time:
 #   data.complyroute.envoy.response for an ext_authz check of a POST /process
 #   with a JSON object as body, for every labelling of a listener's decision
-#   space. complyroute/engines/envoy_compiled.py writes the input and turns the
-#   answers into Envoy routes (`allowed`); complyroute/policydiff.py compares two
-#   rule sets' answers (`decisions`). Nothing here decides anything itself.
+#   space. The adapter's full path answers (data.complyroute.table, the
+#   precomputed table, held out), so every answer is the compliance
+#   entrypoint's, data.complyroute.compliance.decision, whatever rules it holds.
+#   complyroute/engines/precompute.py writes the input and builds the allowed
+#   table both engines use from `allowed` (quick_path.rego checks the quick path
+#   against it); complyroute/policydiff.py compares two rule sets' answers
+#   (`decisions`), of this checkout's and of older rule sets. Nothing here
+#   decides anything itself.
 #
 #   Input:
 #     points      {point: {"data": <the point's OPA data document>,
@@ -16,29 +21,43 @@
 #     categories  x-data-category values to try
 package complyroute_engines.decision_space # regal ignore:directory-package-mismatch
 
+import data.complyroute.compliance
 import data.complyroute.envoy
 
 # allowed: [point, listener, region, category, consent, destination, revision] for every
-# labelling the rule set allows without changing the labels, with the instance it chose and
-# the revision it names (the route sets both, as OPA's answer would). A labelling whose
-# answer rewrites a label (not canonical) or does more than allow is left out: Envoy keeps
-# asking OPA for it.
-allowed contains [point_name, listener_name, region, category, consent, destination, revision] if {
+# labelling the compliance entrypoint allows and whose labels it reads as they are
+# (compliance.canonical_labels: the adapter would rewrite no label), with the instance it
+# chose and the revision of the point's rule set (the route and the quick path set both, as
+# OPA's answer would). Any other labelling is left out: the point keeps asking OPA for it.
+allowed contains [point_name, listener_name, region, category, consent, decision.destination, revision] if {
 	some point_name, point in input.points
 	some listener_name, listener in point.listeners
 	some region in input.regions
 	some category in input.categories
 	some consent in listener.consents
-	request := check_request(listener, region, category, consent)
+	labels := object.union({"region": region, "category": category}, consent_label(consent))
+	direct := {"labels": labels, "record": {}, "sender": listener.sender, "step": listener.step}
 
+	# regal ignore:with-outside-test-context
+	[decision, canonical] := [compliance.decision, compliance.canonical_labels] with input as direct
+		with data.complyroute.index as point.data.complyroute.index # regal ignore:with-outside-test-context
+	decision.allowed == true
+	canonical == object.union({"consent": ""}, labels)
+	revision := point.data.complyroute.revision
+}
+
+default consent_label(_) := {}
+
+consent_label(consent) := {"consent": consent} if consent != null
+
+# The adapter's answer with the point's data and no precomputed table: the compliance
+# entrypoint decides.
+full_answer(point, request) := response if {
 	# regal ignore:with-outside-test-context
 	response := envoy.response with input as request
 		with data.complyroute.index as point.data.complyroute.index # regal ignore:with-outside-test-context
 		with data.complyroute.revision as point.data.complyroute.revision # regal ignore:with-outside-test-context
-	response.allowed == true
-	destination := response.headers["x-complyroute-destination"]
-	revision := response.headers["x-complyroute-revision"]
-	changes_nothing(request, response)
+		with data.complyroute.table as {} # regal ignore:with-outside-test-context
 }
 
 check_request(listener, region, category, consent) := {"attributes": {
@@ -94,11 +113,7 @@ decisions contains [point_name, listener_name, region, category, consent, outcom
 	some consent in listener.consents
 	request := check_request(listener, region, category, consent)
 
-	# regal ignore:with-outside-test-context
-	response := envoy.response with input as request
-		with data.complyroute.index as point.data.complyroute.index # regal ignore:with-outside-test-context
-		with data.complyroute.revision as point.data.complyroute.revision # regal ignore:with-outside-test-context
-	outcome := outcome_of(response)
+	outcome := outcome_of(full_answer(point, request))
 }
 
 outcome_of(response) := {"allowed": true, "destination": response.headers["x-complyroute-destination"]} if {

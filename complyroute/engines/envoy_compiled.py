@@ -1,136 +1,54 @@
 """envoy-compiled: OPA decides each point's hops ahead of time; Envoy routes the allowed ones itself.
 
-At configuration time OPA evaluates the query Envoy would ask it at run time
-(data.complyroute.envoy.response, see decision_space.rego) over each deciding listener's
-finite decision space:
+The rule set's allowed answers over each deciding listener's decision space (precompute.py:
+every known region and category, consent absent or any canonical value, the listener's sender
+and step) become, for every listener whose records come from a service, a leaf of an Envoy
+matcher tree on its route configuration: category, then region (exact maps), then consent (one
+regular expression of the allowed values per destination), routing straight to the chosen
+instance with ext_authz disabled. Everything else misses the tree and takes the decision route,
+which asks OPA exactly as envoy-opa does (its OPA holds the same allowed table for its quick
+path): unknown, malformed, non-canonical, repeated (Envoy's matcher input joins repeated headers
+with ",") or contradictory labels, denials (so every refusal keeps its status, code and
+message), a record (POST /process) with a content-length above MAX_RECORD_BYTES or none, a
+record OPA already decided (the routing header is present), and every record of a rule set that
+reads what the space does not enumerate (it has no allowed table). A request that is not a
+record is refused by Envoy (404, 405, 400) as the decision route's listener refuses it.
+Listeners whose records come from a client keep asking OPA for every record: the body is
+checked there, and nothing before has canonicalised the labels.
 
-- every known region (x-data-region) and every known category (x-data-category);
-- consent (x-data-consent) absent, or any canonical value: known purposes, sorted, each once,
-  joined with ",". Values that differ only in purposes no instance of the point's catalog
-  processes for are tried once, with the shortest of them standing for all;
-- the listener's sender and step, which the listener pins.
-
-Each labelling the rule set allows, without rewriting a label, becomes a leaf of an Envoy
-matcher tree on the listener's route configuration: category, then region (exact maps), then
-consent (one regular expression of the allowed values per destination), routing straight to
-the chosen instance with ext_authz disabled. Everything else misses the tree and takes the
-decision route, which asks OPA exactly as envoy-opa does: unknown, malformed, non-canonical,
-repeated (Envoy's matcher input joins repeated headers with ",") or contradictory labels,
-denials (so every refusal keeps its status, code and message), a record (POST /process) with
-a content-length above MAX_RECORD_BYTES or none, and a record OPA already decided (the routing
-header is present). A request that is not a record is refused by Envoy (404, 405, 400) as the
-decision route's listener refuses it. Listeners whose records come from a client keep asking OPA for every record:
-the body is checked there, and nothing before has canonicalised the labels.
-
-The tree's leaves come from OPA's answers only; a differential test (tests/e2e/
-test_engines_differential.py) checks that both engines answer every point of the space and
-thousands of hostile labellings alike.
+The tree's leaves come from OPA's answers only. Before a point takes its routes, check_routes
+walks each listener's tree over the whole space as Envoy would and refuses (EngineError, naming
+the point and the first labelling) unless it routes exactly the allowed labellings, each to the
+rule set's destination; a differential test (tests/e2e/test_engines_differential.py) checks
+that both engines answer every point of the space and thousands of hostile labellings alike.
 """
 
 from __future__ import annotations
 
-import itertools
-import json
 import re
 from collections import defaultdict
 from pathlib import Path
 
-from .. import enforcement, policydata
-from ..enforcement import MAX_RECORD_BYTES, ROUTING_HEADER, EnforcementPoint
-from . import EngineError, PointConfig, envoy_opa
-
-DECISION_SPACE = Path(__file__).with_name("decision_space.rego")
-QUERY = "data.complyroute_engines.decision_space.allowed"
-# Consent is enumerated over every combination of known purposes: 2^n values.
-MAX_PURPOSES = 10
+from .. import enforcement
+from ..enforcement import MAX_RECORD_BYTES, REVISION_HEADER, ROUTING_HEADER, EnforcementPoint
+from . import EngineError, PointConfig, envoy_opa, precompute
 
 HEADER_INPUT = "type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput"
 ROUTE_ACTION = "type.googleapis.com/envoy.config.route.v3.Route"
 
 
-# ---- the decision space ------------------------------------------------------------------
-
-
-def canonical_consents(purposes: list[str]) -> list[str]:
-    """Every canonical x-data-consent value: a non-empty set of purposes, sorted, joined with ","."""
-    if len(purposes) > MAX_PURPOSES:
-        raise EngineError(
-            f"envoy-compiled enumerates every combination of consent purposes; the reference data has "
-            f"{len(purposes)} (2^{len(purposes)} combinations, at most {MAX_PURPOSES} purposes): use engine.kind envoy-opa"
-        )
-    ordered = sorted(purposes)
-    return [",".join(chosen) for size in range(1, len(ordered) + 1) for chosen in itertools.combinations(ordered, size)]
-
-
-def consent_classes(purposes: list[str], processed: set[str]) -> dict[str | None, list[str | None]]:
-    """Canonical consent values grouped by what they say about the `processed` purposes.
-
-    Keyed by the value that stands for its group (the first: fewest purposes, then
-    alphabetical); None is the absent header, a group of its own.
-    """
-    classes: dict[str | None, list[str | None]] = {None: [None]}
-    by_seen: dict[frozenset, list[str]] = {}
-    for value in canonical_consents(purposes):
-        by_seen.setdefault(frozenset(value.split(",")) & processed, []).append(value)
-    for values in by_seen.values():
-        classes[values[0]] = values
-    return classes
-
-
-def processed_purposes(catalog: dict) -> set[str]:
-    """Every purpose some instance of a point's catalog processes for (list or comma-separated)."""
-    purposes = set()
-    for instance in catalog.get("instances", {}).values():
-        value = instance.get("purposes", [])
-        items = value.split(",") if isinstance(value, str) else value
-        purposes |= {item.strip() for item in items if item.strip()}
-    return purposes
-
-
-def reference(policies: Path) -> dict:
-    return json.loads((policies / "complyroute" / "reference" / "data.json").read_text())
-
-
-def evaluate(points: list[EnforcementPoint], policies: Path, data: dict[str, dict]) -> dict[tuple[str, str], dict[tuple[str, str], dict[str | None, tuple[str, str]]]]:
-    """OPA's allowed outcomes: {(point, listener): {(category, region): {consent: (destination, revision)}}}.
-
-    `data`: each point's OPA data document (envoy_opa.opa_data).
-    """
-    known = reference(policies)
-    classes_by_point = {p.name: consent_classes(list(known["purposes"]), processed_purposes(p.catalog)) for p in points}
-    space = {
-        "regions": sorted(known["regions"]),
-        "categories": sorted(known["categories"]),
-        "points": {
-            point.name: {
-                "data": data[point.name],
-                "listeners": {
-                    listener.name: {"sender": listener.sender, "step": listener.step, "consents": list(classes_by_point[point.name])}
-                    for listener in compiled_listeners(point)
-                },
-            }
-            for point in points
-            if compiled_listeners(point)
-        },
-    }
-    outcomes: dict = defaultdict(lambda: defaultdict(dict))
-    if not space["points"]:
-        return outcomes
-    try:
-        allowed = policydata.evaluate(QUERY, space, policies, modules=(DECISION_SPACE,))
-    except policydata.PolicyDataError as error:
-        raise EngineError(f"envoy-compiled: OPA could not evaluate the decision space: {error}") from None
-    if allowed is None:
-        raise EngineError(f"envoy-compiled: {QUERY} is undefined over the decision space")
-    for point, listener, region, category, consent, destination, revision in allowed:
-        for value in classes_by_point[point][consent]:
-            outcomes[(point, listener)][(category, region)][value] = (destination, revision)
-    return outcomes
-
-
 def compiled_listeners(point: EnforcementPoint):
-    """The listeners whose allowed hops are compiled: all but those taking records from clients."""
-    return [listener for listener in point.deciding if not listener.from_client]
+    """The listeners whose allowed hops are compiled: all that pin their step but those taking
+    records from clients."""
+    return [listener for listener in point.deciding if listener.step and not listener.from_client]
+
+
+def outcomes_by_listener(precomputed: precompute.Precomputed) -> dict[tuple[str, str], dict[tuple[str, str], dict[str | None, tuple[str, str]]]]:
+    """The allowed answers as {(point, listener): {(category, region): {consent: (destination, revision)}}}."""
+    outcomes: dict = defaultdict(lambda: defaultdict(dict))
+    for (point, listener, region, category, consent), outcome in precomputed.outcomes.items():
+        outcomes[(point, listener)][(category, region)][consent] = outcome
+    return outcomes
 
 
 # ---- Envoy's matcher tree ----------------------------------------------------------------
@@ -244,9 +162,96 @@ def listener_matcher(outcomes: dict[tuple[str, str], dict[str | None, tuple[str,
     }
 
 
+# ---- the guard: the tree as Envoy walks it -----------------------------------------------------
+
+
+def _string_matches(match: dict, value: str | None) -> bool:
+    if value is None:  # an absent header matches no value
+        return False
+    if "exact" in match:
+        return value == match["exact"]
+    if "safe_regex" in match:
+        return re.fullmatch(match["safe_regex"]["regex"], value) is not None
+    raise EngineError(f"check_routes: a string match it cannot evaluate: {match}")
+
+
+def _predicate_holds(predicate: dict, headers: dict[str, str]) -> bool:
+    if "single_predicate" in predicate:
+        single = predicate["single_predicate"]
+        return _string_matches(single["value_match"], headers.get(single["input"]["typed_config"]["header_name"]))
+    if "and_matcher" in predicate:
+        return all(_predicate_holds(p, headers) for p in predicate["and_matcher"]["predicate"])
+    if "or_matcher" in predicate:
+        return any(_predicate_holds(p, headers) for p in predicate["or_matcher"]["predicate"])
+    if "not_matcher" in predicate:
+        return not _predicate_holds(predicate["not_matcher"], headers)
+    raise EngineError(f"check_routes: a predicate it cannot evaluate: {sorted(predicate)}")
+
+
+def _on_match(on_match: dict | None, headers: dict[str, str]) -> dict | None:
+    if on_match is None:
+        return None
+    return on_match["action"] if "action" in on_match else matched_action(on_match["matcher"], headers)
+
+
+def matched_action(matcher: dict, headers: dict[str, str]) -> dict | None:
+    """The action Envoy's matcher tree `matcher` takes for a request with `headers` (the
+    constructs listener_matcher writes: matcher lists, exact maps, header predicates)."""
+    if "matcher_list" in matcher:
+        for candidate in matcher["matcher_list"]["matchers"]:
+            if _predicate_holds(candidate["predicate"], headers):
+                action = _on_match(candidate["on_match"], headers)
+                if action is not None:
+                    return action
+    elif "matcher_tree" in matcher:
+        tree = matcher["matcher_tree"]
+        value = headers.get(tree["input"]["typed_config"]["header_name"])
+        branch = tree["exact_match_map"]["map"].get(value) if value is not None else None
+        action = _on_match(branch, headers)
+        if action is not None:
+            return action
+    return _on_match(matcher.get("on_no_match"), headers)
+
+
+def routed_outcome(action: dict) -> tuple[str, str] | None:
+    """(destination, revision) of a route that decided ahead of time; None where OPA decides."""
+    route = action["typed_config"]
+    if "cluster" not in route.get("route", {}):
+        return None
+    revision = next(h["header"]["value"] for h in route.get("request_headers_to_add", []) if h["header"]["key"] == REVISION_HEADER)
+    return (route["route"]["cluster"], revision)
+
+
+def check_routes(point: EnforcementPoint, matchers: dict[str, dict], precomputed: precompute.Precomputed) -> None:
+    """Refuses (EngineError) unless every compiled listener's tree, walked as Envoy walks it over
+    the listener's decision space, routes exactly the labellings the rule set allows, each to the
+    rule set's destination and revision."""
+    space = precomputed.space
+    if point.name not in space["points"]:
+        return
+    compiled = {listener.name for listener in compiled_listeners(point)}
+    only_compiled = {**space, "points": {point.name: {**space["points"][point.name], "listeners": {
+        name: pinned for name, pinned in space["points"][point.name]["listeners"].items() if name in compiled}}}}
+    expected, routed = {}, {}
+    for labelling in precompute.labellings(only_compiled):
+        _, listener, region, category, consent = labelling
+        headers = {":method": "POST", ":path": enforcement.RECORD_PATH, "content-type": "application/json", "content-length": "2",
+                   "x-data-region": region, "x-data-category": category, **({"x-data-consent": consent} if consent is not None else {})}
+        action = matched_action(matchers[listener], headers)
+        if action is None:
+            raise EngineError(f"point {point.name}: listener {listener}'s routes answer nothing for {labelling}")
+        if (outcome := routed_outcome(action)) is not None:
+            routed[labelling] = outcome
+        if labelling in precomputed.outcomes:
+            expected[labelling] = precomputed.outcomes[labelling]
+    if routed != expected:
+        raise EngineError("the compiled routes would not answer as the rule set does, so nothing was changed: "
+                          + precompute.first_difference(point.name, expected, routed, only_compiled, "the compiled route"))
+
+
 def configure(points: list[EnforcementPoint], settings: dict, policies: Path, trust: dict) -> dict[str, PointConfig]:
-    data = envoy_opa.opa_data(points, policies)
-    outcomes = evaluate(points, policies, data)
+    data, precomputed = envoy_opa.decided_data(points, policies)
+    outcomes = outcomes_by_listener(precomputed)
     hop_timeout = enforcement.hop_timeout_of(settings)
     configs = {}
     for point in points:
@@ -254,5 +259,6 @@ def configure(points: list[EnforcementPoint], settings: dict, policies: Path, tr
             listener.name: listener_matcher(outcomes.get((point.name, listener.name), {}), hop_timeout)
             for listener in compiled_listeners(point)
         }
+        check_routes(point, matchers, precomputed)
         configs[point.name] = envoy_opa.point_config(point, settings, data.get(point.name), matchers, trust.get(point.name))
     return configs

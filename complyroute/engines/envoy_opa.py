@@ -1,12 +1,17 @@
-"""envoy-opa: Envoy asks OPA (opa-envoy-plugin, ext_authz) before every hop."""
+"""envoy-opa: Envoy asks OPA (opa-envoy-plugin, ext_authz) before every hop.
+
+OPA answers most allowed hops by a lookup in the point's allowed table, the rule set's own
+answers precomputed at deploy and reload (precompute.py), and evaluates the rule set for the
+rest."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from .. import bundles, enforcement, policydata
 from ..enforcement import EnforcementPoint
-from . import PointConfig
+from . import PointConfig, precompute
 
 
 def opa_data(points: list[EnforcementPoint], policies: Path) -> dict[str, dict]:
@@ -17,6 +22,16 @@ def opa_data(points: list[EnforcementPoint], policies: Path) -> dict[str, dict]:
     return {point: {**data, "complyroute": {**data.get("complyroute", {}), "revision": revision}} for point, data in documents.items()}
 
 
+def decided_data(points: list[EnforcementPoint], policies: Path) -> tuple[dict[str, dict], precompute.Precomputed]:
+    """opa_data with each point's allowed table (precompute.py), checked against the rule set,
+    and the answers the tables hold."""
+    data = opa_data(points, policies)
+    precomputed = precompute.precompute(points, policies, data)
+    if precomputed.skipped:
+        print(f"complyroute: no allowed table, every hop asks OPA: {precomputed.skipped}", file=sys.stderr)
+    return precompute.with_tables(data, precomputed), precomputed
+
+
 def point_config(point: EnforcementPoint, settings: dict, data: dict | None, matchers: dict[str, dict] | None = None, trust=None) -> PointConfig:
     if not point.deciding:  # a point that only forwards (baseline, a last step's sidecar) needs no OPA
         return PointConfig(enforcement.envoy_config(point, settings, trust=trust), None, None)
@@ -25,5 +40,5 @@ def point_config(point: EnforcementPoint, settings: dict, data: dict | None, mat
 
 
 def configure(points: list[EnforcementPoint], settings: dict, policies: Path, trust: dict) -> dict[str, PointConfig]:
-    data = opa_data(points, policies)
+    data, _ = decided_data(points, policies)
     return {point.name: point_config(point, settings, data.get(point.name), trust=trust.get(point.name)) for point in points}

@@ -190,7 +190,7 @@ record_violations contains violation(rego.metadata.rule(), detail) if {
 #   message: the sender is not in this enforcement point's catalog
 record_violations contains violation(rego.metadata.rule(), detail) if {
 	not sender_known
-	detail := sprintf("sender %s is neither an instance nor a gateway", [shown("sender")])
+	detail := sprintf("sender %s is neither an instance nor a gateway", [shown_sender])
 }
 
 # METADATA
@@ -202,7 +202,7 @@ record_violations contains violation(rego.metadata.rule(), detail) if {
 record_violations contains violation(rego.metadata.rule(), detail) if {
 	count(candidates) == 0
 	known := concat(", ", sort(object.keys(object.get(index, "steps", {}))))
-	detail := sprintf("step %s (steps here: %s)", [shown("step"), known])
+	detail := sprintf("step %s (steps here: %s)", [shown_step, known])
 }
 
 # --- exclusions (status 451 when every candidate is excluded) -----------------
@@ -271,7 +271,7 @@ destination := min(preferred_ids) if {
 	count(allowed_ids) > 0
 }
 
-no_instance_summary := sprintf("no instance of step %s may receive this record", [shown("step")])
+no_instance_summary := sprintf("no instance of step %s may receive this record", [shown_step])
 
 # --- helpers ------------------------------------------------------------------
 
@@ -302,7 +302,14 @@ listed(values) := "none" if {
 	count(values) == 0
 } else := concat(",", sort(values))
 
-# shown(key): an input field as JSON, for messages ("nothing" when absent).
-shown(key) := json.marshal(input[key]) if {
-	input[key]
-} else := "nothing"
+# shown_sender, shown_step: an input field as JSON, for messages ("nothing" when absent).
+# Rules rather than one function of the key: each names the input field it reads, so that
+# the control plane's check of what the decision reads (complyroute/engines/precompute.py)
+# sees a plain reference.
+default shown_sender := "nothing"
+
+shown_sender := json.marshal(input.sender) if input.sender
+
+default shown_step := "nothing"
+
+shown_step := json.marshal(input.step) if input.step

@@ -7,9 +7,10 @@
 #   (its "path" setting: complyroute/envoy/response) and runs with
 #   skip-request-body-parse, so the body arrives as a raw string.
 #
-#   Most hops are allowed, and most are decided by lookups: `response` first
-#   tries the quick path (see there), and only when that does not apply asks
-#   the compliance policy, which decides and explains every other case.
+#   Most hops are allowed, and most are decided by a lookup: `response` first
+#   tries the quick path (see there), the compliance policy's own answers
+#   precomputed, and only when that does not apply asks the compliance policy,
+#   which decides and explains every other case.
 #
 #   The sender is the verified peer when Envoy names one (mutual TLS:
 #   attributes.source.principal), else the route's contextExtensions.sender
@@ -212,52 +213,68 @@ response := token_answer if {
 # METADATA
 # title: Answer
 # description: |
-#   Most hops are allowed, and the quick path decides them by lookups in the
-#   point's index, without evaluating a rule of the compliance policy: when
-#   the region and category labels are codes of the reference data as they
-#   are, the consent label is canonical (index.consents: known purposes,
-#   sorted, each once), the body is a JSON object, the route pins the step and
-#   the sender is known (the verified peer, else the route's, see `sender`,
-#   and they do not disagree), and the instance the destination rule prefers
-#   for them (index.preferred) holds what the labels ask (index.asks) and is
-#   consented what it needs (its needs), then no record-level rule can apply
-#   and that instance is the destination the compliance policy would choose.
-#   Labels arrive canonical from every point that allowed a hop before; a
-#   client's consent values in another order take the same path sorted
-#   (quick_consent_label). The index states asks and needs from the exclusion
-#   rules (indexing.rego); the tests check on every scenario that the quick
-#   path answers as the compliance policy does. Anything else (other label
-#   forms, a preferred instance that is excluded, every denial) is the
-#   compliance policy's, with its reasons.
-answer := {"allowed": true, "headers": {
-	"x-complyroute-destination": destination,
-	"x-data-region": region,
-	"x-data-category": category,
-	"x-data-consent": quick_consent_label,
-	"x-complyroute-revision": revision,
-}} if {
-	index := data.complyroute.index
-	consent := index.consents[quick_consent_label]
-	checked := input.attributes.request.http
-	region := checked.headers["x-data-region"]
-	category := checked.headers["x-data-category"]
-	json.is_valid(checked.body)
-	startswith(checked.body, "{")
-	step := input.attributes.contextExtensions.step
-	destination := index.preferred[sender][step]
-	candidate := index.steps[step][destination]
-	object.subset(candidate, index.asks[region][category])
-	object.subset(consent, candidate.needs[category])
+#   Most hops are allowed, and most are answered by the quick path
+#   (`quick_answer`), a lookup in the point's precomputed table; everything
+#   else is the compliance policy's, with its reasons.
+answer := quick_answer if {
+	quick_answer
 } else := allowed_response if {
 	decision.allowed == true
 } else := denial_response(decision, request_id)
 
-# The consent label the quick path looks up: as it came when canonical (every point after
-# the entry), else sorted, as a client may send its values in another order.
-quick_consent_label := label if {
-	label := input.attributes.request.http.headers["x-data-consent"]
-	data.complyroute.index.consents[label]
-} else := concat(",", sort(split(headers["x-data-consent"], ",")))
+# METADATA
+# title: Quick path
+# description: |
+#   The answer the compliance policy gave ahead of time, looked up in
+#   data.complyroute.table: sender -> step -> region -> category ->
+#   {"consents": {canonical consent value: entry}, "without": entry}, entry
+#   {"destination"}. The control plane writes the table at deploy and at reload
+#   by evaluating this adapter's full path, and so the compliance entrypoint,
+#   over the point's decision space (complyroute/engines/precompute.py): only
+#   labellings the rule set allows without rewriting a label, and only when no
+#   rule the decision depends on reads what was not enumerated (the record
+#   beyond its being a JSON object, the request id, the clock, another
+#   non-deterministic built-in). Before a point takes a table, the control
+#   plane checks over its decision space that this rule answers exactly the
+#   table's labellings, as the full path does. It applies when the labels are
+#   as the table has them (canonical: the form every point that allowed a hop
+#   writes), the body is a JSON object, the route pins the step and the sender
+#   is known (the verified peer, else the route's, see `sender`); a point
+#   without a table never takes it.
+quick_answer := quick_answer_of(input.attributes, sender, data.complyroute.table, revision)
+
+# The quick path as a function of the check request's attributes, the sender, the table and
+# the revision, so that the control plane's check of it (decision_space.rego `quick`) calls it
+# directly, without replacing the input of every rule for each labelling.
+quick_answer_of(attributes, from, table, rule_set_revision) := response if {
+	checked := attributes.request.http
+	region := checked.headers["x-data-region"]
+	category := checked.headers["x-data-category"]
+	labelled := table[from][attributes.contextExtensions.step][region][category]
+	json.is_valid(checked.body)
+	startswith(checked.body, "{")
+	response := quick_response(labelled, checked.headers, {
+		"x-data-region": region,
+		"x-data-category": category,
+		"x-complyroute-revision": rule_set_revision,
+	})
+}
+
+# The table's entry for the consent label as it came, or for no consent label.
+quick_response(labelled, given, labels) := {"allowed": true, "headers": object.union(labels, {
+	"x-data-consent": consent,
+	"x-complyroute-destination": entry.destination,
+})} if {
+	consent := given["x-data-consent"]
+	entry := labelled.consents[consent]
+} else := {
+	"allowed": true,
+	"headers": object.union(labels, {"x-complyroute-destination": entry.destination}),
+	"request_headers_to_remove": ["x-data-consent"],
+} if {
+	not given["x-data-consent"]
+	entry := labelled.without
+}
 
 denial_response(refusal, id) := {
 	"allowed": false,

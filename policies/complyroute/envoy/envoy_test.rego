@@ -452,37 +452,61 @@ as_check_request(direct) := {"attributes": {
 	"contextExtensions": {key: value | some key in ["sender", "step"]; value := direct[key]},
 }}
 
-# answer(scenario): the plugin result; explained(scenario): the compliance
-# policy's own, with the quick path out of the way (no preferred instance to try).
+# The table the control plane would write for a scenario's point: the full path's answer
+# (no table), when it allows the hop without rewriting a label, under the sender, step and
+# labels the request has (complyroute/engines/precompute.py builds it so, over every
+# labelling of the point's decision space); empty otherwise.
+table_for(scenario) := table if {
+	full := explained(scenario)
+	full.allowed == true
+	given := scenario.request.attributes.request.http.headers
+	every name in ["x-data-region", "x-data-category", "x-data-consent"] {
+		object.get(full.headers, name, null) == object.get(given, name, null)
+	}
+	sender := envoy.sender with input as scenario.request
+	entry := {"destination": full.headers["x-complyroute-destination"]}
+	slot := table_slot(given, entry)
+	step := scenario.request.attributes.contextExtensions.step
+	table := {sender: {step: {given["x-data-region"]: {given["x-data-category"]: slot}}}}
+} else := {}
+
+table_slot(given, entry) := {"consents": {given["x-data-consent"]: entry}} if {
+	given["x-data-consent"]
+} else := {"without": entry}
+
+# answer(scenario): the plugin result with the point's table; explained(scenario): the
+# compliance policy's own, without one.
 answer(scenario) := response if {
 	response := envoy.response with input as scenario.request
 		with data.complyroute.index as scenario.index
+		with data.complyroute.table as table_for(scenario)
 }
 
 explained(scenario) := response if {
 	response := envoy.response with input as scenario.request
-		with data.complyroute.index as object.remove(scenario.index, ["preferred"])
+		with data.complyroute.index as scenario.index
 }
 
 # Answered by the quick path: allowed though the compliance policy would deny everything.
 quick(scenario) if {
 	response := envoy.response with input as scenario.request
 		with data.complyroute.index as scenario.index
+		with data.complyroute.table as table_for(scenario)
 		with compliance.decision as {"allowed": false, "status": 400, "code": "NOT_ASKED"}
 	response.allowed == true
 }
 
 quick_answers(outcome) := {name | some name, scenario in scenarios[outcome]; quick(scenario)}
 
-# The quick path answers every allowed scenario but those it leaves to the
-# compliance policy (for the reason given), and it answers as the compliance
-# policy does. (Where it does not answer, the compliance policy answers alone.)
+# With its table, the quick path answers every allowed scenario but those it leaves to the
+# compliance policy (for the reason given), and it answers as the compliance policy does.
+# (Where it does not answer, the compliance policy answers alone.)
 test_quick_path_allowed if {
 	answered := quick_answers("allowed")
 	object.keys(scenarios.allowed) - answered == object.keys(left_to_the_compliance_policy)
 	disagreements := {name: answers |
-		some name in answered
-		answers := [answer(scenarios.allowed[name]), explained(scenarios.allowed[name])]
+		some name, scenario in scenarios.allowed
+		answers := [answer(scenario), explained(scenario)]
 		answers[0] != answers[1]
 	}
 	disagreements == {}
@@ -494,18 +518,45 @@ left_to_the_compliance_policy := {
 	"adapter: the destination header a client sent is replaced": "the route pins no step",
 	"adapter: snake_case context_extensions (v2 API) are read too": "no contextExtensions",
 	"peer identity: snake_case context_extensions with a verified peer": "no contextExtensions",
-	"labels: the same region repeated is one region": "a label that is not a plain code",
-	"labels: blanks around values are ignored": "a label that is not a plain code",
-	"canonical labels: blanks, repeats and unsorted consent are rewritten": "a label that is not a plain code",
-	"canonical labels: anonymous record with consent keeps it": "a label that is not a plain code",
-	"canonical labels: anonymous record without consent: the consent header is removed": "no consent purposes",
-	"anonymous: anonymous data needs no consent": "no consent label",
-	"adequacy: CH is adequate for EU personal data (US sender, US replica excluded)": "the preferred instance is excluded",
-	"routing: US sender, EU subject: preferred US replica excluded": "the preferred instance is excluded",
+	"labels: the same region repeated is one region": "a label that is not canonical",
+	"labels: blanks around values are ignored": "a label that is not canonical",
+	"canonical labels: blanks, repeats and unsorted consent are rewritten": "a label that is not canonical",
+	"canonical labels: anonymous record with consent keeps it": "a label that is not canonical",
+	"canonical labels: anonymous record without consent: the consent header is removed": "a label that is not canonical",
+	"canonical labels: consent values in another order are sorted": "a label that is not canonical",
 }
 
-# A denial is always the compliance policy's, reasons and all.
+# A denial is always the compliance policy's, reasons and all: it has no table entry.
 test_quick_path_denied if quick_answers("denied") == set()
+
+# The quick path answers from its table only: without one (a point whose rule set reads what
+# cannot be enumerated, policy-diff, the decision space itself) it answers nothing.
+test_quick_path_without_table_denied if {
+	answered := {name |
+		some name, scenario in scenarios.allowed
+		envoy.quick_answer with input as scenario.request with data.complyroute.index as scenario.index
+	}
+	answered == set()
+}
+
+# A table entry is for a record: the same labels with a body that is no JSON object are the
+# compliance policy's (400 RECORD_MALFORMED), as is a labelling the table does not hold.
+test_quick_path_checks_the_record_denied if {
+	scenario := scenarios.allowed["routing: EU sender: EU replica with the smallest id"]
+	not_an_object := compliance_test.apply(scenario.request, set_body("[1]"), "set", "unset")
+	response := envoy.response with input as not_an_object
+		with data.complyroute.index as scenario.index
+		with data.complyroute.table as table_for(scenario)
+	response.http_status == 400
+	json.unmarshal(response.body).code == "RECORD_MALFORMED"
+}
+
+test_quick_path_checks_the_record_allowed if {
+	scenario := scenarios.allowed["routing: EU sender: EU replica with the smallest id"]
+	envoy.quick_answer with input as scenario.request
+		with data.complyroute.index as scenario.index
+		with data.complyroute.table as table_for(scenario)
+}
 
 # The adapted direct input, checked once in full; absent headers and body stay absent.
 test_direct_input_allowed if {
@@ -577,8 +628,8 @@ now_ns := 1700000000123456789
 issuing := set_context("label_token", "issue")
 
 # respond_issuing(change, token): the plugin result for the changed request with `token` as
-# data.complyroute.token ("absent": none loaded), with the point's index as it is
-# ("quick") or without the quick path's preferred instances ("compliance policy").
+# data.complyroute.token ("absent": none loaded), with the point's table ("quick") or
+# without one ("compliance policy").
 respond_issuing(change, token, path) := [result |
 	request := compliance_test.apply(base_request, change, "set", "unset")
 	index := indexing.index(compliance_test.apply(
@@ -587,24 +638,26 @@ respond_issuing(change, token, path) := [result |
 		"catalog_set",
 		"catalog_unset",
 	))
-	used_index := object.remove(index, {"compliance policy": ["preferred"], "quick": []}[path])
-	result := issued_with(request, used_index, token)
+	table := {"compliance policy": {}, "quick": table_for({"request": request, "index": index})}[path]
+	result := issued_with(request, index, table, token)
 ]
 
-issued_with(request, index, "absent") := result if {
+issued_with(request, index, table, "absent") := result if {
 	result := envoy.response with input as request
 		with data.complyroute.index as index
+		with data.complyroute.table as table
 		with data.complyroute.revision as revision_under_test
 		with time.now_ns as now_ns
 }
 
-issued_with(request, index, token) := result if {
+issued_with(request, index, table, token) := result if {
 	token != "absent"
 
 	# regal ignore:unresolved-reference
 	result := envoy.response with data.complyroute.token as token
 		with input as request
 		with data.complyroute.index as index
+		with data.complyroute.table as table
 		with data.complyroute.revision as revision_under_test
 		with time.now_ns as now_ns
 }

@@ -31,34 +31,9 @@ documents[point] := {"complyroute": {"index": index(catalog)}} if some point, ca
 #                              GDPR subjects (gdpr: true, or adequate)
 #              certifications  {certification: true}
 #              purposes        {purpose: true}
-#              needs           category -> the consent a record of that
-#                              category needs to go there: its purposes for a
-#                              personal category, else {}
-# and, for the Envoy adapter's quick path (data.complyroute.envoy.response):
-#   preferred  sender -> step -> id: the candidate the destination rule tries
-#              first, the smallest id in the sender's region, else the
-#              smallest id
-#   asks       region -> category -> what a record so labelled asks of an
-#              instance, as a part of its candidate entry: protected: true for
-#              personal data of a GDPR subject, and the certifications the
-#              category requires
-#   consents   canonical consent label -> {purpose: true}: every non-empty set
-#              of known purposes, sorted, each once, joined with "," (2^n - 1
-#              labels for n purposes: 63 for the reference data's 6)
-# `needs` and `asks` restate the exclusion rules of data.complyroute.compliance
-# (residency, certification, purpose limitation) as data: an instance may
-# receive a record if its candidate entry holds what the labels ask and the
-# consent covers what it needs.
 index(catalog) := {
 	"senders": senders,
 	"steps": steps,
-	"preferred": {id: {step: preferred(candidates, sender) | some step, candidates in steps} | some id, sender in senders},
-	"asks": {region: {category: asks(region_info, category_info) |
-		some category, category_info in reference.categories
-	} |
-		some region, region_info in reference.regions
-	},
-	"consents": consents,
 } if {
 	instances := object.get(catalog, "instances", {})
 	senders := object.union(
@@ -77,31 +52,8 @@ located(entry) := {"region": region} if {
 candidate(instance) := object.union(located(instance), {
 	"protected": object.get(instance, "region", null) in protected_regions,
 	"certifications": {item: true | some item in as_set(object.get(instance, "certifications", []))},
-	"purposes": purposes,
-	"needs": {category: needs(info, purposes) | some category, info in reference.categories},
-}) if {
-	purposes := {item: true | some item in as_set(object.get(instance, "purposes", []))}
-}
-
-needs(category_info, purposes) := purposes if {
-	category_info.personal == true
-} else := {}
-
-asks(region_info, category_info) := object.union(
-	{"certifications": {required: true | required := category_info.requires_certification}},
-	{"protected": true | category_info.personal == true; region_info.gdpr == true},
-)
-
-preferred(candidates, sender) := min(in_region) if {
-	in_region := {id | some id, candidate in candidates; candidate.region == sender.region}
-	count(in_region) > 0
-} else := min(object.keys(candidates))
-
-consents[concat(",", chosen)] := {purpose: true | some purpose in chosen} if {
-	known := sort(object.keys(reference.purposes))
-	some set_bits in numbers.range(1, bits.lsh(1, count(known)) - 1)
-	chosen := [purpose | some i, purpose in known; bits.and(set_bits, bits.lsh(1, i)) != 0]
-}
+	"purposes": {item: true | some item in as_set(object.get(instance, "purposes", []))},
+})
 
 # Regions an instance may be in to receive personal data of GDPR subjects.
 protected_regions := {code | some code, info in reference.regions; info.gdpr == true} | {code |

@@ -1,0 +1,404 @@
+"""The allowed table: the rule set's own answers, asked ahead of time, for both engines.
+
+Most hops are allowed, and a point should not evaluate the whole rule set for each. So at
+deploy and at reload the control plane asks the rule set, once, what each deciding listener
+would answer for every labelling of its decision space (decision_space.rego `allowed`: the
+Envoy adapter's full path, which is the compliance entrypoint,
+data.complyroute.compliance.decision, whatever rules it holds):
+
+- every known region (x-data-region) and every known category (x-data-category), as they are;
+- consent (x-data-consent) absent, or any canonical value: known purposes, sorted, each once,
+  joined with "," (2^n values for n purposes, every one asked: nothing here assumes which
+  purposes a rule set can tell apart);
+- the listener's sender and step, which the listener pins (a listener that takes its step
+  from a header has no space: its records always ask OPA).
+
+The labellings the rule set allows without rewriting a label become
+- data.complyroute.table, which every deciding point's OPA loads and the adapter's quick path
+  looks up (envoy.rego `quick_answer`);
+- under envoy-compiled, Envoy routes too (envoy_compiled.listener_matcher).
+Nothing here restates a rule: a rule an author adds is in the answers the next deploy or
+reload asks for.
+
+A table is built only when no rule the decision depends on reads what the space does not
+enumerate (`unenumerated_reads`): the record beyond its being a JSON object (the quick path
+checks that much of the body), the request id, the clock or another non-deterministic
+built-in. A rule set that does gets no table: every decision is OPA's, with the body.
+
+The guard: before a point takes its table, `check_quick_path` has OPA evaluate the quick
+path with it over the whole space, and refuses (EngineError, naming the point and the first
+labelling) unless it answers exactly the allowed labellings, as the full path does. The
+compiled engine checks its routes the same way (envoy_compiled.check_routes).
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import itertools
+import json
+import subprocess
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import policydata
+from ..enforcement import EnforcementPoint
+from ..manifest import REPO
+from ..policyfiles import OPA, ignore_flags, is_test
+from . import EngineError
+
+DECISION_SPACE = Path(__file__).with_name("decision_space.rego")
+QUICK_PATH = Path(__file__).with_name("quick_path.rego")
+ALLOWED = "data.complyroute_engines.decision_space.allowed"
+QUICK = "data.complyroute_engines.quick_path.quick"
+ENTRYPOINTS = ("data.complyroute.compliance.decision", "data.complyroute.compliance.canonical_labels")
+# Consent is enumerated over every combination of known purposes: 2^n values.
+MAX_PURPOSES = 10
+# Answers already asked, by the hash of everything they depend on (build/ is not committed).
+MODULES = (DECISION_SPACE, QUICK_PATH)
+CACHE = REPO / "build" / "decision-space"
+CACHE_ENTRIES = 64
+
+# Labelling: (point, listener, region, category, consent or None).
+Labelling = tuple[str, str, str, str, str | None]
+
+
+@dataclass(frozen=True)
+class Precomputed:
+    """The rule set's allowed answers over the deployment's decision space."""
+
+    outcomes: dict[Labelling, tuple[str, str]]  # labelling -> (destination, revision)
+    space: dict  # decision_space.rego's input (without the points' tables)
+    policies: Path  # the rule set asked
+    skipped: str = ""  # why no table was built (the rule set reads what is not enumerated), else ""
+
+    def table(self, point: str) -> dict:
+        """data.complyroute.table of `point`: sender -> step -> region -> category ->
+        {"consents": {value: entry}, "without": entry}, entry {"destination"}."""
+        listeners = self.space["points"].get(point, {}).get("listeners", {})
+        table: dict = {}
+        for (name, listener, region, category, consent), (destination, _) in self.outcomes.items():
+            if name != point:
+                continue
+            pinned = listeners[listener]
+            slot = table.setdefault(pinned["sender"], {}).setdefault(pinned["step"], {}).setdefault(region, {}).setdefault(category, {})
+            entry = {"destination": destination}
+            if consent is None:
+                slot["without"] = entry
+            else:
+                slot.setdefault("consents", {})[consent] = entry
+        return table
+
+
+# ---- what the rule set reads -----------------------------------------------------------------
+
+
+def nondeterministic_builtins() -> set[str]:
+    """The built-ins OPA itself marks non-deterministic (http.send, time.now_ns, rand.intn, ...)."""
+    result = subprocess.run([str(OPA), "capabilities", "--current"], capture_output=True, text=True, check=True)
+    return {builtin["name"] for builtin in json.loads(result.stdout)["builtins"] if builtin.get("nondeterministic")}
+
+
+def _ref_path(terms: list) -> list:
+    return [term["value"] if term["type"] in ("var", "string") else None for term in terms]
+
+
+def _reads(node, nondeterministic: set[str], found: list[str], where: str) -> None:
+    """Appends to `found` every read under `node` (a module's JSON AST) that the space does not
+    enumerate. `input.record` whole as the argument of is_object or type_name is a read of its
+    being an object: the quick path checks the body for that."""
+    if isinstance(node, list):
+        for item in node:
+            _reads(item, nondeterministic, found, where)
+        return
+    if not isinstance(node, dict):
+        return
+    terms = node.get("terms") if "terms" in node else (node.get("value") if node.get("type") == "call" else None)
+    if isinstance(terms, list) and terms and isinstance(terms[0], dict) and terms[0].get("type") == "ref":
+        operator = ".".join(str(part) for part in _ref_path(terms[0]["value"]))
+        if operator in nondeterministic:
+            found.append(f"{where} calls {operator}")
+        args = terms[1:]
+        if (operator in ("is_object", "type_name") and len(args) == 1 and args[0].get("type") == "ref"
+                and _ref_path(args[0]["value"]) == ["input", "record"]):
+            args = []  # whether the record is an object: the quick path checks it
+        for arg in args:
+            _reads(arg, nondeterministic, found, where)
+        for key, value in node.items():
+            if key not in ("terms", "value"):
+                _reads(value, nondeterministic, found, where)
+        return
+    if node.get("type") == "var" and node["value"] == "input":  # the whole input, as a value
+        found.append(f"{where} reads input")
+        return
+    if node.get("type") == "ref":
+        path = _ref_path(node["value"])
+        if path[0] == "input":
+            field = path[1] if len(path) > 1 else None
+            if field not in ("labels", "sender", "step"):  # the space enumerates these
+                shown = ".".join(part if part is not None else "[...]" for part in path)
+                found.append(f"{where} reads {shown}")
+        _reads(node["value"][1:], nondeterministic, found, where)  # dynamic keys
+        return
+    for value in node.values():
+        _reads(value, nondeterministic, found, where)
+
+
+def _parsed_rules(policies: Path) -> dict[str, list[tuple[dict, str, dict]]]:
+    """Every rule of the rule set (tests and examples left out), by its path ("data.pkg.name"):
+    [(rule, where, names)], names being what a bare name means in its module (its package's
+    rules, its imports)."""
+    parsed_modules = []
+    for module in sorted(policies.rglob("*.rego")):
+        if is_test(module) or "examples" in module.relative_to(policies).parts:
+            continue
+        result = subprocess.run([str(OPA), "parse", "--format", "json", "--json-include", "locations", str(module)],
+                                capture_output=True, text=True)
+        if result.returncode != 0:
+            raise EngineError(f"OPA could not parse {module}: {result.stderr.strip()}")
+        parsed_modules.append((module, json.loads(result.stdout)))
+    rules: dict[str, list] = defaultdict(list)
+    for module, tree in parsed_modules:
+        package = ".".join(str(part) for part in _ref_path(tree["package"]["path"]))
+        names = {}
+        for imported in tree.get("imports", []):
+            path = [str(part) for part in _ref_path(imported["path"]["value"])]
+            names[imported.get("alias") or path[-1]] = ".".join(path)
+        own = [(rule, ".".join(str(part) for part in _ref_path(rule["head"].get("ref") or [{"type": "var", "value": rule["head"]["name"]}])))
+               for rule in tree.get("rules", [])]
+        names.update({name.split(".")[0]: f"{package}.{name.split('.')[0]}" for _, name in own})
+        for rule, name in own:
+            row = rule.get("location", {}).get("row", "?")
+            rules[f"{package}.{name}"].append((rule, f"{module.relative_to(policies)}:{row} {name}", names))
+    return rules
+
+
+def _referenced(node, names: dict[str, str], found: set[str]) -> None:
+    """Adds to `found` the data paths every reference under `node` names (a bare name through
+    `names`: a rule of its package, an import)."""
+    if isinstance(node, list):
+        for item in node:
+            _referenced(item, names, found)
+        return
+    if not isinstance(node, dict):
+        return
+    if node.get("type") == "var" and node["value"] in names:  # a bare name
+        found.add(names[node["value"]])
+    elif node.get("type") == "ref" and node["value"] and node["value"][0].get("type") == "var":
+        path = []
+        for part in _ref_path(node["value"]):
+            if part is None:
+                break
+            path.append(str(part))
+        head = path[0]
+        if head == "data":
+            found.add(".".join(path))
+        elif head in names:
+            found.add(".".join([names[head], *path[1:]]))
+    for value in node.values():
+        _referenced(value, names, found)
+
+
+def unenumerated_reads(policies: Path) -> list[str]:
+    """What the rules the compliance entrypoints depend on read beyond the decision space, one
+    line each ("compliance.rego:309 exclusions reads input.record.age"); [] when a table may
+    be built.
+
+    The rules are found from each module's syntax tree (`opa parse`), following every reference
+    from the entrypoints (`opa deps` follows no `else`); a name that could be a rule is taken
+    for one."""
+    rules = _parsed_rules(policies)
+    closure: set[str] = set()
+    pending = list(ENTRYPOINTS)
+    while pending:
+        wanted = pending.pop()
+        for path in rules:  # a reference names a rule, a part of one, or a package of rules
+            if path in closure or not (wanted == path or wanted.startswith(path + ".") or path.startswith(wanted + ".")):
+                continue
+            closure.add(path)
+            found: set[str] = set()
+            for rule, _, names in rules[path]:
+                _referenced(rule, names, found)
+            pending += found
+    nondeterministic = nondeterministic_builtins()
+    reads: list[str] = []
+    for path in sorted(closure):
+        for rule, where, _ in rules[path]:
+            _reads(rule, nondeterministic, reads, where)
+    return sorted(set(reads))
+
+
+# ---- the decision space and its answers ----------------------------------------------------
+
+
+def reference(policies: Path) -> dict:
+    return json.loads((policies / "complyroute" / "reference" / "data.json").read_text())
+
+
+class SpaceTooLarge(EngineError):
+    """The decision space cannot be enumerated: too many consent purposes."""
+
+
+def canonical_consents(purposes: list[str]) -> list[str]:
+    """Every canonical x-data-consent value: a non-empty set of purposes, sorted, joined with ","."""
+    if len(purposes) > MAX_PURPOSES:
+        raise SpaceTooLarge(
+            f"the decision space holds every combination of consent purposes; the reference data has "
+            f"{len(purposes)} (2^{len(purposes)} combinations, at most {MAX_PURPOSES} purposes)"
+        )
+    ordered = sorted(purposes)
+    return [",".join(chosen) for size in range(1, len(ordered) + 1) for chosen in itertools.combinations(ordered, size)]
+
+
+def decision_space(points: list[EnforcementPoint], policies: Path, data: dict[str, dict]) -> dict:
+    """decision_space.rego's input: every deciding listener that pins its step, every labelling.
+
+    `data`: each deciding point's OPA data document (envoy_opa.opa_data)."""
+    known = reference(policies)
+    consents = [None, *canonical_consents(list(known.get("purposes", {})))]
+    return {
+        "regions": sorted(known.get("regions", {})),
+        "categories": sorted(known.get("categories", {})),
+        "points": {
+            point.name: {
+                "data": data[point.name],
+                "listeners": {
+                    listener.name: {"sender": listener.sender, "step": listener.step, "consents": consents}
+                    for listener in point.deciding if listener.step
+                },
+            }
+            for point in points if any(listener.step for listener in point.deciding)
+        },
+    }
+
+
+def labellings(space: dict):
+    """Every labelling of the space, in order: point, listener, category, region, consent."""
+    for point, entry in sorted(space["points"].items()):
+        for listener, pinned in sorted(entry["listeners"].items()):
+            for category in space["categories"]:
+                for region in space["regions"]:
+                    for consent in pinned["consents"]:
+                        yield (point, listener, region, category, consent)
+
+
+def _cache_key(query: str, document: dict, policies: Path) -> str:
+    digest = hashlib.sha256()
+    opa = OPA.stat()
+    digest.update(f"{query}\n{OPA}:{opa.st_size}:{opa.st_mtime_ns}\n".encode())
+    for path in [*MODULES, *sorted(p for p in policies.rglob("*") if p.is_file())]:
+        digest.update(f"{path.name}\n".encode() + path.read_bytes())
+    digest.update(json.dumps(document, sort_keys=True).encode())
+    return digest.hexdigest()
+
+
+def evaluate_split(query: str, space: dict, policies: Path) -> list:
+    """`query` over the space, its points split over two `opa eval`s side by side (this machine
+    has two cores), the answers kept by the hash of all they depend on: a deployment of the same
+    topology and rule set asks nothing again."""
+    key = _cache_key(query, space, policies)
+    cached = CACHE / f"{key}.json.gz"
+    if cached.exists():
+        return json.loads(gzip.decompress(cached.read_bytes()))
+    names = sorted(space["points"], key=lambda name: -len(space["points"][name]["listeners"]))
+    halves = [dict(space, points={}), dict(space, points={})]
+    for name in names:  # the larger points first, each to the half with fewer listeners so far
+        lighter = min(halves, key=lambda half: sum(len(p["listeners"]) for p in half["points"].values()))
+        lighter["points"][name] = space["points"][name]
+    if len(names) == 1:  # one point (a central entity): split its listeners
+        (name,) = names
+        listeners = sorted(space["points"][name]["listeners"].items())
+        halves = [dict(space, points={name: dict(space["points"][name], listeners=dict(part))})
+                  for part in (listeners[::2], listeners[1::2]) if part]
+    halves = [half for half in halves if half["points"]]
+
+    def run(half: dict) -> list:
+        try:
+            return policydata.evaluate(query, half, policies, modules=MODULES if query == QUICK else (DECISION_SPACE,)) or []
+        except policydata.PolicyDataError as error:
+            raise EngineError(str(error)) from None
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        answers = [answer for part in pool.map(run, halves) for answer in part]
+    CACHE.mkdir(parents=True, exist_ok=True)
+    partial = cached.with_suffix(".partial")
+    partial.write_bytes(gzip.compress(json.dumps(answers).encode(), compresslevel=1))
+    partial.replace(cached)
+    for old in sorted(CACHE.glob("*.json.gz"), key=lambda path: path.stat().st_mtime)[:-CACHE_ENTRIES]:
+        old.unlink(missing_ok=True)
+    return answers
+
+
+def precompute(points: list[EnforcementPoint], policies: Path, data: dict[str, dict]) -> Precomputed:
+    """The rule set's allowed answers over the deciding points' decision space (none, and why,
+    when the rule set reads what the space does not enumerate)."""
+    try:
+        space = decision_space(points, policies, data)
+    except SpaceTooLarge as error:
+        return Precomputed({}, {"regions": [], "categories": [], "points": {}}, policies, skipped=str(error))
+    reads = unenumerated_reads(policies)
+    if reads:
+        return Precomputed({}, space, policies, skipped="the rule set reads what no table can enumerate: " + "; ".join(reads))
+    try:
+        answers = evaluate_split(ALLOWED, space, policies)
+    except EngineError as error:
+        raise EngineError(f"OPA could not ask the rule set for the allowed table: {error}") from None
+    outcomes = {tuple(answer[:5]): (answer[5], answer[6]) for answer in answers}
+    return Precomputed(outcomes, space, policies)
+
+
+# ---- the guard ---------------------------------------------------------------------------------
+
+
+def first_difference(point: str, expected: dict[Labelling, tuple], got: dict[Labelling, tuple], space: dict, what: str) -> str | None:
+    """The first labelling of `point` at which `got` differs from `expected`, described; None if none."""
+    for labelling in labellings({**space, "points": {point: space["points"][point]}}):
+        if expected.get(labelling) != got.get(labelling):
+            _, listener, region, category, consent = labelling
+            sender = space["points"][point]["listeners"][listener]
+            return (f"point {point}: {what} differs from the rule set's answer at listener {listener} (sender "
+                    f"{sender['sender']}, step {sender['step']}), labels region={region} category={category} "
+                    f"consent={'absent' if consent is None else consent}: the rule set answers "
+                    f"{describe(expected.get(labelling))}, {what} {describe(got.get(labelling))}")
+    return None
+
+
+def describe(outcome: tuple | None) -> str:
+    if outcome is None:
+        return "nothing ahead of time (OPA decides)"
+    destination, revision = outcome
+    return f"allowed to {destination} (revision {revision})" if destination is not None else "something other than an allowed hop"
+
+
+def with_tables(data: dict[str, dict], precomputed: Precomputed) -> dict[str, dict]:
+    """Each point's OPA data document with its table, once the guard let it through."""
+    tables = {point: precomputed.table(point) for point in data}
+    check_quick_path(precomputed, tables)
+    return {point: {**document, "complyroute": {**document.get("complyroute", {}), "table": tables[point]}}
+            for point, document in data.items()}
+
+
+def check_quick_path(precomputed: Precomputed, tables: dict[str, dict]) -> None:
+    """Refuses (EngineError) unless, at every point, the quick path with its table answers
+    exactly the labellings the rule set allows, as the rule set does."""
+    space = precomputed.space
+    if not any(tables.values()):
+        return
+    with_tables = dict(space, points={
+        name: {**entry, "data": {**entry["data"], "complyroute": {**entry["data"]["complyroute"], "table": tables.get(name, {})}}}
+        for name, entry in space["points"].items()
+    })
+    got = {tuple(answer[:5]): (answer[5], answer[6]) for answer in evaluate_split(QUICK, with_tables, precomputed.policies)}
+    by_point: dict[str, tuple[dict, dict]] = defaultdict(lambda: ({}, {}))
+    for labelling, outcome in precomputed.outcomes.items():
+        by_point[labelling[0]][0][labelling] = outcome
+    for labelling, outcome in got.items():
+        by_point[labelling[0]][1][labelling] = outcome
+    for point in sorted(by_point):
+        expected, answered = by_point[point]
+        if expected != answered:
+            raise EngineError("the quick path would not answer as the rule set does, so nothing was changed: "
+                              + first_difference(point, expected, answered, space, "the quick path"))
+

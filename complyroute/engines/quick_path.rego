@@ -1,0 +1,37 @@
+# METADATA
+# title: The quick path over a decision space (the guard)
+# description: |
+#   What each point's quick path (data.complyroute.envoy.quick_answer_of, with
+#   the point's allowed table) answers over its decision space, for
+#   complyroute/engines/precompute.py to compare with the rule set's own
+#   answers before the point takes the table. Input: decision_space.rego's,
+#   each point's data holding its table (data.complyroute.table). A module of
+#   its own: policy-diff loads decision_space.rego with older rule sets, whose
+#   adapter has no quick_answer_of.
+package complyroute_engines.quick_path # regal ignore:directory-package-mismatch
+
+import data.complyroute.envoy
+import data.complyroute_engines.decision_space
+
+# quick: [point, listener, region, category, consent, destination, revision] for every
+# labelling the point's quick path (envoy.quick_answer, with the point's table) answers,
+# whatever it answers: null destination and revision where its answer does more than allow
+# without changing the labels. The guard (precompute.py) requires exactly decision_space.allowed.
+quick contains [point_name, listener_name, region, category, consent, destination, revision] if {
+	some point_name, point in input.points
+	some listener_name, listener in point.listeners
+	some region in input.regions
+	some category in input.categories
+	some consent in listener.consents
+	request := decision_space.check_request(listener, region, category, consent)
+
+	data_of_point := point.data.complyroute
+	response := envoy.quick_answer_of(request.attributes, listener.sender, data_of_point.table, data_of_point.revision)
+	[destination, revision] := quick_outcome(request, response)
+}
+
+quick_outcome(request, response) := [headers["x-complyroute-destination"], headers["x-complyroute-revision"]] if {
+	response.allowed == true
+	headers := response.headers
+	decision_space.changes_nothing(request, response)
+} else := [null, null]

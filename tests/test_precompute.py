@@ -1,0 +1,174 @@
+"""The allowed table: the rule set's own answers, whatever rules it holds, and the guard that
+keeps every fast path to them. Real OPA over the walkthrough's decision space."""
+
+import copy
+import shutil
+
+import pytest
+
+from complyroute import engines, manifest, policydiff
+from complyroute.engines import envoy_compiled, envoy_opa, precompute
+from complyroute.plan import place
+from complyroute.policyfiles import POLICIES
+
+# An exclusion of a shape the shipped rules do not have: it compares a label with a literal.
+SWISS_RESIDENCY = '''
+# METADATA
+# title: Swiss residency
+# description: Personal data of Swiss subjects goes only to CH, GDPR or adequate regions.
+# custom:
+#   code: CH_RESIDENCY_VIOLATION
+#   message: personal data of Swiss subjects may go only to CH, GDPR or adequate regions
+exclusions contains exclusion(rego.metadata.rule(), id, detail) if {
+	personal
+	label.region == "CH"
+	some id, candidate in candidates
+	not candidate.protected
+	detail := sprintf("%s is in %v", [id, object.get(candidate, "region", "no region")])
+}
+'''
+
+# A rule that reads the record's body: no table can enumerate it.
+MINORS = '''
+# METADATA
+# title: Minors
+# description: A record whose subject is a minor never goes to a US instance.
+# custom:
+#   code: MINOR_EXPORT
+#   message: records of minors stay out of the US
+exclusions contains exclusion(rego.metadata.rule(), id, "minor") if {
+	input.record.age < 18
+	some id, candidate in candidates
+	candidate.region == "US"
+}
+'''
+
+
+def with_rule(folder, rule: str):
+    policies = folder / "policies"
+    shutil.copytree(POLICIES, policies)
+    compliance = policies / "complyroute" / "compliance" / "compliance.rego"
+    compliance.write_text(compliance.read_text() + rule)
+    return policies
+
+
+def rule_row(policies) -> int:
+    """The row of the last rule added to compliance.rego (the line after its METADATA)."""
+    lines = (policies / "complyroute" / "compliance" / "compliance.rego").read_text().splitlines()
+    return max(number for number, line in enumerate(lines, 1) if line.startswith("exclusions contains"))
+
+
+@pytest.fixture(scope="module")
+def walkthrough():
+    topology = manifest.load(policydiff.WALKTHROUGH)
+    return topology, place(topology).points
+
+
+@pytest.fixture(scope="module")
+def shipped(walkthrough):
+    _, points = walkthrough
+    return envoy_opa.decided_data(points, POLICIES)
+
+
+@pytest.fixture(scope="module")
+def swiss(walkthrough, tmp_path_factory):
+    _, points = walkthrough
+    policies = with_rule(tmp_path_factory.mktemp("swiss"), SWISS_RESIDENCY)
+    return policies, envoy_opa.decided_data(points, policies)
+
+
+ENTRY = ("entry", "entry")  # the walkthrough's entry: gateway (US) -> ingest
+
+
+def test_an_added_rule_reroutes_in_the_table_allowed(shipped, swiss):
+    (_, before), (_, (data, after)) = shipped, swiss
+    # A CH personal record from the US gateway: the shipped rules prefer ingest-us, the Swiss
+    # rule excludes it; both engines' tables follow the rule set.
+    assert before.outcomes[(*ENTRY, "CH", "personal", "care")][0] == "ingest-us"
+    assert after.outcomes[(*ENTRY, "CH", "personal", "care")][0] == "ingest-eu"
+    assert data["entry"]["complyroute"]["table"]["gateway"]["ingest"]["CH"]["personal"]["consents"]["care"] == {"destination": "ingest-eu"}
+
+
+def test_an_added_rule_leaves_its_twin_alone_denied(shipped, swiss):
+    (_, before), (_, (_, after)) = shipped, swiss
+    # Its allowed twins: a US personal record, a CH anonymous one (not personal).
+    for labels in [("US", "personal", "care"), ("CH", "anonymous", None)]:
+        assert before.outcomes[(*ENTRY, *labels)][0] == after.outcomes[(*ENTRY, *labels)][0] == "ingest-us"
+    changed = {key for key in before.outcomes.keys() | after.outcomes.keys() if before.outcomes.get(key, (None,))[0] != after.outcomes.get(key, (None,))[0]}
+    assert changed and all(region == "CH" and category in ("personal", "health") for _, _, region, category, _ in changed)
+
+
+def test_the_compiled_routes_follow_an_added_rule_allowed(walkthrough, swiss):
+    topology, points = walkthrough
+    policies, _ = swiss
+    configs = engines.configure("envoy-compiled", points, {**topology.engine, "kind": "envoy-compiled"}, policies)
+    sidecar = next(point for point in points if point.name == "sidecar-ingest-us")
+    listener = envoy_compiled.compiled_listeners(sidecar)[0]
+    routes = {l["name"]: l for l in configs[sidecar.name].envoy["static_resources"]["listeners"]}
+    tree = routes[listener.name]["filter_chains"][0]["filters"][0]["typed_config"]["route_config"]["virtual_hosts"][0]["matcher"]
+    headers = {":method": "POST", ":path": "/process", "content-length": "2", "x-data-category": "personal", "x-data-consent": "care"}
+    # From ingest-us, a CH personal record may not go to analyse-us any more: analyse-eu.
+    assert envoy_compiled.routed_outcome(envoy_compiled.matched_action(tree, {**headers, "x-data-region": "CH"}))[0] == "analyse-eu"
+    assert envoy_compiled.routed_outcome(envoy_compiled.matched_action(tree, {**headers, "x-data-region": "US"}))[0] == "analyse-us"
+
+
+def test_policy_diff_shows_the_added_rule_at_the_entry_allowed(walkthrough, swiss):
+    topology, _ = walkthrough
+    policies, _ = swiss
+    result = policydiff.compare(topology, POLICIES, policies)
+    moves = {(c["point"], c["category"], tuple(c["regions"]), c["before"].get("destination"), c["after"].get("destination"))
+             for c in result["changes"]}
+    assert ("entry", "personal", ("CH",), "ingest-us", "ingest-eu") in moves
+    assert all(c["regions"] == ["CH"] for c in result["changes"])
+
+
+def test_a_rule_reading_the_body_gets_no_table_denied(walkthrough, tmp_path):
+    _, points = walkthrough
+    policies = with_rule(tmp_path, MINORS)
+    reads = precompute.unenumerated_reads(policies)
+    assert reads == [f"complyroute/compliance/compliance.rego:{rule_row(policies)} exclusions reads input.record.age"]
+    data, precomputed = envoy_opa.decided_data(points, policies)
+    assert precomputed.outcomes == {} and "input.record.age" in precomputed.skipped
+    assert all(document["complyroute"]["table"] == {} for document in data.values())
+
+
+def test_the_shipped_rules_read_only_what_is_enumerated_allowed():
+    # input.record only as is_object/type_name: whether it is an object, which the quick path checks.
+    assert precompute.unenumerated_reads(POLICIES) == []
+
+
+def test_the_guard_refuses_a_divergent_quick_path_denied(shipped):
+    data, precomputed = shipped
+    tables = {point: copy.deepcopy(document["complyroute"]["table"]) for point, document in data.items()}
+    tables["entry"]["gateway"]["ingest"]["EU"]["personal"]["consents"]["care"] = {"destination": "ingest-us"}
+    with pytest.raises(engines.EngineError, match=r"point entry: the quick path differs .* listener entry .* region=EU "
+                                                  r"category=personal consent=care: the rule set answers allowed to ingest-eu"):
+        precompute.check_quick_path(precomputed, tables)
+
+
+def test_the_guard_refuses_a_quick_path_answering_a_denial_denied(shipped):
+    data, precomputed = shipped
+    tables = {point: copy.deepcopy(document["complyroute"]["table"]) for point, document in data.items()}
+    # EU health data may not reach store-eu (not certified): no entry, and none may be added.
+    tables["sidecar-analyse-eu"]["analyse-eu"]["store"]["EU"]["health"] = {"without": {"destination": "store-eu"}}
+    with pytest.raises(engines.EngineError, match="point sidecar-analyse-eu: .*category=health consent=absent: the rule set answers nothing ahead"):
+        precompute.check_quick_path(precomputed, tables)
+
+
+def test_the_guard_lets_the_tables_the_rule_set_gave_through_allowed(shipped):
+    data, precomputed = shipped
+    precompute.check_quick_path(precomputed, {point: document["complyroute"]["table"] for point, document in data.items()})
+
+
+def test_the_guard_refuses_divergent_compiled_routes_denied(walkthrough, monkeypatch):
+    topology, points = walkthrough
+    honest = envoy_compiled.listener_matcher
+
+    def drops_a_destination(outcomes, hop_timeout):  # routes EU personal records to the US twin
+        moved = {key: {consent: (destination.replace("-eu", "-us"), revision) if key == ("personal", "EU") else (destination, revision)
+                       for consent, (destination, revision) in by_consent.items()} for key, by_consent in outcomes.items()}
+        return honest(moved, hop_timeout)
+
+    monkeypatch.setattr(envoy_compiled, "listener_matcher", drops_a_destination)
+    with pytest.raises(engines.EngineError, match=r"the compiled route differs .* region=EU category=personal"):
+        engines.configure("envoy-compiled", points, {**topology.engine, "kind": "envoy-compiled"}, POLICIES)
