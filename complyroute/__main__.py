@@ -114,14 +114,56 @@ def cmd_policy_test(args) -> int:
         return run.returncode or 1
     for path, info in sorted(report.get("files", {}).items()):
         if not path.endswith("_test.rego"):
-            uncovered = [f"{r['start']['row']}-{r['end']['row']}" for r in info.get("not_covered", [])]
-            print(f"  {info.get('coverage', 0):6.2f}%  {path}" + (f"  (not covered: lines {', '.join(uncovered)})" if uncovered else ""))
+            ranges = info.get("not_covered", [])
+            uncovered = [f"{r['start']['row']}-{r['end']['row']}" for r in ranges]
+            rules = rules_at(args.opa, Path(path), [r["start"]["row"] for r in ranges])
+            print(f"  {info.get('coverage', 0):6.2f}%  {path}" + (f"  (not covered: lines {', '.join(uncovered)};"
+                                                                    f" rules {', '.join(rules)})" if uncovered else ""))
     total = report.get("coverage", 0)
     print(f"policy coverage: {total:.2f}% of lines (threshold {args.threshold}%)")
     if run.returncode != 0:
         print(run.stderr, file=sys.stderr)
         return run.returncode
-    return 0 if total >= args.threshold else 1
+    if total < args.threshold:
+        return 1
+    return check_fast_paths(args.paths)
+
+
+def rules_at(opa: str, module: Path, rows: list[int]) -> list[str]:
+    """The names of the rules of `module` that hold the given rows (a rule runs from its first
+    row to the row before the next rule's)."""
+    if not rows:
+        return []
+    parsed = subprocess.run([opa, "parse", "--format", "json", "--json-include", "locations", str(module)], capture_output=True, text=True)
+    if parsed.returncode != 0:
+        return ["(unparsed)"]
+    starts = sorted((rule["location"]["row"], rule["head"]["name"] if "name" in rule["head"] else rule["head"]["ref"][0]["value"])
+                    for rule in json.loads(parsed.stdout).get("rules", []))
+    names = []
+    for row in rows:
+        holding = [name for start, name in starts if start <= row]
+        name = holding[-1] if holding else "(before the first rule)"
+        if name not in names:
+            names.append(name)
+    return names
+
+
+def check_fast_paths(paths: list[str]) -> int:
+    """The allowed table and the compiled routes of each example catalog agree with the rules
+    (the deploy-time guards, engines/precompute.py), for each rule set of `paths`."""
+    from .engines import EngineError, precompute
+
+    for folder in map(Path, paths):
+        for catalog_file in sorted((folder / policyfiles.EXAMPLES).glob("catalog*.json")):
+            catalog = json.loads(catalog_file.read_text())["complyroute"]["catalog"]
+            try:
+                allowed = precompute.check_catalog(catalog, folder)
+            except EngineError as error:
+                print(f"policy-test: the fast paths disagree with the rules over {catalog_file}: {error}", file=sys.stderr)
+                return 1
+            print(f"fast paths: {catalog_file}: the allowed table and the compiled routes agree with the rules "
+                  f"({allowed} allowed labellings)")
+    return 0
 
 
 def cmd_decide(args) -> int:

@@ -56,3 +56,29 @@ def test_policy_tests_are_given_more_than_opas_five_seconds(coverage):
     # a loaded machine runs the coverage pass slower than OPA's default 5 s allow
     assert f"--timeout={policyfiles.TEST_TIMEOUT}" in policyfiles.test_args(["policies"], coverage=coverage)
     assert int(policyfiles.TEST_TIMEOUT.removesuffix("s")) > 5
+
+
+def test_policy_test_names_the_uncovered_rule_denied(tmp_path, capfd):
+    write_rule_set(tmp_path, "m.answer == 42", covered=False)
+    assert main(["policy-test", "--threshold", "100", str(tmp_path)]) != 0
+    assert "(not covered: lines 5-5; rules other)" in capfd.readouterr().out
+
+
+def test_policy_test_checks_the_fast_paths_over_the_example_catalog_allowed(capfd):
+    from complyroute.__main__ import check_fast_paths
+
+    assert check_fast_paths([str(policyfiles.POLICIES)]) == 0
+    assert "catalog.json: the allowed table and the compiled routes agree with the rules" in capfd.readouterr().out
+
+
+def test_policy_test_fails_on_a_fast_path_that_disagrees_denied(capfd, monkeypatch):
+    from complyroute.__main__ import check_fast_paths
+    from complyroute.engines import envoy_compiled
+
+    honest = envoy_compiled.listener_matcher
+    # Every allowed labelling routed to the same instance: wherever the rules say otherwise.
+    monkeypatch.setattr(envoy_compiled, "listener_matcher", lambda outcomes, timeout: honest(
+        {key: {consent: ("analyse-ch", revision) for consent, (_, revision) in by_consent.items()} for key, by_consent in outcomes.items()},
+        timeout))
+    assert check_fast_paths([str(policyfiles.POLICIES)]) == 1
+    assert "the fast paths disagree with the rules over" in capfd.readouterr().err

@@ -402,3 +402,35 @@ def check_quick_path(precomputed: Precomputed, tables: dict[str, dict]) -> None:
             raise EngineError("the quick path would not answer as the rule set does, so nothing was changed: "
                               + first_difference(point, expected, answered, space, "the quick path"))
 
+
+
+# ---- a catalog on its own (make policy-test) ---------------------------------------------------
+
+
+def catalog_point(catalog: dict) -> EnforcementPoint:
+    """One enforcement point deciding, with `catalog`, every hop the catalog can name: from each
+    gateway and instance into each step. Its addresses are never used: nothing runs."""
+    from ..enforcement import DecidingListener, Endpoint
+
+    nowhere = Endpoint("127.0.0.1", 0)
+    senders = sorted({*catalog.get("gateways", {}), *catalog.get("instances", {})})
+    steps = sorted({instance["step"] for instance in catalog.get("instances", {}).values()})
+    listeners = [DecidingListener(f"{sender}-{step}", nowhere, sender=sender, step=step) for sender in senders for step in steps]
+    return EnforcementPoint("catalog", "none", nowhere, nowhere, nowhere, nowhere, nowhere, role="central", deciding=listeners,
+                            catalog=catalog)
+
+
+def check_catalog(catalog: dict, policies: Path) -> int:
+    """Builds the allowed table and the compiled routes of a point holding `catalog` through the
+    guards: the number of allowed labellings (EngineError when a fast path disagrees)."""
+    from . import envoy_compiled, envoy_opa
+
+    point = catalog_point(catalog)
+    _, precomputed = envoy_opa.decided_data([point], policies)
+    if precomputed.skipped:
+        return 0
+    outcomes = envoy_compiled.outcomes_by_listener(precomputed)
+    matchers = {listener.name: envoy_compiled.listener_matcher(outcomes.get((point.name, listener.name), {}), "1s")
+                for listener in envoy_compiled.compiled_listeners(point)}
+    envoy_compiled.check_routes(point, matchers, precomputed)
+    return len(precomputed.outcomes)

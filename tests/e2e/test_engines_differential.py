@@ -30,7 +30,8 @@ from dataclasses import replace
 import pytest
 
 from complyroute import bundles, deployment, enforcement, engines, manifest, policyfiles
-from complyroute.engines.envoy_compiled import canonical_consents, compiled_listeners
+from complyroute.engines.envoy_compiled import compiled_listeners
+from complyroute.engines.precompute import canonical_consents
 from complyroute.enforcement import Endpoint
 from complyroute.plan import place
 

@@ -1,6 +1,8 @@
 """`make reload-policy` on a running deployment: every topology under both engines, with records
 flowing while the rule set changes (the US joins the adequacy list, which moves an EU record's
-path to the US replicas), none lost, each hop named by the revision that decided it."""
+path to the US replicas), none lost, each hop named by the revision that decided it; then a
+rule an author adds, of a shape the shipped rules do not have, reroutes the records it names
+and no other (both engines' fast paths come from the rule set's own answers)."""
 
 import io
 import json
@@ -23,6 +25,38 @@ BEFORE = ("ingest-eu", "analyse-eu", "store-eu")
 # With the US adequate, an EU record may take the US replicas the US gateway prefers.
 AFTER = ("ingest-us", "analyse-us", "store-eu")
 INTERVAL = 0.02  # a record every 20 ms while the rule set changes
+
+
+# An exclusion of a shape the shipped rules do not have: it compares a label with a literal.
+SWISS_RESIDENCY = """
+# METADATA
+# title: Swiss residency
+# description: Personal data of Swiss subjects goes only to CH, GDPR or adequate regions.
+# custom:
+#   code: CH_RESIDENCY_VIOLATION
+#   message: personal data of Swiss subjects may go only to CH, GDPR or adequate regions
+exclusions contains exclusion(rego.metadata.rule(), id, detail) if {
+	personal
+	label.region == "CH"
+	some id, candidate in candidates
+	not candidate.protected
+	detail := sprintf("%s is in %v", [id, object.get(candidate, "region", "no region")])
+}
+"""
+CH_PERSONAL = {**EU_PERSONAL, "region": "CH"}
+US_PERSONAL = {**EU_PERSONAL, "region": "US"}
+# The US gateway prefers US replicas where the rules let it; store has only store-eu.
+US_PATH = ("ingest-us", "analyse-us", "store-eu")
+
+
+@pytest.fixture(scope="module")
+def swiss_policies(tmp_path_factory):
+    """The shipped rule set with one rule added to compliance.rego: Swiss residency."""
+    policies = tmp_path_factory.mktemp("swiss") / "policies"
+    shutil.copytree(policyfiles.POLICIES, policies)
+    compliance = policies / "complyroute" / "compliance" / "compliance.rego"
+    compliance.write_text(compliance.read_text() + SWISS_RESIDENCY)
+    return policies
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +101,7 @@ def path_of(answer):
 
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("topology", ENFORCING)
-def test_reload_moves_paths_while_records_flow_and_loses_none_allowed(topology, engine, us_adequate_policies, tmp_path):
+def test_reload_moves_paths_while_records_flow_and_loses_none_allowed(topology, engine, us_adequate_policies, swiss_policies, tmp_path):
     state, _ = deploy_mixed_regions(topology, engine=engine)
     try:
         old_revision = bundles.revision()
@@ -120,6 +154,15 @@ def test_reload_moves_paths_while_records_flow_and_loses_none_allowed(topology, 
         # The old rules send no EU record to a US instance: every hop the new revision decided into one.
         moved = sum(1 for a in answers for hop in a.body["path"] if hop["revision"] == new_revision and hop["instance"].endswith("-us"))
         assert verdict.forbidden == moved > 0 and verdict.undecided == 0
+
+        # An added rule: back to the shipped rules plus Swiss residency. A CH personal record
+        # leaves the US replicas; a US one, its allowed twin, keeps them.
+        for labels, path in ((CH_PERSONAL, US_PATH), (US_PERSONAL, US_PATH)):
+            assert path_of(send(state["entry_url"], labels, RECORD)) == path
+        reload.reload_policy(swiss_policies, out=open("/dev/null", "w"))
+        assert path_of(send(state["entry_url"], CH_PERSONAL, RECORD)) == BEFORE
+        assert path_of(send(state["entry_url"], US_PERSONAL, RECORD)) == US_PATH
+        assert path_of(send(state["entry_url"], EU_PERSONAL, RECORD)) == BEFORE  # the US is no longer adequate
     finally:
         deployment.stop(out=open("/dev/null", "w"))
 
