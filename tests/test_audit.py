@@ -17,7 +17,21 @@ from complyroute.plan import GATEWAY_SENDER, place
 
 MIXED_REGIONS = manifest.REPO / "topologies" / "examples" / "mixed-regions.yaml"
 EU_PERSONAL = {"region": "EU", "category": "personal", "consent": "billing,care"}
+US_PERSONAL = {**EU_PERSONAL, "region": "US"}
 REVISION = "0123abc"
+DIGEST = "sha256:" + "ab" * 32
+
+
+def state_of(plan) -> dict:
+    """state.json as deploy writes it, for what the audit reads of it."""
+    return {
+        "topology": plan.topology.name, "kind": plan.topology.kind, "enforces": plan.enforces, "engine": "envoy-opa",
+        "points": [
+            {"name": p.name, "node": p.node, "senders": [d.sender for d in p.deciding], "destinations": sorted(p.destinations)}
+            for p in plan.points
+        ],
+        "parts": [{"name": s.instance.id, "env": s.environment({}, f"audit/{s.instance.id}.jsonl")} for s in plan.services],
+    }
 
 
 def write_run(folder, topology="sidecar"):
@@ -26,22 +40,15 @@ def write_run(folder, topology="sidecar"):
     deciding = {p.name: p.catalog for p in plan.points if p.deciding}
     for name, document in policydata.opa_data(deciding).items():
         enforcement.write_data(folder / "points" / name / "data", document)
-    state = {
-        "topology": plan.topology.name, "kind": plan.topology.kind, "enforces": plan.enforces, "engine": "envoy-opa",
-        "points": [
-            {"name": p.name, "node": p.node, "senders": [d.sender for d in p.deciding], "destinations": sorted(p.destinations)}
-            for p in plan.points
-        ],
-    }
     (folder / "audit").mkdir(parents=True)
-    (folder / "state.json").write_text(json.dumps(state))
+    (folder / "state.json").write_text(json.dumps(state_of(plan)))
     return folder
 
 
-def entry(instance, step, sender, decided_by, labels=EU_PERSONAL, request_id="r-1", revision=REVISION):
+def entry(instance, step, sender, decided_by, labels=EU_PERSONAL, request_id="r-1", revision=REVISION, ts=1.5):
     return {
-        "ts": 1.5, "instance": instance, "step": step, "request_id": request_id,
-        "labels": {"consent": None, **labels}, "digest": "sha256:" + "ab" * 32,
+        "ts": ts, "instance": instance, "step": step, "request_id": request_id,
+        "labels": {"consent": None, **labels}, "digest": DIGEST,
         "sender": sender, "decided_by": decided_by, "revision": revision,
     }
 
@@ -60,12 +67,34 @@ def write_log(run, instance, lines):
     (run / "audit" / f"{instance}.jsonl").write_text("".join(line + "\n" for line in lines))
 
 
-# One EU record through the EU instances, each hop decided by the point in front of it.
-EU_CHAIN = {
-    "ingest-eu": [entry("ingest-eu", "ingest", GATEWAY_SENDER, "entry")],
-    "analyse-eu": [entry("analyse-eu", "analyse", "ingest-eu", "sidecar-ingest-eu")],
-    "store-eu": [entry("store-eu", "store", "analyse-eu", "sidecar-analyse-eu", request_id=f"r-{n}") for n in range(3)],
-}
+# The hops of a record through the EU instances and through the US ones, each decided by the
+# sender's sidecar (the entry for the first): (instance, step, sender, deciding point).
+EU_HOPS = [("ingest-eu", "ingest", GATEWAY_SENDER, "entry"), ("analyse-eu", "analyse", "ingest-eu", "sidecar-ingest-eu"),
+           ("store-eu", "store", "analyse-eu", "sidecar-analyse-eu")]
+US_HOPS = [("ingest-us", "ingest", GATEWAY_SENDER, "entry"), ("analyse-us", "analyse", "ingest-us", "sidecar-ingest-us"),
+           ("store-eu", "store", "analyse-us", "sidecar-analyse-us")]
+
+
+def path(request_id, labels=EU_PERSONAL, hops=EU_HOPS, start=0.0):
+    """The lines one record leaves on its way, one per hop, each received a millisecond after the last."""
+    return [entry(*hop, labels=labels, request_id=request_id, ts=start + n) for n, hop in enumerate(hops)]
+
+
+# Three EU records delivered through the EU instances.
+RECORDS = [line for n in range(3) for line in path(f"r-{n}", start=10.0 * n)]
+
+
+def write_lines(run, entries):
+    """Each entry into the log of the instance it names, in the order given."""
+    logs = {}
+    for item in entries:
+        logs.setdefault(item["instance"], []).append(item)
+    for instance, items in logs.items():
+        write_log(run, instance, chained(items))
+
+
+def lines_of(instance, entries=RECORDS):
+    return [item for item in entries if item["instance"] == instance]
 
 
 @pytest.fixture
@@ -73,76 +102,189 @@ def run(tmp_path):
     return write_run(tmp_path / "sidecar-mixed-regions-5-20261122-060000")
 
 
-def write_chain(run, **replaced):
-    for instance, entries in {**EU_CHAIN, **replaced}.items():
-        write_log(run, instance, chained(entries))
+def kinds(verdict):
+    return [(p.kind, p.where) for p in verdict.problems]
 
 
 def test_records_decided_and_allowed_at_every_hop_clean(run):
-    write_chain(run)
+    write_lines(run, RECORDS)
     verdict = audit.audit_run(run)
-    assert (verdict.lines, verdict.chains, verdict.broken_chains, verdict.forbidden, verdict.undecided) == (5, 3, 0, 0, 0)
-    assert verdict.clean and dict(verdict.revisions) == {REVISION: 5}
+    assert (verdict.lines, verdict.chains, verdict.broken_chains, verdict.forbidden, verdict.undecided) == (9, 3, 0, 0, 0)
+    assert (verdict.records, verdict.paths.total()) == (3, 0)
+    assert verdict.clean and dict(verdict.revisions) == {REVISION: 9}
 
 
 def test_an_inserted_line_breaks_the_chain_at_the_next_denied(run):
-    write_chain(run)
-    lines = chained(EU_CHAIN["store-eu"])
+    write_lines(run, RECORDS)
+    lines = chained(lines_of("store-eu"))
     # Linked to the line before it, as a forger would: the line after it no longer holds.
-    forged = chained([EU_CHAIN["store-eu"][0], entry("store-eu", "store", "analyse-eu", "sidecar-analyse-eu", request_id="r-x")])[1]
+    forged = chained([lines_of("store-eu")[0], entry("store-eu", "store", "analyse-eu", "sidecar-analyse-eu", request_id="r-x")])[1]
     write_log(run, "store-eu", [lines[0], forged, *lines[1:]])
     verdict = audit.audit_run(run)
-    assert (verdict.broken_chains, [p.where for p in verdict.problems]) == (1, ["audit/store-eu.jsonl:3"])
+    assert verdict.broken_chains == 1
+    # The record it names reached no instance before it: the join tells too.
+    assert kinds(verdict) == [("chain", "audit/store-eu.jsonl:3"), ("entry", "audit/store-eu.jsonl:2")]
     assert not verdict.clean
 
 
 def test_an_edited_line_breaks_the_chain_at_the_next_denied(run):
-    write_chain(run)
-    lines = chained(EU_CHAIN["store-eu"])
-    lines[0] = lines[0].replace('"request_id":"r-0"', '"request_id":"r-9"')  # still allowed: only the chain tells
+    write_lines(run, RECORDS)
+    lines = chained(lines_of("store-eu"))
+    lines[0] = lines[0].replace('"ts":20.0', '"ts":20.5').replace('"ts":2.0', '"ts":2.5')  # still allowed, the path whole: only the chain tells
+    assert lines[0] != chained(lines_of("store-eu"))[0]
     write_log(run, "store-eu", lines)
     verdict = audit.audit_run(run)
-    assert [(p.kind, p.where) for p in verdict.problems] == [("chain", "audit/store-eu.jsonl:2")]
+    assert kinds(verdict) == [("chain", "audit/store-eu.jsonl:2")]
     assert verdict.forbidden == verdict.undecided == 0 and not verdict.clean
 
 
 def test_a_removed_line_breaks_the_chain_denied(run):
-    write_chain(run)
-    write_log(run, "store-eu", [line for n, line in enumerate(chained(EU_CHAIN["store-eu"])) if n != 1])
+    write_lines(run, RECORDS)
+    write_log(run, "store-eu", [line for n, line in enumerate(chained(lines_of("store-eu"))) if n != 1])
     verdict = audit.audit_run(run)
-    assert [(p.kind, p.where) for p in verdict.problems] == [("chain", "audit/store-eu.jsonl:2")]
-    assert verdict.lines == 4
+    # r-1 now ends at analyse-eu: a path cut short is whole as far as it goes.
+    assert kinds(verdict) == [("chain", "audit/store-eu.jsonl:2")]
+    assert verdict.lines == 8
 
 
 def test_a_first_line_not_from_the_genesis_and_a_line_not_json_break_the_chain_denied(run):
-    write_chain(run)
-    (run / "audit" / "analyse-eu.jsonl").write_text("\n".join(chained(EU_CHAIN["analyse-eu"] * 2)[1:]) + "\nnot json\n")
+    write_lines(run, RECORDS)
+    before = entry("analyse-eu", "analyse", "ingest-eu", "sidecar-ingest-eu", request_id="r-gone")  # linked to, then cut off
+    (run / "audit" / "analyse-eu.jsonl").write_text("\n".join(chained([before, *lines_of("analyse-eu")])[1:]) + "\nnot json\n")
     verdict = audit.audit_run(run)
     assert [(p.where, p.detail) for p in verdict.problems] == [
         ("audit/analyse-eu.jsonl:1", "the first line does not start from the genesis"),
-        ("audit/analyse-eu.jsonl:2", "not a JSON object"),
+        ("audit/analyse-eu.jsonl:4", "not a JSON object"),
     ]
     assert verdict.broken_chains == 1
 
 
 def test_a_reception_the_rules_forbid_denied(run):
     # Consent to care only: store-eu processes for billing.
-    write_chain(run, **{"store-eu": [entry("store-eu", "store", "analyse-eu", "sidecar-analyse-eu", {**EU_PERSONAL, "consent": "care"})]})
+    write_lines(run, path("r-0") + path("r-1", {**EU_PERSONAL, "consent": "care"}))
     verdict = audit.audit_run(run)
-    assert (verdict.broken_chains, verdict.forbidden, verdict.undecided) == (0, 1, 0)
+    assert (verdict.broken_chains, verdict.forbidden, verdict.undecided, verdict.paths.total()) == (0, 1, 0, 0)
+    assert kinds(verdict) == [("forbidden", "audit/store-eu.jsonl:2")]
     assert "the rules do not allow analyse-eu -> store-eu" in verdict.problems[0].detail
 
 
 def test_a_reception_allowed_to_another_instance_is_forbidden_to_this_one_denied(run):
     # An EU subject's personal record in a US instance: allowed into ingest-eu, not ingest-us.
-    write_chain(run, **{"ingest-us": [entry("ingest-us", "ingest", GATEWAY_SENDER, "entry")]})
+    write_lines(run, RECORDS + [entry("ingest-us", "ingest", GATEWAY_SENDER, "entry", request_id="r-us")])
     verdict = audit.audit_run(run)
-    assert (verdict.forbidden, [p.where for p in verdict.problems]) == (1, ["audit/ingest-us.jsonl:1"])
+    assert (verdict.forbidden, kinds(verdict)) == (1, [("forbidden", "audit/ingest-us.jsonl:1")])
 
 
 def test_a_us_record_in_a_us_instance_allowed(run):
-    write_chain(run, **{"ingest-us": [entry("ingest-us", "ingest", GATEWAY_SENDER, "entry", {**EU_PERSONAL, "region": "US"})]})
+    write_lines(run, RECORDS + path("r-us", US_PERSONAL, US_HOPS, start=50))
+    verdict = audit.audit_run(run)
+    assert verdict.clean and verdict.records == 4
+
+
+# ---- whole paths: every instance's lines of a record, joined by its id ----------------------
+
+# The attack of issue 25 as the lines show it. Record x, a US subject's, is delivered through
+# the US instances. Then a process holding ingest-eu's key hands x (its id, its body) with a
+# token forged for AU/anonymous to ingest-eu's deciding point, which sends it to the EU replica
+# of the next step: that replica never saw x, so accepts it; the store step did, and refuses it
+# as a replay (no line). Each line is allowed under the labels it was written with.
+AU_ANONYMOUS = {"region": "AU", "category": "anonymous"}
+DELIVERED = path("x", US_PERSONAL, US_HOPS)
+RELABELLED = DELIVERED + [entry("analyse-eu", "analyse", "ingest-eu", "sidecar-ingest-eu", AU_ANONYMOUS, request_id="x", ts=9)]
+
+
+def replaced(entries, request_id, instance, **fields):
+    """`entries` with the line of `request_id` at `instance` changed."""
+    return [{**item, **fields} if (item["request_id"], item["instance"]) == (request_id, instance) else item for item in entries]
+
+
+def test_a_record_relabelled_under_its_real_id_denied(run):
+    write_lines(run, RELABELLED)
+    verdict = audit.audit_run(run)
+    assert (verdict.broken_chains, verdict.forbidden, verdict.undecided) == (0, 0, 0)  # each line holds on its own
+    assert (verdict.records, dict(verdict.paths)) == (1, {"labels": 1, "twice": 1, "sender": 1})
+    assert kinds(verdict) == [
+        ("labels", "audit/ingest-us.jsonl:1, audit/analyse-us.jsonl:1, audit/store-eu.jsonl:1, audit/analyse-eu.jsonl:1"),
+        ("twice", "audit/analyse-us.jsonl:1, audit/analyse-eu.jsonl:1"),
+        ("sender", "audit/analyse-eu.jsonl:1"),
+    ]
+    assert verdict.problems[0].detail == (
+        'request x: its lines disagree on the labels: {"category": "personal", "consent": "billing,care", "region": "US"} at '
+        'audit/ingest-us.jsonl:1, audit/analyse-us.jsonl:1, audit/store-eu.jsonl:1; '
+        '{"category": "anonymous", "consent": null, "region": "AU"} at audit/analyse-eu.jsonl:1')
+    assert verdict.summary().endswith("path findings 3 in 1 records (labels 1, twice 1, sender 1): FAILED")
+
+
+def test_the_record_delivered_once_allowed(run):
+    write_lines(run, DELIVERED)
+    verdict = audit.audit_run(run)
+    assert verdict.clean and (verdict.records, verdict.lines) == (1, 3)
+
+
+@pytest.mark.parametrize("entries, finding", [
+    # analyse-eu wrote r-1 under consent to care only (allowed there; the token said billing too)
+    (replaced(RECORDS, "r-1", "analyse-eu", labels={**EU_PERSONAL, "consent": "care"}),
+     ("labels", "audit/ingest-eu.jsonl:2, audit/analyse-eu.jsonl:2, audit/store-eu.jsonl:2")),
+    (replaced(RECORDS, "r-1", "store-eu", digest="sha256:" + "cd" * 32),
+     ("digest", "audit/ingest-eu.jsonl:2, audit/analyse-eu.jsonl:2, audit/store-eu.jsonl:2")),
+    # store-eu took r-1 a second time (a replay its guard no longer remembered)
+    (RECORDS + [{**lines_of("store-eu")[1], "ts": 25.0}], ("twice", "audit/store-eu.jsonl:2, audit/store-eu.jsonl:4")),
+    # r-1 came into analyse-eu through ingest-us's point, which may send there, but ingest-us never had it
+    (replaced(RECORDS, "r-1", "analyse-eu", sender="ingest-us", decided_by="sidecar-ingest-us"), ("sender", "audit/analyse-eu.jsonl:2")),
+    # r-1 starts at analyse-eu: put in past the entry by whoever holds ingest-eu's key (and a token)
+    ([item for item in RECORDS if (item["request_id"], item["instance"]) != ("r-1", "ingest-eu")], ("entry", "audit/analyse-eu.jsonl:2")),
+], ids=["labels", "digest", "twice", "sender", "entry"])
+def test_a_path_its_lines_do_not_join_into_denied(run, entries, finding):
+    write_lines(run, entries)
+    verdict = audit.audit_run(run)
+    assert (verdict.broken_chains, verdict.forbidden, verdict.undecided) == (0, 0, 0)
+    assert (dict(verdict.paths), kinds(verdict)) == ({finding[0]: 1}, [finding])
+    assert verdict.problems[0].detail.startswith("request r-1: ") and not verdict.clean
+
+
+def test_a_sender_that_sends_to_another_step_is_not_the_previous_hops_receiver_denied(tmp_path):
+    """The central entity decides every hop, so its state lists every sender beside every
+    instance: a line at store-eu from ingest-eu, a record ingest-eu did have, passes as decided
+    and allowed. ingest-eu sends records on to the analyse step only."""
+    run = write_run(tmp_path / "central-entity-5", topology="central-entity")
+    hops = [(instance, step, sender, "central-entity") for instance, step, sender, _ in EU_HOPS]
+    write_lines(run, path("r-1", hops=hops[:2]) + [entry("store-eu", "store", "ingest-eu", "central-entity", ts=2)])
+    verdict = audit.audit_run(run)
+    assert (verdict.broken_chains, verdict.forbidden, verdict.undecided) == (0, 0, 0)
+    assert kinds(verdict) == [("sender", "audit/store-eu.jsonl:1")]
+    assert verdict.problems[0].detail == ("request r-1: store-eu received it at step store from ingest-eu, which sends records on "
+                                          "to step analyse: not the previous hop's receiver")
+
+
+def test_the_same_path_through_the_central_entity_allowed(tmp_path):
+    run = write_run(tmp_path / "central-entity-5", topology="central-entity")
+    write_lines(run, path("r-1", hops=[(instance, step, sender, "central-entity") for instance, step, sender, _ in EU_HOPS]))
     assert audit.audit_run(run).clean
+
+
+def test_a_path_cut_short_is_whole_as_far_as_it_goes_allowed(run):
+    """Denied at the second hop (one line), or its next hop failed under it (502): nothing
+    is asked of the lines that are not there."""
+    write_lines(run, RECORDS + path("denied", hops=EU_HOPS[:1], start=40) + path("failed", hops=EU_HOPS[:2], start=50))
+    verdict = audit.audit_run(run)
+    assert verdict.clean and verdict.records == 5
+
+
+def test_a_line_of_no_strings_is_reported_not_a_crash_denied(run):
+    forged = {**lines_of("store-eu")[0], "request_id": "r-0", "step": ["store"], "sender": {"x": 1}, "labels": ["EU"], "ts": "late"}
+    write_lines(run, RECORDS[:2] + [forged] + [{**forged, "request_id": ["r-9"]}])
+    verdict = audit.audit_run(run)
+    assert verdict.undecided == 2  # no sender
+    # r-0's: its labels differ from the rest, and its sender is no receiver; r-9's names no record
+    assert (verdict.records, dict(verdict.paths)) == (1, {"labels": 1, "sender": 1})
+
+
+@pytest.mark.parametrize("topology", ["sidecar", "central-entity", "dynamic-router-3", "dynamic-router-6"])
+def test_the_gateways_are_the_senders_no_point_delivers_to(topology):
+    """Where one point decides every hop (the central entity), its senders are instances too."""
+    plan = place(manifest.load(topology, services=str(MIXED_REGIONS)))
+    points = {p["name"]: p for p in state_of(plan)["points"] if p["senders"]}
+    assert audit.gateways_of(points) == {GATEWAY_SENDER}
 
 
 @pytest.mark.parametrize("claimed, reason", [
@@ -155,7 +297,8 @@ def test_a_us_record_in_a_us_instance_allowed(run):
     ({"instance": "store-us"}, "the line names 'store-us' in the log of store-eu"),
 ])
 def test_a_reception_without_a_decision_denied(run, claimed, reason):
-    write_chain(run, **{"store-eu": [{**entry("store-eu", "store", "analyse-eu", "sidecar-analyse-eu"), **claimed}]})
+    write_lines(run, RECORDS)
+    write_log(run, "store-eu", chained([{**item, **claimed} if item["request_id"] == "r-1" else item for item in lines_of("store-eu")]))
     verdict = audit.audit_run(run)
     assert (verdict.broken_chains, verdict.forbidden, verdict.undecided) == (0, 0, 1)
     suffix = ": no enforcement point decided this hop" if reason.startswith("no ") else ""
@@ -179,6 +322,15 @@ def test_a_baseline_run_recorded_before_the_state_said_whether_it_enforces_has_n
     assert not audit.audit_run(run).policy
 
 
+def test_a_baseline_run_has_no_paths_joined_allowed(tmp_path):
+    """Nothing stamps a sender in the baseline, and its entry keeps a client's record id."""
+    run = write_run(tmp_path / "baseline-5", topology="baseline")
+    unstamped = [{**item, "sender": None, "decided_by": None, "revision": None} for item in RECORDS]
+    write_lines(run, unstamped + [{**unstamped[1], "labels": {**EU_PERSONAL, "region": "US"}}])
+    verdict = audit.audit_run(run)
+    assert verdict.clean and (verdict.records, verdict.paths.total()) == (0, 0)
+
+
 def test_a_baseline_run_with_a_broken_chain_denied(tmp_path):
     run = write_run(tmp_path / "baseline-5", topology="baseline")
     write_log(run, "store-eu", chained([entry("store-eu", "store", None, None, revision=None)] * 2)[1:])
@@ -186,22 +338,37 @@ def test_a_baseline_run_with_a_broken_chain_denied(tmp_path):
 
 
 def test_cli_prints_a_verdict_per_run_and_in_total_exit_0_allowed(run, tmp_path):
-    write_chain(run)
+    write_lines(run, RECORDS)
     out = io.StringIO()
     assert audit.main([run], out=out, err=io.StringIO()) == 0
-    assert f"{run.name} (sidecar-mixed-regions, envoy-opa; rule set {REVISION}): 5 lines checked, chains intact 3/3, " \
-           "forbidden receptions 0, receptions without a decision 0: clean" in out.getvalue()
-    assert out.getvalue().splitlines()[-1].startswith("audit: 1 runs (0 without policy): 5 lines checked")
+    assert f"{run.name} (sidecar-mixed-regions, envoy-opa; rule set {REVISION}): 9 lines checked, chains intact 3/3, " \
+           "forbidden receptions 0, receptions without a decision 0, path findings 0 in 3 records: clean" in out.getvalue()
+    assert out.getvalue().splitlines()[-1] == "audit: 1 runs (0 without policy): 9 lines checked, chains intact 3/3, " \
+        "forbidden receptions 0, receptions without a decision 0, path findings 0 in 3 records: clean"
 
 
 def test_cli_exit_1_when_any_run_fails_denied(run, tmp_path):
-    write_chain(run, **{"store-eu": [entry("store-eu", "store", "analyse-eu", None)]})
+    write_lines(run, RECORDS[:2] + [entry("store-eu", "store", "analyse-eu", None, request_id="r-0", ts=2)])
     clean = write_run(tmp_path / "another")
-    write_chain(clean)
+    write_lines(clean, RECORDS)
     out = io.StringIO()
     assert audit.main([clean, run], out=out, err=io.StringIO()) == 1
-    assert "undecided: audit/store-eu.jsonl:1: request r-1: no decided_by" in out.getvalue()
-    assert out.getvalue().splitlines()[-1].endswith("receptions without a decision 1: FAILED (1 runs)")
+    assert "undecided: audit/store-eu.jsonl:1: request r-0: no decided_by" in out.getvalue()
+    assert out.getvalue().splitlines()[-1].endswith(
+        "receptions without a decision 1, path findings 0 in 4 records: FAILED (1 runs)")
+
+
+def test_cli_prints_path_findings_by_kind_with_the_lines_they_name_denied(run, tmp_path):
+    write_lines(run, RELABELLED)
+    clean = write_run(tmp_path / "another")
+    write_lines(clean, RECORDS)
+    out = io.StringIO()
+    assert audit.main([clean, run], out=out, err=io.StringIO()) == 1
+    printed = out.getvalue()
+    assert "path findings 3 in 1 records (labels 1, twice 1, sender 1): FAILED" in printed
+    assert "  twice: audit/analyse-us.jsonl:1, audit/analyse-eu.jsonl:1: request x: received 2 times at step analyse: analyse-us, analyse-eu" in printed
+    assert "  sender: audit/analyse-eu.jsonl:1: request x: analyse-eu received it from ingest-eu, which holds no line of it" in printed
+    assert printed.splitlines()[-1].endswith("path findings 3 in 4 records (labels 1, twice 1, sender 1): FAILED (1 runs)")
 
 
 def test_a_folder_without_state_is_not_a_run_denied(tmp_path):
@@ -210,7 +377,7 @@ def test_a_folder_without_state_is_not_a_run_denied(tmp_path):
 
 
 def test_a_run_without_the_data_its_point_decided_with_cannot_be_audited_denied(run):
-    write_chain(run)
+    write_lines(run, RECORDS)
     (run / "points" / "entry" / "data" / "data.json").unlink()
     out = io.StringIO()
     assert audit.main([run], out=out, err=io.StringIO()) == 1

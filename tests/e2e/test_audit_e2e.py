@@ -2,9 +2,9 @@
 
 The mixed-regions example in the sidecar topology (every hop decided by the sender's own
 sidecar, delivered through the receiver's forwarding ingress) under each engine: records sent
-to the real entry leave lines the audit finds clean; a record posted straight to a service's
-port, as a hostile process on the machine could, leaves a line the audit reports as received
-without a decision.
+to the real entry leave lines the audit finds clean, their paths whole; a record posted
+straight to a service's port, as a hostile process on the machine could, leaves a line the
+audit reports as received without a decision, on a path that did not start at the entry.
 """
 
 import hashlib
@@ -62,7 +62,8 @@ def test_allowed_records_leave_lines_the_audit_finds_clean_allowed(deployed):
 
     result = audit(state)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "forbidden receptions 0, receptions without a decision 0: clean" in result.stdout
+    # Three records joined: two delivered, one denied at the store step, each path whole as far as it went.
+    assert "forbidden receptions 0, receptions without a decision 0, path findings 0 in 3 records: clean" in result.stdout
 
 
 @pytest.fixture
@@ -90,5 +91,7 @@ def test_a_record_posted_straight_to_a_service_is_reported_without_a_decision_de
 
     result = audit(state)
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "forbidden receptions 0, receptions without a decision 1: FAILED" in result.stdout
+    # And its path starts at the last step: the join tells as well.
+    assert "forbidden receptions 0, receptions without a decision 1, path findings 1 in 1 records (entry 1): FAILED" in result.stdout
     assert f"request {request_id}: no decided_by, revision: no enforcement point decided this hop" in result.stdout
+    assert f"request {request_id}: no line of it was sent by a gateway (gateway): its earliest, at store-eu, was sent by analyse-eu" in result.stdout

@@ -20,6 +20,9 @@ from .helpers import ENFORCING, ENGINES, EU_PERSONAL, audit_lines, deploy_mixed_
 pytestmark = pytest.mark.e2e
 
 US_PERSONAL = {"region": "US", "category": "personal", "consent": "care,billing"}
+# Records a test put in past the entry, posing as ingest-eu with a token of its own (send_as),
+# that reached an instance: the audit's join reports each as a path not from the entry.
+PUT_IN_PAST_THE_ENTRY: set[str] = set()
 EU_HEALTH = {"region": "EU", "category": "health", "consent": "care,billing"}
 
 
@@ -141,6 +144,7 @@ def test_service_set_routing_header_at_egress_changes_nothing_denied(deployed):
     # router or the central entity), asking for the US replica: the policy still decides.
     request_id, answer = send_as(state, "ingest-eu", EU_PERSONAL, headers={"x-complyroute-destination": "analyse-us"})
     assert answer.status == 200, answer.text
+    PUT_IN_PAST_THE_ENTRY.add(request_id)
     assert [hop["instance"] for hop in answer.body["path"]] == ["analyse-eu", "store-eu"]
     assert "analyse-us" not in instances_reached(state, request_id)
 
@@ -152,7 +156,11 @@ def test_audit_logs_show_no_forbidden_record_reached_any_instance(deployed):
     # The rule set itself re-checks every line (complyroute/audit.py), with each point's data.
     verdict = audit.audit_run(Path(state["run_dir"]))
     assert verdict.lines == len(lines)
-    assert verdict.clean, verdict.problems
+    assert (verdict.broken_chains, verdict.forbidden, verdict.undecided) == (0, 0, 0), verdict.problems
+    # Every record's lines join into a whole path, but those of the records put in past the entry.
+    put_in = PUT_IN_PAST_THE_ENTRY & {line["request_id"] for line in lines}
+    assert put_in and verdict.paths == {"entry": len(put_in)}, verdict.problems
+    assert {problem.detail.split(":")[0] for problem in verdict.problems} == {f"request {request_id}" for request_id in put_in}
 
 
 def hops_before(path_senders, killed_senders):

@@ -7,16 +7,23 @@ with the manifests' defaults: mutual TLS between all parts, label tokens.
 - a local process posing as a service, without the deployment's credentials: plain HTTP, or
   TLS with a certificate of its own CA naming the part it poses as; OPA's REST API;
 - a compromised service: ingest-eu's process is replaced by one holding ingest-eu's real key
-  and certificate. It receives genuine records (with genuine tokens) from the entry and tries
-  to pass them on relabelled, without a token, with an altered or self-signed token, with
-  another record's body, twice, past the next step, and through another sender's listener.
+  and certificate, which writes ingest-eu's audit lines as the service would. It receives
+  genuine records (with genuine tokens) from the entry and tries to pass them on relabelled,
+  without a token, with an altered or self-signed token, with another record's body, twice,
+  past the next step, and through another sender's listener; and it re-uses the id of a record
+  delivered through the US instances with a token forged for other labels (issue 25).
 
 Every attack ends in a refusal in the error contract ({code, message} JSON, the status and
 code asserted) or in a TLS handshake that does not complete, or changes nothing (a relabelled
-record travels under the token's labels). After the attacks `python -m complyroute audit`
-gives the run's verdict: chains intact, no forbidden reception, none without a decision.
+record travels under the token's labels), but one: the forged token gets the record into an
+instance that had not seen it, under the forged labels. After the attacks `python -m
+complyroute audit` gives the run's verdict: chains intact, no forbidden reception, none
+without a decision, and, joining every instance's lines by record id, that one record's
+lines disagreeing on labels, received twice at one step, from a sender that never had it;
+every other record's path whole.
 """
 
+import hashlib
 import http.client
 import http.server
 import json
@@ -36,13 +43,18 @@ import pytest
 from complyroute import deployment, manifest, pki
 from complyroute.client import send
 
-from .helpers import ENFORCING, ENGINES, EU_PERSONAL, RECORD, as_service, deploy_mixed_regions, egress_url, opa_api, post, tls_context, wait_for_audit
+from .helpers import (ENFORCING, ENGINES, EU_PERSONAL, RECORD, as_service, deploy_mixed_regions, egress_url, label_token, opa_api, post,
+                      tls_context, wait_for_audit)
 
 pytestmark = pytest.mark.e2e
 
 VICTIM = "ingest-eu"  # the compromised service
 NEXT, LAST = "analyse-eu", "store-eu"
 EU_LINE = {"region": "EU", "category": "personal", "consent": "billing,care"}
+US_PERSONAL = {"region": "US", "category": "personal", "consent": "care,billing"}
+# The record the compromised service relabelled under its real id, by run folder: the audit
+# after the attacks must name it, and no other record.
+RELABELLED: dict[str, str] = {}
 
 
 # ---- TLS as a part, or as an impostor ----------------------------------------------------
@@ -78,7 +90,10 @@ def service_url(state, instance) -> str:
 
 
 class Compromised:
-    """Stands in for ingest-eu with its credential: answers the entry, keeps what it received."""
+    """Stands in for ingest-eu with its credential: answers the entry, keeps what it received,
+    and writes ingest-eu's audit line for it as the service does (services/app.js), chained
+    to the real service's last line: an attacker that keeps its own log looking honest, so
+    the records it received have whole paths in the audit."""
 
     def __init__(self, state):
         self.part = part(state, VICTIM)
@@ -87,11 +102,13 @@ class Compromised:
         deployment.stop_part(VICTIM, state)
         self.received: queue.Queue = queue.Queue()
         received = self.received
+        log = AuditLog(Path(env["AUDIT_LOG"]))
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("content-length", 0)))
                 headers = {k.lower(): v for k, v in self.headers.items()}
+                log.append(audit_entry(headers, body))
                 received.put((headers, body))
                 answer = json.dumps({"request_id": headers.get("x-request-id", ""), "path": [
                     {"instance": VICTIM, "step": "ingest", "region": "EU", "node": "node-1", "t_in": 1, "t_out": 2}]}).encode()
@@ -141,10 +158,42 @@ class Compromised:
         self.server.server_close()
 
 
+class AuditLog:
+    """Appends lines to an instance's audit log as services/lib/audit.js does: "prev", the
+    SHA-256 of the line before it, appended to the entry's JSON."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.lock = threading.Lock()
+
+    def append(self, entry: dict):
+        with self.lock:
+            written = self.path.read_bytes().splitlines()
+            prev = hashlib.sha256(written[-1]).hexdigest() if written else "0" * 64
+            with self.path.open("ab") as file:
+                file.write(json.dumps(entry, separators=(",", ":"))[:-1].encode() + f',"prev":"{prev}"}}\n'.encode())
+
+
+def audit_entry(headers: dict, body: bytes) -> dict:
+    """ingest-eu's audit line for a record it received: labels, digest, id and decision as received."""
+    return {
+        "ts": time.time() * 1000, "instance": VICTIM, "step": "ingest", "request_id": headers["x-request-id"],
+        "labels": {"region": headers["x-data-region"], "category": headers["x-data-category"], "consent": headers.get("x-data-consent")},
+        "digest": "sha256:" + hashlib.sha256(body).hexdigest(),
+        **{name: headers.get(f"x-complyroute-{name.replace('_', '-')}") for name in ("sender", "decided_by", "revision")},
+    }
+
+
 def passed_on(received_headers: dict) -> dict:
     """The headers an honest ingest-eu sends on (services/app.js): labels, id, token."""
     names = ["x-data-region", "x-data-category", "x-data-consent", "x-request-id", "x-complyroute-labels"]
     return {name: received_headers[name] for name in names if name in received_headers}
+
+
+def past_the_victim(state, request_id, count, timeout=5.0) -> list[dict]:
+    """A record's audit lines but the compromised service's own (written when it received the
+    record): waits for `count` of them, as wait_for_audit does."""
+    return [line for line in wait_for_audit(state, request_id, count + 1, timeout) if line["instance"] != VICTIM]
 
 
 def refused(status, body, expected_status, code):
@@ -241,7 +290,7 @@ def test_compromised_service_relabelling_changes_nothing_denied(deployed, compro
     status, answer = compromised.forward(relabelled, body)
     assert status == 200, answer
     assert [hop["instance"] for hop in answer["path"]] == [NEXT, LAST]
-    lines = wait_for_audit(deployed, headers["x-request-id"], 2)
+    lines = past_the_victim(deployed, headers["x-request-id"], 2)
     assert [line["labels"] for line in lines] == [EU_LINE, EU_LINE]
 
 
@@ -250,7 +299,7 @@ def test_compromised_service_without_token_denied(deployed, compromised):
     stripped = passed_on(headers)
     del stripped["x-complyroute-labels"]
     refused(*compromised.forward(stripped, body), 401, "LABEL_TOKEN_MISSING")
-    assert wait_for_audit(deployed, headers["x-request-id"], 1, timeout=1) == []
+    assert past_the_victim(deployed, headers["x-request-id"], 1, timeout=1) == []
 
 
 def test_compromised_service_altered_token_denied(deployed, compromised):
@@ -263,7 +312,7 @@ def test_compromised_service_altered_token_denied(deployed, compromised):
     rewritten = base64.urlsafe_b64encode(json.dumps({**decoded, "region": "US"}).encode()).rstrip(b"=").decode()
     for token in (f"{header}.{rewritten}.{signature}", self_signed({**decoded, "region": "US"})):
         refused(*compromised.forward({**passed_on(headers), "x-complyroute-labels": token}, body), 401, "LABEL_TOKEN_INVALID")
-    assert wait_for_audit(deployed, headers["x-request-id"], 1, timeout=1) == []
+    assert past_the_victim(deployed, headers["x-request-id"], 1, timeout=1) == []
 
 
 def self_signed(claims: dict) -> str:
@@ -276,7 +325,7 @@ def test_compromised_service_another_records_body_denied(deployed, compromised):
     headers, _ = compromised.genuine_record(deployed)
     status, answer = compromised.forward(passed_on(headers), json.dumps({"subject": "mallory", "reading": 0}).encode())
     refused(status, answer, 400, "RECORD_DIGEST_MISMATCH")
-    assert wait_for_audit(deployed, headers["x-request-id"], 1, timeout=1) == []
+    assert past_the_victim(deployed, headers["x-request-id"], 1, timeout=1) == []
 
 
 def test_compromised_service_replaying_a_record_denied(deployed, compromised):
@@ -285,7 +334,7 @@ def test_compromised_service_replaying_a_record_denied(deployed, compromised):
     refused(*compromised.forward(passed_on(headers), body), 409, "RECORD_REPLAYED")
     again = {**passed_on(headers), "x-request-id": f"fresh-{uuid.uuid4()}"}  # the id comes from the token
     refused(*compromised.forward(again, body), 409, "RECORD_REPLAYED")
-    assert len(wait_for_audit(deployed, headers["x-request-id"], 3, timeout=1)) == 2  # analyse-eu and store-eu, once
+    assert len(past_the_victim(deployed, headers["x-request-id"], 3, timeout=1)) == 2  # analyse-eu and store-eu, once
 
 
 def test_compromised_service_skipping_a_step_denied(deployed, compromised):
@@ -307,10 +356,51 @@ def test_compromised_service_posing_as_another_sender_denied(deployed, compromis
         compromised.forward({**passed_on(headers), "x-complyroute-step": "store"}, body, url=other)
 
 
-def test_audit_verdict_after_the_attacks_is_clean_allowed(deployed, compromised):
-    """Runs last in the module: every line the attacks left is re-checked."""
+def test_compromised_service_reusing_a_delivered_records_id_with_a_forged_token_denied(deployed, compromised):
+    """Issue 25's relabel under a record's real id. A US record x is delivered through ingest-us,
+    analyse-us and store-eu. The compromised ingest-eu hands x's body, under x's id, with a token
+    for AU/anonymous to its own deciding point, which sends it to analyse-eu: that instance never
+    saw x, so takes it and writes its line under the forged labels; store-eu saw x, and refuses
+    it as a replay. Every line agrees with its own token: only the audit's join of x's lines tells
+    (test_audit_verdict_after_the_attacks_names_only_the_relabelled_record).
+
+    The forged token is signed with the entry's key, read from the run folder: it stands for a
+    token the compromised service got signed (issue 25 found the entry OPA's gRPC port signing for
+    anyone; that is closed separately). What this proves is that a relabel under a real id, however
+    its token was signed, gets past the deciding points and the replay guards unseen, and not past
+    the audit. Its allowed twin is test_compromised_service_passing_a_record_on_honestly_allowed:
+    a record sent on with the token it came with, whose path the same verdict finds whole."""
+    state = deployed
+    request_id, answer = post(state, US_PERSONAL)
+    assert answer.status == 200, answer.text
+    assert [hop["instance"] for hop in answer.body["path"]] == ["ingest-us", "analyse-us", LAST]
+    body = json.dumps(RECORD).encode()  # the bytes post sent, whose digest x's lines hold
+    forged = {"x-data-region": "AU", "x-data-category": "anonymous", "x-request-id": request_id,
+              "x-complyroute-labels": label_token(state, {"region": "AU", "category": "anonymous"}, request_id, body)}
+    refused(*compromised.forward(forged, body), 409, "RECORD_REPLAYED")
+    RELABELLED[state["run_dir"]] = request_id
+    lines = {line["instance"]: line for line in wait_for_audit(state, request_id, 4)}
+    assert set(lines) == {"ingest-us", "analyse-us", LAST, NEXT}
+    assert (lines[NEXT]["labels"], lines[NEXT]["sender"]) == ({"region": "AU", "category": "anonymous", "consent": None}, VICTIM)
+    assert {line["digest"] for line in lines.values()} == {"sha256:" + hashlib.sha256(body).hexdigest()}
+
+
+def test_audit_verdict_after_the_attacks_names_only_the_relabelled_record(deployed, compromised):
+    """Runs last in the module: every line the attacks left is re-checked, and every record's
+    lines joined. The relabelled record is the only one named, by three findings; every other
+    record (sent by clients, passed on by the compromised service, replayed and refused) has a
+    whole path, and no line is forbidden or without a decision."""
+    assert deployed["run_dir"] in RELABELLED, "runs after test_compromised_service_reusing_a_delivered_records_id_with_a_forged_token_denied"
+    relabelled = RELABELLED[deployed["run_dir"]]
     result = subprocess.run([sys.executable, "-m", "complyroute", "audit", deployed["run_dir"]],
                             cwd=manifest.REPO, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "forbidden receptions 0, receptions without a decision 0: clean" in result.stdout, result.stdout
+    assert result.returncode == 1, result.stdout + result.stderr
+    verdict = result.stdout.splitlines()[0]
+    assert "forbidden receptions 0, receptions without a decision 0, path findings 3 in " in verdict, result.stdout
+    assert verdict.endswith(" records (labels 1, twice 1, sender 1): FAILED"), result.stdout
+    findings = [line.strip() for line in result.stdout.splitlines() if line.startswith("  ")]
+    assert [finding.split(":")[0] for finding in findings] == ["labels", "twice", "sender"], result.stdout
+    assert all(f"request {relabelled}: " in finding for finding in findings), result.stdout
+    assert f"received 2 times at step analyse: analyse-us, {NEXT}" in findings[1]
+    assert f"{NEXT} received it from {VICTIM}, which holds no line of it" in findings[2]
 
