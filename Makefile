@@ -185,7 +185,7 @@ status: check-target ## Show the parts of the current deployment: whether each i
 	$(CONTROL) $(if $(filter k8s,$(target)),k8s-status $(if $(filter command line,$(origin topology)),--topology $(topology_file)),status)
 
 .PHONY: audit
-audit: setup ## Check the audit lines of every run under runs/ (or runs="runs/a runs/b"): chains intact, no forbidden reception, none without a decision
+audit: setup ## Check the audit lines of every run under runs/ (or runs="runs/a runs/b"): chains intact, no forbidden reception, none without a decision, every record's path whole
 	$(CONTROL) audit $(runs)
 
 ##@ Kubernetes
