@@ -18,9 +18,10 @@ A run's verdict:
   revision the line names), does not allow that hop into that instance.
 - path findings: every instance's lines of the run joined by record id. Each line agrees with
   the token it was written under, so only the join sees a record relabelled or re-sent under
-  its real id: lines of one record disagreeing on labels or digest, a line whose sender holds
-  no line of the record (it never received it), a record received twice at one step, a path
-  whose lines name no gateway as a sender (it did not start at the entry).
+  its real id: lines of one record disagreeing on labels or digest, a record received twice at
+  one step, a path whose lines name no gateway as a sender (it did not start at the entry), a
+  line whose sender is not the previous hop's receiver (it holds no line of the record, or it
+  sends records on to another step).
 
 A baseline run has no deciding point: its chains are checked, its receptions are reported as
 received without a policy, not as failures, and its paths are not joined (nothing stamps a
