@@ -168,7 +168,7 @@ def check_fast_paths(paths: list[str]) -> int:
 
 def cmd_decide(args) -> int:
     """One decision of the rule set for one input, as OPA prints it."""
-    return subprocess.run([args.opa, *policyfiles.decide_args(args.input, args.catalog)]).returncode
+    return subprocess.run([args.opa, *policyfiles.decide_args(args.input, args.catalog, args.policies)]).returncode
 
 
 def program_name() -> str:
@@ -264,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     decide.add_argument("--opa", default=str(policyfiles.OPA))
     decide.add_argument("--input", required=True, help="a hop as JSON, such as policies/examples/eu-personal-allowed.json")
     decide.add_argument("--catalog", required=True, help="the instances as JSON, such as policies/examples/catalog.json")
+    decide.add_argument("--policies", type=Path, default=policyfiles.POLICIES, help="the rule set (default: policies/)")
     decide.set_defaults(run=cmd_decide)
 
     commands.add_parser("policy-bench", help="what one decision costs at each topology's enforcement points (opa bench)").set_defaults(

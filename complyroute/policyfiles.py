@@ -57,10 +57,10 @@ def test_args(paths: Sequence[str], coverage: bool = False) -> list[str]:
             *paths]
 
 
-def decide_args(input_file: str, catalog: str) -> list[str]:
+def decide_args(input_file: str, catalog: str, policies: Path = POLICIES) -> list[str]:
     """`opa eval` of one decision in the direct form: `input_file` is the hop, `catalog` the
-    instances (policies/examples/catalog.json's shape)."""
-    return ["eval", "--format=pretty", f"--data={POLICIES}", f"--data={catalog}", f"--input={input_file}",
+    instances (policies/examples/catalog.json's shape), `policies` the rule set."""
+    return ["eval", "--format=pretty", f"--data={policies}", f"--data={catalog}", f"--input={input_file}",
             *ignore_flags(), DIRECT_DECISION]
 
 

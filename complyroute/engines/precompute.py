@@ -7,9 +7,10 @@ Envoy adapter's full path, which is the compliance entrypoint,
 data.complyroute.compliance.decision, whatever rules it holds):
 
 - every known region (x-data-region) and every known category (x-data-category), as they are;
-- consent (x-data-consent) absent, or any canonical value: known purposes, sorted, each once,
-  joined with "," (2^n values for n purposes, every one asked: nothing here assumes which
-  purposes a rule set can tell apart);
+- consent (x-data-consent) absent, or any canonical value (sorted, each once, joined with ",")
+  made of the known purposes some instance of the deployment processes for: every such value
+  is asked, nothing here assumes which of them a rule set can tell apart; a record consenting
+  to another purpose is OPA's to decide in full (decision_space);
 - the listener's sender and step, which the listener pins (a listener that takes its step
   from a header has no space: its records always ask OPA).
 
@@ -26,7 +27,7 @@ checks that much of the body), the request id, the clock or another non-determin
 built-in. A rule set that does gets no table: every decision is OPA's, with the body.
 
 The guard: before a point takes its table, `check_quick_path` has OPA evaluate the quick
-path with it over the whole space, and refuses (EngineError, naming the point and the first
+path with it over the table's space, and refuses (EngineError, naming the point and the first
 labelling) unless it answers exactly the allowed labellings, as the full path does. The
 compiled engine checks its routes the same way (envoy_compiled.check_routes).
 """
@@ -252,12 +253,29 @@ def canonical_consents(purposes: list[str]) -> list[str]:
     return [",".join(chosen) for size in range(1, len(ordered) + 1) for chosen in itertools.combinations(ordered, size)]
 
 
-def decision_space(points: list[EnforcementPoint], policies: Path, data: dict[str, dict]) -> dict:
-    """decision_space.rego's input: every deciding listener that pins its step, every labelling.
+def processed_purposes(catalog: dict) -> set[str]:
+    """Every purpose some instance of a catalog processes for (a list or comma-separated)."""
+    purposes = set()
+    for instance in catalog.get("instances", {}).values():
+        value = instance.get("purposes", [])
+        items = value.split(",") if isinstance(value, str) else value
+        purposes |= {item.strip() for item in items if item.strip()}
+    return purposes
 
-    `data`: each deciding point's OPA data document (envoy_opa.opa_data)."""
+
+def decision_space(points: list[EnforcementPoint], policies: Path, data: dict[str, dict]) -> dict:
+    """decision_space.rego's input: every deciding listener that pins its step, every labelling
+    the table covers. `data`: each deciding point's OPA data document (envoy_opa.opa_data).
+
+    Consent: absent, or any canonical value made of purposes some instance of the deployment
+    processes for. That is a choice of which questions to ask ahead of time, not a claim about
+    the answers: a record whose consent names another purpose is not in the table, and OPA
+    decides it in full, at the full path's cost. Asking every combination of every known
+    purpose instead (64 values for 6) would make the table 8 to 16 times as costly to build for
+    the shipped examples, for records no instance asked for."""
     known = reference(policies)
-    consents = [None, *canonical_consents(list(known.get("purposes", {})))]
+    processed = set().union(*(processed_purposes(point.catalog) for point in points)) & set(known.get("purposes", {}))
+    consents = [None, *canonical_consents(sorted(processed))]
     return {
         "regions": sorted(known.get("regions", {})),
         "categories": sorted(known.get("categories", {})),
@@ -272,6 +290,17 @@ def decision_space(points: list[EnforcementPoint], policies: Path, data: dict[st
             for point in points if any(listener.step for listener in point.deciding)
         },
     }
+
+
+def every_consent(space: dict, policies: Path) -> dict:
+    """The space with every canonical consent value of the known purposes: where check_routes
+    walks the compiled trees, so that a route answering a labelling the table does not hold is
+    caught too. (The quick path is checked over the table's own space: it looks a labelling up
+    by its exact labels, and the policy tests check that it answers nothing else.)"""
+    consents = [None, *canonical_consents(sorted(reference(policies).get("purposes", {})))]
+    return {**space, "points": {name: {**entry, "listeners": {listener: {**pinned, "consents": consents}
+                                                               for listener, pinned in entry["listeners"].items()}}
+                                for name, entry in space["points"].items()}}
 
 
 def labellings(space: dict):
