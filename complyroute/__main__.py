@@ -229,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("undeploy", help="stop the current deployment").set_defaults(run=lambda a: (deployment.stop(), 0)[1])
     commands.add_parser("status", help="show the parts of the current deployment").set_defaults(run=lambda a: deployment.status())
     audit_runs = commands.add_parser(
-        "audit", help="verify every audit chain of runs, re-check every line against the rules, print a verdict per run and in total")
+        "audit", help="verify every audit chain of runs, re-check every line against the rules, join each record's lines into its path, "
+                      "print a verdict per run and in total")
     audit_runs.add_argument("runs", nargs="*", type=Path, help="run folders (default: every one under runs/)")
     audit_runs.set_defaults(run=lambda a: audit.main(a.runs))
 
