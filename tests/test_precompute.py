@@ -10,23 +10,7 @@ from complyroute import engines, manifest, policydiff
 from complyroute.engines import envoy_compiled, envoy_opa, precompute
 from complyroute.plan import place
 from complyroute.policyfiles import POLICIES
-
-# An exclusion of a shape the shipped rules do not have: it compares a label with a literal.
-SWISS_RESIDENCY = '''
-# METADATA
-# title: Swiss residency
-# description: Personal data of Swiss subjects goes only to CH, GDPR or adequate regions.
-# custom:
-#   code: CH_RESIDENCY_VIOLATION
-#   message: personal data of Swiss subjects may go only to CH, GDPR or adequate regions
-exclusions contains exclusion(rego.metadata.rule(), id, detail) if {
-	personal
-	label.region == "CH"
-	some id, candidate in candidates
-	not candidate.protected
-	detail := sprintf("%s is in %v", [id, object.get(candidate, "region", "no region")])
-}
-'''
+from tests.walkthrough import rule_set_with_rule
 
 # A rule that reads the record's body: no table can enumerate it.
 MINORS = '''
@@ -73,7 +57,7 @@ def shipped(walkthrough):
 @pytest.fixture(scope="module")
 def swiss(walkthrough, tmp_path_factory):
     _, points = walkthrough
-    policies = with_rule(tmp_path_factory.mktemp("swiss"), SWISS_RESIDENCY)
+    policies = rule_set_with_rule(tmp_path_factory.mktemp("swiss"))  # policies/README.md's walkthrough
     return policies, envoy_opa.decided_data(points, policies)
 
 

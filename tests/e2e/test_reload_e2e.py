@@ -17,6 +17,8 @@ import pytest
 from complyroute import audit, bundles, deployment, policyfiles, reload
 from complyroute.client import send
 
+from tests.walkthrough import rule_set_with_rule
+
 from .helpers import ENFORCING, ENGINES, EU_PERSONAL, RECORD, audit_lines, deploy_mixed_regions
 
 pytestmark = pytest.mark.e2e
@@ -27,22 +29,6 @@ AFTER = ("ingest-us", "analyse-us", "store-eu")
 INTERVAL = 0.02  # a record every 20 ms while the rule set changes
 
 
-# An exclusion of a shape the shipped rules do not have: it compares a label with a literal.
-SWISS_RESIDENCY = """
-# METADATA
-# title: Swiss residency
-# description: Personal data of Swiss subjects goes only to CH, GDPR or adequate regions.
-# custom:
-#   code: CH_RESIDENCY_VIOLATION
-#   message: personal data of Swiss subjects may go only to CH, GDPR or adequate regions
-exclusions contains exclusion(rego.metadata.rule(), id, detail) if {
-	personal
-	label.region == "CH"
-	some id, candidate in candidates
-	not candidate.protected
-	detail := sprintf("%s is in %v", [id, object.get(candidate, "region", "no region")])
-}
-"""
 CH_PERSONAL = {**EU_PERSONAL, "region": "CH"}
 US_PERSONAL = {**EU_PERSONAL, "region": "US"}
 # The US gateway prefers US replicas where the rules let it; store has only store-eu.
@@ -51,12 +37,9 @@ US_PATH = ("ingest-us", "analyse-us", "store-eu")
 
 @pytest.fixture(scope="module")
 def swiss_policies(tmp_path_factory):
-    """The shipped rule set with one rule added to compliance.rego: Swiss residency."""
-    policies = tmp_path_factory.mktemp("swiss") / "policies"
-    shutil.copytree(policyfiles.POLICIES, policies)
-    compliance = policies / "complyroute" / "compliance" / "compliance.rego"
-    compliance.write_text(compliance.read_text() + SWISS_RESIDENCY)
-    return policies
+    """The shipped rule set with the rule policies/README.md's walkthrough adds: Swiss
+    residency, an exclusion of a shape the shipped rules do not have."""
+    return rule_set_with_rule(tmp_path_factory.mktemp("swiss"))
 
 
 @pytest.fixture(scope="module")
