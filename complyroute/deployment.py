@@ -25,6 +25,7 @@ import signal
 import ssl
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -35,7 +36,7 @@ from pathlib import Path
 import psutil
 import yaml
 
-from . import bundles, enforcement, engines, identity, pki, policyfiles
+from . import bundles, enforcement, engines, identity, localhttp, pki, policyfiles
 from .manifest import REPO, Topology
 from .policyfiles import OPA, POLICIES, SYSTEM_POLICIES
 from .enforcement import EnforcementPoint, Endpoint
@@ -137,6 +138,9 @@ def point_parts(point: EnforcementPoint, config: engines.PointConfig, folder: Pa
     from disk only the REST API's authorization policy (policies/system) and `opa_disk_data`
     (the entry's label-token key)."""
     folder.mkdir(parents=True, exist_ok=True)
+    for private in point.private:  # where its sockets go: for its own processes only
+        Path(private).mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(private, 0o700)
     bootstrap, routes = point_routes(config.envoy, folder, revision)
     write_routes(folder / ROUTES, routes)
     # JSON, not YAML: a compiled route configuration can be large, and Envoy parses JSON faster.
@@ -310,8 +314,6 @@ def socket_path(run_dir: Path) -> Path:
     path = run_dir / SUPERVISOR_SOCKET
     if len(str(path).encode()) < 100:
         return path
-    import tempfile
-
     return Path(tempfile.mkdtemp(prefix="complyroute-")) / SUPERVISOR_SOCKET  # mode 0700
 
 
@@ -454,6 +456,12 @@ def control_context(tls: identity.TlsFiles | dict) -> ssl.SSLContext:
 
 
 def healthy(url: str, timeout: float = 1.0, tls: identity.TlsFiles | dict | None = None) -> bool:
+    """Whether `url` answers 200: http(s), or http+unix for what listens on a socket (localhttp)."""
+    if localhttp.is_local(url):
+        try:
+            return localhttp.request(url, timeout=timeout)[0] == 200
+        except OSError:
+            return False
     try:
         with urllib.request.urlopen(url, timeout=timeout, context=control_context(tls) if tls else None) as answer:
             return answer.status == 200
@@ -532,10 +540,18 @@ def deploy(topology: Topology, policies: Path = POLICIES, health_timeout: float 
     if read_state():
         stop(out=open(os.devnull, "w"))  # a stale deployment whose processes are gone: forget it
 
-    plan = place(topology)
     started = time.monotonic()
     run_dir = new_run_dir(f"{topology.name}-{len(topology.instances)}-{time.strftime('%Y%m%d-%H%M%S')}")
-    parts = render(plan, run_dir, policies)
+    # The points' private folders (their sockets) under one of this deployment's own, mode
+    # 0700, at a short path: a socket's path has at most 107 bytes, and a run folder's can be
+    # longer. Removed by undeploy.
+    private = Path(tempfile.mkdtemp(prefix="complyroute-"))
+    try:
+        plan = place(topology, LocalNetwork(private))
+        parts = render(plan, run_dir, policies)
+    except BaseException:
+        shutil.rmtree(private, ignore_errors=True)
+        raise
     state = {
         "topology": topology.name,
         "kind": topology.kind,
@@ -546,6 +562,7 @@ def deploy(topology: Topology, policies: Path = POLICIES, health_timeout: float 
         "manifest": str(topology.source),
         "services": len(topology.instances),
         "run_dir": str(run_dir),
+        "private": str(private),
         "entry_url": f"{plan.entry.url}/process",
         # The rule set's revision the points decide with (reload.py updates it).
         "revision": pickle.loads((run_dir / RENDERED).read_bytes()).revision,
@@ -718,5 +735,7 @@ def stop(out=sys.stdout, grace: float = 10.0) -> int:
         CURRENT.unlink()
     if sup.get("socket") and Path(sup["socket"]).parent != Path(state["run_dir"]):
         shutil.rmtree(Path(sup["socket"]).parent, ignore_errors=True)  # the private folder of a long path's socket
+    if state.get("private"):
+        shutil.rmtree(state["private"], ignore_errors=True)  # the points' sockets
     print(f"undeploy: stopped {len(pids)} processes of {state['topology']}; logs kept in {state['run_dir']}", file=out)
     return len(pids)

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from . import localhttp
+
 if TYPE_CHECKING:
     from .identity import PointTrust
 
@@ -76,15 +78,23 @@ def receive_timeouts(settings: dict) -> tuple[str, str]:
 
 @dataclass(frozen=True)
 class Endpoint:
-    """Where a part listens (`address`) and the name others reach it by (`host`).
+    """Where a part listens (`address`) and the name others reach it by (`host`), or the unix
+    domain socket it listens on (`path`).
 
     On one machine the two are the same loopback address; on Kubernetes a part binds 0.0.0.0
-    (or 127.0.0.1 inside its pod) and is reached by its Service's DNS name.
+    (or 127.0.0.1 inside its pod) and is reached by its Service's DNS name. What only a point's
+    own processes may reach (Envoy's admin, OPA's decision port and REST API) is a socket in a
+    folder that only they can open (`unix`), on either.
     """
 
     address: str
     port: int
     host: str = ""
+    path: str = ""
+
+    @classmethod
+    def unix(cls, path: str | Path) -> Endpoint:
+        return cls("", 0, path=str(path))
 
     @property
     def reach(self) -> str:
@@ -92,7 +102,12 @@ class Endpoint:
 
     @property
     def url(self) -> str:
-        return f"http://{self.reach}:{self.port}"
+        return localhttp.url(self.path) if self.path else f"http://{self.reach}:{self.port}"
+
+    @property
+    def listen(self) -> str:
+        """The address as OPA's flags and its plugin's `addr` take it."""
+        return f"unix://{self.path}" if self.path else f"{self.address}:{self.port}"
 
 
 @dataclass(frozen=True)
@@ -127,11 +142,16 @@ ROLES = (
 class EnforcementPoint:
     name: str
     node: str
-    admin: Endpoint  # Envoy's admin interface: loopback only, for operators and make bench
+    # Sockets in the point's private folder (Endpoint.unix; `private`), which only its own
+    # processes open: Envoy's admin interface (for the control plane: reload, make bench), the
+    # ext_authz server Envoy asks, and OPA's REST API (read-only: policies/system/authz).
+    admin: Endpoint
     ready: Endpoint  # Envoy's readiness listener: GET /ready, its health check, and nothing else
-    opa_grpc: Endpoint  # the ext_authz server Envoy asks
-    opa_http: Endpoint  # OPA's REST API: loopback only, read-only (OPA_AUTHZ_POLICY)
-    opa_diagnostic: Endpoint  # OPA's --diagnostic-addr: /health?plugins is its health check, /metrics
+    opa_grpc: Endpoint
+    opa_http: Endpoint
+    # OPA's --diagnostic-addr: /health?plugins is its health check, /metrics. A socket in the
+    # private folder too, but on Kubernetes, where the kubelet probes it over TCP.
+    opa_diagnostic: Endpoint
     concurrency: int = 1
     role: str = ""  # one of ROLES, which the placement gives (net.point); __post_init__ refuses any other
     # The points that run as one workload and are reached under one name: a sidecar's group is its
@@ -149,6 +169,12 @@ class EnforcementPoint:
         self.group = self.group or self.name
 
     @property
+    def private(self) -> set[str]:
+        """The folders of the point's sockets: only its own processes may open them."""
+        endpoints = (self.admin, self.opa_grpc, self.opa_http, self.opa_diagnostic)
+        return {str(Path(endpoint.path).parent) for endpoint in endpoints if endpoint.path}
+
+    @property
     def opa_health_url(self) -> str:
         return f"{self.opa_diagnostic.url}/health?plugins"
 
@@ -161,7 +187,13 @@ class EnforcementPoint:
         return f"{self.ready.url}{READY_PATH}"
 
 
+# A socket Envoy listens on (its admin interface) is for its own user only.
+OWNER_ONLY = 0o600
+
+
 def _socket(endpoint: Endpoint) -> dict:
+    if endpoint.path:
+        return {"pipe": {"path": endpoint.path, "mode": OWNER_ONLY}}
     return {"socket_address": {"address": endpoint.address, "port_value": endpoint.port}}
 
 
@@ -215,14 +247,16 @@ def _filter_chain(filters: list, trust: PointTrust | None, listener: str) -> dic
 
 
 def _cluster(name: str, endpoint: Endpoint, http2: bool = False, trust: PointTrust | None = None) -> dict:
+    # A socket (the point's own OPA) or an address is used as it is; a name (a Kubernetes
+    # Service) is resolved by DNS.
+    address = {"pipe": {"path": endpoint.path}} if endpoint.path else _socket(Endpoint(endpoint.reach, endpoint.port))
     cluster = {
         "name": name,
-        # An address is used as it is; a name (a Kubernetes Service) is resolved by DNS.
-        "type": "STATIC" if _is_ip(endpoint.reach) else "STRICT_DNS",
+        "type": "STATIC" if endpoint.path or _is_ip(endpoint.reach) else "STRICT_DNS",
         "connect_timeout": "1s",
         "load_assignment": {
             "cluster_name": name,
-            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": _socket(Endpoint(endpoint.reach, endpoint.port))}}]}],
+            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": address}}]}],
         },
         # Envoy's default of 1024 pending requests would turn load peaks into 503s that
         # measure Envoy's defaults rather than the topology.
@@ -698,7 +732,10 @@ def opa_config(point: EnforcementPoint, bundles: BundleSource | None = None, dec
         **({"decision_logs": {"console": True}} if decision_logs == "file" else {}),
         "plugins": {
             "envoy_ext_authz_grpc": {
-                "addr": f"{point.opa_grpc.address}:{point.opa_grpc.port}",
+                # A socket in the point's private folder (Endpoint.unix): only its own Envoy
+                # asks. Anyone else reaching it could have any input decided, and at the entry
+                # signed: a label token over labels of their choosing.
+                "addr": point.opa_grpc.listen,
                 "path": POLICY_QUERY,
                 # The policy parses the body itself so a malformed record gets a clear 400
                 # instead of an evaluation error.

@@ -9,13 +9,17 @@ Kubernetes network in complyroute/kubernetes/render.py (Service names, fixed pod
 from __future__ import annotations
 
 import importlib.util
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from .enforcement import DecidingListener, EnforcementPoint, Endpoint
 from .manifest import PLACEMENT, Instance, Node, Topology
 
 GATEWAY_SENDER = "gateway"
+# The sockets in a point's private folder, wherever it runs (kubernetes/render.py too).
+ADMIN_SOCKET, DECISION_SOCKET, API_SOCKET, DIAGNOSTIC_SOCKET = "envoy-admin.sock", "opa-decision.sock", "opa-api.sock", "opa-diagnostic.sock"
 
 
 class LocalNetwork:
@@ -25,25 +29,33 @@ class LocalNetwork:
     shows in every port of one part. 999 parts per block is far above the 50 run.
     """
 
-    SERVICE, INGRESS, EGRESS, OPA_GRPC, OPA_HTTP, ENVOY_ADMIN, OPA_DIAGNOSTIC, ENVOY_READY = 20000, 21000, 22000, 23000, 24000, 25000, 26000, 27000
+    SERVICE, INGRESS, EGRESS, ENVOY_READY = 20000, 21000, 22000, 27000
     BUNDLE_SERVER = 29000
+
+    def __init__(self, private: Path | None = None):
+        # Where each point's private folder goes (<private>/<point>/, mode 0700, made by the
+        # deployment): a short path of its own, since a unix socket's path has at most 107
+        # bytes. A plan that is only rendered, never started, names the default.
+        self.private = private or Path(tempfile.gettempdir()) / "complyroute"
 
     def entry(self, point_name: str) -> Endpoint:
         return Endpoint("127.0.0.1", 8080)
 
     def point(self, name: str, node: Node, index: int, role: str, group: str = "", concurrency: int = 1) -> EnforcementPoint:
+        folder = self.private / name
         return EnforcementPoint(
             name=name,
             node=node.name,
             role=role,
             group=group,
-            # Every address is the node's loopback one: admin interfaces are reached from this
-            # machine only.
-            admin=Endpoint(node.address, self.ENVOY_ADMIN + index),
+            # What only the point's own processes use listens on no port: sockets in its folder,
+            # which no other user can open (enforcement.EnforcementPoint). Its readiness
+            # listener is on the node's loopback address.
+            admin=Endpoint.unix(folder / ADMIN_SOCKET),
             ready=Endpoint(node.address, self.ENVOY_READY + index),
-            opa_grpc=Endpoint(node.address, self.OPA_GRPC + index),
-            opa_http=Endpoint(node.address, self.OPA_HTTP + index),
-            opa_diagnostic=Endpoint(node.address, self.OPA_DIAGNOSTIC + index),
+            opa_grpc=Endpoint.unix(folder / DECISION_SOCKET),
+            opa_http=Endpoint.unix(folder / API_SOCKET),
+            opa_diagnostic=Endpoint.unix(folder / DIAGNOSTIC_SOCKET),
             concurrency=concurrency,
         )
 
@@ -61,7 +73,7 @@ class LocalNetwork:
 
     def hop(self, point: EnforcementPoint, instance: Instance) -> Endpoint:
         """The listener of a shared point (central entity, router) for one sending instance."""
-        return Endpoint(point.admin.address, self.EGRESS + instance.index)
+        return Endpoint(point.ready.address, self.EGRESS + instance.index)
 
     def bundle_server(self, gateway: Node) -> Endpoint:
         """Where the control plane serves the points' OPAs their bundles (bundleserver.py)."""

@@ -35,8 +35,10 @@ TEST_IGNORED = (EXAMPLES,)
 DIRECT_DECISION = ("data.complyroute.compliance.decision"
                    " with data.complyroute.index as data.complyroute.indexing.index(data.complyroute.catalog)")
 # Flags of every point's `opa run --server`, wherever it runs: its REST API asks the rule set's
-# system.authz policy (policies/system/authz) about every request, which refuses writes.
-SERVER_FLAGS = ("--authorization=basic",)
+# system.authz policy (policies/system/authz) about every request, which refuses writes. Its
+# REST API and diagnostics listen on unix sockets (enforcement.Endpoint.unix) that only OPA's
+# own user may open (OPA's default, 755, would do: connecting takes write permission; stated).
+SERVER_FLAGS = ("--authorization=basic", "--unix-socket-perm=600")
 # A point's OPA reads its index on every decision and never writes it: held as OPA's own
 # values rather than as JSON, a decision's lookups convert nothing.
 RUN_FLAGS = ("--optimize-store-for-read-speed",)
@@ -80,7 +82,7 @@ def server_args(http: Endpoint, diagnostic: Endpoint, config_file: str, paths: S
     API on `http`, its health and metrics on `diagnostic`, its configuration (the bundle it
     fetches), and the files under `paths` it loads from disk less `ignore`."""
     return [
-        "run", "--server", f"--addr={http.address}:{http.port}", f"--diagnostic-addr={diagnostic.address}:{diagnostic.port}",
+        "run", "--server", f"--addr={http.listen}", f"--diagnostic-addr={diagnostic.listen}",
         *SERVER_FLAGS, f"--config-file={config_file}", "--skip-version-check", "--log-level=error", *RUN_FLAGS,
         *ignore_flags(ignore), *paths,
     ]

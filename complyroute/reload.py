@@ -13,8 +13,9 @@ and hands the result to the running processes the way each takes it:
 
 Nothing is restarted, so nothing in flight is dropped: a request keeps the route and the
 policy it started with. The reload returns once every point decides with the new revision:
-its OPA reports it (GET /v1/data/complyroute/revision on its loopback REST API) and its Envoy
-serves route configurations of that version (the admin interface's RDS statistics).
+its OPA reports it (GET /v1/data/complyroute/revision on its REST API) and its Envoy serves
+route configurations of that version (the admin interface's RDS statistics), both read through
+the point's private sockets.
 """
 
 from __future__ import annotations
@@ -24,13 +25,11 @@ import pickle
 import sys
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from . import bundles, deployment, engines, policydata, policyfiles
+from . import bundles, deployment, engines, localhttp, policydata, policyfiles
 from .enforcement import EnforcementPoint
 
 POLL_INTERVAL = 0.05  # between rounds of asking the points still on the old revision
@@ -41,10 +40,11 @@ class ReloadError(RuntimeError):
 
 
 def _get_json(url: str) -> dict | None:
+    """A JSON answer from a point's socket (localhttp); None when it does not answer 200."""
     try:
-        with urllib.request.urlopen(url, timeout=2) as answer:
-            return json.loads(answer.read())
-    except (urllib.error.URLError, OSError, ValueError):
+        status, body = localhttp.request(url, timeout=2)
+        return json.loads(body) if status == 200 else None
+    except (OSError, ValueError):
         return None
 
 
@@ -58,13 +58,11 @@ def envoy_revisions(point: EnforcementPoint) -> set[str]:
     """The versions of the route configurations the point's Envoy serves: each listener's
     http.<listener>.rds.<route configuration>.version_text (the config dump keeps the version
     a configuration was last loaded with while its content stays the same)."""
-    try:
-        query = urllib.parse.urlencode({"filter": r"\.rds\..*\.version_text$", "format": "json"})
-        with urllib.request.urlopen(f"{point.admin.url}/stats?{query}", timeout=2) as answer:
-            stats = json.loads(answer.read())["stats"]
-    except (urllib.error.URLError, OSError, ValueError, KeyError):
+    query = urllib.parse.urlencode({"filter": r"\.rds\..*\.version_text$", "format": "json"})
+    answer = _get_json(f"{point.admin.url}/stats?{query}")
+    if answer is None or "stats" not in answer:
         return set()
-    return {stat["value"] for stat in stats if "value" in stat}
+    return {stat["value"] for stat in answer["stats"] if "value" in stat}
 
 
 def decides_with(point: EnforcementPoint, has_opa: bool, has_routes: bool, revision: str) -> bool:

@@ -66,17 +66,16 @@ import statistics
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import psutil
 
-from complyroute import bundles, deployment, enforcement, engines, identity, manifest, pki, policybench, policyfiles
+from complyroute import bundles, deployment, enforcement, engines, identity, localhttp, manifest, pki, policybench, policyfiles
 from complyroute.enforcement import DIGEST_HEADER, LABEL_TOKEN_HEADER, TOKEN_ISSUER, DecidingListener, EnforcementPoint, Endpoint, ForwardingListener, write_data
 from complyroute.manifest import REPO
-from complyroute.plan import place
+from complyroute.plan import ADMIN_SOCKET, API_SOCKET, DECISION_SOCKET, DIAGNOSTIC_SOCKET, place
 
 FLOOR_APP = REPO / "services" / "bench" / "floor.js"
 RUNS = REPO / "runs" / "bench"
@@ -144,6 +143,8 @@ class Bench:
     def __init__(self, folder: Path, scratch: Path | None = None):
         self.folder = folder
         self.keys = (scratch or folder) / "pki"  # where credentials are written: the run's scratch folder
+        # The points' private folders (their sockets): the scratch folder's path is short.
+        self.private = (scratch or folder) / "private"
         self.pids: dict[str, int] = {}
         self.urls: dict[str, str] = {}
         self.last_port = BASE_PORT
@@ -211,10 +212,15 @@ class Bench:
             token_lifetime_seconds=TOKEN_LIFETIME,
         )
 
+    def socket(self, point: str, name: str) -> Endpoint:
+        return Endpoint.unix(self.private / point / name)
+
     def enforcement_point(self, name: str) -> EnforcementPoint:
-        # A point that stands alone between a sender and a sink, as a router does between services.
-        return EnforcementPoint(name, "bench", admin=self.endpoint(), ready=self.endpoint(), opa_grpc=self.endpoint(),
-                                opa_http=self.endpoint(), opa_diagnostic=self.endpoint(), role="router")
+        # A point that stands alone between a sender and a sink, as a router does between services;
+        # what only it uses on sockets in its private folder, as in a deployment (plan.LocalNetwork).
+        return EnforcementPoint(name, "bench", admin=self.socket(name, ADMIN_SOCKET), ready=self.endpoint(),
+                                opa_grpc=self.socket(name, DECISION_SOCKET), opa_http=self.socket(name, API_SOCKET),
+                                opa_diagnostic=self.socket(name, DIAGNOSTIC_SOCKET), role="router")
 
     def point(self, point: EnforcementPoint, kind: str, settings: dict, policies: Path = policyfiles.POLICIES,
               trust: identity.PointTrust | None = None) -> None:
@@ -257,8 +263,12 @@ class Bench:
 
 
 def listening(pid: int) -> bool:
+    """Whether the process listens on a TCP port, or holds a unix socket (an OPA of a point
+    listens on sockets only; its health check, bench.health_urls, follows)."""
     try:
-        return any(c.status == psutil.CONN_LISTEN for c in psutil.Process(pid).net_connections())
+        process = psutil.Process(pid)
+        return (any(c.status == psutil.CONN_LISTEN for c in process.net_connections())
+                or any(c.laddr for c in process.net_connections(kind="unix")))
     except psutil.Error:
         return False
 
@@ -296,16 +306,22 @@ def label_token(jwk: dict, body: bytes, request_id: str, lifetime: int = TOKEN_L
     return pki.sign_token(claims, jwk)
 
 
+def read(url: str) -> str:
+    """What a point's socket (localhttp) answers; an error unless 200."""
+    status, body = localhttp.request(url, timeout=10)
+    if status != 200:
+        raise RuntimeError(f"bench: {url} answered {status}: {body[:200]!r}")
+    return body.decode()
+
+
 def envoy_counter(admin: Endpoint, name: str) -> int:
-    with urllib.request.urlopen(f"{admin.url}/stats?filter=^{name}$") as answer:
-        text = answer.read().decode().strip()
+    text = read(f"{admin.url}/stats?filter=^{name}$").strip()
     return int(text.rsplit(":", 1)[1]) if text else 0
 
 
 def plugin_handler_ms(metrics_url: str) -> float:
     """Mean wall time of a check inside opa-envoy-plugin (its grpc_request_duration_seconds)."""
-    with urllib.request.urlopen(metrics_url) as answer:
-        lines = answer.read().decode().splitlines()
+    lines = read(metrics_url).splitlines()
     total = {}
     for line in lines:
         for suffix in ("_sum", "_count"):
@@ -318,7 +334,7 @@ def plugin_handler_ms(metrics_url: str) -> float:
 
 def bare_envoy(listener: Endpoint, upstream: Endpoint, admin: Endpoint) -> dict:
     """An Envoy that forwards with nothing but the router filter: the floor of a traversal."""
-    socket = lambda e: {"socket_address": {"address": e.address, "port_value": e.port}}
+    socket = lambda e: {"pipe": {"path": e.path, "mode": 0o600}} if e.path else {"socket_address": {"address": e.address, "port_value": e.port}}
     manager = {
         "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
         "stat_prefix": "bare",
@@ -388,7 +404,9 @@ def start_parts(bench: Bench, scratch: Path) -> tuple[list[Pair], dict]:
     bench.start(replace(part, name="service-token"))
     bench.urls["service-token"] = https(endpoint)
 
-    listener, admin = bench.endpoint(), bench.endpoint()
+    listener, admin = bench.endpoint(), bench.socket("bare-envoy", ADMIN_SOCKET)
+    admin_folder = Path(admin.path).parent
+    admin_folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     (scratch / "bare-envoy.json").write_text(json.dumps(bare_envoy(listener, sink, admin)))
     bench.start(deployment.Part("bare-envoy", "envoy", "bench",
                                 [deployment.envoy_binary(), "-c", str(scratch / "bare-envoy.json"), "--concurrency", "1", "--disable-hot-restart", "--log-level", "warn"],

@@ -10,24 +10,25 @@ import json
 import os
 import re
 import subprocess
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from complyroute import deployment, engines, enforcement, identity, manifest
+from complyroute import deployment, engines, enforcement, identity, localhttp, manifest
 from complyroute.policyfiles import POLICIES
-from complyroute.plan import place
+from complyroute.plan import LocalNetwork, place
 
 TOPOLOGIES = ["sidecar", "central-entity", "dynamic-router-3", "dynamic-router-6", "baseline"]
 MIXED_REGIONS = str(manifest.REPO / "topologies" / "examples" / "mixed-regions.yaml")
 
 
-def configured(topology: str, engine: str, credentials_dir=None):
+def configured(topology: str, engine: str, credentials_dir=None, net=None):
     """Every point's configuration; with mutual TLS and label tokens when `credentials_dir` is
     given (the credentials are written there, where Envoy reads them)."""
     loaded = manifest.load(topology, services=MIXED_REGIONS, engine=engine)
-    plan = place(loaded)
+    plan = place(loaded, net)
     trust = identity.Trust.of(plan) if credentials_dir else None
     point_trust = {}
     if trust:
@@ -117,27 +118,49 @@ def test_envoy_refuses_a_configuration_it_cannot_load_denied(tmp_path):
 
 
 @pytest.mark.parametrize("topology", TOPOLOGIES)
-def test_admin_and_opa_api_listen_on_loopback_and_health_checks_avoid_them(topology):
+def test_admin_decisions_and_opa_api_listen_on_private_sockets_and_health_checks_avoid_them(topology):
+    """Envoy's admin, OPA's decision port, REST API and diagnostics listen on no port: sockets in
+    the point's own folder (mode 0700 when deployed; Envoy's admin socket 0600); only the
+    readiness listener is on the node's loopback."""
     plan, configs = configured(topology, "envoy-opa")
     for point in plan.points:
-        for endpoint in (point.admin, point.opa_http, point.opa_grpc, point.ready, point.opa_diagnostic):
-            assert endpoint.address.startswith("127."), (point.name, endpoint)
-        assert len({point.admin, point.ready, point.opa_http, point.opa_diagnostic}) == 4
+        sockets = (point.admin, point.opa_http, point.opa_grpc, point.opa_diagnostic)
+        folder = str(LocalNetwork().private / point.name)
+        assert all(e.path and not e.address and not e.port and str(Path(e.path).parent) == folder for e in sockets), point
+        assert point.private == {folder} and len({e.path for e in sockets}) == 4
+        assert point.ready.address.startswith("127.") and not point.ready.path
         envoy = configs[point.name].envoy
-        assert envoy["admin"]["address"]["socket_address"] == {"address": point.admin.address, "port_value": point.admin.port}
-        assert point.envoy_ready_url == f"{point.ready.url}/ready" and point.admin.url not in point.envoy_ready_url
-        assert point.opa_health_url == f"{point.opa_diagnostic.url}/health?plugins"
+        assert envoy["admin"]["address"] == {"pipe": {"path": point.admin.path, "mode": 0o600}}
+        if point.deciding:
+            [opa] = [c for c in envoy["static_resources"]["clusters"] if c["name"] == "opa"]
+            assert opa["type"] == "STATIC"
+            assert opa["load_assignment"]["endpoints"] == [{"lb_endpoints": [{"endpoint": {"address": {"pipe": {"path": point.opa_grpc.path}}}}]}]
+            assert configs[point.name].opa["plugins"]["envoy_ext_authz_grpc"]["addr"] == f"unix://{point.opa_grpc.path}"
+        assert point.envoy_ready_url == f"{point.ready.url}/ready"
+        assert point.opa_health_url == f"{localhttp.url(point.opa_diagnostic.path)}/health?plugins"
+        # Only what a peer sends records to, and the readiness listener, listen on TCP.
+        tcp = [l["address"]["socket_address"] for l in envoy["static_resources"]["listeners"]]
+        assert len(tcp) == len(point.deciding) + len(point.forwarding) + 1
+
+
+def test_a_deployments_private_sockets_fit_a_unix_socket_path():
+    """A socket's path has at most 107 bytes: the deployment puts them under a short folder of its own."""
+    private = Path(tempfile.gettempdir()) / "complyroute-abcdefgh"
+    for topology in TOPOLOGIES:
+        for point in place(manifest.load(topology, services=50), LocalNetwork(private)).points:
+            assert all(len(e.path.encode()) < 100 for e in (point.admin, point.opa_http, point.opa_grpc, point.opa_diagnostic)), point.name
 
 
 def test_opa_runs_with_a_read_only_api_and_a_diagnostic_address(tmp_path):
-    plan, configs = configured("central-entity", "envoy-opa")
+    plan, configs = configured("central-entity", "envoy-opa", net=LocalNetwork(tmp_path / "private"))
     point = plan.points[0]
     source = enforcement.BundleSource("http://127.0.0.1:1")
     opa, envoy = deployment.point_parts(point, configs[point.name], tmp_path / "point", tmp_path, "r1", source, {})
     command = opa.command
-    assert f"--addr={point.opa_http.address}:{point.opa_http.port}" in command
-    assert f"--diagnostic-addr={point.opa_diagnostic.address}:{point.opa_diagnostic.port}" in command
-    assert "--authorization=basic" in command
+    assert f"--addr=unix://{point.opa_http.path}" in command
+    assert f"--diagnostic-addr=unix://{point.opa_diagnostic.path}" in command
+    assert "--authorization=basic" in command and "--unix-socket-perm=600" in command
+    assert Path(point.opa_grpc.path).parent.stat().st_mode & 0o777 == 0o700  # the point's private folder
     assert opa.health_url == point.opa_health_url and envoy.health_url == point.envoy_ready_url
     # The authorization policy OPA asks is loaded from disk with it; the rule set comes from its bundle.
     assert command[-2:] == [str(POLICIES / "system"), str(tmp_path / "point" / "data")]

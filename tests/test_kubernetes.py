@@ -30,6 +30,7 @@ from cryptography.hazmat.primitives import serialization
 from complyroute import bundles, deployment, enforcement, images, kubetrust, manifest, pki
 from complyroute.kubernetes import apply, render, validate
 from complyroute.kubernetes.nodes import NODE_LABEL, ROLE_LABEL
+from complyroute.plan import ADMIN_SOCKET, API_SOCKET, DECISION_SOCKET
 from complyroute.policyfiles import POLICIES
 from complyroute.reload import ReloadError
 
@@ -212,7 +213,8 @@ def test_only_routes_the_rule_set_decides_leave_the_bootstrap_denied(topology, p
             split = len(managers) - len(inline)
             assert split == (4 if compiled and workload == point else 0), (workload, split)  # the 4 hops of 5 services
             mounts = [m["mountPath"] for m in container["volumeMounts"]]
-            assert mounts == ["/config", render.ROUTES_MOUNT, kubetrust.MOUNT] if split else ["/config", kubetrust.MOUNT]
+            assert mounts == (["/config", render.ROUTES_MOUNT, kubetrust.MOUNT, render.PRIVATE_MOUNT] if split
+                              else ["/config", kubetrust.MOUNT, render.PRIVATE_MOUNT]), (workload, mounts)
 
 
 def test_split_routes_moves_every_route_configuration_and_leaves_the_bootstrap_it_was_given():
@@ -249,7 +251,7 @@ def local_bootstrap(files: dict[str, str], config: str, folder) -> str:
         text = text.replace(f'"{directory}/', f'"{folder}{directory}/').replace(f'"{directory}"', f'"{folder}{directory}"')
     envoy = json.loads(text)
     loopback = {"address": "127.0.0.1", "port_value": 0}
-    envoy["admin"]["address"]["socket_address"] = loopback
+    envoy["admin"]["address"] = {"socket_address": loopback}  # in its pod a socket in the private volume
     for listener in envoy["static_resources"]["listeners"]:
         listener["address"]["socket_address"] = loopback
     for cluster in envoy["static_resources"]["clusters"]:
@@ -549,22 +551,32 @@ def test_the_service_image_runs_as_the_pods_numeric_user():
 
 
 @pytest.mark.parametrize("topology", TOPOLOGIES)
-def test_admin_and_opa_api_stay_in_the_pod_and_probes_use_readiness_and_diagnostics(topology, tmp_path):
+def test_admin_decisions_and_opa_api_are_private_sockets_and_probes_use_readiness_and_diagnostics(topology, tmp_path):
+    """Envoy's admin, OPA's decision port and REST API are sockets in a memory emptyDir that only
+    the point's Envoy and OPA containers mount: not the service beside a sidecar, which shares
+    the pod's loopback."""
     net = render.KubernetesNetwork
     _, objects = rendered(topology, 5, tmp_path)
     envoys = [o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("envoy-")]
+    socket = lambda name: f"{render.PRIVATE_MOUNT}/{name}"
     for configmap in envoys:
         envoy = json.loads(configmap["data"]["envoy.json"])
-        assert envoy["admin"]["address"]["socket_address"]["address"] == "127.0.0.1"
+        assert envoy["admin"]["address"] == {"pipe": {"path": socket(ADMIN_SOCKET), "mode": 0o600}}
+        assert all("pipe" not in listener["address"] for listener in envoy["static_resources"]["listeners"])
         ready = next(l for l in envoy["static_resources"]["listeners"] if l["name"] == "ready")
         assert ready["address"]["socket_address"] == {"address": "0.0.0.0", "port_value": net.ENVOY_READY}
+        for cluster in [c for c in envoy["static_resources"]["clusters"] if c["name"] == "opa"]:
+            assert cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"] == {"pipe": {"path": socket(DECISION_SOCKET)}}
     for name, pod in pods(objects).items():
+        mounting = set()
         for container in pod["containers"] + pod.get("initContainers", []):
             probes = [container["readinessProbe"], container["livenessProbe"]]
-            ports = {p["containerPort"] for p in container.get("ports", [])}
-            assert net.ENVOY_ADMIN not in ports and net.OPA_HTTP not in ports, (name, container["name"])
+            if any(m["name"] == render.PRIVATE_VOLUME for m in container.get("volumeMounts", [])):
+                assert render.PRIVATE in container["volumeMounts"], (name, container["name"])
+                mounting.add(container["name"])
             if container["name"] == "opa":
-                assert f"--addr=127.0.0.1:{net.OPA_HTTP}" in container["args"] and "--authorization=basic" in container["args"]
+                assert f"--addr=unix://{socket(API_SOCKET)}" in container["args"] and "--authorization=basic" in container["args"]
+                assert "--unix-socket-perm=600" in container["args"]
                 assert f"--diagnostic-addr=0.0.0.0:{net.OPA_DIAGNOSTIC}" in container["args"]
                 assert {p["httpGet"]["port"] for p in probes} == {net.OPA_DIAGNOSTIC}
             elif container["name"] == "envoy":
@@ -579,6 +591,10 @@ def test_admin_and_opa_api_stay_in_the_pod_and_probes_use_readiness_and_diagnost
             else:
                 # With mutual TLS GET /health needs the control plane's certificate: a TCP probe.
                 assert all(p["tcpSocket"] == {"port": net.SERVICE} for p in probes)
+        points = {c["name"] for c in pod["containers"] + pod.get("initContainers", [])} & {"envoy", "opa"}
+        assert mounting == points, (name, mounting)
+        volumes = [v for v in pod["volumes"] if v["name"] == render.PRIVATE_VOLUME]
+        assert volumes == ([{"name": render.PRIVATE_VOLUME, "emptyDir": {"medium": "Memory"}}] if points else []), name
 
 
 @pytest.mark.parametrize("topology", ["sidecar", "central-entity"])
@@ -597,7 +613,7 @@ def test_without_mtls_services_are_probed_on_get_health(topology, tmp_path):
 def test_network_policies_admit_no_peer_to_admin_opa_or_probe_ports_denied(topology, tmp_path):
     net = render.KubernetesNetwork
     _, objects = rendered(topology, 5, tmp_path)
-    closed = {net.ENVOY_ADMIN, net.OPA_HTTP, net.OPA_GRPC, net.ENVOY_READY, net.OPA_DIAGNOSTIC}
+    closed = {net.ENVOY_READY, net.OPA_DIAGNOSTIC}  # the rest listens on no port (private sockets)
     policies = by_kind(objects, "NetworkPolicy")
     assert policies
     for name, policy in policies.items():
@@ -1255,7 +1271,7 @@ def test_reload_with_another_rule_set_applies_only_the_bundle_and_route_configma
     assert json.loads(bundle["complyroute/reference/data.json"])["adequacy"][-1] == "US"
     assert json.loads(bundle["data.json"])["complyroute"]["revision"] == revision
     assert f"revision {revision} applied to namespace complyroute-central-entity" in out.getvalue()
-    assert "does not wait" in out.getvalue() and "/v1/data/complyroute/revision" in out.getvalue()
+    assert "does not wait" in out.getvalue() and "names the revision that decided it" in out.getvalue()
     # The record names the revision now applied; a second reload of it changes nothing.
     assert pickle.loads(apply.Deployed.path("complyroute-central-entity").read_bytes()).revision == revision
     assert apply.reload_policy(renderer.topology, us_adequate, out=io.StringIO())["changed"] == []

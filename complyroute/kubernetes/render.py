@@ -42,7 +42,7 @@ import yaml
 from .. import bundles, enforcement, engines, identity, images, kubetrust, pki, policyfiles
 from ..enforcement import EnforcementPoint, Endpoint, split_routes
 from ..manifest import REPO, Instance, Node, Topology
-from ..plan import Plan, place
+from ..plan import ADMIN_SOCKET, API_SOCKET, DECISION_SOCKET, Plan, place
 from ..policyfiles import POLICIES, SYSTEM_POLICIES
 from .nodes import NODE_LABEL, ONE_NODE_ROLE, ROLE_LABEL
 
@@ -96,6 +96,11 @@ CONFIGMAP_LIMIT = 1024 * 1024
 CONFIGMAP_BUDGET = CONFIGMAP_LIMIT * 7 // 8
 # Where Envoy reads the route configurations split out of a bootstrap too large for one ConfigMap.
 ROUTES_MOUNT = "/etc/envoy/routes"
+# A point's private folder: an emptyDir only its Envoy and OPA containers mount, holding the
+# sockets nothing else may open (KubernetesNetwork.point).
+PRIVATE_MOUNT = "/run/complyroute"
+PRIVATE_VOLUME = "private"
+PRIVATE = {"name": PRIVATE_VOLUME, "mountPath": PRIVATE_MOUNT}
 
 
 class RenderError(RuntimeError):
@@ -128,7 +133,7 @@ def pack(files: dict[str, str | bytes], budget: int | None = None) -> list[dict[
 class KubernetesNetwork:
     """Addresses in a cluster: each pod its own IP, fixed ports, Services by DNS name."""
 
-    SERVICE, INGRESS, EGRESS, OPA_GRPC, OPA_HTTP, ENVOY_ADMIN, ENTRY, HOPS = 3000, 15001, 15002, 9191, 8181, 9901, 8080, 22000
+    SERVICE, INGRESS, EGRESS, ENTRY, HOPS = 3000, 15001, 15002, 8080, 22000
     OPA_DIAGNOSTIC, ENVOY_READY, BUNDLES = 8282, 9902, 8443
 
     def __init__(self, namespace: str):
@@ -146,12 +151,14 @@ class KubernetesNetwork:
             node=node.name,
             role=role,
             group=group,
-            # Envoy's admin and OPA's REST API listen on the pod's loopback: no peer reaches
-            # them. The kubelet probes the readiness listener and OPA's diagnostic address.
-            admin=Endpoint("127.0.0.1", self.ENVOY_ADMIN),
+            # Envoy's admin, OPA's decision port and its REST API are sockets in the point's
+            # private folder, a volume only its Envoy and OPA containers mount (PRIVATE_MOUNT):
+            # neither a peer nor the service beside a sidecar (which shares the pod's loopback)
+            # reaches them. The kubelet probes the readiness listener and OPA's diagnostic address.
+            admin=Endpoint.unix(f"{PRIVATE_MOUNT}/{ADMIN_SOCKET}"),
             ready=Endpoint("0.0.0.0", self.ENVOY_READY),
-            opa_grpc=Endpoint("127.0.0.1", self.OPA_GRPC),  # OPA runs in the same pod as its Envoy
-            opa_http=Endpoint("127.0.0.1", self.OPA_HTTP),
+            opa_grpc=Endpoint.unix(f"{PRIVATE_MOUNT}/{DECISION_SOCKET}"),
+            opa_http=Endpoint.unix(f"{PRIVATE_MOUNT}/{API_SOCKET}"),
             opa_diagnostic=Endpoint("0.0.0.0", self.OPA_DIAGNOSTIC),
             concurrency=concurrency,
         )
@@ -469,6 +476,7 @@ class Renderer:
             "volumeMounts": [
                 {"name": "policy", "mountPath": "/policy", "readOnly": True},
                 {"name": f"opa-config-{point.name}", "mountPath": "/config", "readOnly": True},
+                PRIVATE,
                 *mounts,
             ],
         }
@@ -480,6 +488,7 @@ class Renderer:
             mounts.append({"name": f"routes-{point.name}", "mountPath": ROUTES_MOUNT, "readOnly": True})
         if self.trust:  # the point's certificate, key and CA, where its TLS contexts read them (kubetrust.FILES)
             mounts.append({"name": kubetrust.tls_secret_name(point.name), "mountPath": kubetrust.MOUNT, "readOnly": True})
+        mounts.append(PRIVATE)  # its admin socket, and OPA's decision socket it asks
         return {
             "name": "envoy",
             "image": ENVOY_IMAGE,
@@ -496,7 +505,7 @@ class Renderer:
     def point_volumes(self, point: EnforcementPoint) -> list[dict]:
         config = self.configs[point.name]
         self.generate(f"envoy-{point.name}", {"envoy.json": self.bootstraps[point.name]})
-        volumes = [_configmap_volume(f"envoy-{point.name}")]
+        volumes = [_configmap_volume(f"envoy-{point.name}"), {"name": PRIVATE_VOLUME, "emptyDir": {"medium": "Memory"}}]
         if self.routes[point.name]:
             # One directory of route files, from however many ConfigMaps they fill (rule_set_configmaps).
             sources = [{"configMap": {"name": name}} for name in self.route_configmaps(point.name)]
@@ -698,8 +707,8 @@ class Renderer:
     def network_policies(self) -> None:
         """One policy per component, from the plan's edges: its pods accept records only from the
         components that send to them, on the ports they are sent to, and send only along their own
-        edges. No peer reaches Envoy's admin or OPA's REST API (both on the pod's loopback), nor the
-        readiness listener or OPA's diagnostic address: the kubelet's probes need no rule, since a
+        edges. No peer reaches Envoy's admin, OPA's decision port or its REST API (sockets in the
+        point's private volume: PRIVATE_MOUNT), nor the readiness listener or OPA's diagnostic address: the kubelet's probes need no rule, since a
         NetworkPolicy always allows traffic from the node a pod runs on."""
         edges = self.edges()
         for component in dict.fromkeys(["service", *(component_of(p) for p in self.points)]):

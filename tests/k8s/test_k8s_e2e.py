@@ -120,7 +120,7 @@ def test_topology_is_accepted_scheduled_and_shaped_as_designed(cluster, topology
         senders = {"sidecar": ["entry", "service"], "central-entity": ["central-entity"],
                    "dynamic-router": ["entry", "router"], "baseline": ["gateway", "service"]}[topology.kind]
         assert policies["services"]["ingress"][0]["from"][0]["podSelector"]["matchExpressions"][0]["values"] == senders
-        closed = {net.ENVOY_ADMIN, net.OPA_HTTP, net.ENVOY_READY, net.OPA_DIAGNOSTIC}
+        closed = {net.ENVOY_READY, net.OPA_DIAGNOSTIC}  # admin, OPA's decisions and REST API: no port at all
         for name, spec in policies.items():  # the kubelet's probes need no rule; no peer reaches these
             assert not {port["port"] for rule in spec["ingress"] for port in rule["ports"]} & closed, name
         assert set(policies["services"]["policyTypes"]) == {"Ingress", "Egress"}
