@@ -42,6 +42,14 @@ POLICY_QUERY = "complyroute/envoy/response"
 # The largest record any part accepts: Envoy's ext_authz buffer, the compiled engine's
 # content-length matcher and the services' bodyLimit (services/app.js BODY_LIMIT) agree.
 MAX_RECORD_BYTES = 64 * 1024
+# The most a label header may hold where a point reads labels from its sender (the entry; any
+# deciding listener without label tokens): bytes, and values (commas + 1, repeated headers
+# joined by commas). More is refused before OPA is asked (LABEL_BOUND): the policy answers
+# every unknown value with a reason of its own, so an unbounded header drew an answer some 55
+# times its size (3,000 purposes, 934 kB).
+LABEL_HEADERS = ("x-data-region", "x-data-category", "x-data-consent")
+MAX_LABEL_BYTES = 1024
+MAX_LABEL_VALUES = 64
 UPSTREAM_IDLE_TIMEOUT = "30s"
 RECORD_PATH = "/process"
 READY_PATH = "/ready"
@@ -301,6 +309,10 @@ def _status_equal(value: int) -> dict:
 
 UAEX = {"response_flag_filter": {"flags": ["UAEX"]}}  # the answer is ext_authz's (a denial, or no decision)
 TOKEN_SENT = {"header_filter": {"header": {"name": LABEL_TOKEN_HEADER, "present_match": True}}}
+# Set on the request by LABEL_BOUND only, naming the label header it refused (a sender's value
+# is removed before): what tells its 431 from the codec's.
+OVER_BOUND_HEADER = "x-complyroute-label-over-bound"
+OVER_BOUND = {"header_filter": {"header": {"name": OVER_BOUND_HEADER, "present_match": True}}}
 
 # Envoy's own refusals, by status: the codes the services give the same statuses
 # (services/app.js CODE_BY_STATUS), so a client reads one vocabulary whichever part refused.
@@ -332,6 +344,13 @@ LOCAL_REPLIES = {
         # plain-text 400, request_parse_error, comes from a path or query it cannot unescape;
         # only an exact `:path: /process` reaches ext_authz, so it never answers here.)
         {"filter": UAEX},
+        # LABEL_BOUND's refusal: before the codec's 431, which it would otherwise take.
+        _json_reply(
+            {"and_filter": {"filters": [_status_equal(431), OVER_BOUND]}},
+            "LABEL_TOO_LARGE",
+            f"the label header %REQ({OVER_BOUND_HEADER})% holds more than {MAX_LABEL_BYTES} bytes or {MAX_LABEL_VALUES} values; "
+            "the record was not let in",
+        ),
         # jwt_authn's refusals (401): the label token is absent, or does not verify (altered,
         # expired, signed by another key, malformed). The record goes no further.
         _json_reply(
@@ -468,6 +487,34 @@ RECORD_ID_FROM_TOKEN = {"header": {"key": "x-request-id", "value": f"%REQ({RECOR
                         "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}
 
 
+# Refuses, before ext_authz, a request whose label header exceeds the bounds (431, answered as
+# LABEL_TOO_LARGE by the local reply mappers). Lua, since neither a route nor a matcher can
+# measure a header: a regular expression would be RE2's, whose `.` and `[^,]` match no byte
+# of invalid UTF-8, which the codec lets through.
+LABEL_BOUND_LUA = f"""
+local names = {{{", ".join(f'"{name}"' for name in LABEL_HEADERS)}}}
+function envoy_on_request(handle)
+  local headers = handle:headers()
+  for _, name in ipairs(names) do
+    local value = headers:get(name)  -- repeated headers come joined by ","
+    if value ~= nil then
+      local _, commas = string.gsub(value, ",", "")
+      if #value > {MAX_LABEL_BYTES} or commas >= {MAX_LABEL_VALUES} then
+        headers:replace("{OVER_BOUND_HEADER}", name)
+        handle:respond({{[":status"] = "431"}}, "")
+        return
+      end
+    end
+  end
+end
+"""
+LABEL_BOUND = {
+    "name": "envoy.filters.http.lua",
+    "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua",
+                     "default_source_code": {"inline_string": LABEL_BOUND_LUA}},
+}
+
+
 def _label_token_check(trust: PointTrust) -> dict:
     return {
         "name": "envoy.filters.http.jwt_authn",
@@ -501,11 +548,12 @@ def _deciding_listener(listener: DecidingListener, settings: dict, matcher: dict
         # The entry's OPA signs the labels it allows (data.complyroute.token holds its key); a
         # client's token or digest is dropped first, so only OPA's answer can set them.
         context["label_token"] = "issue"
-        checks = [_removing([ROUTING_HEADER, LABEL_TOKEN_HEADER, DIGEST_HEADER])]
+        checks = [_removing([ROUTING_HEADER, LABEL_TOKEN_HEADER, DIGEST_HEADER, OVER_BOUND_HEADER]), LABEL_BOUND]
     elif tokens:
+        # The labels come from the verified token, which the entry issued for bounded labels only.
         checks = [_removing([ROUTING_HEADER, *(header for header, _ in TOKEN_CLAIMS)]), _label_token_check(trust)]
     else:
-        checks = [_removing([ROUTING_HEADER])]
+        checks = [_removing([ROUTING_HEADER, OVER_BOUND_HEADER]), LABEL_BOUND]
     filters = [
         *checks,
         {

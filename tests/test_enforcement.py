@@ -214,6 +214,31 @@ def test_local_replies_keep_the_policys_answers_and_make_every_other_refusal_jso
     assert others[-1]["body_format_override"]["json_format"]["code"] == "REQUEST_REFUSED"  # any other 4xx
 
 
+@pytest.mark.parametrize("secured", [True, False], ids=["tokens", "plain"])
+def test_labels_are_bounded_before_opa_where_a_sender_gives_them(secured, tmp_path):
+    """The entry (and, without label tokens, every deciding listener) measures the label headers
+    before ext_authz; a later listener with label tokens reads them from the verified token."""
+    plan, configs = configured("central-entity", "envoy-compiled", tmp_path if secured else None)
+    for point in plan.points:
+        for listener in point.deciding:
+            manager = managers(configs[point.name].envoy)[listener.name]
+            names = [f["name"] for f in manager["http_filters"]]
+            bounded = not secured or listener.from_client
+            assert (enforcement.LABEL_BOUND in manager["http_filters"]) == bounded, listener.name
+            if bounded:
+                assert names.index("envoy.filters.http.lua") < names.index("envoy.filters.http.ext_authz")
+                removed = manager["http_filters"][0]["typed_config"]["mutations"]["request_mutations"]
+                assert {"remove": enforcement.OVER_BOUND_HEADER} in removed  # a sender cannot name a refusal
+    lua = enforcement.LABEL_BOUND_LUA
+    assert all(f'"{name}"' in lua for name in enforcement.LABEL_HEADERS)
+    assert f"#value > {enforcement.MAX_LABEL_BYTES}" in lua and f"commas >= {enforcement.MAX_LABEL_VALUES}" in lua
+    # Its 431 is told from the codec's by the header it sets: matched before the codec's mapper.
+    mappers = enforcement.LOCAL_REPLIES["mappers"]
+    codes = [m.get("body_format_override", {}).get("json_format", {}).get("code") for m in mappers]
+    assert codes.index("LABEL_TOO_LARGE") < codes.index("HEADERS_TOO_LARGE")
+    assert enforcement.OVER_BOUND in mappers[codes.index("LABEL_TOO_LARGE")]["filter"]["and_filter"]["filters"]
+
+
 def test_only_the_entry_replaces_a_clients_request_id():
     plan, configs = configured("dynamic-router-3", "envoy-opa")
     for point in plan.points:
