@@ -351,8 +351,14 @@ LOCAL_REPLIES = {
             f"the label header %REQ({OVER_BOUND_HEADER})% holds more than {MAX_LABEL_BYTES} bytes or {MAX_LABEL_VALUES} values; "
             "the record was not let in",
         ),
-        # jwt_authn's refusals (401): the label token is absent, or does not verify (altered,
-        # expired, signed by another key, malformed). The record goes no further.
+        # jwt_authn's refusals. 403: the token verifies but names another listener (its `aud`).
+        _json_reply(
+            {"and_filter": {"filters": [_status_equal(403), TOKEN_SENT]}},
+            "LABEL_TOKEN_ELSEWHERE",
+            "the record's label token was issued for another hop or instance (%RESPONSE_CODE_DETAILS%); the record was not forwarded",
+        ),
+        # 401: the label token is absent, or does not verify (altered, expired, signed by
+        # another key, malformed). The record goes no further.
         _json_reply(
             {"and_filter": {"filters": [_status_equal(401), TOKEN_SENT]}},
             "LABEL_TOKEN_INVALID",
@@ -515,7 +521,7 @@ LABEL_BOUND = {
 }
 
 
-def _label_token_check(trust: PointTrust) -> dict:
+def _label_token_check(trust: PointTrust, listener: str) -> dict:
     return {
         "name": "envoy.filters.http.jwt_authn",
         "typed_config": {
@@ -523,6 +529,9 @@ def _label_token_check(trust: PointTrust) -> dict:
             "providers": {
                 "entry": {
                     "issuer": TOKEN_ISSUER,
+                    # A token names where it may be used (identity.Trust.audience): one taken
+                    # from another hop or instance is refused here (403, LABEL_TOKEN_ELSEWHERE).
+                    "audiences": [trust.token_audiences[listener]],
                     "local_jwks": {"inline_string": trust.jwks},
                     "from_headers": [{"name": LABEL_TOKEN_HEADER}],
                     "forward": True,  # the service sends it on to the next point
@@ -551,7 +560,7 @@ def _deciding_listener(listener: DecidingListener, settings: dict, matcher: dict
         checks = [_removing([ROUTING_HEADER, LABEL_TOKEN_HEADER, DIGEST_HEADER, OVER_BOUND_HEADER]), LABEL_BOUND]
     elif tokens:
         # The labels come from the verified token, which the entry issued for bounded labels only.
-        checks = [_removing([ROUTING_HEADER, *(header for header, _ in TOKEN_CLAIMS)]), _label_token_check(trust)]
+        checks = [_removing([ROUTING_HEADER, *(header for header, _ in TOKEN_CLAIMS)]), _label_token_check(trust, listener.name)]
     else:
         checks = [_removing([ROUTING_HEADER, OVER_BOUND_HEADER]), LABEL_BOUND]
     filters = [

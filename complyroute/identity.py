@@ -49,6 +49,9 @@ class PointTrust:
     label_tokens: bool
     jwks: str  # the public key set label tokens are verified with (JSON)
     token_lifetime_seconds: int
+    # Deciding listener name -> the audience a label token must name to be taken there
+    # (Trust.audience); every listener that verifies tokens has one.
+    token_audiences: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,12 @@ class ServiceTrust:
         if self.label_tokens:
             env["LABEL_TOKENS"] = "1"
         return env
+
+
+# The audiences of label tokens (Trust.audience): a first-step instance's deciding listener, a
+# later step's deciding listeners.
+TOKEN_INSTANCE = pki.spiffe_id("service", "") + "/"
+TOKEN_STEP = pki.spiffe_id("step", "") + "/"
 
 
 def point_identity(point: EnforcementPoint) -> str:
@@ -131,6 +140,26 @@ class Trust:
     def peers(self, endpoint: Endpoint) -> tuple[str, ...]:
         return tuple(sorted(self.senders.get(_key(endpoint), ())))
 
+    def audience(self, sender: str) -> str:
+        """Where a label token may be used, as its `aud` names it: the deciding listener of the
+        instance `sender`, which only that instance's certificate reaches.
+
+        The entry issues one token per record and knows only the first hop's instance (it
+        chose it); each later hop's instance is chosen by the point before it, which under
+        envoy-compiled asks no OPA and holds no key. So a first-step instance's listener takes
+        only tokens naming that instance (TOKEN_INSTANCE), a later step's listener those naming
+        its step (TOKEN_STEP): the entry names the instance it routes to and every later step
+        of the chain (data.complyroute.token.audience)."""
+        step = next(instance.step for instance in self.plan.topology.instances if instance.id == sender)
+        if step == self.plan.topology.steps[0]:
+            return TOKEN_INSTANCE + sender
+        return TOKEN_STEP + step
+
+    def token_audience(self) -> dict:
+        """What the entry's OPA names in a token's `aud` (policies/complyroute/envoy): the first
+        hop's instance after this prefix, then every later step but the last (which sends nothing on)."""
+        return {"first_hop": TOKEN_INSTANCE, "later_steps": [TOKEN_STEP + step for step in self.plan.topology.steps[1:-1]]}
+
     def point(self, point: EnforcementPoint, files: TlsFiles, jwks: dict) -> PointTrust:
         # Clients send to the entry (a deciding listener from_client, or the baseline's
         # forwarding one, which nothing in the plan sends to): plain HTTP, no peers.
@@ -144,6 +173,8 @@ class Trust:
             label_tokens=self.label_tokens,
             jwks=json.dumps(jwks, sort_keys=True),
             token_lifetime_seconds=self.token_lifetime_seconds,
+            token_audiences={listener.name: self.audience(listener.sender) for listener in point.deciding
+                             if self.label_tokens and not listener.from_client},
         )
 
     def service(self, service: ServiceProcess, files: TlsFiles) -> ServiceTrust:
@@ -181,7 +212,7 @@ class Credentials:
         if data is None or not trust.label_tokens or not any(listener.from_client for listener in point.deciding):
             return data
         token = {"issuer": TOKEN_ISSUER, "kid": self.token_jwk["kid"], "jwk": self.token_jwk,
-                 "lifetime_seconds": trust.token_lifetime_seconds}
+                 "lifetime_seconds": trust.token_lifetime_seconds, "audience": trust.token_audience()}
         return {**data, "complyroute": {**data.get("complyroute", {}), "token": token}}
 
     def write(self, folder: Path) -> dict[str, TlsFiles]:

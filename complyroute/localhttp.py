@@ -43,7 +43,7 @@ class UnixConnection(http.client.HTTPConnection):
         self.sock = sock
 
 
-def request(address: str, method: str = "GET", timeout: float = 2.0) -> tuple[int, bytes]:
+def request(address: str, method: str = "GET", timeout: float = 2.0, body: bytes | None = None) -> tuple[int, bytes]:
     """(status, body) of one request to an http+unix URL; OSError when nothing answers."""
     parts = urllib.parse.urlsplit(address)
     if parts.scheme != SCHEME:
@@ -51,7 +51,7 @@ def request(address: str, method: str = "GET", timeout: float = 2.0) -> tuple[in
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     connection = UnixConnection(urllib.parse.unquote(parts.netloc), timeout)
     try:
-        connection.request(method, target)
+        connection.request(method, target, body=body)
         answer = connection.getresponse()
         return answer.status, answer.read()
     except http.client.HTTPException as error:

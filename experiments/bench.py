@@ -90,6 +90,9 @@ BODY = json.dumps({"subject": "alice", "amount": 12}).encode()
 LONG_PATH = 49  # path entries a next hop answers at the head of a 50-service chain
 CSV_FIELDS = ["part", "process", "value", "unit", "floor", "floor_value", "ratio", "target", "verdict"]
 TOKEN_LIFETIME = 3600  # s: outlives any bench run
+# The audience the bench's tokens name and its token-checking listeners require, as a later
+# step's listeners do in a deployment (identity.Trust.audience).
+TOKEN_AUDIENCE = identity.TOKEN_STEP + "bench"
 
 
 @dataclass(frozen=True)
@@ -210,6 +213,7 @@ class Bench:
             label_tokens=label_tokens,
             jwks=json.dumps(self.token_jwks, sort_keys=True),
             token_lifetime_seconds=TOKEN_LIFETIME,
+            token_audiences={listener.name: TOKEN_AUDIENCE for listener in point.deciding} if label_tokens else {},
         )
 
     def socket(self, point: str, name: str) -> Endpoint:
@@ -302,7 +306,8 @@ def label_token(jwk: dict, body: bytes, request_id: str, lifetime: int = TOKEN_L
     """The label token an entry issues for `body` with the bench's labels, signed with the private JWK `jwk`."""
     now = int(time.time())
     claims = {"iss": TOKEN_ISSUER, "rid": request_id, "region": LABELS["x-data-region"], "category": LABELS["x-data-category"],
-              "consent": LABELS["x-data-consent"], "digest": "sha256:" + hashlib.sha256(body).hexdigest(), "iat": now, "exp": now + lifetime}
+              "consent": LABELS["x-data-consent"], "digest": "sha256:" + hashlib.sha256(body).hexdigest(), "iat": now, "exp": now + lifetime,
+              "aud": [TOKEN_AUDIENCE]}
     return pki.sign_token(claims, jwk)
 
 

@@ -7,7 +7,7 @@ import time
 import uuid
 from pathlib import Path
 
-from complyroute import deployment, manifest, pki, policyfiles
+from complyroute import deployment, localhttp, manifest, pki, policyfiles
 from complyroute.client import send
 
 MIXED_REGIONS = manifest.REPO / "topologies" / "examples" / "mixed-regions.yaml"
@@ -69,8 +69,11 @@ def instances_reached(state, request_id) -> set[str]:
 
 
 def opa_api(part: dict) -> str:
-    """host:port of an OPA part's REST API, as its command line gives it (`--addr=host:port`)."""
-    return next(arg.removeprefix("--addr=") for arg in part["command"] if arg.startswith("--addr="))
+    """The base URL of an OPA part's REST API (localhttp: a socket in its point's private
+    folder), as its command line gives it (`--addr=unix://<path>`)."""
+    address = next(arg.removeprefix("--addr=") for arg in part["command"] if arg.startswith("--addr="))
+    assert address.startswith("unix://"), address
+    return localhttp.url(address.removeprefix("unix://"))
 
 
 def tls_context(cert: str | None = None, key: str | None = None, ca: str | None = None) -> ssl.SSLContext:
@@ -103,15 +106,30 @@ def egress_url(state, instance: str) -> str:
     return next(p for p in state["parts"] if p["name"] == instance)["env"]["EGRESS_URL"]
 
 
-def label_token(state, labels: dict, request_id: str, body: bytes) -> str:
+def token_audiences(state) -> list[str]:
+    """Every audience a deciding listener of the deployment requires of a label token (its
+    jwt_authn provider's), from the Envoy bootstraps in the run folder."""
+    found = set()
+    for path in Path(state["run_dir"], "points").glob("*/envoy.json"):
+        for listener in json.loads(path.read_text())["static_resources"]["listeners"]:
+            for manager in listener["filter_chains"][0]["filters"]:
+                for http_filter in manager["typed_config"].get("http_filters", []):
+                    for provider in http_filter.get("typed_config", {}).get("providers", {}).values():
+                        found.update(provider.get("audiences", []))
+    return sorted(found)
+
+
+def label_token(state, labels: dict, request_id: str, body: bytes, audiences: list[str] | None = None) -> str:
     """A label token as the entry's OPA issues it, signed with the deployment's key: what a test
-    playing the part of the entry hands a record it puts in at an inner hop."""
+    playing the part of the entry hands a record it puts in at an inner hop. It names every
+    deciding listener of the deployment (or `audiences`)."""
     keys = [json.loads(path.read_text()).get("complyroute", {}).get("token") for path in Path(state["run_dir"], "points").glob("*/data/data.json")]
     token = next(key for key in keys if key)
     now = int(time.time())
     claims = {"iss": token["issuer"], "iat": now, "exp": now + 300, "rid": request_id,
               **{name: value for name, value in labels.items() if value},
-              "digest": "sha256:" + hashlib.sha256(body).hexdigest()}
+              "digest": "sha256:" + hashlib.sha256(body).hexdigest(),
+              "aud": token_audiences(state) if audiences is None else audiences}
     return pki.sign_token(claims, {**token["jwk"], "kid": token["kid"]})
 
 

@@ -23,24 +23,32 @@ lines disagreeing on labels, received twice at one step, from a sender that neve
 every other record's path whole.
 """
 
+import errno
 import hashlib
 import http.client
 import http.server
+import io
 import json
+import os
 import queue
+import re
+import socket
 import ssl
+import stat
 import subprocess
 import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 from pathlib import Path
 
+import psutil
 import pytest
 
-from complyroute import deployment, manifest, pki
+from complyroute import deployment, identity, localhttp, manifest, pki
 from complyroute.client import send
 
 from .helpers import (ENFORCING, ENGINES, EU_PERSONAL, RECORD, as_service, deploy_mixed_regions, egress_url, label_token, opa_api, post,
@@ -55,6 +63,7 @@ US_PERSONAL = {"region": "US", "category": "personal", "consent": "care,billing"
 # The record the compromised service relabelled under its real id, by run folder: the audit
 # after the attacks must name it, and no other record.
 RELABELLED: dict[str, str] = {}
+UNDER_BYTES = "billing," + " " * (1024 - len("billing,care")) + "care"  # a consent label of 1024 bytes (values are trimmed)
 
 
 # ---- TLS as a part, or as an impostor ----------------------------------------------------
@@ -142,13 +151,14 @@ class Compromised:
         assert answer.status == 200, answer.text
         return self.received.get(timeout=10)
 
-    def forward(self, headers: dict, body: bytes, url: str | None = None):
-        """Pass a record on as ingest-eu would: its labels, id, token, step; TLS as ingest-eu."""
+    def forward(self, headers: dict, body: bytes, url: str | None = None, context: ssl.SSLContext | None = None):
+        """Pass a record on as ingest-eu would (or as the holder of `context`): its labels, id,
+        token, step; TLS as ingest-eu."""
         connection_url = url or self.egress
         request = urllib.request.Request(connection_url, data=body, method="POST", headers={
             "content-type": "application/json", "x-complyroute-step": "analyse", **headers})
         try:
-            with urllib.request.urlopen(request, timeout=20, context=self.context) as response:
+            with urllib.request.urlopen(request, timeout=20, context=context or self.context) as response:
                 return response.status, json.loads(response.read())
         except urllib.error.HTTPError as error:
             return error.code, json.loads(error.read())
@@ -253,19 +263,156 @@ def test_local_process_cannot_read_the_signing_key_or_mint_tokens_denied(deploye
     """The entry's OPA holds the signing key; its REST API serves neither the key nor a signed answer."""
     state = deployed
     opa = next(p for p in state["parts"] if p["kind"] == "opa" and p["name"].split("/")[0] in ("entry", "central-entity"))
-    address = opa_api(opa)
+    api = opa_api(opa)  # a socket only the deployment's user opens (the next tests); as that user:
     mint = {"input": {"attributes": {"request": {"http": {"method": "POST", "path": "/process", "body": "{}", "headers": {
         "x-data-region": "EU", "x-data-category": "anonymous", "x-request-id": "minted"}}},
         "contextExtensions": {"sender": "gateway", "step": "ingest", "label_token": "issue"}}}}
     for method, path, body in (("GET", "/v1/data/complyroute/token", None), ("GET", "/v1/data", None),
                                ("POST", "/v1/data/complyroute/envoy/response", mint), ("POST", "/v1/query", {"query": "data.complyroute.token"})):
-        request = urllib.request.Request(f"http://{address}{path}", method=method,
-                                         data=json.dumps(body).encode() if body else None)
-        with pytest.raises(urllib.error.HTTPError) as refusal:
-            urllib.request.urlopen(request, timeout=5)
-        assert refusal.value.code in (401, 403), (method, path)
-    reference = urllib.request.urlopen(f"http://{address}/v1/data/complyroute/reference/purposes", timeout=5)
-    assert reference.status == 200  # reads of what is not secret still work
+        status, _ = localhttp.request(f"{api}{path}", method, timeout=5, body=json.dumps(body).encode() if body else None)
+        assert status in (401, 403), (method, path)
+    assert localhttp.request(f"{api}/v1/data/complyroute/reference/purposes", timeout=5)[0] == 200  # what is not secret reads
+
+
+# ---- a local process of another user: the points' private sockets ----------------------
+#
+# What only a point's own processes use listens on no port: its Envoy's admin interface, its
+# OPA's decision port (ext_authz), REST API and diagnostics are unix sockets in the point's
+# private folder (mode 0700). A local process of another user opens none of them; the
+# deployment's own user (the control plane, here the test) does.
+
+OTHER_USER = 65534  # nobody
+
+
+def connect_as(uid: int | None, path: str) -> str:
+    """What a process of user `uid` (None: the deployment's own) gets connecting to the unix
+    socket `path`: "connected", or the error's name. A child forked from this process that
+    gives up root for `uid` before it connects (no interpreter of another user's to exec)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: no return from here
+        outcome = "child failed"
+        try:
+            if uid is not None:
+                os.setgroups([])
+                os.setgid(uid)
+                os.setuid(uid)
+            client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                client.connect(path)
+                outcome = "connected"
+            except OSError as error:
+                outcome = errno.errorcode.get(error.errno, str(error.errno))
+        finally:
+            os.write(write, outcome.encode())
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as answer:
+        outcome = answer.read()
+    os.waitpid(pid, 0)
+    return outcome
+
+
+def private_sockets(state) -> dict[str, list[Path]]:
+    """Every point's sockets, by point: what its private folder holds."""
+    private = Path(state["private"])
+    return {folder.name: sorted(folder.glob("*.sock")) for folder in private.iterdir()}
+
+
+def tcp_listening(pid: int) -> set[int]:
+    return {c.laddr.port for c in psutil.Process(pid).net_connections("inet") if c.status == psutil.CONN_LISTEN}
+
+
+def envoy_listener_ports(state, point: str) -> set[int]:
+    envoy = json.loads(Path(state["run_dir"], "points", point, "envoy.json").read_text())
+    return {listener["address"]["socket_address"]["port_value"] for listener in envoy["static_resources"]["listeners"]}
+
+
+def test_local_process_of_another_user_opens_no_decision_port_api_or_admin_denied(deployed):
+    """The oracle of issue 25: any local process could ask the entry's OPA for a signed token
+    (and every OPA for decisions) on its gRPC port. Now no OPA and no Envoy admin listens on
+    TCP, and another user's process cannot connect to their sockets (EACCES)."""
+    state = deployed
+    sockets = private_sockets(state)
+    deciding = {point["name"] for point in state["points"] if point["senders"]}
+    assert set(sockets) == {point["name"] for point in state["points"]}
+    for point, paths in sockets.items():
+        names = {path.name for path in paths}
+        expected = {"envoy-admin.sock"} | ({"opa-decision.sock", "opa-api.sock", "opa-diagnostic.sock"} if point in deciding else set())
+        assert names == expected, (point, names)
+        assert stat.S_IMODE(paths[0].parent.stat().st_mode) == 0o700, point
+        for path in paths:
+            assert connect_as(OTHER_USER, str(path)) == "EACCES", path
+    for part in state["parts"]:
+        point = part["name"].split("/")[0]
+        if part["kind"] == "opa":
+            assert tcp_listening(part["pid"]) == set(), part["name"]  # its former gRPC, REST and diagnostic ports
+        elif part["kind"] == "envoy":
+            assert tcp_listening(part["pid"]) == envoy_listener_ports(state, point), part["name"]  # no admin port
+
+
+def entry_admin(state) -> str:
+    """The base URL of the entry's Envoy admin interface: a socket in its point's private folder."""
+    entry = next(p["name"] for p in state["points"] if "gateway" in p["senders"])
+    return localhttp.url(str(Path(state["private"], entry, "envoy-admin.sock")))
+
+
+def counter(admin: str, name: str) -> int:
+    status, body = localhttp.request(f"{admin}/stats?filter=" + urllib.parse.quote(f"^{re.escape(name)}$"), timeout=5)
+    assert status == 200, body
+    text = body.decode().strip()
+    return int(text.rsplit(":", 1)[1]) if text else 0
+
+
+def entry_asked_opa(state) -> int:
+    """How many decisions the entry's Envoy had from its OPA (and failed to have)."""
+    return sum(counter(entry_admin(state), f"http.entry.ext_authz.{outcome}") for outcome in ("ok", "denied", "error"))
+
+
+def test_the_deployments_own_user_opens_them_and_envoy_gets_decisions_allowed(deployed):
+    """The twin: the same sockets connect for the deployment's user; each point's Envoy gets its
+    OPA's decisions (the entry's, under both engines, a label token: the record is delivered),
+    `status` reads every OPA's health through them, and the control plane reads each Envoy's admin."""
+    state = deployed
+    for paths in private_sockets(state).values():
+        for path in paths:
+            assert connect_as(None, str(path)) == "connected", path
+    before = counter(entry_admin(state), "http.entry.ext_authz.ok")
+    _, answer = post(state, EU_PERSONAL)
+    assert answer.status == 200, answer.text
+    assert [hop["instance"] for hop in answer.body["path"]] == [VICTIM, NEXT, LAST]
+    assert counter(entry_admin(state), "http.entry.ext_authz.ok") == before + 1  # the entry's Envoy asked its OPA
+    out = io.StringIO()
+    assert deployment.status(out=out) == 0, out.getvalue()
+    status, body = localhttp.request(f"{entry_admin(state)}/server_info", timeout=5)
+    assert status == 200 and json.loads(body)["state"] == "LIVE"
+
+
+def test_labels_over_their_bound_are_refused_before_opa_denied(deployed):
+    """A label header over 1024 bytes or 64 values: 431 LABEL_TOO_LARGE from the entry's Envoy,
+    a small answer (3,000 purposes drew 934 kB from the policy); OPA is not asked."""
+    state = deployed
+    before = entry_asked_opa(state)
+    cases = {
+        "consent 1025 bytes": {**EU_PERSONAL, "consent": UNDER_BYTES.replace("billing,", "billing, ")},
+        "consent 65 values": {**EU_PERSONAL, "consent": ",".join(["care"] * 64 + ["billing"])},
+        "region 65 values": {**EU_PERSONAL, "region": ",".join(["EU"] * 65)},
+        "3,000 purposes": {**EU_PERSONAL, "consent": ",".join(f"purpose-{i}" for i in range(3000))},
+    }
+    for name, labels in cases.items():
+        _, answer = post(state, labels)
+        assert (answer.status, (answer.body or {}).get("code")) == (431, "LABEL_TOO_LARGE"), (name, answer.text)
+        assert set(answer.body) == {"code", "message", "request_id"} and answer.body["request_id"] == answer.request_id
+        assert len(answer.text) < 512, name
+    assert entry_asked_opa(state) == before  # refused before ext_authz
+
+
+def test_labels_just_under_their_bound_are_delivered_allowed(deployed):
+    state = deployed
+    for labels in ({**EU_PERSONAL, "consent": UNDER_BYTES}, {**EU_PERSONAL, "consent": ",".join(["care"] * 63 + ["billing"])}):
+        request_id, answer = post(state, labels)
+        assert answer.status == 200, answer.text
+        assert [line["labels"] for line in wait_for_audit(state, request_id, 3)] == [EU_LINE] * 3
 
 
 @pytest.fixture(scope="module")
@@ -354,6 +501,28 @@ def test_compromised_service_posing_as_another_sender_denied(deployed, compromis
     other = egress_url(deployed, NEXT) + "/process"
     with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError, OSError)):
         compromised.forward({**passed_on(headers), "x-complyroute-step": "store"}, body, url=other)
+
+
+def test_token_taken_to_another_first_step_instance_denied(deployed, compromised):
+    """A genuine token names the first-step instance the entry chose (ingest-eu): posted with its
+    record by the holder of ingest-us's key to ingest-us's deciding listener, it is refused
+    (its `aud`), where at ingest-eu's it passes (..._passing_a_record_on_honestly_allowed)."""
+    headers, body = compromised.genuine_record(deployed)
+    other = egress_url(deployed, "ingest-us") + "/process"
+    refused(*compromised.forward(passed_on(headers), body, url=other, context=as_service(deployed, "ingest-us")), 403, "LABEL_TOKEN_ELSEWHERE")
+    assert wait_for_audit(deployed, headers["x-request-id"], 1, timeout=1) == []
+
+
+def test_token_naming_only_the_first_hop_at_a_later_step_denied(deployed, compromised):
+    """A token for this deployment, over a genuine record's id and body, naming only the first
+    hop's listener: the next step's listener (analyse-eu's, as analyse-eu) refuses it. Its twin:
+    the genuine token, which names analyse too, passes there (..._passing_a_record_on_honestly_allowed)."""
+    headers, body = compromised.genuine_record(deployed)
+    token = label_token(deployed, EU_PERSONAL, headers["x-request-id"], body, audiences=[f"{identity.TOKEN_INSTANCE}{VICTIM}"])
+    forged = {**passed_on(headers), "x-complyroute-labels": token, "x-complyroute-step": "store"}
+    status, answer = compromised.forward(forged, body, url=egress_url(deployed, NEXT) + "/process", context=as_service(deployed, NEXT))
+    refused(status, answer, 403, "LABEL_TOKEN_ELSEWHERE")
+    assert wait_for_audit(deployed, headers["x-request-id"], 1, timeout=1) == []
 
 
 def test_compromised_service_reusing_a_delivered_records_id_with_a_forged_token_denied(deployed, compromised):

@@ -4,6 +4,7 @@ how records are sent (over mutual TLS with the bench's own CA, with its label to
 import base64
 import hashlib
 import json
+import socketserver
 import ssl
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from threading import Thread
@@ -36,7 +37,8 @@ def test_row_without_a_floor_has_no_ratio_or_verdict():
     assert row.ratio is None and row.verdict == ""
 
 
-def serving(text: str):
+def serving(text: str, socket_path):
+    """Answers every GET with `text` on the unix socket `socket_path`, as a point's OPA serves /metrics."""
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):
             body = text.encode()
@@ -48,26 +50,26 @@ def serving(text: str):
         def log_message(self, *args):
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = socketserver.ThreadingUnixStreamServer(str(socket_path), Handler)
     Thread(target=server.serve_forever, daemon=True).start()
     return server
 
 
-def test_plugin_handler_time_is_the_mean_of_its_histogram_allowed():
+def test_plugin_handler_time_is_the_mean_of_its_histogram_allowed(tmp_path):
     server = serving('# HELP x\ngrpc_request_duration_seconds_bucket{handler="check",le="0.001"} 3\n'
                      'grpc_request_duration_seconds_sum{handler="check"} 0.0009\n'
-                     'grpc_request_duration_seconds_count{handler="check"} 3\n')
+                     'grpc_request_duration_seconds_count{handler="check"} 3\n', tmp_path / "opa.sock")
     try:
-        assert bench.plugin_handler_ms(f"{Endpoint('127.0.0.1', server.server_port).url}/metrics") == pytest.approx(0.3)
+        assert bench.plugin_handler_ms(f"{Endpoint.unix(tmp_path / 'opa.sock').url}/metrics") == pytest.approx(0.3)
     finally:
         server.shutdown()
 
 
-def test_plugin_without_performance_metrics_is_an_error_denied():
-    server = serving("go_goroutines 12\n")
+def test_plugin_without_performance_metrics_is_an_error_denied(tmp_path):
+    server = serving("go_goroutines 12\n", tmp_path / "opa.sock")
     try:
         with pytest.raises(RuntimeError, match="enable-performance-metrics"):
-            bench.plugin_handler_ms(f"{Endpoint('127.0.0.1', server.server_port).url}/metrics")
+            bench.plugin_handler_ms(f"{Endpoint.unix(tmp_path / 'opa.sock').url}/metrics")
     finally:
         server.shutdown()
 
@@ -99,6 +101,7 @@ def test_label_token_verifies_with_the_public_key_and_names_the_record_allowed()
     assert (claims["region"], claims["category"], claims["consent"]) == ("EU", "personal", "analytics,billing,care")
     assert claims["digest"] == "sha256:" + hashlib.sha256(bench.BODY).hexdigest()
     assert claims["exp"] - claims["iat"] == bench.TOKEN_LIFETIME
+    assert claims["aud"] == [bench.TOKEN_AUDIENCE]  # what the bench's token-checking listeners require
 
 
 def test_label_token_of_another_key_does_not_verify_denied():

@@ -323,12 +323,31 @@ signed(key, claims) := io.jwt.encode_sign(
 )
 
 # The claims the entry vouches for, but the issuer's and the expiry: the request id the
-# entry's Envoy assigned, the digest of the body, and the labels the answer sets, canonical
-# (no consent claim for a record without consent values).
+# entry's Envoy assigned, the digest of the body, the labels the answer sets, canonical (no
+# consent claim for a record without consent values), and where the token may be used.
 label_token_claims := object.union(
-	{"iat": floor(time.now_ns() / 1000000000), "rid": headers["x-request-id"], "digest": body_digest},
+	{
+		"iat": floor(time.now_ns() / 1000000000),
+		"rid": headers["x-request-id"],
+		"digest": body_digest,
+		"aud": token_audience,
+	},
 	label_claims,
 )
+
+# The deciding listeners that may take the token (each one's jwt_authn requires its own
+# audience, complyroute/identity.py): the listener of the instance this answer sends the
+# record to, and those of every later step of the chain but the last, whose instances the
+# points before them choose. So a token taken from one record's first hop verifies at no
+# other first-step instance's listener. data.complyroute.token.audience: {"first_hop": the
+# prefix of an instance's audience, "later_steps": [an audience per later step]}; without
+# it no token is issued (LABEL_TOKEN_UNAVAILABLE).
+token_audience := array.concat([first_hop_audience], audience.later_steps)
+
+first_hop_audience := concat("", [audience.first_hop, answer.headers["x-complyroute-destination"]])
+
+# regal ignore:unresolved-reference
+audience := data.complyroute.token.audience
 
 label_claims[claim] := answer.headers[header] if {
 	some claim, header in {"region": "x-data-region", "category": "x-data-category", "consent": "x-data-consent"}

@@ -604,6 +604,7 @@ entry_token := {
 	"kid": "test-entry",
 	"jwk": object.union(entry_public_jwk, {"d": "d44NetkYev6OTDZr53dh4g3ufLamSTRmiAzTjYNbjNU"}),
 	"lifetime_seconds": 600,
+	"audience": {"first_hop": "spiffe://complyroute/service/", "later_steps": ["spiffe://complyroute/step/store"]},
 }
 
 entry_public_jwk := {
@@ -685,6 +686,7 @@ issued_as([got], case) if {
 		"cert": json.marshal(entry_public_jwk),
 		"iss": "complyroute-entry",
 		"time": now_ns,
+		"aud": concat("", ["spiffe://complyroute/service/", case.destination]), # the first hop's listener
 	})
 	valid == true
 	header == {"alg": "ES256", "typ": "JWT", "kid": "test-entry"}
@@ -695,6 +697,7 @@ issued_as([got], case) if {
 			"exp": 1700000600,
 			"rid": object.get(case, "rid", "r-42"),
 			"digest": digest,
+			"aud": [concat("", ["spiffe://complyroute/service/", case.destination]), "spiffe://complyroute/step/store"],
 		},
 		case.claims,
 	)
@@ -746,6 +749,7 @@ label_token_cases := {
 				{"token": object.union(entry_token, {"jwk": {"kty": "oct", "k": "c2VjcmV0"}})},
 			),
 			"no lifetime": object.union(token_unavailable, {"token": object.remove(entry_token, ["lifetime_seconds"])}),
+			"no audience to name": object.union(token_unavailable, {"token": object.remove(entry_token, ["audience"])}),
 			"no request id to name": object.union(token_unavailable, {
 				"change": {"unset": [concat("/", [headers_path, "x-request-id"])]},
 				"request_id": null,
