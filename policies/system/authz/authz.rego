@@ -2,8 +2,8 @@
 # title: OPA's REST API is read-only and keeps the label-token key
 # description: >-
 #   Every enforcement point's OPA runs with --authorization=basic, which asks this policy
-#   about each request to its REST API (on loopback only; health and metrics are on
-#   --diagnostic-addr). It reads (GET); nothing may replace the rule set or the data a
+#   about each request to its REST API (a unix socket only the deployment's user opens;
+#   health and metrics are on --diagnostic-addr). It reads (GET); nothing may replace the rule set or the data a
 #   point decides with (PUT, PATCH, DELETE). The entry's OPA holds the private key it
 #   signs label tokens with at data.complyroute.token (policies/complyroute/envoy), so no
 #   request may read that document: not by its path or an enclosing one, not by an ad-hoc
