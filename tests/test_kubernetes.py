@@ -937,7 +937,7 @@ def test_the_bundle_server_serves_every_deciding_points_bundle_from_configmaps_n
         content = bundle_members(bundle)
         assert json.loads(content[".manifest"])["revision"] == revision
         data = json.loads(content["data.json"])["complyroute"]
-        assert set(data) == {"index", "revision"} and data["revision"] == revision, name
+        assert set(data) == {"index", "revision", "table"} and data["revision"] == revision, name
     # Every ConfigMap the rule set fills says which revision it holds; no other one changes with it.
     rule_set = [o for o in configmaps.values() if o["metadata"].get("labels", {}).get("component") == "rule-set"]
     assert {o["metadata"]["name"] for o in rule_set} == {n for n in configmaps if n.startswith(("bundles-", "routes-"))}
@@ -1229,15 +1229,15 @@ class FakeApiServer:
 
 @pytest.fixture
 def deployed_central_entity(tmp_path, monkeypatch):
-    """The compiled central entity at 5 services as k8s-deploy applies and records it, against a
-    fake API server; its ConfigMaps' budget as given to the factory at deploy time."""
+    """The compiled central entity (5 services unless told) as k8s-deploy applies and records
+    it, against a fake API server; its ConfigMaps' budget as given to the factory at deploy time."""
     monkeypatch.setattr(apply, "DEPLOYED", tmp_path / "deployed")
 
-    def deploy(budget=None):
+    def deploy(budget=None, services=5):
         with monkeypatch.context() as during:
             if budget:
                 during.setattr(render, "CONFIGMAP_BUDGET", budget)
-            renderer = render.Renderer(manifest.load("central-entity", services=5, engine="envoy-compiled"))
+            renderer = render.Renderer(manifest.load("central-entity", services=services, engine="envoy-compiled"))
             renderer.render()
             objects = [o for o in yaml.safe_load_all(render.build(renderer, tmp_path / "kustomization")) if o]
         apply.Deployed.of(renderer).write()
@@ -1310,21 +1310,24 @@ def test_reload_refuses_a_record_another_version_wrote_and_says_deploy_again_den
     assert api.applied == []
 
 
-# A ConfigMap budget that the compiled central entity's bootstrap at 5 services fits (about 57 kB)
-# and its route files (about 60 kB) do not: they take two.
-SMALL_BUDGET = 58_000
+# A ConfigMap budget that the compiled central entity's bootstrap at 20 services fits (about
+# 200 kB) and its route files (about 230 kB: each listener's allowed labellings) do not: they
+# take two. (At 5 services the route files, 48 kB, are smaller than the bootstrap, 55 kB.)
+SMALL_BUDGET = 210_000
+SMALL_BUDGET_SERVICES = 20
 
 
 def test_reload_keeps_the_configmaps_the_pods_mount_allowed(deployed_central_entity, us_adequate):
     """Deployed with the route files over two ConfigMaps (SMALL_BUDGET), a rule set whose files
     fill one leaves the second mounted, empty."""
-    renderer, _, api = deployed_central_entity(budget=SMALL_BUDGET)
+    renderer, _, api = deployed_central_entity(budget=SMALL_BUDGET, services=SMALL_BUDGET_SERVICES)
     assert renderer.route_configmaps("central-entity") == ["routes-central-entity-1", "routes-central-entity-2"]
     result = apply.reload_policy(renderer.topology, us_adequate, out=io.StringIO())
     assert result["applied"] == ["bundles-1", "routes-central-entity-1", "routes-central-entity-2"]
     emptied = by_kind(api.applied[0], "ConfigMap")["routes-central-entity-2"]
     assert "data" not in emptied and "binaryData" not in emptied
-    assert len(by_kind(api.applied[0], "ConfigMap")["routes-central-entity-1"]["data"]) == 4
+    # Every compiled listener's route file, one per hop out of a service, in the first.
+    assert len(by_kind(api.applied[0], "ConfigMap")["routes-central-entity-1"]["data"]) == SMALL_BUDGET_SERVICES - 1
 
 
 def test_reload_of_the_baseline_says_there_is_no_rule_set_to_reload_denied(tmp_path, monkeypatch):
@@ -1340,7 +1343,7 @@ def test_reload_of_the_baseline_says_there_is_no_rule_set_to_reload_denied(tmp_p
 
 
 def test_reload_refuses_files_that_would_need_configmaps_the_pods_do_not_mount_denied(deployed_central_entity, us_adequate, monkeypatch):
-    renderer, _, api = deployed_central_entity()
+    renderer, _, api = deployed_central_entity(services=SMALL_BUDGET_SERVICES)
     monkeypatch.setattr(render, "CONFIGMAP_BUDGET", SMALL_BUDGET)
     with pytest.raises(ReloadError, match=r"fills ConfigMaps the pods do not mount \(routes-central-entity-2\)"):
         apply.reload_policy(renderer.topology, us_adequate, out=io.StringIO())

@@ -47,7 +47,7 @@ from pathlib import Path
 from .. import policydata
 from ..enforcement import EnforcementPoint
 from ..manifest import REPO
-from ..policyfiles import OPA, ignore_flags, is_test
+from ..policyfiles import OPA, is_test
 from . import EngineError
 
 DECISION_SPACE = Path(__file__).with_name("decision_space.rego")
