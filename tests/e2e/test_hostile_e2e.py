@@ -4,14 +4,20 @@ The mixed-regions example (an EU record goes ingest-eu -> analyse-eu -> store-eu
 with the manifests' defaults: mutual TLS between all parts, label tokens.
 
 - a client at the entry: forged label tokens, digests, decision headers and request ids;
+  label headers over their bound (1024 bytes, 64 values);
 - a local process posing as a service, without the deployment's credentials: plain HTTP, or
-  TLS with a certificate of its own CA naming the part it poses as; OPA's REST API;
+  TLS with a certificate of its own CA naming the part it poses as; OPA's REST API; and, as
+  another user (a child that gives up root for nobody), every point's private sockets: its
+  OPA's decision port (issue 25: the entry's signed tokens for anyone), REST API and
+  diagnostics, its Envoy's admin interface;
 - a compromised service: ingest-eu's process is replaced by one holding ingest-eu's real key
   and certificate, which writes ingest-eu's audit lines as the service would. It receives
   genuine records (with genuine tokens) from the entry and tries to pass them on relabelled,
   without a token, with an altered or self-signed token, with another record's body, twice,
-  past the next step, and through another sender's listener; and it re-uses the id of a record
-  delivered through the US instances with a token forged for other labels (issue 25).
+  past the next step, and through another sender's listener; with ingest-us's key, it takes a
+  genuine token to ingest-us's listener, and one naming only the first hop to analyse-eu's
+  (the token's `aud`); and it re-uses the id of a record delivered through the US instances
+  with a token forged for other labels (issue 25).
 
 Every attack ends in a refusal in the error contract ({code, message} JSON, the status and
 code asserted) or in a TLS handshake that does not complete, or changes nothing (a relabelled
