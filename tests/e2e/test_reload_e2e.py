@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from complyroute import audit, bundles, deployment, policyfiles, reload
+from complyroute.engines import envoy_compiled
 from complyroute.client import send
 
 from tests.walkthrough import rule_set_with_rule
@@ -150,9 +151,19 @@ def test_reload_moves_paths_while_records_flow_and_loses_none_allowed(topology, 
         deployment.stop(out=open("/dev/null", "w"))
 
 
-def test_a_rule_set_that_does_not_compile_is_not_applied_denied(tmp_path):
+def test_a_rule_set_that_does_not_compile_is_not_applied_denied(tmp_path, monkeypatch):
     state, _ = deploy_mixed_regions("sidecar", engine="envoy-compiled")
     try:
+        # A fast path that would differ from the rules (compiled routes sending EU records to
+        # the US twins) is refused by the guard, naming the point and the labelling.
+        honest = envoy_compiled.listener_matcher
+        with monkeypatch.context() as divergent:
+            divergent.setattr(envoy_compiled, "listener_matcher", lambda outcomes, timeout: honest(
+                {key: {consent: (destination.replace("-eu", "-us"), revision) for consent, (destination, revision) in by_consent.items()}
+                 for key, by_consent in outcomes.items()}, timeout))
+            with pytest.raises(reload.ReloadError, match=r"nothing was changed: .*point sidecar-[a-z]+-[a-z]+: the compiled route differs"):
+                reload.reload_policy(out=open("/dev/null", "w"))
+        assert path_of(send(state["entry_url"], EU_PERSONAL, RECORD)) == BEFORE
         broken = tmp_path / "policies"
         shutil.copytree(policyfiles.POLICIES, broken)
         (broken / "complyroute" / "compliance" / "compliance.rego").write_text("package complyroute.compliance\n\nallow if {\n")
