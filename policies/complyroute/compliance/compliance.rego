@@ -145,15 +145,20 @@ record_violations contains violation(rego.metadata.rule(), detail) if {
 
 # METADATA
 # title: Label unknown
-# description: every label value must be known to data.complyroute.reference (case-sensitive).
+# description: |
+#   every label value must be known to data.complyroute.reference (case-sensitive). One
+#   reason per label, naming all its unknown values: an answer stays a small multiple of
+#   the labels sent, however many unknown values they hold.
 # custom:
 #   code: LABEL_UNKNOWN
 #   message: a label value is not in the reference data
 record_violations contains violation(rego.metadata.rule(), detail) if {
 	some name, values in label_values
-	some value in values
-	not known_values[name][value]
-	detail := sprintf("%s %q is unknown (known: %s)", [name, value, concat(", ", sort(object.keys(known_values[name])))])
+	unknown := [json.marshal(value) | some value in values; not known_values[name][value]]
+	count(unknown) > 0
+	verb := {true: "is", false: "are"}[count(unknown) == 1]
+	known := concat(", ", sort(object.keys(known_values[name])))
+	detail := sprintf("%s %s %s unknown (known: %s)", [name, concat(", ", sort(unknown)), verb, known])
 }
 
 # METADATA
