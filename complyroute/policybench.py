@@ -86,7 +86,8 @@ class RuleSet:
     name: str
     policies: Path
     data_keys: tuple[str, ...]  # what of a point's document it reads, under data.complyroute
-    data: Callable[[dict[str, EnforcementPoint]], dict[str, dict]]  # {case: point} -> {case: what its OPA loads}
+    # ({case: point}, {case: the points of its deployment} or None) -> {case: what its OPA loads}
+    data: Callable[..., dict[str, dict]]
     flags: list[str] = field(default_factory=list)
 
 
@@ -98,9 +99,12 @@ def current() -> RuleSet:
     return RuleSet("current", policyfiles.POLICIES, ("index", "table"), point_documents, list(policyfiles.RUN_FLAGS))
 
 
-def point_documents(points: dict[str, EnforcementPoint]) -> dict[str, dict]:
-    """{case: what the point's OPA loads under this rule set}: its index and its allowed table."""
-    return {case: envoy_opa.decided_data([point], policyfiles.POLICIES)[0][point.name] for case, point in points.items()}
+def point_documents(points: dict[str, EnforcementPoint], deployments: dict[str, list[EnforcementPoint]] | None = None) -> dict[str, dict]:
+    """{case: what the point's OPA loads under this rule set}: its index and its allowed table,
+    built as its deployment builds it (`deployments`: the points of each case's deployment,
+    whose instances' purposes the table covers; without, the point alone)."""
+    return {case: envoy_opa.decided_data((deployments or {}).get(case, [point]), policyfiles.POLICIES)[0][point.name]
+            for case, point in points.items()}
 
 
 def baseline(scratch: Path) -> RuleSet:
@@ -110,7 +114,7 @@ def baseline(scratch: Path) -> RuleSet:
         raise BaselineUnavailable(f"commit {BASELINE_COMMIT} is not available: {archive.stderr.decode().strip()}")
     scratch.mkdir(parents=True, exist_ok=True)
     subprocess.run(["tar", "-x", "-C", str(scratch)], input=archive.stdout, check=True)
-    as_catalogs = lambda points: {case: {"complyroute": {"catalog": point.catalog}} for case, point in points.items()}
+    as_catalogs = lambda points, deployments=None: {case: {"complyroute": {"catalog": point.catalog}} for case, point in points.items()}
     return RuleSet(BASELINE_COMMIT, scratch / "policies", ("catalog",), as_catalogs)
 
 
@@ -192,7 +196,8 @@ def compare(rule_sets: list[RuleSet] | None = None, out=None) -> list[dict]:
         points = {case: point for case, (_, _, point, _, _) in every_case.items()}
         requests = {f"{case} {record}": request for case, (*_, allowed, denied) in every_case.items()
                     for record, request in (("allowed", allowed), ("denied", denied))}
-        documents = {rule_set.name: rule_set.data(points) for rule_set in rule_sets}
+        deployments = {case: place(manifest.load(t, services=n)).points for case, (t, n, *_) in every_case.items()}
+        documents = {rule_set.name: rule_set.data(points, deployments) for rule_set in rule_sets}
         answers = {
             rule_set.name: decisions(rule_set, {name: (documents[rule_set.name][name.rsplit(" ", 1)[0]], request)
                                                 for name, request in requests.items()}, scratch)
