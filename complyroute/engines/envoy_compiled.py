@@ -226,7 +226,7 @@ def check_routes(point: EnforcementPoint, matchers: dict[str, dict], precomputed
     """Refuses (EngineError) unless every compiled listener's tree, walked as Envoy walks it over
     the listener's decision space, routes exactly the labellings the rule set allows, each to the
     rule set's destination and revision."""
-    space = precompute.every_consent(precomputed.space, precomputed.policies)
+    space = precomputed.guard_space
     if point.name not in space["points"]:
         return
     compiled = {listener.name for listener in compiled_listeners(point)}

@@ -42,6 +42,7 @@ import subprocess
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from .. import policydata
@@ -75,22 +76,32 @@ class Precomputed:
     policies: Path  # the rule set asked
     skipped: str = ""  # why no table was built (the rule set reads what is not enumerated), else ""
 
-    def table(self, point: str) -> dict:
-        """data.complyroute.table of `point`: sender -> step -> region -> category ->
-        {"consents": {value: entry}, "without": entry}, entry {"destination"}."""
-        listeners = self.space["points"].get(point, {}).get("listeners", {})
-        table: dict = {}
-        for (name, listener, region, category, consent), (destination, _) in self.outcomes.items():
-            if name != point:
-                continue
-            pinned = listeners[listener]
-            slot = table.setdefault(pinned["sender"], {}).setdefault(pinned["step"], {}).setdefault(region, {}).setdefault(category, {})
+    def tables(self) -> dict[str, dict]:
+        """data.complyroute.table of every point, in one pass over the answers: point -> sender ->
+        step -> region -> category -> {"consents": {value: entry}, "without": entry}, entry
+        {"destination"}."""
+        tables: dict[str, dict] = {}
+        for (point, listener, region, category, consent), (destination, _) in self.outcomes.items():
+            pinned = self.space["points"][point]["listeners"][listener]
+            slot = (tables.setdefault(point, {}).setdefault(pinned["sender"], {}).setdefault(pinned["step"], {})
+                    .setdefault(region, {}).setdefault(category, {}))
             entry = {"destination": destination}
             if consent is None:
                 slot["without"] = entry
             else:
                 slot.setdefault("consents", {})[consent] = entry
-        return table
+        return tables
+
+    @cached_property
+    def guard_space(self) -> dict:
+        """The space with every canonical consent value of the known purposes: where check_routes
+        walks the compiled trees, so that a route answering a labelling the table does not hold is
+        caught too. (The quick path is checked over the table's own space: it looks a labelling up
+        by its exact labels, and the policy tests check that it answers nothing else.)"""
+        consents = [None, *canonical_consents(sorted(reference(self.policies).get("purposes", {})))]
+        return {**self.space, "points": {name: {**entry, "listeners": {listener: {**pinned, "consents": consents}
+                                                                        for listener, pinned in entry["listeners"].items()}}
+                                         for name, entry in self.space["points"].items()}}
 
 
 # ---- what the rule set reads -----------------------------------------------------------------
@@ -292,17 +303,6 @@ def decision_space(points: list[EnforcementPoint], policies: Path, data: dict[st
     }
 
 
-def every_consent(space: dict, policies: Path) -> dict:
-    """The space with every canonical consent value of the known purposes: where check_routes
-    walks the compiled trees, so that a route answering a labelling the table does not hold is
-    caught too. (The quick path is checked over the table's own space: it looks a labelling up
-    by its exact labels, and the policy tests check that it answers nothing else.)"""
-    consents = [None, *canonical_consents(sorted(reference(policies).get("purposes", {})))]
-    return {**space, "points": {name: {**entry, "listeners": {listener: {**pinned, "consents": consents}
-                                                               for listener, pinned in entry["listeners"].items()}}
-                                for name, entry in space["points"].items()}}
-
-
 def labellings(space: dict):
     """Every labelling of the space, in order: point, listener, category, region, consent."""
     for point, entry in sorted(space["points"].items()):
@@ -403,7 +403,8 @@ def describe(outcome: tuple | None) -> str:
 
 def with_tables(data: dict[str, dict], precomputed: Precomputed) -> dict[str, dict]:
     """Each point's OPA data document with its table, once the guard let it through."""
-    tables = {point: precomputed.table(point) for point in data}
+    built = precomputed.tables()
+    tables = {point: built.get(point, {}) for point in data}
     check_quick_path(precomputed, tables)
     return {point: {**document, "complyroute": {**document.get("complyroute", {}), "table": tables[point]}}
             for point, document in data.items()}
