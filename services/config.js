@@ -24,6 +24,17 @@ export const DEFAULTS = Object.freeze({
 // purposes): what the policy catalog and the headers can carry safely.
 const TOKEN = /^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$/
 
+// The label schema (COMPLYROUTE_LABELS): what a label's name and its header may be, as the rule
+// set's schema allows them (complyroute/labels.py NAME, HEADER, OWN_HEADERS). A label header is
+// lowercase (Node hands headers over lowercased), not one of complyroute's own headers, and
+// not x-request-id, which the instance reads and sends on itself.
+const LABEL_NAME = /^[a-z][a-z0-9_]{0,31}$/
+const LABEL_HEADER = /^x-[a-z0-9][a-z0-9-]{0,62}$/
+const OWN_HEADERS = 'x-complyroute-'
+const INSTANCE_HEADERS = Object.freeze(['x-request-id'])
+const LABEL_FIELDS = Object.freeze(['header', 'name', 'required'])
+const LABELS_EXPECTED = 'expected a JSON array of at least one label, {"name", "header", "required"} each, in the schema\'s order'
+
 const MAX_WORK_ITERATIONS = 1_000_000
 const MAX_TIMEOUT_MS = 600_000
 
@@ -121,6 +132,51 @@ function egressUrl (env) {
   return url.origin
 }
 
+/**
+ * The labels this instance requires, logs and sends on (COMPLYROUTE_LABELS, set by the control
+ * plane from the rule set's label schema, complyroute/labels.py service_setting): a JSON array
+ * of {"name", "header", "required"} in the schema's order, at least one, names and headers
+ * each used once. Returned frozen, in the order given: the audit line's labels keep it.
+ * Exported for bench/floor.js, which forwards the same headers.
+ */
+export function parseLabels (env = process.env) {
+  const name = 'COMPLYROUTE_LABELS'
+  const value = read(env, name)
+  if (value === '') throw new ConfigError(name, `is required: ${LABELS_EXPECTED}`)
+  let declared
+  try {
+    declared = JSON.parse(value)
+  } catch (err) {
+    throw new ConfigError(name, `is not JSON (${err.message}): ${LABELS_EXPECTED}`)
+  }
+  if (!Array.isArray(declared) || declared.length === 0) {
+    throw new ConfigError(name, `invalid value ${JSON.stringify(value)}: ${LABELS_EXPECTED}`)
+  }
+  const names = new Map()
+  const headers = new Map()
+  return Object.freeze(declared.map((label, index) => {
+    const where = `label ${index}`
+    if (typeof label !== 'object' || label === null || Array.isArray(label) ||
+        Object.keys(label).sort().join(',') !== LABEL_FIELDS.join(',')) {
+      throw new ConfigError(name, `${where} is ${JSON.stringify(label)}: expected an object with exactly the fields "name", "header" and "required"`)
+    }
+    if (typeof label.name !== 'string' || !LABEL_NAME.test(label.name)) {
+      throw new ConfigError(name, `${where}: invalid name ${JSON.stringify(label.name)}: expected a lowercase letter, then lowercase letters, digits or '_' (at most 32 characters)`)
+    }
+    if (typeof label.header !== 'string' || !LABEL_HEADER.test(label.header) || label.header.startsWith(OWN_HEADERS) || INSTANCE_HEADERS.includes(label.header)) {
+      throw new ConfigError(name, `label ${label.name}: invalid header ${JSON.stringify(label.header)}: expected a lowercase x- header name (at most 64 characters), not ${OWN_HEADERS}* nor ${INSTANCE_HEADERS.join(', ')}`)
+    }
+    if (typeof label.required !== 'boolean') {
+      throw new ConfigError(name, `label ${label.name}: invalid required ${JSON.stringify(label.required)}: expected true or false`)
+    }
+    if (names.has(label.name)) throw new ConfigError(name, `label ${label.name} is declared twice (labels ${names.get(label.name)} and ${index})`)
+    if (headers.has(label.header)) throw new ConfigError(name, `label ${label.name}: header ${label.header} is label ${headers.get(label.header)}'s header too`)
+    names.set(label.name, index)
+    headers.set(label.header, label.name)
+    return Object.freeze({ name: label.name, header: label.header, required: label.required })
+  }))
+}
+
 const TLS_VARIABLES = Object.freeze(['TLS_CERT', 'TLS_KEY', 'TLS_CA'])
 const PEM_CERTIFICATE = /-----BEGIN CERTIFICATE-----[^-]+-----END CERTIFICATE-----/g
 
@@ -206,6 +262,7 @@ export function parseConfig (env = process.env) {
   const node = token(env, 'NODE', { required: true })
   const certifications = list(env, 'CERTIFICATIONS')
   const purposes = list(env, 'PURPOSES')
+  const labels = parseLabels(env)
 
   const nextStep = token(env, 'NEXT_STEP', { fallback: null })
   const egress = egressUrl(env)
@@ -268,6 +325,7 @@ export function parseConfig (env = process.env) {
     node,
     certifications,
     purposes,
+    labels,
     nextStep,
     egressUrl: egress ?? null,
     host,

@@ -9,8 +9,9 @@ import { dirname, join } from 'node:path'
 import { buildApp, clientErrorHandler, doWork, downstreamPathEntries } from '../app.js'
 import { parseConfig } from '../config.js'
 import { GENESIS, createAuditLog } from '../lib/audit.js'
+import { LABELS_ENV } from '../test-support/labels.js'
 
-const LAST_ENV = { INSTANCE_ID: 'store-eu', STEP: 'store', REGION: 'EU', NODE: 'node-3', WORK_ITERATIONS: '3', LOG_LEVEL: 'silent' }
+const LAST_ENV = { INSTANCE_ID: 'store-eu', STEP: 'store', REGION: 'EU', NODE: 'node-3', WORK_ITERATIONS: '3', LOG_LEVEL: 'silent', ...LABELS_ENV }
 const MIDDLE_ENV = {
   INSTANCE_ID: 'analyse-eu',
   STEP: 'analyse',
@@ -19,7 +20,8 @@ const MIDDLE_ENV = {
   NEXT_STEP: 'store',
   EGRESS_URL: 'http://127.0.0.1:12002',
   WORK_ITERATIONS: '3',
-  LOG_LEVEL: 'silent'
+  LOG_LEVEL: 'silent',
+  ...LABELS_ENV
 }
 const LAST = parseConfig(LAST_ENV)
 const MIDDLE = parseConfig(MIDDLE_ENV)
@@ -770,7 +772,7 @@ test('buildApp opens the configured audit log itself and flushes it on close', a
   const dir = mkdtempSync(join(tmpdir(), 'complyroute-app-'))
   t.after(() => rmSync(dir, { recursive: true, force: true }))
   const file = join(dir, 'audit', 'store-eu.jsonl')
-  const config = parseConfig({ INSTANCE_ID: 'store-eu', STEP: 'store', REGION: 'EU', NODE: 'node-3', AUDIT_LOG: file, LOG_LEVEL: 'silent' })
+  const config = parseConfig({ INSTANCE_ID: 'store-eu', STEP: 'store', REGION: 'EU', NODE: 'node-3', AUDIT_LOG: file, LOG_LEVEL: 'silent', ...LABELS_ENV })
   const app = buildApp(config, { logger: false })
   const accepted = await post(app, { headers: { ...LABELS, 'x-request-id': 'r-10' } })
   const refused = await post(app, { headers: without(LABELS, 'x-data-region'), body: RECORD })

@@ -3,9 +3,10 @@ import assert from 'node:assert/strict'
 import { readFileSync, writeFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { ConfigError, DEFAULTS, parseConfig } from '../config.js'
+import { LABELS_ENV, SHIPPED_LABELS } from '../test-support/labels.js'
 import { NO_OPENSSL, testPki, tlsEnv } from '../test-support/pki.js'
 
-const BASE = Object.freeze({ INSTANCE_ID: 'analyse-eu', STEP: 'analyse', REGION: 'EU', NODE: 'node-2' })
+const BASE = Object.freeze({ INSTANCE_ID: 'analyse-eu', STEP: 'analyse', REGION: 'EU', NODE: 'node-2', ...LABELS_ENV })
 
 function refused (env, variable, pattern) {
   assert.throws(() => parseConfig(env), (err) => {

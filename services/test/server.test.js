@@ -5,6 +5,7 @@ import assert from 'node:assert/strict'
 import { Client } from 'undici'
 import * as config from '../config.js'
 import * as server from '../server.js'
+import { LABELS_ENV } from '../test-support/labels.js'
 import { NO_OPENSSL, testPki, tlsClient, tlsEnv } from '../test-support/pki.js'
 
 test('server.js reuses config.js\'s parser (one parser, no duplicate)', () => {
@@ -13,7 +14,7 @@ test('server.js reuses config.js\'s parser (one parser, no duplicate)', () => {
 
 test('start() refuses an invalid environment before opening anything', async () => {
   await assert.rejects(
-    server.start({ INSTANCE_ID: 'a', STEP: 'a', REGION: 'EU', NODE: 'n', NEXT_STEP: 'b' }),
+    server.start({ INSTANCE_ID: 'a', STEP: 'a', REGION: 'EU', NODE: 'n', ...LABELS_ENV, NEXT_STEP: 'b' }),
     (err) => err instanceof config.ConfigError && err.variable === 'EGRESS_URL'
   )
   await assert.rejects(server.start({}), (err) => err instanceof config.ConfigError && err.variable === 'INSTANCE_ID')
@@ -92,6 +93,7 @@ async function startService (t, credential, env) {
     PORT: '0',
     WORK_ITERATIONS: '1',
     LOG_LEVEL: 'silent',
+    ...LABELS_ENV,
     ...tlsEnv(credential),
     ...env
   }, { audit: { async write (entry) { lines.push(entry) } }, logger: false })
