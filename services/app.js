@@ -14,8 +14,8 @@ import { createForwarder } from './lib/forwarder.js'
 import { peerAllowed, peerIdentity } from './lib/identity.js'
 import { RecentIds } from './lib/recent-ids.js'
 
-export const LABEL_HEADERS = Object.freeze(['x-data-region', 'x-data-category', 'x-data-consent'])
-export const REQUIRED_LABEL_HEADERS = Object.freeze(['x-data-region', 'x-data-category'])
+// The labels are the configuration's (config.labels, COMPLYROUTE_LABELS: the rule set's label
+// schema): which headers a record must carry, which are logged and which are sent on.
 // Set by the enforcement point that decided the hop into this instance, overwriting any
 // value a sender chose (complyroute/enforcement.py _deciding_listener); absent when no
 // point decided it (the baseline, or a record that bypassed the enforcement points).
@@ -115,30 +115,34 @@ const pathEntrySchema = {
   }
 }
 
-const processSchema = {
-  headers: {
-    type: 'object',
-    required: [...REQUIRED_LABEL_HEADERS],
-    properties: {
-      'x-data-region': { type: 'string', minLength: 1 },
-      'x-data-category': { type: 'string', minLength: 1 },
-      'x-data-consent': { type: 'string' },
-      'x-request-id': { type: 'string', pattern: REQUEST_ID_PATTERN }
-    }
-  },
-  body: { type: 'object' },
-  response: {
-    200: {
+// The headers of a record: every required label's, not empty; an optional label's may be.
+function processSchema (labels) {
+  return {
+    headers: {
       type: 'object',
-      required: ['request_id', 'path'],
-      additionalProperties: false,
+      required: labels.filter((label) => label.required).map((label) => label.header),
       properties: {
-        request_id: { type: 'string' },
-        path: { type: 'array', minItems: 1, items: pathEntrySchema }
+        ...Object.fromEntries(labels.map((label) => [label.header, label.required ? { type: 'string', minLength: 1 } : { type: 'string' }])),
+        'x-request-id': { type: 'string', pattern: REQUEST_ID_PATTERN }
       }
     },
-    ...errorResponses
+    body: processBodySchema,
+    response: processResponseSchema
   }
+}
+
+const processBodySchema = { type: 'object' }
+const processResponseSchema = {
+  200: {
+    type: 'object',
+    required: ['request_id', 'path'],
+    additionalProperties: false,
+    properties: {
+      request_id: { type: 'string' },
+      path: { type: 'array', minItems: 1, items: pathEntrySchema }
+    }
+  },
+  ...errorResponses
 }
 
 const noQuery = { type: 'object', additionalProperties: false, properties: {} }
@@ -198,16 +202,19 @@ const CODE_BY_STATUS = {
   431: 'HEADERS_TOO_LARGE'
 }
 
-function missingLabels (headers) {
-  return REQUIRED_LABEL_HEADERS.filter((name) => typeof headers[name] !== 'string' || headers[name] === '')
+function missingLabels (headers, requiredHeaders) {
+  return requiredHeaders.filter((name) => typeof headers[name] !== 'string' || headers[name] === '')
 }
 
-/** Map any error Fastify or a handler raises to {status, code, message, reasons?}. */
-export function classifyError (err, request) {
+/**
+ * Map any error Fastify or a handler raises to {status, code, message, reasons?}.
+ * `requiredHeaders`: the headers of the required labels, in the schema's order.
+ */
+export function classifyError (err, request, requiredHeaders = []) {
   if (err instanceof AppError) return { status: err.statusCode, code: err.code, message: err.message }
   if (err.validation) {
     if (err.validationContext === 'headers') {
-      const missing = missingLabels(request.headers)
+      const missing = missingLabels(request.headers, requiredHeaders)
       if (missing.length > 0) {
         return {
           status: 400,
@@ -366,20 +373,29 @@ export async function app (fastify, opts) {
   if (!config) throw new Error('app: opts.config is required')
   if (!audit || typeof audit.write !== 'function') throw new Error('app: opts.audit with write(entry) is required')
   if (config.nextStep && typeof forward !== 'function') throw new Error('app: opts.forward is required when NEXT_STEP is set')
+  if (!Array.isArray(config.labels) || config.labels.length === 0) throw new Error('app: opts.config.labels (COMPLYROUTE_LABELS) is required')
 
   const stats = Object.fromEntries(STAT_NAMES.map((name) => [name, 0]))
+  // The label schema, in its order: the audit line's labels and the LABEL_MISSING reasons keep it.
+  const labels = config.labels
+  const requiredHeaders = labels.filter((label) => label.required).map((label) => label.header)
 
+  // Every label of the schema: its header's value as it arrived, null when it is absent.
+  function auditLabels (headers) {
+    const logged = {}
+    for (const label of labels) logged[label.name] = headers[label.header] ?? null
+    return logged
+  }
   // The audit line of an accepted record (lib/audit.js adds the chain link): the labels as
   // they arrived, which are canonical when an enforcement point allowed the hop (it rewrites
   // them); the digest of the exact text sent on; who decided the hop, with which rule set.
   function auditEntry (tIn, requestId, headers, digest) {
-    const consent = headers['x-data-consent']
     return {
       ts: tIn,
       instance: config.instanceId,
       step: config.step,
       request_id: requestId,
-      labels: { region: headers['x-data-region'], category: headers['x-data-category'], consent: consent ?? null },
+      labels: auditLabels(headers),
       digest,
       sender: headers[DECISION_HEADERS.sender] ?? null,
       decided_by: headers[DECISION_HEADERS.decided_by] ?? null,
@@ -430,7 +446,7 @@ export async function app (fastify, opts) {
 
   fastify.setErrorHandler(function (err, request, reply) {
     request[kOutcome] = null
-    const classified = classifyError(err, request)
+    const classified = classifyError(err, request, requiredHeaders)
     // An AppError was logged where it was raised, with its cause.
     if (classified.status >= 500 && !(err instanceof AppError)) request.log.error({ err }, 'request failed')
     else request.log.debug({ err, code: classified.code }, 'request refused')
@@ -494,7 +510,7 @@ export async function app (fastify, opts) {
   }
 
   fastify.post('/process', {
-    schema: processSchema,
+    schema: processSchema(labels),
     // Counted first: a record refused for its peer is received and rejected like any other.
     onRequest: [function (request, reply, done) {
       request[kTIn] = now()
@@ -519,7 +535,6 @@ export async function app (fastify, opts) {
 
     doWork(body, config.workIterations)
 
-    const consent = headers['x-data-consent']
     try {
       await audit.write(auditEntry(tIn, requestId, headers, digest))
     } catch (err) {
@@ -535,16 +550,18 @@ export async function app (fastify, opts) {
       return deliveredAnswer(requestId, pathEntryJson(ownEntryPrefix, tIn, now(), undefined, headers[DECISION_HEADERS.revision]))
     }
 
-    // Built from scratch: only the labels, the request id, the next step and (label-token
-    // mode) the token go on (so a client's x-complyroute-destination never does).
+    // Built from scratch: only the labels of the schema (each one the record carries), the
+    // request id, the next step and (label-token mode) the token go on (so neither a client's
+    // x-complyroute-destination nor a header outside the schema ever does).
     const outgoing = {
       'content-type': 'application/json',
-      'x-data-region': headers['x-data-region'],
-      'x-data-category': headers['x-data-category'],
       'x-request-id': requestId,
       'x-complyroute-step': config.nextStep
     }
-    if (consent !== undefined) outgoing['x-data-consent'] = consent
+    for (const label of labels) {
+      const value = headers[label.header]
+      if (value !== undefined) outgoing[label.header] = value
+    }
     if (acceptedIds !== null) outgoing[LABEL_TOKEN_HEADERS.token] = headers[LABEL_TOKEN_HEADERS.token]
 
     stats.forwarded++

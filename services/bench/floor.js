@@ -4,8 +4,9 @@
 // a service hop's CPU beyond its configured work can be compared with this one's.
 //
 // Configured like a service instance: HOST, PORT, and EGRESS_URL (an origin). With
-// EGRESS_URL: POST the body and the x-data-* and x-request-id headers to
-// `${EGRESS_URL}/process` and relay the answer. Without, it stands for the rest of a chain:
+// EGRESS_URL: POST the body, the label headers and x-request-id to `${EGRESS_URL}/process`
+// and relay the answer; the label headers are those of COMPLYROUTE_LABELS, as a service is
+// told them (config.js parseLabels; required with EGRESS_URL, read once at start). Without, it stands for the rest of a chain:
 // it answers as a last service would, {request_id, path}, with ANSWER_PATH_LENGTH entries
 // (default 1) written once at start, so a service measured in front of it pays for the
 // answer of a chain of that length and this process costs next to nothing.
@@ -20,6 +21,7 @@
 import { readFileSync } from 'node:fs'
 import Fastify from 'fastify'
 import { Pool } from 'undici'
+import { parseLabels } from '../config.js'
 
 const {
   HOST = '127.0.0.1', PORT = '3000', EGRESS_URL = '', ANSWER_PATH_LENGTH = '1',
@@ -38,12 +40,14 @@ if (EGRESS_URL) {
           : new Error(`the next hop presents ${cert.subjectaltname}, not URI:${EGRESS_IDENTITY}`)
       }
     : undefined
+  const forwarded = [...parseLabels(process.env).map((label) => label.header), 'x-request-id']
   const pool = new Pool(EGRESS_URL, { connections: 64, connect })
   app.addHook('onClose', () => pool.close())
   app.post('/process', async (request, reply) => {
     const headers = { 'content-type': 'application/json' }
-    for (const [name, value] of Object.entries(request.headers)) {
-      if (name.startsWith('x-data-') || name === 'x-request-id') headers[name] = value
+    for (const name of forwarded) {
+      const value = request.headers[name]
+      if (value !== undefined) headers[name] = value
     }
     const answer = await pool.request({ path: '/process', method: 'POST', headers, body: JSON.stringify(request.body) })
     reply.code(answer.statusCode).type('application/json')
