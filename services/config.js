@@ -164,7 +164,7 @@ export function parseLabels (env = process.env) {
       throw new ConfigError(name, `${where}: invalid name ${JSON.stringify(label.name)}: expected a lowercase letter, then lowercase letters, digits or '_' (at most 32 characters)`)
     }
     if (typeof label.header !== 'string' || !LABEL_HEADER.test(label.header) || label.header.startsWith(OWN_HEADERS) || INSTANCE_HEADERS.includes(label.header)) {
-      throw new ConfigError(name, `label ${label.name}: invalid header ${JSON.stringify(label.header)}: expected a lowercase x- header name (at most 64 characters), not ${OWN_HEADERS}* nor ${INSTANCE_HEADERS.join(', ')}`)
+      throw new ConfigError(name, `label ${label.name}: invalid header ${JSON.stringify(label.header)}: expected x- then a lowercase letter or digit and at most 62 more lowercase letters, digits or '-', not ${OWN_HEADERS}* nor ${INSTANCE_HEADERS.join(', ')}`)
     }
     if (typeof label.required !== 'boolean') {
       throw new ConfigError(name, `label ${label.name}: invalid required ${JSON.stringify(label.required)}: expected true or false`)

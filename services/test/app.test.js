@@ -9,7 +9,7 @@ import { dirname, join } from 'node:path'
 import { buildApp, clientErrorHandler, doWork, downstreamPathEntries } from '../app.js'
 import { parseConfig } from '../config.js'
 import { GENESIS, createAuditLog } from '../lib/audit.js'
-import { LABELS_ENV } from '../test-support/labels.js'
+import { LABELS_ENV, SHIPPED_LABELS, labelsEnv } from '../test-support/labels.js'
 
 const LAST_ENV = { INSTANCE_ID: 'store-eu', STEP: 'store', REGION: 'EU', NODE: 'node-3', WORK_ITERATIONS: '3', LOG_LEVEL: 'silent', ...LABELS_ENV }
 const MIDDLE_ENV = {
@@ -506,6 +506,8 @@ test('audit lines through the real log: one chained line per accepted record, no
   await audit.close()
   const lines = readFileSync(file, 'utf8').trim().split('\n')
   assert.deepEqual(lines.map((line) => JSON.parse(line).request_id).sort(), ['a', 'b', 'c'])
+  // The labels as written: by name, in the order COMPLYROUTE_LABELS gives (the schema's).
+  for (const line of lines) assert.ok(line.includes(',"labels":{"category":"personal","consent":"billing,care","region":"EU"},'), line)
   let expected = GENESIS
   for (const line of lines) {
     assert.equal(JSON.parse(line).prev, expected)
@@ -784,4 +786,85 @@ test('buildApp opens the configured audit log itself and flushes it on close', a
   assert.equal(lines.length, 1)
   assert.equal(lines[0].request_id, 'r-10')
   assert.equal(lines[0].instance, 'store-eu')
+})
+
+// ---------------------------------------------------------------- the label schema is configuration
+
+// A fourth label, required, in the schema's order (by name): between category and consent.
+const CLASSIFICATION = Object.freeze({ name: 'classification', header: 'x-data-classification', required: true })
+const FOUR_LABELS = Object.freeze([SHIPPED_LABELS[0], CLASSIFICATION, ...SHIPPED_LABELS.slice(1)])
+const FOUR_MIDDLE = parseConfig({ ...MIDDLE_ENV, ...labelsEnv(FOUR_LABELS) })
+const FOUR_LAST = parseConfig({ ...LAST_ENV, ...labelsEnv(FOUR_LABELS) })
+const FOUR = Object.freeze({ ...LABELS, 'x-data-classification': 'secret' })
+
+test('a fourth label in COMPLYROUTE_LABELS is required, logged in its place in the schema\'s order, and sent on', async (t) => {
+  const { app, calls, lines } = setup(t, FOUR_MIDDLE)
+  const res = await post(app, { headers: { ...FOUR, 'x-request-id': 'r-f1', 'x-data-unknown': 'x' } })
+  assert.equal(res.statusCode, 200)
+  assert.deepEqual(calls[0].headers, {
+    'content-type': 'application/json',
+    'x-data-category': 'personal',
+    'x-data-classification': 'secret',
+    'x-data-consent': 'billing,care',
+    'x-data-region': 'EU',
+    'x-request-id': 'r-f1',
+    'x-complyroute-step': 'store'
+  })
+  assert.equal(JSON.stringify(lines[0].labels), '{"category":"personal","classification":"secret","consent":"billing,care","region":"EU"}')
+
+  // Refused twin: without it (or empty), the existing LABEL_MISSING answer; nothing logged or sent on.
+  for (const headers of [without(FOUR, 'x-data-classification'), { ...FOUR, 'x-data-classification': '' }]) {
+    const refused = await post(app, { headers: { ...headers, 'x-request-id': 'r-f2' } })
+    assert.equal(refused.statusCode, 400)
+    assert.deepEqual(refused.json(), {
+      code: 'LABEL_MISSING',
+      message: 'missing label header: x-data-classification',
+      request_id: 'r-f2',
+      reasons: [{ code: 'LABEL_MISSING', message: 'header x-data-classification is missing or empty' }]
+    })
+  }
+  const both = await post(app, { headers: without(FOUR, 'x-data-classification', 'x-data-region') })
+  assert.equal(both.json().message, 'missing label headers: x-data-classification, x-data-region')
+  assert.equal(calls.length, 1)
+  assert.equal(lines.length, 1)
+  assert.deepEqual(await stats(app), { received: 4, answered: 1, forwarded: 1, downstream_denied: 0, downstream_failed: 0, rejected: 3, internal_errors: 0 })
+})
+
+test('the fourth label at the last step: required there too, and logged', async (t) => {
+  const { app, lines } = setup(t, FOUR_LAST)
+  assert.equal((await post(app, { headers: FOUR })).statusCode, 200)
+  assert.equal((await post(app)).statusCode, 400)
+  assert.deepEqual(lines.map((line) => line.labels), [{ category: 'personal', classification: 'secret', consent: 'billing,care', region: 'EU' }])
+})
+
+test('denied twin: a header outside COMPLYROUTE_LABELS is neither required, logged nor sent on', async (t) => {
+  // The shipped schema does not name x-data-classification: the same record's header is dropped.
+  const { app, calls, lines } = setup(t, MIDDLE)
+  const res = await post(app, { headers: { ...FOUR, 'x-request-id': 'r-f3' } })
+  assert.equal(res.statusCode, 200)
+  assert.equal('x-data-classification' in calls[0].headers, false)
+  assert.deepEqual(Object.keys(calls[0].headers).filter((name) => name.startsWith('x-data-')).sort(), ['x-data-category', 'x-data-consent', 'x-data-region'])
+  assert.deepEqual(lines[0].labels, { category: 'personal', consent: 'billing,care', region: 'EU' })
+  assert.ok(!JSON.stringify(lines[0]).includes('secret'), JSON.stringify(lines[0]))
+})
+
+test('no label is built in: a schema of one optional label requires none of the shipped headers, logs and sends on only its own', async (t) => {
+  const config = parseConfig({ ...MIDDLE_ENV, ...labelsEnv([{ name: 'tier', header: 'x-tier', required: false }]) })
+  const { app, calls, lines } = setup(t, config)
+  const bare = await post(app, { headers: { 'x-request-id': 'r-f4' } })
+  assert.equal(bare.statusCode, 200)
+  assert.deepEqual(lines[0].labels, { tier: null })
+  assert.deepEqual(calls[0].headers, { 'content-type': 'application/json', 'x-request-id': 'r-f4', 'x-complyroute-step': 'store' })
+  const tiered = await post(app, { headers: { ...LABELS, 'x-tier': 'gold', 'x-request-id': 'r-f5' } })
+  assert.equal(tiered.statusCode, 200)
+  assert.deepEqual(lines[1].labels, { tier: 'gold' })
+  assert.deepEqual(calls[1].headers, { 'content-type': 'application/json', 'x-tier': 'gold', 'x-request-id': 'r-f5', 'x-complyroute-step': 'store' })
+})
+
+test('the app refuses a configuration without labels', async () => {
+  for (const labels of [undefined, []]) {
+    const app = buildApp({ ...LAST, labels }, { audit: { async write () {} }, logger: false })
+    await assert.rejects(app.ready(), /config\.labels \(COMPLYROUTE_LABELS\) is required/)
+    await app.close().catch(() => {})
+  }
 })

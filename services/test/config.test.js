@@ -35,10 +35,11 @@ test('a last step with only the required variables gets the defaults', () => {
   assert.equal(config.egressTimeoutMs, 30000)
   assert.equal(config.logLevel, 'warn')
   assert.ok(Object.isFrozen(config))
+  assert.deepEqual(config.labels, SHIPPED_LABELS)
 })
 
 test('each required variable missing or blank is refused by name', () => {
-  for (const name of ['INSTANCE_ID', 'STEP', 'REGION', 'NODE']) {
+  for (const name of ['INSTANCE_ID', 'STEP', 'REGION', 'NODE', 'COMPLYROUTE_LABELS']) {
     refused({ ...BASE, [name]: undefined }, name, /is required/)
     refused({ ...BASE, [name]: '   ' }, name, /is required/)
   }
@@ -224,4 +225,49 @@ test('LABEL_TOKENS: 1 turns label-token mode on, 0 or unset leaves it off, anyth
   assert.equal(parseConfig({ ...BASE, LABEL_TOKENS: '0' }).labelTokens, false)
   assert.equal(parseConfig({ ...BASE, LABEL_TOKENS: '' }).labelTokens, false)
   for (const value of ['yes', 'true', '2', 'on']) refused({ ...BASE, LABEL_TOKENS: value }, 'LABEL_TOKENS', /expected 1 \(on\) or 0 \(off\)/)
+})
+
+// ---------------------------------------------------------------- the label schema
+
+const labels = (items) => ({ ...BASE, COMPLYROUTE_LABELS: JSON.stringify(items) })
+const CATEGORY = SHIPPED_LABELS[0]
+
+test('COMPLYROUTE_LABELS: the labels in the order given, frozen; any label names and x- headers', () => {
+  const config = parseConfig(BASE)
+  assert.deepEqual(config.labels.map((label) => label.name), ['category', 'consent', 'region'])
+  assert.deepEqual(config.labels[1], { name: 'consent', header: 'x-data-consent', required: false })
+  assert.ok(Object.isFrozen(config.labels) && config.labels.every(Object.isFrozen))
+  const four = [{ name: 'z9_', header: `x-${'a'.repeat(63)}`, required: false }, ...SHIPPED_LABELS, { name: `a${'b'.repeat(31)}`, header: 'x-0', required: true }]
+  assert.deepEqual(parseConfig({ ...labels(four), COMPLYROUTE_LABELS: ` ${JSON.stringify(four, null, 2)} ` }).labels, four)
+})
+
+test('COMPLYROUTE_LABELS refused twins: missing, not JSON, not a non-empty array of {name, header, required}', () => {
+  const name = 'COMPLYROUTE_LABELS'
+  refused({ ...BASE, [name]: undefined }, name, /is required: expected a JSON array/)
+  refused({ ...BASE, [name]: '' }, name, /is required/)
+  refused({ ...BASE, [name]: 'category,consent,region' }, name, /is not JSON/)
+  refused({ ...BASE, [name]: '[{"name":"category"' }, name, /is not JSON/)
+  refused({ ...BASE, [name]: '{"category":{"header":"x-data-category"}}' }, name, /expected a JSON array of at least one label/)
+  refused({ ...BASE, [name]: '[]' }, name, /at least one label/)
+  refused({ ...BASE, [name]: 'null' }, name, /expected a JSON array/)
+  for (const item of [null, 'category', ['category', 'x-data-category', true]]) {
+    refused(labels([item]), name, /label 0 is .*: expected an object with exactly the fields "name", "header" and "required"/)
+  }
+  refused(labels([CATEGORY, { name: 'region', header: 'x-data-region' }]), name, /label 1 is .*exactly the fields/)
+  refused(labels([{ ...CATEGORY, values: 'categories' }]), name, /exactly the fields/)
+  refused({ ...BASE, [name]: '[{"name":"category","header":"x-data-category","required":true,"__proto__":{}}]' }, name, /exactly the fields/)
+})
+
+test('COMPLYROUTE_LABELS refused twins: an invalid name, header or required, a name or header twice', () => {
+  const name = 'COMPLYROUTE_LABELS'
+  for (const bad of ['', 'Category', '1st', '_x', 'a-b', 'a b', `a${'b'.repeat(32)}`, 7]) {
+    refused(labels([{ ...CATEGORY, name: bad }]), name, /label 0: invalid name/)
+  }
+  for (const bad of ['', 'X-Data-Category', 'data-category', 'x-', 'x--a', 'x-data_category', `x-${'a'.repeat(64)}`,
+    'x-complyroute-labels', 'x-complyroute-step', 'x-request-id', null]) {
+    refused(labels([{ ...CATEGORY, header: bad }]), name, /label category: invalid header .*not x-complyroute-\* nor x-request-id/)
+  }
+  for (const bad of ['true', 1, null]) refused(labels([{ ...CATEGORY, required: bad }]), name, /label category: invalid required .*expected true or false/)
+  refused(labels([CATEGORY, { ...CATEGORY, header: 'x-category' }]), name, /label category is declared twice \(labels 0 and 1\)/)
+  refused(labels([CATEGORY, { ...CATEGORY, name: 'kind' }]), name, /label kind: header x-data-category is label category's header too/)
 })

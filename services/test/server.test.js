@@ -18,6 +18,10 @@ test('start() refuses an invalid environment before opening anything', async () 
     (err) => err instanceof config.ConfigError && err.variable === 'EGRESS_URL'
   )
   await assert.rejects(server.start({}), (err) => err instanceof config.ConfigError && err.variable === 'INSTANCE_ID')
+  await assert.rejects(
+    server.start({ INSTANCE_ID: 'a', STEP: 'a', REGION: 'EU', NODE: 'n', COMPLYROUTE_LABELS: '[]' }),
+    (err) => err instanceof config.ConfigError && err.variable === 'COMPLYROUTE_LABELS'
+  )
 })
 
 function fakeFastify (closeResult) {
