@@ -269,10 +269,11 @@ exclusions contains exclusion(rego.metadata.rule(), id, detail) if {
 #   code: RETENTION_UNSUPPORTED
 #   message: the instance does not retain records as the record's retention requires
 exclusions contains exclusion(rego.metadata.rule(), id, detail) if {
-	wanted := retention # first: `not` below would hold for an undefined retention
+	retention # first: `not` below would hold for an undefined retention
 	some id, candidate in candidates
-	not candidate.retains[wanted]
-	detail := sprintf("%s retains %s; the record's retention is %s", [id, listed(object.keys(candidate.retains)), wanted])
+	not candidate.retains[retention]
+	retained := listed(object.keys(candidate.retains))
+	detail := sprintf("%s retains %s; the record's retention is %s", [id, retained, retention])
 }
 
 # METADATA
@@ -288,7 +289,8 @@ exclusions contains exclusion(rego.metadata.rule(), id, detail) if {
 	subject_is_minor
 	some id, candidate in candidates
 	candidate.purposes.marketing
-	detail := sprintf("%s processes for %s; subject_age is under %d", [id, listed(object.keys(candidate.purposes)), adult_age])
+	purposes := listed(object.keys(candidate.purposes))
+	detail := sprintf("%s processes for %s; subject_age is under %d", [id, purposes, adult_age])
 }
 
 # METADATA

@@ -425,7 +425,11 @@ test_multiple_reasons_allowed if allowed_failures(multiple_reasons_cases) == {}
 test_multiple_reasons_denied if denied_failures(multiple_reasons_cases) == {}
 
 multiple_reasons_cases := {"a secret long-kept record to archive": {
-	"given": {"set": {"step": "archive", "sender": "entry-us", "labels": {"classification": "secret", "retention": "long"}}},
+	"given": {"set": {
+		"step": "archive",
+		"sender": "entry-us",
+		"labels": {"classification": "secret", "retention": "long"},
+	}},
 	"destination": "archive-eu",
 	"twins": {
 		"kept short instead": {
@@ -461,7 +465,11 @@ label_cases := {
 		"twins": {
 			"classification absent": label_twin({"unset": ["labels/classification"]}, "LABEL_MISSING", "x-data-classification"),
 			"classification empty": label_twin(set_label("classification", ""), "LABEL_MISSING", "label \"classification\""),
-			"classification only blanks and commas": label_twin(set_label("classification", " , "), "LABEL_MISSING", "classification"),
+			"classification only blanks and commas": label_twin(
+				set_label("classification", " , "),
+				"LABEL_MISSING",
+				"classification",
+			),
 			"classification not a string": label_twin(set_label("classification", 2), "LABEL_MISSING", "classification"),
 			"classification unknown": label_twin(
 				set_label("classification", "top-secret"),

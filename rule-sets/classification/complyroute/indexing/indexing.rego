@@ -53,24 +53,29 @@ located(entry) := {"region": region} if {
 } else := {}
 
 candidate(instance) := object.union(located(instance), {
-	"clearance": clearance(attribute(instance, "clearance")),
+	"clearance": clearance(attribute(instance, "clearance"), levels),
 	"retains": {item: true | some item in attribute(instance, "retains")},
 	"purposes": {item: true | some item in attribute(instance, "purposes")},
 	"quarantined": "yes" in attribute(instance, "quarantined"),
 })
 
-# The classifications by level, lowest first.
-levels := {info.level: name | some name, info in reference.classifications}
+# The classifications' levels, by name.
+levels[name] := info.level if some name, info in reference.classifications
 
-lowest_level := min(object.keys(levels))
+# The lowest classification, which an instance without a known clearance holds.
+public_clearance := clearance_at(min({level | some level in levels}), levels)
 
 # An instance's clearance: the lowest level among the known names it holds (a list
-# meant to hold one name; several grant the least of them), else the lowest level.
-clearance(names) := {"name": levels[level], "level": level} if {
-	held := {reference.classifications[name].level | some name in names}
+# meant to hold one name; several grant the least of them), else public_clearance.
+clearance(names, by_name) := clearance_at(min(held), by_name) if {
+	held := {level | some name in names; level := by_name[name]}
 	count(held) > 0
-	level := min(held)
-} else := {"name": levels[lowest_level], "level": lowest_level}
+} else := public_clearance
+
+clearance_at(level, by_name) := {"name": name, "level": level} if {
+	some name, named_level in by_name
+	named_level == level
+}
 
 # A catalog attribute as a set of strings: a list, or a comma-separated string; empty when absent.
 attribute(instance, name) := as_set(object.get(instance, name, []))
