@@ -26,7 +26,15 @@ one_node ?=
 watch ?=
 # 0: a part of a local deployment that dies stays down (by default supervisord restarts it).
 restart ?=
-# The git ref `make policy-diff` compares policies/ with.
+# The rule set: policies (the shipped one), the name of one in rule-sets/ (policy=classification),
+# or a folder. deploy keeps the manifest's `policy` unless it is given; reload-policy and
+# watch-policy the deployment's.
+policy ?= policies
+policy_dir := $(if $(filter policies,$(policy)),policies,$(firstword $(wildcard $(addsuffix /complyroute/compliance,rule-sets/$(policy) $(policy)))))
+policy_dir := $(patsubst %/complyroute/compliance,%,$(policy_dir))
+policy_given := $(if $(filter command line environment,$(origin policy)),--policies $(policy))
+known_policies := policies $(notdir $(wildcard rule-sets/*))
+# The git ref `make policy-diff` compares the rule set with.
 base ?=
 # What `make decide` evaluates.
 input ?= policies/examples/eu-personal-allowed.json
@@ -131,19 +139,24 @@ demo: setup ## Set up, deploy the sidecar topology with EU and US replicas, and 
 
 ##@ Policy authoring
 .PHONY: policy-test
-policy-test: $(OPA) $(REGAL) $(VENV)/.installed ## Format check, strict check, Regal lint and unit tests with coverage of policies/
-	$(OPA) fmt --list --fail policies
-	$(OPA) check --strict policies
-	$(REGAL) lint --format pretty policies
-	$(CONTROL) policy-test --opa $(OPA) --threshold 95 policies
+policy-test: check-policy $(OPA) $(REGAL) $(VENV)/.installed ## Format check, strict check, Regal lint and unit tests with coverage of policies/ [policy=<rule set>]
+	$(OPA) fmt --list --fail $(policy_dir)
+	$(OPA) check --strict $(policy_dir)
+	$(REGAL) lint --format pretty $(policy_dir)
+	$(CONTROL) policy-test --opa $(OPA) --threshold 95 $(policy_dir)
 
 .PHONY: decide
-decide: $(OPA) $(VENV)/.installed ## Show the decision for one input: make decide input=policies/examples/eu-health-denied.json
-	$(CONTROL) decide --opa $(OPA) --input $(input) --catalog $(catalog)
+decide: check-policy $(OPA) $(VENV)/.installed ## Show the decision for one input: make decide input=policies/examples/eu-health-denied.json [policy=<rule set> catalog=...]
+	$(CONTROL) decide --opa $(OPA) --input $(input) --catalog $(catalog) --policies $(policy)
 
 .PHONY: policy-diff
 policy-diff: check-base check-topology $(OPA) $(VENV)/.installed ## Every decision policies/ would make differently from a git ref, at each point of the walkthrough (make demo's): make policy-diff base=HEAD [topology=ce] [services=N]
-	$(CONTROL) policy-diff --base='$(base)' $(if $(filter command line,$(origin topology)),--topology $(topology_file)) $(if $(services),--services $(services))
+	$(CONTROL) policy-diff --base='$(base)' --policies $(policy) $(if $(filter command line,$(origin topology)),--topology $(topology_file)) $(if $(services),--services $(services))
+
+.PHONY: check-policy
+check-policy:
+	$(if $(policy_dir),,$(error policy='$(policy)' names no rule set: use one of $(known_policies), or a folder holding complyroute/compliance))
+	@true
 
 .PHONY: check-base
 check-base:
@@ -162,18 +175,18 @@ test: setup policy-test ## Run every test: policy, services, control plane and e
 
 ##@ Deploying (processes on this machine, or target=k8s)
 .PHONY: deploy
-deploy: check-topology check-target check-engine check-watch check-restart check-image setup ## Start a topology: make topology=sidecar services=5 [engine=envoy-compiled] deploy [target=k8s [image=<service image>] [one_node=1: every pod on the node labelled complyroute.io/role=all]] [watch=1: then reload on every save to policies/] [restart=0: a part that dies stays down]
-	$(CONTROL) $(if $(filter k8s,$(target)),k8s-deploy,deploy) --topology $(topology_file) $(if $(services),--services $(services)) $(if $(engine),--engine $(engine)) $(if $(filter 0,$(restart)),--no-restart) $(if $(image),--image '$(image)') $(if $(filter 1,$(one_node)),--one-node)
-	$(if $(filter 1,$(watch)),$(CONTROL) watch-policy)
+deploy: check-topology check-target check-engine check-watch check-restart check-image check-policy setup ## Start a topology: make topology=sidecar services=5 [engine=envoy-compiled] deploy [target=k8s [image=<service image>] [one_node=1: every pod on the node labelled complyroute.io/role=all]] [watch=1: then reload on every save to policies/] [restart=0: a part that dies stays down]
+	$(CONTROL) $(if $(filter k8s,$(target)),k8s-deploy,deploy $(policy_given)) --topology $(topology_file) $(if $(services),--services $(services)) $(if $(engine),--engine $(engine)) $(if $(filter 0,$(restart)),--no-restart) $(if $(image),--image '$(image)') $(if $(filter 1,$(one_node)),--one-node)
+	$(if $(filter 1,$(watch)),$(CONTROL) watch-policy $(policy_given))
 
 .PHONY: reload-policy
 reload-policy: check-target setup ## Apply policies/ to the running deployment, restarting nothing; returns once every point decides with the new revision [target=k8s topology=<t>: update the bundle and route ConfigMaps only, rolling no pod; does not wait]
 	$(if $(filter k8s,$(target)),$(if $(topology_file),,$(error topology '$(topology)' is unknown: name the topology deployed with target=k8s)))
-	$(CONTROL) $(if $(filter k8s,$(target)),k8s-reload-policy --topology $(topology_file),reload-policy)
+	$(CONTROL) $(if $(filter k8s,$(target)),k8s-reload-policy --topology $(topology_file) --policies $(policy),reload-policy $(policy_given))
 
 .PHONY: watch-policy
-watch-policy: setup ## Reload the running deployment whenever a file of policies/ changes (Ctrl-C stops watching)
-	$(CONTROL) watch-policy
+watch-policy: setup ## Reload the running deployment whenever a file of its rule set changes (Ctrl-C stops watching) [policy=<rule set>]
+	$(CONTROL) watch-policy $(policy_given)
 
 .PHONY: undeploy
 undeploy: check-target ## Stop everything the current deployment started [target=k8s: delete its namespaces]

@@ -24,9 +24,21 @@ DEMO_RECORDS = [
 ]
 
 
+RULE_SET_HELP = "the rule set: policies, the name of one in rule-sets/, or a folder (default: policies/)"
+
+
+def rule_set_choice(value: str) -> str:
+    """A --policies value, as chosen: checked here, assembled where it is used (policyfiles.rule_set)."""
+    try:
+        policyfiles.source_of(value)
+    except policyfiles.RuleSetError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return value
+
+
 def cmd_deploy(args) -> int:
     topology = manifest.load(args.topology, args.services, engine=args.engine)
-    deployment.deploy(topology, restart=not args.no_restart)
+    deployment.deploy(topology, args.policies, restart=not args.no_restart)
     return 0
 
 
@@ -68,7 +80,7 @@ def cmd_k8s_status(args) -> int:
 def cmd_k8s_reload_policy(args) -> int:
     from .kubernetes import apply
 
-    apply.reload_policy(manifest.load(args.topology), args.policies)
+    apply.reload_policy(manifest.load(args.topology), policyfiles.rule_set(args.policies))
     return 0
 
 
@@ -102,17 +114,27 @@ def cmd_watch_policy(args) -> int:
 
 
 def cmd_policy_test(args) -> int:
-    """Run the policy tests, then again with coverage; one line per file, failing under the threshold."""
-    tests = subprocess.run([args.opa, *policyfiles.test_args(args.paths)])
+    """Run the policy tests, then again with coverage; one line per file, failing under the threshold.
+    A rule set of rule-sets/ is tested with the platform's parts it runs with (policyfiles.rule_set);
+    its coverage counts its own modules."""
+    try:
+        paths = [str(policyfiles.rule_set(path)) for path in args.paths]
+    except policyfiles.RuleSetError as error:
+        print(f"policy-test: {error}", file=sys.stderr)
+        return 2
+    platform = {str(policyfiles.rule_set(path) / part) for path in args.paths
+                for part in policyfiles.PLATFORM if policyfiles.rule_set(path) != policyfiles.source_of(path)}
+    tests = subprocess.run([args.opa, *policyfiles.test_args(paths)])
     if tests.returncode != 0:
         return tests.returncode
-    run = subprocess.run([args.opa, *policyfiles.test_args(args.paths, coverage=True)], capture_output=True, text=True)
+    run = subprocess.run([args.opa, *policyfiles.test_args(paths, coverage=True)], capture_output=True, text=True)
     try:
         report = json.loads(run.stdout)
     except json.JSONDecodeError:
         print(run.stdout + run.stderr, file=sys.stderr)
         return run.returncode or 1
-    for path, info in sorted(report.get("files", {}).items()):
+    own = {path: info for path, info in report.get("files", {}).items() if not any(path.startswith(part + "/") for part in platform)}
+    for path, info in sorted(own.items()):
         if not path.endswith("_test.rego"):
             ranges = info.get("not_covered", [])
             uncovered = [f"{r['start']['row']}-{r['end']['row']}" for r in ranges]
@@ -120,13 +142,17 @@ def cmd_policy_test(args) -> int:
             print(f"  {info.get('coverage', 0):6.2f}%  {path}" + (f"  (not covered: lines {', '.join(uncovered)};"
                                                                     f" rules {', '.join(rules)})" if uncovered else ""))
     total = report.get("coverage", 0)
+    if platform:  # the platform's modules are tested with the shipped rule set
+        counted = [info for path, info in own.items() if not path.endswith("_test.rego")]
+        covered = sum(info.get("covered_lines", 0) for info in counted)
+        total = 100 * covered / max(1, covered + sum(info.get("not_covered_lines", 0) for info in counted))
     print(f"policy coverage: {total:.2f}% of lines (threshold {args.threshold}%)")
     if run.returncode != 0:
         print(run.stderr, file=sys.stderr)
         return run.returncode
     if total < args.threshold:
         return 1
-    return check_fast_paths(args.paths)
+    return check_fast_paths(paths)
 
 
 def rules_at(opa: str, module: Path, rows: list[int]) -> list[str]:
@@ -168,7 +194,7 @@ def check_fast_paths(paths: list[str]) -> int:
 
 def cmd_decide(args) -> int:
     """One decision of the rule set for one input, as OPA prints it."""
-    return subprocess.run([args.opa, *policyfiles.decide_args(args.input, args.catalog, args.policies)]).returncode
+    return subprocess.run([args.opa, *policyfiles.decide_args(args.input, args.catalog, policyfiles.rule_set(args.policies))]).returncode
 
 
 def program_name() -> str:
@@ -191,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     deploy.add_argument("--topology", required=True, help="manifest name, alias or path")
     deploy.add_argument("--services", help="number of service instances, or a manifest whose services to deploy (overrides the manifest's)")
     deploy.add_argument("--engine", choices=manifest.ENGINES, help="how enforcement points decide (overrides the manifest's engine.kind)")
+    deploy.add_argument("--policies", type=rule_set_choice, help=RULE_SET_HELP.replace("policies/", "the manifest's `policy`, else policies/"))
     deploy.add_argument("--no-restart", action="store_true",
                         help="a part that dies stays down (by default supervisord starts it again at once)")
     deploy.set_defaults(run=cmd_deploy)
@@ -217,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     k8s_reload = commands.add_parser(
         "k8s-reload-policy", help="apply the rule set to a topology k8s-deploy applied, as its bundle and route ConfigMaps only: no pod is rolled")
     k8s_reload.add_argument("--topology", required=True, help="the manifest (name, alias or path) it was deployed with")
-    k8s_reload.add_argument("--policies", type=Path, default=policyfiles.POLICIES, help="the rule set's folder (default: policies/)")
+    k8s_reload.add_argument("--policies", type=rule_set_choice, default="policies", help=RULE_SET_HELP)
     k8s_reload.set_defaults(run=cmd_k8s_reload_policy)
 
     k8s_status = commands.add_parser("k8s-status", help="the pods of the topologies deployed to the current kubectl context: ready, restarts")
@@ -237,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("demo", help="deploy the mixed-regions example and send sample records").set_defaults(run=cmd_demo)
 
     reload_policy = commands.add_parser("reload-policy", help="apply the rule set to the running deployment without restarting anything")
-    reload_policy.add_argument("--policies", type=Path, default=policyfiles.POLICIES, help="the rule set's folder (default: policies/)")
+    reload_policy.add_argument("--policies", type=rule_set_choice, help=RULE_SET_HELP.replace("policies/", "the deployment's"))
     reload_policy.add_argument("--timeout", type=float, default=120, help="seconds to wait for every point to decide with it")
     reload_policy.set_defaults(run=lambda a: (reload.reload_policy(a.policies, timeout=a.timeout), 0)[1])
     trace_record = commands.add_parser("trace", help="each hop of one record: the deciding point, labels, decision, revision, audit line")
@@ -248,11 +275,11 @@ def main(argv: list[str] | None = None) -> int:
     diff.add_argument("--base", required=True, help="git ref of the rule set to compare with (HEAD, a commit, a branch)")
     diff.add_argument("--topology", default=policydiff.WALKTHROUGH, help="manifest whose enforcement points to ask (default: the walkthrough's)")
     diff.add_argument("--services", help="number of service instances, or a manifest whose services to use")
-    diff.add_argument("--policies", type=Path, default=policyfiles.POLICIES)
+    diff.add_argument("--policies", type=rule_set_choice, default="policies", help=RULE_SET_HELP)
     diff.add_argument("--format", choices=["text", "json"], default="text")
     diff.set_defaults(run=lambda a: policydiff.main(a.base, a.topology, a.services, a.policies, a.format == "json"))
     watch_policy = commands.add_parser("watch-policy", help="reload the running deployment whenever the rule set changes")
-    watch_policy.add_argument("--policies", type=Path, default=policyfiles.POLICIES)
+    watch_policy.add_argument("--policies", type=rule_set_choice, help=RULE_SET_HELP.replace("policies/", "the deployment's"))
     watch_policy.set_defaults(run=cmd_watch_policy)
 
     policy_test = commands.add_parser("policy-test", help="the policy tests, then their coverage against a threshold")
@@ -265,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     decide.add_argument("--opa", default=str(policyfiles.OPA))
     decide.add_argument("--input", required=True, help="a hop as JSON, such as policies/examples/eu-personal-allowed.json")
     decide.add_argument("--catalog", required=True, help="the instances as JSON, such as policies/examples/catalog.json")
-    decide.add_argument("--policies", type=Path, default=policyfiles.POLICIES, help="the rule set (default: policies/)")
+    decide.add_argument("--policies", type=rule_set_choice, default="policies", help=RULE_SET_HELP)
     decide.set_defaults(run=cmd_decide)
 
     commands.add_parser("policy-bench", help="what one decision costs at each topology's enforcement points (opa bench)").set_defaults(

@@ -47,7 +47,6 @@ RECHECK = Path(__file__).with_name("recheck.rego")
 QUERY = "data.complyroute_audit.recheck.allowed"
 GENESIS = "0" * 64  # the "prev" of a file's first line (services/lib/audit.js GENESIS)
 DECISION_FIELDS = ("sender", "decided_by", "revision")
-LABELS = ("region", "category", "consent")  # what a line's labels hold
 PROGRESS_EVERY = 100_000  # lines: how often a long run reports how far it got
 SHOWN_PROBLEMS = 5  # per run and kind
 # What the join of a record's lines can find (path_findings), in the order it looks: lines
@@ -282,7 +281,7 @@ def hop_of(line: Line) -> dict:
     labels = entry.get("labels") if isinstance(entry.get("labels"), dict) else {}
     return {
         "point": entry["decided_by"], "sender": entry["sender"], "step": entry.get("step"), "instance": line.instance,
-        "labels": {name: labels.get(name) for name in LABELS},
+        "labels": dict(sorted(labels.items())),  # by name, as the rule set's label schema names them
     }
 
 
@@ -291,7 +290,7 @@ def hop_key(line: Line) -> tuple:
     entry = line.entry
     labels = entry.get("labels") if isinstance(entry.get("labels"), dict) else {}
     return (entry["revision"], entry["decided_by"], entry["sender"], hashable(entry.get("step")), line.instance,
-            *(hashable(labels.get(name)) for name in LABELS))
+            *((name, hashable(value)) for name, value in sorted(labels.items())))
 
 
 def audit_run(run_dir: Path, policies: Path = POLICIES, progress=None) -> Verdict:

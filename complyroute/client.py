@@ -7,6 +7,10 @@ import ssl
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
+from pathlib import Path
+
+from . import labels as label_schema
+from .policyfiles import POLICIES
 
 
 @dataclass
@@ -26,13 +30,18 @@ class Answer:
 
 
 def send(url: str, labels: dict[str, str], record: dict | str, request_id: str | None = None, headers: dict | None = None,
-         timeout: float = 30, context: ssl.SSLContext | None = None) -> Answer:
-    """POST a record with its labels as headers (region, category, consent -> x-data-*).
+         timeout: float = 30, context: ssl.SSLContext | None = None, policies: Path = POLICIES) -> Answer:
+    """POST a record with its labels (by name) in the headers the rule set's label schema names
+    (`policies`, the shipped rule set's by default: region -> x-data-region, ...).
 
     `context`: TLS as a part of the deployment (its certificate), for an https URL.
     """
     data = record if isinstance(record, str) else json.dumps(record)
-    request_headers = {"content-type": "application/json", **{f"x-data-{k}": v for k, v in labels.items()}}
+    header_of = {label.name: label.header for label in label_schema.schema(policies)}
+    unknown = sorted(set(labels) - set(header_of))
+    if unknown:
+        raise ValueError(f"labels {', '.join(unknown)} are not in the label schema of {policies} ({', '.join(sorted(header_of))})")
+    request_headers = {"content-type": "application/json", **{header_of[name]: value for name, value in labels.items()}}
     if request_id:
         request_headers["x-request-id"] = request_id
     request_headers.update(headers or {})

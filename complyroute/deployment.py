@@ -36,7 +36,7 @@ from pathlib import Path
 import psutil
 import yaml
 
-from . import bundles, enforcement, engines, identity, localhttp, pki, policyfiles
+from . import bundles, enforcement, engines, identity, labels, localhttp, pki, policyfiles
 from .manifest import REPO, Topology
 from .policyfiles import OPA, POLICIES, SYSTEM_POLICIES
 from .enforcement import EnforcementPoint, Endpoint
@@ -200,10 +200,11 @@ def bundle_server_part(folder: Path, endpoint: Endpoint, node: str, logs: Path, 
     )
 
 
-def service_part(service: ServiceProcess, workload: dict, audit_log: Path, logs: Path,
+def service_part(service: ServiceProcess, workload: dict, audit_log: Path, logs: Path, label_setting: str,
                  trust: identity.ServiceTrust | None = None, control: identity.TlsFiles | None = None) -> Part:
+    """A service instance's process; `label_setting`: the rule set's labels (labels.service_setting)."""
     instance = service.instance
-    env = service.environment(workload, str(audit_log))
+    env = service.environment(workload, str(audit_log), label_setting)
     health_url = service.health_url
     if trust:
         env.update(trust.environment(service.egress_url))
@@ -227,6 +228,7 @@ class Rendered:
     plan: Plan
     point_trust: dict[str, identity.PointTrust]
     revision: str
+    label_schema: tuple[labels.Label, ...] = ()  # the rule set's labels, which services and listeners were given
 
 
 def render(plan: Plan, run_dir: Path, policies: Path = POLICIES) -> list[Part]:
@@ -245,6 +247,8 @@ def render(plan: Plan, run_dir: Path, policies: Path = POLICIES) -> list[Part]:
         files = credentials.write(run_dir / "pki")
         point_trust = {p.name: trust.point(p, files[identity.point_identity(p)], credentials.token_jwks) for p in plan.points}
     configs = engines.configure(engine["kind"], plan.points, engine, policies, point_trust)
+    schema = labels.schema(policies)
+    label_setting = labels.service_setting(schema)
     revision = bundles.write(run_dir / BUNDLES, {name: config.data for name, config in configs.items() if config.opa is not None},
                              policies, archive=run_dir / bundles.REVISIONS)
     logs, audit = run_dir / "logs", run_dir / "audit"
@@ -264,10 +268,20 @@ def render(plan: Plan, run_dir: Path, policies: Path = POLICIES) -> list[Part]:
         parts += point_parts(point, configs[point.name], run_dir / "points" / point.name, logs, revision, source, disk_data)
     for service in plan.services:
         service_trust = trust.service(service, files[identity.service_identity(service)]) if trust else None
-        parts.append(service_part(service, plan.topology.workload, audit / f"{service.instance.id}.jsonl", logs,
+        parts.append(service_part(service, plan.topology.workload, audit / f"{service.instance.id}.jsonl", logs, label_setting,
                                   service_trust, files[pki.CONTROL] if trust else None))
-    update_rendered(run_dir, Rendered(plan, point_trust, revision), revision)
+    update_rendered(run_dir, Rendered(plan, point_trust, revision, schema), revision)
     return parts
+
+
+def run_labels(run_dir: Path) -> tuple[labels.Label, ...]:
+    """The labels a run's parts were given (rendered.pickle); the shipped rule set's for a run
+    that does not say (started before labels were data, or not a local deployment)."""
+    try:
+        schema = pickle.loads((run_dir / RENDERED).read_bytes()).label_schema
+    except (OSError, pickle.UnpicklingError, AttributeError, EOFError):
+        schema = ()
+    return schema or labels.schema(POLICIES)
 
 
 def update_rendered(run_dir: Path, rendered: Rendered, revision: str) -> None:
@@ -524,11 +538,12 @@ def new_run_dir(name: str) -> Path:
     raise DeploymentError(f"no free run folder name for {name} under {RUNS}")
 
 
-def deploy(topology: Topology, policies: Path = POLICIES, health_timeout: float | None = None, out=sys.stdout,
+def deploy(topology: Topology, policies: Path | None = None, health_timeout: float | None = None, out=sys.stdout,
            restart: bool = True) -> dict:
     """Start every part of the topology under supervisord and wait until each answers its health check.
 
-    `policies` is the rule set every enforcement point loads (tests pass a modified copy).
+    `policies` is the rule set every enforcement point loads (tests pass a modified copy);
+    None: the manifest's (`policy`, policies/ unless it names another).
     `restart` False: a part that dies stays down (supervisord still runs and stops them all).
     """
     current = running()
@@ -540,6 +555,8 @@ def deploy(topology: Topology, policies: Path = POLICIES, health_timeout: float 
     if read_state():
         stop(out=open(os.devnull, "w"))  # a stale deployment whose processes are gone: forget it
 
+    chosen = policies if policies is not None else topology.policy
+    policies = policyfiles.rule_set(chosen)
     started = time.monotonic()
     run_dir = new_run_dir(f"{topology.name}-{len(topology.instances)}-{time.strftime('%Y%m%d-%H%M%S')}")
     # The points' private folders (their sockets) under one of this deployment's own, mode
@@ -560,6 +577,8 @@ def deploy(topology: Topology, policies: Path = POLICIES, health_timeout: float 
         "engine": topology.engine["kind"],
         "decision_logs": topology.engine.get("decision_logs", "off"),
         "manifest": str(topology.source),
+        # The rule set as it was chosen (a name or a folder): what reload-policy applies again by default.
+        "policies": str(chosen),
         "services": len(topology.instances),
         "run_dir": str(run_dir),
         "private": str(private),

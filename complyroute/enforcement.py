@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import localhttp
+from .labels import Label
 
 if TYPE_CHECKING:
     from .identity import PointTrust
@@ -42,12 +43,12 @@ POLICY_QUERY = "complyroute/envoy/response"
 # The largest record any part accepts: Envoy's ext_authz buffer, the compiled engine's
 # content-length matcher and the services' bodyLimit (services/app.js BODY_LIMIT) agree.
 MAX_RECORD_BYTES = 64 * 1024
-# The most a label header may hold where a point reads labels from its sender (the entry; any
-# deciding listener without label tokens): bytes, and values (commas + 1, repeated headers
-# joined by commas). More is refused before OPA is asked (LABEL_BOUND): the policy answers
-# every unknown value with a reason of its own, so an unbounded header drew an answer some 55
-# times its size (3,000 purposes, 934 kB).
-LABEL_HEADERS = ("x-data-region", "x-data-category", "x-data-consent")
+# The most a label header (each the rule set's label schema names, complyroute/labels.py) may
+# hold where a point reads labels from its sender (the entry; any deciding listener without
+# label tokens): bytes, and values (commas + 1, repeated headers joined by commas). More is
+# refused before OPA is asked (label_bound): the policy answers every unknown value with a
+# reason of its own, so an unbounded header drew an answer some 55 times its size (3,000
+# purposes, 934 kB).
 MAX_LABEL_BYTES = 1024
 MAX_LABEL_VALUES = 64
 UPSTREAM_IDLE_TIMEOUT = "30s"
@@ -480,13 +481,13 @@ def _removing(headers: list[str]) -> dict:
 
 
 # Claims of a label token (policies/complyroute/envoy/envoy.rego issues them) and the headers
-# jwt_authn writes them into. They are removed before jwt_authn runs (as jwt_authn itself
-# does with the headers it writes), so what a later filter, Envoy's matcher or the service
-# reads came from a verified token only: a claim the token lacks (consent, for a record
-# without consent values) stays absent.
+# jwt_authn writes them into: a claim per label, named as the label, into its header
+# (token_claims), and these. They are removed before jwt_authn runs (as jwt_authn itself does
+# with the headers it writes), so what a later filter, Envoy's matcher or the service reads
+# came from a verified token only: a claim the token lacks (consent, for a record without
+# consent values) stays absent.
 RECORD_ID_HEADER = "x-complyroute-record-id"
-TOKEN_CLAIMS = [("x-data-region", "region"), ("x-data-category", "category"), ("x-data-consent", "consent"),
-                (RECORD_ID_HEADER, "rid"), (DIGEST_HEADER, "digest")]
+RECORD_CLAIMS = [(RECORD_ID_HEADER, "rid"), (DIGEST_HEADER, "digest")]
 # A record goes on under the id its token names (the entry's), whatever x-request-id its
 # sender sent; the sender's stays on anything refused before, so the refusal names it.
 RECORD_ID_FROM_TOKEN = {"header": {"key": "x-request-id", "value": f"%REQ({RECORD_ID_HEADER})%"},
@@ -498,10 +499,9 @@ RECORD_ID_FROM_TOKEN = {"header": {"key": "x-request-id", "value": f"%REQ({RECOR
 # measure a header: a regular expression would be RE2's, whose `.` and `[^,]` match no byte
 # of invalid UTF-8, which the codec lets through.
 LABEL_BOUND_LUA = f"""
-local names = {{{", ".join(f'"{name}"' for name in LABEL_HEADERS)}}}
 function envoy_on_request(handle)
   local headers = handle:headers()
-  for _, name in ipairs(names) do
+  for _, name in ipairs(LABEL_HEADERS) do
     local value = headers:get(name)  -- repeated headers come joined by ","
     if value ~= nil then
       local _, commas = string.gsub(value, ",", "")
@@ -514,14 +514,24 @@ function envoy_on_request(handle)
   end
 end
 """
-LABEL_BOUND = {
-    "name": "envoy.filters.http.lua",
-    "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua",
-                     "default_source_code": {"inline_string": LABEL_BOUND_LUA}},
-}
 
 
-def _label_token_check(trust: PointTrust, listener: str) -> dict:
+def token_claims(labels: tuple[Label, ...]) -> list[tuple[str, str]]:
+    """(header, claim) of every claim of a label token jwt_authn writes into a header."""
+    return [(label.header, label.name) for label in labels] + RECORD_CLAIMS
+
+
+def label_bound(labels: tuple[Label, ...]) -> dict:
+    """The Lua filter bounding every label header (LABEL_BOUND_LUA, the headers named before it)."""
+    names = ", ".join(json.dumps(label.header) for label in labels)
+    return {
+        "name": "envoy.filters.http.lua",
+        "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua",
+                         "default_source_code": {"inline_string": f"local LABEL_HEADERS = {{{names}}}\n{LABEL_BOUND_LUA}"}},
+    }
+
+
+def _label_token_check(trust: PointTrust, listener: str, labels: tuple[Label, ...]) -> dict:
     return {
         "name": "envoy.filters.http.jwt_authn",
         "typed_config": {
@@ -535,7 +545,7 @@ def _label_token_check(trust: PointTrust, listener: str) -> dict:
                     "local_jwks": {"inline_string": trust.jwks},
                     "from_headers": [{"name": LABEL_TOKEN_HEADER}],
                     "forward": True,  # the service sends it on to the next point
-                    "claim_to_headers": [{"header_name": header, "claim_name": claim} for header, claim in TOKEN_CLAIMS],
+                    "claim_to_headers": [{"header_name": header, "claim_name": claim} for header, claim in token_claims(labels)],
                     # The compiled engine's matcher chooses the route on the labels just written.
                     "clear_route_cache": True,
                 }
@@ -547,7 +557,10 @@ def _label_token_check(trust: PointTrust, listener: str) -> dict:
     }
 
 
-def _deciding_listener(listener: DecidingListener, settings: dict, matcher: dict | None, point: str, trust: PointTrust | None = None) -> dict:
+def _deciding_listener(listener: DecidingListener, settings: dict, matcher: dict | None, point: str, trust: PointTrust | None,
+                       labels: tuple[Label, ...]) -> dict:
+    if not labels:
+        raise ValueError(f"point {point}: a deciding listener needs the rule set's labels (complyroute/labels.py)")
     decision_timeout = settings.get("decision_timeout", "2s")
     context = {"sender": listener.sender}
     if listener.step:
@@ -557,12 +570,12 @@ def _deciding_listener(listener: DecidingListener, settings: dict, matcher: dict
         # The entry's OPA signs the labels it allows (data.complyroute.token holds its key); a
         # client's token or digest is dropped first, so only OPA's answer can set them.
         context["label_token"] = "issue"
-        checks = [_removing([ROUTING_HEADER, LABEL_TOKEN_HEADER, DIGEST_HEADER, OVER_BOUND_HEADER]), LABEL_BOUND]
+        checks = [_removing([ROUTING_HEADER, LABEL_TOKEN_HEADER, DIGEST_HEADER, OVER_BOUND_HEADER]), label_bound(labels)]
     elif tokens:
         # The labels come from the verified token, which the entry issued for bounded labels only.
-        checks = [_removing([ROUTING_HEADER, *(header for header, _ in TOKEN_CLAIMS)]), _label_token_check(trust, listener.name)]
+        checks = [_removing([ROUTING_HEADER, *(header for header, _ in token_claims(labels))]), _label_token_check(trust, listener.name, labels)]
     else:
-        checks = [_removing([ROUTING_HEADER, OVER_BOUND_HEADER]), LABEL_BOUND]
+        checks = [_removing([ROUTING_HEADER, OVER_BOUND_HEADER]), label_bound(labels)]
     filters = [
         *checks,
         {
@@ -651,18 +664,20 @@ def _ready_listener(point: EnforcementPoint, settings: dict) -> dict:
     }
 
 
-def envoy_config(point: EnforcementPoint, engine: dict, matchers: dict[str, dict] | None = None, trust: PointTrust | None = None) -> dict:
+def envoy_config(point: EnforcementPoint, engine: dict, matchers: dict[str, dict] | None = None, trust: PointTrust | None = None,
+                 labels: tuple[Label, ...] = ()) -> dict:
     """Envoy bootstrap for one enforcement point.
 
     `matchers`: by deciding listener name, a route matcher tree (xds.type.matcher.v3.Matcher
     whose actions are routes) that replaces the listener's routes. `trust`: mutual TLS on
     every listener parts send to and every cluster but OPA's (which stays inside the point),
-    and label tokens (identity.py); None: plain HTTP.
+    and label tokens (identity.py); None: plain HTTP. `labels`: the rule set's label schema,
+    whose headers a deciding listener bounds and writes a label token's claims into.
     """
     clusters = [_cluster("opa", point.opa_grpc, http2=True)] if point.deciding else []
     clusters += [_cluster(instance, endpoint, trust=trust) for instance, endpoint in sorted(point.destinations.items())]
     clusters += [_cluster(f"upstream-{f.name}", f.upstream, trust=trust) for f in point.forwarding]
-    listeners = [_deciding_listener(d, engine, (matchers or {}).get(d.name), point.name, trust) for d in point.deciding]
+    listeners = [_deciding_listener(d, engine, (matchers or {}).get(d.name), point.name, trust, labels) for d in point.deciding]
     listeners += [_forwarding_listener(f, engine, trust) for f in point.forwarding]
     listeners.append(_ready_listener(point, engine))
     return {

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +24,9 @@ DECISION_LOGS = ("off", "file")
 
 # Default purposes of generated instances, cycled; the default record consents to all of them.
 GENERATED_PURPOSES = ("billing", "analytics", "care")
+# A service's `attributes`: names a rule set reads, besides the catalog's own fields.
+ATTRIBUTE_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
+CATALOG_FIELDS = frozenset({"id", "step", "region", "node", "certifications", "purposes"})
 GENERATED_CERTIFICATIONS = ("health-data",)
 
 
@@ -49,9 +53,13 @@ class Instance:
     certifications: tuple[str, ...]
     purposes: tuple[str, ...]
     index: int  # 1-based position in the manifest; fixes the instance's ports
+    # What else a rule set reads of the instance (the manifest's `attributes`), by name: a
+    # classification rule set's clearance, for one. Sorted (name, values) pairs.
+    attributes: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def catalog_entry(self) -> dict:
         return {
+            **{name: list(values) for name, values in self.attributes},
             "step": self.step,
             "region": self.region,
             "node": self.node.name,
@@ -77,6 +85,9 @@ class Topology:
     # mtls: every hop between parts is mutual TLS with the deployment's own CA; label_tokens:
     # the entry signs each record's labels and later points decide on the token (identity.py).
     security: dict = field(default_factory=lambda: dict(SECURITY_DEFAULTS))
+    # The rule set its points decide with (policyfiles.rule_set): "policies", the name of one
+    # in rule-sets/, or a folder. The services' attributes are what that rule set reads.
+    policy: str = "policies"
 
     def instances_of(self, step: str) -> list[Instance]:
         return [i for i in self.instances if i.step == step]
@@ -183,7 +194,7 @@ def load(name_or_path: str, services: int | str | list | None = None, overrides:
         if "services" not in borrowed:
             raise ManifestError(f"{source}: field 'services': missing; it is where the services are taken from")
         raw["name"] = f"{raw.get('name', path.stem)}-{source.stem}"
-        raw.update({k: borrowed[k] for k in ("services", "steps", "gateway_region") if k in borrowed})
+        raw.update({k: borrowed[k] for k in ("services", "steps", "gateway_region", "policy") if k in borrowed})
         services = None
     elif isinstance(services, str):
         services = int(services)
@@ -193,6 +204,10 @@ def load(name_or_path: str, services: int | str | list | None = None, overrides:
 def expand(raw: dict, source: Path, services: int | list | None = None) -> Topology:
     def fail(field_name: str, problem: str) -> ManifestError:
         return ManifestError(f"{source}: field '{field_name}': {problem}")
+
+    policy = raw.get("policy", "policies")
+    if not isinstance(policy, str) or not policy:
+        raise fail("policy", "must name a rule set: policies, one of rule-sets/, or a folder")
 
     # A topology folder of this repository by name, or any folder by its path from the manifest.
     kind = raw.get("topology")
@@ -288,6 +303,15 @@ def expand(raw: dict, source: Path, services: int | list | None = None) -> Topol
             value = entry.get(list_field, [])
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                 raise fail(f"{where}.{list_field}", "must be a list of strings")
+        attributes = entry.get("attributes", {})
+        if not isinstance(attributes, dict):
+            raise fail(f"{where}.attributes", "must be a mapping of attribute name to a list of strings")
+        for name, value in attributes.items():
+            if not isinstance(name, str) or not ATTRIBUTE_NAME.fullmatch(name) or name in CATALOG_FIELDS:
+                raise fail(f"{where}.attributes", f"{name!r} is not an attribute name (lowercase letters, digits, _; "
+                                                  f"none of {', '.join(sorted(CATALOG_FIELDS))})")
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise fail(f"{where}.attributes.{name}", "must be a list of strings")
         instances.append(
             Instance(
                 id=entry["id"],
@@ -297,6 +321,7 @@ def expand(raw: dict, source: Path, services: int | list | None = None) -> Topol
                 certifications=tuple(entry.get("certifications", [])),
                 purposes=tuple(entry.get("purposes", [])),
                 index=position + 1,
+                attributes=tuple(sorted((name, tuple(value)) for name, value in attributes.items())),
             )
         )
         if entry["step"] not in steps:
@@ -329,4 +354,5 @@ def expand(raw: dict, source: Path, services: int | list | None = None) -> Topol
         engine=engine,
         workload=workload,
         security=security,
+        policy=policy,
     )

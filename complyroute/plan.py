@@ -91,8 +91,9 @@ class ServiceProcess:
     def health_url(self) -> str:
         return f"{self.endpoint.url}/health"
 
-    def environment(self, workload: dict, audit_log: str) -> dict[str, str]:
-        """The service's configuration (services/config.js reads it), for any way of running it."""
+    def environment(self, workload: dict, audit_log: str, labels: str) -> dict[str, str]:
+        """The service's configuration (services/config.js reads it), for any way of running it.
+        `labels`: the rule set's labels as services take them (labels.service_setting)."""
         instance = self.instance
         return {
             "INSTANCE_ID": instance.id,
@@ -106,6 +107,7 @@ class ServiceProcess:
             "HOST": self.endpoint.address,
             "PORT": str(self.endpoint.port),
             "AUDIT_LOG": audit_log,
+            "COMPLYROUTE_LABELS": labels,
             # Unset in the manifest: the service's own default (services/config.js), defined there only.
             **({"WORK_ITERATIONS": str(workload["work_iterations"])} if "work_iterations" in workload else {}),
         }

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import manifest, policyfiles
+from . import labels, manifest, policyfiles
 from .enforcement import POLICY_QUERY, EnforcementPoint, write_data
 from .engines import envoy_opa
 from .manifest import GENERATED_PURPOSES, REPO
@@ -46,17 +46,22 @@ def deciding_topologies() -> list[str]:
     return [name for name in manifest.paper_topologies() if place(manifest.load(name)).enforces]
 
 
-def envoy_input(sender: str, step: str, consent: list[str]) -> dict:
-    """An ext_authz check request as Envoy sends it for a hop, with its route's context."""
+def record_labels(consent: list[str]) -> dict[str, str]:
+    """The bench's record, labelled by name: EU personal data with `consent`, canonical."""
+    return {"region": "EU", "category": "personal", "consent": ",".join(sorted(consent))}
+
+
+def envoy_input(sender: str, step: str, labelled: dict[str, str]) -> dict:
+    """An ext_authz check request as Envoy sends it for a hop, with its route's context; the
+    labels (by name) in the headers the shipped rule set's label schema names."""
+    schema = labels.schema(policyfiles.POLICIES)
     return {"attributes": {
         "request": {"http": {
             "method": "POST",
             "path": "/process",
             "headers": {
                 "content-type": "application/json",
-                "x-data-region": "EU",
-                "x-data-category": "personal",
-                "x-data-consent": ",".join(consent),
+                **{label.header: labelled[label.name] for label in schema if label.name in labelled},
                 "x-request-id": "bench-1",
             },
             "body": json.dumps({"subject": "alice", "amount": 12}),
@@ -73,8 +78,8 @@ def cases(topology_name: str, services: int):
     for point in place(topology).points:
         for listener in point.deciding:
             if listener.sender == sender:
-                allowed = envoy_input(sender, listener.step, sorted(GENERATED_PURPOSES))
-                denied = envoy_input(sender, listener.step, sorted(p for p in GENERATED_PURPOSES if p not in last.purposes))
+                allowed = envoy_input(sender, listener.step, record_labels(sorted(GENERATED_PURPOSES)))
+                denied = envoy_input(sender, listener.step, record_labels(sorted(p for p in GENERATED_PURPOSES if p not in last.purposes)))
                 return point, allowed, denied
     raise RuntimeError(f"{topology_name}: no enforcement point decides the hop from {sender}")
 

@@ -3,23 +3,25 @@
 Before a reload, an author asks both rule sets, the one at `base` and the one in policies/ now
 (uncommitted edits included), for every decision each enforcement point of a topology can be
 asked: every deciding listener (its sender and step; the entry's too, with labels as a client
-sends canonical ones), every region and category either rule set knows, consent absent or any
-canonical value of the purposes either knows. OPA answers each rule set in one `opa eval`
+sends canonical ones), and every label either rule set's schema declares (complyroute/labels.py):
+a single-valued one absent or any value either rule set knows, a multiple one (the shipped
+consent) absent or any canonical value of the values either knows. OPA answers each rule set in one `opa eval`
 (decision_space.rego `decisions`, each point with its index as that rule set derives it);
 nothing here decides anything. Every labelling whose answer differs is listed: which point,
 sender and step, which labels, and what it moves from and to. A policy that routes as well as
 allows needs this: a dry run of the plugin says whether an answer would change, not where
 records would go instead.
 
-Every consent value is asked, not one per group as the compiled engine asks: its groups
-(values that differ only in purposes no instance there processes for) hold for the rule set
-it compiles, and a diff must not assume of a new rule set what it is meant to find out. The
-report groups labellings afterwards, by their answers, and names each group exactly.
+Every consent value is asked, not only those made of purposes some instance processes for, as
+the allowed table asks: a diff must not assume of a new rule set what it is meant to find out.
+The report groups labellings afterwards, by their answers, and names each group exactly.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 import subprocess
 import sys
 import tempfile
@@ -27,6 +29,7 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from . import labels as label_schema
 from . import manifest, policydata, policyfiles
 from .engines import EngineError, envoy_opa, precompute
 from .manifest import REPO
@@ -47,21 +50,26 @@ def git(*args: str, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, **kwargs)
 
 
-def rule_set_at(ref: str, folder: Path) -> Path:
-    """policies/ as of git `ref`, written under `folder`."""
+def rule_set_at(ref: str, folder: Path, source: str = "policies") -> Path:
+    """The rule set in `source` (a folder of the repository: policies, rule-sets/<name>) as of
+    git `ref`, written under `folder`, with the platform's parts a rule set of rule-sets/ runs
+    with (policyfiles.rule_set)."""
     if not ref or ref.startswith("-"):  # git would read it as an option
         raise PolicyDiffError(f"base {ref!r} is not a git ref: name a commit, branch or tag (base=HEAD, base=main)")
     resolved = git("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}", text=True)
     if resolved.returncode != 0:
         raise PolicyDiffError(f"base {ref!r} names no commit of this repository: name a commit, branch or tag (base=HEAD, base=main)")
     commit = resolved.stdout.strip()
-    if git("cat-file", "-e", f"{commit}:policies").returncode != 0:
-        raise PolicyDiffError(f"base {ref!r} ({commit[:7]}) has no policies/ folder: there is no rule set to compare with")
-    archive = git("archive", "--format=tar", commit, "policies")
+    if git("cat-file", "-e", f"{commit}:{source}").returncode != 0:
+        raise PolicyDiffError(f"base {ref!r} ({commit[:7]}) has no {source}/ folder: there is no rule set to compare with")
+    archive = git("archive", "--format=tar", commit, source)
     if archive.returncode != 0:
-        raise PolicyDiffError(f"git archive of policies/ at {ref!r} failed: {archive.stderr.decode().strip()}")
+        raise PolicyDiffError(f"git archive of {source}/ at {ref!r} failed: {archive.stderr.decode().strip()}")
     subprocess.run(["tar", "-x", "-C", str(folder)], input=archive.stdout, check=True)
-    return folder / "policies"
+    try:
+        return policyfiles.rule_set(folder / source)
+    except policyfiles.RuleSetError as error:
+        raise PolicyDiffError(f"{source}/ at {ref!r}: {error}") from None
 
 
 def reference_of(policies: Path, name: str) -> dict:
@@ -75,25 +83,21 @@ def reference_of(policies: Path, name: str) -> dict:
 
 
 def decisions(points, policies: Path, name: str, space: dict) -> dict[tuple, dict]:
-    """{(point, listener, region, category, consent): outcome} under the rule set `policies`
-    (`name` says which in errors).
+    """{(point, listener, labels' values): outcome} under the rule set `policies` (`name` says
+    which in errors).
 
-    `space`: the regions, categories and consent values to try at every deciding listener.
+    `space`: the labels ([name, header]) and the labellings to try at every deciding listener.
     """
     try:
         data = envoy_opa.opa_data(points, policies)  # the index as this rule set derives it
     except policydata.PolicyDataError as error:
         raise PolicyDiffError(f"the rule set {name}: {one_line(error)}") from None
     document = {
-        "regions": space["regions"],
-        "categories": space["categories"],
+        **space,
         "points": {
             point.name: {
                 "data": data[point.name],
-                "listeners": {
-                    listener.name: {"sender": listener.sender, "step": listener.step, "consents": space["consents"]}
-                    for listener in point.deciding
-                },
+                "listeners": {listener.name: {"sender": listener.sender, "step": listener.step} for listener in point.deciding},
             }
             for point in points
         },
@@ -103,7 +107,7 @@ def decisions(points, policies: Path, name: str, space: dict) -> dict[tuple, dic
     except EngineError as error:
         raise PolicyDiffError(f"OPA could not ask the rule set {name} what its points decide (a rule set older than this "
                               f"checkout's complyroute/engines/decision_space.rego may lack what it asks): {one_line(error)}") from None
-    return {tuple(answer[:5]): answer[5] for answer in answers or []}
+    return {precompute.key_of(answer): answer[3] for answer in answers or []}
 
 
 def one_line(error: Exception) -> str:
@@ -125,61 +129,94 @@ def compare(topology: manifest.Topology, old: Path, new: Path, base: str = "base
     (`base`: what `old` is, for errors)."""
     points = [point for point in place(topology).points if point.deciding]
     names = (f"at {base}", f"in {new}")
-    references = [reference_of(rules, name) for rules, name in zip((old, new), names)]
-    # Labels either rule set knows: a code one of them adds or drops is part of the change.
-    known = {key: sorted(set().union(*(r.get(key, {}) for r in references))) for key in ("regions", "categories", "purposes")}
-    try:
-        consents = [None, *precompute.canonical_consents(known["purposes"])]
-    except EngineError as error:
-        raise PolicyDiffError(f"policy-diff asks every consent value: {error}") from None
-    space = {"regions": known["regions"], "categories": known["categories"], "consents": consents}
+    labels, choices = label_space([reference_of(rules, name) for rules, name in zip((old, new), names)])
+    space = {"labels": [[label.name, label.header] for label in labels], "labellings": precompute.labellings_of(choices)}
     # Two `opa eval`s, one per rule set, side by side.
     with ThreadPoolExecutor(max_workers=2) as pool:
         before, after = pool.map(lambda rules, name: decisions(points, rules, name, space), (old, new), names)
     listeners = [(point.name, listener) for point in points for listener in point.deciding]
     changed = {}
     for point, listener in listeners:
-        for region in known["regions"]:
-            for category in known["categories"]:
-                for consent in consents:
-                    key = (point, listener.name, region, category, consent)
-                    if before.get(key) != after.get(key):  # no answer (None) is an answer too
-                        changed[key] = (before.get(key), after.get(key))
-    compared = len(listeners) * len(known["regions"]) * len(known["categories"]) * len(consents)
+        for values in space["labellings"]:
+            key = (point, listener.name, tuple(values))
+            if before.get(key) != after.get(key):  # no answer (None) is an answer too
+                changed[key] = (before.get(key), after.get(key))
+    compared = len(listeners) * len(space["labellings"])
     return {"compared": compared, "listeners": len(listeners), "changed": len(changed),
-            "changes": grouped(changed, {(p, l.name): l for p, l in listeners}, consents)}
+            "changes": grouped(changed, {(p, l.name): l for p, l in listeners}, labels, choices)}
+
+
+def label_space(references: list[dict]) -> tuple[list[label_schema.Label], list[list]]:
+    """The labels either rule set declares (the newer one's header where both do), each with the
+    values to try: every value either knows (a code one of them adds or drops is part of the
+    change), and absent unless both require the label; a multiple label's every canonical value,
+    and absent."""
+    try:
+        schemas = [{label.name: label for label in label_schema.schema_of(reference)} for reference in references]
+    except label_schema.LabelSchemaError as error:
+        raise PolicyDiffError(f"policy-diff: {error}") from None
+    labels = [({**schemas[0], **schemas[1]})[name] for name in sorted(schemas[0].keys() | schemas[1].keys())]
+    choices = []
+    for label in labels:
+        values = sorted(set().union(*(reference.get(label.values, {}) for reference in references)))
+        if label.multiple:
+            try:
+                choices.append([None, *precompute.canonical_sets(label, values)])
+            except EngineError as error:
+                raise PolicyDiffError(f"policy-diff asks every value of a multiple label: {error}") from None
+        elif all(schema.get(label.name, label).required for schema in schemas):
+            choices.append(values)  # absent is LABEL_MISSING under both
+        else:
+            choices.append([None, *values])
+    return labels, choices
 
 
 # ---- grouping what changed -----------------------------------------------------------------
 
 
-def grouped(changed: dict[tuple, tuple], listeners: dict, consents: list) -> list[dict]:
-    """The changed labellings as groups, each every region of a list times every consent value
-    of a set, all with the same listener, category and change; none left out, none added."""
-    by_change: dict[tuple, dict[str, set]] = defaultdict(lambda: defaultdict(set))
+def grouped(changed: dict[tuple, tuple], listeners: dict, labels: list, choices: list[list]) -> list[dict]:
+    """The changed labellings as groups, all with the same listener and change, each a box of
+    labellings: every value of a set for each label (single-valued labels merged first, from
+    the last; a multiple label's set named by consent_parts); none left out, none added."""
+    by_change: dict[tuple, list] = defaultdict(list)
     moves = {}
-    for (point, listener, region, category, consent), answers in changed.items():
+    for (point, listener, values), answers in changed.items():
         change = json.dumps(answers, sort_keys=True)
         moves[change] = answers
-        by_change[(point, listener, category, change)][region].add(consent)
+        by_change[(point, listener, change)].append(values)
+    single = [index for index, label in enumerate(labels) if not label.multiple]
+    order = [index for index, label in enumerate(labels) if label.multiple] + single[::-1]
     groups = []
-    for (point, listener, category, change), by_region in by_change.items():
-        regions_by_values: dict[frozenset, list[str]] = defaultdict(list)
-        for region, values in by_region.items():
-            regions_by_values[frozenset(values)].append(region)
-        for values, regions in regions_by_values.items():
-            for description, members in consent_parts(set(values), consents):
+    for (point, listener, change), labellings in by_change.items():
+        for box in precompute.boxes(labellings, order=order):
+            parts = [[(label_values(values, every), sorted(values, key=lambda v: (v is not None, v or "")))] if not label.multiple
+                     else consent_parts(set(values), every)
+                     for label, values, every in zip(labels, box, choices)]
+            for chosen in itertools.product(*parts):
                 groups.append({
                     "point": point, "listener": listener,
                     "sender": listeners[(point, listener)].sender, "step": listeners[(point, listener)].step,
-                    "category": category, "regions": sorted(regions), "consent": description, "consents": members,
-                    "labellings": len(regions) * len(members), "before": moves[change][0], "after": moves[change][1],
+                    "labels": {label.name: description for label, (description, _) in zip(labels, chosen)},
+                    "values": {label.name: members for label, (_, members) in zip(labels, chosen)},
+                    "labellings": math.prod(len(members) for _, members in chosen),
+                    "before": moves[change][0], "after": moves[change][1],
                 })
-    return sorted(groups, key=lambda g: (g["point"], g["listener"], g["category"], json.dumps([g["before"], g["after"]], sort_keys=True), g["regions"], g["consent"]))
+    return sorted(groups, key=lambda g: (g["point"], g["listener"], json.dumps([g["before"], g["after"]], sort_keys=True),
+                                         json.dumps(g["labels"], sort_keys=True)))
+
+
+def label_values(chosen: frozenset, every: list) -> str:
+    """A single-valued label's values as a person reads them: "any or absent", "any", or the list."""
+    if chosen == set(every):
+        return "any or absent"
+    if chosen == set(every) - {None}:
+        return "any"
+    return ",".join(["absent"] * (None in chosen) + sorted(value for value in chosen if value is not None))
 
 
 def consent_parts(chosen: set, every: list) -> list[tuple[str, list]]:
-    """`chosen` consent values (None: absent) as parts, each named by what its values hold.
+    """`chosen` values of a multiple label (the shipped consent; None: absent) as parts, each
+    named by what its values hold.
 
     A part is named by the purposes membership turns on, those whose adding or removing moves
     some value in or out of `chosen`: "with care" (every value holding care), "with billing,
@@ -252,21 +289,29 @@ def report(result: dict, base: str, policies: str = "policies/", out=sys.stdout)
             print(f"  {change['point']}, listener {change['listener']} ({change['sender']} -> {change['step']}):", file=out)
             shown = listener
         count = change["labellings"]
-        print(f"    {change['category']}, region {','.join(change['regions'])}, consent {change['consent']} "
-              f"({count} labelling{'s' * (count != 1)}): {move(change['before'], change['after'])}", file=out)
+        labels = ", ".join(f"{name} {description}" for name, description in change["labels"].items())
+        print(f"    {labels} ({count} labelling{'s' * (count != 1)}): {move(change['before'], change['after'])}", file=out)
 
 
-def main(base: str, topology_name: str = WALKTHROUGH, services: str | None = None, policies: Path = policyfiles.POLICIES,
+def main(base: str, topology_name: str = WALKTHROUGH, services: str | None = None, policies: str | Path = "policies",
          as_json: bool = False, out=None) -> int:
+    """`policies`: the rule set as chosen (policyfiles.source_of); it is compared with the same
+    folder at `base`, or with policies/ at `base` when it lies outside the repository (an
+    author's copy of the shipped rules)."""
     out = out or sys.stdout
-    if not (policies / "complyroute").is_dir():
-        raise PolicyDiffError(f"{policies} is not a rule set (no complyroute/ folder in it): name the folder with --policies")
+    try:
+        source = policyfiles.source_of(policies)
+        current = policyfiles.rule_set(policies)
+    except policyfiles.RuleSetError as error:
+        raise PolicyDiffError(f"{error}: name the rule set with --policies") from None
+    inside = source.resolve().is_relative_to(REPO.resolve())
+    at_base = source.resolve().relative_to(REPO.resolve()).as_posix() if inside else "policies"
     topology = manifest.load(topology_name, services)
     with tempfile.TemporaryDirectory(prefix="complyroute-policy-diff-") as scratch:
-        result = compare(topology, rule_set_at(base, Path(scratch)), policies, repr(base))
+        result = compare(topology, rule_set_at(base, Path(scratch), at_base), current, repr(base))
     if as_json:
-        print(json.dumps({"base": base, "policies": str(policies), "topology": topology.name, **result}, indent=1), file=out)
+        print(json.dumps({"base": base, "policies": str(source), "topology": topology.name, **result}, indent=1), file=out)
     else:
-        shown = "policies/" if policies.resolve() == policyfiles.POLICIES.resolve() else str(policies)
+        shown = "policies/" if source.resolve() == policyfiles.POLICIES.resolve() else str(source)
         report(result, base, shown, out)
     return 0

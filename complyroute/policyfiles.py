@@ -9,6 +9,9 @@ load and how, the Makefile's policy targets too (`complyroute policy-test`, `com
 
 from __future__ import annotations
 
+import hashlib
+import os
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,6 +29,14 @@ RULE_SET = "complyroute"  # the rule set's folder in policies/: the rest is not 
 # test's or the bench's stand-in rule set runs with them too.
 SYSTEM_POLICIES = POLICIES / "system"
 EXAMPLES = "examples"  # example inputs and a catalog (policies/examples/), JSON that is not data
+# Rule sets besides the shipped one (`policy=<name>`): each a folder like policies/ that holds
+# the rules (complyroute/compliance, complyroute/indexing, complyroute/reference), not the
+# platform's parts (PLATFORM), which rule_set() adds.
+RULE_SETS = REPO / "rule-sets"
+# What every rule set runs with, written once in policies/: the Envoy adapter (which reads the
+# rule set's entrypoint and label schema) and the enforcement points' own policies.
+PLATFORM = (Path(RULE_SET) / "envoy", Path("system"))
+ASSEMBLED = REPO / "build" / "rule-sets"
 # What of policies/ is not policy: the tests beside each module and the example inputs.
 IGNORED = ("*_test.rego", EXAMPLES)
 # What `opa test` leaves out: it loads the tests, not the examples.
@@ -42,6 +53,54 @@ SERVER_FLAGS = ("--authorization=basic", "--unix-socket-perm=600")
 # A point's OPA reads its index on every decision and never writes it: held as OPA's own
 # values rather than as JSON, a decision's lookups convert nothing.
 RUN_FLAGS = ("--optimize-store-for-read-speed",)
+
+
+class RuleSetError(ValueError):
+    """A rule set that names no folder of rules; the message says what to name."""
+
+
+def source_of(chosen: str | Path) -> Path:
+    """The folder an author edits of a rule set: `chosen` is "policies" (the shipped one), a name
+    of RULE_SETS or a folder."""
+    folder = Path(chosen)
+    if str(chosen) == "policies":
+        folder = POLICIES
+    elif not folder.is_dir() and (RULE_SETS / str(chosen)).is_dir():
+        folder = RULE_SETS / str(chosen)
+    if not (folder / RULE_SET / "compliance").is_dir():
+        known = ", ".join(["policies", *sorted(p.name for p in RULE_SETS.iterdir() if p.is_dir())]) if RULE_SETS.is_dir() else "policies"
+        raise RuleSetError(f"rule set {str(chosen)!r} is no folder holding {RULE_SET}/compliance/: name one of {known}, or a folder")
+    return folder
+
+
+def rule_set(chosen: str | Path) -> Path:
+    """The folder of a rule set, complete (source_of names the choices). A rule set without the
+    platform's parts gets them from policies/, in a copy under build/rule-sets/ named by its
+    content (the adapter's tests left out: they are written against the shipped rules); the
+    shipped one, and any folder that holds them, is used as it is."""
+    folder = source_of(chosen)
+    if all((folder / part).is_dir() for part in PLATFORM):
+        return folder
+    files = {path.relative_to(folder): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
+    for part in PLATFORM:
+        files.update({(part / path.relative_to(POLICIES / part)): path.read_bytes()
+                      for path in sorted((POLICIES / part).rglob("*"))
+                      if path.is_file() and not (is_test(path) and part.parts[0] == RULE_SET)})
+    digest = hashlib.sha256()
+    for name, content in sorted(files.items()):
+        digest.update(str(name).encode() + b"\0" + hashlib.sha256(content).digest())
+    assembled = ASSEMBLED / f"{folder.resolve().name}-{digest.hexdigest()[:16]}"
+    if not assembled.is_dir():
+        partial = assembled.with_name(f"{assembled.name}.{os.getpid()}.partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        for name, content in files.items():
+            (partial / name).parent.mkdir(parents=True, exist_ok=True)
+            (partial / name).write_bytes(content)
+        try:
+            partial.rename(assembled)
+        except OSError:  # another process assembled the same content first
+            shutil.rmtree(partial, ignore_errors=True)
+    return assembled
 
 
 def ignore_flags(patterns: Sequence[str] = IGNORED) -> list[str]:

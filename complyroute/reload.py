@@ -29,7 +29,7 @@ import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from . import bundles, deployment, engines, localhttp, policydata, policyfiles
+from . import bundles, deployment, engines, labels, localhttp, policydata, policyfiles
 from .enforcement import EnforcementPoint
 
 POLL_INTERVAL = 0.05  # between rounds of asking the points still on the old revision
@@ -76,18 +76,34 @@ def load_rendered(state: dict) -> deployment.Rendered:
     return pickle.loads(path.read_bytes())
 
 
-def reload_policy(policies: Path = policyfiles.POLICIES, out=sys.stdout, timeout: float = 120.0) -> dict:
-    """Apply the rule set in `policies` to the current deployment; returns once every
-    enforcement point decides with its revision:
+def reload_policy(policies: Path | None = None, out=sys.stdout, timeout: float = 120.0) -> dict:
+    """Apply the rule set in `policies` (None: the one the deployment was started with, as it
+    is now) to the current deployment; returns once every enforcement point decides with its
+    revision:
     {"revision", "seconds" (from the call until the last point switched), "points": {point: seconds}}."""
     started = time.monotonic()
     state = deployment.running()
     if not state:
         raise ReloadError("nothing is deployed here: `make deploy` first (a deployment on Kubernetes takes a new rule set by `make deploy target=k8s` again, which rolls its pods)")
     run_dir = Path(state["run_dir"])
+    try:
+        policies = policyfiles.rule_set(policies if policies is not None else state.get("policies", "policies"))
+    except policyfiles.RuleSetError as error:
+        raise ReloadError(str(error)) from None
     rendered = load_rendered(state)
     plan = rendered.plan
     engine = plan.topology.engine
+    try:
+        schema = labels.schema(policies)
+    except labels.LabelSchemaError as error:
+        raise ReloadError(f"the rule set in {policies} cannot be applied; nothing was changed: {error}") from None
+    if schema != rendered.label_schema:
+        # The services and the listeners' label bounds and token claims were given the labels at
+        # deploy; a reload changes what OPA decides and the compiled routes, not those.
+        raise ReloadError(f"the rule set in {policies} declares other labels than the deployment was started with "
+                          f"({', '.join(label.name for label in schema)}; deployed: "
+                          f"{', '.join(label.name for label in rendered.label_schema) or 'unknown'}): labels reach the services "
+                          f"and the enforcement points' listeners at deploy; nothing was changed, deploy again to change them")
     try:
         configs = engines.configure(engine["kind"], plan.points, engine, policies, rendered.point_trust)
         revision = bundles.write(run_dir / deployment.BUNDLES,
@@ -135,9 +151,17 @@ def reload_policy(policies: Path = policyfiles.POLICIES, out=sys.stdout, timeout
     return result
 
 
-def watch(policies: Path = policyfiles.POLICIES, interval: float = 0.5, out=sys.stdout, stop: threading.Event | None = None) -> None:
+def watch(policies: str | Path | None = None, interval: float = 0.5, out=sys.stdout, stop: threading.Event | None = None) -> None:
     """Reload whenever the rule set's files change (until interrupted, or `stop` is set); a rule
-    set that cannot be applied is reported and the deployment keeps the one it has."""
+    set that cannot be applied is reported and the deployment keeps the one it has. `policies`:
+    the rule set as chosen (None: the deployment's); its source folder is watched."""
+    if policies is None:
+        state = deployment.running()
+        policies = state.get("policies", "policies") if state else "policies"
+    try:
+        policies = policyfiles.source_of(policies)
+    except policyfiles.RuleSetError as error:
+        raise ReloadError(str(error)) from None
     def content() -> str | None:
         try:
             return bundles.content_digest(bundles.rule_set_files(policies))

@@ -32,7 +32,6 @@ from . import deployment
 # Where a decision's input carries the record's id: the entry's x-request-id, which every
 # later hop carries on (x-complyroute-record-id beside it).
 RECORD_ID_HEADERS = ("x-request-id", "x-complyroute-record-id")
-LABELS = ("region", "category", "consent")
 BUNDLE = "complyroute"  # the bundle each point's OPA loads the rule set from (bundles.py)
 ENVOY_DENIAL_STATUS = {403: 451}  # ext_authz has no 451: the policy answers 403, Envoy's mapper restores 451
 TURN_ON = "set engine.decision_logs: file in the manifest and deploy again"
@@ -99,8 +98,9 @@ def denial_body(result: dict) -> dict:
     return body if isinstance(body, dict) else {}
 
 
-def decision_from(point: str, entry: dict, request_id: str) -> Decision | None:
-    """The decision a log entry holds if it is about the record `request_id`, else None."""
+def decision_from(point: str, entry: dict, request_id: str, schema: tuple) -> Decision | None:
+    """The decision a log entry holds if it is about the record `request_id`, else None.
+    `schema`: the run's labels (deployment.run_labels), whose headers the input holds."""
     attributes = (entry.get("input") or {}).get("attributes") or {}
     headers = ((attributes.get("request") or {}).get("http") or {}).get("headers") or {}
     if request_id not in (headers.get(name) for name in RECORD_ID_HEADERS):
@@ -111,7 +111,7 @@ def decision_from(point: str, entry: dict, request_id: str) -> Decision | None:
         at=epoch_seconds(entry["timestamp"]),
         sender=context.get("sender"),
         step=context.get("step") or headers.get("x-complyroute-step"),
-        labels={name: headers.get(f"x-data-{name}") for name in LABELS},
+        labels={label.name: headers.get(label.header) for label in schema},
         result=entry.get("result") or {},
         revision=revision_of(entry),
     )
@@ -120,6 +120,7 @@ def decision_from(point: str, entry: dict, request_id: str) -> Decision | None:
 def decisions_of(run_dir: Path, request_id: str) -> list[Decision]:
     """Every logged decision about the record, by every point of the run."""
     found = []
+    schema = deployment.run_labels(run_dir)
     for log in sorted((run_dir / "logs").glob("*.opa.log")):
         point = log.name.removesuffix(".opa.log")
         for raw in log.read_text(errors="replace").splitlines():
@@ -129,7 +130,7 @@ def decisions_of(run_dir: Path, request_id: str) -> list[Decision]:
                 entry = json.loads(raw)
             except json.JSONDecodeError:
                 continue  # a line cut off by a stopped OPA
-            if entry.get("msg") == "Decision Log" and (decision := decision_from(point, entry, request_id)):
+            if entry.get("msg") == "Decision Log" and (decision := decision_from(point, entry, request_id, schema)):
                 found.append(decision)
     return found
 
@@ -184,7 +185,7 @@ def describe_decision(result: dict) -> list[str]:
 
 
 def labels_text(labels: dict) -> str:
-    return ", ".join(f"{name} {labels.get(name) if labels.get(name) is not None else '(none)'}" for name in LABELS)
+    return ", ".join(f"{name} {value if value is not None else '(none)'}" for name, value in sorted(labels.items()))
 
 
 def print_hop(number: int, hop: Hop, engine: str, out) -> None:

@@ -72,7 +72,7 @@ from pathlib import Path
 
 import psutil
 
-from complyroute import bundles, deployment, enforcement, engines, identity, localhttp, manifest, pki, policybench, policyfiles
+from complyroute import bundles, deployment, enforcement, engines, identity, labels, localhttp, manifest, pki, policybench, policyfiles
 from complyroute.enforcement import DIGEST_HEADER, LABEL_TOKEN_HEADER, TOKEN_ISSUER, DecidingListener, EnforcementPoint, Endpoint, ForwardingListener, write_data
 from complyroute.manifest import REPO
 from complyroute.plan import ADMIN_SOCKET, API_SOCKET, DECISION_SOCKET, DIAGNOSTIC_SOCKET, place
@@ -84,8 +84,12 @@ HOST = "127.0.0.1"
 # below Linux's ephemeral ports (32768-60999), where a connection of anything else running on
 # the machine (or its TIME_WAIT) can hold a port the bench would listen on.
 BASE_PORT = 28000
-# Canonical labels (one value each, consent sorted), as an entry hands them on.
-LABELS = {"x-data-region": "EU", "x-data-category": "personal", "x-data-consent": "analytics,billing,care"}
+# The bench's record: canonical labels (one value each, consent sorted), as an entry hands them
+# on, by name; the headers they travel in are the rule set's (its label schema).
+RECORD_LABELS = policybench.record_labels(["analytics", "billing", "care"])
+SCHEMA = labels.schema(policyfiles.POLICIES)
+LABELS = {label.header: RECORD_LABELS[label.name] for label in SCHEMA if label.name in RECORD_LABELS}
+LABEL_SETTING = {"COMPLYROUTE_LABELS": labels.service_setting(SCHEMA)}  # what a forwarding service is told
 BODY = json.dumps({"subject": "alice", "amount": 12}).encode()
 LONG_PATH = 49  # path entries a next hop answers at the head of a 50-service chain
 CSV_FIELDS = ["part", "process", "value", "unit", "floor", "floor_value", "ratio", "target", "verdict"]
@@ -305,9 +309,8 @@ def send(url: str, records: int, context: ssl.SSLContext | None = None, headers:
 def label_token(jwk: dict, body: bytes, request_id: str, lifetime: int = TOKEN_LIFETIME) -> str:
     """The label token an entry issues for `body` with the bench's labels, signed with the private JWK `jwk`."""
     now = int(time.time())
-    claims = {"iss": TOKEN_ISSUER, "rid": request_id, "region": LABELS["x-data-region"], "category": LABELS["x-data-category"],
-              "consent": LABELS["x-data-consent"], "digest": "sha256:" + hashlib.sha256(body).hexdigest(), "iat": now, "exp": now + lifetime,
-              "aud": [TOKEN_AUDIENCE]}
+    claims = {"iss": TOKEN_ISSUER, "rid": request_id, **RECORD_LABELS, "digest": "sha256:" + hashlib.sha256(body).hexdigest(),
+              "iat": now, "exp": now + lifetime, "aud": [TOKEN_AUDIENCE]}
     return pki.sign_token(claims, jwk)
 
 
@@ -381,13 +384,14 @@ def start_parts(bench: Bench, scratch: Path) -> tuple[list[Pair], dict]:
     sink = bench.node_app("sink", FLOOR_APP, {})
     tls_sink = bench.node_app("sink-tls", FLOOR_APP, bench.tls_env(as_destination))
     long_sink = bench.node_app("sink-49", FLOOR_APP, {"ANSWER_PATH_LENGTH": str(LONG_PATH)})
-    bench.node_app("floor-forwarder", FLOOR_APP, {"EGRESS_URL": sink.url})
-    bench.node_app("floor-forwarder-49", FLOOR_APP, {"EGRESS_URL": long_sink.url})
+    bench.node_app("floor-forwarder", FLOOR_APP, {"EGRESS_URL": sink.url, **LABEL_SETTING})
+    bench.node_app("floor-forwarder-49", FLOOR_APP, {"EGRESS_URL": long_sink.url, **LABEL_SETTING})
     sender = next(s for s in plan.services if s.instance.id == hop.sender)
     for name, work, upstream in (("service", 0, sink), ("service-work", None, sink), ("service-49", 0, long_sink)):
         endpoint = bench.endpoint()
         process = replace(sender, endpoint=endpoint, egress_url=upstream.url)
-        part = deployment.service_part(process, {} if work is None else {"work_iterations": work}, scratch / f"{name}.audit.jsonl", bench.folder)
+        part = deployment.service_part(process, {} if work is None else {"work_iterations": work}, scratch / f"{name}.audit.jsonl", bench.folder,
+                                       LABEL_SETTING["COMPLYROUTE_LABELS"])
         bench.start(replace(part, name=name))
         bench.urls[name] = endpoint.url
     # The service and the floor with mutual TLS on both sides: they admit the point deciding
@@ -395,17 +399,19 @@ def start_parts(bench: Bench, scratch: Path) -> tuple[list[Pair], dict]:
     as_point = identity.point_identity(central)
     as_service = identity.service_identity(sender)
     bench.node_app("floor-forwarder-mtls", FLOOR_APP,
-                   {**bench.tls_env(as_service), "EGRESS_URL": https(tls_sink), "EGRESS_IDENTITY": as_destination})
+                   {**bench.tls_env(as_service), "EGRESS_URL": https(tls_sink), "EGRESS_IDENTITY": as_destination, **LABEL_SETTING})
     endpoint = bench.endpoint()
     trust = identity.ServiceTrust(bench.tls_files(as_service), record_peers=(as_point,), control_peers=(pki.CONTROL,),
                                   egress_identity=as_destination, label_tokens=False)
     part = deployment.service_part(replace(sender, endpoint=endpoint, egress_url=tls_sink.url), {"work_iterations": 0},
-                                   scratch / "service-mtls.audit.jsonl", bench.folder, trust, bench.tls_files(pki.CONTROL))
+                                   scratch / "service-mtls.audit.jsonl", bench.folder, LABEL_SETTING["COMPLYROUTE_LABELS"], trust,
+                                   bench.tls_files(pki.CONTROL))
     bench.start(replace(part, name="service-mtls"))
     bench.urls["service-mtls"] = https(endpoint)
     endpoint = bench.endpoint()
     part = deployment.service_part(replace(sender, endpoint=endpoint, egress_url=tls_sink.url), {"work_iterations": 0},
-                                   scratch / "service-token.audit.jsonl", bench.folder, replace(trust, label_tokens=True), bench.tls_files(pki.CONTROL))
+                                   scratch / "service-token.audit.jsonl", bench.folder, LABEL_SETTING["COMPLYROUTE_LABELS"],
+                                   replace(trust, label_tokens=True), bench.tls_files(pki.CONTROL))
     bench.start(replace(part, name="service-token"))
     bench.urls["service-token"] = https(endpoint)
 
@@ -486,7 +492,7 @@ def start_parts(bench: Bench, scratch: Path) -> tuple[list[Pair], dict]:
              compiled_mtls, client=as_sender, token="shared"),
     ]
     context = {"admins": admins, "opas": opas, "concurrency": central.concurrency, "listener": hop.name, "point": central, "sender": hop.sender, "step": hop.step,
-               "consent": LABELS["x-data-consent"].split(","), "opa_alone": opa_alone,
+               "labels": RECORD_LABELS, "opa_alone": opa_alone,
                "compiled": [name for name, kind, *_ in deciding if kind == "envoy-compiled"],
                "token_checked": [name for name, *_, security in deciding if security == "token"]}
     return pairs, context
@@ -531,7 +537,7 @@ def measure(bench: Bench, pairs: list[Pair], records: int, rounds: int, out=sys.
 
 def policy_evaluation(context: dict, scratch: Path) -> float:
     """ms per evaluation of the query Envoy asks, by `opa bench`, on the bench's check request."""
-    request = policybench.envoy_input(context["sender"], context["step"], context["consent"])
+    request = policybench.envoy_input(context["sender"], context["step"], context["labels"])
     decision, figures = policybench.bench_query(context["point"], request, scratch, context["concurrency"])
     if not decision.get("allowed"):
         raise RuntimeError(f"bench: the policy does not allow the bench's record: {decision}")
@@ -550,7 +556,7 @@ def entry_signing(jwk: dict, jwks: dict, scratch: Path) -> dict[str, float]:
     document = identity.Credentials(b"", {}, jwk, jwks).with_token_key(identity.Trust.of(plan), central, document)
     data_dir = scratch / "entry-signing"
     write_data(data_dir, document)
-    plain = policybench.envoy_input(entry.sender, entry.step, LABELS["x-data-consent"].split(","))
+    plain = policybench.envoy_input(entry.sender, entry.step, RECORD_LABELS)
     issuing = json.loads(json.dumps(plain))
     issuing["attributes"]["contextExtensions"]["label_token"] = "issue"
     requests = {"plain": plain, "issue": issuing}

@@ -16,12 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from complyroute import deployment, engines, enforcement, identity, localhttp, manifest
+from complyroute import deployment, engines, enforcement, identity, labels, localhttp, manifest
 from complyroute.policyfiles import POLICIES
 from complyroute.plan import LocalNetwork, place
 
 TOPOLOGIES = ["sidecar", "central-entity", "dynamic-router-3", "dynamic-router-6", "baseline"]
 MIXED_REGIONS = str(manifest.REPO / "topologies" / "examples" / "mixed-regions.yaml")
+
+
+SCHEMA = labels.schema(manifest.REPO / "policies")  # the shipped rule set's labels
 
 
 def configured(topology: str, engine: str, credentials_dir=None, net=None):
@@ -224,13 +227,13 @@ def test_labels_are_bounded_before_opa_where_a_sender_gives_them(secured, tmp_pa
             manager = managers(configs[point.name].envoy)[listener.name]
             names = [f["name"] for f in manager["http_filters"]]
             bounded = not secured or listener.from_client
-            assert (enforcement.LABEL_BOUND in manager["http_filters"]) == bounded, listener.name
+            assert (enforcement.label_bound(SCHEMA) in manager["http_filters"]) == bounded, listener.name
             if bounded:
                 assert names.index("envoy.filters.http.lua") < names.index("envoy.filters.http.ext_authz")
                 removed = manager["http_filters"][0]["typed_config"]["mutations"]["request_mutations"]
                 assert {"remove": enforcement.OVER_BOUND_HEADER} in removed  # a sender cannot name a refusal
-    lua = enforcement.LABEL_BOUND_LUA
-    assert all(f'"{name}"' in lua for name in enforcement.LABEL_HEADERS)
+    lua = enforcement.label_bound(SCHEMA)["typed_config"]["default_source_code"]["inline_string"]
+    assert lua.startswith('local LABEL_HEADERS = {"x-data-category", "x-data-consent", "x-data-region"}\n')
     assert f"#value > {enforcement.MAX_LABEL_BYTES}" in lua and f"commas >= {enforcement.MAX_LABEL_VALUES}" in lua
     # Its 431 is told from the codec's by the header it sets: matched before the codec's mapper.
     mappers = enforcement.LOCAL_REPLIES["mappers"]

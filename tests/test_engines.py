@@ -1,11 +1,12 @@
 """Engines: the pieces of envoy-compiled that need no running process (the end-to-end and
 differential tests run the real ones)."""
 
+import itertools
 import re
 
 import pytest
 
-from complyroute import engines, manifest
+from complyroute import engines, labels, manifest
 from complyroute.policyfiles import POLICIES
 from complyroute.engines import envoy_compiled, precompute
 from complyroute.plan import place
@@ -28,14 +29,34 @@ def test_digits_at_most_refuses_larger_numbers_and_other_text_denied(limit):
         assert not pattern.fullmatch(text), text
 
 
-def test_canonical_consents_are_every_sorted_non_empty_set_allowed():
-    values = precompute.canonical_consents(["care", "billing", "analytics"])
+CONSENT = labels.Label("consent", "x-data-consent", "purposes", multiple=True)
+
+
+def test_canonical_sets_are_every_sorted_non_empty_set_allowed():
+    values = precompute.canonical_sets(CONSENT, ["care", "billing", "analytics"])
     assert values == ["analytics", "billing", "care", "analytics,billing", "analytics,care", "billing,care", "analytics,billing,care"]
 
 
-def test_too_many_purposes_to_enumerate_are_refused_denied():
-    with pytest.raises(precompute.SpaceTooLarge, match="at most 10 purposes"):
-        precompute.canonical_consents([f"p{n}" for n in range(precompute.MAX_PURPOSES + 1)])
+def test_too_many_values_of_a_set_to_enumerate_are_refused_denied():
+    with pytest.raises(precompute.SpaceTooLarge, match="label consent; there are 11 .* at most 10 values"):
+        precompute.canonical_sets(CONSENT, [f"p{n}" for n in range(precompute.MAX_SET_VALUES + 1)])
+
+
+def test_boxes_cover_exactly_the_labellings_allowed():
+    labellings = [("personal", "care", "EU"), ("personal", "care", "NO"), ("personal", None, "EU"), ("personal", None, "NO"),
+                  ("health", "care", "EU")]
+    found = precompute.boxes(labellings)
+    assert {values for box in found for values in itertools.product(*box)} == set(labellings)
+    assert len(found) == 3  # merged label by label: {health, personal} x care x EU; personal x absent x EU; personal x {care, absent} x NO
+    split = precompute.boxes(labellings, split_absent=True)
+    assert all(values == {None} or None not in values for box in split for values in box)
+    assert {values for box in split for values in itertools.product(*box)} == set(labellings)
+
+
+def test_boxes_add_no_labelling_denied():
+    # Two labellings differing in two labels are not one box: its corners would be added.
+    found = precompute.boxes([("a", "x"), ("b", "y")])
+    assert {values for box in found for values in itertools.product(*box)} == {("a", "x"), ("b", "y")}
 
 
 def test_compiled_listener_sends_what_its_tree_misses_to_opa_denied():

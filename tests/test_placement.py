@@ -2,9 +2,10 @@
 
 import yaml
 
-from complyroute import enforcement, manifest
+from complyroute import enforcement, labels, manifest
 from complyroute.kubernetes import render, validate
 from complyroute.plan import place
+from complyroute.policyfiles import POLICIES
 
 
 def plan():
@@ -41,7 +42,7 @@ def test_last_step_sidecar_has_no_egress():
 
 def test_deciding_listener_fails_closed_and_strips_routing_header():
     p = plan()
-    config = enforcement.envoy_config(point(p, "sidecar-ingest-eu"), {})
+    config = enforcement.envoy_config(point(p, "sidecar-ingest-eu"), {}, labels=labels.schema(POLICIES))
     egress = next(l for l in config["static_resources"]["listeners"] if l["name"] == "egress")
     manager = egress["filter_chains"][0]["filters"][0]["typed_config"]
     filters = [f["name"] for f in manager["http_filters"]]
@@ -117,16 +118,16 @@ def test_baseline_decides_nothing_and_chains_services_directly():
 
 def test_a_manifests_work_iterations_reach_every_service_allowed():
     p = place(manifest.load("sidecar", services=3))  # workload.work_iterations: 100
-    assert [s.environment(p.topology.workload, "a.jsonl")["WORK_ITERATIONS"] for s in p.services] == ["100"] * 3
+    assert [s.environment(p.topology.workload, "a.jsonl", "[]")["WORK_ITERATIONS"] for s in p.services] == ["100"] * 3
     other = place(manifest.load("sidecar", services=3, overrides={"workload": {"work_iterations": 7}}))
-    assert {s.environment(other.topology.workload, "a.jsonl")["WORK_ITERATIONS"] for s in other.services} == {"7"}
+    assert {s.environment(other.topology.workload, "a.jsonl", "[]")["WORK_ITERATIONS"] for s in other.services} == {"7"}
 
 
 def test_without_work_iterations_the_service_keeps_its_own_default_denied():
     """The default is defined once, by the service (services/config.js): the control plane sets none."""
     p = place(manifest.load("sidecar", services=3, overrides={"workload": {}}))
     assert "work_iterations" not in p.topology.workload
-    assert not any("WORK_ITERATIONS" in s.environment(p.topology.workload, "a.jsonl") for s in p.services)
+    assert not any("WORK_ITERATIONS" in s.environment(p.topology.workload, "a.jsonl", "[]") for s in p.services)
 
 
 def test_placement_tags_each_point_with_its_role_and_group():

@@ -77,8 +77,7 @@ def test_policy_test_fails_on_a_fast_path_that_disagrees_denied(capfd, monkeypat
 
     honest = envoy_compiled.listener_matcher
     # Every allowed labelling routed to the same instance: wherever the rules say otherwise.
-    monkeypatch.setattr(envoy_compiled, "listener_matcher", lambda outcomes, timeout: honest(
-        {key: {consent: ("analyse-ch", revision) for consent, (_, revision) in by_consent.items()} for key, by_consent in outcomes.items()},
-        timeout))
+    monkeypatch.setattr(envoy_compiled, "listener_matcher", lambda outcomes, timeout, headers: honest(
+        {values: ("analyse-ch", revision) for values, (_, revision) in outcomes.items()}, timeout, headers))
     assert check_fast_paths([str(policyfiles.POLICIES)]) == 1
     assert "the fast paths disagree with the rules over" in capfd.readouterr().err

@@ -1,6 +1,7 @@
 """make policy-diff: both rule sets asked by real OPA over the walkthrough's decision space."""
 
 import io
+import itertools
 import json
 import shutil
 import subprocess
@@ -47,25 +48,27 @@ def us_adequacy_diff(walkthrough, head, us_adequate):
 
 
 def labellings(result):
-    return {(c["point"], c["listener"], region, c["category"], consent)
-            for c in result["changes"] for region in c["regions"] for consent in c["consents"]}
+    """Every labelling the groups name: (point, listener, category, consent, region)."""
+    return {(c["point"], c["listener"], *values)
+            for c in result["changes"] for values in itertools.product(*c["values"].values())}
 
 
 def test_us_adequacy_moves_eu_records_to_us_instances_allowed(us_adequacy_diff):
     result = us_adequacy_diff
     assert result["listeners"] == 5 and result["compared"] == SPACE
-    # Each group is every region of its list times every consent value of its set, none twice.
+    # Each group is every value of a set for each label (a box), none twice.
     assert sum(c["labellings"] for c in result["changes"]) == len(labellings(result)) == result["changed"] == 1128
     for change in result["changes"]:
         before, after = change["before"], change["after"]
-        assert change["regions"] == GDPR_REGIONS and change["category"] in ("personal", "health")
+        assert change["values"]["region"] == GDPR_REGIONS and set(change["values"]["category"]) <= {"personal", "health"}
         if after["allowed"]:  # a move, to a US instance from its EU twin
             assert before["allowed"] and after["destination"] == before["destination"].replace("-eu", "-us")
-            assert change["consent"] == "with care" and len(change["consents"]) == 32
+            assert change["labels"]["consent"] == "with care" and len(change["values"]["consent"]) == 32
         else:  # a denial that no longer counts the US as a residency violation
             assert not before["allowed"] and after["reasons"] == [r for r in before["reasons"] if r[1] != "RESIDENCY_VIOLATION"]
-            assert change["consent"] == "without care" and len(change["consents"]) == 31
-    moves = {(c["point"], c["category"], c["before"].get("destination"), c["after"].get("destination")) for c in result["changes"]}
+            assert change["labels"]["consent"] == "without care" and len(change["values"]["consent"]) == 31
+    moves = {(c["point"], category, c["before"].get("destination"), c["after"].get("destination"))
+             for c in result["changes"] for category in c["values"]["category"]}
     assert ("entry", "personal", "ingest-eu", "ingest-us") in moves and ("entry", "health", "ingest-eu", "ingest-us") in moves
     assert ("sidecar-ingest-us", "personal", "analyse-eu", "analyse-us") in moves
     # analyse-us holds no health-data certification; an EU sender prefers its EU twin.
@@ -77,9 +80,9 @@ def test_us_adequacy_moves_eu_records_to_us_instances_allowed(us_adequacy_diff):
     lines = text.getvalue().splitlines()
     assert lines[0] == f"policy-diff HEAD -> policies/: {SPACE} decisions compared at 5 deciding listeners, 1128 would change"
     assert "  entry, listener entry (gateway -> ingest):" in lines
-    assert ("    personal, region EU,IS,LI,NO, consent with care (128 labellings): allowed to ingest-eu -> allowed to ingest-us"
+    assert ("    category health,personal, consent with care, region EU,IS,LI,NO (256 labellings): allowed to ingest-eu -> allowed to ingest-us"
             in lines)
-    assert ("    personal, region EU,IS,LI,NO, consent without care (124 labellings): 451 NO_COMPLIANT_INSTANCE "
+    assert ("    category health,personal, consent without care, region EU,IS,LI,NO (248 labellings): 451 NO_COMPLIANT_INSTANCE "
             "(ingest-eu: PURPOSE_NOT_CONSENTED; ingest-us: PURPOSE_NOT_CONSENTED, RESIDENCY_VIOLATION) -> 451 PURPOSE_NOT_CONSENTED"
             in lines)
 
@@ -102,8 +105,8 @@ def test_a_purpose_no_instance_processes_for_is_asked_too(walkthrough, head, tmp
     assert result["compared"] == SPACE  # the labels either rule set knows
     assert result["changed"] == len(labellings(result)) == 5 * 16 * 3 * 32
     # Split by what each value was answered before; each part named as holding marketing.
-    assert all("marketing" in c["consent"].split(", ")[0].removeprefix("with ").split(",") for c in result["changes"])
-    assert all("marketing" in consent.split(",") for *_, consent in labellings(result))
+    assert all("marketing" in c["labels"]["consent"].split(", ")[0].removeprefix("with ").split(",") for c in result["changes"])
+    assert all("marketing" in consent.split(",") for *_, consent, _ in labellings(result))
     assert {(c["after"]["status"], c["after"]["code"]) for c in result["changes"]} == {(400, "LABEL_UNKNOWN")}
 
 

@@ -68,18 +68,19 @@ def test_an_added_rule_reroutes_in_the_table_allowed(shipped, swiss):
     (_, before), (_, (data, after)) = shipped, swiss
     # A CH personal record from the US gateway: the shipped rules prefer ingest-us, the Swiss
     # rule excludes it; both engines' tables follow the rule set.
-    assert before.outcomes[(*ENTRY, "CH", "personal", "care")][0] == "ingest-us"
-    assert after.outcomes[(*ENTRY, "CH", "personal", "care")][0] == "ingest-eu"
-    assert data["entry"]["complyroute"]["table"]["gateway"]["ingest"]["CH"]["personal"]["consents"]["care"] == {"destination": "ingest-eu"}
+    assert before.outcomes[(*ENTRY, ("personal", "care", "CH"))][0] == "ingest-us"
+    assert after.outcomes[(*ENTRY, ("personal", "care", "CH"))][0] == "ingest-eu"
+    # The table: a level per label, in the schema's order (category, consent, region).
+    assert data["entry"]["complyroute"]["table"]["gateway"]["ingest"]["personal"]["care"]["CH"] == {"destination": "ingest-eu"}
 
 
 def test_an_added_rule_leaves_its_twin_alone_denied(shipped, swiss):
     (_, before), (_, (_, after)) = shipped, swiss
     # Its allowed twins: a US personal record, a CH anonymous one (not personal).
-    for labels in [("US", "personal", "care"), ("CH", "anonymous", None)]:
-        assert before.outcomes[(*ENTRY, *labels)][0] == after.outcomes[(*ENTRY, *labels)][0] == "ingest-us"
+    for labels in [("personal", "care", "US"), ("anonymous", None, "CH")]:
+        assert before.outcomes[(*ENTRY, labels)][0] == after.outcomes[(*ENTRY, labels)][0] == "ingest-us"
     changed = {key for key in before.outcomes.keys() | after.outcomes.keys() if before.outcomes.get(key, (None,))[0] != after.outcomes.get(key, (None,))[0]}
-    assert changed and all(region == "CH" and category in ("personal", "health") for _, _, region, category, _ in changed)
+    assert changed and all(region == "CH" and category in ("personal", "health") for _, _, (category, _, region) in changed)
 
 
 def test_the_compiled_routes_follow_an_added_rule_allowed(walkthrough, swiss):
@@ -100,10 +101,10 @@ def test_policy_diff_shows_the_added_rule_at_the_entry_allowed(walkthrough, swis
     topology, _ = walkthrough
     policies, _ = swiss
     result = policydiff.compare(topology, POLICIES, policies)
-    moves = {(c["point"], c["category"], tuple(c["regions"]), c["before"].get("destination"), c["after"].get("destination"))
-             for c in result["changes"]}
+    moves = {(c["point"], category, tuple(c["values"]["region"]), c["before"].get("destination"), c["after"].get("destination"))
+             for c in result["changes"] for category in c["values"]["category"]}
     assert ("entry", "personal", ("CH",), "ingest-us", "ingest-eu") in moves
-    assert all(c["regions"] == ["CH"] for c in result["changes"])
+    assert all(c["values"]["region"] == ["CH"] for c in result["changes"])
 
 
 def test_a_rule_reading_the_body_gets_no_table_denied(walkthrough, tmp_path):
@@ -124,9 +125,9 @@ def test_the_shipped_rules_read_only_what_is_enumerated_allowed():
 def test_the_guard_refuses_a_divergent_quick_path_denied(shipped):
     data, precomputed = shipped
     tables = {point: copy.deepcopy(document["complyroute"]["table"]) for point, document in data.items()}
-    tables["entry"]["gateway"]["ingest"]["EU"]["personal"]["consents"]["care"] = {"destination": "ingest-us"}
-    with pytest.raises(engines.EngineError, match=r"point entry: the quick path differs .* listener entry .* region=EU "
-                                                  r"category=personal consent=care: the rule set answers allowed to ingest-eu"):
+    tables["entry"]["gateway"]["ingest"]["personal"]["care"]["EU"] = {"destination": "ingest-us"}
+    with pytest.raises(engines.EngineError, match=r"point entry: the quick path differs .* listener entry .* labels category=personal "
+                                                  r"consent=care region=EU: the rule set answers allowed to ingest-eu"):
         precompute.check_quick_path(precomputed, tables)
 
 
@@ -134,8 +135,8 @@ def test_the_guard_refuses_a_quick_path_answering_a_denial_denied(shipped):
     data, precomputed = shipped
     tables = {point: copy.deepcopy(document["complyroute"]["table"]) for point, document in data.items()}
     # EU health data may not reach store-eu (not certified): no entry, and none may be added.
-    tables["sidecar-analyse-eu"]["analyse-eu"]["store"]["EU"]["health"] = {"without": {"destination": "store-eu"}}
-    with pytest.raises(engines.EngineError, match="point sidecar-analyse-eu: .*category=health consent=absent: the rule set answers nothing ahead"):
+    tables["sidecar-analyse-eu"]["analyse-eu"]["store"]["health"] = {precompute.ABSENT: {"EU": {"destination": "store-eu"}}}
+    with pytest.raises(engines.EngineError, match="point sidecar-analyse-eu: .*category=health consent=absent region=EU: the rule set answers nothing ahead"):
         precompute.check_quick_path(precomputed, tables)
 
 
@@ -148,11 +149,11 @@ def test_the_guard_refuses_divergent_compiled_routes_denied(walkthrough, monkeyp
     topology, points = walkthrough
     honest = envoy_compiled.listener_matcher
 
-    def drops_a_destination(outcomes, hop_timeout):  # routes EU personal records to the US twin
-        moved = {key: {consent: (destination.replace("-eu", "-us"), revision) if key == ("personal", "EU") else (destination, revision)
-                       for consent, (destination, revision) in by_consent.items()} for key, by_consent in outcomes.items()}
-        return honest(moved, hop_timeout)
+    def drops_a_destination(outcomes, hop_timeout, headers):  # routes EU personal records to the US twin
+        moved = {values: (destination.replace("-eu", "-us"), revision) if (values[0], values[2]) == ("personal", "EU") else (destination, revision)
+                 for values, (destination, revision) in outcomes.items()}
+        return honest(moved, hop_timeout, headers)
 
     monkeypatch.setattr(envoy_compiled, "listener_matcher", drops_a_destination)
-    with pytest.raises(engines.EngineError, match=r"the compiled route differs .* region=EU category=personal"):
+    with pytest.raises(engines.EngineError, match=r"the compiled route differs .* labels category=personal consent=\S+ region=EU"):
         engines.configure("envoy-compiled", points, {**topology.engine, "kind": "envoy-compiled"}, POLICIES)

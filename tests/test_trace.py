@@ -102,10 +102,10 @@ def test_each_hop_its_point_labels_decision_revision_and_audit_line_allowed(tmp_
         "3: sidecar-analyse-eu decides analyse-eu -> store",
     ]
     for hop, instance, step in zip(hops, ["ingest-eu", "analyse-eu", "store-eu"], ["ingest", "analyse", "store"]):
-        assert "  labels    region EU, category personal, consent care,billing\n" in hop
+        assert "  labels    category personal, consent care,billing, region EU\n" in hop
         assert f"  decision  allowed -> {instance}\n" in hop
         assert f"  revision  {REVISION}\n" in hop
-        assert (f"  received  by {instance} ({step}): region EU, category personal, consent billing,care, "
+        assert (f"  received  by {instance} ({step}): category personal, consent billing,care, region EU, "
                 f"digest {DIGEST}, revision {REVISION}") in hop
     assert OTHER not in "".join(hops)
 
@@ -113,7 +113,7 @@ def test_each_hop_its_point_labels_decision_revision_and_audit_line_allowed(tmp_
 def test_a_denied_hop_names_its_status_code_message_and_reasons_denied(tmp_path):
     *_, last = traced(walkthrough_envoy_opa(tmp_path, last=denied()))
     assert last.splitlines()[1:] == [
-        "  labels    region EU, category personal, consent care,billing",
+        "  labels    category personal, consent care,billing, region EU",
         '  decision  denied 451 CERTIFICATION_MISSING: no instance of step "store" may receive this record',
         "            reason CERTIFICATION_MISSING (store-eu): store-eu holds none",
         f"  revision  {REVISION}",
@@ -136,7 +136,7 @@ def test_hops_the_compiled_engine_decided_ahead_of_time_are_told_by_their_audit_
         "2: sidecar-ingest-eu decides ingest-eu -> analyse",
         "  decision  allowed -> analyse-eu, decided ahead of time by sidecar-ingest-eu: a route of the compiled engine, no decision log line",
         "  revision  r-audit (the audit line's)",
-        f"  received  by analyse-eu (analyse): region EU, category personal, consent billing,care, digest {DIGEST}, revision r-audit",
+        f"  received  by analyse-eu (analyse): category personal, consent billing,care, region EU, digest {DIGEST}, revision r-audit",
     ]
     assert denial.startswith("3: sidecar-analyse-eu decides analyse-eu -> store") and "denied 451" in denial
 

@@ -47,6 +47,7 @@ def test_the_walkthrough_s_policy_diff_names_the_ch_records_allowed(tmp_path, ca
     policies = rule_set_with_rule(tmp_path)
     assert main(["policy-diff", "--base", "HEAD", "--policies", str(policies), "--format", "json"]) == 0
     changes = json.loads(capfd.readouterr().out)["changes"]
-    moves = {(c["point"], c["category"], c["before"].get("destination"), c["after"].get("destination")) for c in changes}
+    moves = {(c["point"], category, c["before"].get("destination"), c["after"].get("destination"))
+             for c in changes for category in c["values"]["category"]}
     assert ("entry", "personal", "ingest-us", "ingest-eu") in moves and ("sidecar-ingest-us", "personal", "analyse-us", "analyse-eu") in moves
-    assert {region for c in changes for region in c["regions"]} == {"CH"}
+    assert {region for c in changes for region in c["values"]["region"]} == {"CH"}

@@ -15,40 +15,35 @@
 #
 #   Input:
 #     points      {point: {"data": <the point's OPA data document>,
-#                          "listeners": {listener: {"sender", "step", "consents"}}}}
-#                 consents: canonical x-data-consent values to try, null = absent
-#     regions     x-data-region values to try
-#     categories  x-data-category values to try
+#                          "listeners": {listener: {"sender", "step"}}}}
+#     labels      [[label name, header], ...]: the rule set's label schema, in
+#                 its order (by name)
+#     labellings  [[value or null, ...], ...]: the labellings to try at every
+#                 listener, a value per label in that order, null = absent
 package complyroute_engines.decision_space # regal ignore:directory-package-mismatch
 
 import data.complyroute.compliance
 import data.complyroute.envoy
 
-# allowed: [point, listener, region, category, consent, destination, revision] for every
+# allowed: [point, listener, labelling, destination, revision] for every
 # labelling the compliance entrypoint allows and whose labels it reads as they are
 # (compliance.canonical_labels: the adapter would rewrite no label), with the instance it
 # chose and the revision of the point's rule set (the route and the quick path set both, as
 # OPA's answer would). Any other labelling is left out: the point keeps asking OPA for it.
-allowed contains [point_name, listener_name, region, category, consent, decision.destination, revision] if {
+allowed contains [point_name, listener_name, labelling, decision.destination, revision] if {
 	some point_name, point in input.points
 	some listener_name, listener in point.listeners
-	some region in input.regions
-	some category in input.categories
-	some consent in listener.consents
-	labels := object.union({"region": region, "category": category}, consent_label(consent))
+	some labelling in input.labellings
+	labels := {name: value | some i, [name, _] in input.labels; value := labelling[i]; value != null}
 	direct := {"labels": labels, "record": {}, "sender": listener.sender, "step": listener.step}
 
 	# regal ignore:with-outside-test-context
 	[decision, canonical] := [compliance.decision, compliance.canonical_labels] with input as direct
 		with data.complyroute.index as point.data.complyroute.index # regal ignore:with-outside-test-context
 	decision.allowed == true
-	canonical == object.union({"consent": ""}, labels)
+	canonical == {name: object.get(labels, name, "") | some [name, _] in input.labels}
 	revision := point.data.complyroute.revision
 }
-
-default consent_label(_) := {}
-
-consent_label(consent) := {"consent": consent} if consent != null
 
 # The adapter's answer with the point's data and no precomputed table: the compliance
 # entrypoint decides.
@@ -60,22 +55,18 @@ full_answer(point, request) := response if {
 		with data.complyroute.table as {} # regal ignore:with-outside-test-context
 }
 
-check_request(listener, region, category, consent) := {"attributes": {
+check_request(listener, labelling) := {"attributes": {
 	"request": {"http": {
 		"method": "POST",
 		"path": "/process",
 		"headers": object.union(
-			{"content-type": "application/json", "x-data-region": region, "x-data-category": category},
-			consent_header(consent),
+			{"content-type": "application/json"},
+			{header: value | some i, [_, header] in input.labels; value := labelling[i]; value != null},
 		),
 		"body": "{}",
 	}},
 	"contextExtensions": {"sender": listener.sender, "step": listener.step},
 }}
-
-default consent_header(_) := {}
-
-consent_header(consent) := {"x-data-consent": consent} if consent != null
 
 # The answer only allows and names the destination and the revision: the headers it sets
 # already hold those values, the headers it removes are absent.
@@ -93,7 +84,7 @@ changes_nothing(request, response) if {
 # METADATA
 # title: Every decision of the space
 # description: |
-#   [point, listener, region, category, consent, outcome] for every labelling
+#   [point, listener, labelling, outcome] for every labelling
 #   of the space, whatever the answer, at every listener the input names
 #   (a listener taking records from a client too: its labels are tried as a
 #   client sends canonical ones). What `make policy-diff`
@@ -105,13 +96,11 @@ changes_nothing(request, response) if {
 #   reasons without their messages, which quote the labels and would tell
 #   every labelling apart.
 # entrypoint: true
-decisions contains [point_name, listener_name, region, category, consent, outcome] if {
+decisions contains [point_name, listener_name, labelling, outcome] if {
 	some point_name, point in input.points
 	some listener_name, listener in point.listeners
-	some region in input.regions
-	some category in input.categories
-	some consent in listener.consents
-	request := check_request(listener, region, category, consent)
+	some labelling in input.labellings
+	request := check_request(listener, labelling)
 
 	outcome := outcome_of(full_answer(point, request))
 }

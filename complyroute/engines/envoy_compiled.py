@@ -1,11 +1,12 @@
 """envoy-compiled: OPA decides each point's hops ahead of time; Envoy routes the allowed ones itself.
 
 The rule set's allowed answers over each deciding listener's decision space (precompute.py:
-every known region and category, consent absent or any canonical value, the listener's sender
-and step) become, for every listener whose records come from a service, a leaf of an Envoy
-matcher tree on its route configuration: category, then region (exact maps), then consent (one
-regular expression of the allowed values per destination), routing straight to the chosen
-instance with ext_authz disabled. Everything else misses the tree and takes the decision route,
+the known values of every label of the rule set's label schema, the listener's sender and
+step) become, for every listener whose records come from a service, a leaf of an Envoy matcher
+tree on its route configuration: an exact map on the first label every allowed labelling
+carries (the shipped rule set's category), then one predicate per destination and box of
+labellings (each remaining label one of a set of values, or absent), routing straight to the
+chosen instance with ext_authz disabled. Everything else misses the tree and takes the decision route,
 which asks OPA exactly as envoy-opa does (its OPA holds the same allowed table for its quick
 path): unknown, malformed, non-canonical, repeated (Envoy's matcher input joins repeated headers
 with ",") or contradictory labels, denials (so every refusal keeps its status, code and
@@ -29,7 +30,7 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
-from .. import enforcement
+from .. import enforcement, labels
 from ..enforcement import MAX_RECORD_BYTES, REVISION_HEADER, ROUTING_HEADER, EnforcementPoint
 from . import EngineError, PointConfig, envoy_opa, precompute
 
@@ -43,11 +44,14 @@ def compiled_listeners(point: EnforcementPoint):
     return [listener for listener in point.deciding if listener.step and not listener.from_client]
 
 
-def outcomes_by_listener(precomputed: precompute.Precomputed) -> dict[tuple[str, str], dict[tuple[str, str], dict[str | None, tuple[str, str]]]]:
-    """The allowed answers as {(point, listener): {(category, region): {consent: (destination, revision)}}}."""
-    outcomes: dict = defaultdict(lambda: defaultdict(dict))
-    for (point, listener, region, category, consent), outcome in precomputed.outcomes.items():
-        outcomes[(point, listener)][(category, region)][consent] = outcome
+Outcomes = dict[tuple[str | None, ...], tuple[str, str]]  # labels' values -> (destination, revision)
+
+
+def outcomes_by_listener(precomputed: precompute.Precomputed) -> dict[tuple[str, str], Outcomes]:
+    """The allowed answers as {(point, listener): {labels' values: (destination, revision)}}."""
+    outcomes: dict = defaultdict(dict)
+    for (point, listener, values), outcome in precomputed.outcomes.items():
+        outcomes[(point, listener)][values] = outcome
     return outcomes
 
 
@@ -85,56 +89,52 @@ def action(name: str, route: dict) -> dict:
     return {"action": {"name": name, "typed_config": {"@type": ROUTE_ACTION, **route}}}
 
 
-def listener_matcher(outcomes: dict[tuple[str, str], dict[str | None, tuple[str, str]]], hop_timeout: str) -> dict:
+def listener_matcher(outcomes: Outcomes, hop_timeout: str, headers: list[str]) -> dict:
     """The route matcher tree of one listener: OPA's allowed outcomes as leaves, OPA behind them.
+    `headers`: the label headers, in the order of the outcomes' values.
 
-    Category is an exact map. Under it, one predicate per destination and group of regions
-    that allow the same consent values: region one of the group's, consent one of the values
-    (or absent). The predicates of a category are disjoint (a labelling has one outcome), so
-    their order does not matter, and there are few: regions fall into few groups.
+    The first label every allowed labelling carries is an exact map. Under it, one predicate per
+    destination and box of labellings (boxes): each other label one of the box's values, or
+    absent. The predicates under a key are disjoint (a labelling has one outcome), so their order
+    does not matter, and there are few: labellings fall into few boxes.
     """
     ask_opa = action("decide", enforcement.decision_route(hop_timeout))
-    consent_absent = {"not_matcher": header_is("x-data-consent", regex(".*"))}
 
-    def leaf(outcome: tuple[str, str], regions: list[str], consents: frozenset) -> list[dict]:
-        destination, revision = outcome
-        decided = action(f"to-{destination}", enforcement.decided_route(destination, hop_timeout, revision))
-        region = header_is("x-data-region", one_of(regions))
-        values = sorted(c for c in consents if c is not None)
+    def label_is(header: str, values: frozenset) -> dict:
+        if values == {None}:
+            return {"not_matcher": header_is(header, regex(".*"))}
+        return header_is(header, one_of(sorted(values)))
+
+    def leaves(by_outcome: dict[tuple[str, str], list[tuple]], label_headers: list[str]) -> dict:
         matchers = []
-        if None in consents:
-            matchers.append({"predicate": {"and_matcher": {"predicate": [region, consent_absent]}}, "on_match": decided})
-        if values:
-            matchers.append({"predicate": {"and_matcher": {"predicate": [region, header_is("x-data-consent", one_of(values))]}}, "on_match": decided})
-        return matchers
+        for (destination, revision), labellings in sorted(by_outcome.items()):
+            decided = action(f"to-{destination}", enforcement.decided_route(destination, hop_timeout, revision))
+            for box in precompute.boxes(labellings, split_absent=True):
+                predicates = [label_is(header, values) for header, values in zip(label_headers, box)]
+                predicate = predicates[0] if len(predicates) == 1 else {"and_matcher": {"predicate": predicates}}
+                matchers.append({"predicate": predicate, "on_match": decided})
+        return {"matcher_list": {"matchers": matchers}, "on_no_match": ask_opa}
 
-    # category -> (destination, revision) -> allowed consents -> regions
-    groups: dict[str, dict[tuple[str, str], dict[frozenset, list[str]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
-    for (category, region), by_consent in sorted(outcomes.items()):
-        by_destination: dict[tuple[str, str], set] = defaultdict(set)
-        for consent, outcome in by_consent.items():
-            by_destination[outcome].add(consent)
-        for outcome, consents in by_destination.items():
-            groups[category][outcome][frozenset(consents)].append(region)
-    by_category = {
-        category: {
-            "matcher_list": {"matchers": [
-                matcher
-                for outcome, by_consents in sorted(destinations.items())
-                for consents, regions in sorted(by_consents.items(), key=lambda item: item[1])
-                for matcher in leaf(outcome, regions, consents)
-            ]},
+    keyed = next((index for index in range(len(headers)) if all(values[index] is not None for values in outcomes)), None)
+    if not outcomes:
+        labels = {"matcher_list": {"matchers": []}, "on_no_match": ask_opa}
+    elif keyed is None or len(headers) == 1:
+        by_outcome: dict = defaultdict(list)
+        for values, outcome in outcomes.items():
+            by_outcome[outcome].append(values)
+        labels = leaves(by_outcome, headers)
+    else:
+        rest = headers[:keyed] + headers[keyed + 1:]
+        by_key: dict = defaultdict(lambda: defaultdict(list))
+        for values, outcome in outcomes.items():
+            by_key[values[keyed]][outcome].append(values[:keyed] + values[keyed + 1:])
+        labels = {
+            "matcher_tree": {
+                "input": header_input(headers[keyed]),
+                "exact_match_map": {"map": {key: {"matcher": leaves(by_outcome, rest)} for key, by_outcome in sorted(by_key.items())}},
+            },
             "on_no_match": ask_opa,
         }
-        for category, destinations in groups.items()
-    }
-    labels = {
-        "matcher_tree": {
-            "input": header_input("x-data-category"),
-            "exact_match_map": {"map": {category: {"matcher": tree} for category, tree in sorted(by_category.items())}},
-        },
-        "on_no_match": ask_opa,
-    }
     def all_of(predicates: list[tuple[str, dict]]) -> dict:
         # The matcher's regular expressions name their engine (xds.type.matcher.v3.RegexMatcher).
         as_xds = lambda match: regex(match["safe_regex"]["regex"]) if "safe_regex" in match else match
@@ -234,9 +234,9 @@ def check_routes(point: EnforcementPoint, matchers: dict[str, dict], precomputed
         name: pinned for name, pinned in space["points"][point.name]["listeners"].items() if name in compiled}}}}
     expected, routed = {}, {}
     for labelling in precompute.labellings(only_compiled):
-        _, listener, region, category, consent = labelling
+        _, listener, values = labelling
         headers = {":method": "POST", ":path": enforcement.RECORD_PATH, "content-type": "application/json", "content-length": "2",
-                   "x-data-region": region, "x-data-category": category, **({"x-data-consent": consent} if consent is not None else {})}
+                   **{header: value for (_, header), value in zip(space["labels"], values) if value is not None}}
         action = matched_action(matchers[listener], headers)
         if action is None:
             raise EngineError(f"point {point.name}: listener {listener}'s routes answer nothing for {labelling}")
@@ -253,12 +253,14 @@ def configure(points: list[EnforcementPoint], settings: dict, policies: Path, tr
     data, precomputed = envoy_opa.decided_data(points, policies)
     outcomes = outcomes_by_listener(precomputed)
     hop_timeout = enforcement.hop_timeout_of(settings)
+    label_schema = labels.schema(policies)
+    headers = [label.header for label in label_schema]
     configs = {}
     for point in points:
         matchers = {
-            listener.name: listener_matcher(outcomes.get((point.name, listener.name), {}), hop_timeout)
+            listener.name: listener_matcher(outcomes.get((point.name, listener.name), {}), hop_timeout, headers)
             for listener in compiled_listeners(point)
         }
         check_routes(point, matchers, precomputed)
-        configs[point.name] = envoy_opa.point_config(point, settings, data.get(point.name), matchers, trust.get(point.name))
+        configs[point.name] = envoy_opa.point_config(point, settings, data.get(point.name), label_schema, matchers, trust.get(point.name))
     return configs

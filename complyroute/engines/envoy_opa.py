@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .. import bundles, enforcement, policydata
+from .. import bundles, enforcement, labels, policydata
 from ..enforcement import EnforcementPoint
 from . import PointConfig, precompute
 
@@ -32,13 +32,15 @@ def decided_data(points: list[EnforcementPoint], policies: Path) -> tuple[dict[s
     return precompute.with_tables(data, precomputed), precomputed
 
 
-def point_config(point: EnforcementPoint, settings: dict, data: dict | None, matchers: dict[str, dict] | None = None, trust=None) -> PointConfig:
+def point_config(point: EnforcementPoint, settings: dict, data: dict | None, label_schema: tuple[labels.Label, ...],
+                 matchers: dict[str, dict] | None = None, trust=None) -> PointConfig:
     if not point.deciding:  # a point that only forwards (baseline, a last step's sidecar) needs no OPA
         return PointConfig(enforcement.envoy_config(point, settings, trust=trust), None, None)
     opa = enforcement.opa_config(point, decision_logs=settings.get("decision_logs", "off"))
-    return PointConfig(enforcement.envoy_config(point, settings, matchers, trust), opa, data)
+    return PointConfig(enforcement.envoy_config(point, settings, matchers, trust, label_schema), opa, data)
 
 
 def configure(points: list[EnforcementPoint], settings: dict, policies: Path, trust: dict) -> dict[str, PointConfig]:
     data, _ = decided_data(points, policies)
-    return {point.name: point_config(point, settings, data.get(point.name), trust=trust.get(point.name)) for point in points}
+    label_schema = labels.schema(policies)
+    return {point.name: point_config(point, settings, data.get(point.name), label_schema, trust=trust.get(point.name)) for point in points}

@@ -6,11 +6,13 @@ would answer for every labelling of its decision space (decision_space.rego `all
 Envoy adapter's full path, which is the compliance entrypoint,
 data.complyroute.compliance.decision, whatever rules it holds):
 
-- every known region (x-data-region) and every known category (x-data-category), as they are;
-- consent (x-data-consent) absent, or any canonical value (sorted, each once, joined with ",")
-  made of the known purposes some instance of the deployment processes for: every such value
-  is asked, nothing here assumes which of them a rule set can tell apart; a record consenting
-  to another purpose is OPA's to decide in full (decision_space);
+- every label of the rule set's label schema (complyroute/labels.py), in its header: a
+  single-valued label every known value (and absent, unless the schema says it is required);
+  a multiple label absent, or any canonical value (sorted, each once, joined with ",") made of
+  its known values, those some instance of the deployment holds under the schema's
+  `subsets_of` attribute where it names one (the shipped consent: the purposes instances
+  process for). Every such labelling is asked; nothing here assumes which of them a rule set
+  can tell apart; a record labelled otherwise is OPA's to decide in full;
 - the listener's sender and step, which the listener pins (a listener that takes its step
   from a header has no space: its records always ask OPA).
 
@@ -45,8 +47,10 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
+from .. import labels as label_schema
 from .. import policydata
 from ..enforcement import EnforcementPoint
+from ..labels import Label
 from ..manifest import REPO
 from ..policyfiles import OPA, is_test
 from . import EngineError
@@ -56,15 +60,17 @@ QUICK_PATH = Path(__file__).with_name("quick_path.rego")
 ALLOWED = "data.complyroute_engines.decision_space.allowed"
 QUICK = "data.complyroute_engines.quick_path.quick"
 ENTRYPOINTS = ("data.complyroute.compliance.decision", "data.complyroute.compliance.canonical_labels")
-# Consent is enumerated over every combination of known purposes: 2^n values.
-MAX_PURPOSES = 10
+# A multiple label is enumerated over every combination of its values: 2^n.
+MAX_SET_VALUES = 10
 # Answers already asked, by the hash of everything they depend on (build/ is not committed).
 MODULES = (DECISION_SPACE, QUICK_PATH)
 CACHE = REPO / "build" / "decision-space"
 CACHE_ENTRIES = 64
 
-# Labelling: (point, listener, region, category, consent or None).
-Labelling = tuple[str, str, str, str, str | None]
+# Labelling: (point, listener, (the value of each label in the schema's order, None = absent)).
+Labelling = tuple[str, str, tuple[str | None, ...]]
+# The table's key for an absent label (envoy.rego absent_label): no header value can be NUL.
+ABSENT = "\u0000"
 
 
 @dataclass(frozen=True)
@@ -78,30 +84,28 @@ class Precomputed:
 
     def tables(self) -> dict[str, dict]:
         """data.complyroute.table of every point, in one pass over the answers: point -> sender ->
-        step -> region -> category -> {"consents": {value: entry}, "without": entry}, entry
+        step -> the value of each label in the schema's order (ABSENT for none), a level each ->
         {"destination"}."""
         tables: dict[str, dict] = {}
-        for (point, listener, region, category, consent), (destination, _) in self.outcomes.items():
+        for (point, listener, values), (destination, _) in self.outcomes.items():
             pinned = self.space["points"][point]["listeners"][listener]
-            slot = (tables.setdefault(point, {}).setdefault(pinned["sender"], {}).setdefault(pinned["step"], {})
-                    .setdefault(region, {}).setdefault(category, {}))
-            entry = {"destination": destination}
-            if consent is None:
-                slot["without"] = entry
-            else:
-                slot.setdefault("consents", {})[consent] = entry
+            slot = tables.setdefault(point, {}).setdefault(pinned["sender"], {}).setdefault(pinned["step"], {})
+            for value in values[:-1]:
+                slot = slot.setdefault(ABSENT if value is None else value, {})
+            slot[ABSENT if values[-1] is None else values[-1]] = {"destination": destination}
         return tables
 
     @cached_property
     def guard_space(self) -> dict:
-        """The space with every canonical consent value of the known purposes: where check_routes
-        walks the compiled trees, so that a route answering a labelling the table does not hold is
-        caught too. (The quick path is checked over the table's own space: it looks a labelling up
-        by its exact labels, and the policy tests check that it answers nothing else.)"""
-        consents = [None, *canonical_consents(sorted(reference(self.policies).get("purposes", {})))]
-        return {**self.space, "points": {name: {**entry, "listeners": {listener: {**pinned, "consents": consents}
-                                                                        for listener, pinned in entry["listeners"].items()}}
-                                         for name, entry in self.space["points"].items()}}
+        """The space with every canonical value of every multiple label: where check_routes walks
+        the compiled trees, so that a route answering a labelling the table does not hold is caught
+        too. (The quick path is checked over the table's own space: it looks a labelling up by its
+        exact labels, and the policy tests check that it answers nothing else.)"""
+        if not self.space["labels"]:
+            return self.space
+        labels = label_schema.schema(self.policies)
+        known = reference(self.policies)
+        return {**self.space, "labellings": labellings_of([choices(label, known) for label in labels])}
 
 
 # ---- what the rule set reads -----------------------------------------------------------------
@@ -246,55 +250,70 @@ def unenumerated_reads(policies: Path) -> list[str]:
 
 
 def reference(policies: Path) -> dict:
-    return json.loads((policies / "complyroute" / "reference" / "data.json").read_text())
+    return label_schema.reference_of(policies)
 
 
 class SpaceTooLarge(EngineError):
-    """The decision space cannot be enumerated: too many consent purposes."""
+    """The decision space cannot be enumerated: a multiple label with too many values."""
 
 
-def canonical_consents(purposes: list[str]) -> list[str]:
-    """Every canonical x-data-consent value: a non-empty set of purposes, sorted, joined with ","."""
-    if len(purposes) > MAX_PURPOSES:
+def canonical_sets(label: Label, values: list[str]) -> list[str]:
+    """Every canonical value of a multiple label over `values`: a non-empty set, sorted, joined with ","."""
+    if len(values) > MAX_SET_VALUES:
         raise SpaceTooLarge(
-            f"the decision space holds every combination of consent purposes; the reference data has "
-            f"{len(purposes)} (2^{len(purposes)} combinations, at most {MAX_PURPOSES} purposes)"
+            f"the decision space holds every combination of the values of label {label.name}; there are "
+            f"{len(values)} (2^{len(values)} combinations, at most {MAX_SET_VALUES} values)"
         )
-    ordered = sorted(purposes)
+    ordered = sorted(values)
     return [",".join(chosen) for size in range(1, len(ordered) + 1) for chosen in itertools.combinations(ordered, size)]
 
 
-def processed_purposes(catalog: dict) -> set[str]:
-    """Every purpose some instance of a catalog processes for (a list or comma-separated)."""
-    purposes = set()
+def instance_values(catalog: dict, attribute: str) -> set[str]:
+    """Every value some instance of a catalog holds under `attribute` (a list or comma-separated)."""
+    found = set()
     for instance in catalog.get("instances", {}).values():
-        value = instance.get("purposes", [])
+        value = instance.get(attribute, [])
         items = value.split(",") if isinstance(value, str) else value
-        purposes |= {item.strip() for item in items if item.strip()}
-    return purposes
+        found |= {item.strip() for item in items if isinstance(item, str) and item.strip()}
+    return found
+
+
+def choices(label: Label, known: dict, held: set[str] | None = None) -> list[str | None]:
+    """The values of `label` the space tries, None for absent. `held`: for a multiple label with
+    `subsets_of`, the values instances of the deployment hold (None: every known value)."""
+    values = label.known(known)
+    if label.multiple:
+        return [None, *canonical_sets(label, sorted(set(values) & held if held is not None else values))]
+    return values if label.required else [None, *values]
+
+
+def labellings_of(label_choices: list[list[str | None]]) -> list[list[str | None]]:
+    return [list(values) for values in itertools.product(*label_choices)]
 
 
 def decision_space(points: list[EnforcementPoint], policies: Path, data: dict[str, dict]) -> dict:
     """decision_space.rego's input: every deciding listener that pins its step, every labelling
     the table covers. `data`: each deciding point's OPA data document (envoy_opa.opa_data).
 
-    Consent: absent, or any canonical value made of purposes some instance of the deployment
-    processes for. That is a choice of which questions to ask ahead of time, not a claim about
-    the answers: a record whose consent names another purpose is not in the table, and OPA
-    decides it in full, at the full path's cost. Asking every combination of every known
-    purpose instead (64 values for 6) would make the table 8 to 16 times as costly to build for
-    the shipped examples, for records no instance asked for."""
+    A multiple label with `subsets_of` (the shipped consent, over the purposes instances process
+    for): absent, or any canonical value made of values some instance of the deployment holds.
+    That is a choice of which questions to ask ahead of time, not a claim about the answers: a
+    record whose consent names another purpose is not in the table, and OPA decides it in full,
+    at the full path's cost. Asking every combination of every known purpose instead (64 values
+    for 6) would make the table 8 to 16 times as costly to build for the shipped examples, for
+    records no instance asked for."""
+    labels = label_schema.schema(policies)
     known = reference(policies)
-    processed = set().union(*(processed_purposes(point.catalog) for point in points)) & set(known.get("purposes", {}))
-    consents = [None, *canonical_consents(sorted(processed))]
+    held = {label.name: set().union(*(instance_values(point.catalog, label.subsets_of) for point in points))
+            for label in labels if label.subsets_of}
     return {
-        "regions": sorted(known.get("regions", {})),
-        "categories": sorted(known.get("categories", {})),
+        "labels": [[label.name, label.header] for label in labels],
+        "labellings": labellings_of([choices(label, known, held.get(label.name)) for label in labels]),
         "points": {
             point.name: {
                 "data": data[point.name],
                 "listeners": {
-                    listener.name: {"sender": listener.sender, "step": listener.step, "consents": consents}
+                    listener.name: {"sender": listener.sender, "step": listener.step}
                     for listener in point.deciding if listener.step
                 },
             }
@@ -304,13 +323,45 @@ def decision_space(points: list[EnforcementPoint], policies: Path, data: dict[st
 
 
 def labellings(space: dict):
-    """Every labelling of the space, in order: point, listener, category, region, consent."""
+    """Every labelling of the space, in order: point, listener, labels."""
     for point, entry in sorted(space["points"].items()):
-        for listener, pinned in sorted(entry["listeners"].items()):
-            for category in space["categories"]:
-                for region in space["regions"]:
-                    for consent in pinned["consents"]:
-                        yield (point, listener, region, category, consent)
+        for listener in sorted(entry["listeners"]):
+            for values in space["labellings"]:
+                yield (point, listener, tuple(values))
+
+
+def shown(space: dict, values: tuple) -> str:
+    """A labelling's labels as a person reads them: "category=personal consent=absent region=EU"."""
+    return " ".join(f"{name}={'absent' if value is None else value}" for (name, _), value in zip(space["labels"], values))
+
+
+def boxes(labellings: list[tuple[str | None, ...]], split_absent: bool = False, order: list[int] | None = None) -> list[tuple[frozenset, ...]]:
+    """Labellings (a value per label, None for absent) as few boxes, a set of values per label,
+    covering exactly them: boxes that differ in one label only are merged, label by label (in
+    `order`, default the labels' own). `split_absent`: a box whose set holds both None and values
+    is split in two (for Envoy's matcher, absent is a predicate of its own)."""
+    merged = [tuple(frozenset([value]) for value in values) for values in labellings]
+    for label in order if order is not None else range(len(merged[0]) if merged else 0):
+        by_rest: dict[tuple, set] = defaultdict(set)
+        for box in merged:
+            by_rest[box[:label] + box[label + 1:]] |= box[label]
+        merged = [rest[:label] + (frozenset(values),) + rest[label:] for rest, values in by_rest.items()]
+    if split_absent:
+        split = []
+        for box in merged:
+            parts = [box]
+            for label, values in enumerate(box):
+                if None in values and len(values) > 1:
+                    parts = [part[:label] + (half,) + part[label + 1:] for part in parts
+                             for half in (frozenset([None]), values - {None})]
+            split += parts
+        merged = split
+    return sorted(merged, key=lambda box: [sorted(value or "" for value in values) for values in box])
+
+
+def key_of(answer: list) -> Labelling:
+    """The labelling an answer of decision_space.rego (or quick_path.rego) is for."""
+    return (answer[0], answer[1], tuple(answer[2]))
 
 
 def _cache_key(query: str, document: dict, policies: Path) -> str:
@@ -366,7 +417,7 @@ def precompute(points: list[EnforcementPoint], policies: Path, data: dict[str, d
     try:
         space = decision_space(points, policies, data)
     except SpaceTooLarge as error:
-        return Precomputed({}, {"regions": [], "categories": [], "points": {}}, policies, skipped=str(error))
+        return Precomputed({}, {"labels": [], "labellings": [], "points": {}}, policies, skipped=str(error))
     reads = unenumerated_reads(policies)
     if reads:
         return Precomputed({}, space, policies, skipped="the rule set reads what no table can enumerate: " + "; ".join(reads))
@@ -374,7 +425,7 @@ def precompute(points: list[EnforcementPoint], policies: Path, data: dict[str, d
         answers = evaluate_split(ALLOWED, space, policies)
     except EngineError as error:
         raise EngineError(f"OPA could not ask the rule set for the allowed table: {error}") from None
-    outcomes = {tuple(answer[:5]): (answer[5], answer[6]) for answer in answers}
+    outcomes = {key_of(answer): (answer[3], answer[4]) for answer in answers}
     return Precomputed(outcomes, space, policies)
 
 
@@ -385,11 +436,10 @@ def first_difference(point: str, expected: dict[Labelling, tuple], got: dict[Lab
     """The first labelling of `point` at which `got` differs from `expected`, described; None if none."""
     for labelling in labellings({**space, "points": {point: space["points"][point]}}):
         if expected.get(labelling) != got.get(labelling):
-            _, listener, region, category, consent = labelling
+            _, listener, values = labelling
             sender = space["points"][point]["listeners"][listener]
             return (f"point {point}: {what} differs from the rule set's answer at listener {listener} (sender "
-                    f"{sender['sender']}, step {sender['step']}), labels region={region} category={category} "
-                    f"consent={'absent' if consent is None else consent}: the rule set answers "
+                    f"{sender['sender']}, step {sender['step']}), labels {shown(space, values)}: the rule set answers "
                     f"{describe(expected.get(labelling))}, {what} {describe(got.get(labelling))}")
     return None
 
@@ -420,7 +470,7 @@ def check_quick_path(precomputed: Precomputed, tables: dict[str, dict]) -> None:
         name: {**entry, "data": {**entry["data"], "complyroute": {**entry["data"]["complyroute"], "table": tables.get(name, {})}}}
         for name, entry in space["points"].items()
     })
-    got = {tuple(answer[:5]): (answer[5], answer[6]) for answer in evaluate_split(QUICK, with_tables, precomputed.policies)}
+    got = {key_of(answer): (answer[3], answer[4]) for answer in evaluate_split(QUICK, with_tables, precomputed.policies)}
     by_point: dict[str, tuple[dict, dict]] = defaultdict(lambda: ({}, {}))
     for labelling, outcome in precomputed.outcomes.items():
         by_point[labelling[0]][0][labelling] = outcome
@@ -460,7 +510,8 @@ def check_catalog(catalog: dict, policies: Path) -> int:
     if precomputed.skipped:
         return 0
     outcomes = envoy_compiled.outcomes_by_listener(precomputed)
-    matchers = {listener.name: envoy_compiled.listener_matcher(outcomes.get((point.name, listener.name), {}), "1s")
+    headers = [header for _, header in precomputed.space["labels"]]
+    matchers = {listener.name: envoy_compiled.listener_matcher(outcomes.get((point.name, listener.name), {}), "1s", headers)
                 for listener in envoy_compiled.compiled_listeners(point)}
     envoy_compiled.check_routes(point, matchers, precomputed)
     return len(precomputed.outcomes)

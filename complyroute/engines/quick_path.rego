@@ -13,20 +13,18 @@ package complyroute_engines.quick_path # regal ignore:directory-package-mismatch
 import data.complyroute.envoy
 import data.complyroute_engines.decision_space
 
-# quick: [point, listener, region, category, consent, destination, revision] for every
+# quick: [point, listener, labelling, destination, revision] for every
 # labelling the point's quick path (envoy.quick_answer, with the point's table) answers,
 # whatever it answers: null destination and revision where its answer does more than allow
 # without changing the labels. The guard (precompute.py) requires exactly decision_space.allowed.
-quick contains [point_name, listener_name, region, category, consent, destination, revision] if {
+quick contains [point_name, listener_name, labelling, destination, revision] if {
 	some point_name, point in input.points
 	some listener_name, listener in point.listeners
-	some region in input.regions
-	some category in input.categories
-	some consent in listener.consents
-	request := decision_space.check_request(listener, region, category, consent)
+	some labelling in input.labellings
+	request := decision_space.check_request(listener, labelling)
 
 	data_of_point := point.data.complyroute
-	response := envoy.quick_answer_of(request.attributes, listener.sender, data_of_point.table, data_of_point.revision)
+	response := envoy.quick_answer_of(request.attributes, listener.sender, data_of_point.table, envoy.table_keys, data_of_point.revision)
 	[destination, revision] := quick_outcome(request, response)
 }
 

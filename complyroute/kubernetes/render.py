@@ -40,10 +40,11 @@ from pathlib import Path
 import yaml
 
 from .. import bundles, enforcement, engines, identity, images, kubetrust, pki, policyfiles
+from .. import labels as label_schema
 from ..enforcement import EnforcementPoint, Endpoint, split_routes
 from ..manifest import REPO, Instance, Node, Topology
 from ..plan import ADMIN_SOCKET, API_SOCKET, DECISION_SOCKET, Plan, place
-from ..policyfiles import POLICIES, SYSTEM_POLICIES
+from ..policyfiles import SYSTEM_POLICIES
 from .nodes import NODE_LABEL, ONE_NODE_ROLE, ROLE_LABEL
 
 KUSTOMIZE = REPO / "bin" / "kustomize"
@@ -314,14 +315,14 @@ def _configmap_volume(name: str, items: list[tuple[str, str]] | None = None) -> 
 class Renderer:
     """Collects the objects and generated ConfigMaps of one topology."""
 
-    def __init__(self, topology: Topology, policies: Path = POLICIES, image: str = SERVICE_IMAGE, one_node: bool = False):
+    def __init__(self, topology: Topology, policies: Path | None = None, image: str = SERVICE_IMAGE, one_node: bool = False):
         self.topology = topology
         self.image = image_reference(image)  # the kustomization's `images:` entry for the service image
         self.one_node = one_node
         self.namespace = namespace_of(topology)
         self.net = KubernetesNetwork(self.namespace)
         self.plan: Plan = place(topology, self.net)
-        self.policies = policies
+        self.policies = policies if policies is not None else policyfiles.rule_set(topology.policy)  # the manifest's by default
         self.objects: list[dict] = []
         self.files: dict[str, str] = {}  # file name in the kustomization folder -> content
         self.generated: list[dict] = []  # configMapGenerator entries
@@ -565,7 +566,8 @@ class Renderer:
 
     def service_instance(self, process, sidecar: EnforcementPoint | None) -> None:
         instance = process.instance
-        env = process.environment(self.topology.workload, f"{AUDIT_DIR}/{instance.id}.jsonl")
+        env = process.environment(self.topology.workload, f"{AUDIT_DIR}/{instance.id}.jsonl",
+                                  label_schema.service_setting(label_schema.schema(self.policies)))
         mounts = [{"name": "audit", "mountPath": AUDIT_DIR}]
         volumes = [{"name": "audit", "emptyDir": {}}]
         if self.trust:
@@ -810,7 +812,7 @@ def write_private(path: Path, text: str) -> None:
     path.write_text(text)
 
 
-def render(topology: Topology, folder: Path, policies: Path = POLICIES, image: str = SERVICE_IMAGE,
+def render(topology: Topology, folder: Path, policies: Path | None = None, image: str = SERVICE_IMAGE,
            one_node: bool = False) -> str:
     """Render the topology into a kustomization folder and return the built YAML (one_node: every
     pod on the node labelled complyroute.io/role=all)."""

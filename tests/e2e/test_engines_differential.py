@@ -31,7 +31,8 @@ import pytest
 
 from complyroute import bundles, deployment, enforcement, engines, manifest, policyfiles
 from complyroute.engines.envoy_compiled import compiled_listeners
-from complyroute.engines.precompute import canonical_consents
+from complyroute.engines.precompute import canonical_sets
+from complyroute.labels import schema
 from complyroute.enforcement import Endpoint
 from complyroute.plan import place
 
@@ -46,7 +47,8 @@ LABEL_HEADERS = {"region": "x-data-region", "category": "x-data-category", "cons
 
 def decision_space() -> list[dict]:
     """Every canonical labelling: {label: [header values]} (an absent label has no values)."""
-    consents = [[]] + [[value] for value in canonical_consents(list(REFERENCE["purposes"]))]
+    consent = next(label for label in schema(policyfiles.POLICIES) if label.name == "consent")
+    consents = [[]] + [[value] for value in canonical_sets(consent, list(REFERENCE["purposes"]))]
     return [
         {"region": [region], "category": [category], "consent": consent}
         for region, category, consent in itertools.product(sorted(REFERENCE["regions"]), sorted(REFERENCE["categories"]), consents)

@@ -158,9 +158,9 @@ def test_a_rule_set_that_does_not_compile_is_not_applied_denied(tmp_path, monkey
         # the US twins) is refused by the guard, naming the point and the labelling.
         honest = envoy_compiled.listener_matcher
         with monkeypatch.context() as divergent:
-            divergent.setattr(envoy_compiled, "listener_matcher", lambda outcomes, timeout: honest(
-                {key: {consent: (destination.replace("-eu", "-us"), revision) for consent, (destination, revision) in by_consent.items()}
-                 for key, by_consent in outcomes.items()}, timeout))
+            divergent.setattr(envoy_compiled, "listener_matcher", lambda outcomes, timeout, headers: honest(
+                {values: (destination.replace("-eu", "-us"), revision) for values, (destination, revision) in outcomes.items()},
+                timeout, headers))
             with pytest.raises(reload.ReloadError, match=r"nothing was changed: .*point sidecar-[a-z]+-[a-z]+: the compiled route differs"):
                 reload.reload_policy(out=open("/dev/null", "w"))
         assert path_of(send(state["entry_url"], EU_PERSONAL, RECORD)) == BEFORE

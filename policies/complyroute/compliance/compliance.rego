@@ -22,9 +22,10 @@ package complyroute.compliance
 #   The one entrypoint, data.complyroute.compliance.decision.
 #
 #   Input (direct form):
-#     labels      object of raw header values: region, category, consent
-#                 (consent comma-separated; a missing key or an empty string
-#                 is a missing label)
+#     labels      object of raw header values by label name, as the label
+#                 schema (reference data `labels`) declares them: region,
+#                 category, consent (consent comma-separated; a missing key or
+#                 an empty string is a missing label)
 #     record      the parsed body, must be a JSON object (absent when the
 #                 body was not JSON)
 #     sender      id of the sending instance or gateway (catalog)
@@ -71,11 +72,28 @@ candidates := index.steps[input.step]
 
 # --- labels -------------------------------------------------------------------
 
-single_valued_labels := {"region", "category"}
+# The label schema (data.complyroute.reference.labels): label name -> {
+#   "header":     the HTTP header that carries it (lowercase; the audit line and the label
+#                 token name it by its label name)
+#   "values":     the reference document whose keys are its known values
+#   "multiple":   true when it holds a set of values, comma-separated (default false: one value)
+#   "required":   true when every record must carry it (default false; a rule may require it
+#                 in some cases, as consent for personal categories below)
+#   "subsets_of": for a multiple label, the catalog attribute of instances whose values bound
+#                 the sets precomputed ahead of time (complyroute/engines/precompute.py); any
+#                 other set is decided in full, at run time
+# }. The services, both engines, the label token, the audit and trace follow it: adding a
+# label takes the schema, the rules that read it and their tests.
+label_schema := reference.labels
+
+single_valued_labels contains name if {
+	some name, spec in label_schema
+	not spec.multiple
+}
 
 # label_values[name]: the set of non-empty, trimmed comma-separated values.
 label_values[name] := values if {
-	some name in {"region", "category", "consent"}
+	some name, _ in label_schema
 	raw := input.labels[name]
 	is_string(raw)
 	values := {value | some part in split(raw, ","); value := trim_space(part); value != ""}
@@ -97,27 +115,40 @@ personal if category.personal == true
 
 consent := object.get(label_values, "consent", set())
 
-# The labels in their canonical form, as the rules read them: region and category their
-# one value, consent its values sorted and joined with "," ("" when it has none). Defined
-# when region and category have one value each; the Envoy adapter writes them back on an
-# allowed hop, so that later enforcement points see them exactly so.
-canonical_labels := {"region": label.region, "category": label.category, "consent": concat(",", sort(consent))}
+# The labels in their canonical form, as the rules read them: a single-valued label its one
+# value, a multiple one its values sorted and joined with ","; "" for a label without values.
+# Defined when no single-valued label has several values; the Envoy adapter writes them back
+# on an allowed hop (and removes the header of a label that is ""), so that later enforcement
+# points see them exactly so.
+canonical_labels := {name: canonical_value(spec, object.get(label_values, name, set())) |
+	some name, spec in label_schema
+} if {
+	every name in single_valued_labels {
+		count(object.get(label_values, name, set())) <= 1
+	}
+}
 
-required_labels contains name if some name in single_valued_labels
+canonical_value(spec, values) := concat(",", sort(values)) if {
+	spec.multiple
+} else := concat("", values)
+
+required_labels contains name if {
+	some name, spec in label_schema
+	spec.required
+}
 
 required_labels contains "consent" if personal
 
 # The reference entries each label's values must be keys of.
-known_values := {
-	"region": reference.regions,
-	"category": reference.categories,
-	"consent": reference.purposes,
-}
+known_values[name] := reference[spec.values] if some name, spec in label_schema
 
 # Why a label is required (appended to LABEL_MISSING messages).
-required_because[name] := "" if some name in single_valued_labels
+required_because[name] := "" if {
+	some name, spec in label_schema
+	spec.required
+}
 
-required_because["consent"] := sprintf(" for category %q", [label.category])
+required_because["consent"] := sprintf(" for category %q", [label.category]) if not label_schema.consent.required
 
 # Note: `not f(input.x)` is undefined (not true) when input.x is absent, as OPA
 # evaluates the argument outside the negation; hence these helper rules.
@@ -140,7 +171,7 @@ record_type := type_name(input.record)
 record_violations contains violation(rego.metadata.rule(), detail) if {
 	some name in required_labels
 	count(object.get(label_values, name, set())) == 0
-	detail := sprintf("label %q (header x-data-%s) is required%s", [name, name, required_because[name]])
+	detail := sprintf("label %q (header %s) is required%s", [name, label_schema[name].header, required_because[name]])
 }
 
 # METADATA

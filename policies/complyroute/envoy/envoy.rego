@@ -17,11 +17,14 @@
 #   (see `sender`). At the entry (contextExtensions.label_token "issue") an
 #   allowed answer carries a signed label token (see `response`).
 #
+#   Labels: the headers the label schema names (compliance.label_schema; the
+#   shipped rule set's x-data-region, x-data-category, x-data-consent).
+#
 #   Result: allowed, {"allowed": true, "headers": {x-complyroute-destination,
-#   x-data-region, x-data-category, x-data-consent}} with the labels rewritten
-#   to their canonical form (one trimmed value; consent sorted, each once,
-#   joined with ","), plus "request_headers_to_remove": ["x-data-consent"]
-#   when the record has no consent values, plus x-complyroute-labels and
+#   and every label header}} with the labels rewritten to their canonical form
+#   (one trimmed value; a multiple label's values sorted, each once, joined
+#   with ","), plus "request_headers_to_remove" naming the header of every
+#   label without values, plus x-complyroute-labels and
 #   x-complyroute-digest at the entry; denied, {"allowed": false,
 #   "http_status", "headers": {"content-type"}, "body"}. The plugin sends
 #   `headers` as HeaderValueOptions without append, which ext_authz applies
@@ -46,9 +49,12 @@ context_extensions := extensions if {
 	extensions := input.attributes.contextExtensions
 } else := input.attributes.context_extensions
 
-labels[name] := headers[header] if {
-	some name, header in {"region": "x-data-region", "category": "x-data-category", "consent": "x-data-consent"}
-}
+# The labels by name, from the headers the label schema names (compliance.label_schema).
+labels[name] := headers[spec.header] if some name, spec in compliance.label_schema
+
+# The label headers in the schema's order (by label name): the quick path's table is keyed
+# by their values in this order.
+label_header_order := [spec.header | some spec in compliance.label_schema]
 
 # The step comes from the route (contextExtensions.step) when set, else from the sender's header.
 step := context_extensions.step if {
@@ -169,16 +175,18 @@ wire_status(status) := 403 if {
 # An allowed hop carries its labels on in their canonical form (compliance.canonical_labels),
 # so that later enforcement points can match them exactly. opa-envoy-plugin sends `headers`
 # as HeaderValueOptions without append, which ext_authz applies as overwriting every value
-# the request had; a record without consent values loses its x-data-consent header.
-label_headers["x-data-region"] := canonical_labels.region
+# the request had; a label without values (canonical "") loses its header.
+label_headers[spec.header] := value if {
+	some name, spec in compliance.label_schema
+	value := canonical_labels[name]
+	value != ""
+}
 
-label_headers["x-data-category"] := canonical_labels.category
-
-label_headers["x-data-consent"] := canonical_labels.consent if canonical_labels.consent != ""
+headers_removed := [spec.header | some name, spec in compliance.label_schema; canonical_labels[name] == ""]
 
 allowed_response := {"allowed": true, "headers": headers_to_set} if {
-	canonical_labels.consent != ""
-} else := {"allowed": true, "headers": headers_to_set, "request_headers_to_remove": ["x-data-consent"]}
+	count(headers_removed) == 0
+} else := {"allowed": true, "headers": headers_to_set, "request_headers_to_remove": headers_removed}
 
 headers_to_set := object.union(label_headers, {
 	"x-complyroute-destination": decision.destination,
@@ -226,8 +234,8 @@ answer := quick_answer if {
 # title: Quick path
 # description: |
 #   The answer the compliance policy gave ahead of time, looked up in
-#   data.complyroute.table: sender -> step -> region -> category ->
-#   {"consents": {canonical consent value: entry}, "without": entry}, entry
+#   data.complyroute.table: sender -> step -> the value of each label header
+#   in label_header_order (NUL for an absent one, see table_keys), one level each ->
 #   {"destination"}. The control plane writes the table at deploy and at reload
 #   by evaluating this adapter's full path, and so the compliance entrypoint,
 #   over the point's decision space (complyroute/engines/precompute.py): only
@@ -241,40 +249,34 @@ answer := quick_answer if {
 #   writes), the body is a JSON object, the route pins the step and the sender
 #   is known (the verified peer, else the route's, see `sender`); a point
 #   without a table never takes it.
-quick_answer := quick_answer_of(input.attributes, sender, data.complyroute.table, revision)
+quick_answer := quick_answer_of(input.attributes, sender, data.complyroute.table, table_keys, revision)
 
-# The quick path as a function of the check request's attributes, the sender, the table and
-# the revision, so that the control plane's check of it (decision_space.rego `quick`) calls it
-# directly, without replacing the input of every rule for each labelling.
-quick_answer_of(attributes, from, table, rule_set_revision) := response if {
+# The quick path as a function of the check request's attributes, the sender, the table, how
+# it is keyed (table_keys) and the revision, so that the control plane's check of it
+# (decision_space.rego `quick`) calls it directly, without replacing the input of every rule
+# for each labelling.
+quick_answer_of(attributes, from, table, keys, revision_of_rules) := response if {
 	checked := attributes.request.http
-	region := checked.headers["x-data-region"]
-	category := checked.headers["x-data-category"]
-	labelled := table[from][attributes.contextExtensions.step][region][category]
 	json.is_valid(checked.body)
 	startswith(checked.body, "{")
-	response := quick_response(labelled, checked.headers, {
-		"x-data-region": region,
-		"x-data-category": category,
-		"x-complyroute-revision": rule_set_revision,
-	})
+	given := [object.get(checked.headers, header, keys.absent) | some header in keys.headers]
+	entry := object.get(table[from][attributes.contextExtensions.step], given, null)
+
+	# The labels as they came (the table holds canonical labellings only), the absent ones removed.
+	present := {header: given[i] | some i, header in keys.headers; given[i] != keys.absent}
+	removed := [header | some i, header in keys.headers; given[i] == keys.absent]
+	decided := {"x-complyroute-destination": entry.destination, "x-complyroute-revision": revision_of_rules}
+	response := quick_response(present, removed, decided)
 }
 
-# The table's entry for the consent label as it came, or for no consent label.
-quick_response(labelled, given, labels) := {"allowed": true, "headers": object.union(labels, {
-	"x-data-consent": consent,
-	"x-complyroute-destination": entry.destination,
-})} if {
-	consent := given["x-data-consent"]
-	entry := labelled.consents[consent]
-} else := {
-	"allowed": true,
-	"headers": object.union(labels, {"x-complyroute-destination": entry.destination}),
-	"request_headers_to_remove": ["x-data-consent"],
-} if {
-	not given["x-data-consent"]
-	entry := labelled.without
-}
+# How the table is keyed: a level per label header in label_header_order, and for an absent
+# header NUL, which no HTTP header value can hold (Envoy refuses it), so that a header sent
+# empty is never taken for an absent one.
+table_keys := {"headers": label_header_order, "absent": "\u0000"}
+
+quick_response(present, removed, decided) := {"allowed": true, "headers": object.union(present, decided)} if {
+	count(removed) == 0
+} else := {"allowed": true, "headers": object.union(present, decided), "request_headers_to_remove": removed}
 
 denial_response(refusal, id) := {
 	"allowed": false,
@@ -349,9 +351,9 @@ first_hop_audience := concat("", [audience.first_hop, answer.headers["x-complyro
 # regal ignore:unresolved-reference
 audience := data.complyroute.token.audience
 
-label_claims[claim] := answer.headers[header] if {
-	some claim, header in {"region": "x-data-region", "category": "x-data-category", "consent": "x-data-consent"}
-}
+# A claim per label, named as the label (the control plane refuses a schema whose label names
+# a registered claim: iss, exp, iat, rid, digest, aud).
+label_claims[name] := answer.headers[spec.header] if some name, spec in compliance.label_schema
 
 # Status 503: the record is fine, the entry is not (a deployment without the key is a
 # misconfiguration), as when no decision can be had at all. 503 is in ext_authz's

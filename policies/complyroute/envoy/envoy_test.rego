@@ -460,19 +460,18 @@ table_for(scenario) := table if {
 	full := explained(scenario)
 	full.allowed == true
 	given := scenario.request.attributes.request.http.headers
-	every name in ["x-data-region", "x-data-category", "x-data-consent"] {
+	every name in envoy.label_header_order {
 		object.get(full.headers, name, null) == object.get(given, name, null)
 	}
 	sender := envoy.sender with input as scenario.request
 	entry := {"destination": full.headers["x-complyroute-destination"]}
-	slot := table_slot(given, entry)
 	step := scenario.request.attributes.contextExtensions.step
-	table := {sender: {step: {given["x-data-region"]: {given["x-data-category"]: slot}}}}
-} else := {}
 
-table_slot(given, entry) := {"consents": {given["x-data-consent"]: entry}} if {
-	given["x-data-consent"]
-} else := {"without": entry}
+	# A level per label of the shipped schema (category, consent, region), NUL for none.
+	absent := envoy.table_keys.absent
+	[category, consent, region] := [object.get(given, name, absent) | some name in envoy.label_header_order]
+	table := {sender: {step: {category: {consent: {region: entry}}}}}
+} else := {}
 
 # answer(scenario): the plugin result with the point's table; explained(scenario): the
 # compliance policy's own, without one.
