@@ -169,7 +169,8 @@ policy-bench: setup ## What one decision costs at each topology's enforcement po
 
 ##@ Testing
 .PHONY: test
-test: setup policy-test ## Run every test: policy, services, control plane and end-to-end against real processes
+test: setup policy-test ## Run every test: policy (every rule set), services, control plane and end-to-end against real processes
+	$(foreach rules,$(notdir $(wildcard rule-sets/*)),$(MAKE) --no-print-directory policy-test policy=$(rules) &&) true
 	cd services && npm test
 	$(PY) -m pytest --durations=30  # the slowest tests named in the log: where the 20-minute budget goes
 

@@ -37,11 +37,27 @@ def test_services_override_replaces_manifest_count_allowed():
         ({"topology": "sidecar", "services": [{"id": "a", "step": "s", "region": "EU"}, {"id": "a", "step": "t", "region": "EU"}]}, "services[1].id"),
         ({"topology": "sidecar", "services": [{"id": "a", "step": "s", "region": "EU", "node": "node-9"}]}, "services[0].node"),
         ({"topology": "sidecar", "services": [{"id": "a", "step": "s", "region": "EU", "purposes": "care"}]}, "services[0].purposes"),
+        ({"topology": "sidecar", "services": [{"id": "a", "step": "s", "region": "EU", "attributes": ["secret"]}]}, "services[0].attributes"),
+        ({"topology": "sidecar", "services": [{"id": "a", "step": "s", "region": "EU", "attributes": {"region": ["US"]}}]},
+         "services[0].attributes"),
+        ({"topology": "sidecar", "services": [{"id": "a", "step": "s", "region": "EU", "attributes": {"clearance": "secret"}}]},
+         "services[0].attributes.clearance"),
+        ({"topology": "sidecar", "policy": ""}, "policy"),
     ],
 )
 def test_invalid_manifest_denied(raw, field):
     with pytest.raises(ManifestError, match=re.escape(f"field '{field}'")):
         expand(raw, SOURCE)
+
+
+def test_attributes_and_the_rule_set_reach_the_catalog_allowed():
+    topology = manifest.load("topologies/examples/classification.yaml")
+    assert topology.policy == "classification"
+    entry = next(i for i in topology.instances if i.id == "analyse-eu").catalog_entry()
+    assert entry["clearance"] == ["confidential"] and entry["retains"] == ["short", "standard"] and entry["step"] == "analyse"
+    # Without attributes, a catalog entry is as it was; without `policy`, the shipped rule set.
+    plain = manifest.load("topologies/examples/mixed-regions.yaml")
+    assert plain.policy == "policies" and set(plain.instances[0].catalog_entry()) == {"step", "region", "node", "certifications", "purposes"}
 
 
 def test_explicit_list_keeps_step_order_allowed():
