@@ -31,6 +31,7 @@ def cmd_run(args) -> int:
         "repetitions": args.repetitions, "duration": args.duration, "warmup": args.warmup, "mix": args.mix, "load": args.load,
         "arrivals": args.arrivals, "max_in_flight": args.max_in_flight, "late_tolerance_ms": args.late_tolerance_ms, "user_rate": args.user_rate,
         "bench_records": args.bench_records, "bench_rounds": args.bench_rounds, "prime": args.prime,
+        "policy": args.policy,
     }
     if args.run_id and (run_folder(args.results, args.run_id) / "metadata.json").exists():
         run_dir = run_folder(args.results, args.run_id)
@@ -214,7 +215,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m experiments") -> 
     run.add_argument("--prime", type=int, metavar="RECORDS",
                      help=f"records sent at a cell's rate on its fresh deployment before its own (at least {matrix.PRIME_MIN_SECONDS} s), "
                           f"kept in raw/<cell>/prime/ and not judged (default {matrix.DEFAULT_PRIME_RECORDS}; 0: none)"),
-    run.add_argument("--mix", choices=sorted(MIXES), help="records sent: allowed (default: all through the whole chain) or mixed (1 in 5 denied)")
+    run.add_argument("--mix", choices=sorted(MIXES), help="records sent: allowed (default: all through the whole chain) or mixed (1 in 5 denied); "
+                                                          "classification: the classification rule set's (1 in 5 denied)")
+    run.add_argument("--policy", metavar="RULE_SET", help="the rule set the enforcing topologies decide with: policies (default) or a name of "
+                                                          "rule-sets/; its mix with --mix (make experiment-classification runs one quick cell)")
     run.add_argument("--load", choices=matrix.LOADS,
                      help=f"open: records sent on a schedule whatever the answers, RTT from each intended send time; closed: users that wait "
                           f"for each answer (default {matrix.DEFAULT_LOAD})")

@@ -30,7 +30,8 @@ from locust import FastHttpUser, constant_throughput, events, task
 from locust.exception import StopUser
 
 # Locust loads this file by path: `experiments` is imported as installed (make setup: pip install -e .).
-from experiments.mixes import BODY, MIXES
+from complyroute import labels, policyfiles
+from experiments.mixes import BODY, MIXES, policy_of
 from experiments.openloop import ARRIVALS, Pacer, arrival_offsets, round_trip_ms
 from experiments.timing import DURATIONS, split
 
@@ -81,7 +82,8 @@ def configure(environment, **_):
     options = environment.parsed_options
     enforcing = options.enforcing == "yes"
     records = MIXES[options.mix]
-    RecordUser.records = [(r, {f"x-data-{k}": v for k, v in r.labels.items()}, r.expected_status(enforcing, options.services)) for r in records]
+    header_of = {label.name: label.header for label in labels.schema(policyfiles.source_of(policy_of(options.mix)))}
+    RecordUser.records = [(r, {header_of[k]: v for k, v in r.labels.items()}, r.expected_status(enforcing, options.services)) for r in records]
     RecordUser.weights = [r.weight for r in records]
     needed = {ClosedLoopUser: ("user_rate",), OpenLoopUser: ("rate", "arrivals", "schedule_seconds", "seed", "max_in_flight",
                                                            "late_tolerance_ms", "answer_timeout")}

@@ -7,7 +7,9 @@ from dataclasses import asdict, dataclass, field, fields
 
 from complyroute import manifest
 
-from .mixes import MIXES
+from complyroute import policyfiles
+
+from .mixes import MIXES, policy_of
 from .openloop import ARRIVALS
 
 # The paper's order (Table I), then the reference without enforcement: as the manifests say
@@ -159,6 +161,7 @@ class Parameters:
     bench_records: int = BENCH_RECORDS
     bench_rounds: int = BENCH_ROUNDS
     prime: int = DEFAULT_PRIME_RECORDS  # records at a cell's rate on its fresh deployment before its own; 0: none
+    policy: str = "policies"  # the rule set the enforcing topologies decide with (policyfiles.rule_set)
 
     def __post_init__(self):
         self.topologies = [topology_name(t) for t in self.topologies]
@@ -179,6 +182,13 @@ class Parameters:
             raise ParameterError("repetitions and duration must be >= 1, warmup >= 0, user rate > 0")
         if self.mix not in MIXES:
             raise ParameterError(f"mix '{self.mix}' is not one of {sorted(MIXES)}")
+        try:
+            policyfiles.source_of(self.policy)
+        except policyfiles.RuleSetError as error:
+            raise ParameterError(str(error)) from None
+        if policy_of(self.mix) != self.policy:
+            raise ParameterError(f"mix '{self.mix}' is written for the rule set {policy_of(self.mix)}, not {self.policy}: "
+                                 f"give --policy {policy_of(self.mix)}, or another mix")
         if self.load not in LOADS:
             raise ParameterError(f"load '{self.load}' is not one of {list(LOADS)}")
         if self.arrivals not in ARRIVALS:

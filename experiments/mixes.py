@@ -1,9 +1,13 @@
-"""The records Locust sends: their labels, how often each is sent, and the answer it should get.
+"""The records Locust sends: their labels (by name; the headers are the rule set's, its label
+schema), how often each is sent, and the answer it should get.
 
 The generated chain svc-01 .. svc-n processes for the purposes billing, analytics, care,
-billing, ... (complyroute.manifest.GENERATED_PURPOSES), one EU instance per step. A record
-consenting to all three is allowed through every step; one lacking a purpose is denied
-(451 PURPOSE_NOT_CONSENTED) at the first hop into a service that processes for it.
+billing, ... (complyroute.manifest.GENERATED_PURPOSES), one EU instance per step. Under the
+shipped rule set a record consenting to all three is allowed through every step; one lacking a
+purpose is denied (451 PURPOSE_NOT_CONSENTED) at the first hop into a service that processes
+for it. Under the classification rule set (rule-sets/classification, the mix of that name) the
+generated instances hold no clearance, so a public record goes through every step and an
+internal one is denied at the first hop (451 CLEARANCE_INSUFFICIENT).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 ALLOWED_LABELS = {"region": "EU", "category": "personal", "consent": "billing,analytics,care"}
+PUBLIC = {"classification": "public"}
 BODY = {"subject": "subject-1", "reading": 42}
 
 
@@ -37,4 +42,20 @@ MIXES: dict[str, list[Record]] = {
         Record("denied-hop-1", {**ALLOWED_LABELS, "consent": "analytics,care"}, 1, 1),
         Record("denied-hop-2", {**ALLOWED_LABELS, "consent": "billing,care"}, 1, 2),
     ],
+    # The second rule set's: one record in five denied at svc-01.
+    "classification": [
+        Record("allowed", PUBLIC, 4, None),
+        Record("denied-hop-1", {"classification": "internal"}, 1, 1),
+    ],
 }
+# The rule set a mix is written for (policyfiles.rule_set); the others are the shipped one's.
+POLICY_OF_MIX = {"classification": "classification"}
+
+
+def policy_of(mix: str) -> str:
+    return POLICY_OF_MIX.get(mix, "policies")
+
+
+def check_record(mix: str) -> dict:
+    """The labels of a record the mix's rule set lets through the whole chain."""
+    return next(record.labels for record in MIXES[mix] if record.denied_at_hop is None)

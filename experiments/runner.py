@@ -27,13 +27,13 @@ from urllib.parse import urlsplit
 import psutil
 from tqdm import tqdm
 
-from complyroute import manifest
+from complyroute import manifest, policyfiles
 from complyroute.client import send
 from complyroute.manifest import REPO
 
 from . import metadata, stats
 from .matrix import BASELINE, BENCH_CSV, Cell, Parameters
-from .mixes import ALLOWED_LABELS, BODY
+from .mixes import BODY, check_record
 from .targets import DeployFailed, LocalTarget, Target, TargetBusy
 
 RESULTS = REPO / "experiments" / "results"
@@ -377,11 +377,13 @@ class Runner:
         """Deploy through the same code as `make deploy` (target=k8s: as `make deploy target=k8s`);
         it returns once every part is healthy. One record through the whole chain then shows the
         chain works before it is loaded."""
-        state = self.target.deploy(manifest.load(cell.topology, services=cell.services, engine=cell.engine), log)
+        topology = manifest.load(cell.topology, services=cell.services, engine=cell.engine, overrides={"policy": self.parameters.policy})
+        state = self.target.deploy(topology, log)
         self.cpu_parts = state["cpu_parts"]
         if cell.engine and state["engine"] != cell.engine:
             raise CellFailed(f"deployed with engine {state['engine']} instead of {cell.engine}")
-        answer = send(state["entry_url"], ALLOWED_LABELS, BODY, request_id=f"experiment-check-{cell.key}", timeout=30)
+        answer = send(state["entry_url"], check_record(self.parameters.mix), BODY, request_id=f"experiment-check-{cell.key}", timeout=30,
+                      policies=policyfiles.source_of(self.parameters.policy))
         hops = len(answer.body["path"]) if answer.status == 200 and answer.body else 0
         if hops != cell.services:
             raise CellFailed(f"the check record did not go through the {cell.services} services: {answer.summary()}")
