@@ -171,3 +171,29 @@ def test_a_ref_that_is_no_commit_or_has_no_rule_set_is_refused(capsys):
 def test_a_folder_that_is_no_rule_set_is_refused(capsys, tmp_path):
     assert cli.main(["policy-diff", "--base", "HEAD", "--policies", str(tmp_path)]) == 2
     assert "is not a rule set" in capsys.readouterr().err
+
+
+def test_a_second_rule_set_s_change_is_named_by_its_own_labels_allowed(tmp_path):
+    # rule-sets/classification with confidential and secret swapped in rank: analyse-eu (cleared
+    # confidential) may now take secret records, so ingest-eu's sidecar sends them to its EU
+    # twin instead of analyse-us; confidential records now outrank what store-eu is cleared for.
+    topology = manifest.load(str(manifest.REPO / "topologies" / "examples" / "classification.yaml"))
+    changed = tmp_path / "classification"
+    shutil.copytree(policyfiles.source_of("classification"), changed)
+    reference = changed / "complyroute" / "reference" / "data.json"
+    data = json.loads(reference.read_text())
+    data["classifications"]["confidential"]["level"], data["classifications"]["secret"]["level"] = 3, 2
+    reference.write_text(json.dumps(data))
+    result = policydiff.compare(topology, policyfiles.rule_set("classification"), policyfiles.rule_set(changed))
+    moves = {(c["point"], c["labels"]["classification"], c["before"].get("destination"), c["after"].get("destination"))
+             for c in result["changes"]}
+    assert ("sidecar-ingest-eu", "secret", "analyse-us", "analyse-eu") in moves
+    assert ("sidecar-analyse-eu", "confidential", "store-eu", None) in moves
+    assert {c["labels"]["classification"] for c in result["changes"]} == {"secret", "confidential"}
+    assert set(result["changes"][0]["labels"]) == {"classification", "retention"}
+
+
+def test_a_second_rule_set_unchanged_changes_nothing_denied():
+    topology = manifest.load(str(manifest.REPO / "topologies" / "examples" / "classification.yaml"))
+    rules = policyfiles.rule_set("classification")
+    assert policydiff.compare(topology, rules, rules)["changed"] == 0
