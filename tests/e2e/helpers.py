@@ -16,6 +16,9 @@ ENGINES = list(manifest.ENGINES)
 REFERENCE = json.loads(manifest.REFERENCE_DATA.read_text())
 EU_PERSONAL = {"region": "EU", "category": "personal", "consent": "care,billing"}
 RECORD = {"subject": "alice", "reading": 42}
+# The receive_timeout of the pool's deployments (conftest.py): short enough for the error
+# contract's 408 test to wait out.
+POOL_RECEIVE_TIMEOUT = 1.0
 
 
 def post(state, labels, record=RECORD, request_id=None, **kwargs):

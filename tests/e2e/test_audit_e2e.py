@@ -18,18 +18,19 @@ import pytest
 from complyroute import bundles, deployment, manifest
 from complyroute.client import send
 
-from .helpers import ENGINES, EU_PERSONAL, MIXED_REGIONS, RECORD, deploy_mixed_regions, post, wait_for_audit
+from .helpers import ENGINES, EU_PERSONAL, MIXED_REGIONS, RECORD, post, wait_for_audit
 
 pytestmark = pytest.mark.e2e
 
 US_PERSONAL = {"region": "US", "category": "personal", "consent": "care,billing"}
 
 
-@pytest.fixture(scope="module", params=ENGINES)
-def deployed(request):
-    state, _ = deploy_mixed_regions("sidecar", engine=request.param)
-    yield state
-    deployment.stop()
+@pytest.fixture(params=ENGINES)
+def deployed(pooled):
+    """The pool's sidecar deployment under this engine (tests/e2e/conftest.py), before any other
+    test sends it a record (the marker's `untouched`): the verdict below counts the run's records."""
+    state, _ = pooled
+    return state
 
 
 def audit(state):
@@ -38,6 +39,7 @@ def audit(state):
                           cwd=manifest.REPO, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.pool(phase=0, untouched=True)
 def test_allowed_records_leave_lines_the_audit_finds_clean_allowed(deployed):
     state = deployed
     # Consent as a client may write it: the lines hold it as the deciding point rewrote it.

@@ -57,10 +57,11 @@ import pytest
 from complyroute import deployment, identity, localhttp, manifest, pki
 from complyroute.client import send
 
-from .helpers import (ENFORCING, ENGINES, EU_PERSONAL, RECORD, as_service, deploy_mixed_regions, egress_url, label_token, opa_api, post,
+from .helpers import (ENFORCING, ENGINES, EU_PERSONAL, RECORD, as_service, egress_url, label_token, opa_api, post,
                       tls_context, wait_for_audit)
 
-pytestmark = pytest.mark.e2e
+# Phase 3 of the pool's deployments (tests/e2e/conftest.py); the compromised service's tests, phase 5.
+pytestmark = [pytest.mark.e2e, pytest.mark.pool(phase=3)]
 
 VICTIM = "ingest-eu"  # the compromised service
 NEXT, LAST = "analyse-eu", "store-eu"
@@ -220,11 +221,13 @@ def refused(status, body, expected_status, code):
 # ---- the suite -----------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module", params=[(t, e) for t in ENFORCING for e in ENGINES], ids=lambda p: f"{p[0]}-{p[1]}")
-def deployed(request):
-    state, _ = deploy_mixed_regions(request.param[0], engine=request.param[1])
-    yield state
-    deployment.stop()
+@pytest.fixture(params=[(t, e) for t in ENFORCING for e in ENGINES], ids=lambda p: f"{p[0]}-{p[1]}")
+def deployed(pooled):
+    """The pool's deployment in this topology under this engine (tests/e2e/conftest.py): shared
+    with the other suites for the client and local-process attacks; one of their own (`own`) for
+    the compromised service's."""
+    state, _ = pooled
+    return state
 
 
 def test_client_forgeries_at_the_entry_change_nothing_denied(deployed):
@@ -421,13 +424,19 @@ def test_labels_just_under_their_bound_are_delivered_allowed(deployed):
         assert [line["labels"] for line in wait_for_audit(state, request_id, 3)] == [EU_LINE] * 3
 
 
-@pytest.fixture(scope="module")
-def compromised(deployed):
-    attacker = Compromised(deployed)
-    yield attacker
-    attacker.close()
+# The compromised service's attacks: ingest-eu replaced for good, and the audit verdict after them
+# must name only the record it relabelled, so they run last, on a deployment of their own.
+COMPROMISED = pytest.mark.pool(phase=5, own="compromised")
 
 
+@pytest.fixture
+def compromised(deployed, pool):
+    """The compromised ingest-eu, on the deployment of the compromised-service tests: built by the
+    first of them, closed when the pool lets that deployment go."""
+    return pool.resource("compromised", Compromised, Compromised.close)
+
+
+@COMPROMISED
 def test_compromised_service_passing_a_record_on_honestly_allowed(deployed, compromised):
     headers, body = compromised.genuine_record(deployed)
     status, answer = compromised.forward(passed_on(headers), body)
@@ -435,6 +444,7 @@ def test_compromised_service_passing_a_record_on_honestly_allowed(deployed, comp
     assert [hop["instance"] for hop in answer["path"]] == [NEXT, LAST]
 
 
+@COMPROMISED
 def test_compromised_service_relabelling_changes_nothing_denied(deployed, compromised):
     """Region AU, category anonymous, no consent: the next points decide on the token's labels."""
     headers, body = compromised.genuine_record(deployed)
@@ -447,6 +457,7 @@ def test_compromised_service_relabelling_changes_nothing_denied(deployed, compro
     assert [line["labels"] for line in lines] == [EU_LINE, EU_LINE]
 
 
+@COMPROMISED
 def test_compromised_service_without_token_denied(deployed, compromised):
     headers, body = compromised.genuine_record(deployed)
     stripped = passed_on(headers)
@@ -455,6 +466,7 @@ def test_compromised_service_without_token_denied(deployed, compromised):
     assert past_the_victim(deployed, headers["x-request-id"], 1, timeout=1) == []
 
 
+@COMPROMISED
 def test_compromised_service_altered_token_denied(deployed, compromised):
     """The token's claims rewritten (region US) under the entry's signature, or signed anew with another key."""
     import base64
@@ -473,6 +485,7 @@ def self_signed(claims: dict) -> str:
     return pki.sign_token(claims, pki.signing_key()[0])
 
 
+@COMPROMISED
 def test_compromised_service_another_records_body_denied(deployed, compromised):
     """A genuine token with the body of another record: the receiving service refuses it unread."""
     headers, _ = compromised.genuine_record(deployed)
@@ -481,6 +494,7 @@ def test_compromised_service_another_records_body_denied(deployed, compromised):
     assert past_the_victim(deployed, headers["x-request-id"], 1, timeout=1) == []
 
 
+@COMPROMISED
 def test_compromised_service_replaying_a_record_denied(deployed, compromised):
     headers, body = compromised.genuine_record(deployed)
     assert compromised.forward(passed_on(headers), body)[0] == 200
@@ -490,6 +504,7 @@ def test_compromised_service_replaying_a_record_denied(deployed, compromised):
     assert len(past_the_victim(deployed, headers["x-request-id"], 3, timeout=1)) == 2  # analyse-eu and store-eu, once
 
 
+@COMPROMISED
 def test_compromised_service_skipping_a_step_denied(deployed, compromised):
     """Straight to the last step's service: it admits only the point deciding hops into it."""
     headers, body = compromised.genuine_record(deployed)
@@ -501,6 +516,7 @@ def test_compromised_service_skipping_a_step_denied(deployed, compromised):
     refused(status, answer, 403, "PEER_NOT_ALLOWED")
 
 
+@COMPROMISED
 def test_compromised_service_posing_as_another_sender_denied(deployed, compromised):
     """Through analyse-eu's listener, with ingest-eu's certificate: the handshake is refused."""
     headers, body = compromised.genuine_record(deployed)
@@ -509,6 +525,7 @@ def test_compromised_service_posing_as_another_sender_denied(deployed, compromis
         compromised.forward({**passed_on(headers), "x-complyroute-step": "store"}, body, url=other)
 
 
+@COMPROMISED
 def test_token_taken_to_another_first_step_instance_denied(deployed, compromised):
     """A genuine token names the first-step instance the entry chose (ingest-eu): posted with its
     record by the holder of ingest-us's key to ingest-us's deciding listener, it is refused
@@ -519,6 +536,7 @@ def test_token_taken_to_another_first_step_instance_denied(deployed, compromised
     assert past_the_victim(deployed, headers["x-request-id"], 1, timeout=1) == []
 
 
+@COMPROMISED
 def test_token_naming_only_the_first_hop_at_a_later_step_denied(deployed, compromised):
     """A token for this deployment, over a genuine record's id and body, naming only the first
     hop's listener: the next step's listener (analyse-eu's, as analyse-eu) refuses it. Its twin:
@@ -531,6 +549,7 @@ def test_token_naming_only_the_first_hop_at_a_later_step_denied(deployed, compro
     assert past_the_victim(deployed, headers["x-request-id"], 1, timeout=1) == []
 
 
+@COMPROMISED
 def test_compromised_service_reusing_a_delivered_records_id_with_a_forged_token_denied(deployed, compromised):
     """Issue 25's relabel under a record's real id. A US record x is delivered through ingest-us,
     analyse-us and store-eu. The compromised ingest-eu hands x's body, under x's id, with a token
@@ -560,6 +579,7 @@ def test_compromised_service_reusing_a_delivered_records_id_with_a_forged_token_
     assert {line["digest"] for line in lines.values()} == {"sha256:" + hashlib.sha256(body).hexdigest()}
 
 
+@COMPROMISED
 def test_audit_verdict_after_the_attacks_names_only_the_relabelled_record(deployed, compromised):
     """Runs last in the module: every line the attacks left is re-checked, and every record's
     lines joined. The relabelled record is the only one named, by three findings; every other
