@@ -1,0 +1,156 @@
+"""The layers are a contract: no module of complyroute/ or experiments/ imports itself back
+through others (no circles), and the control plane (complyroute/) never imports the
+experiments, which stand on it.
+
+Read from the source with `ast`, not by importing: every import counts, also one inside a
+function (a lazy import closes a circle as surely as one at the top) and one under
+`if TYPE_CHECKING`. `from package import name` is an edge to `package.name` when that is a
+module, else to the package; importing a submodule is not counted as importing its parent
+package's `__init__` too (Python runs it, but counting it would make every package whose
+`__init__` imports a submodule a circle).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGES = ("complyroute", "experiments")
+GROUND = "complyroute"  # imports nothing of these above it
+ABOVE = ("experiments",)
+# Circles not broken yet, each with what keeps it (issue 26). A listed circle that is gone fails
+# the test too, so that the list only ever shrinks.
+KNOWN_CYCLES = [
+    # the plan's data types live in the renderer (enforcement.py), which plan.py and identity.py
+    # import, and enforcement.py names identity.PointTrust (under TYPE_CHECKING)
+    ["complyroute.enforcement", "complyroute.identity", "complyroute.plan"],
+    # engines/__init__.py picks an engine module (lazily), each engine takes EngineError and PointConfig
+    # from it, and precompute.py imports both engines (lazily) while they import it
+    ["complyroute.engines", "complyroute.engines.envoy_compiled", "complyroute.engines.envoy_opa", "complyroute.engines.precompute"],
+    ["experiments.capacity", "experiments.capacity_report"],
+]
+KNOWN_UPWARD = ["complyroute.__main__ -> experiments.__main__"]
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def modules(root: Path = REPO, packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
+    """Every module of the packages under root, by dotted name."""
+    return {module_name(path, root): path for package in packages for path in sorted((root / package).rglob("*.py"))}
+
+
+def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
+    """The modules of `known`, and the top-level packages, that the module `name` imports."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - (node.level - 1)]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module
+            for alias in node.names:
+                candidate = f"{source}.{alias.name}"
+                found.add(candidate if candidate in known else source)
+    return found
+
+
+def graph(root: Path = REPO, packages: tuple[str, ...] = PACKAGES) -> dict[str, set[str]]:
+    """Each module's imports, as names of the modules it imports (any module, not only ours)."""
+    found = modules(root, packages)
+    return {name: imports_of(name, path, set(found)) for name, path in found.items()}
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module, or a module that imports
+    itself (Tarjan's algorithm, iterative): each is at least one circle of imports."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for start in sorted(edges):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(edges[start] & edges.keys())))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, successors = work[-1]
+            for successor in successors:
+                if successor not in index:
+                    index[successor] = low[successor] = len(index)
+                    stack.append(successor)
+                    on_stack.add(successor)
+                    work.append((successor, iter(sorted(edges[successor] & edges.keys()))))
+                    break
+                if successor in on_stack:
+                    low[node] = min(low[node], index[successor])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1 or node in edges[node]:
+                        found.append(sorted(component))
+    return found
+
+
+def upward(edges: dict[str, set[str]], ground: str = GROUND, above: tuple[str, ...] = ABOVE) -> list[str]:
+    """`module -> import` for every import of a ground-floor module from a layer above it."""
+    return sorted(f"{name} -> {target}" for name, targets in edges.items() if name.split(".")[0] == ground
+                  for target in targets if target.split(".")[0] in above)
+
+
+def test_no_import_cycles():
+    assert sorted(cycles(graph())) == sorted(KNOWN_CYCLES)
+
+
+def test_the_control_plane_never_imports_the_experiments():
+    assert upward(graph()) == KNOWN_UPWARD
+
+
+def test_the_graph_sees_every_kind_of_import():
+    edges = graph()
+    assert "experiments" not in edges["complyroute.manifest"]
+    assert "complyroute.manifest" in edges["experiments.matrix"]  # from complyroute import manifest
+    assert "experiments.matrix" in edges["experiments.runner"]  # from . import / from .matrix import
+
+
+def test_a_circle_is_found(tmp_path):
+    """The checks can fail: a package of three modules in a circle (one import lazy, one relative)
+    and a ground floor that reaches up."""
+    (tmp_path / "low").mkdir()
+    (tmp_path / "high").mkdir()
+    (tmp_path / "low" / "__init__.py").write_text("")
+    (tmp_path / "low" / "a.py").write_text("from . import b\n")
+    (tmp_path / "low" / "b.py").write_text("from low.c import thing\n")
+    (tmp_path / "low" / "c.py").write_text("def thing():\n    from .a import x\n")
+    (tmp_path / "low" / "d.py").write_text("import high.top\n")
+    (tmp_path / "low" / "e.py").write_text("from .e import y\n")
+    (tmp_path / "high" / "__init__.py").write_text("")
+    (tmp_path / "high" / "top.py").write_text("from low import a\n")
+    edges = graph(tmp_path, ("low", "high"))
+    assert cycles(edges) == [["low.a", "low.b", "low.c"], ["low.e"]]
+    assert upward(edges, "low", ("high",)) == ["low.d -> high.top"]
+    (tmp_path / "low" / "c.py").write_text("def thing():\n    pass\n")
+    (tmp_path / "low" / "e.py").write_text("")
+    assert cycles(graph(tmp_path, ("low", "high"))) == []
