@@ -160,14 +160,14 @@ def cmd_soak(args) -> int:
 
 
 def cmd_capacity(args) -> int:
-    from . import capacity
+    from . import capacity, capacity_run
 
     if args.report:
         run_dir = run_folder(args.results, args.report)
         if not (run_dir / "metadata.json").exists():
             print(f"error: no capacity run at {run_dir} (no metadata.json)", file=sys.stderr)
             return 2
-        paths = capacity.build_report(run_dir)
+        paths = capacity_run.build_report(run_dir)
         print(f"capacity: report: {paths['html']}\ncapacity: report: {paths['markdown']}")
         return 0
     given = {name: value for name, value in {
@@ -179,7 +179,7 @@ def cmd_capacity(args) -> int:
     if args.run_id and (args.results / args.run_id).exists():
         print(f"error: {args.results / args.run_id} already exists; name a new run with --run-id", file=sys.stderr)
         return 2
-    code, _ = capacity.run(parameters, args.results, args.run_id, target=targets.make(args.target, args.one_node, args.entry_url))
+    code, _ = capacity_run.run(parameters, args.results, args.run_id, target=targets.make(args.target, args.one_node, args.entry_url))
     return code
 
 

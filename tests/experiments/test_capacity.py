@@ -13,7 +13,7 @@ import random
 import pytest
 
 from experiments import __main__ as cli
-from experiments import capacity, capacity_report
+from experiments import capacity, capacity_report, capacity_run
 from experiments.capacity import GAP, MAX_STEPS, Parameters, judge, result_of_steps, search
 from experiments.matrix import ParameterError
 from experiments.timing import DURATIONS
@@ -174,10 +174,10 @@ KNEE = 150  # the stand-in deployment answers in 10 ms up to this rate, in 900 m
 
 @pytest.fixture
 def stand_ins(monkeypatch):
-    monkeypatch.setattr(capacity.metadata, "describe", lambda: {
+    monkeypatch.setattr(capacity_run.metadata, "describe", lambda: {
         "taken_at": "2026-11-26T03:00:00+0000", "git": {"commit": "abc", "dirty": False}, "versions": {"locust": "2.47.0"},
         "machine": {"cores": 2, "load_average_at_start": [0.1, 0.1, 0.1]}})
-    monkeypatch.setattr(capacity, "SETTLE_S", 0)
+    monkeypatch.setattr(capacity_run, "SETTLE_S", 0)
     deployed = []
 
     def deploy(self, cell, log):
@@ -198,19 +198,19 @@ def stand_ins(monkeypatch):
             f"{1_000_000 + t * 1000},{1.5 * t},{0.1 * t},{t},{t},0,0,0\n" for t in range(seconds + 1)))
         return {"command": ["locust"], "exit_code": 0}
 
-    monkeypatch.setattr(capacity.CapacityRunner, "deploy", deploy)
-    monkeypatch.setattr(capacity.CapacityRunner, "load", load)
-    monkeypatch.setattr(capacity.CapacityRunner, "undeploy", lambda self, log: None)
+    monkeypatch.setattr(capacity_run.CapacityRunner, "deploy", deploy)
+    monkeypatch.setattr(capacity_run.CapacityRunner, "load", load)
+    monkeypatch.setattr(capacity_run.CapacityRunner, "undeploy", lambda self, log: None)
     return deployed
 
 
 def test_a_run_steps_each_deployment_writes_steps_csv_metadata_and_the_report(tmp_path, stand_ins, monkeypatch):
     built = []
-    monkeypatch.setattr(capacity, "build_report", lambda run_dir: built.append(run_dir) or {"html": "h", "markdown": "m"})
+    monkeypatch.setattr(capacity_run, "build_report", lambda run_dir: built.append(run_dir) or {"html": "h", "markdown": "m"})
     out = io.StringIO()
     parameters = Parameters(topologies=["ce"], engines=["envoy-opa"], services=[5], start_rate=50, max_rate=2000, step_seconds=2,
                             step_warmup=1)
-    code, run_dir = capacity.run(parameters, tmp_path, "cap", out=out)
+    code, run_dir = capacity_run.run(parameters, tmp_path, "cap", out=out)
     assert code == 0, out.getvalue()
     assert stand_ins == [("central-entity", "envoy-opa", 5), ("baseline", None, 5)]  # one deployment per search
     with (run_dir / "raw" / "steps.csv").open() as file:
@@ -240,7 +240,7 @@ def test_a_run_steps_each_deployment_writes_steps_csv_metadata_and_the_report(tm
 def test_without_priming_the_first_step_is_the_first_load_denied(tmp_path, stand_ins):
     parameters = Parameters(topologies=["ce"], engines=["envoy-opa"], services=[5], start_rate=50, max_rate=100, step_seconds=2,
                             step_warmup=1, prime=False)
-    code, run_dir = capacity.run(parameters, tmp_path, "unprimed", out=io.StringIO())
+    code, run_dir = capacity_run.run(parameters, tmp_path, "unprimed", out=io.StringIO())
     assert code == 0
     assert not list((run_dir / "raw").glob("*/prime_r*"))
     assert [s["primed_at_rate"] for s in json.loads((run_dir / "metadata.json").read_text())["searches"]] == [None, None]
@@ -302,7 +302,7 @@ def test_the_report_table_figure_and_csv_of_a_synthetic_run(tmp_path, monkeypatc
     assert "data:image/png;base64," in paths["html"].read_text()
     # rebuilt through the command line alike
     built = []
-    monkeypatch.setattr(capacity, "build_report", lambda run_dir: built.append(run_dir) or paths)
+    monkeypatch.setattr(capacity_run, "build_report", lambda run_dir: built.append(run_dir) or paths)
     assert cli.main(["capacity", "--report", str(run_dir)]) == 0 and built == [run_dir]
 
 
@@ -331,7 +331,7 @@ class KubernetesStandIn:
 def test_a_capacity_run_on_k8s_names_its_target_in_metadata_and_report(tmp_path, stand_ins):
     parameters = Parameters(topologies=["ce"], engines=["envoy-opa"], services=[5], start_rate=50, max_rate=100, step_seconds=2,
                             step_warmup=1)
-    code, run_dir = capacity.run(parameters, tmp_path, "cap-k8s", out=io.StringIO(), target=KubernetesStandIn())
+    code, run_dir = capacity_run.run(parameters, tmp_path, "cap-k8s", out=io.StringIO(), target=KubernetesStandIn())
     assert code == 0
     meta = json.loads((run_dir / "metadata.json").read_text())
     assert meta["target"]["target"] == "k8s" and meta["target"]["context"] == "local"
