@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import subprocess
 import sys
@@ -197,6 +198,17 @@ def cmd_decide(args) -> int:
     return subprocess.run([args.opa, *policyfiles.decide_args(args.input, args.catalog, policyfiles.rule_set(args.policies))]).returncode
 
 
+# Entry points of this group add a command of their own parser, `main(argv, prog) -> int`: the
+# experiments register theirs (pyproject.toml), which stand on the control plane, so that it
+# never imports them.
+COMMANDS_GROUP = "complyroute.commands"
+
+
+def added_commands() -> dict[str, importlib.metadata.EntryPoint]:
+    """The commands installed packages add, by name."""
+    return {entry.name: entry for entry in importlib.metadata.entry_points(group=COMMANDS_GROUP)}
+
+
 def program_name() -> str:
     """How the user called us: the console script `complyroute`, or `python -m complyroute`."""
     return "complyroute" if Path(sys.argv[0]).name == "complyroute" else "python -m complyroute"
@@ -205,13 +217,13 @@ def program_name() -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     prog = program_name()
-    if argv[:1] == ["experiments"]:  # its own parser, options and help (experiments/__main__.py)
-        from experiments.__main__ import main as experiments_main
-
-        return experiments_main(argv[1:], prog=f"{prog} experiments")
+    added = added_commands()
+    if argv[:1] and argv[0] in added:  # its own parser, options and help (experiments/__main__.py)
+        return added[argv[0]].load()(argv[1:], prog=f"{prog} {argv[0]}")
     parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("experiments", help="run the experiments, write their reports, bench: `experiments --help` lists its commands")
+    for name, entry in sorted(added.items()):
+        commands.add_parser(name, help=f"the commands of {entry.module.partition('.')[0]}: `{name} --help` lists them")
 
     deploy = commands.add_parser("deploy", help="start a topology as local processes")
     deploy.add_argument("--topology", required=True, help="manifest name, alias or path")
