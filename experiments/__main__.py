@@ -105,7 +105,8 @@ def cmd_compare(args) -> int:
 
 def cmd_reload(args) -> int:
     from . import changeability, metadata
-    from .report import build, render_html, render_markdown
+    from .report import build
+    from .reporting import render_html, render_markdown
 
     services = [5] if args.quick else args.services
     run_dir = run_folder(args.results, args.run_id) if args.run_id else args.results / f"reload-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -15,7 +15,7 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullForma
 from . import stats
 from .capacity import STEPS_CSV, as_bool, result_of_steps
 from .matrix import BASELINE, ENGINE_NAMES, MAX_ERROR_RATE, MIN_ACHIEVED_SHARE, PAPER_NAMES, PRIME_SHARE, case_name, load_label
-from .report import color, panels, render_html, render_markdown, save, series_of
+from .reporting import color, panels, render_html, render_markdown, save, series_of
 from .targets import run_paragraphs
 
 DOUBLINGS = [25 * 2**k for k in range(6)] + [2000]  # 25 .. 800 req/s, and the default max

@@ -60,9 +60,9 @@ from complyroute.plan import GATEWAY_SENDER, place  # noqa: E402
 
 from . import capacity_report, stats  # noqa: E402
 from .matrix import (BASELINE, BENCH_CSV, COMPILED_ENGINE, DEFAULT_ARRIVALS, DEFAULT_USER_RATE, ENGINES, LOAD_OF_OLDER_RUNS,  # noqa: E402
-                     MAX_REPETITION_CV, MIN_ACHIEVED_SHARE, TOPOLOGIES)
-from .report import (COLORS, PAPER_NAMES, SATURATED_MARK, arch, color, load_paper_reference, marked, ms, names,  # noqa: E402
-                     percent, rate_text, render_html, render_markdown, save)
+                     MAX_REPETITION_CV, MIN_ACHIEVED_SHARE, PAPER_NAMES, TOPOLOGIES)
+from .reporting import (COLORS, SATURATED_MARK, arch, color, load_paper_reference, marked, ms, names,  # noqa: E402
+                        percent, rate_text, render_html, render_markdown, save)
 
 PAPER_GATEWAY_CORES = 56  # the paper's gateway node (section IV.c)
 PAPER_CORES = 48  # its service nodes: 48 to 56 hardware threads, which ones had which unpublished; the smaller

@@ -1,0 +1,218 @@
+"""The toolkit every report of the experiments draws on (the run's, capacity's, the model's,
+compare's): the paper's reference values, a colour per topology and engine, how numbers are
+written, figures saved as PNG and SVG, and a report's blocks rendered as Markdown and as one
+self-contained HTML page.
+
+A report is a list of blocks: ("h1" | "h2" | "h3", text), ("p", text), ("list", [text]),
+("table", DataFrame), ("figure", png path, caption).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import re
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.colors import to_rgb  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+from matplotlib.ticker import FuncFormatter  # noqa: E402
+
+from . import stats  # noqa: E402
+from .matrix import BASELINE, COMPILED_ENGINE, ENFORCING, ENGINES, PAPER_NAMES, TOPOLOGIES, case_name  # noqa: E402
+
+
+PAPER_REFERENCE = Path(__file__).resolve().parent / "paper_reference.json"
+
+# A colour per topology in the experiments' order, the reference grey; a topology added to the
+# manifests takes the next one.
+PALETTE = ("#d62728", "#ff7f0e", "#bcbd22", "#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+
+COLORS = {**dict(zip(ENFORCING, PALETTE)), BASELINE: "#7f7f7f"}
+
+# The compiled engine's boxes and bars: its topology's colour this much lighter, drawn right
+# after the same topology's envoy-opa ones, so each pair reads as one topology.
+COMPILED_LIGHTER = 0.55
+
+SATURATED_MARK = "†"
+
+
+def load_paper_reference() -> dict:
+    return json.loads(PAPER_REFERENCE.read_text())
+
+
+# ---- formatting --------------------------------------------------------------------------
+
+def ms(value) -> str:
+    return "–" if pd.isna(value) else f"{value:.3f}"
+
+
+def rate_text(value) -> str:
+    return "–" if pd.isna(value) else f"{value:.1f}"
+
+
+def percent(value) -> str:
+    return "–" if pd.isna(value) else f"{value:.1%}"
+
+
+def cores(value) -> str:
+    return "–" if pd.isna(value) else f"{round(value, 2) + 0.0:.2f}"  # + 0.0: no "-0.00" from sampling noise
+
+
+def ratio_text(value) -> str:
+    return "–" if pd.isna(value) else f"{value:.2f}×"
+
+
+def marked(text, saturated: bool) -> str:
+    """A value with the saturated mark when its case is saturated."""
+    return f"{text} {SATURATED_MARK}" if saturated else f"{text}"
+
+
+def arch(topology: str) -> str:
+    return PAPER_NAMES.get(topology, topology)
+
+
+def names(frame: pd.DataFrame) -> list[str]:
+    """Each row's topology under its engine, as an architect reads it: "CE (envoy-opa)", "CE (compiled)", "baseline"."""
+    return [case_name(topology, engine) for topology, engine in zip(frame["topology"], frame["engine"])]
+
+
+# ---- figures -----------------------------------------------------------------------------
+
+def save(figure, figures_dir: Path, name: str, load: str | None = None) -> Path:
+    """Write a figure as PNG and SVG; one measured under load names that load in its corner."""
+    if load:
+        figure.text(0.995, 0.998, f"load: {load}", ha="right", va="top", fontsize=7, color="#444")
+    png = figures_dir / f"{name}.png"
+    figure.savefig(png, dpi=130, bbox_inches="tight")
+    figure.savefig(figures_dir / f"{name}.svg", bbox_inches="tight")
+    plt.close(figure)
+    return png
+
+
+def color(topology: str, engine: str) -> tuple:
+    """The topology's colour; lighter under the compiled engine."""
+    base = np.array(to_rgb(COLORS[topology]))
+    return tuple(base + (1 - base) * COMPILED_LIGHTER) if engine == COMPILED_ENGINE else tuple(base)
+
+
+def series_of(frame: pd.DataFrame) -> list[tuple[str, str]]:
+    """The (topology, engine) pairs a frame holds, in the report's order: a topology's engines side by side."""
+    present = set(zip(frame["topology"], frame["engine"]))
+    return [(t, e) for t in TOPOLOGIES for e in [*ENGINES, stats.NO_ENGINE] if (t, e) in present]
+
+
+def series_legend(pairs: list[tuple[str, str]], extra: list | None = None) -> list:
+    return [Patch(facecolor=color(t, e), edgecolor="black", label=case_name(t, e)) for t, e in pairs] + (extra or [])
+
+
+SATURATED_PATCH = Patch(facecolor="white", edgecolor="black", hatch="///", label="saturated")
+
+
+def panels(count: int, width: float, height: float, columns: int = 2, **options):
+    """A grid of `count` panels, at most `columns` wide, so that a page shows them legibly."""
+    columns = min(columns, count)
+    rows = -(-count // columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(width * columns, height * rows), squeeze=False, **options)
+    flat = list(axes.flatten())
+    for unused in flat[count:]:
+        unused.set_visible(False)
+    return figure, flat[:count]
+
+
+def log_scale(ax) -> None:
+    """A log y axis labelled 2, 5, 10, 20, ... rather than 2 x 10^0."""
+    ax.set_yscale("log")
+    plain = FuncFormatter(lambda value, _: f"{value:g}")
+    ax.yaxis.set_major_formatter(plain)
+    ax.yaxis.set_minor_formatter(FuncFormatter(lambda value, _: f"{value:g}" if str(f"{value:g}")[0] in "25" else ""))
+
+
+LEGEND_COLUMNS = 5  # entries per legend row: a topology's two engines and the baseline fit twice
+
+
+def legend_below(figure, handles: list) -> None:
+    """One legend under all panels, where it hides no bar or box."""
+    rows = -(-len(handles) // LEGEND_COLUMNS)
+    figure.tight_layout(rect=(0, 0.04 + 0.04 * rows, 1, 1))
+    figure.legend(handles=handles, loc="lower center", ncol=min(len(handles), LEGEND_COLUMNS), fontsize=8, frameon=False)
+
+
+def grouped_bars(ax, groups: list, series: dict) -> None:
+    """Bars of every (topology, engine) side by side in each group; series: that pair -> one value per group."""
+    width = 0.8 / max(1, len(series))
+    for index, ((topology, engine), heights) in enumerate(series.items()):
+        positions = np.arange(len(groups)) + (index - (len(series) - 1) / 2) * width
+        ax.bar(positions, heights, width * 0.95, color=color(topology, engine), edgecolor="black", linewidth=0.5)
+    ax.set_xticks(range(len(groups)), groups)
+
+
+# ---- documents ---------------------------------------------------------------------------
+
+def markdown_table(frame: pd.DataFrame) -> str:
+    header = "| " + " | ".join(str(c) for c in frame.columns) + " |"
+    rule = "|" + "|".join("---" for _ in frame.columns) + "|"
+    body = ["| " + " | ".join(str(v).replace("|", "\\|") for v in row) + " |" for row in frame.itertuples(index=False)]
+    return "\n".join([header, rule, *body])
+
+
+def inline_html(text: str) -> str:
+    """Escape, then `code` and **bold**: the only markup the report's prose uses."""
+    escaped = html.escape(text)
+    escaped = re.sub(r"`([^`]+)`", r"<code>\1</code>", escaped)
+    return re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", escaped)
+
+
+def render_markdown(blocks: list[tuple], report_dir: Path) -> str:
+    out = []
+    for kind, *content in blocks:
+        if kind in ("h1", "h2", "h3"):
+            out.append(f"{'#' * int(kind[1])} {content[0]}")
+        elif kind == "p":
+            out.append(content[0])
+        elif kind == "list":
+            out.append("\n".join(f"- {item}" for item in content[0]))
+        elif kind == "table":
+            out.append(markdown_table(content[0]))
+        elif kind == "figure":
+            path, caption = content
+            out.append(f"![{path.stem}]({path.relative_to(report_dir).as_posix()})\n\n*{caption}* (also as [SVG]({path.with_suffix('.svg').relative_to(report_dir).as_posix()}))")
+    return "\n\n".join(out) + "\n"
+
+
+HTML_STYLE = """
+body { font-family: system-ui, sans-serif; max-width: 1200px; margin: 2em auto; padding: 0 1em; color: #222; line-height: 1.45; }
+table { border-collapse: collapse; margin: 0.8em 0; font-size: 0.82em; }
+th, td { border: 1px solid #ccc; padding: 2px 6px; text-align: right; white-space: nowrap; }
+th { background: #f0f0f0; } td:first-child, th:first-child { text-align: left; }
+figure { margin: 1em 0; } figure img { max-width: 100%; } figcaption { font-size: 0.9em; color: #444; }
+code { background: #f4f4f4; padding: 0 3px; } h2 { border-bottom: 1px solid #ddd; margin-top: 1.6em; }
+.scroll { overflow-x: auto; }
+"""
+
+
+def render_html(blocks: list[tuple], title: str) -> str:
+    out = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{HTML_STYLE}</style></head><body>"]
+    for kind, *content in blocks:
+        if kind in ("h1", "h2", "h3"):
+            out.append(f"<{kind}>{inline_html(content[0])}</{kind}>")
+        elif kind == "p":
+            out.append(f"<p>{inline_html(content[0])}</p>")
+        elif kind == "list":
+            out.append("<ul>" + "".join(f"<li>{inline_html(item)}</li>" for item in content[0]) + "</ul>")
+        elif kind == "table":
+            out.append("<div class='scroll'>" + content[0].to_html(index=False, escape=True, border=0) + "</div>")
+        elif kind == "figure":
+            path, caption = content
+            encoded = base64.b64encode(path.read_bytes()).decode()
+            out.append(f"<figure><img alt='{html.escape(caption)}' src='data:image/png;base64,{encoded}'><figcaption>{inline_html(caption)}</figcaption></figure>")
+    out.append("</body></html>")
+    return "\n".join(out)
