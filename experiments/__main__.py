@@ -71,17 +71,17 @@ def newest_run(results: Path) -> Path | None:
 
 
 def cmd_model(args) -> int:
-    from . import model  # simpy and matplotlib only when a model is made
+    from . import model, model_predict, model_report  # simpy and matplotlib only when a model is made
 
     run_dir = run_folder(args.results, args.run_id) if args.run_id else newest_run(args.results)
     if run_dir is None:
         print(f"error: no run with a bench under {args.results}", file=sys.stderr)
         return 2
     try:
-        seconds = model.THIS_MACHINE_SECONDS if args.seconds is None else args.seconds
-        paths = model.build_report(run_dir, paper_cores=args.paper_cores, seconds=seconds, paper_rates=args.paper_rates,
-                                   paper_services=args.paper_services,
-                                   capacity_runs=[run_folder(args.results, run_id) for run_id in args.capacity or []])
+        seconds = model_predict.THIS_MACHINE_SECONDS if args.seconds is None else args.seconds
+        paths = model_report.build_report(run_dir, paper_cores=args.paper_cores, seconds=seconds, paper_rates=args.paper_rates,
+                                          paper_services=args.paper_services,
+                                          capacity_runs=[run_folder(args.results, run_id) for run_id in args.capacity or []])
     except model.ModelError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from experiments import model, stats
+from experiments import model, model_predict, model_report, stats
 from experiments.__main__ import main
 
 TWO_ENGINES = Path(__file__).resolve().parent / "fixtures" / "two-engines"
@@ -152,13 +152,13 @@ def test_the_model_command_refuses_a_run_without_the_benchs_rows(tmp_path, capsy
     ({"load": "open", "user_rate": 10}, "constant"),  # the open loop's default arrivals
 ])
 def test_an_open_loop_run_is_modelled_with_its_arrivals_allowed(parameters, arrivals):
-    load = model.RunLoad.of(parameters)
+    load = model_predict.RunLoad.of(parameters)
     assert load.arrivals == arrivals and "open loop" in load.describe()
 
 
 @pytest.mark.parametrize("parameters", [{"load": "closed", "user_rate": 5}, {"user_rate": 5}])  # runs before the open loop: closed
 def test_a_closed_loop_run_is_not_modelled_as_an_open_one_denied(parameters):
-    load = model.RunLoad.of(parameters)
+    load = model_predict.RunLoad.of(parameters)
     assert (load.arrivals, load.user_rate) == ("closed", 5.0) and "closed loop (users of 5 req/s" in load.describe()
 
 
@@ -167,13 +167,13 @@ def compared(cvs: list[float | None], repetitions: int) -> pd.DataFrame:
 
 
 def test_the_measurements_own_spread_is_set_beside_the_errors_allowed():
-    line = model.measurement_spread(compared([0.05, 0.12, 0.08], repetitions=2))
+    line = model_report.measurement_spread(compared([0.05, 0.12, 0.08], repetitions=2))
     assert line.startswith("the measurement's own spread: the medians of the compared cases' 2 repetitions")
     assert "8.0% (median; at most 12.0%, 1 of 3 above 10%)" in line
 
 
 def test_one_repetition_says_its_spread_is_not_measured_denied():
-    line = model.measurement_spread(compared([None, None], repetitions=1))
+    line = model_report.measurement_spread(compared([None, None], repetitions=1))
     assert line.startswith("one repetition per case") and "--repetitions 2" in line
 
 
@@ -185,8 +185,8 @@ def test_the_model_of_an_open_loop_run_says_so(tmp_path):
     meta = json.loads(meta_path.read_text())
     meta["parameters"].update(load="open", arrivals="constant")
     meta_path.write_text(json.dumps(meta))
-    _, calibration, _ = model.this_machine(run_dir, seconds=4)
-    assert calibration.load == model.RunLoad("constant", float(meta["parameters"].get("user_rate", 10)))
+    _, calibration, _ = model_predict.this_machine(run_dir, seconds=4)
+    assert calibration.load == model_predict.RunLoad("constant", float(meta["parameters"].get("user_rate", 10)))
 
 
 TRUE_COSTS = model.Costs(service=1.5, forwarding=0.4, decision_envoy=0.9, decision_opa=0.3, compiled_envoy=0.45, entry_opa=2.5)
@@ -254,13 +254,13 @@ def capacity_run(folder: Path, steps: list[tuple]) -> Path:
     return folder
 
 
-CALIBRATION = model.Calibration(delays={}, cells=[], client_cpu_ms=0.5, load=model.RunLoad("constant", 10.0), under_load=None)
+CALIBRATION = model_predict.Calibration(delays={}, cells=[], client_cpu_ms=0.5, load=model_predict.RunLoad("constant", 10.0), under_load=None)
 
 
 def test_a_searched_capacity_is_set_beside_the_models_allowed(tmp_path):
     run = capacity_run(tmp_path / "capacity", [("central-entity", "envoy-opa", 5, 1, 50, True), ("central-entity", "envoy-opa", 5, 2, 100, False),
                                                ("central-entity", "envoy-opa", 5, 3, 75, True), ("central-entity", "envoy-opa", 5, 4, 87, False)])
-    [row] = model.against_capacity_searches([run], COSTS, CALIBRATION, cores=2).to_dict("records")
+    [row] = model_report.against_capacity_searches([run], COSTS, CALIBRATION, cores=2).to_dict("records")
     path = model.on_one_node(model.record_path("central-entity", "envoy-opa", 5, COSTS), 0.5)
     assert (row["searched"], row["predicted"]) == (75, pytest.approx(model.capacity(path, {model.ONE_NODE: 2})[0]))
     assert row["error"] == pytest.approx(row["predicted"] / 75 - 1)
@@ -268,10 +268,10 @@ def test_a_searched_capacity_is_set_beside_the_models_allowed(tmp_path):
 
 def test_a_capped_search_has_no_capacity_to_compare_denied(tmp_path):
     run = capacity_run(tmp_path / "capacity", [("baseline", "none", 5, 1, 50, True), ("baseline", "none", 5, 2, 100, True)])
-    [row] = model.against_capacity_searches([run], COSTS, CALIBRATION, cores=2).to_dict("records")
+    [row] = model_report.against_capacity_searches([run], COSTS, CALIBRATION, cores=2).to_dict("records")
     assert pd.isna(row["searched"]) and pd.isna(row["error"]) and row["predicted"] > 0
     with pytest.raises(model.ModelError, match="not a capacity run"):
-        model.against_capacity_searches([tmp_path], COSTS, CALIBRATION, cores=2)
+        model_report.against_capacity_searches([tmp_path], COSTS, CALIBRATION, cores=2)
 
 
 def test_the_model_command_sets_capacity_runs_beside_it(tmp_path, capsys):
