@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     prog = program_name()
     added = added_commands()
-    if argv[:1] and argv[0] in added:  # its own parser, options and help (experiments/__main__.py)
+    if argv[:1] and argv[0] in added:  # an added command: its own parser, options and help
         return added[argv[0]].load()(argv[1:], prog=f"{prog} {argv[0]}")
     parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
