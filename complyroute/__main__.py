@@ -117,14 +117,16 @@ def cmd_watch_policy(args) -> int:
 def cmd_policy_test(args) -> int:
     """Run the policy tests, then again with coverage; one line per file, failing under the threshold.
     A rule set of rule-sets/ is tested with the platform's parts it runs with (policyfiles.rule_set);
-    its coverage counts its own modules."""
-    try:
-        paths = [str(policyfiles.rule_set(path)) for path in args.paths]
-    except policyfiles.RuleSetError as error:
-        print(f"policy-test: {error}", file=sys.stderr)
-        return 2
-    platform = {str(policyfiles.rule_set(path) / part) for path in args.paths
-                for part in policyfiles.PLATFORM if policyfiles.rule_set(path) != policyfiles.source_of(path)}
+    its coverage counts its own modules. Any other folder of policies is tested as it is."""
+    paths, platform = [], set()
+    for path in args.paths:
+        try:
+            complete = policyfiles.rule_set(path)
+        except policyfiles.RuleSetError:
+            complete = Path(path)  # not a rule set: policies of another kind
+        if complete != Path(path) and complete != policyfiles.source_of(path):
+            platform |= {str(complete / part) for part in policyfiles.PLATFORM}
+        paths.append(str(complete))
     tests = subprocess.run([args.opa, *policyfiles.test_args(paths)])
     if tests.returncode != 0:
         return tests.returncode

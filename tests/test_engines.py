@@ -2,6 +2,7 @@
 differential tests run the real ones)."""
 
 import itertools
+import json
 import re
 
 import pytest
@@ -84,3 +85,13 @@ def test_compiled_listener_sends_what_its_tree_misses_to_opa_denied():
     leaves = [m["on_match"]["action"]["typed_config"] for c in categories.values() for m in c["matcher"]["matcher_list"]["matchers"]]
     assert {leaf["route"]["cluster"] for leaf in leaves} == {"analyse-eu"}  # an EU sender: its region's replica
     assert all(leaf["typed_per_filter_config"]["envoy.filters.http.ext_authz"]["disabled"] for leaf in leaves)
+
+
+def test_a_listener_with_nothing_decided_ahead_asks_opa_for_every_record_denied():
+    # A rule set that reads the body has no allowed table: the tree has no leaves, and every
+    # record takes the decision route (an empty matcher list would answer 404).
+    matcher = envoy_compiled.listener_matcher({}, "1s", ["x-data-classification", "x-data-retention"])
+    headers = {":method": "POST", ":path": "/process", "content-type": "application/json", "content-length": "2",
+               "x-data-classification": "public"}
+    assert envoy_compiled.matched_action(matcher, headers)["name"] == "decide"
+    assert '"matchers": []' not in json.dumps(matcher)

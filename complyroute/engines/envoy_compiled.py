@@ -116,8 +116,8 @@ def listener_matcher(outcomes: Outcomes, hop_timeout: str, headers: list[str]) -
         return {"matcher_list": {"matchers": matchers}, "on_no_match": ask_opa}
 
     keyed = next((index for index in range(len(headers)) if all(values[index] is not None for values in outcomes)), None)
-    if not outcomes:
-        labels = {"matcher_list": {"matchers": []}, "on_no_match": ask_opa}
+    if not outcomes:  # nothing decided ahead of time (Envoy refuses an empty matcher list): every record asks OPA
+        labels = None
     elif keyed is None or len(headers) == 1:
         by_outcome: dict = defaultdict(list)
         for values, outcome in outcomes.items():
@@ -148,7 +148,8 @@ def listener_matcher(outcomes: Outcomes, hop_timeout: str, headers: list[str]) -
         "matcher_list": {"matchers": [
             # Only OPA's decision sets the routing header (any other value was stripped before).
             {"predicate": header_is(ROUTING_HEADER, regex(".*")), "on_match": ask_opa},
-            {"predicate": header_is("content-length", regex(digits_at_most(MAX_RECORD_BYTES))), "on_match": {"matcher": labels}},
+            {"predicate": header_is("content-length", regex(digits_at_most(MAX_RECORD_BYTES))),
+             "on_match": {"matcher": labels} if labels is not None else ask_opa},
         ]},
         "on_no_match": ask_opa,
     }

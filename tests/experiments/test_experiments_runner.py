@@ -49,7 +49,7 @@ def deployments(monkeypatch):
     deployed_engine = {}
     monkeypatch.setattr(targets.deployment, "running", lambda: None)
     monkeypatch.setattr(targets.deployment, "deploy", deploy)
-    monkeypatch.setattr(runner, "send", lambda url, labels, body, request_id, timeout: Answer(
+    monkeypatch.setattr(runner, "send", lambda url, labels, body, request_id, timeout, policies: Answer(
         200, {"path": [{"instance": f"svc-{k}"} for k in range(len(deployed[-1].instances))]}, ""))
     return deployed, deployed_engine
 
