@@ -26,6 +26,7 @@ that both engines answer every point of the space and thousands of hostile label
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import defaultdict
 from pathlib import Path
@@ -166,13 +167,20 @@ def listener_matcher(outcomes: Outcomes, hop_timeout: str, headers: list[str]) -
 # ---- the guard: the tree as Envoy walks it -----------------------------------------------------
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _fullmatch(expression: str, value: str) -> bool:
+    """Whether `expression` matches all of `value`: the walk over a deployment's space asks the
+    same few pairs again and again (a label's group of values, each value)."""
+    return re.fullmatch(expression, value) is not None
+
+
 def _string_matches(match: dict, value: str | None) -> bool:
     if value is None:  # an absent header matches no value
         return False
     if "exact" in match:
         return value == match["exact"]
     if "safe_regex" in match:
-        return re.fullmatch(match["safe_regex"]["regex"], value) is not None
+        return _fullmatch(match["safe_regex"]["regex"], value)
     raise EngineError(f"check_routes: a string match it cannot evaluate: {match}")
 
 
