@@ -172,7 +172,14 @@ policy-bench: setup ## What one decision costs at each topology's enforcement po
 test: setup policy-test ## Run every test: policy (every rule set), services, control plane and end-to-end against real processes
 	$(foreach rules,$(notdir $(wildcard rule-sets/*)),$(MAKE) --no-print-directory policy-test policy=$(rules) &&) true
 	cd services && npm test
-	$(PY) -m pytest --durations=25  # the 25 slowest tests named in the log: where the time goes
+	@# The tests that start no deployment run beside the end-to-end ones (those run one at a time:
+	@# the entry port is one), their output shown when both are done; each names its 25 slowest.
+	@units=$$(mktemp); \
+	$(PY) -m pytest -m "not e2e and not k8s" -p no:cacheprovider --durations=25 >$$units 2>&1 & pid=$$!; \
+	echo "$(PY) -m pytest -m 'e2e and not k8s' --durations=25  (beside it: -m 'not e2e and not k8s')"; \
+	e2e=0; $(PY) -m pytest -m "e2e and not k8s" --durations=25 || e2e=$$?; \
+	rest=0; wait $$pid || rest=$$?; echo "--- the tests without a deployment, run beside them:"; cat $$units; rm -f $$units; \
+	test $$e2e -eq 0 -a $$rest -eq 0
 
 .PHONY: check
 check: setup policy-test ## The quick loop (about 3 minutes): policy lint and tests, the services' tests, every test but the end-to-end and Kubernetes ones
