@@ -169,8 +169,10 @@ def test_a_ref_that_is_no_commit_or_has_no_rule_set_is_refused(capsys):
 
 
 def test_a_folder_that_is_no_rule_set_is_refused(capsys, tmp_path):
-    assert cli.main(["policy-diff", "--base", "HEAD", "--policies", str(tmp_path)]) == 2
-    assert "is not a rule set" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:  # argparse: usage and the error, status 2
+        cli.main(["policy-diff", "--base", "HEAD", "--policies", str(tmp_path)])
+    assert refused.value.code == 2
+    assert "is no folder holding complyroute/compliance/" in capsys.readouterr().err
 
 
 def test_a_second_rule_set_s_change_is_named_by_its_own_labels_allowed(tmp_path):
