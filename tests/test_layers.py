@@ -25,9 +25,6 @@ KNOWN_CYCLES = [
     # the plan's data types live in the renderer (enforcement.py), which plan.py and identity.py
     # import, and enforcement.py names identity.PointTrust (under TYPE_CHECKING)
     ["complyroute.enforcement", "complyroute.identity", "complyroute.plan"],
-    # engines/__init__.py picks an engine module (lazily), each engine takes EngineError and PointConfig
-    # from it, and precompute.py imports both engines (lazily) while they import it
-    ["complyroute.engines", "complyroute.engines.envoy_compiled", "complyroute.engines.envoy_opa", "complyroute.engines.precompute"],
 ]
 
 

@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 from complyroute import engines, manifest, policydiff
-from complyroute.engines import envoy_compiled, envoy_opa, precompute
+from complyroute.engines import envoy_compiled, envoy_opa, precompute, rule_reads
 from complyroute.plan import place
 from complyroute.policyfiles import POLICIES
 from tests.walkthrough import rule_set_with_rule
@@ -110,7 +110,7 @@ def test_policy_diff_shows_the_added_rule_at_the_entry_allowed(walkthrough, swis
 def test_a_rule_reading_the_body_gets_no_table_denied(walkthrough, tmp_path):
     _, points = walkthrough
     policies = with_rule(tmp_path, MINORS)
-    reads = precompute.unenumerated_reads(policies)
+    reads = rule_reads.unenumerated_reads(policies)
     assert reads == [f"complyroute/compliance/compliance.rego:{rule_row(policies)} exclusions reads input.record.age"]
     data, precomputed = envoy_opa.decided_data(points, policies)
     assert precomputed.outcomes == {} and "input.record.age" in precomputed.skipped
@@ -119,7 +119,7 @@ def test_a_rule_reading_the_body_gets_no_table_denied(walkthrough, tmp_path):
 
 def test_the_shipped_rules_read_only_what_is_enumerated_allowed():
     # input.record only as is_object/type_name: whether it is an object, which the quick path checks.
-    assert precompute.unenumerated_reads(POLICIES) == []
+    assert rule_reads.unenumerated_reads(POLICIES) == []
 
 
 def test_the_guard_refuses_a_divergent_quick_path_denied(shipped):

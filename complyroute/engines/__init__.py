@@ -17,22 +17,13 @@ Both load the same rule set; neither re-implements it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from ..enforcement import EnforcementPoint
 from ..manifest import ENGINES
+from .contract import EngineError, PointConfig
 
-
-@dataclass(frozen=True)
-class PointConfig:
-    envoy: dict  # Envoy's bootstrap
-    opa: dict | None  # OPA's configuration; None: the point only forwards and runs no OPA
-    data: dict | None  # the document OPA loads beside the rule set (data.complyroute.index, see policydata)
-
-
-class EngineError(RuntimeError):
-    """An engine could not configure a point; the message says why and what to do."""
+__all__ = ["EngineError", "PointConfig", "configure"]  # the interface (contract.py), and the engine chosen by kind
 
 
 def configure(kind: str, points: list[EnforcementPoint], settings: dict, policies: Path, trust: dict | None = None) -> dict[str, PointConfig]:

@@ -33,7 +33,8 @@ from pathlib import Path
 
 from .. import enforcement, labels
 from ..enforcement import MAX_RECORD_BYTES, REVISION_HEADER, ROUTING_HEADER, EnforcementPoint
-from . import EngineError, PointConfig, envoy_opa, precompute
+from . import envoy_opa, precompute
+from .contract import EngineError, PointConfig
 
 HEADER_INPUT = "type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput"
 ROUTE_ACTION = "type.googleapis.com/envoy.config.route.v3.Route"

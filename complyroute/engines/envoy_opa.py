@@ -11,7 +11,8 @@ from pathlib import Path
 
 from .. import bundles, enforcement, labels, policydata
 from ..enforcement import EnforcementPoint
-from . import PointConfig, precompute
+from . import precompute
+from .contract import PointConfig
 
 
 def opa_data(points: list[EnforcementPoint], policies: Path) -> dict[str, dict]:
