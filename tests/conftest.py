@@ -1,6 +1,7 @@
 """Fixtures the control plane's tests and the end-to-end tests share."""
 
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -43,3 +44,16 @@ def hub_topology(tmp_path) -> manifest.Topology:
     (tmp_path / "hub" / "placement.py").write_text(HUB_PLACEMENT)
     (tmp_path / "hub.yaml").write_text(HUB_MANIFEST)
     return manifest.load(str(tmp_path / "hub.yaml"))
+
+
+# ---- tiers -----------------------------------------------------------------------------------
+# tests/integration/: tests that start no deployment but run real OPA, Envoy or
+# kubernetes-validate over whole topologies (a minute or more each file here). `make test` runs
+# them; `make check`, the quick loop, leaves them out (-m "not integration").
+INTEGRATION = Path(__file__).with_name("integration")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if INTEGRATION in item.path.parents:
+            item.add_marker(pytest.mark.integration)

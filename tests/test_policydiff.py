@@ -1,113 +1,12 @@
-"""make policy-diff: both rule sets asked by real OPA over the walkthrough's decision space."""
+"""make policy-diff without OPA: how changed consent values and denials are named, and the
+refusals of a ref or folder that holds no rule set. Both rule sets asked by real OPA:
+tests/integration/test_policydiff.py."""
 
-import io
-import itertools
-import json
-import shutil
 import subprocess
 
 import pytest
 
-from complyroute import __main__ as cli, manifest, policydiff, policyfiles
-
-# The walkthrough: 5 deciding listeners (the entry and four sidecars), 16 regions, 3 categories,
-# consent absent or one of 63 canonical values.
-SPACE = 5 * 16 * 3 * 64
-GDPR_REGIONS = ["EU", "IS", "LI", "NO"]
-
-
-@pytest.fixture(scope="module")
-def walkthrough():
-    return manifest.load(policydiff.WALKTHROUGH)
-
-
-@pytest.fixture(scope="module")
-def head(tmp_path_factory):
-    """policies/ as committed: what the tests compare with, whatever is being edited meanwhile."""
-    return policydiff.rule_set_at("HEAD", tmp_path_factory.mktemp("head"))
-
-
-def with_reference(folder, head, change):
-    policies = folder / "policies"
-    shutil.copytree(head, policies)
-    reference = policies / "complyroute" / "reference" / "data.json"
-    data = json.loads(reference.read_text())
-    change(data)
-    reference.write_text(json.dumps(data))
-    return policies
-
-
-@pytest.fixture(scope="module")
-def us_adequate(tmp_path_factory, head):
-    return with_reference(tmp_path_factory.mktemp("us"), head, lambda data: data["adequacy"].append("US"))
-
-
-@pytest.fixture(scope="module")
-def us_adequacy_diff(walkthrough, head, us_adequate):
-    return policydiff.compare(walkthrough, head, us_adequate)
-
-
-def labellings(result):
-    """Every labelling the groups name: (point, listener, category, consent, region)."""
-    return {(c["point"], c["listener"], *values)
-            for c in result["changes"] for values in itertools.product(*c["values"].values())}
-
-
-def test_us_adequacy_moves_eu_records_to_us_instances_allowed(us_adequacy_diff):
-    result = us_adequacy_diff
-    assert result["listeners"] == 5 and result["compared"] == SPACE
-    # Each group is every value of a set for each label (a box), none twice.
-    assert sum(c["labellings"] for c in result["changes"]) == len(labellings(result)) == result["changed"] == 1128
-    for change in result["changes"]:
-        before, after = change["before"], change["after"]
-        assert change["values"]["region"] == GDPR_REGIONS and set(change["values"]["category"]) <= {"personal", "health"}
-        if after["allowed"]:  # a move, to a US instance from its EU twin
-            assert before["allowed"] and after["destination"] == before["destination"].replace("-eu", "-us")
-            assert change["labels"]["consent"] == "with care" and len(change["values"]["consent"]) == 32
-        else:  # a denial that no longer counts the US as a residency violation
-            assert not before["allowed"] and after["reasons"] == [r for r in before["reasons"] if r[1] != "RESIDENCY_VIOLATION"]
-            assert change["labels"]["consent"] == "without care" and len(change["values"]["consent"]) == 31
-    moves = {(c["point"], category, c["before"].get("destination"), c["after"].get("destination"))
-             for c in result["changes"] for category in c["values"]["category"]}
-    assert ("entry", "personal", "ingest-eu", "ingest-us") in moves and ("entry", "health", "ingest-eu", "ingest-us") in moves
-    assert ("sidecar-ingest-us", "personal", "analyse-eu", "analyse-us") in moves
-    # analyse-us holds no health-data certification; an EU sender prefers its EU twin.
-    assert ("sidecar-ingest-us", "health", "analyse-eu", "analyse-us") not in moves
-    assert not any(point == "sidecar-ingest-eu" and after for point, _, _, after in moves)
-
-    text = io.StringIO()
-    policydiff.report(result, "HEAD", out=text)
-    lines = text.getvalue().splitlines()
-    assert lines[0] == f"policy-diff HEAD -> policies/: {SPACE} decisions compared at 5 deciding listeners, 1128 would change"
-    assert "  entry, listener entry (gateway -> ingest):" in lines
-    assert ("    category health,personal, consent with care, region EU,IS,LI,NO (256 labellings): allowed to ingest-eu -> allowed to ingest-us"
-            in lines)
-    assert ("    category health,personal, consent without care, region EU,IS,LI,NO (248 labellings): 451 NO_COMPLIANT_INSTANCE "
-            "(ingest-eu: PURPOSE_NOT_CONSENTED; ingest-us: PURPOSE_NOT_CONSENTED, RESIDENCY_VIOLATION) -> 451 PURPOSE_NOT_CONSENTED"
-            in lines)
-
-
-def test_an_unchanged_rule_set_changes_no_decision_denied(walkthrough, head, tmp_path):
-    same = with_reference(tmp_path, head, lambda data: None)
-    result = policydiff.compare(walkthrough, head, same)
-    assert result == {"compared": SPACE, "listeners": 5, "changed": 0, "changes": []}
-    text = io.StringIO()
-    policydiff.report(result, "HEAD", out=text)
-    assert text.getvalue() == f"policy-diff HEAD -> policies/: {SPACE} decisions compared at 5 deciding listeners, 0 would change\n"
-
-
-def test_a_purpose_no_instance_processes_for_is_asked_too(walkthrough, head, tmp_path):
-    # No instance of the walkthrough processes for marketing: the compiled engine's consent
-    # groups would try none of its values. Dropping it from the reference data makes every
-    # value naming it unknown (400), at every listener, whatever the region and category.
-    dropped = with_reference(tmp_path, head, lambda data: data["purposes"].pop("marketing"))
-    result = policydiff.compare(walkthrough, head, dropped)
-    assert result["compared"] == SPACE  # the labels either rule set knows
-    assert result["changed"] == len(labellings(result)) == 5 * 16 * 3 * 32
-    # Split by what each value was answered before; each part named as holding marketing.
-    assert all("marketing" in c["labels"]["consent"].split(", ")[0].removeprefix("with ").split(",") for c in result["changes"])
-    assert all("marketing" in consent.split(",") for *_, consent, _ in labellings(result))
-    assert {(c["after"]["status"], c["after"]["code"]) for c in result["changes"]} == {(400, "LABEL_UNKNOWN")}
+from complyroute import __main__ as cli, manifest, policydiff
 
 
 @pytest.mark.parametrize(("chosen", "parts"), [
@@ -141,21 +40,6 @@ def test_a_denial_shows_each_instance_s_reasons_where_its_code_does_not_say_them
     assert policydiff.move(None, {"allowed": True, "destination": "x"}) == "no answer -> allowed to x"
 
 
-def test_head_against_a_working_tree_by_the_command(capsys, us_adequate, us_adequacy_diff):
-    # A report: exit 0 with changes too, the same as compare() gives and report() prints.
-    assert cli.main(["policy-diff", "--base", "HEAD", "--policies", str(us_adequate)]) == 0
-    text = io.StringIO()
-    policydiff.report(us_adequacy_diff, "HEAD", str(us_adequate), out=text)
-    assert capsys.readouterr().out == text.getvalue()
-
-
-def test_the_command_answers_json_for_tools(capsys, monkeypatch, us_adequacy_diff):
-    monkeypatch.setattr(policydiff, "compare", lambda *args: us_adequacy_diff)
-    assert cli.main(["policy-diff", "--base", "HEAD", "--format", "json"]) == 0
-    answer = json.loads(capsys.readouterr().out)
-    assert answer == {"base": "HEAD", "policies": str(policyfiles.POLICIES), "topology": "mixed-regions", **us_adequacy_diff}
-
-
 def test_a_ref_that_is_no_commit_or_has_no_rule_set_is_refused(capsys):
     assert cli.main(["policy-diff", "--base", "no-such-ref-anywhere"]) == 2
     assert capsys.readouterr().err == (
@@ -173,29 +57,3 @@ def test_a_folder_that_is_no_rule_set_is_refused(capsys, tmp_path):
         cli.main(["policy-diff", "--base", "HEAD", "--policies", str(tmp_path)])
     assert refused.value.code == 2
     assert "is no folder holding complyroute/compliance/" in capsys.readouterr().err
-
-
-def test_a_second_rule_set_s_change_is_named_by_its_own_labels_allowed(tmp_path):
-    # rule-sets/classification with confidential and secret swapped in rank: analyse-eu (cleared
-    # confidential) may now take secret records, so ingest-eu's sidecar sends them to its EU
-    # twin instead of analyse-us; confidential records now outrank what store-eu is cleared for.
-    topology = manifest.load(str(manifest.REPO / "topologies" / "examples" / "classification.yaml"))
-    changed = tmp_path / "classification"
-    shutil.copytree(policyfiles.source_of("classification"), changed)
-    reference = changed / "complyroute" / "reference" / "data.json"
-    data = json.loads(reference.read_text())
-    data["classifications"]["confidential"]["level"], data["classifications"]["secret"]["level"] = 3, 2
-    reference.write_text(json.dumps(data))
-    result = policydiff.compare(topology, policyfiles.rule_set("classification"), policyfiles.rule_set(changed))
-    moves = {(c["point"], c["labels"]["classification"], c["before"].get("destination"), c["after"].get("destination"))
-             for c in result["changes"]}
-    assert ("sidecar-ingest-eu", "secret", "analyse-us", "analyse-eu") in moves
-    assert ("sidecar-analyse-eu", "confidential", "store-eu", None) in moves
-    assert {c["labels"]["classification"] for c in result["changes"]} == {"secret", "confidential"}
-    assert set(result["changes"][0]["labels"]) == {"classification", "retention"}
-
-
-def test_a_second_rule_set_unchanged_changes_nothing_denied():
-    topology = manifest.load(str(manifest.REPO / "topologies" / "examples" / "classification.yaml"))
-    rules = policyfiles.rule_set("classification")
-    assert policydiff.compare(topology, rules, rules)["changed"] == 0

@@ -1,0 +1,33 @@
+"""envoy-compiled's configure step over a whole topology, with real OPA asking the rule set
+(the pieces that need no process: tests/test_engines.py)."""
+
+from complyroute import engines, manifest
+from complyroute.plan import place
+from complyroute.policyfiles import POLICIES
+
+
+def test_compiled_listener_sends_what_its_tree_misses_to_opa_denied():
+    topology = manifest.load("central-entity", services=str(manifest.REPO / "topologies/examples/mixed-regions.yaml"), engine="envoy-compiled")
+    plan = place(topology)
+    configs = engines.configure("envoy-compiled", plan.points, topology.engine, POLICIES)
+    listeners = {l["name"]: l for l in configs["central-entity"].envoy["static_resources"]["listeners"]}
+    host = lambda name: listeners[name]["filter_chains"][0]["filters"][0]["typed_config"]["route_config"]["virtual_hosts"][0]
+    # The entry takes records from clients: no tree, every record asks OPA.
+    assert "matcher" not in host("entry") and host("entry")["routes"][0]["route"]["cluster_header"]
+    tree = host("from-ingest-eu")["matcher"]
+    # What is not a record is Envoy's to refuse, as the decision route's listener refuses it.
+    record, query, method = tree["matcher_list"]["matchers"]
+    assert tree["on_no_match"]["action"]["typed_config"]["direct_response"] == {"status": 404}
+    assert [m["on_match"]["action"]["typed_config"]["direct_response"]["status"] for m in (query, method)] == [400, 405]
+    inner = record["on_match"]["matcher"]
+    ask_opa = inner["on_no_match"]["action"]["typed_config"]
+    assert ask_opa["route"] == {"cluster_header": "x-complyroute-destination", "timeout": "60s"}
+    assert "typed_per_filter_config" not in ask_opa  # ext_authz stays on: OPA decides
+    first, record = inner["matcher_list"]["matchers"]
+    assert first["predicate"]["single_predicate"]["input"]["typed_config"]["header_name"] == "x-complyroute-destination"
+    assert first["on_match"]["action"]["typed_config"] == ask_opa
+    categories = record["on_match"]["matcher"]["matcher_tree"]["exact_match_map"]["map"]
+    assert set(categories) == {"anonymous", "personal", "health"}
+    leaves = [m["on_match"]["action"]["typed_config"] for c in categories.values() for m in c["matcher"]["matcher_list"]["matchers"]]
+    assert {leaf["route"]["cluster"] for leaf in leaves} == {"analyse-eu"}  # an EU sender: its region's replica
+    assert all(leaf["typed_per_filter_config"]["envoy.filters.http.ext_authz"]["disabled"] for leaf in leaves)
