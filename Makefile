@@ -169,11 +169,12 @@ policy-bench: setup ## What one decision costs at each topology's enforcement po
 
 ##@ Testing
 .PHONY: test
-test: setup policy-test ## Run every test: policy (every rule set), services, control plane and end-to-end against real processes
+test: setup policy-test ## Run every test but the Kubernetes ones: policy (every rule set), services, unit, integration (tests/integration/) and end-to-end against real processes
 	$(foreach rules,$(notdir $(wildcard rule-sets/*)),$(MAKE) --no-print-directory policy-test policy=$(rules) &&) true
 	cd services && npm test
-	@# The tests that start no deployment run beside the end-to-end ones (those run one at a time:
-	@# the entry port is one), their output shown when both are done; each names its 25 slowest.
+	@# The tests that start no deployment (unit and tests/integration/) run beside the end-to-end
+	@# ones (those run one at a time: the entry port is one), their output shown when both are
+	@# done; each names its 25 slowest.
 	@units=$$(mktemp); \
 	$(PY) -m pytest -m "not e2e and not k8s" -p no:cacheprovider --durations=25 >$$units 2>&1 & pid=$$!; \
 	echo "$(PY) -m pytest -m 'e2e and not k8s' --durations=25  (beside it: -m 'not e2e and not k8s')"; \
@@ -182,9 +183,13 @@ test: setup policy-test ## Run every test: policy (every rule set), services, co
 	test $$e2e -eq 0 -a $$rest -eq 0
 
 .PHONY: check
-check: setup policy-test ## The quick loop (about 3 minutes): policy lint and tests, the services' tests, every test but the end-to-end and Kubernetes ones
+check: setup policy-test ## The quick loop (at most 3 minutes): policy lint and tests, the services' tests, the unit tests (not tests/integration/, e2e/, k8s/: make test runs those but k8s)
 	cd services && npm test
-	$(PY) -m pytest -m "not e2e and not k8s" --durations=10
+	$(PY) -m pytest -m "not e2e and not k8s and not integration" -p no:cacheprovider --durations=10
+
+.PHONY: integration
+integration: setup ## The integration tests alone (tests/integration/: real OPA, Envoy and kubernetes-validate over whole topologies, no deployment; make test runs them too)
+	$(PY) -m pytest -m "integration and not k8s" -p no:cacheprovider --durations=10
 
 ##@ Deploying (processes on this machine, or target=k8s)
 .PHONY: deploy
