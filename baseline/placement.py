@@ -6,8 +6,8 @@ is started and no policy is asked: records go wherever the chain leads, whatever
 labels. Compare its round-trip times with a topology's to see the cost of deciding.
 """
 
-from complyroute.enforcement import ForwardingListener
-from complyroute.plan import Plan, ServiceProcess
+from complyroute.proxy.envoy import ForwardingListener
+from complyroute.topology.plan import Plan, ServiceProcess
 
 
 def place(topology, net) -> Plan:

@@ -6,8 +6,8 @@ back into it), on a listener of its own, so the central entity knows the sender 
 trusting the service to say who it is. It holds the whole catalog.
 """
 
-from complyroute.enforcement import DecidingListener
-from complyroute.plan import Plan, ServiceProcess, catalog, deciding_entry
+from complyroute.proxy.envoy import DecidingListener
+from complyroute.topology.plan import Plan, ServiceProcess, catalog, deciding_entry
 
 
 def place(topology, net) -> Plan:

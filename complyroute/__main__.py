@@ -12,8 +12,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import audit, deployment, manifest, policybench, policydiff, policyfiles, reload, trace
-from .client import send
+from complyroute.evidence import audit, trace
+from complyroute.runtime.local import deployment, reload
+from complyroute.topology import manifest
+from complyroute.authoring import policybench, policydiff
+from complyroute.policy import policyfiles
+from complyroute.client import send
 
 DEMO_MANIFEST = "topologies/examples/mixed-regions.yaml"
 DEMO_RECORDS = [
@@ -44,7 +48,7 @@ def cmd_deploy(args) -> int:
 
 
 def cmd_render(args) -> int:
-    from .kubernetes import render
+    from complyroute.runtime.kubernetes import render
 
     topology = manifest.load(args.topology, args.services, engine=args.engine)
     folder = deployment.RUNS / "k8s" / f"{topology.name}-{len(topology.instances)}"
@@ -61,7 +65,7 @@ def cmd_render(args) -> int:
 
 
 def cmd_k8s_deploy(args) -> int:
-    from .kubernetes import apply, render
+    from complyroute.runtime.kubernetes import apply, render
 
     topology = manifest.load(args.topology, args.services, engine=args.engine)
     try:
@@ -73,20 +77,20 @@ def cmd_k8s_deploy(args) -> int:
 
 
 def cmd_k8s_status(args) -> int:
-    from .kubernetes import apply
+    from complyroute.runtime.kubernetes import apply
 
     return apply.status(manifest.load(args.topology) if args.topology else None)
 
 
 def cmd_k8s_reload_policy(args) -> int:
-    from .kubernetes import apply
+    from complyroute.runtime.kubernetes import apply
 
     apply.reload_policy(manifest.load(args.topology), policyfiles.rule_set(args.policies))
     return 0
 
 
 def cmd_k8s_undeploy(args) -> int:
-    from .kubernetes import apply
+    from complyroute.runtime.kubernetes import apply
 
     return apply.delete()
 
@@ -179,8 +183,8 @@ def rules_at(opa: str, module: Path, rows: list[int]) -> list[str]:
 
 def check_fast_paths(paths: list[str]) -> int:
     """The allowed table and the compiled routes of each example catalog agree with the rules
-    (the deploy-time guards, engines/catalog_check.py), for each rule set of `paths`."""
-    from .engines import EngineError, catalog_check
+    (the deploy-time guards, engines/precompute.py), for each rule set of `paths`."""
+    from complyroute.engines import EngineError, precompute
 
     for folder in map(Path, paths):
         for catalog_file in sorted((folder / policyfiles.EXAMPLES).glob("catalog*.json")):

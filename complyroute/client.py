@@ -9,8 +9,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import labels as label_schema
-from .policyfiles import POLICIES
+from complyroute.policy import labels as label_schema
+from complyroute.policy.policyfiles import POLICIES
 
 
 @dataclass

@@ -10,8 +10,8 @@ allowed, and a router's catalog holds the services it owns plus the candidates o
 steps, nothing else. The entry on the gateway node decides the first hop.
 """
 
-from complyroute.enforcement import DecidingListener
-from complyroute.plan import Plan, ServiceProcess, catalog, deciding_entry
+from complyroute.proxy.envoy import DecidingListener
+from complyroute.topology.plan import Plan, ServiceProcess, catalog, deciding_entry
 
 
 def place(topology, net) -> Plan:

@@ -18,8 +18,8 @@ threads) its process used for a fixed number of sequential records, divided by t
   behind the same ext_authz, shows what the plugin costs before any rule runs.
 - compiled engine (envoy-compiled): the same listener and record; Envoy against the bare
   Envoy. Its OPA must receive no call (checked on Envoy's ext_authz counter).
-- mutual TLS (issue 9), every part a certificate of the bench's own CA (complyroute.pki),
-  identities as a deployment names them (complyroute.identity): the forwarding listener with
+- mutual TLS (issue 9), every part a certificate of the bench's own CA (complyroute.trust.pki),
+  identities as a deployment names them (complyroute.trust.identity): the forwarding listener with
   mTLS on both sides (its listener requires the sender's client certificate, its cluster
   speaks TLS to a next hop that requires Envoy's) against the same listener in plain HTTP;
   and the deciding listeners of both engines with mTLS against the same in plain HTTP. The
@@ -47,7 +47,7 @@ Where a point's Envoy and OPA are both measured, they are measured over the same
   the token (contextExtensions.label_token "issue") against the same route without: what
   issuing costs OPA per record at the entry (the answer of each is checked first).
 - the policy: `opa bench` of the decision, this rule set against the one of commit d2d81e4
-  (complyroute.policybench.compare).
+  (complyroute.authoring.policybench.compare).
 
 Prints a table and writes it as CSV (default runs/bench/<time>/bench.csv).
 """
@@ -72,10 +72,16 @@ from pathlib import Path
 
 import psutil
 
-from complyroute import bundles, deployment, enforcement, engines, identity, labels, localhttp, manifest, pki, policybench, policyfiles
-from complyroute.enforcement import DIGEST_HEADER, LABEL_TOKEN_HEADER, TOKEN_ISSUER, DecidingListener, EnforcementPoint, Endpoint, ForwardingListener, write_data
-from complyroute.manifest import REPO
-from complyroute.plan import ADMIN_SOCKET, API_SOCKET, DECISION_SOCKET, DIAGNOSTIC_SOCKET, place
+from complyroute.policy import bundles, labels, policyfiles
+from complyroute.runtime.local import deployment
+from complyroute import engines
+from complyroute.trust import identity, pki
+from complyroute.topology import localhttp, manifest
+from complyroute.authoring import policybench
+from complyroute.proxy.envoy import DIGEST_HEADER, LABEL_TOKEN_HEADER, TOKEN_ISSUER, DecidingListener, EnforcementPoint, Endpoint, ForwardingListener, write_data
+from complyroute.topology.manifest import REPO
+from complyroute.topology.plan import ADMIN_SOCKET, API_SOCKET, DECISION_SOCKET, DIAGNOSTIC_SOCKET, place
+from complyroute.proxy.envoy import BundleSource
 
 FLOOR_APP = REPO / "services" / "bench" / "floor.js"
 RUNS = REPO / "runs" / "bench"
@@ -160,7 +166,7 @@ class Bench:
         self.token_jwk, self.token_jwks = pki.signing_key()
         self.credentials: dict[str, identity.TlsFiles] = {}
         self.clients: dict[str, ssl.SSLContext] = {}
-        self.bundles: enforcement.BundleSource | None = None  # the bench's bundle server, once a point needs it
+        self.bundles: BundleSource | None = None  # the bench's bundle server, once a point needs it
         self.health_urls: dict[str, str] = {}  # OPAs: healthy once their bundle is loaded
 
     def endpoint(self) -> Endpoint:
@@ -172,13 +178,13 @@ class Bench:
         if part.kind == "opa":
             self.health_urls[part.name] = part.health_url
 
-    def bundle_source(self) -> enforcement.BundleSource:
+    def bundle_source(self) -> BundleSource:
         """The bench's bundle server (plain HTTP on loopback: the bench measures hops, and its
         OPAs read their bundle once), started with the first point that has an OPA."""
         if self.bundles is None:
             endpoint = self.endpoint()
             self.start(deployment.bundle_server_part(self.folder / deployment.BUNDLES, endpoint, "bench", self.folder, None, None))
-            self.bundles = enforcement.BundleSource(endpoint.url)
+            self.bundles = BundleSource(endpoint.url)
         return self.bundles
 
     def node_app(self, name: str, script: Path, env: dict) -> Endpoint:

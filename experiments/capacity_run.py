@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from complyroute import manifest
+from complyroute.topology import manifest
 
 from . import matrix, metadata, stats
 from .capacity import STEP_COLUMNS, STEPS_CSV, Parameters, capacity_text, judge, search, search_key

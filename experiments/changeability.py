@@ -4,7 +4,7 @@ The paper argues that a central entity is easier to change than dynamic routers 
 (sections I, II and VII) but measures nothing about change. Here each topology, under each
 engine, at 5 and 50 services, is deployed and sent records at a steady rate (open loop: each
 record is sent at its scheduled time, whether or not earlier ones were answered); after a
-few seconds the rule set changes (complyroute.reload: the US joins the EU adequacy list),
+few seconds the rule set changes (complyroute.runtime.local.reload: the US joins the EU adequacy list),
 records keep coming, then stop. Per cell:
 
 - propagation: from the reload's start until every enforcement point decides with the new
@@ -33,7 +33,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from complyroute import deployment, manifest, policyfiles, reload
+from complyroute.runtime.local import deployment, reload
+from complyroute.topology import manifest
+from complyroute.policy import policyfiles
 from complyroute.client import send
 
 from .matrix import ENFORCING as TOPOLOGIES

@@ -30,7 +30,7 @@ from locust import FastHttpUser, constant_throughput, events, task
 from locust.exception import StopUser
 
 # Locust loads this file by path: `experiments` is imported as installed (make setup: pip install -e .).
-from complyroute import labels, policyfiles
+from complyroute.policy import labels, policyfiles
 from experiments.mixes import BODY, MIXES, policy_of
 from experiments.openloop import ARRIVALS, Pacer, arrival_offsets, round_trip_ms
 from experiments.timing import DURATIONS, split

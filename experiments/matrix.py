@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field, fields
 
-from complyroute import manifest
+from complyroute.topology import manifest
 
-from complyroute import policyfiles
+from complyroute.policy import policyfiles
 
 from .mixes import MIXES, policy_of
 from .openloop import ARRIVALS

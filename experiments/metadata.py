@@ -12,8 +12,9 @@ from pathlib import Path
 
 import psutil
 
-from complyroute import deployment, policyfiles
-from complyroute.manifest import REPO
+from complyroute.runtime.local import deployment
+from complyroute.policy import policyfiles
+from complyroute.topology.manifest import REPO
 
 
 def git_commit(repo: Path = REPO) -> dict:

@@ -2,7 +2,7 @@
 schema), how often each is sent, and the answer it should get.
 
 The generated chain svc-01 .. svc-n processes for the purposes billing, analytics, care,
-billing, ... (complyroute.manifest.GENERATED_PURPOSES), one EU instance per step. Under the
+billing, ... (complyroute.topology.manifest.GENERATED_PURPOSES), one EU instance per step. Under the
 shipped rule set a record consenting to all three is allowed through every step; one lacking a
 purpose is denied (451 PURPOSE_NOT_CONSENTED) at the first hop into a service that processes
 for it. Under the classification rule set (rule-sets/classification, the mix of that name) the

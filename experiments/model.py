@@ -3,7 +3,7 @@
 run's own cells measured under load (costs_under_load), or, for a run whose cells cannot tell it,
 what `make bench` measured one part at a time.
 
-A record's path is taken from the topology's own placement (complyroute.plan.place): the entry,
+A record's path is taken from the topology's own placement (complyroute.topology.plan.place): the entry,
 every service of the chain in turn, the sidecar ingress before a service, the point deciding the
 hop out of it. Each part it passes is a *visit*: a process (a Node service, a point's Envoy or its
 OPA, the load generator) on a node, holding one of the process's threads and one of the node's
@@ -33,8 +33,8 @@ import pandas as pd
 import simpy
 from scipy.optimize import nnls
 
-from complyroute import manifest
-from complyroute.plan import GATEWAY_SENDER, place
+from complyroute.topology import manifest
+from complyroute.topology.plan import GATEWAY_SENDER, place
 
 from .matrix import BASELINE, COMPILED_ENGINE, MIN_ACHIEVED_SHARE
 

@@ -27,9 +27,10 @@ from urllib.parse import urlsplit
 import psutil
 from tqdm import tqdm
 
-from complyroute import manifest, policyfiles
+from complyroute.topology import manifest
+from complyroute.policy import policyfiles
 from complyroute.client import send
-from complyroute.manifest import REPO
+from complyroute.topology.manifest import REPO
 
 from . import metadata, stats
 from .matrix import BASELINE, BENCH_CSV, Cell, Parameters

@@ -45,9 +45,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from complyroute import audit, deployment, faults, manifest
+from complyroute.evidence import audit
+from complyroute.runtime.local import deployment, faults
+from complyroute.topology import manifest
 from complyroute.client import send
-from complyroute.manifest import REPO
+from complyroute.topology.manifest import REPO
 
 from .matrix import BASELINE, DEFAULT_USER_RATE, PAPER_NAMES
 from .matrix import ENFORCING as TOPOLOGIES

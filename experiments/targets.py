@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlsplit
 
-from complyroute import deployment
+from complyroute.runtime.local import deployment
 from complyroute.client import send
-from complyroute.kubernetes import apply, render
-from complyroute.kubernetes.nodes import NODE_LABEL, ONE_NODE_ROLE, ROLE_LABEL
-from complyroute.manifest import Topology
-from complyroute.plan import place
+from complyroute.runtime.kubernetes import apply, render
+from complyroute.runtime.kubernetes.nodes import NODE_LABEL, ONE_NODE_ROLE, ROLE_LABEL
+from complyroute.topology.manifest import Topology
+from complyroute.topology.plan import place
 
 from .mixes import ALLOWED_LABELS, BODY
 
@@ -148,7 +148,7 @@ def entry_url_of(url: str) -> str:
 
 class KubernetesTarget:
     """The current kubectl context: each cell's topology rendered and applied in its own namespace
-    (complyroute.kubernetes.apply, as `make deploy target=k8s`), its entry reached through `kubectl
+    (complyroute.runtime.kubernetes.apply, as `make deploy target=k8s`), its entry reached through `kubectl
     port-forward` to the entry's Service or at `entry_url`, the namespace deleted afterwards."""
 
     name = "k8s"

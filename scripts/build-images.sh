@@ -18,7 +18,7 @@ set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 PY=$REPO/.venv/bin/python
-eval "$(cd "$REPO" && "$PY" -m complyroute.images)"
+eval "$(cd "$REPO" && "$PY" -m complyroute.runtime.kubernetes.images)"
 STAGE=$IMAGES_DIR/stage
 # buildah's own storage, inside the repository's runs/: nothing is left in /var/lib/containers.
 BUILDAH=(buildah --root "$IMAGES_DIR/storage" --runroot "$IMAGES_DIR/runroot" --storage-driver vfs)
@@ -71,7 +71,7 @@ done_with() { mv "$IMAGES_DIR/$1.inputs.new" "$IMAGES_DIR/$1.inputs"; }
 "${BUILDAH[@]}" rm --all >/dev/null 2>&1 || true
 
 NODE_BINARY=$(readlink -f "$REPO/tools/node/node_modules/.bin/node")
-ENVOY_BINARY=$("$PY" -c 'from complyroute.deployment import envoy_binary; print(envoy_binary())')
+ENVOY_BINARY=$("$PY" -c 'from complyroute.runtime.local.deployment import envoy_binary; print(envoy_binary())')
 INTERPRETER=$(readlink -f "$("$PY" -c 'import sys; print(sys._base_executable)')")
 STDLIB=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')
 PAUSE_SOURCE=$(cd "$REPO/tools/kubernetes" && GOWORK=off GOFLAGS=-mod=mod go list -m -f '{{.Dir}}' k8s.io/kubernetes)/build/pause/linux/pause.c

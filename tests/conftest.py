@@ -5,13 +5,13 @@ from pathlib import Path
 
 import pytest
 
-from complyroute import manifest
+from complyroute.topology import manifest
 
 # A topology no one wrote into the repository: the entry decides the first hop, and one hub on
 # the first service node decides every later one. Its folder holds only its placement.
 HUB_PLACEMENT = textwrap.dedent('''
-    from complyroute.enforcement import DecidingListener
-    from complyroute.plan import Plan, ServiceProcess, catalog, deciding_entry
+    from complyroute.topology.plan import DecidingListener
+    from complyroute.topology.plan import Plan, ServiceProcess, catalog, deciding_entry
 
 
     def place(topology, net):

@@ -12,8 +12,11 @@ import json
 
 import pytest
 
-from complyroute import audit, enforcement, manifest, policydata
-from complyroute.plan import GATEWAY_SENDER, place
+from complyroute.evidence import audit
+from complyroute.topology import manifest
+from complyroute.policy import policydata
+from complyroute.topology.plan import GATEWAY_SENDER, place
+from complyroute.proxy.envoy import write_data
 
 MIXED_REGIONS = manifest.REPO / "topologies" / "examples" / "mixed-regions.yaml"
 EU_PERSONAL = {"region": "EU", "category": "personal", "consent": "billing,care"}
@@ -39,7 +42,7 @@ def write_run(folder, topology="sidecar"):
     plan = place(manifest.load(topology, services=str(MIXED_REGIONS)))
     deciding = {p.name: p.catalog for p in plan.points if p.deciding}
     for name, document in policydata.opa_data(deciding).items():
-        enforcement.write_data(folder / "points" / name / "data", document)
+        write_data(folder / "points" / name / "data", document)
     (folder / "audit").mkdir(parents=True)
     (folder / "state.json").write_text(json.dumps(state_of(plan)))
     return folder

@@ -16,8 +16,10 @@ import urllib.request
 
 import pytest
 
-from complyroute import bundles, bundleserver, deployment, identity, pki, policyfiles
-from complyroute.manifest import REPO
+from complyroute.policy import bundles, bundleserver, policyfiles
+from complyroute.runtime.local import deployment
+from complyroute.trust import identity, pki
+from complyroute.topology.manifest import REPO
 
 OPA = str(REPO / "bin" / "opa")
 INDEX = {"complyroute": {"index": {"steps": {}}}}

@@ -8,7 +8,7 @@ import time
 import psutil
 import pytest
 
-from complyroute import deployment
+from complyroute.runtime.local import deployment
 
 
 def test_new_run_dir_same_second_allowed(tmp_path, monkeypatch):

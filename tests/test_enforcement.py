@@ -16,9 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from complyroute import deployment, engines, enforcement, identity, labels, localhttp, manifest
-from complyroute.policyfiles import POLICIES
-from complyroute.plan import LocalNetwork, place
+from complyroute.runtime.local import deployment
+from complyroute import engines
+from complyroute.trust import identity
+from complyroute.policy import labels
+from complyroute.topology import localhttp, manifest
+from complyroute.policy.policyfiles import POLICIES
+from complyroute.topology.plan import LocalNetwork, place
+from complyroute.proxy.envoy import A_RECORD, BundleSource, LOCAL_REPLIES, MAX_RECORD_BYTES, OVER_BOUND, OVER_BOUND_HEADER, REQUEST_FORMS, ROUTE_CONFIGURATION, UAEX, label_bound, receive_timeouts
 
 TOPOLOGIES = ["sidecar", "central-entity", "dynamic-router-3", "dynamic-router-6", "baseline"]
 MIXED_REGIONS = str(manifest.REPO / "topologies" / "examples" / "mixed-regions.yaml")
@@ -64,7 +69,7 @@ def with_routes_inline(bootstrap: dict) -> dict:
                 rds = manager["rds"]
                 response = json.loads(Path(rds["config_source"]["path_config_source"]["path"]).read_text())
                 (resource,) = response["resources"]
-                assert resource.pop("@type") == enforcement.ROUTE_CONFIGURATION and resource["name"] == rds["route_config_name"]
+                assert resource.pop("@type") == ROUTE_CONFIGURATION and resource["name"] == rds["route_config_name"]
                 network_filter["typed_config"] = dict(("route_config", resource) if key == "rds" else (key, value) for key, value in manager.items())
     return inline
 
@@ -77,7 +82,7 @@ def test_envoy_accepts_every_rendered_configuration_allowed(topology, engine, se
     files, credentials) passes `envoy --mode validate`, and so do the route files' contents. One
     Envoy per file, as many at once as there are cores."""
     plan, configs = configured(topology, engine, tmp_path / "pki" if secured else None)
-    source = enforcement.BundleSource("http://127.0.0.1:1")
+    source = BundleSource("http://127.0.0.1:1")
     files = []
     for point in plan.points:
         folder = tmp_path / point.name
@@ -100,7 +105,7 @@ def test_route_files_are_checked_by_their_content_denied(tmp_path):
     is what catches it."""
     plan, configs = configured("central-entity", "envoy-compiled")
     (point,) = plan.points
-    deployment.point_parts(point, configs[point.name], tmp_path, tmp_path, "r1", enforcement.BundleSource("http://127.0.0.1:1"), {})
+    deployment.point_parts(point, configs[point.name], tmp_path, tmp_path, "r1", BundleSource("http://127.0.0.1:1"), {})
     route_file = next((tmp_path / deployment.ROUTES).glob("*.json"))
     response = json.loads(route_file.read_text())
     response["resources"][0]["virtual_hosts"][0]["no_such_field"] = 1
@@ -157,7 +162,7 @@ def test_a_deployments_private_sockets_fit_a_unix_socket_path():
 def test_opa_runs_with_a_read_only_api_and_a_diagnostic_address(tmp_path):
     plan, configs = configured("central-entity", "envoy-opa", net=LocalNetwork(tmp_path / "private"))
     point = plan.points[0]
-    source = enforcement.BundleSource("http://127.0.0.1:1")
+    source = BundleSource("http://127.0.0.1:1")
     opa, envoy = deployment.point_parts(point, configs[point.name], tmp_path / "point", tmp_path, "r1", source, {})
     command = opa.command
     assert f"--addr=unix://{point.opa_http.path}" in command
@@ -196,19 +201,19 @@ def test_every_listener_takes_post_process_only_and_refuses_the_rest_itself(engi
 
 @pytest.mark.parametrize("path, status", [("/process", None), ("/process?a=%zz", 400), ("/process?", 400), ("/processx", 404), ("/", 404)])
 def test_request_forms_tell_a_query_from_another_path(path, status):
-    record = all(value.get("exact") == (path if header == ":path" else "POST") for header, value in enforcement.A_RECORD)
-    matched = next((s for _, predicates, s in enforcement.REQUEST_FORMS
+    record = all(value.get("exact") == (path if header == ":path" else "POST") for header, value in A_RECORD)
+    matched = next((s for _, predicates, s in REQUEST_FORMS
                     for header, value in predicates if header == ":path" and re.fullmatch(value["safe_regex"]["regex"], path)), None)
     assert (None if record else (matched or 404)) == status
 
 
 def test_local_replies_keep_the_policys_answers_and_make_every_other_refusal_json():
-    mappers = enforcement.LOCAL_REPLIES["mappers"]
+    mappers = LOCAL_REPLIES["mappers"]
     uaex = [m for m in mappers if "UAEX" in json.dumps(m["filter"])]
     # The policy's 451 (sent as 403) and its 400 keep OPA's body; a missing decision is 503 JSON.
     assert mappers[: len(uaex)] == uaex and "body_format_override" not in uaex[0] and uaex[0]["status_code"] == 451
     assert uaex[1]["body_format_override"]["json_format"]["code"] == "DECISION_UNAVAILABLE"
-    assert uaex[2] == {"filter": enforcement.UAEX}
+    assert uaex[2] == {"filter": UAEX}
     others = mappers[len(uaex):]
     codes = {json.dumps(m["filter"]): m["body_format_override"]["json_format"] for m in others}
     for status in (400, 404, 405, 408, 413, 426, 431):
@@ -227,19 +232,19 @@ def test_labels_are_bounded_before_opa_where_a_sender_gives_them(secured, tmp_pa
             manager = managers(configs[point.name].envoy)[listener.name]
             names = [f["name"] for f in manager["http_filters"]]
             bounded = not secured or listener.from_client
-            assert (enforcement.label_bound(SCHEMA) in manager["http_filters"]) == bounded, listener.name
+            assert (label_bound(SCHEMA) in manager["http_filters"]) == bounded, listener.name
             if bounded:
                 assert names.index("envoy.filters.http.lua") < names.index("envoy.filters.http.ext_authz")
                 removed = manager["http_filters"][0]["typed_config"]["mutations"]["request_mutations"]
-                assert {"remove": enforcement.OVER_BOUND_HEADER} in removed  # a sender cannot name a refusal
-    lua = enforcement.label_bound(SCHEMA)["typed_config"]["default_source_code"]["inline_string"]
+                assert {"remove": OVER_BOUND_HEADER} in removed  # a sender cannot name a refusal
+    lua = label_bound(SCHEMA)["typed_config"]["default_source_code"]["inline_string"]
     assert lua.startswith('local LABEL_HEADERS = {"x-data-category", "x-data-consent", "x-data-region"}\n')
     assert f"#value > {enforcement.MAX_LABEL_BYTES}" in lua and f"commas >= {enforcement.MAX_LABEL_VALUES}" in lua
     # Its 431 is told from the codec's by the header it sets: matched before the codec's mapper.
-    mappers = enforcement.LOCAL_REPLIES["mappers"]
+    mappers = LOCAL_REPLIES["mappers"]
     codes = [m.get("body_format_override", {}).get("json_format", {}).get("code") for m in mappers]
     assert codes.index("LABEL_TOO_LARGE") < codes.index("HEADERS_TOO_LARGE")
-    assert enforcement.OVER_BOUND in mappers[codes.index("LABEL_TOO_LARGE")]["filter"]["and_filter"]["filters"]
+    assert OVER_BOUND in mappers[codes.index("LABEL_TOO_LARGE")]["filter"]["and_filter"]["filters"]
 
 
 def test_only_the_entry_replaces_a_clients_request_id():
@@ -260,16 +265,16 @@ def test_only_the_entry_replaces_a_clients_request_id():
     ({"receive_timeout": "0.5s"}, ("0.5s", "2.5s")),
 ])
 def test_receive_timeouts_follow_the_hop_timeout_allowed(settings, expected):
-    assert enforcement.receive_timeouts(settings) == expected
+    assert receive_timeouts(settings) == expected
 
 
 @pytest.mark.parametrize("settings", [{"receive_timeout": "59s"}, {"hop_timeout": "2s"}, {"receive_timeout": "500ms"}])
 def test_receive_timeouts_longer_than_a_hop_or_not_in_seconds_denied(settings):
     with pytest.raises(ValueError):
-        enforcement.receive_timeouts(settings)
+        receive_timeouts(settings)
 
 
 def test_the_services_body_limit_is_the_enforcement_points():
     source = (manifest.REPO / "services" / "app.js").read_text()
     limit = re.search(r"export const BODY_LIMIT = ([0-9 *]+)\n", source).group(1)
-    assert eval(limit) == enforcement.MAX_RECORD_BYTES  # noqa: S307 (digits and * only, by the pattern)
+    assert eval(limit) == MAX_RECORD_BYTES  # noqa: S307 (digits and * only, by the pattern)

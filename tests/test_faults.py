@@ -3,7 +3,7 @@
 import csv
 from pathlib import Path
 
-from complyroute import faults
+from complyroute.runtime.local import faults
 from experiments import soak
 
 STATE = {"parts": [

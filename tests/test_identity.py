@@ -5,9 +5,11 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives import hashes
 
-from complyroute import engines, enforcement, identity, manifest, pki
-from complyroute.policyfiles import POLICIES
-from complyroute.plan import place
+from complyroute import engines
+from complyroute.trust import identity, pki
+from complyroute.topology import manifest
+from complyroute.policy.policyfiles import POLICIES
+from complyroute.topology.plan import place
 
 MIXED_REGIONS = str(manifest.REPO / "topologies" / "examples" / "mixed-regions.yaml")
 DECIDING = ["sidecar", "central-entity", "dynamic-router-3", "dynamic-router-6"]

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from complyroute import labels, policyfiles
-from complyroute.policyfiles import POLICIES
+from complyroute.policy import labels, policyfiles
+from complyroute.policy.policyfiles import POLICIES
 
 SHIPPED = labels.reference_of(POLICIES)
 

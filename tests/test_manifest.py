@@ -4,8 +4,8 @@ import re
 
 import pytest
 
-from complyroute import manifest
-from complyroute.manifest import ManifestError, expand
+from complyroute.topology import manifest
+from complyroute.topology.manifest import ManifestError, expand
 
 SOURCE = manifest.REPO / "topologies" / "test.yaml"
 

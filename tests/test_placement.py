@@ -2,10 +2,12 @@
 
 import yaml
 
-from complyroute import enforcement, labels, manifest
-from complyroute.kubernetes import render, validate
-from complyroute.plan import place
-from complyroute.policyfiles import POLICIES
+from complyroute.policy import labels
+from complyroute.topology import manifest
+from complyroute.runtime.kubernetes import render, validate
+from complyroute.topology.plan import place
+from complyroute.policy.policyfiles import POLICIES
+from complyroute.proxy.envoy import ROLES, ROUTING_HEADER, envoy_config
 
 
 def plan():
@@ -42,7 +44,7 @@ def test_last_step_sidecar_has_no_egress():
 
 def test_deciding_listener_fails_closed_and_strips_routing_header():
     p = plan()
-    config = enforcement.envoy_config(point(p, "sidecar-ingest-eu"), {}, labels=labels.schema(POLICIES))
+    config = envoy_config(point(p, "sidecar-ingest-eu"), {}, labels=labels.schema(POLICIES))
     egress = next(l for l in config["static_resources"]["listeners"] if l["name"] == "egress")
     manager = egress["filter_chains"][0]["filters"][0]["typed_config"]
     filters = [f["name"] for f in manager["http_filters"]]
@@ -51,7 +53,7 @@ def test_deciding_listener_fails_closed_and_strips_routing_header():
     authz = manager["http_filters"][2]["typed_config"]
     assert authz["failure_mode_allow"] is False and authz["clear_route_cache"] is True
     route = manager["route_config"]["virtual_hosts"][0]["routes"][0]["route"]
-    assert route["cluster_header"] == enforcement.ROUTING_HEADER
+    assert route["cluster_header"] == ROUTING_HEADER
 
 
 def test_ports_are_unique_across_the_deployment():
@@ -141,7 +143,7 @@ def test_placement_tags_each_point_with_its_role_and_group():
     for topology, tags in expected.items():
         points = {p.name: (p.role, p.group) for p in place(manifest.load(topology, services=6)).points}
         assert {name: points[name] for name in tags} == tags, topology
-        assert {role for role, _ in points.values()} <= set(enforcement.ROLES)
+        assert {role for role, _ in points.values()} <= set(ROLES)
 
 
 def test_a_topology_outside_the_repository_is_its_folder_and_its_manifest_allowed(hub_topology, tmp_path):

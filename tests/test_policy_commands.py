@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from complyroute import policyfiles
+from complyroute.policy import policyfiles
 from complyroute.__main__ import main
 
 EXAMPLES = policyfiles.POLICIES / policyfiles.EXAMPLES

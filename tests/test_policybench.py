@@ -2,7 +2,7 @@
 
 import pytest
 
-from complyroute import policybench
+from complyroute.authoring import policybench
 
 
 @pytest.mark.parametrize("topology_name, services, point, catalog_size", [

@@ -4,8 +4,9 @@ import shutil
 
 import pytest
 
-from complyroute import manifest, policydata, policyfiles
-from complyroute.plan import place
+from complyroute.topology import manifest
+from complyroute.policy import policydata, policyfiles
+from complyroute.topology.plan import place
 
 
 def deciding_catalogs(topology: str, services: int) -> dict[str, dict]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from complyroute.manifest import REPO
+from complyroute.topology.manifest import REPO
 
 SCRIPT = REPO / "scripts" / "check-prereqs.sh"
 # pyenv's interpreters, where the machine has them (these machines do); the test needs a real 3.10.

@@ -5,7 +5,7 @@ import re
 import shutil
 from pathlib import Path
 
-from complyroute.policyfiles import POLICIES
+from complyroute.policy.policyfiles import POLICIES
 
 README = POLICIES / "README.md"
 

@@ -19,9 +19,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..enforcement import EnforcementPoint
-from ..manifest import ENGINES
-from .contract import EngineError, PointConfig
+from complyroute.proxy.envoy import EnforcementPoint
+from complyroute.topology.manifest import ENGINES
 
 __all__ = ["EngineError", "PointConfig", "configure"]  # the interface (contract.py), and the engine chosen by kind
 
@@ -30,7 +29,7 @@ def configure(kind: str, points: list[EnforcementPoint], settings: dict, policie
     """The configuration of every point, by the engine `kind` (a manifest's engine.kind).
 
     `trust`: by point name, its identity.PointTrust; None: plain HTTP between parts."""
-    from . import envoy_compiled, envoy_opa
+    from complyroute.engines import envoy_compiled, envoy_opa
 
     modules = {"envoy-opa": envoy_opa, "envoy-compiled": envoy_compiled}
     assert set(modules) == set(ENGINES), "every engine a manifest may name has a module here"

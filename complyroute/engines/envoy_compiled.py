@@ -31,10 +31,10 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
-from .. import enforcement, labels
-from ..enforcement import MAX_RECORD_BYTES, REVISION_HEADER, ROUTING_HEADER, EnforcementPoint
-from . import envoy_opa, precompute
-from .contract import EngineError, PointConfig
+from complyroute.policy import labels
+from complyroute.proxy.envoy import MAX_RECORD_BYTES, REVISION_HEADER, ROUTING_HEADER, EnforcementPoint
+from complyroute.engines import EngineError, PointConfig, envoy_opa, precompute
+from complyroute.proxy.envoy import A_RECORD, RECORD_PATH, REQUEST_FORMS, decided_route, decision_route, hop_timeout_of, refusal_route
 
 HEADER_INPUT = "type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput"
 ROUTE_ACTION = "type.googleapis.com/envoy.config.route.v3.Route"
@@ -100,7 +100,7 @@ def listener_matcher(outcomes: Outcomes, hop_timeout: str, headers: list[str]) -
     absent. The predicates under a key are disjoint (a labelling has one outcome), so their order
     does not matter, and there are few: labellings fall into few boxes.
     """
-    ask_opa = action("decide", enforcement.decision_route(hop_timeout))
+    ask_opa = action("decide", decision_route(hop_timeout))
 
     def label_is(header: str, values: frozenset) -> dict:
         if values == {None}:
@@ -110,7 +110,7 @@ def listener_matcher(outcomes: Outcomes, hop_timeout: str, headers: list[str]) -
     def leaves(by_outcome: dict[tuple[str, str], list[tuple]], label_headers: list[str]) -> dict:
         matchers = []
         for (destination, revision), labellings in sorted(by_outcome.items()):
-            decided = action(f"to-{destination}", enforcement.decided_route(destination, hop_timeout, revision))
+            decided = action(f"to-{destination}", decided_route(destination, hop_timeout, revision))
             for box in precompute.boxes(labellings, split_absent=True):
                 predicates = [label_is(header, values) for header, values in zip(label_headers, box)]
                 predicate = predicates[0] if len(predicates) == 1 else {"and_matcher": {"predicate": predicates}}
@@ -144,7 +144,7 @@ def listener_matcher(outcomes: Outcomes, hop_timeout: str, headers: list[str]) -
         return matched[0] if len(matched) == 1 else {"and_matcher": {"predicate": matched}}
 
     def refusal(name: str, status: int, predicates: list) -> dict:
-        return action(name, enforcement.refusal_route(name, status, predicates, deciding=True))
+        return action(name, refusal_route(name, status, predicates, deciding=True))
 
     a_record = {
         "matcher_list": {"matchers": [
@@ -158,8 +158,8 @@ def listener_matcher(outcomes: Outcomes, hop_timeout: str, headers: list[str]) -
     # The same requests as enforcement.refusal_routes refuse, in the same order.
     return {
         "matcher_list": {"matchers": [
-            {"predicate": all_of(enforcement.A_RECORD), "on_match": {"matcher": a_record}},
-            *[{"predicate": all_of(predicates), "on_match": refusal(name, status, predicates)} for name, predicates, status in enforcement.REQUEST_FORMS],
+            {"predicate": all_of(A_RECORD), "on_match": {"matcher": a_record}},
+            *[{"predicate": all_of(predicates), "on_match": refusal(name, status, predicates)} for name, predicates, status in REQUEST_FORMS],
         ]},
         "on_no_match": refusal("not-a-record", 404, []),
     }
@@ -245,7 +245,7 @@ def check_routes(point: EnforcementPoint, matchers: dict[str, dict], precomputed
     expected, routed = {}, {}
     for labelling in precompute.labellings(only_compiled):
         _, listener, values = labelling
-        headers = {":method": "POST", ":path": enforcement.RECORD_PATH, "content-type": "application/json", "content-length": "2",
+        headers = {":method": "POST", ":path": RECORD_PATH, "content-type": "application/json", "content-length": "2",
                    **{header: value for (_, header), value in zip(space["labels"], values) if value is not None}}
         action = matched_action(matchers[listener], headers)
         if action is None:
@@ -262,7 +262,7 @@ def check_routes(point: EnforcementPoint, matchers: dict[str, dict], precomputed
 def configure(points: list[EnforcementPoint], settings: dict, policies: Path, trust: dict) -> dict[str, PointConfig]:
     data, precomputed = envoy_opa.decided_data(points, policies)
     outcomes = outcomes_by_listener(precomputed)
-    hop_timeout = enforcement.hop_timeout_of(settings)
+    hop_timeout = hop_timeout_of(settings)
     label_schema = labels.schema(policies)
     headers = [label.header for label in label_schema]
     configs = {}

@@ -9,10 +9,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .. import bundles, enforcement, labels, policydata
-from ..enforcement import EnforcementPoint
-from . import precompute
-from .contract import PointConfig
+from complyroute.policy import bundles, labels, policydata
+from complyroute.proxy.envoy import EnforcementPoint
+from complyroute.engines import PointConfig, precompute
+from complyroute.proxy.envoy import envoy_config, opa_config
 
 
 def opa_data(points: list[EnforcementPoint], policies: Path) -> dict[str, dict]:
@@ -36,9 +36,9 @@ def decided_data(points: list[EnforcementPoint], policies: Path) -> tuple[dict[s
 def point_config(point: EnforcementPoint, settings: dict, data: dict | None, label_schema: tuple[labels.Label, ...],
                  matchers: dict[str, dict] | None = None, trust=None) -> PointConfig:
     if not point.deciding:  # a point that only forwards (baseline, a last step's sidecar) needs no OPA
-        return PointConfig(enforcement.envoy_config(point, settings, trust=trust), None, None)
-    opa = enforcement.opa_config(point, decision_logs=settings.get("decision_logs", "off"))
-    return PointConfig(enforcement.envoy_config(point, settings, matchers, trust, label_schema), opa, data)
+        return PointConfig(envoy_config(point, settings, trust=trust), None, None)
+    opa = opa_config(point, decision_logs=settings.get("decision_logs", "off"))
+    return PointConfig(envoy_config(point, settings, matchers, trust, label_schema), opa, data)
 
 
 def configure(points: list[EnforcementPoint], settings: dict, policies: Path, trust: dict) -> dict[str, PointConfig]:

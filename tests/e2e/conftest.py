@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import pytest
 
-from complyroute import deployment
+from complyroute.runtime.local import deployment
 
 from .helpers import ENFORCING, ENGINES, POOL_RECEIVE_TIMEOUT, mixed_regions
 

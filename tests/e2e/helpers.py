@@ -7,7 +7,10 @@ import time
 import uuid
 from pathlib import Path
 
-from complyroute import deployment, localhttp, manifest, pki, policyfiles
+from complyroute.runtime.local import deployment
+from complyroute.topology import localhttp, manifest
+from complyroute.trust import pki
+from complyroute.policy import policyfiles
 from complyroute.client import send
 
 MIXED_REGIONS = manifest.REPO / "topologies" / "examples" / "mixed-regions.yaml"

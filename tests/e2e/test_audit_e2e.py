@@ -15,7 +15,9 @@ import uuid
 
 import pytest
 
-from complyroute import bundles, deployment, manifest
+from complyroute.policy import bundles
+from complyroute.runtime.local import deployment
+from complyroute.topology import manifest
 from complyroute.client import send
 
 from .helpers import ENGINES, EU_PERSONAL, MIXED_REGIONS, RECORD, post, wait_for_audit

@@ -6,7 +6,7 @@ enforcement and nothing else: no policy is asked, no OPA runs.
 
 import pytest
 
-from complyroute import deployment
+from complyroute.runtime.local import deployment
 
 from .helpers import deploy_mixed_regions, instances_reached, post, wait_for_audit
 

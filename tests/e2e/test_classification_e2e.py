@@ -18,7 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from complyroute import audit, deployment, manifest, policyfiles, trace
+from complyroute.evidence import audit, trace
+from complyroute.runtime.local import deployment
+from complyroute.topology import manifest
+from complyroute.policy import policyfiles
 
 from .helpers import ENFORCING, ENGINES, post, wait_for_audit
 

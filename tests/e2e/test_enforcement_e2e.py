@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from complyroute import audit, deployment
-from complyroute.plan import GATEWAY_SENDER
+from complyroute.evidence import audit
+from complyroute.runtime.local import deployment
+from complyroute.topology.plan import GATEWAY_SENDER
 
 from .helpers import ENFORCING, ENGINES, EU_PERSONAL, audit_lines, instances_reached, post, send_as, wait_for_audit
 

@@ -29,12 +29,16 @@ from dataclasses import replace
 
 import pytest
 
-from complyroute import bundles, deployment, enforcement, engines, manifest, policyfiles
+from complyroute.policy import bundles, policyfiles
+from complyroute.runtime.local import deployment
+from complyroute import engines
+from complyroute.topology import manifest
 from complyroute.engines.envoy_compiled import compiled_listeners
 from complyroute.engines.precompute import canonical_sets
-from complyroute.labels import schema
-from complyroute.enforcement import Endpoint
-from complyroute.plan import place
+from complyroute.policy.labels import schema
+from complyroute.proxy.envoy import Endpoint
+from complyroute.topology.plan import place
+from complyroute.proxy.envoy import BundleSource
 
 from .helpers import ENFORCING, MIXED_REGIONS, REFERENCE
 
@@ -136,7 +140,7 @@ class Engine:
         parts = [deployment.bundle_server_part(self.folder / deployment.BUNDLES, bundle_server, "test", logs, None, None)]
         for point in points:
             parts += deployment.point_parts(point, configs[point.name], self.folder / point.name, logs, revision,
-                                            enforcement.BundleSource(bundle_server.url), {})
+                                            BundleSource(bundle_server.url), {})
         destinations = {i: e for point in points for i, e in point.destinations.items()}
         sink_admin = Endpoint("127.0.0.1", 39990)
         (self.folder / "sink.json").write_text(json.dumps(sink_envoy(destinations, sink_admin)))

@@ -27,7 +27,9 @@ from pathlib import Path
 
 import pytest
 
-from complyroute import deployment, enforcement, localhttp
+from complyroute.runtime.local import deployment
+from complyroute.topology import localhttp
+from complyroute.proxy.envoy import MAX_RECORD_BYTES, receive_timeouts
 
 from .helpers import ENFORCING, ENGINES, POOL_RECEIVE_TIMEOUT, as_part, as_service, egress_url, label_token, opa_api
 
@@ -141,10 +143,10 @@ NOT_RECORDS = {
     "DELETE /process": (request(b"DELETE", b"/process", b""), 405, "METHOD_NOT_ALLOWED"),
     "bad escape in a query": (request(path=b"/process?a=%zz"), 400, "BAD_REQUEST"),
     "a query": (request(path=b"/process?a;b"), 400, "BAD_REQUEST"),
-    "a body over the limit": (request(body=b'{"a": "' + b"x" * enforcement.MAX_RECORD_BYTES + b'"}'), 413, "BODY_TOO_LARGE"),
+    "a body over the limit": (request(body=b'{"a": "' + b"x" * MAX_RECORD_BYTES + b'"}'), 413, "BODY_TOO_LARGE"),
     "a chunked body over the limit": (
         b"POST /process HTTP/1.1\r\nhost: complyroute\r\n" + LABELS + b"transfer-encoding: chunked\r\n\r\n"
-        + b"%x\r\n" % (enforcement.MAX_RECORD_BYTES + 10) + b"x" * (enforcement.MAX_RECORD_BYTES + 10) + b"\r\n0\r\n\r\n", 413, "BODY_TOO_LARGE"),
+        + b"%x\r\n" % (MAX_RECORD_BYTES + 10) + b"x" * (MAX_RECORD_BYTES + 10) + b"\r\n0\r\n\r\n", 413, "BODY_TOO_LARGE"),
 }
 # Refused by Envoy's codec, before a request (or its id) exists.
 CODEC_ERRORS = {
@@ -189,7 +191,7 @@ def test_hostile_bodies_get_no_5xx_allowed(deployed):
     state, _ = deployed
     for endpoint in (ENTRY_LISTENER, egress_of(state, "ingest-eu")):
         for case, body in bodies.items():
-            assert len(body) <= enforcement.MAX_RECORD_BYTES, case
+            assert len(body) <= MAX_RECORD_BYTES, case
             status, headers, answer = exchange(endpoint, request(body=body))
             assert status < 500, (case, status, answer[:300])
             document = json.loads(answer)
@@ -206,7 +208,7 @@ def test_hostile_bodies_get_no_5xx_allowed(deployed):
 
 def test_a_request_too_slow_to_arrive_answers_408_in_time_denied(deployed):
     state, engine = deployed
-    _, request_timeout = enforcement.receive_timeouts(engine)
+    _, request_timeout = receive_timeouts(engine)
     limit = float(request_timeout.removesuffix("s")) + 2
 
     def slow(endpoint_and_data):

@@ -54,7 +54,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from complyroute import deployment, identity, localhttp, manifest, pki
+from complyroute.runtime.local import deployment
+from complyroute.trust import identity, pki
+from complyroute.topology import localhttp, manifest
 from complyroute.client import send
 
 from .helpers import (ENFORCING, ENGINES, EU_PERSONAL, RECORD, as_service, egress_url, label_token, opa_api, post,

@@ -4,7 +4,7 @@ rules deny."""
 
 import pytest
 
-from complyroute import deployment
+from complyroute.runtime.local import deployment
 
 from .helpers import instances_reached, post, wait_for_audit
 

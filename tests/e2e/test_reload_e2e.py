@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from complyroute import audit, bundles, deployment, policyfiles, reload
+from complyroute.evidence import audit
+from complyroute.policy import bundles, policyfiles
+from complyroute.runtime.local import deployment, reload
 from complyroute.engines import envoy_compiled
 from complyroute.client import send
 

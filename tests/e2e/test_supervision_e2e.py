@@ -15,7 +15,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from complyroute import audit, deployment, faults
+from complyroute.evidence import audit
+from complyroute.runtime.local import deployment, faults
 
 from .helpers import EU_PERSONAL, audit_lines, instances_reached, mixed_regions, post
 

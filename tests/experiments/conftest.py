@@ -1,6 +1,6 @@
 import pytest
 
-from complyroute import deployment
+from complyroute.runtime.local import deployment
 
 
 @pytest.fixture

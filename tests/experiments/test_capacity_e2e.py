@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from complyroute.manifest import REPO
+from complyroute.topology.manifest import REPO
 
 pytestmark = pytest.mark.e2e
 

@@ -6,7 +6,7 @@ import importlib.metadata
 import tomllib
 
 from complyroute import __main__ as cli
-from complyroute.manifest import REPO
+from complyroute.topology.manifest import REPO
 
 DECLARED = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"][cli.COMMANDS_GROUP]
 

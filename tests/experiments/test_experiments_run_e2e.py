@@ -10,8 +10,8 @@ import time
 import pandas as pd
 import pytest
 
-from complyroute import deployment
-from complyroute.manifest import REPO
+from complyroute.runtime.local import deployment
+from complyroute.topology.manifest import REPO
 
 pytestmark = pytest.mark.e2e
 

@@ -6,7 +6,7 @@ import csv
 
 import pytest
 
-from complyroute import deployment
+from complyroute.runtime.local import deployment
 from experiments import soak
 
 pytestmark = pytest.mark.e2e

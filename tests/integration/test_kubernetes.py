@@ -27,12 +27,17 @@ import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from complyroute import bundles, deployment, enforcement, images, kubetrust, manifest, pki
-from complyroute.kubernetes import apply, render, validate
-from complyroute.kubernetes.nodes import NODE_LABEL, ROLE_LABEL
-from complyroute.plan import ADMIN_SOCKET, API_SOCKET, DECISION_SOCKET
-from complyroute.policyfiles import POLICIES
-from complyroute.reload import ReloadError
+from complyroute.policy import bundles
+from complyroute.runtime.local import deployment
+from complyroute.runtime.kubernetes import images
+from complyroute.trust import kubetrust, pki
+from complyroute.topology import manifest
+from complyroute.runtime.kubernetes import apply, render, validate
+from complyroute.runtime.kubernetes.nodes import NODE_LABEL, ROLE_LABEL
+from complyroute.topology.plan import ADMIN_SOCKET, API_SOCKET, DECISION_SOCKET
+from complyroute.policy.policyfiles import POLICIES
+from complyroute.runtime.local.reload import ReloadError
+from complyroute.proxy.envoy import ROUTE_CONFIGURATION, split_routes
 
 TOPOLOGIES = ["sidecar", "central-entity", "dynamic-router-3", "dynamic-router-6", "baseline"]
 
@@ -182,7 +187,7 @@ def test_every_route_file_a_listener_names_is_in_one_configmap_mounted_where_it_
         response = json.loads(files[rds["config_source"]["path_config_source"]["path"]])
         # Its version is the rule set's revision: what Envoy's rds statistics tell of a reload.
         assert response["version_info"] == bundles.revision() and len(response["resources"]) == 1
-        assert response["resources"][0]["@type"] == enforcement.ROUTE_CONFIGURATION
+        assert response["resources"][0]["@type"] == ROUTE_CONFIGURATION
         assert has_matcher_tree(response["resources"][0])
         assert response["resources"][0]["name"] == rds["route_config_name"] == listener
     routes = [name for name in configmaps if name.startswith(f"routes-{point}-")]
@@ -221,11 +226,11 @@ def test_split_routes_moves_every_route_configuration_and_leaves_the_bootstrap_i
     manager = lambda name: {"stat_prefix": name, "route_config": {"name": name, "virtual_hosts": []}, "http_filters": []}
     listener = lambda name: {"name": name, "filter_chains": [{"filters": [{"name": "hcm", "typed_config": manager(name)}]}]}
     envoy = {"static_resources": {"listeners": [listener("a"), listener("b")], "clusters": []}}
-    bootstrap, files = enforcement.split_routes(envoy, render.ROUTES_MOUNT)
+    bootstrap, files = split_routes(envoy, render.ROUTES_MOUNT)
     assert envoy["static_resources"]["listeners"][0] == listener("a")
     assert list(connection_managers(bootstrap)["a"]) == ["stat_prefix", "rds", "http_filters"]
     assert connection_managers(bootstrap)["b"]["rds"]["config_source"]["path_config_source"]["path"] == "/etc/envoy/routes/b.json"
-    assert json.loads(files["a.json"]) == {"version_info": "1", "resources": [{"@type": enforcement.ROUTE_CONFIGURATION, "name": "a", "virtual_hosts": []}]}
+    assert json.loads(files["a.json"]) == {"version_info": "1", "resources": [{"@type": ROUTE_CONFIGURATION, "name": "a", "virtual_hosts": []}]}
 
 
 def test_route_files_fill_configmaps_in_turn_and_one_too_large_is_refused_denied():
@@ -916,7 +921,7 @@ def test_the_bundle_server_serves_every_deciding_points_bundle_from_configmaps_n
     pod = server["spec"]["template"]["spec"]
     assert pod["nodeSelector"] == {NODE_LABEL: "gateway"}  # where the control side lives
     [container] = pod["containers"]
-    assert container["image"] == render.PYTHON_IMAGE and container["command"][:3] == ["python", "-m", "complyroute.bundleserver"]
+    assert container["image"] == render.PYTHON_IMAGE and container["command"][:3] == ["python", "-m", "complyroute.policy.bundleserver"]
     # Its code: the module and all it imports, as they are in complyroute/.
     files = mounted_files(objects, pod, container)
     package = manifest.REPO / "complyroute"

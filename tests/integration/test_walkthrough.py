@@ -6,7 +6,7 @@ import json
 import shutil
 import subprocess
 
-from complyroute import policyfiles
+from complyroute.policy import policyfiles
 from complyroute.__main__ import main
 
 from tests.walkthrough import block, rule_set_with_rule

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from complyroute.manifest import REPO
+from complyroute.topology.manifest import REPO
 from tests.k8s.harness.localcluster import LocalCluster
 
 

@@ -19,9 +19,10 @@ from collections import Counter
 import pytest
 import yaml
 
-from complyroute import bundles, manifest, policyfiles
-from complyroute.kubernetes import apply, render
-from complyroute.manifest import REPO
+from complyroute.policy import bundles, policyfiles
+from complyroute.topology import manifest
+from complyroute.runtime.kubernetes import apply, render
+from complyroute.topology.manifest import REPO
 
 pytestmark = pytest.mark.k8s
 

@@ -30,7 +30,7 @@ def test_port_in_use_sees_a_free_port_allowed():
 
 
 def test_a_real_node_names_what_it_lacks_before_starting_anything_denied(tmp_path, monkeypatch):
-    from complyroute import images
+    from complyroute.runtime.kubernetes import images
     from tests.k8s.harness import realnode
 
     monkeypatch.setattr(realnode, "BIN", tmp_path / "bin")

@@ -16,10 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from complyroute import audit, bundles, manifest
+from complyroute.evidence import audit
+from complyroute.policy import bundles
+from complyroute.topology import manifest
 from complyroute.client import send
-from complyroute.images import IMAGES
-from complyroute.kubernetes import render
+from complyroute.runtime.kubernetes.images import IMAGES
+from complyroute.runtime.kubernetes import render
 from tests.k8s.harness import realnode
 
 pytestmark = pytest.mark.k8s

@@ -32,9 +32,9 @@ from pathlib import Path
 
 import yaml
 
-from complyroute import images
-from complyroute.kubernetes.nodes import NODE_LABEL, ROLE_LABEL
-from complyroute.manifest import REPO
+from complyroute.runtime.kubernetes import images
+from complyroute.runtime.kubernetes.nodes import NODE_LABEL, ROLE_LABEL
+from complyroute.topology.manifest import REPO
 
 from . import realnode
 from .realnode import RealNode

@@ -40,8 +40,8 @@ from typing import TYPE_CHECKING
 
 import yaml
 
-from complyroute import images
-from complyroute.manifest import REPO
+from complyroute.runtime.kubernetes import images
+from complyroute.topology.manifest import REPO
 
 if TYPE_CHECKING:
     from .localcluster import LocalCluster

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from . import deployment
+from complyroute.runtime.local import deployment
 
 # Where a decision's input carries the record's id: the entry's x-request-id, which every
 # later hop carries on (x-complyroute-record-id beside it).

@@ -16,14 +16,15 @@ from pathlib import Path
 
 import yaml
 
-from .. import bundles, engines, identity, policydata
-from ..enforcement import EnforcementPoint
-from ..manifest import REPO, Topology
-from ..plan import Plan
-from ..policyfiles import POLICIES
-from ..reload import ReloadError
-from .render import (PART_OF, RENDER_ANNOTATION, SERVICE_IMAGE, KubernetesNetwork, Renderer, RenderError, build, component_of,
-                     namespace_of, write_private)
+from complyroute.policy import bundles, policydata
+from complyroute import engines
+from complyroute.trust import identity
+from complyroute.proxy.envoy import EnforcementPoint
+from complyroute.topology.manifest import REPO, Topology
+from complyroute.topology.plan import Plan
+from complyroute.policy.policyfiles import POLICIES
+from complyroute.runtime.local.reload import ReloadError
+from complyroute.runtime.kubernetes.render import PART_OF, RENDER_ANNOTATION, SERVICE_IMAGE, KubernetesNetwork, Renderer, RenderError, build, component_of, namespace_of, write_private
 
 # What k8s-deploy applied, by namespace (Deployed): what `make reload-policy target=k8s` reads.
 DEPLOYED = REPO / "runs" / "k8s" / "deployed"

@@ -29,7 +29,7 @@ from pathlib import Path
 
 # Standard library only, and spiffe.py: on Kubernetes this module runs from the official Python
 # image, mounted from a ConfigMap beside spiffe.py (kubernetes/render.py, Renderer.bundle_server).
-from . import spiffe
+from complyroute.trust import spiffe
 
 LONG_POLLING = "application/vnd.openpolicyagent.bundles"
 BUNDLE_PATH = re.compile(r"^/bundles/([A-Za-z0-9._-]+)\.tar\.gz$")
@@ -197,7 +197,7 @@ def serve(folder: Path, address: str, port: int, cert: str | None = None, key: s
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m complyroute.bundleserver", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m complyroute.policy.bundleserver", description=__doc__.splitlines()[0])
     parser.add_argument("--folder", type=Path, required=True)
     parser.add_argument("--address", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)

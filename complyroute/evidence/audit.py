@@ -38,9 +38,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import bundles, policydata
-from .manifest import REPO
-from .policyfiles import POLICIES
+from complyroute.policy import bundles, policydata
+from complyroute.topology.manifest import REPO
+from complyroute.policy.policyfiles import POLICIES
 
 RUNS = REPO / "runs"
 RECHECK = Path(__file__).with_name("recheck.rego")

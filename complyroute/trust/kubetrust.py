@@ -22,9 +22,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 
-from . import identity
-from .enforcement import Endpoint, EnforcementPoint
-from .plan import Plan, ServiceProcess
+from complyroute.trust import identity
+from complyroute.proxy.envoy import Endpoint, EnforcementPoint
+from complyroute.topology.plan import Plan, ServiceProcess
 
 MOUNT = "/etc/complyroute/tls"
 FILES = identity.TlsFiles(cert=f"{MOUNT}/tls.crt", key=f"{MOUNT}/tls.key", ca=f"{MOUNT}/ca.crt")

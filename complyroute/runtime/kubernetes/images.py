@@ -8,7 +8,7 @@ anything and no base image is downloaded; the rendering asks for these names wit
 imagePullPolicy IfNotPresent, so a node that holds them (make images imports them into the
 local cluster's containerd) never pulls.
 
-`python -m complyroute.images` prints the names as shell assignments (what the build script reads).
+`python -m complyroute.runtime.kubernetes.images` prints the names as shell assignments (what the build script reads).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import importlib.metadata
 import json
 import sys
 
-from .manifest import REPO
+from complyroute.topology.manifest import REPO
 
 IMAGES_DIR = REPO / "runs" / "images"  # the built archives (docker-archive, one per image)
 SERVICE_VERSION = json.loads((REPO / "services" / "package.json").read_text())["version"]

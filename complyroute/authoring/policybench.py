@@ -30,12 +30,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import labels, manifest, policyfiles
-from .enforcement import POLICY_QUERY, EnforcementPoint, write_data
-from .engines import envoy_opa
-from .manifest import GENERATED_PURPOSES, REPO
-from .plan import place
-from .policyfiles import OPA
+from complyroute.policy import labels, policyfiles
+from complyroute.topology import manifest
+from complyroute.proxy.envoy import POLICY_QUERY, EnforcementPoint, write_data
+from complyroute.engines import envoy_opa
+from complyroute.topology.manifest import GENERATED_PURPOSES, REPO
+from complyroute.topology.plan import place
+from complyroute.policy.policyfiles import OPA
 QUERY = "data." + POLICY_QUERY.replace("/", ".")
 SIZES = [5, 50]
 BASELINE_COMMIT = "d2d81e4"  # the rule set before the lean OPA path

@@ -25,9 +25,9 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import pki
-from .enforcement import TOKEN_ISSUER, Endpoint, EnforcementPoint
-from .plan import Plan, ServiceProcess
+from complyroute.trust import pki
+from complyroute.proxy.envoy import TOKEN_ISSUER, Endpoint, EnforcementPoint
+from complyroute.topology.plan import Plan, ServiceProcess
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 REFERENCE_DATA = REPO / "policies" / "complyroute" / "reference" / "data.json"
 MANIFESTS = REPO / "topologies"  # the topologies every tool lists (not its examples/)
 PLACEMENT = "placement.py"  # what makes a folder a topology's: `place(topology, net) -> Plan`

@@ -36,11 +36,15 @@ from pathlib import Path
 import psutil
 import yaml
 
-from . import bundles, enforcement, engines, identity, labels, localhttp, pki, policyfiles
-from .manifest import REPO, Topology
-from .policyfiles import OPA, POLICIES, SYSTEM_POLICIES
-from .enforcement import EnforcementPoint, Endpoint
-from .plan import LocalNetwork, Plan, ServiceProcess, place
+from complyroute.policy import bundles, labels, policyfiles
+from complyroute import engines
+from complyroute.trust import identity, pki
+from complyroute.topology import localhttp
+from complyroute.topology.manifest import REPO, Topology
+from complyroute.policy.policyfiles import OPA, POLICIES, SYSTEM_POLICIES
+from complyroute.proxy.envoy import EnforcementPoint, Endpoint
+from complyroute.topology.plan import LocalNetwork, Plan, ServiceProcess, place
+from complyroute.proxy.envoy import BundleSource, bundle_config, rule_set_routes, split_routes, write_data
 
 RUNS = REPO / "runs"
 CURRENT = RUNS / "current"
@@ -126,11 +130,11 @@ def write_routes(folder: Path, routes: dict[str, str]) -> list[str]:
 def point_routes(envoy: dict, folder: Path, revision: str) -> tuple[dict, dict[str, str]]:
     """A point's bootstrap and the route files a reload rewrites (enforcement.rule_set_routes:
     the compiled engine's; under envoy-opa none, OPA's bundle carries every change)."""
-    return enforcement.split_routes(envoy, str(folder / ROUTES), revision, enforcement.rule_set_routes(envoy))
+    return split_routes(envoy, str(folder / ROUTES), revision, rule_set_routes(envoy))
 
 
 def point_parts(point: EnforcementPoint, config: engines.PointConfig, folder: Path, logs: Path, revision: str,
-                bundle_source: enforcement.BundleSource, opa_disk_data: dict) -> list[Part]:
+                bundle_source: BundleSource, opa_disk_data: dict) -> list[Part]:
     """Write one enforcement point's configuration into `folder`; its OPA (if any) and its Envoy.
 
     Envoy reads the routes that hold decisions from files under `folder`/routes (so a reload
@@ -148,8 +152,8 @@ def point_parts(point: EnforcementPoint, config: engines.PointConfig, folder: Pa
     parts = []
     if config.opa is not None:
         data_dir = folder / "data"
-        enforcement.write_data(data_dir, opa_disk_data)
-        opa = {**config.opa, **enforcement.bundle_config(point, bundle_source)}
+        write_data(data_dir, opa_disk_data)
+        opa = {**config.opa, **bundle_config(point, bundle_source)}
         (folder / "opa.yaml").write_text(yaml.safe_dump(opa, sort_keys=False))
         parts.append(
             Part(
@@ -184,7 +188,7 @@ def point_parts(point: EnforcementPoint, config: engines.PointConfig, folder: Pa
 def bundle_server_part(folder: Path, endpoint: Endpoint, node: str, logs: Path, tls: identity.TlsFiles | None,
                        control: identity.TlsFiles | None) -> Part:
     """The process serving every point's OPA its bundle from `folder` (bundleserver.py)."""
-    command = [sys.executable, "-m", "complyroute.bundleserver", "--folder", str(folder),
+    command = [sys.executable, "-m", "complyroute.policy.bundleserver", "--folder", str(folder),
                "--address", endpoint.address, "--port", str(endpoint.port)]
     if tls:
         command += ["--cert", tls.cert, "--key", tls.key, "--ca", tls.ca]
@@ -260,7 +264,7 @@ def render(plan: Plan, run_dir: Path, policies: Path = POLICIES) -> list[Part]:
                                         files[pki.BUNDLE_SERVER] if trust else None, files[pki.CONTROL] if trust else None))
     for point in plan.points:
         point_files = files[identity.point_identity(point)] if trust else None
-        source = enforcement.BundleSource(
+        source = BundleSource(
             f"{'https' if trust else 'http'}://{bundle_endpoint.reach}:{bundle_endpoint.port}",
             *((point_files.ca, point_files.cert, point_files.key) if trust else ()),
         )

@@ -39,13 +39,17 @@ from pathlib import Path
 
 import yaml
 
-from .. import bundles, enforcement, engines, identity, images, kubetrust, pki, policyfiles
-from .. import labels as label_schema
-from ..enforcement import EnforcementPoint, Endpoint, split_routes
-from ..manifest import REPO, Instance, Node, Topology
-from ..plan import ADMIN_SOCKET, API_SOCKET, DECISION_SOCKET, Plan, place
-from ..policyfiles import SYSTEM_POLICIES
-from .nodes import NODE_LABEL, ONE_NODE_ROLE, ROLE_LABEL
+from complyroute.policy import bundles, policyfiles
+from complyroute import engines
+from complyroute.trust import identity, kubetrust, pki
+from complyroute.runtime.kubernetes import images
+from complyroute.policy import labels as label_schema
+from complyroute.proxy.envoy import EnforcementPoint, Endpoint, split_routes
+from complyroute.topology.manifest import REPO, Instance, Node, Topology
+from complyroute.topology.plan import ADMIN_SOCKET, API_SOCKET, DECISION_SOCKET, Plan, place
+from complyroute.policy.policyfiles import SYSTEM_POLICIES
+from complyroute.runtime.kubernetes.nodes import NODE_LABEL, ONE_NODE_ROLE, ROLE_LABEL
+from complyroute.proxy.envoy import BundleSource, READY_PATH, bundle_config, rule_set_routes
 
 KUSTOMIZE = REPO / "bin" / "kustomize"
 # Images of our own, built from scratch by `make images` (images.py, scripts/build-images.sh)
@@ -61,9 +65,11 @@ OPA_IMAGE = images.IMAGES["opa"]  # bin/opa: opa-envoy-plugin v1.14.1-envoy, as 
 PYTHON_IMAGE = images.IMAGES["python"]
 IMAGE_PULL_POLICY = "IfNotPresent"
 BUNDLE_SERVER = "bundle-server"  # its Deployment, Service, component and TLS Secret (tls-bundle-server)
-BUNDLE_SERVER_MODULES = ("__init__.py", "spiffe.py", "bundleserver.py")  # of complyroute/ (PACKAGE), all it imports
-PACKAGE = Path(__file__).resolve().parent.parent
-CODE_MOUNT = "/app"  # the package at /app/complyroute: `python -m complyroute.bundleserver` from there
+# Of complyroute/ (PACKAGE), all it imports, with the packages they are in: one ConfigMap, whose keys
+# name no folder, mounted as this tree (code_items).
+BUNDLE_SERVER_MODULES = ("__init__.py", "trust/__init__.py", "trust/spiffe.py", "policy/__init__.py", "policy/bundleserver.py")
+PACKAGE = Path(__file__).resolve().parents[2]
+CODE_MOUNT = "/app"  # the package at /app/complyroute: `python -m complyroute.policy.bundleserver` from there
 BUNDLES_MOUNT = "/bundles"
 # On every ConfigMap the rule set fills: the revision it holds (kubectl get configmap -o yaml shows it).
 REVISION_ANNOTATION = "complyroute.io/revision"
@@ -305,6 +311,11 @@ def containers_of(workload: dict) -> list[dict]:
     return pod["containers"] + pod.get("initContainers", [])
 
 
+def _code_key(path: str) -> str:
+    """A module's key in a ConfigMap, which may hold no `/`: policy/bundleserver.py is policy.bundleserver.py."""
+    return path.replace("/", ".")
+
+
 def _configmap_volume(name: str, items: list[tuple[str, str]] | None = None) -> dict:
     volume = {"name": name, "configMap": {"name": name}}
     if items:
@@ -387,7 +398,7 @@ class Renderer:
         fit one ConfigMap without them (envoy-opa's central entity or router set at 50 services
         stays well within one)."""
         envoy = self.configs[point.name].envoy
-        split, routes = split_routes(envoy, ROUTES_MOUNT, self.revision, enforcement.rule_set_routes(envoy))
+        split, routes = split_routes(envoy, ROUTES_MOUNT, self.revision, rule_set_routes(envoy))
         bootstrap = _compact(split)
         if len("envoy.json") + len(bootstrap.encode()) > CONFIGMAP_BUDGET:
             split, routes = split_routes(envoy, ROUTES_MOUNT, self.revision)
@@ -431,13 +442,13 @@ class Renderer:
     def route_configmaps(self, point: str) -> list[str]:
         return [f"routes-{point}-{n}" for n in range(1, len(self.routes[point]) + 1)]
 
-    def bundle_source(self) -> enforcement.BundleSource:
+    def bundle_source(self) -> BundleSource:
         """Where every OPA fetches its bundle: the bundle server's Service, checked against the
         deployment's CA, with the point's own credential (its TLS Secret, kubetrust.FILES)."""
         endpoint = self.net.bundle_server()
         url = f"{'https' if self.trust else 'http'}://{endpoint.reach}:{endpoint.port}"
         files = kubetrust.FILES
-        return enforcement.BundleSource(url, *((files.ca, files.cert, files.key) if self.trust else ()))
+        return BundleSource(url, *((files.ca, files.cert, files.key) if self.trust else ()))
 
     # ---- the rule set: a deploy and a reload both come here
     def configure(self, points: list[EnforcementPoint], point_trust: dict[str, identity.PointTrust]) -> None:
@@ -496,8 +507,8 @@ class Renderer:
             "args": ["-c", "/config/envoy.json", "--concurrency", str(point.concurrency), "--log-level", "warn"],
             # Envoy's own port names would clash across 50 listeners: numbers only.
             "ports": [{"containerPort": port} for port in sorted(set(listener_ports))] + [{"name": "envoy-ready", "containerPort": self.net.ENVOY_READY}],
-            "readinessProbe": _probe(enforcement.READY_PATH, self.net.ENVOY_READY),
-            "livenessProbe": _probe(enforcement.READY_PATH, self.net.ENVOY_READY),
+            "readinessProbe": _probe(READY_PATH, self.net.ENVOY_READY),
+            "livenessProbe": _probe(READY_PATH, self.net.ENVOY_READY),
             "resources": RESOURCES["envoy"],
             "securityContext": CONTAINER_SECURITY,
             "volumeMounts": mounts,
@@ -513,7 +524,7 @@ class Renderer:
             volumes.append({"name": f"routes-{point.name}", "projected": {"sources": sources}})
         if config.opa is not None:
             # Per point: each fetches its own bundle (bundles/<point>.tar.gz).
-            opa = {**config.opa, **enforcement.bundle_config(point, self.bundle_source())}
+            opa = {**config.opa, **bundle_config(point, self.bundle_source())}
             self.generate(f"opa-config-{point.name}", {"opa.yaml": yaml.safe_dump(opa, sort_keys=False)})
             volumes += [_configmap_volume("policy", self.system_policy_files()), _configmap_volume(f"opa-config-{point.name}")]
         if self.trust:
@@ -602,12 +613,13 @@ class Renderer:
         which OPA checks. Our Python image (images.py) runs the module from a ConfigMap."""
         endpoint = self.net.bundle_server()
         code = f"{BUNDLE_SERVER}-code"
-        self.generate(code, {name: (PACKAGE / name).read_text() for name in BUNDLE_SERVER_MODULES})
+        self.generate(code, {_code_key(name): (PACKAGE / name).read_text() for name in BUNDLE_SERVER_MODULES})
         sources = [{"configMap": {"name": name}} for name in self.bundle_configmaps()]
-        volumes = [_configmap_volume(code), {"name": "bundles", "projected": {"sources": sources}}]
+        volumes = [_configmap_volume(code, [(_code_key(name), name) for name in BUNDLE_SERVER_MODULES]),
+                   {"name": "bundles", "projected": {"sources": sources}}]
         mounts = [{"name": code, "mountPath": f"{CODE_MOUNT}/complyroute", "readOnly": True},
                   {"name": "bundles", "mountPath": BUNDLES_MOUNT, "readOnly": True}]
-        command = ["python", "-m", "complyroute.bundleserver", "--folder", BUNDLES_MOUNT, "--address", endpoint.address, "--port", str(endpoint.port)]
+        command = ["python", "-m", "complyroute.policy.bundleserver", "--folder", BUNDLES_MOUNT, "--address", endpoint.address, "--port", str(endpoint.port)]
         if self.trust:
             volumes.append(self.tls_secret(BUNDLE_SERVER, self.trust.tls_files(pki.BUNDLE_SERVER)))
             mounts.append({"name": kubetrust.tls_secret_name(BUNDLE_SERVER), "mountPath": kubetrust.MOUNT, "readOnly": True})

@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .manifest import REPO
+from complyroute.topology.manifest import REPO
 
 if TYPE_CHECKING:
-    from .enforcement import Endpoint
+    from complyroute.proxy.envoy import Endpoint
 
 OPA = REPO / "bin" / "opa"  # opa-envoy-plugin, as `make setup` builds it (tools/opa/go.mod)
 POLICIES = REPO / "policies"

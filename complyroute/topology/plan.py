@@ -14,8 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .enforcement import DecidingListener, EnforcementPoint, Endpoint
-from .manifest import PLACEMENT, Instance, Node, Topology
+from complyroute.proxy.envoy import DecidingListener, EnforcementPoint, Endpoint
+from complyroute.topology.manifest import PLACEMENT, Instance, Node, Topology
 
 GATEWAY_SENDER = "gateway"
 # The sockets in a point's private folder, wherever it runs (kubernetes/render.py too).

@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import localhttp
-from .labels import Label
+from complyroute.topology import localhttp
+from complyroute.policy.labels import Label
 
 if TYPE_CHECKING:
-    from .identity import PointTrust
+    from complyroute.trust.identity import PointTrust
 
 ROUTING_HEADER = "x-complyroute-destination"
 TOKEN_ISSUER = "complyroute-entry"

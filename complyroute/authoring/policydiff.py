@@ -29,11 +29,12 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from . import labels as label_schema
-from . import manifest, policydata, policyfiles
-from .engines import EngineError, envoy_opa, precompute
-from .manifest import REPO
-from .plan import place
+from complyroute.policy import labels as label_schema
+from complyroute.topology import manifest
+from complyroute.policy import policydata, policyfiles
+from complyroute.engines import EngineError, envoy_opa, precompute
+from complyroute.topology.manifest import REPO
+from complyroute.topology.plan import place
 
 WALKTHROUGH = "topologies/examples/mixed-regions.yaml"  # what `make demo` deploys
 QUERY = "data.complyroute_engines.decision_space.decisions"

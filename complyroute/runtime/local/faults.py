@@ -30,7 +30,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import deployment, policyfiles
+from complyroute.runtime.local import deployment
+from complyroute.policy import policyfiles
 
 KINDS = ("kill", "pause", "reload")
 POLICY = "policy"  # the target of a reload
@@ -125,7 +126,7 @@ def inject(state: dict, fault: Fault, start: float, recovery_timeout: float = 30
            policies: Path = policyfiles.POLICIES, out=sys.stdout) -> FaultRecord:
     """Inject one fault now and wait for its target to recover; its record."""
     if fault.kind == "reload":
-        from . import reload  # reload imports deployment, as this module does
+        from complyroute.runtime.local import reload
 
         record = FaultRecord("reload", POLICY, "policy", round(fault.at, 3), time.time())
         try:

@@ -13,7 +13,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from .policyfiles import OPA, POLICIES, ignore_flags
+from complyroute.policy.policyfiles import OPA, POLICIES, ignore_flags
 
 QUERY = "data.complyroute.indexing.documents"
 
