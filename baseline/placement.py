@@ -6,8 +6,7 @@ is started and no policy is asked: records go wherever the chain leads, whatever
 labels. Compare its round-trip times with a topology's to see the cost of deciding.
 """
 
-from complyroute.proxy.envoy import ForwardingListener
-from complyroute.topology.plan import Plan, ServiceProcess
+from complyroute.topology.plan import ForwardingListener, Plan, ServiceProcess
 
 
 def place(topology, net) -> Plan:

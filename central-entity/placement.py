@@ -6,8 +6,7 @@ back into it), on a listener of its own, so the central entity knows the sender 
 trusting the service to say who it is. It holds the whole catalog.
 """
 
-from complyroute.proxy.envoy import DecidingListener
-from complyroute.topology.plan import Plan, ServiceProcess, catalog, deciding_entry
+from complyroute.topology.plan import DecidingListener, Plan, ServiceProcess, catalog, deciding_entry
 
 
 def place(topology, net) -> Plan:

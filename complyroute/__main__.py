@@ -12,12 +12,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+from complyroute.authoring import policybench, policydiff
+from complyroute.client import send
 from complyroute.evidence import audit, trace
+from complyroute.policy import policyfiles
 from complyroute.runtime.local import deployment, reload
 from complyroute.topology import manifest
-from complyroute.authoring import policybench, policydiff
-from complyroute.policy import policyfiles
-from complyroute.client import send
 
 DEMO_MANIFEST = "topologies/examples/mixed-regions.yaml"
 DEMO_RECORDS = [
@@ -183,14 +183,15 @@ def rules_at(opa: str, module: Path, rows: list[int]) -> list[str]:
 
 def check_fast_paths(paths: list[str]) -> int:
     """The allowed table and the compiled routes of each example catalog agree with the rules
-    (the deploy-time guards, engines/precompute.py), for each rule set of `paths`."""
-    from complyroute.engines import EngineError, precompute
+    (the deploy-time guards, engines/catalog.py), for each rule set of `paths`."""
+    from complyroute.engines import EngineError
+    from complyroute.engines.catalog import check_catalog
 
     for folder in map(Path, paths):
         for catalog_file in sorted((folder / policyfiles.EXAMPLES).glob("catalog*.json")):
             catalog = json.loads(catalog_file.read_text())["complyroute"]["catalog"]
             try:
-                allowed = catalog_check.check_catalog(catalog, folder)
+                allowed = check_catalog(catalog, folder)
             except EngineError as error:
                 print(f"policy-test: the fast paths disagree with the rules over {catalog_file}: {error}", file=sys.stderr)
                 return 1

@@ -10,8 +10,7 @@ allowed, and a router's catalog holds the services it owns plus the candidates o
 steps, nothing else. The entry on the gateway node decides the first hop.
 """
 
-from complyroute.proxy.envoy import DecidingListener
-from complyroute.topology.plan import Plan, ServiceProcess, catalog, deciding_entry
+from complyroute.topology.plan import DecidingListener, Plan, ServiceProcess, catalog, deciding_entry
 
 
 def place(topology, net) -> Plan:

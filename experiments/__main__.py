@@ -10,8 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from complyroute.topology import manifest
 from complyroute.runtime.kubernetes.nodes import ONE_NODE_ROLE, ROLE_LABEL
+from complyroute.topology import manifest
 
 from . import matrix, targets
 from .mixes import MIXES

@@ -72,16 +72,17 @@ from pathlib import Path
 
 import psutil
 
-from complyroute.policy import bundles, labels, policyfiles
-from complyroute.runtime.local import deployment
 from complyroute import engines
-from complyroute.trust import identity, pki
-from complyroute.topology import localhttp, manifest
 from complyroute.authoring import policybench
-from complyroute.proxy.envoy import DIGEST_HEADER, LABEL_TOKEN_HEADER, TOKEN_ISSUER, DecidingListener, EnforcementPoint, Endpoint, ForwardingListener, write_data
+from complyroute.policy import bundles, labels, policyfiles
+from complyroute.proxy.contract import DIGEST_HEADER, LABEL_TOKEN_HEADER
+from complyroute.proxy.opa import BundleSource, write_data
+from complyroute.runtime.local import deployment
+from complyroute.topology import localhttp, manifest
 from complyroute.topology.manifest import REPO
-from complyroute.topology.plan import ADMIN_SOCKET, API_SOCKET, DECISION_SOCKET, DIAGNOSTIC_SOCKET, place
-from complyroute.proxy.envoy import BundleSource
+from complyroute.topology.plan import ADMIN_SOCKET, API_SOCKET, DECISION_SOCKET, DIAGNOSTIC_SOCKET, DecidingListener, Endpoint, EnforcementPoint, ForwardingListener, place
+from complyroute.trust import identity, pki
+from complyroute.trust.identity import TOKEN_ISSUER
 
 FLOOR_APP = REPO / "services" / "bench" / "floor.js"
 RUNS = REPO / "runs" / "bench"

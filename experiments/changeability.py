@@ -33,10 +33,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from complyroute.client import send
+from complyroute.policy import policyfiles
 from complyroute.runtime.local import deployment, reload
 from complyroute.topology import manifest
-from complyroute.policy import policyfiles
-from complyroute.client import send
 
 from .matrix import ENFORCING as TOPOLOGIES
 ENGINES = ("envoy-opa", "envoy-compiled")

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import psutil
 
-from complyroute.runtime.local import deployment
 from complyroute.policy import policyfiles
+from complyroute.runtime.local import deployment
 from complyroute.topology.manifest import REPO
 
 

@@ -27,9 +27,9 @@ from urllib.parse import urlsplit
 import psutil
 from tqdm import tqdm
 
-from complyroute.topology import manifest
-from complyroute.policy import policyfiles
 from complyroute.client import send
+from complyroute.policy import policyfiles
+from complyroute.topology import manifest
 from complyroute.topology.manifest import REPO
 
 from . import metadata, stats

@@ -45,10 +45,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from complyroute.client import send
 from complyroute.evidence import audit
 from complyroute.runtime.local import deployment, faults
 from complyroute.topology import manifest
-from complyroute.client import send
 from complyroute.topology.manifest import REPO
 
 from .matrix import BASELINE, DEFAULT_USER_RATE, PAPER_NAMES

@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlsplit
 
-from complyroute.runtime.local import deployment
 from complyroute.client import send
 from complyroute.runtime.kubernetes import apply, render
 from complyroute.runtime.kubernetes.nodes import NODE_LABEL, ONE_NODE_ROLE, ROLE_LABEL
+from complyroute.runtime.local import deployment
 from complyroute.topology.manifest import Topology
 from complyroute.topology.plan import place
 

@@ -6,8 +6,7 @@ which instance of the next step may receive it, so the hop is decided before the
 leaves the instance. The entry on the gateway node decides the first hop the same way.
 """
 
-from complyroute.proxy.envoy import DecidingListener, ForwardingListener
-from complyroute.topology.plan import Plan, ServiceProcess, catalog, deciding_entry
+from complyroute.topology.plan import DecidingListener, ForwardingListener, Plan, ServiceProcess, catalog, deciding_entry
 
 
 def place(topology, net) -> Plan:

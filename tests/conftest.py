@@ -10,8 +10,7 @@ from complyroute.topology import manifest
 # A topology no one wrote into the repository: the entry decides the first hop, and one hub on
 # the first service node decides every later one. Its folder holds only its placement.
 HUB_PLACEMENT = textwrap.dedent('''
-    from complyroute.topology.plan import DecidingListener
-    from complyroute.topology.plan import Plan, ServiceProcess, catalog, deciding_entry
+    from complyroute.topology.plan import DecidingListener, Plan, ServiceProcess, catalog, deciding_entry
 
 
     def place(topology, net):

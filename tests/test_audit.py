@@ -13,10 +13,10 @@ import json
 import pytest
 
 from complyroute.evidence import audit
-from complyroute.topology import manifest
 from complyroute.policy import policydata
+from complyroute.proxy.opa import write_data
+from complyroute.topology import manifest
 from complyroute.topology.plan import GATEWAY_SENDER, place
-from complyroute.proxy.envoy import write_data
 
 MIXED_REGIONS = manifest.REPO / "topologies" / "examples" / "mixed-regions.yaml"
 EU_PERSONAL = {"region": "EU", "category": "personal", "consent": "billing,care"}

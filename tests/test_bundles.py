@@ -18,8 +18,8 @@ import pytest
 
 from complyroute.policy import bundles, bundleserver, policyfiles
 from complyroute.runtime.local import deployment
-from complyroute.trust import identity, pki
 from complyroute.topology.manifest import REPO
+from complyroute.trust import identity, pki
 
 OPA = str(REPO / "bin" / "opa")
 INDEX = {"complyroute": {"index": {"steps": {}}}}

@@ -16,14 +16,18 @@ from pathlib import Path
 
 import pytest
 
-from complyroute.runtime.local import deployment
 from complyroute import engines
-from complyroute.trust import identity
 from complyroute.policy import labels
-from complyroute.topology import localhttp, manifest
 from complyroute.policy.policyfiles import POLICIES
+from complyroute.proxy.contract import MAX_LABEL_BYTES, MAX_LABEL_VALUES, MAX_RECORD_BYTES, receive_timeouts
+from complyroute.proxy.envoy import label_bound
+from complyroute.proxy.opa import BundleSource
+from complyroute.proxy.replies import LOCAL_REPLIES, OVER_BOUND, OVER_BOUND_HEADER, UAEX
+from complyroute.proxy.routes import A_RECORD, REQUEST_FORMS, ROUTE_CONFIGURATION
+from complyroute.runtime.local import deployment
+from complyroute.topology import localhttp, manifest
 from complyroute.topology.plan import LocalNetwork, place
-from complyroute.proxy.envoy import A_RECORD, BundleSource, LOCAL_REPLIES, MAX_RECORD_BYTES, OVER_BOUND, OVER_BOUND_HEADER, REQUEST_FORMS, ROUTE_CONFIGURATION, UAEX, label_bound, receive_timeouts
+from complyroute.trust import identity
 
 TOPOLOGIES = ["sidecar", "central-entity", "dynamic-router-3", "dynamic-router-6", "baseline"]
 MIXED_REGIONS = str(manifest.REPO / "topologies" / "examples" / "mixed-regions.yaml")
@@ -239,7 +243,7 @@ def test_labels_are_bounded_before_opa_where_a_sender_gives_them(secured, tmp_pa
                 assert {"remove": OVER_BOUND_HEADER} in removed  # a sender cannot name a refusal
     lua = label_bound(SCHEMA)["typed_config"]["default_source_code"]["inline_string"]
     assert lua.startswith('local LABEL_HEADERS = {"x-data-category", "x-data-consent", "x-data-region"}\n')
-    assert f"#value > {enforcement.MAX_LABEL_BYTES}" in lua and f"commas >= {enforcement.MAX_LABEL_VALUES}" in lua
+    assert f"#value > {MAX_LABEL_BYTES}" in lua and f"commas >= {MAX_LABEL_VALUES}" in lua
     # Its 431 is told from the codec's by the header it sets: matched before the codec's mapper.
     mappers = LOCAL_REPLIES["mappers"]
     codes = [m.get("body_format_override", {}).get("json_format", {}).get("code") for m in mappers]

@@ -6,10 +6,10 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives import hashes
 
 from complyroute import engines
-from complyroute.trust import identity, pki
-from complyroute.topology import manifest
 from complyroute.policy.policyfiles import POLICIES
+from complyroute.topology import manifest
 from complyroute.topology.plan import place
+from complyroute.trust import identity, pki
 
 MIXED_REGIONS = str(manifest.REPO / "topologies" / "examples" / "mixed-regions.yaml")
 DECIDING = ["sidecar", "central-entity", "dynamic-router-3", "dynamic-router-6"]

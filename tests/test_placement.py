@@ -3,11 +3,12 @@
 import yaml
 
 from complyroute.policy import labels
-from complyroute.topology import manifest
-from complyroute.runtime.kubernetes import render, validate
-from complyroute.topology.plan import place
 from complyroute.policy.policyfiles import POLICIES
-from complyroute.proxy.envoy import ROLES, ROUTING_HEADER, envoy_config
+from complyroute.proxy.contract import ROUTING_HEADER
+from complyroute.proxy.envoy import envoy_config
+from complyroute.runtime.kubernetes import render, validate
+from complyroute.topology import manifest
+from complyroute.topology.plan import ROLES, place
 
 
 def plan():

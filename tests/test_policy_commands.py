@@ -6,8 +6,8 @@ import shutil
 
 import pytest
 
-from complyroute.policy import policyfiles
 from complyroute.__main__ import main
+from complyroute.policy import policyfiles
 
 EXAMPLES = policyfiles.POLICIES / policyfiles.EXAMPLES
 CATALOG = str(EXAMPLES / "catalog.json")

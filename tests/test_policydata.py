@@ -4,8 +4,8 @@ import shutil
 
 import pytest
 
-from complyroute.topology import manifest
 from complyroute.policy import policydata, policyfiles
+from complyroute.topology import manifest
 from complyroute.topology.plan import place
 
 

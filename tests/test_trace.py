@@ -8,8 +8,8 @@ import os
 import pytest
 
 from complyroute import __main__ as cli
-from complyroute.runtime.local import deployment
 from complyroute.evidence import trace
+from complyroute.runtime.local import deployment
 
 RID = "5a7ba5b4-3e9c-44e1-8860-96fdcd05523f"
 OTHER = "4e76adab-a00d-4ede-92bd-65f8ced182e2"

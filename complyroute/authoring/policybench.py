@@ -30,13 +30,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from complyroute.policy import labels, policyfiles
-from complyroute.topology import manifest
-from complyroute.proxy.envoy import POLICY_QUERY, EnforcementPoint, write_data
 from complyroute.engines import envoy_opa
-from complyroute.topology.manifest import GENERATED_PURPOSES, REPO
-from complyroute.topology.plan import place
+from complyroute.policy import labels, policyfiles
 from complyroute.policy.policyfiles import OPA
+from complyroute.proxy.opa import POLICY_QUERY, write_data
+from complyroute.topology import manifest
+from complyroute.topology.manifest import GENERATED_PURPOSES, REPO
+from complyroute.topology.plan import EnforcementPoint, place
 QUERY = "data." + POLICY_QUERY.replace("/", ".")
 SIZES = [5, 50]
 BASELINE_COMMIT = "d2d81e4"  # the rule set before the lean OPA path

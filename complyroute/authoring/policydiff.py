@@ -29,10 +29,9 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from complyroute.policy import labels as label_schema
-from complyroute.topology import manifest
-from complyroute.policy import policydata, policyfiles
 from complyroute.engines import EngineError, envoy_opa, precompute
+from complyroute.policy import labels as label_schema, policydata, policyfiles
+from complyroute.topology import manifest
 from complyroute.topology.manifest import REPO
 from complyroute.topology.plan import place
 

@@ -19,10 +19,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from complyroute.proxy.envoy import EnforcementPoint
+from complyroute.engines.base import EngineError, PointConfig  # noqa: F401 (the package's interface, with configure)
 from complyroute.topology.manifest import ENGINES
-
-__all__ = ["EngineError", "PointConfig", "configure"]  # the interface (contract.py), and the engine chosen by kind
+from complyroute.topology.plan import EnforcementPoint
 
 
 def configure(kind: str, points: list[EnforcementPoint], settings: dict, policies: Path, trust: dict | None = None) -> dict[str, PointConfig]:

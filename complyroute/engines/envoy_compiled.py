@@ -31,10 +31,12 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
+from complyroute.engines import envoy_opa, precompute
+from complyroute.engines.base import EngineError, PointConfig
 from complyroute.policy import labels
-from complyroute.proxy.envoy import MAX_RECORD_BYTES, REVISION_HEADER, ROUTING_HEADER, EnforcementPoint
-from complyroute.engines import EngineError, PointConfig, envoy_opa, precompute
-from complyroute.proxy.envoy import A_RECORD, RECORD_PATH, REQUEST_FORMS, decided_route, decision_route, hop_timeout_of, refusal_route
+from complyroute.proxy.contract import MAX_RECORD_BYTES, RECORD_PATH, REVISION_HEADER, ROUTING_HEADER, hop_timeout_of
+from complyroute.proxy.routes import A_RECORD, REQUEST_FORMS, decided_route, decision_route, refusal_route
+from complyroute.topology.plan import EnforcementPoint
 
 HEADER_INPUT = "type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput"
 ROUTE_ACTION = "type.googleapis.com/envoy.config.route.v3.Route"

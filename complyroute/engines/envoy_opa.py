@@ -9,10 +9,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from complyroute.engines import precompute
+from complyroute.engines.base import PointConfig
 from complyroute.policy import bundles, labels, policydata
-from complyroute.proxy.envoy import EnforcementPoint
-from complyroute.engines import PointConfig, precompute
-from complyroute.proxy.envoy import envoy_config, opa_config
+from complyroute.proxy.envoy import envoy_config
+from complyroute.proxy.opa import opa_config
+from complyroute.topology.plan import EnforcementPoint
 
 
 def opa_data(points: list[EnforcementPoint], policies: Path) -> dict[str, dict]:

@@ -46,13 +46,12 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from complyroute.policy import labels as label_schema
-from complyroute.policy import policydata
-from complyroute.proxy.envoy import EnforcementPoint
+from complyroute.engines.base import EngineError
+from complyroute.policy import labels as label_schema, policydata
 from complyroute.policy.labels import Label
-from complyroute.topology.manifest import REPO
 from complyroute.policy.policyfiles import OPA, is_test
-from complyroute.engines import EngineError
+from complyroute.topology.manifest import REPO
+from complyroute.topology.plan import EnforcementPoint
 
 DECISION_SPACE = Path(__file__).with_name("decision_space.rego")
 QUICK_PATH = Path(__file__).with_name("quick_path.rego")
@@ -341,37 +340,3 @@ def check_quick_path(precomputed: Precomputed, tables: dict[str, dict]) -> None:
         if expected != answered:
             raise EngineError("the quick path would not answer as the rule set does, so nothing was changed: "
                               + first_difference(point, expected, answered, space, "the quick path"))
-
-
-
-# ---- a catalog on its own (make policy-test) ---------------------------------------------------
-
-
-def catalog_point(catalog: dict) -> EnforcementPoint:
-    """One enforcement point deciding, with `catalog`, every hop the catalog can name: from each
-    gateway and instance into each step. Its addresses are never used: nothing runs."""
-    from complyroute.proxy.envoy import DecidingListener, Endpoint
-
-    nowhere = Endpoint("127.0.0.1", 0)
-    senders = sorted({*catalog.get("gateways", {}), *catalog.get("instances", {})})
-    steps = sorted({instance["step"] for instance in catalog.get("instances", {}).values()})
-    listeners = [DecidingListener(f"{sender}-{step}", nowhere, sender=sender, step=step) for sender in senders for step in steps]
-    return EnforcementPoint("catalog", "none", nowhere, nowhere, nowhere, nowhere, nowhere, role="central", deciding=listeners,
-                            catalog=catalog)
-
-
-def check_catalog(catalog: dict, policies: Path) -> int:
-    """Builds the allowed table and the compiled routes of a point holding `catalog` through the
-    guards: the number of allowed labellings (EngineError when a fast path disagrees)."""
-    from complyroute.engines import envoy_compiled, envoy_opa
-
-    point = catalog_point(catalog)
-    _, precomputed = envoy_opa.decided_data([point], policies)
-    if precomputed.skipped:
-        return 0
-    outcomes = envoy_compiled.outcomes_by_listener(precomputed)
-    headers = [header for _, header in precomputed.space["labels"]]
-    matchers = {listener.name: envoy_compiled.listener_matcher(outcomes.get((point.name, listener.name), {}), "1s", headers)
-                for listener in envoy_compiled.compiled_listeners(point)}
-    envoy_compiled.check_routes(point, matchers, precomputed)
-    return len(precomputed.outcomes)

@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from complyroute.policy import bundles, policydata
-from complyroute.topology.manifest import REPO
 from complyroute.policy.policyfiles import POLICIES
+from complyroute.topology.manifest import REPO
 
 RUNS = REPO / "runs"
 RECHECK = Path(__file__).with_name("recheck.rego")

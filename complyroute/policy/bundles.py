@@ -30,8 +30,8 @@ import subprocess
 import tarfile
 from pathlib import Path
 
-from complyroute.topology.manifest import REPO
 from complyroute.policy.policyfiles import POLICIES, RULE_SET, is_test
+from complyroute.topology.manifest import REPO
 
 REVISION_PATH = ("complyroute", "revision")
 # In a run folder: every bundle the deployment served, by revision (what `make audit` re-checks with).

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from complyroute.topology.manifest import REPO
 
 if TYPE_CHECKING:
-    from complyroute.proxy.envoy import Endpoint
+    from complyroute.topology.plan import Endpoint
 
 OPA = REPO / "bin" / "opa"  # opa-envoy-plugin, as `make setup` builds it (tools/opa/go.mod)
 POLICIES = REPO / "policies"

@@ -11,11 +11,125 @@ from __future__ import annotations
 import importlib.util
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from complyroute.proxy.envoy import DecidingListener, EnforcementPoint, Endpoint
+from complyroute.topology import localhttp
 from complyroute.topology.manifest import PLACEMENT, Instance, Node, Topology
+
+READY_PATH = "/ready"
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where a part listens (`address`) and the name others reach it by (`host`), or the unix
+    domain socket it listens on (`path`).
+
+    On one machine the two are the same loopback address; on Kubernetes a part binds 0.0.0.0
+    (or 127.0.0.1 inside its pod) and is reached by its Service's DNS name. What only a point's
+    own processes may reach (Envoy's admin, OPA's decision port and REST API) is a socket in a
+    folder that only they can open (`unix`), on either.
+    """
+
+    address: str
+    port: int
+    host: str = ""
+    path: str = ""
+
+    @classmethod
+    def unix(cls, path: str | Path) -> Endpoint:
+        return cls("", 0, path=str(path))
+
+    @property
+    def reach(self) -> str:
+        return self.host or self.address
+
+    @property
+    def url(self) -> str:
+        return localhttp.url(self.path) if self.path else f"http://{self.reach}:{self.port}"
+
+    @property
+    def listen(self) -> str:
+        """The address as OPA's flags and its plugin's `addr` take it."""
+        return f"unix://{self.path}" if self.path else f"{self.address}:{self.port}"
+
+
+@dataclass(frozen=True)
+class DecidingListener:
+    name: str
+    endpoint: Endpoint
+    sender: str  # the instance or gateway the records come from, as the catalog names it
+    step: str | None = None  # pinned target step; None: taken from the sender's x-complyroute-step header
+    # Records come from outside (a client), not from a service: the body is unchecked until
+    # this point's decision, so every engine asks OPA here.
+    from_client: bool = False
+
+
+@dataclass(frozen=True)
+class ForwardingListener:
+    name: str
+    endpoint: Endpoint
+    upstream: Endpoint
+
+
+# What an enforcement point is to the rest of the house, set by the placement that makes it: the
+# Kubernetes rendering, for one, runs each role as its own kind of workload (kubernetes/render.py).
+ROLES = (
+    "entry",  # on the gateway node, where clients send records: decides (or just forwards) the first hop
+    "central",  # the entry and also the only way from one service to the next (central entity)
+    "sidecar",  # beside one service instance, in its pod: decides the hops out of it
+    "router",  # on a service node, shared by some of its services: decides the hops out of them
+)
+
+
+@dataclass
+class EnforcementPoint:
+    name: str
+    node: str
+    # Sockets in the point's private folder (Endpoint.unix; `private`), which only its own
+    # processes open: Envoy's admin interface (for the control plane: reload, make bench), the
+    # ext_authz server Envoy asks, and OPA's REST API (read-only: policies/system/authz).
+    admin: Endpoint
+    ready: Endpoint  # Envoy's readiness listener: GET /ready, its health check, and nothing else
+    opa_grpc: Endpoint
+    opa_http: Endpoint
+    # OPA's --diagnostic-addr: /health?plugins is its health check, /metrics. A socket in the
+    # private folder too, but on Kubernetes, where the kubelet probes it over TCP.
+    opa_diagnostic: Endpoint
+    concurrency: int = 1
+    role: str = ""  # one of ROLES, which the placement gives (net.point); __post_init__ refuses any other
+    # The points that run as one workload and are reached under one name: a sidecar's group is its
+    # service instance's id (it runs in that pod); routers of one slot on every node share one group
+    # (one DaemonSet); any other point is a group of its own, named as the point.
+    group: str = ""
+    deciding: list[DecidingListener] = field(default_factory=list)
+    forwarding: list[ForwardingListener] = field(default_factory=list)
+    destinations: dict[str, Endpoint] = field(default_factory=dict)  # instance id -> where it is reached
+    catalog: dict = field(default_factory=dict)  # the catalog slice it decides with (its OPA loads it indexed: policydata)
+
+    def __post_init__(self):
+        if self.role not in ROLES:
+            raise ValueError(f"enforcement point {self.name}: role {self.role!r} is not one of {list(ROLES)}")
+        self.group = self.group or self.name
+
+    @property
+    def private(self) -> set[str]:
+        """The folders of the point's sockets: only its own processes may open them."""
+        endpoints = (self.admin, self.opa_grpc, self.opa_http, self.opa_diagnostic)
+        return {str(Path(endpoint.path).parent) for endpoint in endpoints if endpoint.path}
+
+    @property
+    def opa_health_url(self) -> str:
+        return f"{self.opa_diagnostic.url}/health?plugins"
+
+    @property
+    def opa_metrics_url(self) -> str:
+        return f"{self.opa_diagnostic.url}/metrics"
+
+    @property
+    def envoy_ready_url(self) -> str:
+        return f"{self.ready.url}{READY_PATH}"
+
 
 GATEWAY_SENDER = "gateway"
 # The sockets in a point's private folder, wherever it runs (kubernetes/render.py too).

@@ -16,7 +16,7 @@ verified peer, not the port.
 Label tokens (`security.label_tokens`, on by default where points decide): the entry's OPA
 signs the record's labels, its request id and the digest of its bytes (ES256); every later
 deciding listener verifies the token with Envoy's jwt_authn and decides on its claims
-(enforcement.py), and the receiving service checks the digest (services/app.js).
+(proxy/envoy.py), and the receiving service checks the digest (services/app.js).
 """
 
 from __future__ import annotations
@@ -25,9 +25,12 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from complyroute.topology.plan import Endpoint, EnforcementPoint, Plan, ServiceProcess
 from complyroute.trust import pki
-from complyroute.proxy.envoy import TOKEN_ISSUER, Endpoint, EnforcementPoint
-from complyroute.topology.plan import Plan, ServiceProcess
+
+# The issuer a label token names (`iss`): the entry's OPA signs it, every later deciding listener
+# checks it (proxy/envoy.py).
+TOKEN_ISSUER = "complyroute-entry"
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 
+from complyroute.topology.plan import Endpoint, EnforcementPoint, Plan, ServiceProcess
 from complyroute.trust import identity
-from complyroute.proxy.envoy import Endpoint, EnforcementPoint
-from complyroute.topology.plan import Plan, ServiceProcess
 
 MOUNT = "/etc/complyroute/tls"
 FILES = identity.TlsFiles(cert=f"{MOUNT}/tls.crt", key=f"{MOUNT}/tls.key", ca=f"{MOUNT}/ca.crt")

@@ -7,11 +7,11 @@ import time
 import uuid
 from pathlib import Path
 
+from complyroute.client import send
+from complyroute.policy import policyfiles
 from complyroute.runtime.local import deployment
 from complyroute.topology import localhttp, manifest
 from complyroute.trust import pki
-from complyroute.policy import policyfiles
-from complyroute.client import send
 
 MIXED_REGIONS = manifest.REPO / "topologies" / "examples" / "mixed-regions.yaml"
 ENFORCING = ["sidecar", "central-entity", "dynamic-router-3", "dynamic-router-6"]

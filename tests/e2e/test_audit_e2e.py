@@ -15,10 +15,10 @@ import uuid
 
 import pytest
 
+from complyroute.client import send
 from complyroute.policy import bundles
 from complyroute.runtime.local import deployment
 from complyroute.topology import manifest
-from complyroute.client import send
 
 from .helpers import ENGINES, EU_PERSONAL, MIXED_REGIONS, RECORD, post, wait_for_audit
 

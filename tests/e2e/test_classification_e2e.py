@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from complyroute.evidence import audit, trace
+from complyroute.policy import policyfiles
 from complyroute.runtime.local import deployment
 from complyroute.topology import manifest
-from complyroute.policy import policyfiles
 
 from .helpers import ENFORCING, ENGINES, post, wait_for_audit
 

@@ -29,16 +29,15 @@ from dataclasses import replace
 
 import pytest
 
-from complyroute.policy import bundles, policyfiles
-from complyroute.runtime.local import deployment
 from complyroute import engines
-from complyroute.topology import manifest
 from complyroute.engines.envoy_compiled import compiled_listeners
 from complyroute.engines.precompute import canonical_sets
+from complyroute.policy import bundles, policyfiles
 from complyroute.policy.labels import schema
-from complyroute.proxy.envoy import Endpoint
-from complyroute.topology.plan import place
-from complyroute.proxy.envoy import BundleSource
+from complyroute.proxy.opa import BundleSource
+from complyroute.runtime.local import deployment
+from complyroute.topology import manifest
+from complyroute.topology.plan import Endpoint, place
 
 from .helpers import ENFORCING, MIXED_REGIONS, REFERENCE
 

@@ -27,9 +27,9 @@ from pathlib import Path
 
 import pytest
 
+from complyroute.proxy.contract import MAX_RECORD_BYTES, receive_timeouts
 from complyroute.runtime.local import deployment
 from complyroute.topology import localhttp
-from complyroute.proxy.envoy import MAX_RECORD_BYTES, receive_timeouts
 
 from .helpers import ENFORCING, ENGINES, POOL_RECEIVE_TIMEOUT, as_part, as_service, egress_url, label_token, opa_api
 

@@ -54,10 +54,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from complyroute.runtime.local import deployment
-from complyroute.trust import identity, pki
-from complyroute.topology import localhttp, manifest
 from complyroute.client import send
+from complyroute.runtime.local import deployment
+from complyroute.topology import localhttp, manifest
+from complyroute.trust import identity, pki
 
 from .helpers import (ENFORCING, ENGINES, EU_PERSONAL, RECORD, as_service, egress_url, label_token, opa_api, post,
                       tls_context, wait_for_audit)

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from complyroute.client import send
+from complyroute.engines import envoy_compiled
 from complyroute.evidence import audit
 from complyroute.policy import bundles, policyfiles
 from complyroute.runtime.local import deployment, reload
-from complyroute.engines import envoy_compiled
-from complyroute.client import send
 
 from tests.walkthrough import rule_set_with_rule
 

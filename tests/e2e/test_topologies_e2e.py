@@ -5,9 +5,9 @@ import uuid
 
 import pytest
 
+from complyroute.client import send
 from complyroute.runtime.local import deployment
 from complyroute.topology import manifest
-from complyroute.client import send
 
 from .helpers import ENFORCING, ENGINES, deploy_mixed_regions, mixed_regions
 

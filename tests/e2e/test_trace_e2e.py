@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from complyroute.client import send
 from complyroute.runtime.local import deployment
 from complyroute.topology import manifest
-from complyroute.client import send
 
 from .helpers import ENGINES, EU_PERSONAL, MIXED_REGIONS
 

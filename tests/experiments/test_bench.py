@@ -15,8 +15,8 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 
+from complyroute.topology.plan import Endpoint
 from complyroute.trust import pki
-from complyroute.proxy.envoy import Endpoint
 from experiments import bench
 
 

@@ -12,9 +12,9 @@ import sys
 
 import pytest
 
-from complyroute.topology import manifest
 from complyroute.runtime.kubernetes import apply, render
 from complyroute.runtime.kubernetes.nodes import NODE_LABEL, ONE_NODE_ROLE, ROLE_LABEL
+from complyroute.topology import manifest
 from experiments import __main__ as cli
 from experiments import runner, targets
 from experiments.matrix import Cell, resolve

@@ -28,16 +28,15 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from complyroute.policy import bundles
-from complyroute.runtime.local import deployment
-from complyroute.runtime.kubernetes import images
-from complyroute.trust import kubetrust, pki
-from complyroute.topology import manifest
-from complyroute.runtime.kubernetes import apply, render, validate
-from complyroute.runtime.kubernetes.nodes import NODE_LABEL, ROLE_LABEL
-from complyroute.topology.plan import ADMIN_SOCKET, API_SOCKET, DECISION_SOCKET
 from complyroute.policy.policyfiles import POLICIES
+from complyroute.proxy.routes import ROUTE_CONFIGURATION, split_routes
+from complyroute.runtime.kubernetes import apply, images, render, validate
+from complyroute.runtime.kubernetes.nodes import NODE_LABEL, ROLE_LABEL
+from complyroute.runtime.local import deployment
 from complyroute.runtime.local.reload import ReloadError
-from complyroute.proxy.envoy import ROUTE_CONFIGURATION, split_routes
+from complyroute.topology import manifest
+from complyroute.topology.plan import ADMIN_SOCKET, API_SOCKET, DECISION_SOCKET
+from complyroute.trust import kubetrust, pki
 
 TOPOLOGIES = ["sidecar", "central-entity", "dynamic-router-3", "dynamic-router-6", "baseline"]
 

@@ -7,11 +7,11 @@ import shutil
 import pytest
 
 from complyroute import engines
-from complyroute.topology import manifest
 from complyroute.authoring import policydiff
 from complyroute.engines import envoy_compiled, envoy_opa, precompute
-from complyroute.topology.plan import place
 from complyroute.policy.policyfiles import POLICIES
+from complyroute.topology import manifest
+from complyroute.topology.plan import place
 from tests.walkthrough import rule_set_with_rule
 
 # A rule that reads the record's body: no table can enumerate it.

@@ -6,8 +6,8 @@ import json
 import shutil
 import subprocess
 
-from complyroute.policy import policyfiles
 from complyroute.__main__ import main
+from complyroute.policy import policyfiles
 
 from tests.walkthrough import block, rule_set_with_rule
 

@@ -20,8 +20,8 @@ import pytest
 import yaml
 
 from complyroute.policy import bundles, policyfiles
-from complyroute.topology import manifest
 from complyroute.runtime.kubernetes import apply, render
+from complyroute.topology import manifest
 from complyroute.topology.manifest import REPO
 
 pytestmark = pytest.mark.k8s

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from complyroute.client import send
 from complyroute.evidence import audit
 from complyroute.policy import bundles
-from complyroute.topology import manifest
-from complyroute.client import send
-from complyroute.runtime.kubernetes.images import IMAGES
 from complyroute.runtime.kubernetes import render
+from complyroute.runtime.kubernetes.images import IMAGES
+from complyroute.topology import manifest
 from tests.k8s.harness import realnode
 
 pytestmark = pytest.mark.k8s

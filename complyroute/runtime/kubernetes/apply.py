@@ -16,15 +16,14 @@ from pathlib import Path
 
 import yaml
 
-from complyroute.policy import bundles, policydata
 from complyroute import engines
-from complyroute.trust import identity
-from complyroute.proxy.envoy import EnforcementPoint
-from complyroute.topology.manifest import REPO, Topology
-from complyroute.topology.plan import Plan
+from complyroute.policy import bundles, policydata
 from complyroute.policy.policyfiles import POLICIES
+from complyroute.runtime.kubernetes.render import PART_OF, RENDER_ANNOTATION, SERVICE_IMAGE, KubernetesNetwork, RenderError, Renderer, build, component_of, namespace_of, write_private
 from complyroute.runtime.local.reload import ReloadError
-from complyroute.runtime.kubernetes.render import PART_OF, RENDER_ANNOTATION, SERVICE_IMAGE, KubernetesNetwork, Renderer, RenderError, build, component_of, namespace_of, write_private
+from complyroute.topology.manifest import REPO, Topology
+from complyroute.topology.plan import EnforcementPoint, Plan
+from complyroute.trust import identity
 
 # What k8s-deploy applied, by namespace (Deployed): what `make reload-policy target=k8s` reads.
 DEPLOYED = REPO / "runs" / "k8s" / "deployed"

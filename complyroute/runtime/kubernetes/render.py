@@ -39,17 +39,16 @@ from pathlib import Path
 
 import yaml
 
-from complyroute.policy import bundles, policyfiles
 from complyroute import engines
-from complyroute.trust import identity, kubetrust, pki
-from complyroute.runtime.kubernetes import images
-from complyroute.policy import labels as label_schema
-from complyroute.proxy.envoy import EnforcementPoint, Endpoint, split_routes
-from complyroute.topology.manifest import REPO, Instance, Node, Topology
-from complyroute.topology.plan import ADMIN_SOCKET, API_SOCKET, DECISION_SOCKET, Plan, place
+from complyroute.policy import bundles, labels as label_schema, policyfiles
 from complyroute.policy.policyfiles import SYSTEM_POLICIES
+from complyroute.proxy.opa import BundleSource, bundle_config
+from complyroute.proxy.routes import rule_set_routes, split_routes
+from complyroute.runtime.kubernetes import images
 from complyroute.runtime.kubernetes.nodes import NODE_LABEL, ONE_NODE_ROLE, ROLE_LABEL
-from complyroute.proxy.envoy import BundleSource, READY_PATH, bundle_config, rule_set_routes
+from complyroute.topology.manifest import REPO, Instance, Node, Topology
+from complyroute.topology.plan import ADMIN_SOCKET, API_SOCKET, DECISION_SOCKET, READY_PATH, Endpoint, EnforcementPoint, Plan, place
+from complyroute.trust import identity, kubetrust, pki
 
 KUSTOMIZE = REPO / "bin" / "kustomize"
 # Images of our own, built from scratch by `make images` (images.py, scripts/build-images.sh)

@@ -36,15 +36,15 @@ from pathlib import Path
 import psutil
 import yaml
 
-from complyroute.policy import bundles, labels, policyfiles
 from complyroute import engines
-from complyroute.trust import identity, pki
+from complyroute.policy import bundles, labels, policyfiles
+from complyroute.policy.policyfiles import OPA, POLICIES, SYSTEM_POLICIES
+from complyroute.proxy.opa import BundleSource, bundle_config, write_data
+from complyroute.proxy.routes import rule_set_routes, split_routes
 from complyroute.topology import localhttp
 from complyroute.topology.manifest import REPO, Topology
-from complyroute.policy.policyfiles import OPA, POLICIES, SYSTEM_POLICIES
-from complyroute.proxy.envoy import EnforcementPoint, Endpoint
-from complyroute.topology.plan import LocalNetwork, Plan, ServiceProcess, place
-from complyroute.proxy.envoy import BundleSource, bundle_config, rule_set_routes, split_routes, write_data
+from complyroute.topology.plan import Endpoint, EnforcementPoint, LocalNetwork, Plan, ServiceProcess, place
+from complyroute.trust import identity, pki
 
 RUNS = REPO / "runs"
 CURRENT = RUNS / "current"

@@ -30,8 +30,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from complyroute.runtime.local import deployment
 from complyroute.policy import policyfiles
+from complyroute.runtime.local import deployment
 
 KINDS = ("kill", "pause", "reload")
 POLICY = "policy"  # the target of a reload

@@ -29,11 +29,11 @@ import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from complyroute import engines
 from complyroute.policy import bundles, labels, policydata, policyfiles
 from complyroute.runtime.local import deployment
-from complyroute import engines
 from complyroute.topology import localhttp
-from complyroute.proxy.envoy import EnforcementPoint
+from complyroute.topology.plan import EnforcementPoint
 
 POLL_INTERVAL = 0.05  # between rounds of asking the points still on the old revision
 

@@ -1,0 +1,123 @@
+"""An enforcement point's routes: what a listener takes (a record: POST /process, exactly) and
+what it refuses itself, the route of a record OPA decides and of one decided ahead of time, and
+the route configurations Envoy reads from files (split_routes), which a reload rewrites."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+from complyroute.proxy.contract import RECORD_PATH, REVISION_HEADER, ROUTING_HEADER
+
+EXT_AUTHZ_PER_ROUTE = "type.googleapis.com/envoy.extensions.filters.http.ext_authz.v3.ExtAuthzPerRoute"
+EXT_AUTHZ_DISABLED = {"envoy.filters.http.ext_authz": {"@type": EXT_AUTHZ_PER_ROUTE, "disabled": True}}
+
+# What a listener takes, as (header, string match) pairs that both a route's header matchers
+# and the compiled engine's matcher tree express: a record is POST /process, exactly (no
+# query string, whose escapes the plugin could not parse). A request that matches none of
+# REQUEST_FORMS' predicates is answered 404.
+A_RECORD = [(":method", {"exact": "POST"}), (":path", {"exact": RECORD_PATH})]
+REQUEST_FORMS = [
+    # (name, predicates, status): tried in order after A_RECORD.
+    ("query-string", [(":method", {"exact": "POST"}), (":path", {"safe_regex": {"regex": r"/process\?.*"}})], 400),
+    ("not-post", [(":path", {"safe_regex": {"regex": r"/process(\?.*)?"}})], 405),
+]
+
+
+def refusal_route(name: str, status: int, predicates: list, deciding: bool) -> dict:
+    """A route answering `status` from Envoy itself (the local reply mappers write the body)."""
+    route = {
+        "name": name,
+        "match": {"prefix": "/", "headers": [{"name": header, "string_match": match} for header, match in predicates]},
+        "direct_response": {"status": status},
+    }
+    if status == 405:
+        route["response_headers_to_add"] = [{"header": {"key": "allow", "value": "POST"}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}]
+    if deciding:  # nothing to decide: OPA is not asked
+        route["typed_per_filter_config"] = EXT_AUTHZ_DISABLED
+    return route
+
+
+def refusal_routes(deciding: bool) -> list[dict]:
+    """What a listener answers to anything that is not a record, in order, after the record's route."""
+    return [refusal_route(name, status, predicates, deciding) for name, predicates, status in REQUEST_FORMS] + [
+        refusal_route("not-a-record", 404, [], deciding)
+    ]
+
+
+def record_route(route: dict) -> dict:
+    """The route of a record (`route`: its action and settings)."""
+    return {"match": {"prefix": "/", "headers": [{"name": h, "string_match": m} for h, m in A_RECORD]}, **route}
+
+
+def decision_route(hop_timeout: str) -> dict:
+    """The route of a record whose hop OPA decides: to the instance its decision names."""
+    return record_route({"route": {"cluster_header": ROUTING_HEADER, "timeout": hop_timeout}})
+
+
+def decided_route(destination: str, hop_timeout: str, revision: str) -> dict:
+    """The route of a record whose hop was decided ahead of time: no call to OPA. It names the
+    revision of the rule set that decided it, as OPA's answer does on the decision route."""
+    return record_route({
+        "route": {"cluster": destination, "timeout": hop_timeout},
+        "typed_per_filter_config": EXT_AUTHZ_DISABLED,
+        "request_headers_to_add": [{"header": {"key": REVISION_HEADER, "value": revision}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}],
+    })
+
+
+ROUTE_CONFIGURATION = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
+
+
+def split_routes(envoy: dict, folder: str, version: str = "1", listeners: set[str] | None = None) -> tuple[dict, dict[str, str]]:
+    """The route configurations of `listeners` (None: every listener) out of the bootstrap
+    `envoy`, into files Envoy reads from `folder` (RDS from the filesystem): returns the
+    bootstrap, whose connection managers name their file instead, and the files,
+    `<listener>.json` each, as compact JSON discovery responses of `version`. `envoy` itself
+    is left as it is.
+
+    Envoy watches `folder` and reads a route configuration again when a file is moved into it
+    (a rename: reload.py's rewrite, or Kubernetes swapping a ConfigMap volume's contents), so
+    a listener's routes change without a restart and without a dropped request. Each file
+    costs its Envoy an inotify instance, of the 128 a user holds by default
+    (fs.inotify.max_user_instances): a deployment moves only the routes that change with the
+    rule set (rule_set_routes).
+    """
+    bootstrap = copy.deepcopy(envoy)
+    files: dict[str, str] = {}
+    for listener in bootstrap["static_resources"]["listeners"]:
+        if listeners is not None and listener["name"] not in listeners:
+            continue
+        for chain in listener["filter_chains"]:
+            for network_filter in chain["filters"]:
+                manager = network_filter["typed_config"]
+                if "route_config" not in manager:
+                    continue
+                name = f"{listener['name']}.json"
+                if name in files:
+                    raise ValueError(f"listener {listener['name']} has more than one route configuration")
+                route_config = manager["route_config"]
+                rds = {
+                    "route_config_name": route_config["name"],
+                    "config_source": {
+                        "path_config_source": {"path": f"{folder}/{name}", "watched_directory": {"path": folder}},
+                        "resource_api_version": "V3",
+                    },
+                }
+                # In route_config's place, so the manager's fields keep their order.
+                network_filter["typed_config"] = dict(("rds", rds) if key == "route_config" else (key, value) for key, value in manager.items())
+                files[name] = json.dumps({"version_info": version, "resources": [{"@type": ROUTE_CONFIGURATION, **route_config}]},
+                                         separators=(",", ":"))
+    return bootstrap, files
+
+
+def rule_set_routes(envoy: dict) -> set[str]:
+    """The listeners whose routes hold decisions of the rule set: those with the compiled
+    engine's matcher tree (its leaves are OPA's answers, and name their revision). Every other
+    route configuration is the same whatever the rule set says."""
+    return {
+        listener["name"]
+        for listener in envoy["static_resources"]["listeners"]
+        for chain in listener["filter_chains"]
+        for network_filter in chain["filters"]
+        if any("matcher" in host for host in network_filter["typed_config"].get("route_config", {}).get("virtual_hosts", []))
+    }
