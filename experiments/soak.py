@@ -2,7 +2,7 @@
 
 For each topology: deploy it (supervised: deployment.py), check one record goes through, run
 Locust at the offered rate (the locustfile the matrix uses: one CSV row per request), and,
-once the warm-up is over, inject a fault every `fault_every` seconds (complyroute/faults.py:
+once the warm-up is over, inject a fault every `fault_every` seconds (complyroute/runtime/local/faults.py:
 SIGKILL or SIGSTOP of a service, an Envoy, a router or an OPA; a rule-set reload), then stop
 Locust, undeploy and audit the run folder with `python -m complyroute audit` (a process of
 its own: the verdict does not come from the code that ran the load).

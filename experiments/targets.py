@@ -78,7 +78,7 @@ class Target(Protocol):
 
 
 class LocalTarget:
-    """Processes on this machine, supervised (complyroute/deployment.py), one deployment at a time."""
+    """Processes on this machine, supervised (complyroute/runtime/local/deployment.py), one deployment at a time."""
 
     name = "local"
     runs_here = True

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the images a rendered topology runs (complyroute/images.py names them), from scratch:
+# Builds the images a rendered topology runs (complyroute/runtime/kubernetes/images.py names them), from scratch:
 # `buildah from scratch`, one layer holding the binaries the project already pins and the shared
 # libraries ldd names for them; no registry, no base image. File times in the layer and the
 # image's creation time are fixed (epoch 0), so building again from the same inputs gives the

@@ -17,7 +17,7 @@ import { RecentIds } from './lib/recent-ids.js'
 // The labels are the configuration's (config.labels, COMPLYROUTE_LABELS: the rule set's label
 // schema): which headers a record must carry, which are logged and which are sent on.
 // Set by the enforcement point that decided the hop into this instance, overwriting any
-// value a sender chose (complyroute/enforcement.py _deciding_listener); absent when no
+// value a sender chose (complyroute/proxy/envoy.py _deciding_listener); absent when no
 // point decided it (the baseline, or a record that bypassed the enforcement points).
 export const DECISION_HEADERS = Object.freeze({
   sender: 'x-complyroute-sender',
@@ -26,17 +26,17 @@ export const DECISION_HEADERS = Object.freeze({
 })
 // Label-token mode (LABEL_TOKENS=1): the point that decided the hop into this instance
 // verified the signed label token and set the record's digest from its claims
-// (complyroute/enforcement.py LABEL_TOKEN_HEADER, DIGEST_HEADER). The token is passed on to
+// (complyroute/proxy/contract.py LABEL_TOKEN_HEADER, DIGEST_HEADER). The token is passed on to
 // the next point, which verifies it again; the digest is not (the next point derives it).
 export const LABEL_TOKEN_HEADERS = Object.freeze({
   token: 'x-complyroute-labels',
   digest: 'x-complyroute-digest'
 })
 // How many accepted record ids an instance remembers to refuse a replayed record. A replay
-// needs a token still valid (complyroute/identity.py: 120 s), so this covers up to 1,250
+// needs a token still valid (complyroute/trust/identity.py: 120 s), so this covers up to 1,250
 // records/s per instance; an id forgotten earlier than that could be replayed once.
 export const REPLAY_WINDOW = 150_000
-// The largest record: the enforcement points' limit too (complyroute/enforcement.py
+// The largest record: the enforcement points' limit too (complyroute/proxy/contract.py
 // MAX_RECORD_BYTES), so a record one part takes, every part takes.
 export const BODY_LIMIT = 64 * 1024
 

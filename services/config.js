@@ -25,7 +25,7 @@ export const DEFAULTS = Object.freeze({
 const TOKEN = /^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$/
 
 // The label schema (COMPLYROUTE_LABELS): what a label's name and its header may be, as the rule
-// set's schema allows them (complyroute/labels.py NAME, HEADER, OWN_HEADERS). A label header is
+// set's schema allows them (complyroute/policy/labels.py NAME, HEADER, OWN_HEADERS). A label header is
 // lowercase (Node hands headers over lowercased), not one of complyroute's own headers, and
 // not x-request-id, which the instance reads and sends on itself.
 const LABEL_NAME = /^[a-z][a-z0-9_]{0,31}$/
@@ -134,7 +134,7 @@ function egressUrl (env) {
 
 /**
  * The labels this instance requires, logs and sends on (COMPLYROUTE_LABELS, set by the control
- * plane from the rule set's label schema, complyroute/labels.py service_setting): a JSON array
+ * plane from the rule set's label schema, complyroute/policy/labels.py service_setting): a JSON array
  * of {"name", "header", "required"} in the schema's order, at least one, names and headers
  * each used once. Returned frozen, in the order given: the audit line's labels keep it.
  * Exported for bench/floor.js, which forwards the same headers.

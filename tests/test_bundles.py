@@ -1,5 +1,5 @@
-"""The rule set as bundles (complyroute/bundles.py) and the server that hands them out
-(complyroute/bundleserver.py): real OPA reading the bundles, a real server over mutual TLS."""
+"""The rule set as bundles (complyroute/policy/bundles.py) and the server that hands them out
+(complyroute/policy/bundleserver.py): real OPA reading the bundles, a real server over mutual TLS."""
 
 import gzip
 import io

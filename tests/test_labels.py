@@ -1,4 +1,4 @@
-"""The label schema (complyroute/labels.py) and the rule sets chosen by name (policyfiles.rule_set)."""
+"""The label schema (complyroute/policy/labels.py) and the rule sets chosen by name (policyfiles.rule_set)."""
 
 import json
 

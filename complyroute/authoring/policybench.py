@@ -10,7 +10,7 @@ service's purpose), labelled as that point receives them: canonical, the way eve
 allowed a hop before rewrote them (one value each, consent sorted).
 
 Each rule set is timed as its enforcement points run it: today's with its catalog indexed
-(complyroute/policydata.py), its allowed table (complyroute/engines/precompute.py: an allowed
+(complyroute/policy/policydata.py), its allowed table (complyroute/engines/precompute.py: an allowed
 record takes the quick path) and OPA's store optimised for reads; d2d81e4's with the catalog
 itself at data.complyroute.catalog, and OPA's default store; both with the point's GOMAXPROCS
 (its concurrency: 1 for sidecars and routers, 2 for the central entity), on the same CPUs. Both decisions are checked before

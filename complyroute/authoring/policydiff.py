@@ -3,7 +3,7 @@
 Before a reload, an author asks both rule sets, the one at `base` and the one in policies/ now
 (uncommitted edits included), for every decision each enforcement point of a topology can be
 asked: every deciding listener (its sender and step; the entry's too, with labels as a client
-sends canonical ones), and every label either rule set's schema declares (complyroute/labels.py):
+sends canonical ones), and every label either rule set's schema declares (complyroute/policy/labels.py):
 a single-valued one absent or any value either rule set knows, a multiple one (the shipped
 consent) absent or any canonical value of the values either knows. OPA answers each rule set in one `opa eval`
 (decision_space.rego `decisions`, each point with its index as that rule set derives it);

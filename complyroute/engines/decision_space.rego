@@ -9,7 +9,7 @@
 #   entrypoint's, data.complyroute.compliance.decision, whatever rules it holds.
 #   complyroute/engines/precompute.py writes the input and builds the allowed
 #   table both engines use from `allowed` (quick_path.rego checks the quick path
-#   against it); complyroute/policydiff.py compares two rule sets' answers
+#   against it); complyroute/authoring/policydiff.py compares two rule sets' answers
 #   (`decisions`), of this checkout's and of older rule sets. Nothing here
 #   decides anything itself.
 #
@@ -94,7 +94,7 @@ changes_nothing(request, response) if {
 #   of the space, whatever the answer, at every listener the input names
 #   (a listener taking records from a client too: its labels are tried as a
 #   client sends canonical ones). What `make policy-diff`
-#   (complyroute/policydiff.py) asks of two rule sets and compares. outcome:
+#   (complyroute/authoring/policydiff.py) asks of two rule sets and compares. outcome:
 #     allowed  {"allowed": true, "destination"}
 #     denied   {"allowed": false, "status", "code",
 #               "reasons": [[instance or null, code], ...] sorted}

@@ -6,7 +6,7 @@
 #   (sender, step, labels) with the data of the point that decided it, its
 #   candidates narrowed to the instance that received the record, so the
 #   answer is "allowed to that instance" or not, whichever instance the point
-#   would have preferred. complyroute/audit.py writes the input and reads the
+#   would have preferred. complyroute/evidence/audit.py writes the input and reads the
 #   answer; nothing here decides anything itself.
 #
 #   Input:

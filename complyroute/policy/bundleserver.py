@@ -28,7 +28,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 # Standard library only, and spiffe.py: on Kubernetes this module runs from the official Python
-# image, mounted from a ConfigMap beside spiffe.py (kubernetes/render.py, Renderer.bundle_server).
+# image, mounted from a ConfigMap beside spiffe.py (runtime/kubernetes/render.py, Renderer.bundle_server).
 from complyroute.trust import spiffe
 
 LONG_POLLING = "application/vnd.openpolicyagent.bundles"

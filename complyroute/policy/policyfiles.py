@@ -47,7 +47,7 @@ DIRECT_DECISION = ("data.complyroute.compliance.decision"
                    " with data.complyroute.index as data.complyroute.indexing.index(data.complyroute.catalog)")
 # Flags of every point's `opa run --server`, wherever it runs: its REST API asks the rule set's
 # system.authz policy (policies/system/authz) about every request, which refuses writes. Its
-# REST API and diagnostics listen on unix sockets (enforcement.Endpoint.unix) that only OPA's
+# REST API and diagnostics listen on unix sockets (plan.Endpoint.unix) that only OPA's
 # own user may open (OPA's default, 755, would do: connecting takes write permission; stated).
 SERVER_FLAGS = ("--authorization=basic", "--unix-socket-perm=600")
 # A point's OPA reads its index on every decision and never writes it: held as OPA's own

@@ -201,7 +201,7 @@ def _label_token_check(trust: PointTrust, listener: str, labels: tuple[Label, ..
 def _deciding_listener(listener: DecidingListener, settings: dict, matcher: dict | None, point: str, trust: PointTrust | None,
                        labels: tuple[Label, ...]) -> dict:
     if not labels:
-        raise ValueError(f"point {point}: a deciding listener needs the rule set's labels (complyroute/labels.py)")
+        raise ValueError(f"point {point}: a deciding listener needs the rule set's labels (complyroute/policy/labels.py)")
     decision_timeout = settings.get("decision_timeout", "2s")
     context = {"sender": listener.sender}
     if listener.step:
@@ -243,7 +243,7 @@ def _deciding_listener(listener: DecidingListener, settings: dict, matcher: dict
             }
         },
         # Every record this listener passes says who sent it and which point decided its hop;
-        # the receiving service writes them into its audit line (complyroute/audit.py checks
+        # the receiving service writes them into its audit line (complyroute/evidence/audit.py checks
         # them). Overwritten: a sender cannot choose them. The revision of the rule set that
         # decided (REVISION_HEADER) is the decision's own: OPA's answer sets it, or the
         # compiled route that stands for one.

@@ -24,7 +24,7 @@ def write_data(data_dir: Path, document: dict) -> None:
 
 @dataclass(frozen=True)
 class BundleSource:
-    """Where a point's OPA fetches its bundle (complyroute/bundleserver.py), and, with mutual
+    """Where a point's OPA fetches its bundle (complyroute/policy/bundleserver.py), and, with mutual
     TLS, the CA that server's certificate is checked against and the point's own credential."""
 
     url: str  # http(s)://host:port of the bundle server

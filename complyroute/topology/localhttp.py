@@ -1,7 +1,7 @@
 """HTTP over a unix domain socket: how the control plane reads what listens on no port.
 
 An enforcement point's Envoy admin interface and its OPA's REST API, diagnostics and decision
-port are unix sockets in a folder only the point's own processes can open (enforcement.py,
+port are unix sockets in a folder only the point's own processes can open (topology/plan.py,
 Endpoint.unix): no peer, and no local process of another user, can connect to them. Their
 URLs are `http+unix://<the socket's path, percent-encoded><request path>`, which this module
 reads with the standard library's HTTP client over an AF_UNIX connection.

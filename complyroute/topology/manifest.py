@@ -80,7 +80,7 @@ class Topology:
     instances: list[Instance]
     steps: list[str]  # in chain order
     routers_per_node: int = 1
-    engine: dict = field(default_factory=dict)  # how its points enforce (engines/, enforcement.py)
+    engine: dict = field(default_factory=dict)  # how its points enforce (engines/, proxy/)
     workload: dict = field(default_factory=dict)  # what its services do with a record: work_iterations
     # mtls: every hop between parts is mutual TLS with the deployment's own CA; label_tokens:
     # the entry signs each record's labels and later points decide on the token (identity.py).

@@ -3,7 +3,7 @@
 Each topology folder (sidecar/, ...) has a placement.py with `place(topology, net) -> Plan`;
 the rest of the control plane (rendering, starting, health checks) is shared. `net` gives
 every part its addresses: LocalNetwork here (loopback addresses, port blocks), the
-Kubernetes network in complyroute/kubernetes/render.py (Service names, fixed pod ports).
+Kubernetes network in complyroute/runtime/kubernetes/render.py (Service names, fixed pod ports).
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ class ForwardingListener:
 
 
 # What an enforcement point is to the rest of the house, set by the placement that makes it: the
-# Kubernetes rendering, for one, runs each role as its own kind of workload (kubernetes/render.py).
+# Kubernetes rendering, for one, runs each role as its own kind of workload (runtime/kubernetes/render.py).
 ROLES = (
     "entry",  # on the gateway node, where clients send records: decides (or just forwards) the first hop
     "central",  # the entry and also the only way from one service to the next (central entity)
@@ -132,7 +132,7 @@ class EnforcementPoint:
 
 
 GATEWAY_SENDER = "gateway"
-# The sockets in a point's private folder, wherever it runs (kubernetes/render.py too).
+# The sockets in a point's private folder, wherever it runs (runtime/kubernetes/render.py too).
 ADMIN_SOCKET, DECISION_SOCKET, API_SOCKET, DIAGNOSTIC_SOCKET = "envoy-admin.sock", "opa-decision.sock", "opa-api.sock", "opa-diagnostic.sock"
 
 
@@ -163,7 +163,7 @@ class LocalNetwork:
             role=role,
             group=group,
             # What only the point's own processes use listens on no port: sockets in its folder,
-            # which no other user can open (enforcement.EnforcementPoint). Its readiness
+            # which no other user can open (EnforcementPoint, above). Its readiness
             # listener is on the node's loopback address.
             admin=Endpoint.unix(folder / ADMIN_SOCKET),
             ready=Endpoint(node.address, self.ENVOY_READY + index),

@@ -30,7 +30,7 @@ FILES = identity.TlsFiles(cert=f"{MOUNT}/tls.crt", key=f"{MOUNT}/tls.key", ca=f"
 TOKEN_MOUNT = "/token"
 TOKEN_FILE = "data.json"  # loaded by OPA at the root of data, beside the catalog: data.complyroute.token
 # Secret files: read-only, for the owner (root) and the group, which is the pod's fsGroup
-# (kubernetes/render.py's RUN_AS): the pod's user reads them, no other user does.
+# (runtime/kubernetes/render.py's RUN_AS): the pod's user reads them, no other user does.
 SECRET_MODE = 0o440
 LOOPBACK = "127.0.0.1"
 POD_LOOPBACK = ".pod-loopback"  # a loopback address as the trust sees it: "<pod>.pod-loopback"

@@ -14,5 +14,5 @@ def spiffe_id(kind: str, name: str) -> str:
 
 
 CONTROL = spiffe_id("control", "")
-# The bundle server (complyroute/bundleserver.py), which serves the points' OPAs their rule set.
+# The bundle server (complyroute/policy/bundleserver.py), which serves the points' OPAs their rule set.
 BUNDLE_SERVER = spiffe_id("control", "bundles")

@@ -1,6 +1,6 @@
 // Identities under mutual TLS: every part of a deployment holds a certificate of the
 // deployment's CA whose one URI SAN is its SPIFFE-style identity
-// (spiffe://complyroute/<kind>/<name>, complyroute/pki.py). A service admits a peer by that
+// (spiffe://complyroute/<kind>/<name>, complyroute/trust/pki.py). A service admits a peer by that
 // identity (peerIdentity, peerAllowed) and checks that its next hop presents the identity
 // the control plane expects there (checkServerIdentityFor).
 

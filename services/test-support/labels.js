@@ -1,5 +1,5 @@
 // Test fixture (no tests here): the label schema as the control plane hands it to a service
-// instance (COMPLYROUTE_LABELS, complyroute/labels.py service_setting): the three labels the
+// instance (COMPLYROUTE_LABELS, complyroute/policy/labels.py service_setting): the three labels the
 // shipped rule set declares, in the schema's order (by name).
 export const SHIPPED_LABELS = Object.freeze([
   Object.freeze({ name: 'category', header: 'x-data-category', required: true }),

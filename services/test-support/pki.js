@@ -1,5 +1,5 @@
 // Test helper (no tests here): a throwaway CA and certificates whose one name is a SPIFFE
-// URI SAN, as complyroute/pki.py issues them (EC P-256, usable as TLS server and client),
+// URI SAN, as complyroute/trust/pki.py issues them (EC P-256, usable as TLS server and client),
 // made with the openssl command. Tests that need them are skipped where it is missing.
 import { execFileSync, spawnSync } from 'node:child_process'
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'

@@ -28,7 +28,7 @@ const MIDDLE = parseConfig(MIDDLE_ENV)
 
 const LABELS = Object.freeze({ 'x-data-region': 'EU', 'x-data-category': 'personal', 'x-data-consent': 'billing,care' })
 const RECORD = Object.freeze({ subject: 'alice', amount: 12 })
-// What the enforcement point that decided a hop adds to it (complyroute/enforcement.py).
+// What the enforcement point that decided a hop adds to it (complyroute/proxy/envoy.py).
 const DECIDED = Object.freeze({
   'x-complyroute-sender': 'ingest-eu',
   'x-complyroute-decided-by': 'router-1',

@@ -26,7 +26,7 @@ function entries (file) {
   })
 }
 
-// Recomputes every link, as the verifier (complyroute/audit.py) does: the index of the
+// Recomputes every link, as the verifier (complyroute/evidence/audit.py) does: the index of the
 // first line whose prev is not the hash of the line before it (GENESIS for the first), or -1.
 function firstBrokenLink (lines) {
   let expected = GENESIS

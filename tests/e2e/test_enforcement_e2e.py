@@ -154,7 +154,7 @@ def test_audit_logs_show_no_forbidden_record_reached_any_instance(deployed):
     state, _ = deployed
     lines = audit_lines(state)
     assert len(lines) >= 10  # the tests above delivered records; an empty log would prove nothing
-    # The rule set itself re-checks every line (complyroute/audit.py), with each point's data.
+    # The rule set itself re-checks every line (complyroute/evidence/audit.py), with each point's data.
     verdict = audit.audit_run(Path(state["run_dir"]))
     assert verdict.lines == len(lines)
     assert (verdict.broken_chains, verdict.forbidden, verdict.undecided) == (0, 0, 0), verdict.problems

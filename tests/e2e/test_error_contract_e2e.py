@@ -38,7 +38,7 @@ from .helpers import ENFORCING, ENGINES, POOL_RECEIVE_TIMEOUT, as_part, as_servi
 pytestmark = [pytest.mark.e2e, pytest.mark.pool(phase=2)]
 
 # Short enough for this test to wait out; the headers timeout is this, the whole request this
-# plus the decision timeout (enforcement.receive_timeouts). The pool deploys with it.
+# plus the decision timeout (contract.receive_timeouts). The pool deploys with it.
 RECEIVE_TIMEOUT = POOL_RECEIVE_TIMEOUT
 LABELS = b"x-data-region: EU\r\nx-data-category: personal\r\nx-data-consent: billing,care\r\ncontent-type: application/json\r\n"
 RECORD = b'{"subject": "alice"}'

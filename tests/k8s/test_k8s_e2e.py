@@ -29,7 +29,7 @@ pytestmark = pytest.mark.k8s
 TOPOLOGIES = ["sidecar", "central-entity", "dynamic-router-3", "dynamic-router-6", "baseline"]
 # Every topology at 5 and 50 services with the default engine; and the two whose compiled Envoy
 # configuration at 50 services is over one ConfigMap, so its route configurations fill ConfigMaps
-# of their own (enforcement.split_routes).
+# of their own (routes.split_routes).
 CASES = [(topology, services, None) for services in (5, 50) for topology in TOPOLOGIES]
 CASES += [("central-entity", 50, "envoy-compiled"), ("dynamic-router-3", 50, "envoy-compiled")]
 

@@ -392,7 +392,7 @@ class Renderer:
         """The point's Envoy bootstrap, and the route configurations it reads from files at
         ROUTES_MOUNT (split_routes, version: the revision), spread over as many ConfigMaps as they
         fill: those that hold decisions of the rule set (the compiled engine's matcher trees,
-        enforcement.rule_set_routes), so that a new rule set reaches the running Envoy as an
+        routes.rule_set_routes), so that a new rule set reaches the running Envoy as an
         update of those ConfigMaps; and every other listener's too when the bootstrap would not
         fit one ConfigMap without them (envoy-opa's central entity or router set at 50 services
         stays well within one)."""

@@ -112,7 +112,7 @@ def node_binary() -> str:
 
 
 def write_routes(folder: Path, routes: dict[str, str]) -> list[str]:
-    """Write a point's route configurations (enforcement.split_routes) into `folder`, each by a
+    """Write a point's route configurations (routes.split_routes) into `folder`, each by a
     rename (Envoy reads a file moved into the folder it watches); the names of those that changed."""
     folder.mkdir(parents=True, exist_ok=True)
     changed = []
@@ -128,7 +128,7 @@ def write_routes(folder: Path, routes: dict[str, str]) -> list[str]:
 
 
 def point_routes(envoy: dict, folder: Path, revision: str) -> tuple[dict, dict[str, str]]:
-    """A point's bootstrap and the route files a reload rewrites (enforcement.rule_set_routes:
+    """A point's bootstrap and the route files a reload rewrites (routes.rule_set_routes:
     the compiled engine's; under envoy-opa none, OPA's bundle carries every change)."""
     return split_routes(envoy, str(folder / ROUTES), revision, rule_set_routes(envoy))
 
@@ -347,7 +347,7 @@ def supervisor_config(run_dir: Path, parts: list[Part], socket: Path, restart: b
     programs = program_names(parts)
     env_binary = shutil.which("env") or "/usr/bin/env"
     lines = [
-        "; rendered by complyroute/deployment.py: the supervisord of this deployment",
+        "; rendered by complyroute/runtime/local/deployment.py: the supervisord of this deployment",
         # The control interface: a unix socket only the deployment's user may open. No
         # inet_http_server: nothing of it listens on a port a peer could reach.
         "[unix_http_server]", f"file={literal(str(socket))}", "chmod=0700", "",

@@ -166,7 +166,7 @@ request_id := headers["x-request-id"]
 # Envoy carries a denial's status as envoy.type.v3.StatusCode, an enum without 451
 # (Unavailable For Legal Reasons); given 451, Envoy rejects the answer and fails closed
 # with 503. So a compliance denial travels from OPA to Envoy as 403, and the enforcement
-# point's local reply mapper (complyroute/enforcement.py) turns an ext_authz 403 back
+# point's local reply mapper (complyroute/proxy/replies.py) turns an ext_authz 403 back
 # into 451, leaving this body as it is.
 wire_status(status) := 403 if {
 	status == 451
@@ -195,7 +195,7 @@ headers_to_set := object.union(label_headers, {
 
 # The revision of the rule set that decides: every allowed hop carries it on to the receiving
 # service (x-complyroute-revision: its path entry and audit line name it), every denial names
-# it. The control plane writes it into each point's bundle (complyroute/bundles.py);
+# it. The control plane writes it into each point's bundle (complyroute/policy/bundles.py);
 # "unversioned" where no bundle is loaded (opa eval of the rule set alone, unit tests).
 default revision := "unversioned"
 
@@ -338,7 +338,7 @@ label_token_claims := object.union(
 )
 
 # The deciding listeners that may take the token (each one's jwt_authn requires its own
-# audience, complyroute/identity.py): the listener of the instance this answer sends the
+# audience, complyroute/trust/identity.py): the listener of the instance this answer sends the
 # record to, and those of every later step of the chain but the last, whose instances the
 # points before them choose. So a token taken from one record's first hop verifies at no
 # other first-step instance's listener. data.complyroute.token.audience: {"first_hop": the

@@ -597,7 +597,7 @@ test_direct_input_sender_denied if {
 
 # The entry's route asks for a token (contextExtensions.label_token "issue"); its OPA holds
 # data.complyroute.token. The key pair below is for these tests only (EC P-256, generated
-# once with Python's cryptography); every deployment makes its own (complyroute/pki.py).
+# once with Python's cryptography); every deployment makes its own (complyroute/trust/pki.py).
 entry_token := {
 	"issuer": "complyroute-entry",
 	"kid": "test-entry",

@@ -5,7 +5,7 @@
 #   document its OPA loads as data.complyroute.index: the catalog indexed the
 #   way a decision reads it, so that no decision recomputes it. The control
 #   plane evaluates `documents` ahead of time, once for all enforcement points
-#   of a deployment (complyroute/policydata.py). Contract: docs/architecture.md
+#   of a deployment (complyroute/policy/policydata.py). Contract: docs/architecture.md
 #   (section "Policy").
 package complyroute.indexing
 

@@ -2,7 +2,7 @@
 # title: What OPA's decision logs leave out
 # description: >-
 #   With engine.decision_logs "file", each enforcement point's OPA logs every decision
-#   (complyroute/enforcement.py opa_config), after asking this policy, OPA's default
+#   (complyroute/proxy/opa.py opa_config), after asking this policy, OPA's default
 #   mask_decision, which fields of the decision to erase. A decision log names the point,
 #   the labels, the request id, the decision and its reasons, the revision: never the
 #   record itself (its body, raw or parsed), nor the label token (a credential the entry

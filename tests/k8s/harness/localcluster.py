@@ -10,7 +10,7 @@ no traffic flows: kwok's pod addresses are data in a status field, nothing is se
 With real_node=True one real node joins them (RealNode): containerd, runc and the CNI plugins
 from Debian's packages, a kubelet and kube-proxy built from the same k8s.io/kubernetes as the API
 server, and CoreDNS (tools/coredns), all in a network namespace of their own and a mount
-namespace of their own. Pods there run the images `make images` built (complyroute/images.py)
+namespace of their own. Pods there run the images `make images` built (complyroute/runtime/kubernetes/images.py)
 and carry traffic; every iptables rule, bridge, veth and pod network namespace lives inside the
 node's network namespace, every mount inside its mount namespace, and stop() ends every
 process of the node (their cgroup), deletes both namespaces and restores what the kubelet

@@ -19,7 +19,7 @@ working folder. The few machine-wide kernel settings the kubelet tunes are, wher
 files of the node's folder bind-mounted over them (and put back by stop() all the same); shim
 sockets and network namespace handles left on /run are removed.
 
-The images come from `make images` (runs/images/*.tar, complyroute/images.py), imported into
+The images come from `make images` (runs/images/*.tar, complyroute/runtime/kubernetes/images.py), imported into
 this containerd at start: no registry is ever asked.
 
 Traffic reaches a pod from the host through the API server (kubectl port-forward), which asks
@@ -59,7 +59,7 @@ SOCKET = RUN / "containerd.sock"
 CGROUP = NAME
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 # The labels an operator puts on a node that carries every role (ONE_NODE_ROLE of
-# complyroute/kubernetes/nodes.py): a one-node rendering selects it, and none of the kwok nodes has it.
+# complyroute/runtime/kubernetes/nodes.py): a one-node rendering selects it, and none of the kwok nodes has it.
 ROLE_ALL = "all"
 # Kernel settings the kubelet tunes (its kernel tunables, with protectKernelDefaults off): in its
 # mount namespace, files of its own stand in for them; the machine's are read before it starts

@@ -5,7 +5,7 @@
 #   document its OPA loads as data.complyroute.index: the catalog indexed the
 #   way a decision of the classification rule set reads it. The control plane
 #   evaluates `documents` ahead of time, once for all enforcement points of a
-#   deployment (complyroute/policydata.py).
+#   deployment (complyroute/policy/policydata.py).
 package complyroute.indexing
 
 reference := data.complyroute.reference
