@@ -16,7 +16,7 @@ from complyroute.authoring import policybench, policydiff
 from complyroute.client import send
 from complyroute.evidence import audit, trace
 from complyroute.policy import policyfiles
-from complyroute.runtime.local import deployment, reload
+from complyroute.runtime.local import deployment, reload, supervision
 from complyroute.topology import manifest
 
 DEMO_MANIFEST = "topologies/examples/mixed-regions.yaml"
@@ -320,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.run(args)
-    except (manifest.ManifestError, deployment.DeploymentError, audit.AuditError, reload.ReloadError, policydiff.PolicyDiffError, trace.TraceError) as error:
+    except (manifest.ManifestError, supervision.DeploymentError, audit.AuditError, reload.ReloadError, policydiff.PolicyDiffError, trace.TraceError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
 

@@ -77,7 +77,7 @@ from complyroute.authoring import policybench
 from complyroute.policy import bundles, labels, policyfiles
 from complyroute.proxy.contract import DIGEST_HEADER, LABEL_TOKEN_HEADER
 from complyroute.proxy.opa import BundleSource, write_data
-from complyroute.runtime.local import deployment
+from complyroute.runtime.local import rendering, supervision
 from complyroute.topology import localhttp, manifest
 from complyroute.topology.manifest import REPO
 from complyroute.topology.plan import ADMIN_SOCKET, API_SOCKET, DECISION_SOCKET, DIAGNOSTIC_SOCKET, DecidingListener, Endpoint, EnforcementPoint, ForwardingListener, place
@@ -174,8 +174,8 @@ class Bench:
         self.last_port += 1
         return Endpoint(HOST, self.last_port)
 
-    def start(self, part: deployment.Part) -> None:
-        self.pids[part.name] = deployment.start(part)
+    def start(self, part: rendering.Part) -> None:
+        self.pids[part.name] = rendering.start(part)
         if part.kind == "opa":
             self.health_urls[part.name] = part.health_url
 
@@ -184,14 +184,14 @@ class Bench:
         OPAs read their bundle once), started with the first point that has an OPA."""
         if self.bundles is None:
             endpoint = self.endpoint()
-            self.start(deployment.bundle_server_part(self.folder / deployment.BUNDLES, endpoint, "bench", self.folder, None, None))
+            self.start(rendering.bundle_server_part(self.folder / rendering.BUNDLES, endpoint, "bench", self.folder, None, None))
             self.bundles = BundleSource(endpoint.url)
         return self.bundles
 
     def node_app(self, name: str, script: Path, env: dict) -> Endpoint:
         endpoint = self.endpoint()
         env = {**env, "HOST": endpoint.address, "PORT": str(endpoint.port)}
-        self.start(deployment.Part(name, "service", "bench", [deployment.node_binary(), str(script)], env, "", str(self.folder / f"{name}.log")))
+        self.start(rendering.Part(name, "service", "bench", [rendering.node_binary(), str(script)], env, "", str(self.folder / f"{name}.log")))
         self.urls[name] = https(endpoint) if env.get("TLS_CERT") else endpoint.url
         return endpoint
 
@@ -210,7 +210,7 @@ class Bench:
     def client(self, name: str) -> ssl.SSLContext | None:
         """TLS as the part `name`, the way parts reach each other; None for plain HTTP."""
         if name and name not in self.clients:
-            self.clients[name] = deployment.control_context(self.tls_files(name))
+            self.clients[name] = supervision.control_context(self.tls_files(name))
         return self.clients.get(name)
 
     def point_trust(self, point: EnforcementPoint, peer: str, upstream: str, label_tokens: bool) -> identity.PointTrust:
@@ -242,19 +242,19 @@ class Bench:
         config = engines.configure(kind, [point], settings, policyfiles.POLICIES, {point.name: trust} if trust else None)[point.name]
         revision = bundles.revision(policies)
         if config.opa is not None:
-            bundles.write(self.folder / deployment.BUNDLES, {point.name: config.data}, policies, revision)
-        for part in deployment.point_parts(point, config, self.folder / point.name, self.folder, revision, self.bundle_source(), {}):
+            bundles.write(self.folder / rendering.BUNDLES, {point.name: config.data}, policies, revision)
+        for part in rendering.point_parts(point, config, self.folder / point.name, self.folder, revision, self.bundle_source(), {}):
             self.start(part)
 
     def wait_until_listening(self, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
         for name, pid in self.pids.items():
             while not listening(pid):
-                if not deployment.alive(pid) or time.monotonic() > deadline:
+                if not supervision.alive(pid) or time.monotonic() > deadline:
                     raise RuntimeError(f"bench: {name} did not start; its log is in {self.folder}")
                 time.sleep(0.1)
         for name, url in self.health_urls.items():
-            while not deployment.healthy(url):
+            while not supervision.healthy(url):
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"bench: {name} did not load its bundle; its log is in {self.folder}")
                 time.sleep(0.1)
@@ -270,10 +270,10 @@ class Bench:
             except ProcessLookupError:
                 pass
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(deployment.alive(pid) for pid in self.pids.values()):
+        while time.monotonic() < deadline and any(supervision.alive(pid) for pid in self.pids.values()):
             time.sleep(0.1)
         for pid in self.pids.values():
-            if deployment.alive(pid):
+            if supervision.alive(pid):
                 os.killpg(pid, signal.SIGKILL)
 
 
@@ -397,7 +397,7 @@ def start_parts(bench: Bench, scratch: Path) -> tuple[list[Pair], dict]:
     for name, work, upstream in (("service", 0, sink), ("service-work", None, sink), ("service-49", 0, long_sink)):
         endpoint = bench.endpoint()
         process = replace(sender, endpoint=endpoint, egress_url=upstream.url)
-        part = deployment.service_part(process, {} if work is None else {"work_iterations": work}, scratch / f"{name}.audit.jsonl", bench.folder,
+        part = rendering.service_part(process, {} if work is None else {"work_iterations": work}, scratch / f"{name}.audit.jsonl", bench.folder,
                                        LABEL_SETTING["COMPLYROUTE_LABELS"])
         bench.start(replace(part, name=name))
         bench.urls[name] = endpoint.url
@@ -410,13 +410,13 @@ def start_parts(bench: Bench, scratch: Path) -> tuple[list[Pair], dict]:
     endpoint = bench.endpoint()
     trust = identity.ServiceTrust(bench.tls_files(as_service), record_peers=(as_point,), control_peers=(pki.CONTROL,),
                                   egress_identity=as_destination, label_tokens=False)
-    part = deployment.service_part(replace(sender, endpoint=endpoint, egress_url=tls_sink.url), {"work_iterations": 0},
+    part = rendering.service_part(replace(sender, endpoint=endpoint, egress_url=tls_sink.url), {"work_iterations": 0},
                                    scratch / "service-mtls.audit.jsonl", bench.folder, LABEL_SETTING["COMPLYROUTE_LABELS"], trust,
                                    bench.tls_files(pki.CONTROL))
     bench.start(replace(part, name="service-mtls"))
     bench.urls["service-mtls"] = https(endpoint)
     endpoint = bench.endpoint()
-    part = deployment.service_part(replace(sender, endpoint=endpoint, egress_url=tls_sink.url), {"work_iterations": 0},
+    part = rendering.service_part(replace(sender, endpoint=endpoint, egress_url=tls_sink.url), {"work_iterations": 0},
                                    scratch / "service-token.audit.jsonl", bench.folder, LABEL_SETTING["COMPLYROUTE_LABELS"],
                                    replace(trust, label_tokens=True), bench.tls_files(pki.CONTROL))
     bench.start(replace(part, name="service-token"))
@@ -426,8 +426,8 @@ def start_parts(bench: Bench, scratch: Path) -> tuple[list[Pair], dict]:
     admin_folder = Path(admin.path).parent
     admin_folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     (scratch / "bare-envoy.json").write_text(json.dumps(bare_envoy(listener, sink, admin)))
-    bench.start(deployment.Part("bare-envoy", "envoy", "bench",
-                                [deployment.envoy_binary(), "-c", str(scratch / "bare-envoy.json"), "--concurrency", "1", "--disable-hot-restart", "--log-level", "warn"],
+    bench.start(rendering.Part("bare-envoy", "envoy", "bench",
+                                [rendering.envoy_binary(), "-c", str(scratch / "bare-envoy.json"), "--concurrency", "1", "--disable-hot-restart", "--log-level", "warn"],
                                 {}, "", str(bench.folder / "bare-envoy.log")))
     bench.urls["bare-envoy"] = listener.url
 

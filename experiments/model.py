@@ -193,7 +193,7 @@ def record_path(topology: str, engine: str | None, services: int, costs: Costs) 
             return [Visit(envoy, "envoy", point.node, costs.compiled_envoy, point.concurrency)]
         opa = costs.entry_opa if listener.from_client else costs.decision_opa
         return [Visit(envoy, "envoy", point.node, costs.decision_envoy, point.concurrency),
-                Visit(f"{point.name}/opa", "opa", point.node, opa, point.concurrency)]  # its GOMAXPROCS (deployment.py)
+                Visit(f"{point.name}/opa", "opa", point.node, opa, point.concurrency)]  # its GOMAXPROCS (runtime/local/rendering.py)
 
     path = decision(*deciding[GATEWAY_SENDER]) if GATEWAY_SENDER in deciding else []
     for process in sorted(plan.services, key=lambda s: s.instance.index):

@@ -1,6 +1,6 @@
 """Soak: a held rate through a supervised deployment while faults are injected on a schedule.
 
-For each topology: deploy it (supervised: deployment.py), check one record goes through, run
+For each topology: deploy it (supervised: runtime/local/supervision.py), check one record goes through, run
 Locust at the offered rate (the locustfile the matrix uses: one CSV row per request), and,
 once the warm-up is over, inject a fault every `fault_every` seconds (complyroute/runtime/local/faults.py:
 SIGKILL or SIGSTOP of a service, an Envoy, a router or an OPA; a rule-set reload), then stop
@@ -47,7 +47,7 @@ from urllib.parse import urlsplit
 
 from complyroute.client import send
 from complyroute.evidence import audit
-from complyroute.runtime.local import deployment, faults
+from complyroute.runtime.local import deployment, faults, supervision
 from complyroute.topology import manifest
 from complyroute.topology.manifest import REPO
 
@@ -134,7 +134,7 @@ def run_topology(topology: str, folder: Path, parameters: Parameters, out=sys.st
                     raise SoakError(f"Locust did not end; see {folder / 'locust.log'}") from None
             if locust.returncode != 0 or not (folder / "requests.csv").exists():
                 raise SoakError(f"Locust exited with {locust.returncode}; see {folder / 'locust.log'}")
-            restarts = deployment.restarts(deployment.read_state())
+            restarts = supervision.restarts(deployment.read_state())
         finally:
             if locust is not None and locust.poll() is None:
                 os.killpg(locust.pid, signal.SIGKILL)

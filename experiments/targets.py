@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 from complyroute.client import send
 from complyroute.runtime.kubernetes import apply, render
 from complyroute.runtime.kubernetes.nodes import NODE_LABEL, ONE_NODE_ROLE, ROLE_LABEL
-from complyroute.runtime.local import deployment
+from complyroute.runtime.local import deployment, supervision
 from complyroute.topology.manifest import Topology
 from complyroute.topology.plan import place
 
@@ -105,7 +105,7 @@ class LocalTarget:
         self.deploying = True
         try:
             state = deployment.deploy(topology, out=log)
-        except deployment.DeploymentError as error:
+        except supervision.DeploymentError as error:
             raise DeployFailed(str(error)) from None
         self.run_dir = state["run_dir"]
         self.parts = [(part["pid"], part["kind"]) for part in state["parts"]]
@@ -121,7 +121,7 @@ class LocalTarget:
         self.deploying = False
 
     def left_over(self) -> list[int]:
-        left = [pid for pid, _ in self.parts if deployment.alive(pid)]
+        left = [pid for pid, _ in self.parts if supervision.alive(pid)]
         if self.run_dir:
             left += deployment.processes_using(self.run_dir)
         return left

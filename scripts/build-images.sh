@@ -71,7 +71,7 @@ done_with() { mv "$IMAGES_DIR/$1.inputs.new" "$IMAGES_DIR/$1.inputs"; }
 "${BUILDAH[@]}" rm --all >/dev/null 2>&1 || true
 
 NODE_BINARY=$(readlink -f "$REPO/tools/node/node_modules/.bin/node")
-ENVOY_BINARY=$("$PY" -c 'from complyroute.runtime.local.deployment import envoy_binary; print(envoy_binary())')
+ENVOY_BINARY=$("$PY" -c 'from complyroute.runtime.local.rendering import envoy_binary; print(envoy_binary())')
 INTERPRETER=$(readlink -f "$("$PY" -c 'import sys; print(sys._base_executable)')")
 STDLIB=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')
 PAUSE_SOURCE=$(cd "$REPO/tools/kubernetes" && GOWORK=off GOFLAGS=-mod=mod go list -m -f '{{.Dir}}' k8s.io/kubernetes)/build/pause/linux/pause.c

@@ -17,7 +17,7 @@ import urllib.request
 import pytest
 
 from complyroute.policy import bundles, bundleserver, policyfiles
-from complyroute.runtime.local import deployment
+from complyroute.runtime.local import supervision
 from complyroute.topology.manifest import REPO
 from complyroute.trust import identity, pki
 
@@ -131,7 +131,7 @@ def server(tmp_path_factory):
     threading.Thread(target=bundleserver.serve, args=(folder, "127.0.0.1", port, tls.cert, tls.key, tls.ca), daemon=True).start()
     url = f"https://127.0.0.1:{port}"
     deadline = time.monotonic() + 10
-    while not deployment.healthy(f"{url}/health", tls=files[pki.CONTROL]):
+    while not supervision.healthy(f"{url}/health", tls=files[pki.CONTROL]):
         assert time.monotonic() < deadline
         time.sleep(0.05)
     return url, folder, files
@@ -140,7 +140,7 @@ def server(tmp_path_factory):
 def get(url, files, as_identity, headers=None):
     request = urllib.request.Request(url, headers=headers or {})
     try:
-        with urllib.request.urlopen(request, timeout=10, context=deployment.control_context(files[as_identity])) as answer:
+        with urllib.request.urlopen(request, timeout=10, context=supervision.control_context(files[as_identity])) as answer:
             return answer.status, dict(answer.headers), answer.read()
     except urllib.error.HTTPError as error:
         return error.code, dict(error.headers), error.read()

@@ -8,7 +8,7 @@ import time
 import psutil
 import pytest
 
-from complyroute.runtime.local import deployment
+from complyroute.runtime.local import deployment, rendering, supervision
 
 
 def test_new_run_dir_same_second_allowed(tmp_path, monkeypatch):
@@ -25,15 +25,15 @@ def test_new_run_dir_exhausted_denied(tmp_path, monkeypatch):
     (tmp_path / "x").mkdir()
     for attempt in range(2, 1000):
         (tmp_path / f"x-{attempt}").mkdir()
-    with pytest.raises(deployment.DeploymentError, match="no free run folder name"):
+    with pytest.raises(supervision.DeploymentError, match="no free run folder name"):
         deployment.new_run_dir("x")
 
 
 def supervised_parts(tmp_path):
     logs = tmp_path / "logs"
     return [
-        deployment.Part("entry/opa", "opa", "gateway", ["/bin/opa", "run", "--addr", "127.0.0.1:1"], {}, "http://x/health", str(logs / "entry.opa.log")),
-        deployment.Part("svc-01", "service", "node-1", ["node", "server.js"], {"CATALOG": 'a,b "c" 100%', "PORT": "1"},
+        rendering.Part("entry/opa", "opa", "gateway", ["/bin/opa", "run", "--addr", "127.0.0.1:1"], {}, "http://x/health", str(logs / "entry.opa.log")),
+        rendering.Part("svc-01", "service", "node-1", ["node", "server.js"], {"CATALOG": 'a,b "c" 100%', "PORT": "1"},
                         "http://x/health", str(logs / "svc-01.log")),
     ]
 
@@ -42,7 +42,7 @@ def test_supervisor_config_restarts_parts_on_a_private_socket_allowed(tmp_path):
     import configparser
     import shlex
 
-    config = deployment.supervisor_config(tmp_path, supervised_parts(tmp_path), tmp_path / "supervisor.sock")
+    config = supervision.supervisor_config(tmp_path, supervised_parts(tmp_path), tmp_path / "supervisor.sock")
     parsed = configparser.RawConfigParser()
     parsed.read_string(config)
     assert parsed["unix_http_server"]["chmod"] == "0700"
@@ -57,7 +57,7 @@ def test_supervisor_config_restarts_parts_on_a_private_socket_allowed(tmp_path):
 
 
 def test_supervisor_config_without_restarts_leaves_dead_parts_down_denied(tmp_path):
-    config = deployment.supervisor_config(tmp_path, supervised_parts(tmp_path), tmp_path / "supervisor.sock", restart=False)
+    config = supervision.supervisor_config(tmp_path, supervised_parts(tmp_path), tmp_path / "supervisor.sock", restart=False)
     assert "autorestart=true" not in config and config.count("autorestart=false") == 2 and "startretries=0" in config
 
 
@@ -65,7 +65,7 @@ def test_socket_path_too_long_for_a_unix_socket_moves_to_a_private_folder_allowe
     import stat
 
     long_dir = tmp_path / ("x" * 120)
-    path = deployment.socket_path(long_dir)
+    path = supervision.socket_path(long_dir)
     assert len(str(path)) < 100 and stat.S_IMODE(path.parent.stat().st_mode) == 0o700
     path.parent.rmdir()
 
@@ -79,7 +79,7 @@ def sleeper(tmp_path, *args, env=None):
 def test_alive_while_a_process_runs_allowed(tmp_path):
     child = sleeper(tmp_path)
     try:
-        assert deployment.alive(child.pid)
+        assert supervision.alive(child.pid)
     finally:
         child.kill()
         child.wait()
@@ -92,9 +92,9 @@ def test_alive_is_false_for_a_zombie_which_it_reaps_and_for_no_process_denied(tm
     while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
         time.sleep(0.01)
     assert psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE  # exited, not yet reaped
-    assert not deployment.alive(child.pid)
+    assert not supervision.alive(child.pid)
     assert not psutil.pid_exists(child.pid) or psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE  # reaped
-    assert not deployment.alive(0) and not deployment.alive(2**22 + 1)  # never started; no such pid
+    assert not supervision.alive(0) and not supervision.alive(2**22 + 1)  # never started; no such pid
 
 
 def test_processes_using_a_run_folder_finds_them_by_command_line_or_audit_log_allowed(tmp_path):

@@ -24,7 +24,7 @@ from complyroute.proxy.envoy import label_bound
 from complyroute.proxy.opa import BundleSource
 from complyroute.proxy.replies import LOCAL_REPLIES, OVER_BOUND, OVER_BOUND_HEADER, UAEX
 from complyroute.proxy.routes import A_RECORD, REQUEST_FORMS, ROUTE_CONFIGURATION
-from complyroute.runtime.local import deployment
+from complyroute.runtime.local import rendering
 from complyroute.topology import localhttp, manifest
 from complyroute.topology.plan import LocalNetwork, place
 from complyroute.trust import identity
@@ -55,7 +55,7 @@ def managers(envoy: dict) -> dict[str, dict]:
 
 
 def validate(config_file) -> subprocess.CompletedProcess:
-    return subprocess.run([deployment.envoy_binary(), "--mode", "validate", "-c", str(config_file), "--log-level", "error"],
+    return subprocess.run([rendering.envoy_binary(), "--mode", "validate", "-c", str(config_file), "--log-level", "error"],
                           capture_output=True, text=True)
 
 
@@ -82,7 +82,7 @@ def with_routes_inline(bootstrap: dict) -> dict:
 @pytest.mark.parametrize("topology", TOPOLOGIES)
 @pytest.mark.parametrize("secured", [True, False], ids=["mtls", "plain"])
 def test_envoy_accepts_every_rendered_configuration_allowed(topology, engine, secured, tmp_path):
-    """What a deployment writes for each point (deployment.point_parts: the bootstrap, its route
+    """What a deployment writes for each point (rendering.point_parts: the bootstrap, its route
     files, credentials) passes `envoy --mode validate`, and so do the route files' contents. One
     Envoy per file, as many at once as there are cores."""
     plan, configs = configured(topology, engine, tmp_path / "pki" if secured else None)
@@ -90,7 +90,7 @@ def test_envoy_accepts_every_rendered_configuration_allowed(topology, engine, se
     files = []
     for point in plan.points:
         folder = tmp_path / point.name
-        deployment.point_parts(point, configs[point.name], folder, tmp_path, "r1", source, {})
+        rendering.point_parts(point, configs[point.name], folder, tmp_path, "r1", source, {})
         files.append(folder / "envoy.json")
         bootstrap = json.loads(files[-1].read_text())
         inline = with_routes_inline(bootstrap)
@@ -109,8 +109,8 @@ def test_route_files_are_checked_by_their_content_denied(tmp_path):
     is what catches it."""
     plan, configs = configured("central-entity", "envoy-compiled")
     (point,) = plan.points
-    deployment.point_parts(point, configs[point.name], tmp_path, tmp_path, "r1", BundleSource("http://127.0.0.1:1"), {})
-    route_file = next((tmp_path / deployment.ROUTES).glob("*.json"))
+    rendering.point_parts(point, configs[point.name], tmp_path, tmp_path, "r1", BundleSource("http://127.0.0.1:1"), {})
+    route_file = next((tmp_path / rendering.ROUTES).glob("*.json"))
     response = json.loads(route_file.read_text())
     response["resources"][0]["virtual_hosts"][0]["no_such_field"] = 1
     route_file.write_text(json.dumps(response))
@@ -125,7 +125,7 @@ def test_envoy_refuses_a_configuration_it_cannot_load_denied(tmp_path):
     managers(envoy)["entry"]["request_timeout"] = "soon"
     path = tmp_path / "broken.json"
     path.write_text(json.dumps(envoy))
-    result = subprocess.run([deployment.envoy_binary(), "--mode", "validate", "-c", str(path)], capture_output=True, text=True)
+    result = subprocess.run([rendering.envoy_binary(), "--mode", "validate", "-c", str(path)], capture_output=True, text=True)
     assert result.returncode != 0
 
 
@@ -167,7 +167,7 @@ def test_opa_runs_with_a_read_only_api_and_a_diagnostic_address(tmp_path):
     plan, configs = configured("central-entity", "envoy-opa", net=LocalNetwork(tmp_path / "private"))
     point = plan.points[0]
     source = BundleSource("http://127.0.0.1:1")
-    opa, envoy = deployment.point_parts(point, configs[point.name], tmp_path / "point", tmp_path, "r1", source, {})
+    opa, envoy = rendering.point_parts(point, configs[point.name], tmp_path / "point", tmp_path, "r1", source, {})
     command = opa.command
     assert f"--addr=unix://{point.opa_http.path}" in command
     assert f"--diagnostic-addr=unix://{point.opa_diagnostic.path}" in command

@@ -17,7 +17,7 @@ below it:
 9. the commands: client.py and __main__.py.
 
 Evidence stands above runtime, not below: trace.py finds a run, its state and its labels
-through runtime/local/deployment.py, and nothing in a runtime reads the evidence.
+through runtime/local/ (deployment.py, rendering.py), and nothing in a runtime reads the evidence.
 
 Read from the source with `ast`, not by importing: every import counts, also one inside a
 function (a lazy import closes a circle as surely as one at the top) and one under

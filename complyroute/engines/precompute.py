@@ -32,6 +32,10 @@ The guard: before a point takes its table, `check_quick_path` has OPA evaluate t
 path with it over the table's space, and refuses (EngineError, naming the point and the first
 labelling) unless it answers exactly the allowed labellings, as the full path does. The
 compiled engine checks its routes the same way (envoy_compiled.check_routes).
+
+Over 400 lines, one idea: the decision space (its enumeration, its evaluation by OPA, the
+table and its guard) is one computation whose parts share the space's representation; the
+guard against the quick path and the catalog's own check (engines/catalog.py) stand apart.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from complyroute.runtime.local import deployment
+from complyroute.runtime.local import deployment, rendering
 
 # Where a decision's input carries the record's id: the entry's x-request-id, which every
 # later hop carries on (x-complyroute-record-id beside it).
@@ -100,7 +100,7 @@ def denial_body(result: dict) -> dict:
 
 def decision_from(point: str, entry: dict, request_id: str, schema: tuple) -> Decision | None:
     """The decision a log entry holds if it is about the record `request_id`, else None.
-    `schema`: the run's labels (deployment.run_labels), whose headers the input holds."""
+    `schema`: the run's labels (rendering.run_labels), whose headers the input holds."""
     attributes = (entry.get("input") or {}).get("attributes") or {}
     headers = ((attributes.get("request") or {}).get("http") or {}).get("headers") or {}
     if request_id not in (headers.get(name) for name in RECORD_ID_HEADERS):
@@ -120,7 +120,7 @@ def decision_from(point: str, entry: dict, request_id: str, schema: tuple) -> De
 def decisions_of(run_dir: Path, request_id: str) -> list[Decision]:
     """Every logged decision about the record, by every point of the run."""
     found = []
-    schema = deployment.run_labels(run_dir)
+    schema = rendering.run_labels(run_dir)
     for log in sorted((run_dir / "logs").glob("*.opa.log")):
         point = log.name.removesuffix(".opa.log")
         for raw in log.read_text(errors="replace").splitlines():

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from complyroute.evidence import audit
-from complyroute.runtime.local import deployment
+from complyroute.runtime.local import deployment, supervision
 from complyroute.topology.plan import GATEWAY_SENDER
 
 from .helpers import ENFORCING, ENGINES, EU_PERSONAL, audit_lines, instances_reached, post, send_as, wait_for_audit
@@ -181,9 +181,9 @@ def test_killed_opa_fails_its_hops_closed_while_the_rest_works(deployed):
     # router, or the central entity, which decides every hop), and keep it down: supervisord
     # would restart a killed one within a second (test_supervision_e2e.py covers that).
     point = next(p for p in state["points"] if "ingest-us" in p["senders"])
-    opa = next(p for p in deployment.refresh_pids(deployment.read_state())["parts"] if p["name"] == f"{point['name']}/opa")
+    opa = next(p for p in supervision.refresh_pids(deployment.read_state())["parts"] if p["name"] == f"{point['name']}/opa")
     deployment.stop_part(opa["name"], state)
-    assert not deployment.alive(opa["pid"])
+    assert not supervision.alive(opa["pid"])
     # The hops that still need the killed OPA: with envoy-opa every hop the point decides; with
     # envoy-compiled, only its hop from clients (the entry) and the hops it denies: the hops it
     # allows from services were decided ahead of time.

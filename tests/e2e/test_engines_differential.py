@@ -35,7 +35,7 @@ from complyroute.engines.precompute import canonical_sets
 from complyroute.policy import bundles, policyfiles
 from complyroute.policy.labels import schema
 from complyroute.proxy.opa import BundleSource
-from complyroute.runtime.local import deployment
+from complyroute.runtime.local import deployment, rendering, supervision
 from complyroute.topology import manifest
 from complyroute.topology.plan import Endpoint, place
 
@@ -134,19 +134,19 @@ class Engine:
         points = [replace(point, forwarding=[]) for point in self.plan.points if point.deciding]
         configs = engines.configure(self.kind, points, self.plan.topology.engine, policyfiles.POLICIES)
         # Their OPAs' bundles, served in plain HTTP on loopback as a deployment without mTLS does.
-        revision = bundles.write(self.folder / deployment.BUNDLES, {p.name: configs[p.name].data for p in points})
+        revision = bundles.write(self.folder / rendering.BUNDLES, {p.name: configs[p.name].data for p in points})
         bundle_server = Endpoint("127.0.0.1", 39991)
-        parts = [deployment.bundle_server_part(self.folder / deployment.BUNDLES, bundle_server, "test", logs, None, None)]
+        parts = [rendering.bundle_server_part(self.folder / rendering.BUNDLES, bundle_server, "test", logs, None, None)]
         for point in points:
-            parts += deployment.point_parts(point, configs[point.name], self.folder / point.name, logs, revision,
+            parts += rendering.point_parts(point, configs[point.name], self.folder / point.name, logs, revision,
                                             BundleSource(bundle_server.url), {})
         destinations = {i: e for point in points for i, e in point.destinations.items()}
         sink_admin = Endpoint("127.0.0.1", 39990)
         (self.folder / "sink.json").write_text(json.dumps(sink_envoy(destinations, sink_admin)))
-        parts.append(deployment.Part("sink", "envoy", "test", [deployment.envoy_binary(), "-c", str(self.folder / "sink.json"), "--disable-hot-restart", "--log-level", "warn"],
+        parts.append(rendering.Part("sink", "envoy", "test", [rendering.envoy_binary(), "-c", str(self.folder / "sink.json"), "--disable-hot-restart", "--log-level", "warn"],
                                      {}, f"{sink_admin.url}/ready", str(logs / "sink.log")))
         for part in parts:
-            self.pids.append(deployment.start(part))
+            self.pids.append(rendering.start(part))
             if not wait_healthy(part, self.pids[-1]):
                 self.__exit__()
                 raise RuntimeError(f"{part.name} did not start: {deployment.tail(part.log)}")
@@ -163,9 +163,9 @@ class Engine:
 def wait_healthy(part, pid, timeout=30.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not deployment.alive(pid):
+        if not supervision.alive(pid):
             return False
-        if deployment.healthy(part.health_url, timeout=0.5):
+        if supervision.healthy(part.health_url, timeout=0.5):
             return True
         time.sleep(0.1)
     return False

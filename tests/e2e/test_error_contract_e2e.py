@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from complyroute.proxy.contract import MAX_RECORD_BYTES, receive_timeouts
-from complyroute.runtime.local import deployment
+from complyroute.runtime.local import supervision
 from complyroute.topology import localhttp
 
 from .helpers import ENFORCING, ENGINES, POOL_RECEIVE_TIMEOUT, as_part, as_service, egress_url, label_token, opa_api
@@ -260,7 +260,7 @@ def test_opa_rest_api_refuses_writes_and_envoy_answers_readiness_on_its_own_list
             assert localhttp.request(f"{api}{path}", method, timeout=5, body=b"{}")[0] == 401, (method, path)
     for part in state["parts"]:
         if part["kind"] == "envoy":
-            assert part["health_url"].endswith("/ready") and deployment.healthy(part["health_url"])
+            assert part["health_url"].endswith("/ready") and supervision.healthy(part["health_url"])
             ready = part["health_url"].removesuffix("/ready")
             with pytest.raises(urllib.error.HTTPError) as refused:
                 urllib.request.urlopen(f"{ready}/stats", timeout=5)

@@ -4,7 +4,7 @@ rules deny."""
 
 import pytest
 
-from complyroute.runtime.local import deployment
+from complyroute.runtime.local import deployment, supervision
 
 from .helpers import instances_reached, post, wait_for_audit
 
@@ -30,4 +30,4 @@ def test_a_topology_written_in_the_test_carries_a_record_allowed_and_its_denied_
     finally:
         pids = [p["pid"] for p in state["parts"]]
         deployment.stop()
-    assert not [pid for pid in pids if deployment.alive(pid)]
+    assert not [pid for pid in pids if supervision.alive(pid)]

@@ -18,7 +18,7 @@ from complyroute.client import send
 from complyroute.engines import envoy_compiled
 from complyroute.evidence import audit
 from complyroute.policy import bundles, policyfiles
-from complyroute.runtime.local import deployment, reload
+from complyroute.runtime.local import deployment, reload, rendering, supervision
 
 from tests.walkthrough import rule_set_with_rule
 
@@ -132,7 +132,7 @@ def test_reload_moves_paths_while_records_flow_and_loses_none_allowed(topology, 
         assert set(verdict.revisions) == {old_revision, result["revision"]}
         # Its twin: the same lines re-checked as if the new revision had the old rules.
         forged = tmp_path / "run"
-        shutil.copytree(state["run_dir"], forged, ignore=shutil.ignore_patterns(deployment.SUPERVISOR_SOCKET))  # a live socket copies not
+        shutil.copytree(state["run_dir"], forged, ignore=shutil.ignore_patterns(supervision.SUPERVISOR_SOCKET))  # a live socket copies not
         archive = forged / bundles.REVISIONS
         shutil.rmtree(archive / result["revision"])
         shutil.copytree(archive / old_revision, archive / result["revision"])
@@ -176,7 +176,7 @@ def test_a_rule_set_that_does_not_compile_is_not_applied_denied(tmp_path, monkey
             time.sleep(0.3)
         assert all(not isinstance(a, Exception) and a.status == 200 and path_of(a) == BEFORE for a in flow.answers)
         assert not (Path(state["run_dir"]) / "reloads.jsonl").exists()
-        assert {p.name for p in Path(state["run_dir"], deployment.BUNDLES).iterdir()} == {
+        assert {p.name for p in Path(state["run_dir"], rendering.BUNDLES).iterdir()} == {
             f"{p['name']}.tar.gz" for p in state["points"] if p["senders"]}
     finally:
         deployment.stop(out=open("/dev/null", "w"))

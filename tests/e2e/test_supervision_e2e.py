@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from complyroute.evidence import audit
-from complyroute.runtime.local import deployment, faults
+from complyroute.runtime.local import deployment, faults, supervision
 
 from .helpers import EU_PERSONAL, audit_lines, instances_reached, mixed_regions, post
 
@@ -41,10 +41,10 @@ def supervised():
 
 
 def stopped_and_gone(state):
-    pids = [p["pid"] for p in deployment.refresh_pids(deployment.read_state())["parts"]]
+    pids = [p["pid"] for p in supervision.refresh_pids(deployment.read_state())["parts"]]
     deployment.stop()
-    assert not deployment.alive(state["supervisor"]["pid"]), "supervisord itself is stopped"
-    assert not [pid for pid in pids if deployment.alive(pid)]
+    assert not supervision.alive(state["supervisor"]["pid"]), "supervisord itself is stopped"
+    assert not [pid for pid in pids if supervision.alive(pid)]
     assert not deployment.processes_using(state["run_dir"])
 
 
@@ -77,7 +77,7 @@ def test_killed_part_of_every_kind_restarted_within_two_seconds_allowed(supervis
         assert record.restart_s <= RESTART_WITHIN_S and record.recovery_s <= RESTART_WITHIN_S, record
         measured[kind] = (record.restart_s, record.recovery_s)
     print("restart, healthy again (s):", measured)
-    counts = deployment.restarts(deployment.read_state())
+    counts = supervision.restarts(deployment.read_state())
     assert {name for name, n in counts.items() if n} == set(kinds.values())
     request_id, answer = post(state, EU_PERSONAL)
     assert answer.status == 200, answer.text
@@ -136,7 +136,7 @@ def test_without_restarts_a_killed_part_stays_down_denied(supervised):
         victim = next(p for p in state["parts"] if p["name"] == "analyse-eu")
         record = faults.inject(state, faults.Fault(0, "kill", victim["name"]), time.monotonic(), recovery_timeout=3)
         assert record.recovery_s is None and record.new_pid is None, record
-        assert deployment.programs_info(state)[victim["name"]]["statename"] == "EXITED"
+        assert supervision.programs_info(state)[victim["name"]]["statename"] == "EXITED"
         assert deployment.status(out=open(os.devnull, "w")) == 1
         request_id, answer = post(state, EU_PERSONAL)
         assert answer.status != 200, answer.text

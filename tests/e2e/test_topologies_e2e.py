@@ -6,7 +6,7 @@ import uuid
 import pytest
 
 from complyroute.client import send
-from complyroute.runtime.local import deployment
+from complyroute.runtime.local import deployment, supervision
 from complyroute.topology import manifest
 
 from .helpers import ENFORCING, ENGINES, deploy_mixed_regions, mixed_regions
@@ -23,7 +23,7 @@ def path_of(state, labels):
 def test_second_deployment_is_refused_while_one_runs():
     state, _ = deploy_mixed_regions("sidecar")
     try:
-        with pytest.raises(deployment.DeploymentError, match="already running"):
+        with pytest.raises(supervision.DeploymentError, match="already running"):
             deployment.deploy(mixed_regions("central-entity"))
         assert deployment.read_state()["run_dir"] == state["run_dir"]
         assert deployment.status(out=open("/dev/null", "w")) == 0  # the first one is untouched
@@ -51,4 +51,4 @@ def test_fifty_services_deploy_and_carry_a_record_through_all_of_them(topology, 
     finally:
         pids = [p["pid"] for p in state["parts"]]
         deployment.stop()
-    assert not [pid for pid in pids if deployment.alive(pid)]
+    assert not [pid for pid in pids if supervision.alive(pid)]

@@ -10,7 +10,7 @@ import time
 import pandas as pd
 import pytest
 
-from complyroute.runtime.local import deployment
+from complyroute.runtime.local import deployment, supervision
 from complyroute.topology.manifest import REPO
 
 pytestmark = pytest.mark.e2e
@@ -99,7 +99,7 @@ def test_ctrl_c_stops_locust_and_the_deployment(tmp_path, no_deployment):
     output, _ = runner.communicate(timeout=60)
     assert runner.returncode == 130, output
     assert "no process of theirs is left" in output and "--run-id interrupted" in output
-    assert not [pid for pid in map(int, locust) if deployment.alive(pid)]
-    assert not [p["pid"] for p in state["parts"] if deployment.alive(p["pid"])]
+    assert not [pid for pid in map(int, locust) if supervision.alive(pid)]
+    assert not [p["pid"] for p in state["parts"] if supervision.alive(p["pid"])]
     assert not deployment.processes_using(state["run_dir"])
     assert json.loads((tmp_path / "interrupted" / "metadata.json").read_text())["sessions"][-1]["outcome"] == "interrupted"

@@ -32,7 +32,7 @@ from complyroute.policy.policyfiles import POLICIES
 from complyroute.proxy.routes import ROUTE_CONFIGURATION, split_routes
 from complyroute.runtime.kubernetes import apply, images, render, validate
 from complyroute.runtime.kubernetes.nodes import NODE_LABEL, ROLE_LABEL
-from complyroute.runtime.local import deployment
+from complyroute.runtime.local import rendering
 from complyroute.runtime.local.reload import ReloadError
 from complyroute.topology import manifest
 from complyroute.topology.plan import ADMIN_SOCKET, API_SOCKET, DECISION_SOCKET
@@ -273,7 +273,7 @@ def running_envoy(bootstrap: str):
     serves (LIVE) and returns the route configurations it loaded: {"static"|"dynamic": {name: config}}."""
     admin_file, log = f"{bootstrap}.admin", f"{bootstrap}.log"
     with open(log, "w") as out:
-        process = subprocess.Popen([deployment.envoy_binary(), "-c", bootstrap, "--disable-hot-restart", "--concurrency", "1",
+        process = subprocess.Popen([rendering.envoy_binary(), "-c", bootstrap, "--disable-hot-restart", "--concurrency", "1",
                                     "--reject-unknown-dynamic-fields", "--log-level", "warn", "--admin-address-path", admin_file],
                                    stdout=out, stderr=subprocess.STDOUT)
 
@@ -319,7 +319,7 @@ def test_envoy_loads_every_route_file_of_a_split_configuration_as_it_loads_them_
     split = local_bootstrap(files, config, tmp_path / "split")
     names = [m["rds"]["route_config_name"] for m in connection_managers(json.loads(files[config])).values() if "rds" in m]
     assert len(names) == 49  # the 49 hops' matcher trees
-    result = subprocess.run([deployment.envoy_binary(), "--mode", "validate", "-c", split, "--log-level", "error"], capture_output=True, text=True)
+    result = subprocess.run([rendering.envoy_binary(), "--mode", "validate", "-c", split, "--log-level", "error"], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
     # Validation only checks the route files exist: a real Envoy loads them, and one on the whole
     # configuration (over 1 MiB, fine on disk) shows what it makes of the same routes inline.
@@ -338,13 +338,13 @@ def test_envoy_refuses_a_route_file_that_is_missing_or_malformed_denied(split_ce
     files, config, _ = split_central_entity
     route_file = f"{render.ROUTES_MOUNT}/from-svc-07.json"
     missing = local_bootstrap({path: content for path, content in files.items() if path != route_file}, config, tmp_path / "missing")
-    result = subprocess.run([deployment.envoy_binary(), "--mode", "validate", "-c", missing], capture_output=True, text=True)
+    result = subprocess.run([rendering.envoy_binary(), "--mode", "validate", "-c", missing], capture_output=True, text=True)
     assert result.returncode != 0 and "from-svc-07.json' does not exist" in result.stdout + result.stderr
     # Validation takes a malformed file; Envoy refuses it when it loads it, and serves without those routes.
     response = json.loads(files[route_file])
     response["resources"][0]["virtual_host"] = response["resources"][0].pop("virtual_hosts")
     malformed = local_bootstrap({**files, route_file: json.dumps(response)}, config, tmp_path / "malformed")
-    result = subprocess.run([deployment.envoy_binary(), "--mode", "validate", "-c", malformed], capture_output=True, text=True)
+    result = subprocess.run([rendering.envoy_binary(), "--mode", "validate", "-c", malformed], capture_output=True, text=True)
     assert result.returncode == 0
     with running_envoy(malformed) as loaded:
         read = loaded()

@@ -22,6 +22,11 @@ With mutual TLS (the manifest's security.mtls, on by default) every render makes
 each part's key and certificate, and the entry's label-token signing key, become Secrets
 that kustomize's secretGenerator names by a hash of their content too (kubetrust.py). So
 every render changes every Secret, and applying it rolls every pod onto the new CA at once.
+
+Over 400 lines: one Renderer of one topology's objects, whose parts (network, points,
+services, bundle server, ConfigMap budget) share its collected objects and generated files.
+Issue 26's item 2 (one Target for local and Kubernetes) reshapes it beside runtime/local/,
+whose rendering, supervision and state are split already; it is left whole until then.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 A schedule is a list of faults, each at a time (seconds after the schedule starts) on one
 target, a part of the deployment by its name (state.json's parts):
 
-- kill: SIGKILL to the part's process group. supervisord (deployment.py) starts it again;
+- kill: SIGKILL to the part's process group. supervisord (supervision.py) starts it again;
   the part is back once its health check answers.
 - pause: SIGSTOP to its process group, SIGCONT `seconds` later: alive but answering nothing
   meanwhile, which no supervisor notices (a hung process).
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from complyroute.policy import policyfiles
-from complyroute.runtime.local import deployment
+from complyroute.runtime.local import supervision
 
 KINDS = ("kill", "pause", "reload")
 POLICY = "policy"  # the target of a reload
@@ -114,11 +114,11 @@ def _part(state: dict, name: str) -> dict:
 
 
 def _healthy(part: dict) -> bool:
-    return deployment.healthy(part["health_url"], timeout=0.5, tls=part.get("health_tls"))
+    return supervision.healthy(part["health_url"], timeout=0.5, tls=part.get("health_tls"))
 
 
 def _current_pid(state: dict, name: str) -> int | None:
-    info = (deployment.programs_info(state) or {}).get(name)
+    info = (supervision.programs_info(state) or {}).get(name)
     return info["pid"] if info and info["statename"] in ("STARTING", "RUNNING") and info["pid"] else None
 
 

