@@ -80,7 +80,8 @@ from complyroute.proxy.opa import BundleSource, write_data
 from complyroute.runtime.local import rendering, supervision
 from complyroute.topology import localhttp, manifest
 from complyroute.topology.manifest import REPO
-from complyroute.topology.plan import ADMIN_SOCKET, API_SOCKET, DECISION_SOCKET, DIAGNOSTIC_SOCKET, DecidingListener, Endpoint, EnforcementPoint, ForwardingListener, place
+from complyroute.topology.plan import (ADMIN_SOCKET, API_SOCKET, DECISION_SOCKET, DIAGNOSTIC_SOCKET, DecidingListener, Endpoint, EnforcementPoint,
+                                      ForwardingListener, place)
 from complyroute.trust import identity, pki
 from complyroute.trust.identity import TOKEN_ISSUER
 

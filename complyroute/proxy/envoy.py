@@ -26,8 +26,9 @@ from __future__ import annotations
 import json
 
 from complyroute.policy.labels import Label
-from complyroute.proxy.contract import (DIGEST_HEADER, LABEL_TOKEN_HEADER, MAX_LABEL_BYTES, MAX_LABEL_VALUES, MAX_RECORD_BYTES, RECORD_ID_HEADER, RECORD_PATH, ROUTING_HEADER,
-                                        UPSTREAM_IDLE_TIMEOUT, hop_timeout_of, receive_timeouts)
+from complyroute.proxy.contract import (DIGEST_HEADER, LABEL_TOKEN_HEADER, MAX_LABEL_BYTES, MAX_LABEL_VALUES, MAX_RECORD_BYTES,
+                                        RECORD_ID_HEADER, RECORD_PATH, ROUTING_HEADER, UPSTREAM_IDLE_TIMEOUT, hop_timeout_of,
+                                        receive_timeouts)
 from complyroute.proxy.replies import LOCAL_REPLIES, OVER_BOUND_HEADER
 from complyroute.proxy.routes import EXT_AUTHZ_PER_ROUTE, decision_route, record_route, refusal_route, refusal_routes
 from complyroute.proxy.tls import filter_chain, upstream_tls

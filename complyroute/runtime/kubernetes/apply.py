@@ -19,7 +19,8 @@ import yaml
 from complyroute import engines
 from complyroute.policy import bundles, policydata
 from complyroute.policy.policyfiles import POLICIES
-from complyroute.runtime.kubernetes.render import PART_OF, RENDER_ANNOTATION, SERVICE_IMAGE, KubernetesNetwork, RenderError, Renderer, build, component_of, namespace_of, write_private
+from complyroute.runtime.kubernetes.render import (PART_OF, RENDER_ANNOTATION, SERVICE_IMAGE, KubernetesNetwork, RenderError, Renderer, build,
+                                                  component_of, namespace_of, write_private)
 from complyroute.runtime.local.reload import ReloadError
 from complyroute.topology.manifest import REPO, Topology
 from complyroute.topology.plan import EnforcementPoint, Plan
