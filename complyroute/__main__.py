@@ -183,15 +183,14 @@ def rules_at(opa: str, module: Path, rows: list[int]) -> list[str]:
 
 def check_fast_paths(paths: list[str]) -> int:
     """The allowed table and the compiled routes of each example catalog agree with the rules
-    (the deploy-time guards, engines/catalog.py), for each rule set of `paths`."""
-    from complyroute.engines import EngineError
-    from complyroute.engines.catalog import check_catalog
+    (the deploy-time guards, engines/catalog_check.py), for each rule set of `paths`."""
+    from complyroute.engines import EngineError, catalog_check
 
     for folder in map(Path, paths):
         for catalog_file in sorted((folder / policyfiles.EXAMPLES).glob("catalog*.json")):
             catalog = json.loads(catalog_file.read_text())["complyroute"]["catalog"]
             try:
-                allowed = check_catalog(catalog, folder)
+                allowed = catalog_check.check_catalog(catalog, folder)
             except EngineError as error:
                 print(f"policy-test: the fast paths disagree with the rules over {catalog_file}: {error}", file=sys.stderr)
                 return 1

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from complyroute.engines.base import EngineError, PointConfig  # noqa: F401 (the package's interface, with configure)
+from complyroute.engines.contract import EngineError, PointConfig
 from complyroute.topology.manifest import ENGINES
 from complyroute.topology.plan import EnforcementPoint
+
+__all__ = ["EngineError", "PointConfig", "configure"]  # the interface (contract.py), and the engine chosen by kind
 
 
 def configure(kind: str, points: list[EnforcementPoint], settings: dict, policies: Path, trust: dict | None = None) -> dict[str, PointConfig]:

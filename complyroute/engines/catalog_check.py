@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..enforcement import DecidingListener, EnforcementPoint, Endpoint
-from . import envoy_compiled, envoy_opa
+from complyroute.engines import envoy_compiled, envoy_opa
+from complyroute.topology.plan import DecidingListener, Endpoint, EnforcementPoint
 
 
 def catalog_point(catalog: dict) -> EnforcementPoint:

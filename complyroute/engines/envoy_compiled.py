@@ -32,7 +32,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from complyroute.engines import envoy_opa, precompute
-from complyroute.engines.base import EngineError, PointConfig
+from complyroute.engines.contract import EngineError, PointConfig
 from complyroute.policy import labels
 from complyroute.proxy.contract import MAX_RECORD_BYTES, RECORD_PATH, REVISION_HEADER, ROUTING_HEADER, hop_timeout_of
 from complyroute.proxy.routes import A_RECORD, REQUEST_FORMS, decided_route, decision_route, refusal_route
@@ -157,7 +157,7 @@ def listener_matcher(outcomes: Outcomes, hop_timeout: str, headers: list[str]) -
         ]},
         "on_no_match": ask_opa,
     }
-    # The same requests as routes.refusal_routes refuse, in the same order.
+    # The same requests as enforcement.refusal_routes refuse, in the same order.
     return {
         "matcher_list": {"matchers": [
             {"predicate": all_of(A_RECORD), "on_match": {"matcher": a_record}},

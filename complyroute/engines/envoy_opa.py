@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from complyroute.engines import precompute
-from complyroute.engines.base import PointConfig
+from complyroute.engines.contract import PointConfig
 from complyroute.policy import bundles, labels, policydata
 from complyroute.proxy.envoy import envoy_config
 from complyroute.proxy.opa import opa_config

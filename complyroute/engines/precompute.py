@@ -6,7 +6,7 @@ would answer for every labelling of its decision space (decision_space.rego `all
 Envoy adapter's full path, which is the compliance entrypoint,
 data.complyroute.compliance.decision, whatever rules it holds):
 
-- every label of the rule set's label schema (complyroute/policy/labels.py), in its header: a
+- every label of the rule set's label schema (complyroute/labels.py), in its header: a
   single-valued label every known value (and absent, unless the schema says it is required);
   a multiple label absent, or any canonical value (sorted, each once, joined with ",") made of
   its known values, those some instance of the deployment holds under the schema's
@@ -32,10 +32,6 @@ The guard: before a point takes its table, `check_quick_path` has OPA evaluate t
 path with it over the table's space, and refuses (EngineError, naming the point and the first
 labelling) unless it answers exactly the allowed labellings, as the full path does. The
 compiled engine checks its routes the same way (envoy_compiled.check_routes).
-
-Over 400 lines, one idea: the decision space (its enumeration, its evaluation by OPA, the
-table and its guard) is one computation whose parts share the space's representation; the
-guard against the quick path and the catalog's own check (engines/catalog.py) stand apart.
 """
 
 from __future__ import annotations
@@ -50,10 +46,11 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from complyroute.engines.base import EngineError
+from complyroute.engines import rule_reads
+from complyroute.engines.contract import EngineError
 from complyroute.policy import labels as label_schema, policydata
 from complyroute.policy.labels import Label
-from complyroute.policy.policyfiles import OPA, is_test
+from complyroute.policy.policyfiles import OPA
 from complyroute.topology.manifest import REPO
 from complyroute.topology.plan import EnforcementPoint
 

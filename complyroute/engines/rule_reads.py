@@ -14,8 +14,8 @@ import subprocess
 from collections import defaultdict
 from pathlib import Path
 
-from ..policyfiles import OPA, is_test
-from .contract import EngineError
+from complyroute.engines.contract import EngineError
+from complyroute.policy.policyfiles import OPA, is_test
 
 ENTRYPOINTS = ("data.complyroute.compliance.decision", "data.complyroute.compliance.canonical_labels")
 

@@ -8,7 +8,7 @@ import pytest
 
 from complyroute import engines
 from complyroute.authoring import policydiff
-from complyroute.engines import envoy_compiled, envoy_opa, precompute
+from complyroute.engines import envoy_compiled, envoy_opa, precompute, rule_reads
 from complyroute.policy.policyfiles import POLICIES
 from complyroute.topology import manifest
 from complyroute.topology.plan import place
