@@ -157,7 +157,7 @@ def listener_matcher(outcomes: Outcomes, hop_timeout: str, headers: list[str]) -
         ]},
         "on_no_match": ask_opa,
     }
-    # The same requests as enforcement.refusal_routes refuse, in the same order.
+    # The same requests as routes.refusal_routes refuse, in the same order.
     return {
         "matcher_list": {"matchers": [
             {"predicate": all_of(A_RECORD), "on_match": {"matcher": a_record}},

@@ -6,7 +6,7 @@ would answer for every labelling of its decision space (decision_space.rego `all
 Envoy adapter's full path, which is the compliance entrypoint,
 data.complyroute.compliance.decision, whatever rules it holds):
 
-- every label of the rule set's label schema (complyroute/labels.py), in its header: a
+- every label of the rule set's label schema (complyroute/policy/labels.py), in its header: a
   single-valued label every known value (and absent, unless the schema says it is required);
   a multiple label absent, or any canonical value (sorted, each once, joined with ",") made of
   its known values, those some instance of the deployment holds under the schema's
