@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from complyroute import labels
 from complyroute.engines import envoy_compiled, precompute
+from complyroute.policy import labels
 
 
 @pytest.mark.parametrize("limit", [0, 7, 10, 99, 100, 65536, 70000])

@@ -6,7 +6,9 @@ import subprocess
 
 import pytest
 
-from complyroute import __main__ as cli, manifest, policydiff
+from complyroute import __main__ as cli
+from complyroute.authoring import policydiff
+from complyroute.topology import manifest
 
 
 @pytest.mark.parametrize(("chosen", "parts"), [

@@ -1,9 +1,10 @@
 """envoy-compiled's configure step over a whole topology, with real OPA asking the rule set
 (the pieces that need no process: tests/test_engines.py)."""
 
-from complyroute import engines, manifest
-from complyroute.plan import place
-from complyroute.policyfiles import POLICIES
+from complyroute import engines
+from complyroute.policy.policyfiles import POLICIES
+from complyroute.topology import manifest
+from complyroute.topology.plan import place
 
 
 def test_compiled_listener_sends_what_its_tree_misses_to_opa_denied():

@@ -8,7 +8,10 @@ import shutil
 
 import pytest
 
-from complyroute import __main__ as cli, manifest, policydiff, policyfiles
+from complyroute import __main__ as cli
+from complyroute.authoring import policydiff
+from complyroute.policy import policyfiles
+from complyroute.topology import manifest
 
 # The walkthrough: 5 deciding listeners (the entry and four sidecars), 16 regions, 3 categories,
 # consent absent or one of 63 canonical values.
