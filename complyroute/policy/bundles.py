@@ -21,7 +21,6 @@ commit the rule set was taken from, or, when it differs from that commit's, the 
 from __future__ import annotations
 
 import gzip
-import hashlib
 import io
 import json
 import os
@@ -30,6 +29,7 @@ import subprocess
 import tarfile
 from pathlib import Path
 
+from complyroute.policy import policyfiles
 from complyroute.policy.policyfiles import POLICIES, RULE_SET, is_test
 from complyroute.topology.manifest import REPO
 
@@ -56,13 +56,6 @@ def rule_set_files(policies: Path = POLICIES) -> dict[str, bytes]:
     return files
 
 
-def content_digest(files: dict[str, bytes]) -> str:
-    digest = hashlib.sha256()
-    for name, content in sorted(files.items()):
-        digest.update(name.encode() + b"\0" + hashlib.sha256(content).digest())
-    return digest.hexdigest()
-
-
 def revision(policies: Path = POLICIES, repo: Path = REPO) -> str:
     """The rule set's revision: the repository's commit when `policies` is the repository's
     own and unchanged since it, else the commit + "-dirty." + 12 hex digits of its content
@@ -75,7 +68,7 @@ def revision(policies: Path = POLICIES, repo: Path = REPO) -> str:
         changed = Path(policies).resolve() != (repo / "policies").resolve() or git("status", "--porcelain", "--", "policies")
     except (OSError, subprocess.CalledProcessError):
         commit, changed = "unversioned", True
-    return f"{commit}-dirty.{content_digest(rule_set_files(policies))[:12]}" if changed else commit
+    return f"{commit}-dirty.{policyfiles.content_digest(rule_set_files(policies))[:12]}" if changed else commit
 
 
 def roots(files: dict[str, bytes], data: dict) -> list[str]:

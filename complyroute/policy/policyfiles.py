@@ -73,6 +73,14 @@ def source_of(chosen: str | Path) -> Path:
     return folder
 
 
+def content_digest(files: dict[str, bytes]) -> str:
+    """A digest of files by name: a rule set's content (bundles.revision, an assembled rule set's folder)."""
+    digest = hashlib.sha256()
+    for name, content in sorted(files.items()):
+        digest.update(name.encode() + b"\0" + hashlib.sha256(content).digest())
+    return digest.hexdigest()
+
+
 def rule_set(chosen: str | Path) -> Path:
     """The folder of a rule set, complete (source_of names the choices). A rule set without the
     platform's parts gets them from policies/, in a copy under build/rule-sets/ named by its
@@ -86,10 +94,7 @@ def rule_set(chosen: str | Path) -> Path:
         files.update({(part / path.relative_to(POLICIES / part)): path.read_bytes()
                       for path in sorted((POLICIES / part).rglob("*"))
                       if path.is_file() and not (is_test(path) and part.parts[0] == RULE_SET)})
-    digest = hashlib.sha256()
-    for name, content in sorted(files.items()):
-        digest.update(str(name).encode() + b"\0" + hashlib.sha256(content).digest())
-    assembled = ASSEMBLED / f"{folder.resolve().name}-{digest.hexdigest()[:16]}"
+    assembled = ASSEMBLED / f"{folder.resolve().name}-{content_digest({str(name): content for name, content in files.items()})[:16]}"
     if not assembled.is_dir():
         partial = assembled.with_name(f"{assembled.name}.{os.getpid()}.partial")
         shutil.rmtree(partial, ignore_errors=True)

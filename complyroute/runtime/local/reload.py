@@ -167,7 +167,7 @@ def watch(policies: str | Path | None = None, interval: float = 0.5, out=sys.std
         raise ReloadError(str(error)) from None
     def content() -> str | None:
         try:
-            return bundles.content_digest(bundles.rule_set_files(policies))
+            return policyfiles.content_digest(bundles.rule_set_files(policies))
         except (OSError, bundles.BundleError):
             return None
 
