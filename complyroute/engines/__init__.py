@@ -26,12 +26,16 @@ from complyroute.topology.plan import EnforcementPoint
 __all__ = ["EngineError", "PointConfig", "configure"]  # the interface (contract.py), and the engine chosen by kind
 
 
-def configure(kind: str, points: list[EnforcementPoint], settings: dict, policies: Path, trust: dict | None = None) -> dict[str, PointConfig]:
+def configure(kind: str, points: list[EnforcementPoint], settings: dict, policies: Path, trust: dict | None = None,
+              ahead: bool = True) -> dict[str, PointConfig]:
     """The configuration of every point, by the engine `kind` (a manifest's engine.kind).
 
-    `trust`: by point name, its identity.PointTrust; None: plain HTTP between parts."""
+    `trust`: by point name, its identity.PointTrust; None: plain HTTP between parts.
+    `ahead`: False gives the points the rule set without its precomputed answers (an empty
+    allowed table, no compiled routes): every hop is decided in full, and nothing needs the
+    decision space evaluated first (a reload's first step, reload.py)."""
     from complyroute.engines import envoy_compiled, envoy_opa
 
     modules = {"envoy-opa": envoy_opa, "envoy-compiled": envoy_compiled}
     assert set(modules) == set(ENGINES), "every engine a manifest may name has a module here"
-    return modules[kind].configure(points, settings, policies, trust or {})
+    return modules[kind].configure(points, settings, policies, trust or {}, ahead)

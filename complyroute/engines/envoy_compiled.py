@@ -261,8 +261,8 @@ def check_routes(point: EnforcementPoint, matchers: dict[str, dict], precomputed
                           + precompute.first_difference(point.name, expected, routed, only_compiled, "the compiled route"))
 
 
-def configure(points: list[EnforcementPoint], settings: dict, policies: Path, trust: dict) -> dict[str, PointConfig]:
-    data, precomputed = envoy_opa.decided_data(points, policies)
+def configure(points: list[EnforcementPoint], settings: dict, policies: Path, trust: dict, ahead: bool = True) -> dict[str, PointConfig]:
+    data, precomputed = envoy_opa.decided_data(points, policies, ahead)
     outcomes = outcomes_by_listener(precomputed)
     hop_timeout = hop_timeout_of(settings)
     label_schema = labels.schema(policies)

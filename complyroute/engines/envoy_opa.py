@@ -25,12 +25,12 @@ def opa_data(points: list[EnforcementPoint], policies: Path) -> dict[str, dict]:
     return {point: {**data, "complyroute": {**data.get("complyroute", {}), "revision": revision}} for point, data in documents.items()}
 
 
-def decided_data(points: list[EnforcementPoint], policies: Path) -> tuple[dict[str, dict], precompute.Precomputed]:
+def decided_data(points: list[EnforcementPoint], policies: Path, ahead: bool = True) -> tuple[dict[str, dict], precompute.Precomputed]:
     """opa_data with each point's allowed table (precompute.py), checked against the rule set,
-    and the answers the tables hold."""
+    and the answers the tables hold. `ahead` False: empty tables, nothing asked ahead of time."""
     data = opa_data(points, policies)
-    precomputed = precompute.precompute(points, policies, data)
-    if precomputed.skipped:
+    precomputed = precompute.precompute(points, policies, data) if ahead else precompute.Precomputed.nothing(policies)
+    if ahead and precomputed.skipped:
         print(f"complyroute: no allowed table, every hop asks OPA: {precomputed.skipped}", file=sys.stderr)
     return precompute.with_tables(data, precomputed), precomputed
 
@@ -43,7 +43,7 @@ def point_config(point: EnforcementPoint, settings: dict, data: dict | None, lab
     return PointConfig(envoy_config(point, settings, matchers, trust, label_schema), opa, data)
 
 
-def configure(points: list[EnforcementPoint], settings: dict, policies: Path, trust: dict) -> dict[str, PointConfig]:
-    data, _ = decided_data(points, policies)
+def configure(points: list[EnforcementPoint], settings: dict, policies: Path, trust: dict, ahead: bool = True) -> dict[str, PointConfig]:
+    data, _ = decided_data(points, policies, ahead)
     label_schema = labels.schema(policies)
     return {point.name: point_config(point, settings, data.get(point.name), label_schema, trust=trust.get(point.name)) for point in points}

@@ -36,6 +36,7 @@ compiled engine checks its routes the same way (envoy_compiled.check_routes).
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import hashlib
 import itertools
@@ -69,6 +70,8 @@ CACHE_ENTRIES = 64
 Labelling = tuple[str, str, tuple[str | None, ...]]
 # The table's key for an absent label (envoy.rego absent_label): no header value can be NUL.
 ABSENT = "\u0000"
+# The key of data.complyroute beside the table that names it (table_digest).
+TABLE_DIGEST = "table_digest"
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,11 @@ class Precomputed:
     space: dict  # decision_space.rego's input (without the points' tables)
     policies: Path  # the rule set asked
     skipped: str = ""  # why no table was built (the rule set reads what is not enumerated), else ""
+
+    @classmethod
+    def nothing(cls, policies: Path) -> Precomputed:
+        """No answers asked ahead of time: every hop is decided in full."""
+        return cls({}, {"labels": [], "labellings": [], "points": {}}, policies, skipped="not asked ahead of time")
 
     def tables(self) -> dict[str, dict]:
         """data.complyroute.table of every point, in one pass over the answers: point -> sender ->
@@ -277,7 +285,7 @@ def precompute(points: list[EnforcementPoint], policies: Path, data: dict[str, d
     try:
         space = decision_space(points, policies, data)
     except SpaceTooLarge as error:
-        return Precomputed({}, {"labels": [], "labellings": [], "points": {}}, policies, skipped=str(error))
+        return dataclasses.replace(Precomputed.nothing(policies), skipped=str(error))
     reads = rule_reads.unenumerated_reads(policies)
     if reads:
         return Precomputed({}, space, policies, skipped="the rule set reads what no table can enumerate: " + "; ".join(reads))
@@ -316,8 +324,18 @@ def with_tables(data: dict[str, dict], precomputed: Precomputed) -> dict[str, di
     built = precomputed.tables()
     tables = {point: built.get(point, {}) for point in data}
     check_quick_path(precomputed, tables)
-    return {point: {**document, "complyroute": {**document.get("complyroute", {}), "table": tables[point]}}
+    return {point: {**document, "complyroute": {**document.get("complyroute", {}), "table": tables[point],
+                                                TABLE_DIGEST: table_digest(tables[point])}}
             for point, document in data.items()}
+
+
+def table_digest(table: dict) -> str:
+    """What names a point's table in its OPA data (data.complyroute.table_digest), so that a
+    reload can see when a point holds it: a digest of its content, "" for an empty table. The
+    rules never read it."""
+    if not table:
+        return ""
+    return hashlib.sha256(json.dumps(table, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def check_quick_path(precomputed: Precomputed, tables: dict[str, dict]) -> None:

@@ -137,11 +137,21 @@ def write(folder: Path, documents: dict[str, dict], policies: Path = POLICIES, r
     return revision_name
 
 
+def members(content: bytes) -> dict[str, bytes]:
+    """A bundle's files by name."""
+    with tarfile.open(fileobj=io.BytesIO(content), mode="r:gz") as tar:
+        return {member.name.lstrip("/"): tar.extractfile(member).read() for member in tar.getmembers() if member.isfile()}
+
+
+def data_of(content: bytes) -> dict:
+    """A bundle's data document."""
+    return json.loads(members(content)["data.json"])
+
+
 def unpack(content: bytes, rules: Path) -> dict:
     """A bundle's rule set written under `rules` (as policies/ holds it); its data document."""
-    with tarfile.open(fileobj=io.BytesIO(content), mode="r:gz") as tar:
-        members = {member.name.lstrip("/"): tar.extractfile(member).read() for member in tar.getmembers() if member.isfile()}
-    for name, member in members.items():
+    members_by_name = members(content)
+    for name, member in members_by_name.items():
         if name in (".manifest", "data.json"):
             continue
         target = rules / name
@@ -149,4 +159,4 @@ def unpack(content: bytes, rules: Path) -> dict:
             raise BundleError(f"a bundle member names a path outside its folder: {name}")
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(member)
-    return json.loads(members["data.json"])
+    return json.loads(members_by_name["data.json"])

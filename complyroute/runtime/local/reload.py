@@ -4,16 +4,28 @@ A reload configures every enforcement point again from the plan the deployment w
 from (run folder: rendered.pickle) and the rule set in `policies`, exactly as a deploy would,
 and hands the result to the running processes the way each takes it:
 
-- every OPA gets a new bundle (bundles.py): rule set, index, revision. The bundle server
-  answers the OPA's pending long poll with it; OPA activates it between two decisions.
+- every OPA gets a new bundle (bundles.py): rule set, index, revision, allowed table. The
+  bundle server answers the OPA's pending long poll with it; OPA activates it between two
+  decisions.
 - under envoy-compiled, every Envoy gets the route configurations of its deciding listeners
-  again: files moved into the folder it watches (RDS from the filesystem), holding the hops
-  OPA decided ahead of time under the new revision. (Under envoy-opa, Envoy's routes do not
-  depend on the rule set: OPA's answers carry every change.)
+  again: files moved into the folder it watches (RDS from the filesystem). (Under envoy-opa,
+  Envoy's routes do not depend on the rule set: OPA's answers carry every change.)
+
+It does so in two steps, so that the new rules are in force before the control plane has asked
+them over the whole decision space, which at 50 services is most of a reload's work:
+
+1. the rule set without its precomputed answers: an empty allowed table, compiled routes that
+   send every record to OPA. Every hop is decided in full by the rule set's entrypoint, which
+   needs nothing computed ahead of time. Propagation is measured here: the reload says when every
+   point decides with the new revision.
+2. the rule set's answers over the decision space (precompute.py), checked by the guard, then
+   the allowed tables and compiled routes that hold them: the same revision, now fast again.
+   If the guard refuses them (or they cannot be computed), the points are given back the
+   bundles and routes they had before the reload, and the reload fails saying so.
 
 Nothing is restarted, so nothing in flight is dropped: a request keeps the route and the
-policy it started with. The reload returns once every point decides with the new revision:
-its OPA reports it (GET /v1/data/complyroute/revision on its REST API) and its Envoy serves
+policy it started with. Each step waits until every point has taken it: its OPA reports the
+revision and the table's digest (GET /v1/data/complyroute on its REST API) and its Envoy serves
 route configurations of that version (the admin interface's RDS statistics), both read through
 the point's private sockets.
 """
@@ -21,15 +33,18 @@ the point's private sockets.
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import sys
 import threading
 import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from complyroute import engines
+from complyroute.engines import precompute
 from complyroute.policy import bundles, labels, policydata, policyfiles
 from complyroute.runtime.local import deployment, rendering
 from complyroute.topology import localhttp
@@ -51,10 +66,12 @@ def _get_json(url: str) -> dict | None:
         return None
 
 
-def opa_revision(point: EnforcementPoint) -> str | None:
-    """The revision the point's OPA decides with (None: no bundle loaded, or unreachable)."""
+def opa_state(point: EnforcementPoint) -> tuple[str | None, str | None]:
+    """(revision, table digest) the point's OPA decides with (None, None: no bundle loaded, or
+    unreachable)."""
     answer = _get_json(f"{point.opa_http.url}/v1/data/complyroute/revision")
-    return (answer or {}).get("result")
+    digest = _get_json(f"{point.opa_http.url}/v1/data/complyroute/{precompute.TABLE_DIGEST}")
+    return (answer or {}).get("result"), (digest or {}).get("result")
 
 
 def envoy_revisions(point: EnforcementPoint) -> set[str]:
@@ -68,8 +85,97 @@ def envoy_revisions(point: EnforcementPoint) -> set[str]:
     return {stat["value"] for stat in answer["stats"] if "value" in stat}
 
 
-def decides_with(point: EnforcementPoint, has_opa: bool, has_routes: bool, revision: str) -> bool:
-    return (not has_routes or envoy_revisions(point) == {revision}) and (not has_opa or opa_revision(point) == revision)
+@dataclass(frozen=True)
+class Expected:
+    """What a point runs once it has taken a step: its OPA's revision and table digest (None:
+    no OPA), its Envoy's route version (None: no routes from files)."""
+
+    revision: str | None
+    table_digest: str | None
+    routes: str | None
+
+    def taken(self, point: EnforcementPoint) -> bool:
+        if self.routes is not None and envoy_revisions(point) != {self.routes}:
+            return False
+        return self.revision is None or opa_state(point) == (self.revision, self.table_digest)
+
+
+@dataclass
+class Running:
+    """The bundles and route files the points run before a reload: what a refused second step
+    gives them back."""
+
+    bundles: dict[Path, bytes]
+    routes: dict[str, dict[str, str]]  # point -> route file -> content
+    expected: dict[str, Expected]
+
+    @classmethod
+    def of(cls, run_dir: Path, points: list[EnforcementPoint]) -> Running:
+        bundles_now = {path: path.read_bytes() for path in (run_dir / rendering.BUNDLES).glob("*.tar.gz")}
+        routes, expected = {}, {}
+        for point in points:
+            folder = run_dir / "points" / point.name / rendering.ROUTES
+            routes[point.name] = {path.name: path.read_text() for path in folder.glob("*") if not path.name.startswith(".")}
+            versions = {json.loads(content)["version_info"] for content in routes[point.name].values()}
+            bundle = bundles_now.get(run_dir / rendering.BUNDLES / bundles.bundle_name(point.name))
+            document = bundles.data_of(bundle) if bundle is not None else None
+            expected[point.name] = Expected(
+                document["complyroute"]["revision"] if document else None,
+                document["complyroute"].get(precompute.TABLE_DIGEST) if document else None,
+                versions.pop() if len(versions) == 1 else None)
+        return cls(bundles_now, routes, expected)
+
+    def restore(self, run_dir: Path) -> None:
+        for path, content in self.bundles.items():
+            partial = path.with_name(f".{path.name}.partial")
+            partial.write_bytes(content)
+            os.replace(partial, path)
+        for point, routes in self.routes.items():
+            rendering.write_routes(run_dir / "points" / point / rendering.ROUTES, routes)
+
+
+def write_step(run_dir: Path, points: list[EnforcementPoint], configs: dict[str, engines.PointConfig], policies: Path,
+               revision: str | None, routes_version: str | None) -> tuple[str, dict[str, Expected]]:
+    """Write every point's bundle and route files; the revision, and what each point runs once
+    it has taken them. `routes_version`: the route files' version (None: the revision)."""
+    revision = bundles.write(run_dir / rendering.BUNDLES,
+                             {name: config.data for name, config in configs.items() if config.opa is not None}, policies,
+                             revision_name=revision, archive=run_dir / bundles.REVISIONS)
+    expected = {}
+    for point in points:
+        folder = run_dir / "points" / point.name
+        _, routes = rendering.point_routes(configs[point.name].envoy, folder, routes_version or revision)
+        rendering.write_routes(folder / rendering.ROUTES, routes)
+        data = configs[point.name].data if configs[point.name].opa is not None else None
+        expected[point.name] = Expected(revision if data is not None else None,
+                                        data["complyroute"][precompute.TABLE_DIGEST] if data is not None else None,
+                                        (routes_version or revision) if routes else None)
+    return revision, expected
+
+
+def wait_for(points: list[EnforcementPoint], expected: dict[str, Expected], started: float, timeout: float) -> dict[str, float | None]:
+    """Seconds from `started` until each point has taken what `expected` says (None: not within `timeout`).
+
+    Rounds over the points still behind, a few at a time: polling every point as fast as it
+    answers would itself load the machine the points run on."""
+    pending = {point.name: point for point in points}
+    seconds: dict[str, float | None] = dict.fromkeys(pending)
+    with ThreadPoolExecutor(max_workers=min(8, len(pending))) as pool:
+        while pending and time.monotonic() < started + timeout:
+            names = list(pending)
+            taken = pool.map(lambda name: expected[name].taken(pending[name]), names)
+            now = time.monotonic() - started
+            for name, done in zip(names, list(taken)):
+                if done:
+                    seconds[name] = now
+                    del pending[name]
+            if pending:
+                time.sleep(POLL_INTERVAL)
+    return seconds
+
+
+def behind(seconds: dict[str, float | None]) -> list[str]:
+    return sorted(name for name, taken in seconds.items() if taken is None)
 
 
 def load_rendered(state: dict) -> rendering.Rendered:
@@ -81,9 +187,11 @@ def load_rendered(state: dict) -> rendering.Rendered:
 
 def reload_policy(policies: Path | None = None, out=sys.stdout, timeout: float = 120.0) -> dict:
     """Apply the rule set in `policies` (None: the one the deployment was started with, as it
-    is now) to the current deployment; returns once every enforcement point decides with its
-    revision:
-    {"revision", "seconds" (from the call until the last point switched), "points": {point: seconds}}."""
+    is now) to the current deployment, in the two steps above; returns once every enforcement
+    point decides with its revision and holds its precomputed answers: {"revision", "seconds"
+    (from the call until the last point decided with the new revision), "written_seconds" (of
+    which writing the first step), "precomputed_seconds" (until the last point held its
+    precomputed answers), "points": {point: seconds}}."""
     started = time.monotonic()
     state = deployment.running()
     if not state:
@@ -107,50 +215,47 @@ def reload_policy(policies: Path | None = None, out=sys.stdout, timeout: float =
                           f"({', '.join(label.name for label in schema)}; deployed: "
                           f"{', '.join(label.name for label in rendered.label_schema) or 'unknown'}): labels reach the services "
                           f"and the enforcement points' listeners at deploy; nothing was changed, deploy again to change them")
+    configure_errors = (engines.EngineError, policydata.PolicyDataError, bundles.BundleError)
+
+    # Step 1: the rule set, every hop decided in full.
     try:
-        configs = engines.configure(engine["kind"], plan.points, engine, policies, rendered.point_trust)
-        revision = bundles.write(run_dir / rendering.BUNDLES,
-                                 {name: config.data for name, config in configs.items() if config.opa is not None}, policies,
-                                 archive=run_dir / bundles.REVISIONS)
-    except (engines.EngineError, policydata.PolicyDataError, bundles.BundleError) as error:
+        in_full = engines.configure(engine["kind"], plan.points, engine, policies, rendered.point_trust, ahead=False)
+    except configure_errors as error:
         raise ReloadError(f"the rule set in {policies} cannot be applied; nothing was changed: {error}") from None
-    routed = set()  # points whose Envoy reads routes from files
-    for point in plan.points:
-        folder = run_dir / "points" / point.name
-        _, routes = rendering.point_routes(configs[point.name].envoy, folder, revision)
-        rendering.write_routes(folder / rendering.ROUTES, routes)
-        if routes:
-            routed.add(point.name)
+    running = Running.of(run_dir, plan.points)
+    revision, expected = write_step(run_dir, plan.points, in_full, policies, None, None)
     written = time.monotonic() - started
     print(f"reload-policy: revision {revision} written for {len(plan.points)} enforcement points in {written:.2f} s", file=out)
-
-    # Rounds over the points still on the old revision, a few at a time: polling every point
-    # as fast as it answers would itself load the machine the points run on.
-    pending = {point.name: point for point in plan.points}
-    seconds: dict[str, float | None] = dict.fromkeys(pending)
-    with ThreadPoolExecutor(max_workers=min(8, len(pending))) as pool:
-        while pending and time.monotonic() < started + timeout:
-            names = list(pending)
-            switched = pool.map(lambda name: decides_with(pending[name], configs[name].opa is not None, name in routed, revision), names)
-            now = time.monotonic() - started
-            for name, done in zip(names, list(switched)):
-                if done:
-                    seconds[name] = now
-                    del pending[name]
-            if pending:
-                time.sleep(POLL_INTERVAL)
-    behind = sorted(name for name, taken in seconds.items() if taken is None)
-    if behind:
-        raise ReloadError(f"after {timeout:.0f} s these points do not decide with revision {revision} yet: {', '.join(behind)} "
+    seconds = wait_for(plan.points, expected, started, timeout)
+    if late := behind(seconds):
+        raise ReloadError(f"after {timeout:.0f} s these points do not decide with revision {revision} yet: {', '.join(late)} "
                           f"(their logs are in {run_dir / 'logs'})")
-    result = {"revision": revision, "seconds": round(max(seconds.values()), 3), "written_seconds": round(written, 3),
-              "points": {name: round(taken, 3) for name, taken in seconds.items()}}
+    propagated = max(seconds.values())
+    print(f"reload-policy: every enforcement point decides with {revision} after {propagated:.3f} s "
+          f"(slowest: {max(seconds, key=seconds.get)}); each hop is decided in full until its precomputed answers follow", file=out)
+
+    # Step 2: the rule set's answers over the decision space, guarded, then the tables and routes holding them.
+    try:
+        ahead = engines.configure(engine["kind"], plan.points, engine, policies, rendered.point_trust)
+    except configure_errors as error:
+        running.restore(run_dir)
+        back = wait_for(plan.points, running.expected, time.monotonic(), timeout)
+        again = f"decides with revision {rendered.revision} again" if not behind(back) else f"is being given revision {rendered.revision} back"
+        raise ReloadError(f"the rule set in {policies} was taken back after {time.monotonic() - started:.1f} s (it decided every hop "
+                          f"in full meanwhile) and the deployment {again}: {error}") from None
+    _, expected = write_step(run_dir, plan.points, ahead, policies, revision, f"{revision}+precomputed")
+    done = wait_for(plan.points, expected, started, timeout)
+    if late := behind(done):
+        raise ReloadError(f"after {timeout:.0f} s these points decide with revision {revision} in full but do not hold its "
+                          f"precomputed answers yet: {', '.join(late)} (their logs are in {run_dir / 'logs'})")
+    result = {"revision": revision, "seconds": round(propagated, 3), "written_seconds": round(written, 3),
+              "precomputed_seconds": round(max(done.values()), 3), "points": {name: round(taken, 3) for name, taken in seconds.items()}}
     with (run_dir / "reloads.jsonl").open("a") as log:
         log.write(json.dumps({"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "policies": str(policies), **result}) + "\n")
     rendering.update_rendered(run_dir, rendered, revision)
     deployment.write_state(run_dir, {**deployment.read_state(run_dir), "revision": revision})
-    print(f"reload-policy: every enforcement point decides with {revision} after {result['seconds']:.3f} s "
-          f"(slowest: {max(seconds, key=seconds.get)})", file=out)
+    print(f"reload-policy: every enforcement point holds the precomputed answers of {revision} after "
+          f"{result['precomputed_seconds']:.3f} s", file=out)
     return result
 
 
