@@ -159,3 +159,30 @@ def test_the_guard_refuses_divergent_compiled_routes_denied(walkthrough, monkeyp
     monkeypatch.setattr(envoy_compiled, "listener_matcher", drops_a_destination)
     with pytest.raises(engines.EngineError, match=r"the compiled route differs .* labels category=personal consent=\S+ region=EU"):
         engines.configure("envoy-compiled", points, {**topology.engine, "kind": "envoy-compiled"}, POLICIES)
+
+
+def compiled_tree(configs, point, listener):
+    routes = {l["name"]: l for l in configs[point.name].envoy["static_resources"]["listeners"]}
+    return routes[listener.name]["filter_chains"][0]["filters"][0]["typed_config"]["route_config"]["virtual_hosts"][0]["matcher"]
+
+
+@pytest.mark.parametrize("ahead", [True, False], ids=["answers-ahead-allowed", "without-answers-denied"])
+def test_a_reloads_first_step_holds_no_answer_ahead_of_time(walkthrough, ahead):
+    """reload.py's first step (ahead=False): empty tables named by an empty digest, and compiled
+    routes that route no record themselves; its twin, a deploy's (or the second step's)
+    configuration, holds both."""
+    topology, points = walkthrough
+    configs = engines.configure("envoy-compiled", points, {**topology.engine, "kind": "envoy-compiled"}, POLICIES, ahead=ahead)
+    deciding = [config.data["complyroute"] for config in configs.values() if config.opa is not None]
+    sidecar = next(point for point in points if point.name == "sidecar-ingest-us")
+    tree = compiled_tree(configs, sidecar, envoy_compiled.compiled_listeners(sidecar)[0])
+    headers = {":method": "POST", ":path": "/process", "content-length": "2", "x-data-category": "personal",
+               "x-data-consent": "care", "x-data-region": "US"}
+    routed = envoy_compiled.routed_outcome(envoy_compiled.matched_action(tree, headers))
+    if ahead:
+        assert all(document["table"] and document[precompute.TABLE_DIGEST] for document in deciding if document["table"])
+        assert len({document[precompute.TABLE_DIGEST] for document in deciding}) > 1  # each point's own table
+        assert routed[0] == "analyse-us"
+    else:
+        assert all(document["table"] == {} and document[precompute.TABLE_DIGEST] == "" for document in deciding)
+        assert routed is None  # the decision route: OPA decides
