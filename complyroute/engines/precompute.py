@@ -244,8 +244,9 @@ def _cache_key(query: str, document: dict, policies: Path) -> str:
 
 def evaluate_split(query: str, space: dict, policies: Path) -> list:
     """`query` over the space, its points split over two `opa eval`s side by side (this machine
-    has two cores), the answers kept by the hash of all they depend on: a deployment of the same
-    topology and rule set asks nothing again."""
+    has two cores) at a lower CPU priority (a reload runs them beside the deployment's decisions),
+    the answers kept by the hash of all they depend on: a deployment of the same topology and
+    rule set asks nothing again."""
     key = _cache_key(query, space, policies)
     cached = CACHE / f"{key}.json.gz"
     if cached.exists():
@@ -264,7 +265,7 @@ def evaluate_split(query: str, space: dict, policies: Path) -> list:
 
     def run(half: dict) -> list:
         try:
-            return policydata.evaluate(query, half, policies, modules=MODULES if query == QUICK else (DECISION_SPACE,)) or []
+            return policydata.evaluate(query, half, policies, modules=MODULES if query == QUICK else (DECISION_SPACE,), yielding=True) or []
         except policydata.PolicyDataError as error:
             raise EngineError(str(error)) from None
 

@@ -10,25 +10,31 @@ every point of a deployment in one `opa eval`, and hands back the documents to w
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
 from complyroute.policy.policyfiles import OPA, POLICIES, ignore_flags
 
 QUERY = "data.complyroute.indexing.documents"
+YIELDING_NICENESS = 10
 
 
 class PolicyDataError(RuntimeError):
     """OPA could not evaluate a query over the rule set; the message carries OPA's."""
 
 
-def evaluate(query: str, input_document: dict, policies: Path = POLICIES, modules: tuple[Path, ...] = ()) -> object:
+def evaluate(query: str, input_document: dict, policies: Path = POLICIES, modules: tuple[Path, ...] = (),
+             yielding: bool = False) -> object:
     """The value of `query` over the rule set (plus `modules`, queries kept beside their Python)
-    for `input_document`, in one `opa eval`; None when the query is undefined."""
+    for `input_document`, in one `opa eval`; None when the query is undefined. `yielding`: at a
+    lower CPU priority (nice 10), for work that runs beside a deployment's data path (a
+    reload's second step) and should not slow its decisions down."""
     command = [str(OPA), "eval", "--format", "json", "--data", str(policies), *ignore_flags()]
     for module in modules:
         command += ["--data", str(module)]
-    result = subprocess.run(command + ["--stdin-input", query], input=json.dumps(input_document), capture_output=True, text=True)
+    result = subprocess.run(command + ["--stdin-input", query], input=json.dumps(input_document), capture_output=True, text=True,
+                            preexec_fn=(lambda: os.nice(YIELDING_NICENESS)) if yielding else None)
     if result.returncode != 0:
         raise PolicyDataError((result.stderr or result.stdout).strip())
     answers = json.loads(result.stdout).get("result")
