@@ -941,7 +941,7 @@ def test_the_bundle_server_serves_every_deciding_points_bundle_from_configmaps_n
         content = bundle_members(bundle)
         assert json.loads(content[".manifest"])["revision"] == revision
         data = json.loads(content["data.json"])["complyroute"]
-        assert set(data) == {"index", "revision", "table"} and data["revision"] == revision, name
+        assert set(data) == {"index", "revision", "table", "table_digest"} and data["revision"] == revision, name
     # Every ConfigMap the rule set fills says which revision it holds; no other one changes with it.
     rule_set = [o for o in configmaps.values() if o["metadata"].get("labels", {}).get("component") == "rule-set"]
     assert {o["metadata"]["name"] for o in rule_set} == {n for n in configmaps if n.startswith(("bundles-", "routes-"))}
