@@ -4,6 +4,7 @@ topology: tests/integration/test_engines.py; the end-to-end and differential tes
 import itertools
 import json
 import re
+import time
 
 import pytest
 
@@ -66,3 +67,31 @@ def test_a_listener_with_nothing_decided_ahead_asks_opa_for_every_record_denied(
                "x-data-classification": "public"}
     assert envoy_compiled.matched_action(matcher, headers)["name"] == "decide"
     assert '"matchers": []' not in json.dumps(matcher)
+
+
+def test_the_answers_cache_keeps_what_was_used_last_and_evicts_the_least_recently_used(tmp_path, monkeypatch):
+    monkeypatch.setattr(precompute, "CACHE", tmp_path / "cache")
+    monkeypatch.setattr(precompute, "CACHE_ENTRIES", 2)
+    asked = []
+
+    def evaluate(query, space, policies, modules=(), yielding=False):  # OPA stands in: this checks the cache, not the answers
+        asked.append(space["points"]["p"]["n"])
+        return [["p", "l", [space["points"]["p"]["n"]], "d", "r"]]
+
+    monkeypatch.setattr(precompute.policydata, "evaluate", evaluate)
+    rules = tmp_path / "rules"
+    rules.mkdir()
+
+    def ask(n):
+        time.sleep(0.02)  # apart by more than a tick of the file system's clock, which orders them
+        space = {"labels": [], "labellings": [], "points": {"p": {"n": n, "listeners": {"l": {}}}}}
+        return precompute.evaluate_split(precompute.ALLOWED, space, rules)
+
+    assert ask(1) == [["p", "l", [1], "d", "r"]]
+    ask(2)
+    assert ask(1) == [["p", "l", [1], "d", "r"]] and asked == [1, 2]  # a hit asks nothing
+    ask(3)  # over the cap: 2 goes, used before 1 was used again
+    ask(1)
+    assert asked == [1, 2, 3]
+    ask(2)
+    assert asked == [1, 2, 3, 2]  # evicted, so asked again

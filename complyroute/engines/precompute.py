@@ -36,11 +36,13 @@ compiled engine checks its routes the same way (envoy_compiled.check_routes).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gzip
 import hashlib
 import itertools
 import json
+import os
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -62,9 +64,11 @@ QUICK = "data.complyroute_engines.quick_path.quick"
 # A multiple label is enumerated over every combination of its values: 2^n.
 MAX_SET_VALUES = 10
 # Answers already asked, by the hash of everything they depend on (build/ is not committed).
+# The least recently used go first. `make test` alone asks for more than 100 (its topologies,
+# engines and rule sets, the integration tests' own), a few kB each: 512 keep a few runs'.
 MODULES = (DECISION_SPACE, QUICK_PATH)
 CACHE = REPO / "build" / "decision-space"
-CACHE_ENTRIES = 64
+CACHE_ENTRIES = 512
 
 # Labelling: (point, listener, (the value of each label in the schema's order, None = absent)).
 Labelling = tuple[str, str, tuple[str | None, ...]]
@@ -250,7 +254,10 @@ def evaluate_split(query: str, space: dict, policies: Path) -> list:
     key = _cache_key(query, space, policies)
     cached = CACHE / f"{key}.json.gz"
     if cached.exists():
-        return json.loads(gzip.decompress(cached.read_bytes()))
+        with contextlib.suppress(FileNotFoundError):  # evicted meanwhile by another process: read as a miss below
+            answers = json.loads(gzip.decompress(cached.read_bytes()))
+            os.utime(cached)  # a hit is a use: eviction goes by last use, not by age
+            return answers
     names = sorted(space["points"], key=lambda name: -len(space["points"][name]["listeners"]))
     halves = [dict(space, points={}), dict(space, points={})]
     for name in names:  # the larger points first, each to the half with fewer listeners so far
