@@ -1,5 +1,7 @@
-"""A short real run end to end: the bench, then a topology under both engines (deploy,
-Locust's open loop, collect, tear down), the report; and Ctrl-C."""
+"""A short real run end to end: a topology under both engines (deploy, Locust's open loop,
+collect, tear down), the report; and Ctrl-C. Without the bench (--bench-rounds 0): its real
+measurement and the report's section of it are tests/integration/test_bench_run.py's, which
+runs beside the deployments."""
 
 import json
 import signal
@@ -23,7 +25,7 @@ def experiments(results, *args):
 def test_one_topology_under_both_engines_five_services_100_per_second_for_10_seconds(tmp_path, no_deployment):
     run = subprocess.run(
         experiments(tmp_path, "run", "--profile", "quick", "--topologies", "sa", "--rates", "100", "--services", "5", "--repetitions", "1",
-                    "--duration", "10", "--warmup", "2", "--prime", "100", "--bench-records", "100", "--bench-rounds", "1", "--run-id", "e2e"),
+                    "--duration", "10", "--warmup", "2", "--prime", "100", "--bench-rounds", "0", "--run-id", "e2e"),
         cwd=REPO, capture_output=True, text=True, timeout=420,
     )
     assert run.returncode == 0, run.stdout + run.stderr
@@ -57,9 +59,8 @@ def test_one_topology_under_both_engines_five_services_100_per_second_for_10_sec
     assert meta["parameters"]["engines"] == ["envoy-opa", "envoy-compiled"]
     assert (meta["parameters"]["load"], meta["parameters"]["arrivals"], meta["locust"]["load"]) == ("open", "constant", "open")
     assert meta["sessions"][-1]["outcome"] == "finished"
-    assert meta["sessions"][-1]["bench"]["csv"] == "bench.csv", meta["sessions"][-1]["bench"]
-    bench = pd.read_csv(run_dir / "raw" / "bench.csv")
-    assert "compiled engine: Envoy deciding the hop" in set(bench["part"]) and (bench["value"] >= 0).all()
+    assert meta["sessions"][-1]["bench"] == {"skipped": "--bench-rounds 0"}
+    assert not (run_dir / "raw" / "bench.csv").exists()
     table = pd.read_csv(run_dir / "report" / "tables" / "table1.csv")
     assert table[["topology", "engine", "rate", "services"]].values.tolist() == [["sidecar", "envoy-opa", 100, 5], ["sidecar", "envoy-compiled", 100, 5]]
     assert ((0 < table["min"]) & (table["min"] <= table["median"]) & (table["median"] <= table["max"])).all()
@@ -73,7 +74,7 @@ def test_one_topology_under_both_engines_five_services_100_per_second_for_10_sec
         assert cpu.loc[engine, ["service_ms", "envoy_ms", "opa_ms"]].sum() == pytest.approx(cpu.loc[engine, "total_ms"], rel=0.02)
     assert len(pd.read_csv(run_dir / "report" / "tables" / "engines.csv")) == 1
     markdown = (run_dir / "report" / "report.md").read_text()
-    assert "### SA" in markdown and "What each part of a hop costs, beside its floor" in markdown
+    assert "### SA" in markdown and "What each part of a hop costs, beside its floor" not in markdown  # no bench, no section
     assert "load: **open loop, constant arrivals**" in markdown and "The load is an open loop" in markdown
     assert (run_dir / "report" / "report.html").exists()
     assert str(run_dir / "report" / "report.html") in run.stdout

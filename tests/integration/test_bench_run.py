@@ -1,0 +1,37 @@
+"""`make bench`'s measurement, real and small: every part of a hop and its floor started on the
+bench's own ports and sockets (clear of a deployment's: this runs beside the end-to-end
+tests), 100 records each for one round, then the policy's `opa bench` against the baseline
+commit; the CSV it writes, and the run report's section that shows it.
+
+An experiments run measures it before its cells (runner.measure_bench, with the bench standing
+in: tests/experiments/test_experiments_runner.py); the real run end to end
+(tests/experiments/test_experiments_run_e2e.py) takes --bench-rounds 0, so that this minute and
+more is spent beside the deployments instead of between them."""
+
+import io
+
+import pandas as pd
+
+from experiments import bench
+from experiments.report import bench_blocks
+
+
+def test_the_bench_measures_every_part_against_its_floor_and_the_report_shows_it(tmp_path):
+    csv_file = tmp_path / "raw" / "bench.csv"
+    log = io.StringIO()
+    rows = bench.run(out_file=csv_file, records=100, rounds=1, out=log)
+    assert "bench: round 1/1 measured" in log.getvalue()
+    measured = pd.read_csv(csv_file)
+    assert list(measured["part"]) == [row.part for row in rows]
+    assert "compiled engine: Envoy deciding the hop" in set(measured["part"]) and (measured["value"] >= 0).all()
+    assert any(part.startswith("policy: ") for part in measured["part"])  # this rule set against the baseline commit's
+    meta = {"sessions": [{"started_at": "2026-11-27T12:00:00+0000",
+                          "bench": {"csv": "bench.csv", "records": 100, "rounds": 1, "seconds": 80.0, "targets_not_met": []}}]}
+    (tmp_path / "figures").mkdir()
+    blocks = bench_blocks(tmp_path, meta, tmp_path / "figures")
+    assert blocks[0] == ("h2", "What each part of a hop costs, beside its floor")
+    table = next(content[0] for kind, *content in blocks if kind == "table")
+    assert "compiled engine: Envoy deciding the hop" in table.to_string()
+    assert "1 rounds of 100 sequential records per part" in "\n".join(str(content[0]) for kind, *content in blocks if kind == "p")
+    [figure] = [content[0] for kind, *content in blocks if kind == "figure"]
+    assert figure.stat().st_size > 5000
