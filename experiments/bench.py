@@ -399,7 +399,7 @@ def start_parts(bench: Bench, scratch: Path) -> tuple[list[Pair], dict]:
         endpoint = bench.endpoint()
         process = replace(sender, endpoint=endpoint, egress_url=upstream.url)
         part = rendering.service_part(process, {} if work is None else {"work_iterations": work}, scratch / f"{name}.audit.jsonl", bench.folder,
-                                       LABEL_SETTING["COMPLYROUTE_LABELS"])
+                                       LABEL_SETTING)
         bench.start(replace(part, name=name))
         bench.urls[name] = endpoint.url
     # The service and the floor with mutual TLS on both sides: they admit the point deciding
@@ -412,13 +412,13 @@ def start_parts(bench: Bench, scratch: Path) -> tuple[list[Pair], dict]:
     trust = identity.ServiceTrust(bench.tls_files(as_service), record_peers=(as_point,), control_peers=(pki.CONTROL,),
                                   egress_identity=as_destination, label_tokens=False)
     part = rendering.service_part(replace(sender, endpoint=endpoint, egress_url=tls_sink.url), {"work_iterations": 0},
-                                   scratch / "service-mtls.audit.jsonl", bench.folder, LABEL_SETTING["COMPLYROUTE_LABELS"], trust,
+                                   scratch / "service-mtls.audit.jsonl", bench.folder, LABEL_SETTING, trust,
                                    bench.tls_files(pki.CONTROL))
     bench.start(replace(part, name="service-mtls"))
     bench.urls["service-mtls"] = https(endpoint)
     endpoint = bench.endpoint()
     part = rendering.service_part(replace(sender, endpoint=endpoint, egress_url=tls_sink.url), {"work_iterations": 0},
-                                   scratch / "service-token.audit.jsonl", bench.folder, LABEL_SETTING["COMPLYROUTE_LABELS"],
+                                   scratch / "service-token.audit.jsonl", bench.folder, LABEL_SETTING,
                                    replace(trust, label_tokens=True), bench.tls_files(pki.CONTROL))
     bench.start(replace(part, name="service-token"))
     bench.urls["service-token"] = https(endpoint)

@@ -15,7 +15,8 @@ import { peerAllowed, peerIdentity } from './lib/identity.js'
 import { RecentIds } from './lib/recent-ids.js'
 
 // The labels are the configuration's (config.labels, COMPLYROUTE_LABELS: the rule set's label
-// schema): which headers a record must carry, which are logged and which are sent on.
+// schema), or the ones given since (setLabels: server.js reads the labels file again on SIGHUP):
+// which headers a record must carry, which are logged and which are sent on.
 // Set by the enforcement point that decided the hop into this instance, overwriting any
 // value a sender chose (complyroute/proxy/envoy.py _deciding_listener); absent when no
 // point decided it (the baseline, or a record that bypassed the enforcement points).
@@ -50,6 +51,7 @@ const REQUEST_ID = /^[\x21-\x2b\x2d-\x7e]{1,200}$/
 const kTIn = Symbol('complyroute.t_in')
 const kOutcome = Symbol('complyroute.outcome')
 const kBodyText = Symbol('complyroute.body_text')
+const kLabels = Symbol('complyroute.labels')
 
 const JSON_CONTENT_TYPE = 'application/json; charset=utf-8'
 
@@ -115,23 +117,6 @@ const pathEntrySchema = {
   }
 }
 
-// The headers of a record: every required label's, not empty; an optional label's may be.
-function processSchema (labels) {
-  return {
-    headers: {
-      type: 'object',
-      required: labels.filter((label) => label.required).map((label) => label.header),
-      properties: {
-        ...Object.fromEntries(labels.map((label) => [label.header, label.required ? { type: 'string', minLength: 1 } : { type: 'string' }])),
-        'x-request-id': { type: 'string', pattern: REQUEST_ID_PATTERN }
-      }
-    },
-    body: processBodySchema,
-    response: processResponseSchema
-  }
-}
-
-const processBodySchema = { type: 'object' }
 const processResponseSchema = {
   200: {
     type: 'object',
@@ -145,6 +130,16 @@ const processResponseSchema = {
   ...errorResponses
 }
 
+// A record's labels are checked against the labels in effect when it arrived (checkLabels in
+// the plugin), not by this schema: a route's schema is compiled once, and the labels can change.
+function processSchema () {
+  return {
+    headers: { type: 'object', properties: { 'x-request-id': { type: 'string', pattern: REQUEST_ID_PATTERN } } },
+    body: { type: 'object' },
+    response: processResponseSchema
+  }
+}
+
 const noQuery = { type: 'object', additionalProperties: false, properties: {} }
 
 const healthSchema = {
@@ -152,12 +147,15 @@ const healthSchema = {
   response: {
     200: {
       type: 'object',
-      required: ['status', 'instance', 'step'],
+      required: ['status', 'instance', 'step', 'labels'],
       additionalProperties: false,
       properties: {
         status: { type: 'string', enum: ['ok'] },
         instance: { type: 'string' },
-        step: { type: 'string' }
+        step: { type: 'string' },
+        // The digest of the label setting in effect (config.js readLabelSetting): the control
+        // plane waits for the one it wrote before it applies rules reading a new label.
+        labels: { type: 'string' }
       }
     },
     ...errorResponses
@@ -184,10 +182,11 @@ const statsSchema = {
 // ---------------------------------------------------------------- errors
 
 class AppError extends Error {
-  constructor (statusCode, code, message) {
+  constructor (statusCode, code, message, reasons) {
     super(message)
     this.statusCode = statusCode
     this.code = code
+    this.reasons = reasons
   }
 }
 
@@ -202,27 +201,20 @@ const CODE_BY_STATUS = {
   431: 'HEADERS_TOO_LARGE'
 }
 
-function missingLabels (headers, requiredHeaders) {
-  return requiredHeaders.filter((name) => typeof headers[name] !== 'string' || headers[name] === '')
+/** LABEL_MISSING for a record without a required label (`requiredHeaders`: in the schema's order), else null. */
+export function missingLabelError (headers, requiredHeaders) {
+  const missing = requiredHeaders.filter((name) => typeof headers[name] !== 'string' || headers[name] === '')
+  if (missing.length === 0) return null
+  return new AppError(400, 'LABEL_MISSING', `missing label header${missing.length > 1 ? 's' : ''}: ${missing.join(', ')}`,
+    missing.map((name) => ({ code: 'LABEL_MISSING', message: `header ${name} is missing or empty` })))
 }
 
-/**
- * Map any error Fastify or a handler raises to {status, code, message, reasons?}.
- * `requiredHeaders`: the headers of the required labels, in the schema's order.
- */
-export function classifyError (err, request, requiredHeaders = []) {
-  if (err instanceof AppError) return { status: err.statusCode, code: err.code, message: err.message }
+/** Map any error Fastify or a handler raises to {status, code, message, reasons?}. */
+export function classifyError (err) {
+  if (err instanceof AppError) return { status: err.statusCode, code: err.code, message: err.message, reasons: err.reasons }
   if (err.validation) {
+    // The only header the route's schema checks (the labels are checked apart, missingLabelError).
     if (err.validationContext === 'headers') {
-      const missing = missingLabels(request.headers, requiredHeaders)
-      if (missing.length > 0) {
-        return {
-          status: 400,
-          code: 'LABEL_MISSING',
-          message: `missing label header${missing.length > 1 ? 's' : ''}: ${missing.join(', ')}`,
-          reasons: missing.map((name) => ({ code: 'LABEL_MISSING', message: `header ${name} is missing or empty` }))
-        }
-      }
       return { status: 400, code: 'REQUEST_ID_INVALID', message: 'x-request-id must be sent once, as 1 to 200 visible ASCII characters other than \',\'' }
     }
     if (err.validationContext === 'body') {
@@ -358,6 +350,11 @@ export function downstreamPathEntries (body) {
 
 // ---------------------------------------------------------------- the plugin
 
+function labelsInEffect (labels, digest) {
+  if (!Array.isArray(labels) || labels.length === 0) throw new Error('app: the labels (COMPLYROUTE_LABELS, config.labels) are required')
+  return Object.freeze({ labels, digest, requiredHeaders: labels.filter((label) => label.required).map((label) => label.header) })
+}
+
 /**
  * @param {import('fastify').FastifyInstance} fastify
  * @param {object} opts
@@ -373,15 +370,19 @@ export async function app (fastify, opts) {
   if (!config) throw new Error('app: opts.config is required')
   if (!audit || typeof audit.write !== 'function') throw new Error('app: opts.audit with write(entry) is required')
   if (config.nextStep && typeof forward !== 'function') throw new Error('app: opts.forward is required when NEXT_STEP is set')
-  if (!Array.isArray(config.labels) || config.labels.length === 0) throw new Error('app: opts.config.labels (COMPLYROUTE_LABELS) is required')
 
   const stats = Object.fromEntries(STAT_NAMES.map((name) => [name, 0]))
-  // The label schema, in its order: the audit line's labels and the LABEL_MISSING reasons keep it.
-  const labels = config.labels
-  const requiredHeaders = labels.filter((label) => label.required).map((label) => label.header)
+  // The labels in effect, in the schema's order (the audit line's labels and the LABEL_MISSING
+  // reasons keep it), and the digest of their setting (GET /health reports it). Replaced whole
+  // by setLabels; a record takes the labels in effect when it arrives and keeps them to its
+  // answer, so it is checked, logged and sent on by one setting.
+  let inEffect = labelsInEffect(config.labels, config.labelDigest)
+  fastify.decorate('setLabels', function setLabels ({ labels, digest }) {
+    inEffect = labelsInEffect(labels, digest)
+  })
 
-  // Every label of the schema: its header's value as it arrived, null when it is absent.
-  function auditLabels (headers) {
+  // Every label: its header's value as it arrived, null when it is absent.
+  function auditLabels (labels, headers) {
     const logged = {}
     for (const label of labels) logged[label.name] = headers[label.header] ?? null
     return logged
@@ -389,13 +390,13 @@ export async function app (fastify, opts) {
   // The audit line of an accepted record (lib/audit.js adds the chain link): the labels as
   // they arrived, which are canonical when an enforcement point allowed the hop (it rewrites
   // them); the digest of the exact text sent on; who decided the hop, with which rule set.
-  function auditEntry (tIn, requestId, headers, digest) {
+  function auditEntry (tIn, requestId, labels, headers, digest) {
     return {
       ts: tIn,
       instance: config.instanceId,
       step: config.step,
       request_id: requestId,
-      labels: auditLabels(headers),
+      labels: auditLabels(labels, headers),
       digest,
       sender: headers[DECISION_HEADERS.sender] ?? null,
       decided_by: headers[DECISION_HEADERS.decided_by] ?? null,
@@ -443,10 +444,11 @@ export async function app (fastify, opts) {
   fastify.decorateRequest(kTIn, 0)
   fastify.decorateRequest(kOutcome, null)
   fastify.decorateRequest(kBodyText, '')
+  fastify.decorateRequest(kLabels, null)
 
   fastify.setErrorHandler(function (err, request, reply) {
     request[kOutcome] = null
-    const classified = classifyError(err, request, requiredHeaders)
+    const classified = classifyError(err)
     // An AppError was logged where it was raised, with its cause.
     if (classified.status >= 500 && !(err instanceof AppError)) request.log.error({ err }, 'request failed')
     else request.log.debug({ err, code: classified.code }, 'request refused')
@@ -495,7 +497,7 @@ export async function app (fastify, opts) {
   })
 
   fastify.get('/health', { schema: healthSchema, onRequest: mtls ? peerCheck('GET', '/health') : undefined }, async function () {
-    return { status: 'ok', instance: config.instanceId, step: config.step }
+    return { status: 'ok', instance: config.instanceId, step: config.step, labels: inEffect.digest }
   })
 
   fastify.get('/stats', { schema: statsSchema, onRequest: mtls ? peerCheck('GET', '/stats') : undefined }, async function () {
@@ -510,13 +512,19 @@ export async function app (fastify, opts) {
   }
 
   fastify.post('/process', {
-    schema: processSchema(labels),
+    schema: processSchema(),
     // Counted first: a record refused for its peer is received and rejected like any other.
     onRequest: [function (request, reply, done) {
       request[kTIn] = now()
+      request[kLabels] = inEffect
       stats.received++
       done()
     }, ...(mtls ? [peerCheck('POST', '/process')] : [])],
+    // Before the schema's checks: a missing label is answered before an invalid request id, as
+    // when the labels were part of the schema (and before a body that is no object).
+    preValidation: function checkLabels (request, reply, done) {
+      done(missingLabelError(request.headers, request[kLabels].requiredHeaders))
+    },
     onSend: function (request, reply, payload, done) {
       // Exactly one counter per answered record: the handler's outcome, or
       // (the error handler cleared it) a refusal or an internal error.
@@ -529,6 +537,7 @@ export async function app (fastify, opts) {
     const requestId = request.id
     const headers = request.headers
     const body = request[kBodyText]
+    const labels = request[kLabels].labels
     // Once per record: the label-token check and the audit line both need it.
     const digest = `sha256:${sha256Hex(body)}`
     if (acceptedIds !== null) checkLabelToken(requestId, headers, digest)
@@ -536,7 +545,7 @@ export async function app (fastify, opts) {
     doWork(body, config.workIterations)
 
     try {
-      await audit.write(auditEntry(tIn, requestId, headers, digest))
+      await audit.write(auditEntry(tIn, requestId, labels, headers, digest))
     } catch (err) {
       request.log.error({ err }, 'audit log write failed')
       throw new AppError(500, 'AUDIT_FAILED', 'the audit log could not be written')

@@ -4,7 +4,7 @@
 // re-exports it and uses it, the tests call it directly. An invalid or missing
 // variable throws a ConfigError whose message names the variable.
 
-import { X509Certificate, createPrivateKey } from 'node:crypto'
+import { X509Certificate, createHash, createPrivateKey } from 'node:crypto'
 import { readFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { MAX_SPIFFE_ID_LENGTH, certificateIdentity, isSpiffeId } from './lib/identity.js'
@@ -24,7 +24,7 @@ export const DEFAULTS = Object.freeze({
 // purposes): what the policy catalog and the headers can carry safely.
 const TOKEN = /^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$/
 
-// The label schema (COMPLYROUTE_LABELS): what a label's name and its header may be, as the rule
+// The label schema (COMPLYROUTE_LABELS or COMPLYROUTE_LABELS_FILE): what a label's name and its header may be, as the rule
 // set's schema allows them (complyroute/policy/labels.py NAME, HEADER, OWN_HEADERS). A label header is
 // lowercase (Node hands headers over lowercased), not one of complyroute's own headers, and
 // not x-request-id, which the instance reads and sends on itself.
@@ -133,48 +133,74 @@ function egressUrl (env) {
 }
 
 /**
- * The labels this instance requires, logs and sends on (COMPLYROUTE_LABELS, set by the control
- * plane from the rule set's label schema, complyroute/policy/labels.py service_setting): a JSON array
- * of {"name", "header", "required"} in the schema's order, at least one, names and headers
- * each used once. Returned frozen, in the order given: the audit line's labels keep it.
- * Exported for bench/floor.js, which forwards the same headers.
+ * The labels this instance requires, logs and sends on, set by the control plane from the rule
+ * set's label schema (complyroute/policy/labels.py service_setting): a JSON array of {"name",
+ * "header", "required"} in the schema's order, at least one, names and headers each used once,
+ * given either in COMPLYROUTE_LABELS itself or in the file COMPLYROUTE_LABELS_FILE names (a
+ * local deployment's: the instance reads it again on SIGHUP, server.js, so a reload can add a
+ * label without a restart). Returns {labels, digest}: the labels frozen, in the order given (the
+ * audit line's labels keep it), and "sha256:<hex>" of the setting's text as read, which the
+ * instance reports (GET /health) so the control plane knows which setting it applies.
  */
+export function readLabelSetting (env = process.env) {
+  const file = read(env, 'COMPLYROUTE_LABELS_FILE')
+  if (file !== '' && read(env, 'COMPLYROUTE_LABELS') !== '') {
+    throw new ConfigError('COMPLYROUTE_LABELS_FILE', 'is set and so is COMPLYROUTE_LABELS: set one of them')
+  }
+  if (file === '') {
+    const value = read(env, 'COMPLYROUTE_LABELS')
+    return labelSetting('COMPLYROUTE_LABELS', value, `${LABELS_EXPECTED} (or COMPLYROUTE_LABELS_FILE, a file holding it)`)
+  }
+  let text
+  try {
+    text = readFileSync(file, 'utf8')
+  } catch (err) {
+    throw new ConfigError('COMPLYROUTE_LABELS_FILE', `cannot read ${JSON.stringify(file)}: ${err.code ?? err.message}`)
+  }
+  return labelSetting('COMPLYROUTE_LABELS_FILE', text, `${JSON.stringify(file)}: ${LABELS_EXPECTED}`, `${JSON.stringify(file)}: `)
+}
+
+/** The labels alone (readLabelSetting), for bench/floor.js, which forwards the same headers. */
 export function parseLabels (env = process.env) {
-  const name = 'COMPLYROUTE_LABELS'
-  const value = read(env, name)
-  if (value === '') throw new ConfigError(name, `is required: ${LABELS_EXPECTED}`)
+  return readLabelSetting(env).labels
+}
+
+function labelSetting (name, text, expected, where = '') {
+  if (text.trim() === '') throw new ConfigError(name, `${where}is required: ${expected}`)
   let declared
   try {
-    declared = JSON.parse(value)
+    declared = JSON.parse(text)
   } catch (err) {
-    throw new ConfigError(name, `is not JSON (${err.message}): ${LABELS_EXPECTED}`)
+    throw new ConfigError(name, `${where}is not JSON (${err.message}): ${expected}`)
   }
   if (!Array.isArray(declared) || declared.length === 0) {
-    throw new ConfigError(name, `invalid value ${JSON.stringify(value)}: ${LABELS_EXPECTED}`)
+    throw new ConfigError(name, `${where}invalid value ${JSON.stringify(text.trim())}: ${expected}`)
   }
   const names = new Map()
   const headers = new Map()
-  return Object.freeze(declared.map((label, index) => {
-    const where = `label ${index}`
+  const labels = Object.freeze(declared.map((label, index) => {
+    const at = `${where}label ${index}`
     if (typeof label !== 'object' || label === null || Array.isArray(label) ||
         Object.keys(label).sort().join(',') !== LABEL_FIELDS.join(',')) {
-      throw new ConfigError(name, `${where} is ${JSON.stringify(label)}: expected an object with exactly the fields "name", "header" and "required"`)
+      throw new ConfigError(name, `${at} is ${JSON.stringify(label)}: expected an object with exactly the fields "name", "header" and "required"`)
     }
     if (typeof label.name !== 'string' || !LABEL_NAME.test(label.name)) {
-      throw new ConfigError(name, `${where}: invalid name ${JSON.stringify(label.name)}: expected a lowercase letter, then lowercase letters, digits or '_' (at most 32 characters)`)
+      throw new ConfigError(name, `${at}: invalid name ${JSON.stringify(label.name)}: expected a lowercase letter, then lowercase letters, digits or '_' (at most 32 characters)`)
     }
+    const named = `${where}label ${label.name}`
     if (typeof label.header !== 'string' || !LABEL_HEADER.test(label.header) || label.header.startsWith(OWN_HEADERS) || INSTANCE_HEADERS.includes(label.header)) {
-      throw new ConfigError(name, `label ${label.name}: invalid header ${JSON.stringify(label.header)}: expected x- then a lowercase letter or digit and at most 62 more lowercase letters, digits or '-', not ${OWN_HEADERS}* nor ${INSTANCE_HEADERS.join(', ')}`)
+      throw new ConfigError(name, `${named}: invalid header ${JSON.stringify(label.header)}: expected x- then a lowercase letter or digit and at most 62 more lowercase letters, digits or '-', not ${OWN_HEADERS}* nor ${INSTANCE_HEADERS.join(', ')}`)
     }
     if (typeof label.required !== 'boolean') {
-      throw new ConfigError(name, `label ${label.name}: invalid required ${JSON.stringify(label.required)}: expected true or false`)
+      throw new ConfigError(name, `${named}: invalid required ${JSON.stringify(label.required)}: expected true or false`)
     }
-    if (names.has(label.name)) throw new ConfigError(name, `label ${label.name} is declared twice (labels ${names.get(label.name)} and ${index})`)
-    if (headers.has(label.header)) throw new ConfigError(name, `label ${label.name}: header ${label.header} is label ${headers.get(label.header)}'s header too`)
+    if (names.has(label.name)) throw new ConfigError(name, `${named} is declared twice (labels ${names.get(label.name)} and ${index})`)
+    if (headers.has(label.header)) throw new ConfigError(name, `${named}: header ${label.header} is label ${headers.get(label.header)}'s header too`)
     names.set(label.name, index)
     headers.set(label.header, label.name)
     return Object.freeze({ name: label.name, header: label.header, required: label.required })
   }))
+  return Object.freeze({ labels, digest: `sha256:${createHash('sha256').update(text).digest('hex')}` })
 }
 
 const TLS_VARIABLES = Object.freeze(['TLS_CERT', 'TLS_KEY', 'TLS_CA'])
@@ -262,7 +288,7 @@ export function parseConfig (env = process.env) {
   const node = token(env, 'NODE', { required: true })
   const certifications = list(env, 'CERTIFICATIONS')
   const purposes = list(env, 'PURPOSES')
-  const labels = parseLabels(env)
+  const { labels, digest: labelDigest } = readLabelSetting(env)
 
   const nextStep = token(env, 'NEXT_STEP', { fallback: null })
   const egress = egressUrl(env)
@@ -326,6 +352,7 @@ export function parseConfig (env = process.env) {
     certifications,
     purposes,
     labels,
+    labelDigest,
     nextStep,
     egressUrl: egress ?? null,
     host,

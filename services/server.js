@@ -1,13 +1,13 @@
 // The process of one service instance: configuration from the environment,
 // listen, and a graceful shutdown on SIGTERM/SIGINT (stop accepting, answer
 // the requests in flight, close the keep-alive pool, flush the audit log,
-// exit 0).
+// exit 0). On SIGHUP it reads its labels again (COMPLYROUTE_LABELS_FILE).
 //
 // Importing this module starts nothing; running it (`node server.js`) does.
 
 import { pathToFileURL } from 'node:url'
 import { buildApp } from './app.js'
-import { ConfigError, parseConfig } from './config.js'
+import { ConfigError, parseConfig, readLabelSetting } from './config.js'
 
 // The one configuration parser, re-exported (the tests check it is the same).
 export { parseConfig }
@@ -62,6 +62,30 @@ export function handleSignals (fastify, { graceMs = SHUTDOWN_GRACE_MS, exit = pr
   return onSignal
 }
 
+/**
+ * On SIGHUP, read the label setting again (config.js readLabelSetting: the file
+ * COMPLYROUTE_LABELS_FILE names, as the control plane rewrote it) and apply it to the records
+ * that arrive from then on; GET /health reports its digest. A setting that does not parse is
+ * logged and the labels in effect stay. A signal rather than a watch on the file: the control
+ * plane says when the file is whole, and a watch would cost each instance an inotify instance
+ * of the user's (128 by default), which the Envoys' watched folders use too.
+ */
+export function handleLabelReload (fastify, env = process.env) {
+  const onSignal = () => {
+    let setting
+    try {
+      setting = readLabelSetting(env)
+    } catch (err) {
+      fastify.log.error({ err: err.message }, 'labels not read again: the labels in effect stay')
+      return
+    }
+    fastify.setLabels(setting)
+    fastify.log.info({ labels: setting.labels.map((label) => label.name), digest: setting.digest }, 'labels read again')
+  }
+  process.on('SIGHUP', onSignal)
+  return onSignal
+}
+
 async function main () {
   let fastify
   try {
@@ -75,6 +99,7 @@ async function main () {
     process.exit(1)
   }
   handleSignals(fastify)
+  handleLabelReload(fastify)
   const fatal = (err) => {
     fastify.log.fatal({ err }, 'uncaught error: exiting')
     process.exit(1)

@@ -33,7 +33,7 @@ def state_of(plan) -> dict:
             {"name": p.name, "node": p.node, "senders": [d.sender for d in p.deciding], "destinations": sorted(p.destinations)}
             for p in plan.points
         ],
-        "parts": [{"name": s.instance.id, "env": s.environment({}, f"audit/{s.instance.id}.jsonl", "[]")} for s in plan.services],
+        "parts": [{"name": s.instance.id, "env": s.environment({}, f"audit/{s.instance.id}.jsonl", {})} for s in plan.services],
     }
 
 

@@ -121,16 +121,16 @@ def test_baseline_decides_nothing_and_chains_services_directly():
 
 def test_a_manifests_work_iterations_reach_every_service_allowed():
     p = place(manifest.load("sidecar", services=3))  # workload.work_iterations: 100
-    assert [s.environment(p.topology.workload, "a.jsonl", "[]")["WORK_ITERATIONS"] for s in p.services] == ["100"] * 3
+    assert [s.environment(p.topology.workload, "a.jsonl", {})["WORK_ITERATIONS"] for s in p.services] == ["100"] * 3
     other = place(manifest.load("sidecar", services=3, overrides={"workload": {"work_iterations": 7}}))
-    assert {s.environment(other.topology.workload, "a.jsonl", "[]")["WORK_ITERATIONS"] for s in other.services} == {"7"}
+    assert {s.environment(other.topology.workload, "a.jsonl", {})["WORK_ITERATIONS"] for s in other.services} == {"7"}
 
 
 def test_without_work_iterations_the_service_keeps_its_own_default_denied():
     """The default is defined once, by the service (services/config.js): the control plane sets none."""
     p = place(manifest.load("sidecar", services=3, overrides={"workload": {}}))
     assert "work_iterations" not in p.topology.workload
-    assert not any("WORK_ITERATIONS" in s.environment(p.topology.workload, "a.jsonl", "[]") for s in p.services)
+    assert not any("WORK_ITERATIONS" in s.environment(p.topology.workload, "a.jsonl", {}) for s in p.services)
 
 
 def test_placement_tags_each_point_with_its_role_and_group():

@@ -23,6 +23,8 @@ whose misses fall through to the decision route.
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import json
 
 from complyroute.policy.labels import Label
@@ -327,3 +329,30 @@ def envoy_config(point: EnforcementPoint, engine: dict, matchers: dict[str, dict
         "admin": {"address": _socket(point.admin)},
         "static_resources": {"listeners": listeners, "clusters": clusters},
     }
+
+
+LISTENER = "type.googleapis.com/envoy.config.listener.v3.Listener"
+LISTENERS_FILE = "listeners.json"
+
+
+def split_listeners(envoy: dict, folder: str) -> tuple[dict, dict[str, str], str]:
+    """Every listener of the bootstrap `envoy` into one file Envoy reads from `folder` (LDS from
+    the filesystem, as split_routes does for routes): returns the bootstrap, which names the file
+    instead, the file (LISTENERS_FILE: a compact JSON discovery response) and its version (a
+    digest of the listeners, so a changed listener has a new one). `envoy` is left as it is.
+
+    What a deciding listener filters depends on the rule set's labels (label_bound,
+    claim_to_headers): from a file, a reload that adds a label rewrites it, and Envoy updates the
+    listeners whose content changed in place (the same socket; connections opened before are
+    drained: each is closed after its next answer), without a restart. Every listener goes,
+    the readiness one with them: a point is ready only once its listeners file was taken.
+    """
+    bootstrap = copy.deepcopy(envoy)
+    resources = [{"@type": LISTENER, **listener} for listener in bootstrap["static_resources"].pop("listeners")]
+    version = hashlib.sha256(json.dumps(resources, sort_keys=True).encode()).hexdigest()[:16]
+    bootstrap["dynamic_resources"] = {"lds_config": {
+        "path_config_source": {"path": f"{folder}/{LISTENERS_FILE}", "watched_directory": {"path": folder}},
+        "resource_api_version": "V3",
+    }}
+    content = json.dumps({"version_info": version, "resources": resources}, separators=(",", ":"))
+    return bootstrap, {LISTENERS_FILE: content}, version

@@ -205,9 +205,11 @@ class ServiceProcess:
     def health_url(self) -> str:
         return f"{self.endpoint.url}/health"
 
-    def environment(self, workload: dict, audit_log: str, labels: str) -> dict[str, str]:
+    def environment(self, workload: dict, audit_log: str, labels: dict[str, str]) -> dict[str, str]:
         """The service's configuration (services/config.js reads it), for any way of running it.
-        `labels`: the rule set's labels as services take them (labels.service_setting)."""
+        `labels`: the variable telling it the rule set's labels (labels.service_setting): the
+        setting itself, COMPLYROUTE_LABELS, or a file holding it, COMPLYROUTE_LABELS_FILE, which
+        the service reads again on SIGHUP (a local deployment's reload adds labels so)."""
         instance = self.instance
         return {
             "INSTANCE_ID": instance.id,
@@ -221,7 +223,7 @@ class ServiceProcess:
             "HOST": self.endpoint.address,
             "PORT": str(self.endpoint.port),
             "AUDIT_LOG": audit_log,
-            "COMPLYROUTE_LABELS": labels,
+            **labels,
             # Unset in the manifest: the service's own default (services/config.js), defined there only.
             **({"WORK_ITERATIONS": str(workload["work_iterations"])} if "work_iterations" in workload else {}),
         }

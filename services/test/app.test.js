@@ -460,11 +460,12 @@ test('unknown routes and methods answer 404 JSON NOT_FOUND', async (t) => {
   }
 })
 
-test('GET /health answers 200 {status, instance, step}', async (t) => {
+test('GET /health answers 200 {status, instance, step, labels}: labels, the digest of the label setting in effect', async (t) => {
   const { app } = setup(t, MIDDLE)
   const res = await app.inject({ method: 'GET', url: '/health' })
   assert.equal(res.statusCode, 200)
-  assert.deepEqual(res.json(), { status: 'ok', instance: 'analyse-eu', step: 'analyse' })
+  const digest = `sha256:${createHash('sha256').update(LABELS_ENV.COMPLYROUTE_LABELS).digest('hex')}`
+  assert.deepEqual(res.json(), { status: 'ok', instance: 'analyse-eu', step: 'analyse', labels: digest })
 })
 
 // ---------------------------------------------------------------- audit
@@ -861,10 +862,55 @@ test('no label is built in: a schema of one optional label requires none of the 
   assert.deepEqual(calls[1].headers, { 'content-type': 'application/json', 'x-tier': 'gold', 'x-request-id': 'r-f5', 'x-complyroute-step': 'store' })
 })
 
+// ---------------------------------------------------------------- labels given while running
+
+const FOUR_SETTING = Object.freeze({ labels: FOUR_LABELS, digest: 'sha256:four' })
+
+test('setLabels: a label added while running is required, logged and sent on from the next record; /health reports its setting', async (t) => {
+  const { app, calls, lines } = setup(t, MIDDLE)
+  assert.equal((await post(app, { headers: { ...FOUR, 'x-request-id': 'r-s1' } })).statusCode, 200)
+  app.setLabels(FOUR_SETTING)
+  assert.equal((await app.inject({ method: 'GET', url: '/health' })).json().labels, 'sha256:four')
+  assert.equal((await post(app, { headers: { ...FOUR, 'x-request-id': 'r-s2' } })).statusCode, 200)
+  // Refused twin: the same record without the new label, now required.
+  const refused = await post(app, { headers: { ...LABELS, 'x-request-id': 'r-s3' } })
+  assert.equal(refused.statusCode, 400)
+  assert.equal(refused.json().message, 'missing label header: x-data-classification')
+  assert.deepEqual(calls.map((call) => call.headers['x-data-classification']), [undefined, 'secret'])
+  assert.deepEqual(lines.map((line) => line.labels.classification), [undefined, 'secret'])
+})
+
+test('setLabels: a record that arrived before keeps the labels it arrived under, to its answer', async (t) => {
+  let release
+  const held = new Promise((resolve) => { release = resolve })
+  const lines = []
+  const { app, calls } = setup(t, MIDDLE, { audit: { async write (entry) { lines.push(entry); if (entry.request_id === 'r-h1') await held } } })
+  const first = post(app, { headers: { ...FOUR, 'x-request-id': 'r-h1' } })
+  while (lines.length === 0) await new Promise((resolve) => setImmediate(resolve))
+  app.setLabels(FOUR_SETTING)
+  const second = await post(app, { headers: { ...FOUR, 'x-request-id': 'r-h2' } })
+  release()
+  assert.equal((await first).statusCode, 200)
+  assert.equal(second.statusCode, 200)
+  // The held record: logged and sent on under the labels it arrived under; the next one under the new.
+  const byId = Object.fromEntries(calls.map((call) => [call.headers['x-request-id'], call.headers]))
+  assert.equal('x-data-classification' in byId['r-h1'], false)
+  assert.equal(byId['r-h2']['x-data-classification'], 'secret')
+  assert.deepEqual(lines.map((line) => [line.request_id, 'classification' in line.labels]), [['r-h1', false], ['r-h2', true]])
+})
+
+test('setLabels refused twin: no labels is refused and the labels in effect stay', async (t) => {
+  const { app } = setup(t, MIDDLE)
+  await app.ready()
+  for (const labels of [undefined, []]) assert.throws(() => app.setLabels({ labels, digest: 'sha256:none' }), /the labels .* are required/)
+  assert.equal((await post(app)).statusCode, 200)
+  assert.equal((await post(app, { headers: without(LABELS, 'x-data-region') })).statusCode, 400)
+})
+
 test('the app refuses a configuration without labels', async () => {
   for (const labels of [undefined, []]) {
     const app = buildApp({ ...LAST, labels }, { audit: { async write () {} }, logger: false })
-    await assert.rejects(app.ready(), /config\.labels \(COMPLYROUTE_LABELS\) is required/)
+    await assert.rejects(app.ready(), /the labels \(COMPLYROUTE_LABELS, config\.labels\) are required/)
     await app.close().catch(() => {})
   }
 })

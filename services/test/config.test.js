@@ -1,8 +1,10 @@
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
-import { readFileSync, writeFileSync } from 'node:fs'
+import { createHash } from 'node:crypto'
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
 import { join } from 'node:path'
-import { ConfigError, DEFAULTS, parseConfig } from '../config.js'
+import { ConfigError, DEFAULTS, parseConfig, readLabelSetting } from '../config.js'
 import { LABELS_ENV, SHIPPED_LABELS } from '../test-support/labels.js'
 import { NO_OPENSSL, testPki, tlsEnv } from '../test-support/pki.js'
 
@@ -270,4 +272,36 @@ test('COMPLYROUTE_LABELS refused twins: an invalid name, header or required, a n
   for (const bad of ['true', 1, null]) refused(labels([{ ...CATEGORY, required: bad }]), name, /label category: invalid required .*expected true or false/)
   refused(labels([CATEGORY, { ...CATEGORY, header: 'x-category' }]), name, /label category is declared twice \(labels 0 and 1\)/)
   refused(labels([CATEGORY, { ...CATEGORY, name: 'kind' }]), name, /label kind: header x-data-category is label category's header too/)
+})
+
+test('COMPLYROUTE_LABELS_FILE: the labels from the file it names, with the digest of its text; read again by readLabelSetting', (t) => {
+  const folder = mkdtempSync(join(tmpdir(), 'labels-'))
+  t.after(() => rmSync(folder, { recursive: true, force: true }))
+  const file = join(folder, 'labels.json')
+  const text = JSON.stringify(SHIPPED_LABELS)
+  writeFileSync(file, text)
+  const env = { ...BASE, COMPLYROUTE_LABELS: undefined, COMPLYROUTE_LABELS_FILE: file }
+  const config = parseConfig(env)
+  assert.deepEqual(config.labels, SHIPPED_LABELS)
+  assert.equal(config.labelDigest, `sha256:${createHash('sha256').update(text).digest('hex')}`)
+  const added = JSON.stringify([...SHIPPED_LABELS, { name: 'sensitivity', header: 'x-data-sensitivity', required: false }])
+  writeFileSync(file, added)
+  assert.deepEqual(readLabelSetting(env).labels.map((label) => label.name), ['category', 'consent', 'region', 'sensitivity'])
+  assert.equal(readLabelSetting(env).digest, `sha256:${createHash('sha256').update(added).digest('hex')}`)
+})
+
+test('COMPLYROUTE_LABELS_FILE refused twins: set with COMPLYROUTE_LABELS, unreadable, empty or not a label setting, naming the file', (t) => {
+  const folder = mkdtempSync(join(tmpdir(), 'labels-'))
+  t.after(() => rmSync(folder, { recursive: true, force: true }))
+  const file = join(folder, 'labels.json')
+  const name = 'COMPLYROUTE_LABELS_FILE'
+  writeFileSync(file, JSON.stringify(SHIPPED_LABELS))
+  refused({ ...BASE, [name]: file }, name, /is set and so is COMPLYROUTE_LABELS: set one of them/)
+  const env = { ...BASE, COMPLYROUTE_LABELS: undefined, [name]: file }
+  refused({ ...env, [name]: join(folder, 'missing.json') }, name, /cannot read ".*missing\.json": ENOENT/)
+  for (const [text, pattern] of [['', /labels\.json": is required/], ['[', /labels\.json": is not JSON/], ['[]', /at least one label/],
+    [JSON.stringify([{ ...CATEGORY, header: 'x-request-id' }]), /labels\.json": label category: invalid header/]]) {
+    writeFileSync(file, text)
+    refused(env, name, pattern)
+  }
 })

@@ -2,10 +2,14 @@
 // 127.0.0.1 (port 0) with certificates made by openssl, and talk to them over real TLS.
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
+import { createHash } from 'node:crypto'
+import { mkdtempSync, renameSync, rmSync, writeFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
 import { Client } from 'undici'
 import * as config from '../config.js'
 import * as server from '../server.js'
-import { LABELS_ENV } from '../test-support/labels.js'
+import { LABELS_ENV, SHIPPED_LABELS } from '../test-support/labels.js'
 import { NO_OPENSSL, testPki, tlsClient, tlsEnv } from '../test-support/pki.js'
 
 test('server.js reuses config.js\'s parser (one parser, no duplicate)', () => {
@@ -196,4 +200,57 @@ test('mutual TLS chain: a step sends on only to a next hop presenting EGRESS_IDE
   assert.equal(refused.body.code, 'PEER_NOT_ALLOWED')
   assert.match(refused.body.message, /peer spiffe:\/\/complyroute\/service\/svc-04\)$/)
   assert.equal(last.lines.length, 1)
+})
+
+// ---------------------------------------------------------------- labels read again on SIGHUP
+
+const sha256 = (text) => `sha256:${createHash('sha256').update(text).digest('hex')}`
+
+test('SIGHUP: the instance reads COMPLYROUTE_LABELS_FILE again; a label added there is required and reported by /health', async (t) => {
+  const folder = mkdtempSync(join(tmpdir(), 'labels-'))
+  t.after(() => rmSync(folder, { recursive: true, force: true }))
+  const file = join(folder, 'labels.json')
+  const shipped = JSON.stringify(SHIPPED_LABELS)
+  writeFileSync(file, shipped)
+  const fastify = await server.start({ INSTANCE_ID: 'a', STEP: 'a', REGION: 'EU', NODE: 'n', PORT: '0', LOG_LEVEL: 'silent', AUDIT_LOG: join(folder, 'a.jsonl'), COMPLYROUTE_LABELS_FILE: file })
+  const reload = server.handleLabelReload(fastify, { COMPLYROUTE_LABELS_FILE: file })
+  t.after(() => { process.removeListener('SIGHUP', reload); return fastify.close() })
+  const health = async () => (await fastify.inject({ method: 'GET', url: '/health' })).json().labels
+  const record = (headers) => fastify.inject({ method: 'POST', url: '/process', headers: { 'content-type': 'application/json', ...headers }, payload: '{}' })
+  const shippedHeaders = { 'x-data-category': 'personal', 'x-data-region': 'EU' }
+  assert.equal(await health(), sha256(shipped))
+  assert.equal((await record(shippedHeaders)).statusCode, 200)
+
+  // Written as the control plane writes it (a rename), then the signal, as supervisord sends it.
+  const added = JSON.stringify([...SHIPPED_LABELS, { name: 'sensitivity', header: 'x-data-sensitivity', required: true }])
+  writeFileSync(join(folder, '.labels.json.partial'), added)
+  renameSync(join(folder, '.labels.json.partial'), file)
+  assert.equal(await health(), sha256(shipped)) // not before the signal
+  process.kill(process.pid, 'SIGHUP')
+  while (await health() !== sha256(added)) await new Promise((resolve) => setTimeout(resolve, 5))
+  assert.equal((await record({ ...shippedHeaders, 'x-data-sensitivity': 'high' })).statusCode, 200)
+  // Refused twin: the record that passed before lacks the label now required.
+  const refused = await record(shippedHeaders)
+  assert.equal(refused.statusCode, 400)
+  assert.equal(refused.json().message, 'missing label header: x-data-sensitivity')
+})
+
+test('SIGHUP refused twin: a labels file that does not parse (or is gone) leaves the labels in effect', async (t) => {
+  const folder = mkdtempSync(join(tmpdir(), 'labels-'))
+  t.after(() => rmSync(folder, { recursive: true, force: true }))
+  const file = join(folder, 'labels.json')
+  writeFileSync(file, JSON.stringify(SHIPPED_LABELS))
+  const fastify = await server.start({ INSTANCE_ID: 'a', STEP: 'a', REGION: 'EU', NODE: 'n', PORT: '0', LOG_LEVEL: 'silent', AUDIT_LOG: join(folder, 'a.jsonl'), COMPLYROUTE_LABELS_FILE: file })
+  const logged = []
+  const reload = server.handleLabelReload({ setLabels: (setting) => fastify.setLabels(setting), log: { error: (entry, message) => logged.push(message) } },
+    { COMPLYROUTE_LABELS_FILE: file })
+  t.after(() => { process.removeListener('SIGHUP', reload); return fastify.close() })
+  const before = (await fastify.inject({ method: 'GET', url: '/health' })).json().labels
+  for (const broken of ['[{"name":"sensitivity"', '[]', null]) {
+    if (broken === null) rmSync(file)
+    else writeFileSync(file, broken)
+    reload()
+    assert.equal((await fastify.inject({ method: 'GET', url: '/health' })).json().labels, before)
+  }
+  assert.deepEqual(logged, Array(3).fill('labels not read again: the labels in effect stay'))
 })

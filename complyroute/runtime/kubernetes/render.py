@@ -582,7 +582,7 @@ class Renderer:
     def service_instance(self, process, sidecar: EnforcementPoint | None) -> None:
         instance = process.instance
         env = process.environment(self.topology.workload, f"{AUDIT_DIR}/{instance.id}.jsonl",
-                                  label_schema.service_setting(label_schema.schema(self.policies)))
+                                  {"COMPLYROUTE_LABELS": label_schema.service_setting(label_schema.schema(self.policies))})
         mounts = [{"name": "audit", "mountPath": AUDIT_DIR}]
         volumes = [{"name": "audit", "emptyDir": {}}]
         if self.trust:

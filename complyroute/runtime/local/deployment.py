@@ -53,6 +53,12 @@ def start_part(name: str, state: dict | None = None) -> None:
     supervisor(state).supervisor.startProcess(f"{GROUP}:{state['supervisor']['programs'][name]}", True)
 
 
+def signal_part(name: str, signal_name: str, state: dict | None = None) -> None:
+    """Send a running part a signal ("HUP": a service reads its labels again) through supervisord."""
+    state = state or read_state()
+    supervisor(state).supervisor.signalProcess(f"{GROUP}:{state['supervisor']['programs'][name]}", signal_name)
+
+
 def read_state(run_dir: Path | None = None) -> dict | None:
     state_file = (run_dir or CURRENT) / "state.json"
     if not state_file.exists():

@@ -20,6 +20,7 @@ import yaml
 from complyroute import engines
 from complyroute.policy import bundles, labels, policyfiles
 from complyroute.policy.policyfiles import OPA, POLICIES, SYSTEM_POLICIES
+from complyroute.proxy.envoy import LISTENERS_FILE, split_listeners
 from complyroute.proxy.opa import BundleSource, bundle_config, write_data
 from complyroute.proxy.routes import rule_set_routes, split_routes
 from complyroute.topology.manifest import REPO
@@ -29,9 +30,12 @@ from complyroute.trust import identity, pki
 # Node.js 24 as `make setup` installs it from the npm registry (tools/node/package.json).
 NODE = REPO / "tools" / "node" / "node_modules" / ".bin" / "node"
 SERVICE_SERVER = REPO / "services" / "server.js"
-# In a run folder: the points' bundles, each point's route configurations, what a reload reads.
+# In a run folder: the points' bundles, each point's route configurations and listeners, the
+# labels every service takes (COMPLYROUTE_LABELS_FILE), what a reload reads.
 BUNDLES = "bundles"
 ROUTES = "routes"
+LISTENERS = "listeners"
+LABEL_SETTING = "labels.json"
 RENDERED = "rendered.pickle"
 
 
@@ -72,8 +76,9 @@ def node_binary() -> str:
 
 
 def write_routes(folder: Path, routes: dict[str, str]) -> list[str]:
-    """Write a point's route configurations (routes.split_routes) into `folder`, each by a
-    rename (Envoy reads a file moved into the folder it watches); the names of those that changed."""
+    """Write a point's route configurations (routes.split_routes) or listeners (point_listeners)
+    into `folder`, each by a rename (Envoy reads a file moved into the folder it watches; a
+    service reads its label setting whole); the names of those that changed."""
     folder.mkdir(parents=True, exist_ok=True)
     changed = []
     for name, content in routes.items():
@@ -93,6 +98,30 @@ def point_routes(envoy: dict, folder: Path, revision: str) -> tuple[dict, dict[s
     return split_routes(envoy, str(folder / ROUTES), revision, rule_set_routes(envoy))
 
 
+def point_listeners(point: EnforcementPoint, bootstrap: dict, folder: Path) -> tuple[dict, dict[str, str], str | None]:
+    """A point's bootstrap and the listener file a reload that changes the labels rewrites, with
+    its version (envoy.split_listeners): for a point with deciding listeners, whose filters
+    follow the label schema; a point without keeps its listeners in the bootstrap (None)."""
+    if not point.deciding:
+        return bootstrap, {}, None
+    return split_listeners(bootstrap, str(folder / LISTENERS))
+
+
+def envoy_listeners(folder: Path) -> list[dict]:
+    """The listeners a point's Envoy was given, from its folder: the bootstrap's and its listener file's."""
+    listeners = json.loads((folder / "envoy.json").read_text())["static_resources"].get("listeners", [])
+    lds = folder / LISTENERS / LISTENERS_FILE
+    if lds.exists():
+        listeners += json.loads(lds.read_text())["resources"]
+    return listeners
+
+
+def write_label_setting(run_dir: Path, setting: str) -> bool:
+    """The labels every service of the run takes (labels.service_setting) into its file, by a
+    rename; whether it changed."""
+    return bool(write_routes(run_dir, {LABEL_SETTING: setting}))
+
+
 def point_parts(point: EnforcementPoint, config: engines.PointConfig, folder: Path, logs: Path, revision: str,
                 bundle_source: BundleSource, opa_disk_data: dict) -> list[Part]:
     """Write one enforcement point's configuration into `folder`; its OPA (if any) and its Envoy.
@@ -107,6 +136,8 @@ def point_parts(point: EnforcementPoint, config: engines.PointConfig, folder: Pa
         os.chmod(private, 0o700)
     bootstrap, routes = point_routes(config.envoy, folder, revision)
     write_routes(folder / ROUTES, routes)
+    bootstrap, listeners, _ = point_listeners(point, bootstrap, folder)
+    write_routes(folder / LISTENERS, listeners)
     # JSON, not YAML: a compiled route configuration can be large, and Envoy parses JSON faster.
     (folder / "envoy.json").write_text(json.dumps(bootstrap, indent=1))
     parts = []
@@ -136,6 +167,9 @@ def point_parts(point: EnforcementPoint, config: engines.PointConfig, folder: Pa
                 envoy_binary(), "-c", str(folder / "envoy.json"), "--concurrency", str(point.concurrency),
                 # No hot restart, so no shared memory: many Envoys coexist without --base-id.
                 "--disable-hot-restart", "--log-level", "warn",
+                # A listener replaced through its file (a reload adding a label) closes each
+                # connection opened before after its next answer, not gradually over minutes.
+                "--drain-strategy", "immediate",
             ],
             env={},
             health_url=point.envoy_ready_url,
@@ -164,9 +198,10 @@ def bundle_server_part(folder: Path, endpoint: Endpoint, node: str, logs: Path, 
     )
 
 
-def service_part(service: ServiceProcess, workload: dict, audit_log: Path, logs: Path, label_setting: str,
+def service_part(service: ServiceProcess, workload: dict, audit_log: Path, logs: Path, label_setting: dict[str, str],
                  trust: identity.ServiceTrust | None = None, control: identity.TlsFiles | None = None) -> Part:
-    """A service instance's process; `label_setting`: the rule set's labels (labels.service_setting)."""
+    """A service instance's process; `label_setting`: the variable telling it the rule set's
+    labels (ServiceProcess.environment)."""
     instance = service.instance
     env = service.environment(workload, str(audit_log), label_setting)
     health_url = service.health_url
@@ -212,7 +247,7 @@ def render(plan: Plan, run_dir: Path, policies: Path = POLICIES) -> list[Part]:
         point_trust = {p.name: trust.point(p, files[identity.point_identity(p)], credentials.token_jwks) for p in plan.points}
     configs = engines.configure(engine["kind"], plan.points, engine, policies, point_trust)
     schema = labels.schema(policies)
-    label_setting = labels.service_setting(schema)
+    write_label_setting(run_dir, labels.service_setting(schema))
     revision = bundles.write(run_dir / BUNDLES, {name: config.data for name, config in configs.items() if config.opa is not None},
                              policies, archive=run_dir / bundles.REVISIONS)
     logs, audit = run_dir / "logs", run_dir / "audit"
@@ -232,7 +267,8 @@ def render(plan: Plan, run_dir: Path, policies: Path = POLICIES) -> list[Part]:
         parts += point_parts(point, configs[point.name], run_dir / "points" / point.name, logs, revision, source, disk_data)
     for service in plan.services:
         service_trust = trust.service(service, files[identity.service_identity(service)]) if trust else None
-        parts.append(service_part(service, plan.topology.workload, audit / f"{service.instance.id}.jsonl", logs, label_setting,
+        parts.append(service_part(service, plan.topology.workload, audit / f"{service.instance.id}.jsonl", logs,
+                                  {"COMPLYROUTE_LABELS_FILE": str(run_dir / LABEL_SETTING)},
                                   service_trust, files[pki.CONTROL] if trust else None))
     update_rendered(run_dir, Rendered(plan, point_trust, revision, schema), revision)
     return parts
@@ -248,11 +284,12 @@ def run_labels(run_dir: Path) -> tuple[labels.Label, ...]:
     return schema or labels.schema(POLICIES)
 
 
-def update_rendered(run_dir: Path, rendered: Rendered, revision: str) -> None:
-    """Record the revision a reload applied, for the next reload."""
+def update_rendered(run_dir: Path, rendered: Rendered, revision: str, schema: tuple[labels.Label, ...] | None = None) -> None:
+    """Record the revision a reload applied (and the labels, when it changed them), for the next
+    reload and the run's trace and audit."""
     partial = run_dir / f".{RENDERED}.partial"
     partial.touch(mode=0o600)
-    partial.write_bytes(pickle.dumps(dataclasses.replace(rendered, revision=revision)))
+    partial.write_bytes(pickle.dumps(dataclasses.replace(rendered, revision=revision, label_schema=schema or rendered.label_schema)))
     os.replace(partial, run_dir / RENDERED)
 
 

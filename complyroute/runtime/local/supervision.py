@@ -6,6 +6,7 @@ its health check (healthy), its process (alive)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -192,6 +193,16 @@ def control_context(tls: identity.TlsFiles | dict) -> ssl.SSLContext:
     context.check_hostname = False
     context.load_cert_chain(files.cert, files.key)
     return context
+
+
+def health_answer(url: str, timeout: float = 1.0, tls: identity.TlsFiles | dict | None = None) -> dict | None:
+    """The JSON a service's health check answers 200 with (services/app.js: its labels' digest
+    too); None when it does not."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout, context=control_context(tls) if tls else None) as answer:
+            return json.loads(answer.read()) if answer.status == 200 else None
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
 
 
 def healthy(url: str, timeout: float = 1.0, tls: identity.TlsFiles | dict | None = None) -> bool:

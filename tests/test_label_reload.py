@@ -1,0 +1,213 @@
+"""A label added to a running local deployment (reload.apply_label_schema): the deciding points'
+listeners in a file Envoy reads (LDS from the filesystem), the services' label setting in steps,
+and the label changes a reload refuses. The parts' side runs for real in tests/e2e/test_reload_e2e.py."""
+
+import dataclasses
+import hashlib
+import io
+import json
+
+import pytest
+
+from complyroute.policy import labels
+from complyroute.policy.policyfiles import POLICIES
+from complyroute.proxy.envoy import LISTENER, LISTENERS_FILE, envoy_config
+from complyroute.runtime.local import reload, rendering
+from complyroute.topology import manifest
+from complyroute.topology.plan import place
+
+from tests.relabel import rule_set_with_label
+
+SHIPPED = labels.schema(POLICIES)
+
+
+@pytest.fixture(scope="module")
+def with_sensitivity(tmp_path_factory):
+    return labels.schema(rule_set_with_label(tmp_path_factory.mktemp("sensitivity")))
+
+
+def plan():
+    return place(manifest.load("topologies/examples/mixed-regions.yaml"))
+
+
+def point(p, name):
+    return next(x for x in p.points if x.name == name)
+
+
+def listener_file(sidecar, schema, folder):
+    """A point's bootstrap, its listener files and their version, as a deploy writes them."""
+    return rendering.point_listeners(sidecar, envoy_config(sidecar, {}, labels=schema), folder)
+
+
+def test_a_deciding_point_s_listeners_go_to_a_file_its_bootstrap_names_allowed(tmp_path):
+    sidecar = point(plan(), "sidecar-ingest-eu")
+    config = envoy_config(sidecar, {}, labels=SHIPPED)
+    bootstrap, files, version = rendering.point_listeners(sidecar, config, tmp_path)
+    assert "listeners" not in bootstrap["static_resources"] and bootstrap["static_resources"]["clusters"] == config["static_resources"]["clusters"]
+    lds = bootstrap["dynamic_resources"]["lds_config"]["path_config_source"]
+    assert lds == {"path": f"{tmp_path / rendering.LISTENERS}/{LISTENERS_FILE}", "watched_directory": {"path": str(tmp_path / rendering.LISTENERS)}}
+    response = json.loads(files[LISTENERS_FILE])
+    assert response["version_info"] == version
+    # Every listener, the readiness one too (ready only once the file was taken), as they were.
+    assert [{k: v for k, v in r.items() if k != "@type"} for r in response["resources"]] == config["static_resources"]["listeners"]
+    assert {r["@type"] for r in response["resources"]} == {LISTENER}
+    assert "listeners" in config["static_resources"]  # the configuration given is left as it is
+
+
+def test_a_point_that_decides_nothing_keeps_its_listeners_in_its_bootstrap_denied(tmp_path):
+    store = point(plan(), "sidecar-store-eu")
+    config = envoy_config(store, {}, labels=SHIPPED)
+    assert rendering.point_listeners(store, config, tmp_path) == (config, {}, None)
+
+
+def test_an_added_label_changes_the_deciding_listener_and_the_version_allowed(tmp_path, with_sensitivity):
+    sidecar = point(plan(), "sidecar-ingest-eu")
+    _, before, old = listener_file(sidecar, SHIPPED, tmp_path)
+    bootstrap, after, new = listener_file(sidecar, with_sensitivity, tmp_path)
+    assert new != old
+    by_name = {side: {r["name"]: r for r in json.loads(files[LISTENERS_FILE])["resources"]} for side, files in (("before", before), ("after", after))}
+    changed = sorted(name for name in by_name["after"] if by_name["after"][name] != by_name["before"][name])
+    assert changed == ["egress"]  # the ingress (forwarding) and readiness listeners stay: Envoy leaves them be
+    assert "x-data-sensitivity" in json.dumps(by_name["after"]["egress"]) and "x-data-sensitivity" not in json.dumps(by_name["before"]["egress"])
+    # Its twin: the same labels again, the same file and version (a reload that changes no label rewrites nothing).
+    assert listener_file(sidecar, with_sensitivity, tmp_path) == (bootstrap, after, new)
+    assert bootstrap == listener_file(sidecar, SHIPPED, tmp_path)[0]  # the bootstrap does not depend on the labels
+
+
+def deployed(tmp_path, schema=SHIPPED, lds=True) -> rendering.Rendered:
+    p = plan()
+    if lds:
+        for x in p.points:
+            if x.deciding:
+                (tmp_path / "points" / x.name / rendering.LISTENERS).mkdir(parents=True)
+                (tmp_path / "points" / x.name / rendering.LISTENERS / LISTENERS_FILE).write_text("{}")
+    return rendering.Rendered(p, {}, "r1", schema)
+
+
+def relabelled(**changes):
+    """The shipped labels with one label's fields changed: {name: {field: value}} (None: removed)."""
+    by_name = {label.name: label for label in SHIPPED}
+    return tuple(dataclasses.replace(label, **changes.get(name, {})) for name, label in by_name.items() if name not in changes or changes[name] is not None)
+
+
+def test_a_reload_may_add_labels_or_change_what_the_rules_know_of_one_allowed(tmp_path, with_sensitivity):
+    rendered = deployed(tmp_path)
+    reload.check_label_change(tmp_path, rendered, with_sensitivity, POLICIES)  # an added label
+    reload.check_label_change(tmp_path, rendered, with_sensitivity[:-1] + (dataclasses.replace(with_sensitivity[-1], required=True),), POLICIES)
+    reload.check_label_change(tmp_path, rendered, relabelled(region={"values": "adequacy"}, consent={"required": True}), POLICIES)
+    reload.check_label_change(tmp_path, rendered, SHIPPED, POLICIES)
+
+
+@pytest.mark.parametrize("schema, refusal", [
+    (relabelled(consent=None), "removes consent"),
+    (relabelled(region={"header": "x-subject-region"}), "changes the header of region"),
+    (relabelled(consent=None, region={"header": "x-subject-region"}), "removes consent and changes the header of region"),
+])
+def test_a_reload_that_removes_a_label_or_moves_its_header_is_refused_denied(tmp_path, schema, refusal):
+    with pytest.raises(reload.ReloadError, match=rf"{refusal}: a reload adds labels .* nothing was changed, deploy again"):
+        reload.check_label_change(tmp_path, deployed(tmp_path), schema, POLICIES)
+
+
+def test_a_label_change_for_a_deployment_started_with_static_listeners_is_refused_denied(tmp_path, with_sensitivity):
+    with pytest.raises(reload.ReloadError, match=r"the Envoys of entry, sidecar-.* were started with their listeners in their bootstrap.*deploy again"):
+        reload.check_label_change(tmp_path, deployed(tmp_path, lds=False), with_sensitivity, POLICIES)
+    with pytest.raises(reload.ReloadError, match="a deployment that does not record them"):
+        reload.check_label_change(tmp_path, deployed(tmp_path, schema=()), with_sensitivity, POLICIES)
+    reload.check_label_change(tmp_path, deployed(tmp_path / "other", lds=False), SHIPPED, POLICIES)  # no change, no refusal
+
+
+def test_a_new_label_is_first_given_to_the_services_as_optional_then_required(with_sensitivity):
+    required = with_sensitivity[:-1] + (dataclasses.replace(with_sensitivity[-1], required=True),)
+    on_the_way = json.loads(reload._setting(required, SHIPPED))
+    assert {label["name"]: label["required"] for label in on_the_way} == {"category": True, "consent": False, "region": True, "sensitivity": False}
+    assert reload._setting(required, required) == labels.service_setting(required)  # once the rules require it
+    # An existing label newly required: optional on the way too; one required before stays so.
+    assert json.loads(reload._setting(relabelled(consent={"required": True}), SHIPPED)) == json.loads(labels.service_setting(SHIPPED))
+
+
+class FakeServices:
+    """The services of a state as the control plane sees them: signalled, then asked /health."""
+
+    def __init__(self, run_dir, monkeypatch, take=True):
+        self.run_dir, self.take, self.signalled, self.setting = run_dir, take, [], None
+        monkeypatch.setattr(reload.deployment, "signal_part", self.signal)
+        monkeypatch.setattr(reload.supervision, "health_answer", self.health)
+        monkeypatch.setattr(reload, "POLL_INTERVAL", 0.01)
+
+    def signal(self, name, signal_name, state):
+        self.signalled.append((name, signal_name))
+        if self.take:
+            self.setting = (self.run_dir / rendering.LABEL_SETTING).read_text()
+
+    def health(self, url, tls=None):
+        return {"labels": "sha256:" + hashlib.sha256(self.setting.encode()).hexdigest()} if self.setting else {}
+
+
+def label_run(tmp_path):
+    p = plan()
+    rendering.write_label_setting(tmp_path, labels.service_setting(SHIPPED))
+    configs = {}
+    for x in p.points:
+        folder = tmp_path / "points" / x.name
+        envoy = envoy_config(x, {}, labels=SHIPPED)
+        configs[x.name] = type("Config", (), {"envoy": envoy})
+        bootstrap, routes = rendering.point_routes(envoy, folder, "r1")
+        bootstrap, files, _ = rendering.point_listeners(x, bootstrap, folder)
+        rendering.write_routes(folder / rendering.LISTENERS, files)
+        (folder / "envoy.json").write_text(json.dumps(bootstrap))
+    state = {"run_dir": str(tmp_path), "parts": [{"name": s.instance.id, "kind": "service", "health_url": s.health_url} for s in p.services]}
+    return state, rendering.Rendered(p, {}, "r1", SHIPPED)
+
+
+def configs_for(rendered, schema):
+    return {x.name: type("Config", (), {"envoy": envoy_config(x, {}, labels=schema)}) for x in rendered.plan.points}
+
+
+def test_apply_label_schema_gives_the_services_the_labels_then_the_listeners_allowed(tmp_path, monkeypatch, with_sensitivity):
+    state, rendered = label_run(tmp_path)
+    services = FakeServices(tmp_path, monkeypatch)
+    versions = {}
+    monkeypatch.setattr(reload, "envoy_listeners_version", lambda point: versions.get(point.name))
+
+    def listeners_taken(*args):
+        # Envoy reads each rewritten file: it serves its version from then on.
+        for x in rendered.plan.points:
+            path = tmp_path / "points" / x.name / rendering.LISTENERS / LISTENERS_FILE
+            if path.exists():
+                versions[x.name] = json.loads(path.read_text())["version_info"]
+        return real_wait(*args)
+    real_wait = reload._wait
+    monkeypatch.setattr(reload, "_wait", listeners_taken)
+    out = io.StringIO()
+    seconds = reload.apply_label_schema(state, rendered, with_sensitivity, configs_for(rendered, with_sensitivity), out)
+    assert set(seconds) == {"services", "listeners"}
+    assert {signal for _, signal in services.signalled} == {"HUP"} and len(services.signalled) == len(state["parts"])
+    assert [label["name"] for label in json.loads((tmp_path / rendering.LABEL_SETTING).read_text())] == ["category", "consent", "region", "sensitivity"]
+    assert "x-data-sensitivity" in (tmp_path / "points" / "sidecar-ingest-eu" / rendering.LISTENERS / LISTENERS_FILE).read_text()
+    assert f"labels sensitivity: taken by {len(state['parts'])} services" in out.getvalue()
+    # Its twin: the labels deployed are the labels given, nothing is written or signalled.
+    services.signalled.clear()
+    assert reload.apply_label_schema(state, dataclasses.replace(rendered, label_schema=with_sensitivity), with_sensitivity, {}, out) == {}
+    assert services.signalled == []
+
+
+def test_apply_label_schema_puts_back_what_it_wrote_when_a_part_does_not_take_it_denied(tmp_path, monkeypatch, with_sensitivity):
+    state, rendered = label_run(tmp_path)
+    before = {path: path.read_text() for path in tmp_path.rglob("*.json")}
+    FakeServices(tmp_path, monkeypatch)
+    monkeypatch.setattr(reload, "envoy_listeners_version", lambda point: None)  # no Envoy takes its new listeners
+    with pytest.raises(reload.LabelSchemaChangeError, match=r"after 0 s these parts do not serve the new listeners \(their logs .*\): entry, sidecar-.*"
+                                                            r"the labels the deployment had were written back"):
+        reload.apply_label_schema(state, rendered, with_sensitivity, configs_for(rendered, with_sensitivity), io.StringIO(), timeout=0.2)
+    assert {path: path.read_text() for path in tmp_path.rglob("*.json")} == before
+
+
+def test_envoy_listeners_version_is_the_lds_version_once_nothing_warms(monkeypatch):
+    sidecar = point(plan(), "sidecar-ingest-eu")
+    answers = iter([
+        {"stats": [{"name": "listener_manager.lds.version_text", "value": "abc"}, {"name": "listener_manager.total_listeners_warming", "value": 0}]},
+        {"stats": [{"name": "listener_manager.lds.version_text", "value": "abc"}, {"name": "listener_manager.total_listeners_warming", "value": 1}]},
+        None,
+    ])
+    monkeypatch.setattr(reload, "_get_json", lambda url: next(answers))
+    assert [reload.envoy_listeners_version(sidecar) for _ in range(3)] == ["abc", None, None]
