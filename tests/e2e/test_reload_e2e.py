@@ -2,7 +2,9 @@
 flowing while the rule set changes (the US joins the adequacy list, which moves an EU record's
 path to the US replicas), none lost, each hop named by the revision that decided it; then a
 rule an author adds, of a shape the shipped rules do not have, reroutes the records it names
-and no other (both engines' fast paths come from the rule set's own answers)."""
+and no other (both engines' fast paths come from the rule set's own answers); then a label
+added through the schema, with a rule reading it, reaches the services and the listeners of the
+running deployment and reroutes the records it names, while records flow and none is lost."""
 
 import io
 import json
@@ -20,9 +22,10 @@ from complyroute.evidence import audit
 from complyroute.policy import bundles, policyfiles
 from complyroute.runtime.local import deployment, reload, rendering, supervision
 
+from tests.relabel import rule_set_with_label
 from tests.walkthrough import rule_set_with_rule
 
-from .helpers import ENFORCING, ENGINES, EU_PERSONAL, RECORD, audit_lines, deploy_mixed_regions
+from .helpers import ENFORCING, ENGINES, EU_PERSONAL, RECORD, audit_lines, deploy_mixed_regions, wait_for_audit
 
 pytestmark = pytest.mark.e2e
 
@@ -43,6 +46,13 @@ def swiss_policies(tmp_path_factory):
     """The shipped rule set with the rule policies/README.md's walkthrough adds: Swiss
     residency, an exclusion of a shape the shipped rules do not have."""
     return rule_set_with_rule(tmp_path_factory.mktemp("swiss"))
+
+
+@pytest.fixture(scope="module")
+def sensitivity_policies(tmp_path_factory, swiss_policies):
+    """The Swiss rule set with a label added to its schema, sensitivity (x-data-sensitivity), and
+    a rule reading it: a record labelled high goes to GDPR or adequate regions only."""
+    return rule_set_with_label(tmp_path_factory.mktemp("sensitivity"), base=swiss_policies)
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +97,8 @@ def path_of(answer):
 
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("topology", ENFORCING)
-def test_reload_moves_paths_while_records_flow_and_loses_none_allowed(topology, engine, us_adequate_policies, swiss_policies, tmp_path):
+def test_reload_moves_paths_while_records_flow_and_loses_none_allowed(topology, engine, us_adequate_policies, swiss_policies,
+                                                                     sensitivity_policies, tmp_path):
     state, _ = deploy_mixed_regions(topology, engine=engine)
     try:
         old_revision = bundles.revision()
@@ -149,6 +160,37 @@ def test_reload_moves_paths_while_records_flow_and_loses_none_allowed(topology, 
         assert path_of(send(state["entry_url"], CH_PERSONAL, RECORD)) == BEFORE
         assert path_of(send(state["entry_url"], US_PERSONAL, RECORD)) == US_PATH
         assert path_of(send(state["entry_url"], EU_PERSONAL, RECORD)) == BEFORE  # the US is no longer adequate
+
+        # A label added through the schema: before, no service sends it on and no rule reads it.
+        high, low = {**US_PERSONAL, "sensitivity": "high"}, {**US_PERSONAL, "sensitivity": "low"}
+        assert path_of(send(state["entry_url"], high, RECORD, policies=sensitivity_policies)) == US_PATH
+        with Flow(state) as flow:
+            time.sleep(0.3)
+            result = reload.reload_policy(sensitivity_policies, out=open("/dev/null", "w"))
+            time.sleep(0.3)
+        # Records flowed while the services and the listeners took the label: none lost, none moved.
+        assert len(flow.answers) > 5 and all(not isinstance(a, Exception) and a.status == 200 and path_of(a) == BEFORE
+                                             for a in flow.answers), [getattr(a, "text", a) for a in flow.answers][:3]
+        assert set(result["labels"]) == {"services", "listeners"}
+        # A record labelled high leaves the US replicas; its twin labelled low keeps them, as one without the label.
+        rerouted = send(state["entry_url"], high, RECORD, policies=sensitivity_policies)
+        kept = send(state["entry_url"], low, RECORD, policies=sensitivity_policies)
+        assert (path_of(rerouted), path_of(kept)) == (BEFORE, US_PATH)
+        assert path_of(send(state["entry_url"], US_PERSONAL, RECORD)) == US_PATH
+        unknown = send(state["entry_url"], {**US_PERSONAL, "sensitivity": "secret"}, RECORD, policies=sensitivity_policies)
+        assert unknown.status == 400 and unknown.body["code"] == "LABEL_UNKNOWN" and "sensitivity" in unknown.body["message"]
+        # Each hop's audit line holds the label as the record carried it, the run records the label,
+        # and make audit re-checks every line clean under the revision that decided it.
+        for answer, value in ((rerouted, "high"), (kept, "low")):
+            lines = wait_for_audit(state, answer.request_id, 3)
+            assert [line["labels"]["sensitivity"] for line in lines] == [value] * 3
+        assert "sensitivity" in {label.name for label in rendering.run_labels(Path(state["run_dir"]))}
+        verdict = audit.audit_run(Path(state["run_dir"]))
+        assert (verdict.forbidden, verdict.undecided, verdict.broken_chains) == (0, 0, 0), verdict.problems[:3]
+        # Its refused twin: a rule set without the label (the Swiss one again) is not applied, nothing changes.
+        with pytest.raises(reload.ReloadError, match="removes sensitivity: .*nothing was changed, deploy again"):
+            reload.reload_policy(swiss_policies, out=open("/dev/null", "w"))
+        assert path_of(send(state["entry_url"], high, RECORD, policies=sensitivity_policies)) == BEFORE
     finally:
         deployment.stop(out=open("/dev/null", "w"))
 

@@ -38,6 +38,8 @@ from complyroute.topology import manifest
 from complyroute.topology.plan import ADMIN_SOCKET, API_SOCKET, DECISION_SOCKET
 from complyroute.trust import kubetrust, pki
 
+from tests.relabel import rule_set_with_label
+
 TOPOLOGIES = ["sidecar", "central-entity", "dynamic-router-3", "dynamic-router-6", "baseline"]
 
 
@@ -1301,6 +1303,14 @@ def test_reload_refuses_a_namespace_it_has_no_record_of_or_one_deployed_again_si
     del api.objects[("Namespace", "complyroute-central-entity")]
     with pytest.raises(ReloadError, match="not in the current kubectl context"):
         apply.reload_policy(renderer.topology, out=io.StringIO())
+    assert api.applied == []
+
+
+def test_reload_of_a_rule_set_with_another_label_applies_nothing_and_says_deploy_again_denied(deployed_central_entity, tmp_path):
+    renderer, _, api = deployed_central_entity()
+    with pytest.raises(ReloadError, match=r"changes the labels complyroute-central-entity was deployed with \(category, consent, region, "
+                                          r"sensitivity; deployed: category, consent, region\): .*nothing was applied: deploy again"):
+        apply.reload_policy(renderer.topology, rule_set_with_label(tmp_path), out=io.StringIO())
     assert api.applied == []
 
 

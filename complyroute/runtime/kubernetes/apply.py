@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from complyroute import engines
-from complyroute.policy import bundles, policydata
+from complyroute.policy import bundles, labels, policydata
 from complyroute.policy.policyfiles import POLICIES
 from complyroute.runtime.kubernetes.render import (PART_OF, RENDER_ANNOTATION, SERVICE_IMAGE, KubernetesNetwork, RenderError, Renderer, build,
                                                   component_of, namespace_of, write_private)
@@ -67,11 +67,15 @@ class Deployed:
     bootstraps: dict[str, str]  # SHA-256 of each point's Envoy bootstrap as applied
     configmaps: list[str]  # the rule-set ConfigMaps as applied (rule_set_configmaps)
     revision: str
+    # The labels as the services were told them (labels.service_setting; "" in a record written
+    # before it was kept): what the pods took at start.
+    label_setting: str = ""
 
     @classmethod
     def of(cls, renderer: Renderer) -> Deployed:
         return cls(renderer.topology, renderer.render_id, renderer.points, renderer.point_trust, _digests(renderer.bootstraps),
-                   [o["metadata"]["name"] for o in renderer.rule_set_configmaps()], renderer.revision)
+                   [o["metadata"]["name"] for o in renderer.rule_set_configmaps()], renderer.revision,
+                   labels.service_setting(labels.schema(renderer.policies)))
 
     @staticmethod
     def path(namespace: str) -> Path:
@@ -218,6 +222,17 @@ def reload_policy(topology: Topology, policies: Path = POLICIES, out=sys.stdout)
         raise ReloadError(f"namespace {namespace} runs render {running}, not {deployed.render_id} which {record} records: "
                           "it was deployed from elsewhere or again since; deploy it from here (make deploy target=k8s)")
 
+    try:
+        setting = labels.service_setting(labels.schema(policies))
+    except labels.LabelSchemaError as error:
+        raise ReloadError(f"the rule set in {policies} cannot be applied; nothing was applied: {error}") from None
+    if deployed.label_setting and setting != deployed.label_setting:
+        raise ReloadError(f"the rule set in {policies} changes the labels {namespace} was deployed with "
+                          f"({', '.join(label['name'] for label in json.loads(setting))}; deployed: "
+                          f"{', '.join(label['name'] for label in json.loads(deployed.label_setting))}): on Kubernetes the "
+                          "services and the Envoys' listeners take the labels when their pods start, which a reload does not "
+                          "do; nothing was applied: deploy again (make deploy target=k8s). A local deployment's "
+                          "`make reload-policy` adds labels without a restart")
     renderer = Renderer(deployed.topology, policies)
     try:
         renderer.configure(deployed.points, deployed.point_trust)
