@@ -20,7 +20,7 @@ from complyroute import engines
 from complyroute.policy import labels
 from complyroute.policy.policyfiles import POLICIES
 from complyroute.proxy.contract import MAX_LABEL_BYTES, MAX_LABEL_VALUES, MAX_RECORD_BYTES, receive_timeouts
-from complyroute.proxy.envoy import label_bound
+from complyroute.proxy.envoy import LISTENER, label_bound
 from complyroute.proxy.opa import BundleSource
 from complyroute.proxy.replies import LOCAL_REPLIES, OVER_BOUND, OVER_BOUND_HEADER, UAEX
 from complyroute.proxy.routes import A_RECORD, REQUEST_FORMS, ROUTE_CONFIGURATION
@@ -60,10 +60,16 @@ def validate(config_file) -> subprocess.CompletedProcess:
 
 
 def with_routes_inline(bootstrap: dict) -> dict:
-    """`bootstrap` with each route configuration it reads from a file (RDS from the filesystem)
-    put back in its listener, as read from that file: `envoy --mode validate` checks that the
-    files exist but does not parse them, so their content is checked this way."""
+    """`bootstrap` with the listeners it reads from a file (LDS from the filesystem) put back in
+    it, and each route configuration it reads from a file (RDS) put back in its listener, as
+    read from those files: `envoy --mode validate` does not parse them, so their content is
+    checked this way."""
     inline = copy.deepcopy(bootstrap)
+    lds = inline.pop("dynamic_resources", {}).get("lds_config")
+    if lds:
+        response = json.loads(Path(lds["path_config_source"]["path"]).read_text())
+        assert {resource.pop("@type") for resource in response["resources"]} == {LISTENER}
+        inline["static_resources"]["listeners"] = response["resources"]
     for listener in inline["static_resources"]["listeners"]:
         for chain in listener["filter_chains"]:
             for network_filter in chain["filters"]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from complyroute.client import send
 from complyroute.policy import policyfiles
-from complyroute.runtime.local import deployment
+from complyroute.runtime.local import deployment, rendering
 from complyroute.topology import localhttp, manifest
 from complyroute.trust import pki
 
@@ -117,7 +117,7 @@ def token_audiences(state) -> list[str]:
     jwt_authn provider's), from the Envoy bootstraps in the run folder."""
     found = set()
     for path in Path(state["run_dir"], "points").glob("*/envoy.json"):
-        for listener in json.loads(path.read_text())["static_resources"]["listeners"]:
+        for listener in rendering.envoy_listeners(path.parent):
             for manager in listener["filter_chains"][0]["filters"]:
                 for http_filter in manager["typed_config"].get("http_filters", []):
                     for provider in http_filter.get("typed_config", {}).get("providers", {}).values():

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from complyroute.proxy.contract import MAX_RECORD_BYTES, receive_timeouts
-from complyroute.runtime.local import supervision
+from complyroute.runtime.local import rendering, supervision
 from complyroute.topology import localhttp
 
 from .helpers import ENFORCING, ENGINES, POOL_RECEIVE_TIMEOUT, as_part, as_service, egress_url, label_token, opa_api
@@ -82,7 +82,7 @@ def listeners(state) -> dict[str, Listener]:
     the credential of the first part each admits."""
     found = {}
     for config in sorted(Path(state["run_dir"], "points").glob("*/envoy.json")):
-        for listener in json.loads(config.read_text())["static_resources"]["listeners"]:
+        for listener in rendering.envoy_listeners(config.parent):
             if listener["name"] != "ready":
                 address = listener["address"]["socket_address"]
                 tls = listener["filter_chains"][0].get("transport_socket")

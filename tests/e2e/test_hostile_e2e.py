@@ -55,7 +55,7 @@ import psutil
 import pytest
 
 from complyroute.client import send
-from complyroute.runtime.local import deployment
+from complyroute.runtime.local import deployment, rendering
 from complyroute.topology import localhttp, manifest
 from complyroute.trust import identity, pki
 
@@ -342,8 +342,8 @@ def tcp_listening(pid: int) -> set[int]:
 
 
 def envoy_listener_ports(state, point: str) -> set[int]:
-    envoy = json.loads(Path(state["run_dir"], "points", point, "envoy.json").read_text())
-    return {listener["address"]["socket_address"]["port_value"] for listener in envoy["static_resources"]["listeners"]}
+    listeners = rendering.envoy_listeners(Path(state["run_dir"], "points", point))
+    return {listener["address"]["socket_address"]["port_value"] for listener in listeners}
 
 
 def test_local_process_of_another_user_opens_no_decision_port_api_or_admin_denied(deployed):
