@@ -1,4 +1,4 @@
-"""A label added to a running local deployment (reload.apply_label_schema): the deciding points'
+"""A label added to a running local deployment (labelchange.py): the deciding points'
 listeners in a file Envoy reads (LDS from the filesystem), the services' label setting in steps,
 and the label changes a reload refuses. The parts' side runs for real in tests/e2e/test_reload_e2e.py."""
 
@@ -12,7 +12,7 @@ import pytest
 from complyroute.policy import labels
 from complyroute.policy.policyfiles import POLICIES
 from complyroute.proxy.envoy import LISTENER, LISTENERS_FILE, envoy_config
-from complyroute.runtime.local import reload, rendering
+from complyroute.runtime.local import labelchange, rendering
 from complyroute.topology import manifest
 from complyroute.topology.plan import place
 
@@ -92,10 +92,10 @@ def relabelled(**changes):
 
 def test_a_reload_may_add_labels_or_change_what_the_rules_know_of_one_allowed(tmp_path, with_sensitivity):
     rendered = deployed(tmp_path)
-    reload.check_label_change(tmp_path, rendered, with_sensitivity, POLICIES)  # an added label
-    reload.check_label_change(tmp_path, rendered, with_sensitivity[:-1] + (dataclasses.replace(with_sensitivity[-1], required=True),), POLICIES)
-    reload.check_label_change(tmp_path, rendered, relabelled(region={"values": "adequacy"}, consent={"required": True}), POLICIES)
-    reload.check_label_change(tmp_path, rendered, SHIPPED, POLICIES)
+    labelchange.check(tmp_path, rendered, with_sensitivity)  # an added label
+    labelchange.check(tmp_path, rendered, with_sensitivity[:-1] + (dataclasses.replace(with_sensitivity[-1], required=True),))
+    labelchange.check(tmp_path, rendered, relabelled(region={"values": "adequacy"}, consent={"required": True}))
+    labelchange.check(tmp_path, rendered, SHIPPED)
 
 
 @pytest.mark.parametrize("schema, refusal", [
@@ -104,25 +104,25 @@ def test_a_reload_may_add_labels_or_change_what_the_rules_know_of_one_allowed(tm
     (relabelled(consent=None, region={"header": "x-subject-region"}), "removes consent and changes the header of region"),
 ])
 def test_a_reload_that_removes_a_label_or_moves_its_header_is_refused_denied(tmp_path, schema, refusal):
-    with pytest.raises(reload.ReloadError, match=rf"{refusal}: a reload adds labels .* nothing was changed, deploy again"):
-        reload.check_label_change(tmp_path, deployed(tmp_path), schema, POLICIES)
+    with pytest.raises(labelchange.LabelChangeError, match=rf"{refusal}: a reload adds labels .* nothing was changed, deploy again"):
+        labelchange.check(tmp_path, deployed(tmp_path), schema)
 
 
 def test_a_label_change_for_a_deployment_started_with_static_listeners_is_refused_denied(tmp_path, with_sensitivity):
-    with pytest.raises(reload.ReloadError, match=r"the Envoys of entry, sidecar-.* were started with their listeners in their bootstrap.*deploy again"):
-        reload.check_label_change(tmp_path, deployed(tmp_path, lds=False), with_sensitivity, POLICIES)
-    with pytest.raises(reload.ReloadError, match="a deployment that does not record them"):
-        reload.check_label_change(tmp_path, deployed(tmp_path, schema=()), with_sensitivity, POLICIES)
-    reload.check_label_change(tmp_path, deployed(tmp_path / "other", lds=False), SHIPPED, POLICIES)  # no change, no refusal
+    with pytest.raises(labelchange.LabelChangeError, match=r"the Envoys of entry, sidecar-.* were started with their listeners in their bootstrap.*deploy again"):
+        labelchange.check(tmp_path, deployed(tmp_path, lds=False), with_sensitivity)
+    with pytest.raises(labelchange.LabelChangeError, match="a deployment that does not record them"):
+        labelchange.check(tmp_path, deployed(tmp_path, schema=()), with_sensitivity)
+    labelchange.check(tmp_path, deployed(tmp_path / "other", lds=False), SHIPPED)  # no change, no refusal
 
 
 def test_a_new_label_is_first_given_to_the_services_as_optional_then_required(with_sensitivity):
     required = with_sensitivity[:-1] + (dataclasses.replace(with_sensitivity[-1], required=True),)
-    on_the_way = json.loads(reload._setting(required, SHIPPED))
+    on_the_way = json.loads(labelchange._setting(required, SHIPPED))
     assert {label["name"]: label["required"] for label in on_the_way} == {"category": True, "consent": False, "region": True, "sensitivity": False}
-    assert reload._setting(required, required) == labels.service_setting(required)  # once the rules require it
+    assert labelchange._setting(required, required) == labels.service_setting(required)  # once the rules require it
     # An existing label newly required: optional on the way too; one required before stays so.
-    assert json.loads(reload._setting(relabelled(consent={"required": True}), SHIPPED)) == json.loads(labels.service_setting(SHIPPED))
+    assert json.loads(labelchange._setting(relabelled(consent={"required": True}), SHIPPED)) == json.loads(labels.service_setting(SHIPPED))
 
 
 class FakeServices:
@@ -130,9 +130,9 @@ class FakeServices:
 
     def __init__(self, run_dir, monkeypatch, take=True):
         self.run_dir, self.take, self.signalled, self.setting = run_dir, take, [], None
-        monkeypatch.setattr(reload.deployment, "signal_part", self.signal)
-        monkeypatch.setattr(reload.supervision, "health_answer", self.health)
-        monkeypatch.setattr(reload, "POLL_INTERVAL", 0.01)
+        monkeypatch.setattr(labelchange.deployment, "signal_part", self.signal)
+        monkeypatch.setattr(labelchange.supervision, "health_answer", self.health)
+        monkeypatch.setattr(labelchange, "POLL_INTERVAL", 0.01)
 
     def signal(self, name, signal_name, state):
         self.signalled.append((name, signal_name))
@@ -163,11 +163,11 @@ def configs_for(rendered, schema):
     return {x.name: type("Config", (), {"envoy": envoy_config(x, {}, labels=schema)}) for x in rendered.plan.points}
 
 
-def test_apply_label_schema_gives_the_services_the_labels_then_the_listeners_allowed(tmp_path, monkeypatch, with_sensitivity):
+def test_apply_gives_the_services_the_labels_then_the_listeners_allowed(tmp_path, monkeypatch, with_sensitivity):
     state, rendered = label_run(tmp_path)
     services = FakeServices(tmp_path, monkeypatch)
     versions = {}
-    monkeypatch.setattr(reload, "envoy_listeners_version", lambda point: versions.get(point.name))
+    monkeypatch.setattr(labelchange, "envoy_listeners_version", lambda point: versions.get(point.name))
 
     def listeners_taken(*args):
         # Envoy reads each rewritten file: it serves its version from then on.
@@ -176,10 +176,10 @@ def test_apply_label_schema_gives_the_services_the_labels_then_the_listeners_all
             if path.exists():
                 versions[x.name] = json.loads(path.read_text())["version_info"]
         return real_wait(*args)
-    real_wait = reload._wait
-    monkeypatch.setattr(reload, "_wait", listeners_taken)
+    real_wait = labelchange._wait
+    monkeypatch.setattr(labelchange, "_wait", listeners_taken)
     out = io.StringIO()
-    seconds = reload.apply_label_schema(state, rendered, with_sensitivity, configs_for(rendered, with_sensitivity), out)
+    seconds = labelchange.apply(state, rendered, with_sensitivity, configs_for(rendered, with_sensitivity), out)
     assert set(seconds) == {"services", "listeners"}
     assert {signal for _, signal in services.signalled} == {"HUP"} and len(services.signalled) == len(state["parts"])
     assert [label["name"] for label in json.loads((tmp_path / rendering.LABEL_SETTING).read_text())] == ["category", "consent", "region", "sensitivity"]
@@ -187,18 +187,18 @@ def test_apply_label_schema_gives_the_services_the_labels_then_the_listeners_all
     assert f"labels sensitivity: taken by {len(state['parts'])} services" in out.getvalue()
     # Its twin: the labels deployed are the labels given, nothing is written or signalled.
     services.signalled.clear()
-    assert reload.apply_label_schema(state, dataclasses.replace(rendered, label_schema=with_sensitivity), with_sensitivity, {}, out) == {}
+    assert labelchange.apply(state, dataclasses.replace(rendered, label_schema=with_sensitivity), with_sensitivity, {}, out) == {}
     assert services.signalled == []
 
 
-def test_apply_label_schema_puts_back_what_it_wrote_when_a_part_does_not_take_it_denied(tmp_path, monkeypatch, with_sensitivity):
+def test_apply_puts_back_what_it_wrote_when_a_part_does_not_take_it_denied(tmp_path, monkeypatch, with_sensitivity):
     state, rendered = label_run(tmp_path)
     before = {path: path.read_text() for path in tmp_path.rglob("*.json")}
     FakeServices(tmp_path, monkeypatch)
-    monkeypatch.setattr(reload, "envoy_listeners_version", lambda point: None)  # no Envoy takes its new listeners
-    with pytest.raises(reload.LabelSchemaChangeError, match=r"after 0 s these parts do not serve the new listeners \(their logs .*\): entry, sidecar-.*"
+    monkeypatch.setattr(labelchange, "envoy_listeners_version", lambda point: None)  # no Envoy takes its new listeners
+    with pytest.raises(labelchange.LabelChangeError, match=r"after 0 s these parts do not serve the new listeners \(their logs .*\): entry, sidecar-.*"
                                                             r"the labels the deployment had were written back"):
-        reload.apply_label_schema(state, rendered, with_sensitivity, configs_for(rendered, with_sensitivity), io.StringIO(), timeout=0.2)
+        labelchange.apply(state, rendered, with_sensitivity, configs_for(rendered, with_sensitivity), io.StringIO(), timeout=0.2)
     assert {path: path.read_text() for path in tmp_path.rglob("*.json")} == before
 
 
@@ -209,5 +209,26 @@ def test_envoy_listeners_version_is_the_lds_version_once_nothing_warms(monkeypat
         {"stats": [{"name": "listener_manager.lds.version_text", "value": "abc"}, {"name": "listener_manager.total_listeners_warming", "value": 1}]},
         None,
     ])
-    monkeypatch.setattr(reload, "_get_json", lambda url: next(answers))
-    assert [reload.envoy_listeners_version(sidecar) for _ in range(3)] == ["abc", None, None]
+    def admin(url, timeout):
+        answer = next(answers)
+        return (200, json.dumps(answer).encode()) if answer else (503, b"")
+    monkeypatch.setattr(labelchange.localhttp, "request", admin)
+    assert [labelchange.envoy_listeners_version(sidecar) for _ in range(3)] == ["abc", None, None]
+
+
+def test_finish_has_the_services_require_a_new_required_label_once_the_rules_do_allowed(tmp_path, monkeypatch, with_sensitivity):
+    state, rendered = label_run(tmp_path)
+    services = FakeServices(tmp_path, monkeypatch)
+    monkeypatch.setattr(labelchange, "envoy_listeners_version", lambda point: json.loads(
+        (tmp_path / "points" / point.name / rendering.LISTENERS / LISTENERS_FILE).read_text())["version_info"])
+    required = with_sensitivity[:-1] + (dataclasses.replace(with_sensitivity[-1], required=True),)
+    labelchange.apply(state, rendered, required, configs_for(rendered, required), io.StringIO())
+    setting = lambda: {label["name"]: label["required"] for label in json.loads((tmp_path / rendering.LABEL_SETTING).read_text())}
+    assert setting()["sensitivity"] is False  # on the way: sent on and logged, not yet required
+    out = io.StringIO()
+    assert set(labelchange.finish(state, required, out)) == {"services_required"}
+    assert setting() == {"category": True, "consent": False, "region": True, "sensitivity": True}
+    assert "the services require the labels the schema requires (category, region, sensitivity)" in out.getvalue()
+    # Its twin: the services hold that setting already (as after an optional label): nothing is written or signalled.
+    services.signalled.clear()
+    assert labelchange.finish(state, required, io.StringIO()) == {} and services.signalled == []

@@ -10,13 +10,13 @@ and hands the result to the running processes the way each takes it:
 - under envoy-compiled, every Envoy gets the route configurations of its deciding listeners
   again: files moved into the folder it watches (RDS from the filesystem). (Under envoy-opa,
   Envoy's routes do not depend on the rule set: OPA's answers carry every change.)
-- a rule set that adds labels to the schema (apply_label_schema) has them reach the services
+- a rule set that adds labels to the schema (labelchange.py) has them reach the services
   and the listeners before the first step's bundles: every service reads the run's labels file
   again on SIGHUP and reports the setting it applies (GET /health), every point's Envoy takes
   its listeners file (LDS from the filesystem) and updates the deciding listeners in place
   (their label bound and token claims); a label that is new or newly required is required by
-  the services only once every point holds the rules that require it, after the second step
-  (finish_label_schema). So no record is refused by a service for a label the rules it passed
+  the services only once every point holds the rules that require it, after the second step.
+  So no record is refused by a service for a label the rules it passed
   did not ask for, and no rule reads a label a service would not send on. A rule set that
   removes a label or changes a label's header is refused (deploy again).
 
@@ -42,8 +42,6 @@ the point's private sockets.
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import json
 import os
 import pickle
@@ -51,7 +49,6 @@ import sys
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,8 +56,7 @@ from pathlib import Path
 from complyroute import engines
 from complyroute.engines import precompute
 from complyroute.policy import bundles, labels, policydata, policyfiles
-from complyroute.proxy.envoy import LISTENERS_FILE
-from complyroute.runtime.local import deployment, rendering, supervision
+from complyroute.runtime.local import deployment, labelchange, rendering
 from complyroute.topology import localhttp
 from complyroute.topology.plan import EnforcementPoint
 
@@ -206,7 +202,7 @@ def reload_policy(policies: Path | None = None, out=sys.stdout, timeout: float =
     (from the call until the last point decided with the new revision), "written_seconds" (of
     which writing the first step), "precomputed_seconds" (until the last point held its
     precomputed answers), "points": {point: seconds}, and when the labels changed "labels": the
-    seconds of each label step (apply_label_schema, finish_label_schema)}."""
+    seconds of each label step (labelchange.py)}."""
     started = time.monotonic()
     state = deployment.running()
     if not state:
@@ -223,14 +219,17 @@ def reload_policy(policies: Path | None = None, out=sys.stdout, timeout: float =
         schema = labels.schema(policies)
     except labels.LabelSchemaError as error:
         raise ReloadError(f"the rule set in {policies} cannot be applied; nothing was changed: {error}") from None
-    check_label_change(run_dir, rendered, schema, policies)
+    try:
+        labelchange.check(run_dir, rendered, schema)
+    except labelchange.LabelChangeError as error:
+        raise ReloadError(f"the rule set in {policies} {error}") from None
     configure_errors = (engines.EngineError, policydata.PolicyDataError, bundles.BundleError)
 
     # Step 1: the rule set, every hop decided in full; labels it adds reach the services and listeners first.
     try:
         in_full = engines.configure(engine["kind"], plan.points, engine, policies, rendered.point_trust, ahead=False)
-        label_seconds = apply_label_schema(state, rendered, schema, in_full, out)
-    except (*configure_errors, LabelSchemaChangeError) as error:
+        label_seconds = labelchange.apply(state, rendered, schema, in_full, out)
+    except (*configure_errors, labelchange.LabelChangeError) as error:
         raise ReloadError(f"the rule set in {policies} cannot be applied; nothing was changed: {error}") from None
     if label_seconds:  # what the services and listeners run now, whatever becomes of the rules
         rendering.update_rendered(run_dir, rendered, rendered.revision, schema)
@@ -260,7 +259,11 @@ def reload_policy(policies: Path | None = None, out=sys.stdout, timeout: float =
     if late := behind(done):
         raise ReloadError(f"after {timeout:.0f} s these points decide with revision {revision} in full but do not hold its "
                           f"precomputed answers yet: {', '.join(late)} (their logs are in {run_dir / 'logs'})")
-    label_seconds |= finish_label_schema(state, schema, out)
+    try:
+        label_seconds |= labelchange.finish(state, schema, out)
+    except labelchange.LabelChangeError as error:
+        raise ReloadError(f"every point decides with revision {revision}, but {error}: those services do not require the new "
+                          "required labels yet (the rules do); `make reload-policy` again, or deploy again") from None
     result = {"revision": revision, "seconds": round(propagated, 3), "written_seconds": round(written, 3),
               "precomputed_seconds": round(max(done.values()), 3), "points": {name: round(taken, 3) for name, taken in seconds.items()},
               **({"labels": label_seconds} if label_seconds else {})}
@@ -271,135 +274,6 @@ def reload_policy(policies: Path | None = None, out=sys.stdout, timeout: float =
     print(f"reload-policy: every enforcement point holds the precomputed answers of {revision} after "
           f"{result['precomputed_seconds']:.3f} s", file=out)
     return result
-
-
-class LabelSchemaChangeError(RuntimeError):
-    """A label change that did not take; what was written was put back."""
-
-
-def check_label_change(run_dir: Path, rendered: rendering.Rendered, schema: tuple[labels.Label, ...], policies: Path) -> None:
-    """Refuse, before anything is written, a change of the labels a reload cannot apply: one that
-    removes a label or gives one another header (a service would stop sending on, and a listener
-    stop bounding, a header that records in flight carry and rules in force read), or any change
-    to a deployment whose listeners are not read from files (started before they were)."""
-    if schema == rendered.label_schema:
-        return
-    deployed = {label.name: label for label in rendered.label_schema}
-    removed = sorted(set(deployed) - {label.name for label in schema})
-    moved = sorted(label.name for label in schema if label.name in deployed and label.header != deployed[label.name].header)
-    unsafe = [f"removes {', '.join(removed)}"] * bool(removed) + [f"changes the header of {', '.join(moved)}"] * bool(moved)
-    if unsafe or not rendered.label_schema:
-        raise ReloadError(f"the rule set in {policies} {' and '.join(unsafe) or 'changes the labels of a deployment that does not record them'}: "
-                          "a reload adds labels (or changes what the rules know of one), it does not take one away or move it; "
-                          "nothing was changed, deploy again to apply it")
-    static = [point.name for point in rendered.plan.points if point.deciding
-              and not (run_dir / "points" / point.name / rendering.LISTENERS / LISTENERS_FILE).exists()]
-    if static:
-        raise ReloadError(f"the rule set in {policies} changes the labels, and the Envoys of {', '.join(static)} were started with "
-                          "their listeners in their bootstrap (before listeners were read from files): nothing was changed, deploy again")
-
-
-def _setting(schema: tuple[labels.Label, ...], deployed: tuple[labels.Label, ...]) -> str:
-    """The services' label setting on the way to `schema`: every label of it, required only when
-    the deployed labels required it already."""
-    required = {label.name for label in deployed if label.required}
-    return labels.service_setting(tuple(dataclasses.replace(label, required=label.required and label.name in required) for label in schema))
-
-
-def _wait(checks: dict[str, Callable[[], bool]], timeout: float, what: str) -> float:
-    """Poll every check until each passes (a few at a time, as the points' revisions are); the
-    seconds the slowest took. LabelSchemaChangeError naming those still behind at `timeout`."""
-    started = time.monotonic()
-    pending = dict(checks)
-    with ThreadPoolExecutor(max_workers=max(1, min(8, len(pending)))) as pool:
-        while pending and time.monotonic() < started + timeout:
-            names = list(pending)
-            for name, done in zip(names, list(pool.map(lambda name: pending[name](), names))):
-                if done:
-                    del pending[name]
-            if pending:
-                time.sleep(POLL_INTERVAL)
-    if pending:
-        raise LabelSchemaChangeError(f"after {timeout:.0f} s these parts do not {what}: {', '.join(sorted(pending))}")
-    return time.monotonic() - started
-
-
-def _give_services(state: dict, setting: str, timeout: float) -> float:
-    """Write the services' label setting, have each read it (SIGHUP through supervisord) and wait
-    until each reports it; the seconds it took (0 when the setting is the one in effect)."""
-    if not rendering.write_label_setting(Path(state["run_dir"]), setting):
-        return 0.0
-    digest = "sha256:" + hashlib.sha256(setting.encode()).hexdigest()
-    services = [part for part in state["parts"] if part["kind"] == "service"]
-    for part in services:
-        deployment.signal_part(part["name"], "HUP", state)
-    return _wait({part["name"]: lambda part=part: (supervision.health_answer(part["health_url"], tls=part.get("health_tls")) or {})
-                  .get("labels") == digest for part in services}, timeout, "report the new label setting (their logs are in "
-                 f"{Path(state['run_dir']) / 'logs'})")
-
-
-def envoy_listeners_version(point: EnforcementPoint) -> str | None:
-    """The version of the listeners file the point's Envoy serves (listener_manager.lds.version_text),
-    once no listener of it is still warming; None before."""
-    query = urllib.parse.urlencode({"filter": r"^listener_manager\.(lds\.version_text|total_listeners_warming)$", "format": "json"})
-    stats = {stat["name"]: stat.get("value") for stat in (_get_json(f"{point.admin.url}/stats?{query}") or {}).get("stats", [])}
-    return stats.get("listener_manager.lds.version_text") if stats.get("listener_manager.total_listeners_warming") == 0 else None
-
-
-def apply_label_schema(state: dict, rendered: rendering.Rendered, schema: tuple[labels.Label, ...], configs: dict, out,
-                       timeout: float = 60.0) -> dict[str, float]:
-    """Have the labels `schema` adds (check_label_change allowed it) reach the running parts
-    before any rule reads them: the services first (each sends on and logs the new labels; none
-    requires one yet, finish_label_schema), then every point's listeners (label bound and token
-    claims: their files rewritten, Envoy updates them in place). Waits until each part reports
-    the new setting; the seconds each step took ({} when the labels are those deployed). On a
-    step that does not take, what was written is put back and LabelSchemaChangeError says so."""
-    if schema == rendered.label_schema:
-        return {}
-    run_dir = Path(state["run_dir"])
-    listeners = {}  # point -> (its folder, its listener files, their version)
-    for point in rendered.plan.points:
-        folder = run_dir / "points" / point.name
-        bootstrap, _ = rendering.point_routes(configs[point.name].envoy, folder, rendered.revision)
-        bootstrap, files, version = rendering.point_listeners(point, bootstrap, folder)
-        if json.loads((folder / "envoy.json").read_text()) != bootstrap:
-            raise LabelSchemaChangeError(f"point {point.name}: the new labels change its Envoy's bootstrap beyond its listeners")
-        if files:
-            listeners[point.name] = (folder / rendering.LISTENERS, files, version)
-    before_setting = (run_dir / rendering.LABEL_SETTING).read_text()
-    before_listeners = {name: {file: (folder / file).read_text() for file in files} for name, (folder, files, _) in listeners.items()}
-    seconds = {}
-    try:
-        seconds["services"] = round(_give_services(state, _setting(schema, rendered.label_schema), timeout), 3)
-        points = {point.name: point for point in rendered.plan.points}
-        for folder, files, _ in listeners.values():
-            rendering.write_routes(folder, files)
-        seconds["listeners"] = round(_wait({name: lambda name=name, version=version: envoy_listeners_version(points[name]) == version
-                                            for name, (_, _, version) in listeners.items()}, timeout,
-                                           f"serve the new listeners (their logs are in {run_dir / 'logs'})"), 3)
-    except LabelSchemaChangeError as error:
-        for name, files in before_listeners.items():
-            rendering.write_routes(listeners[name][0], files)
-        _give_services(state, before_setting, timeout)
-        raise LabelSchemaChangeError(f"{error}; the labels the deployment had were written back") from None
-    added = sorted({label.name for label in schema} - {label.name for label in rendered.label_schema})
-    print(f"reload-policy: labels {', '.join(added) or '(changed)'}: taken by {sum(p['kind'] == 'service' for p in state['parts'])} services "
-          f"in {seconds['services']:.2f} s, by the listeners of {len(listeners)} points in {seconds['listeners']:.2f} s", file=out)
-    return seconds
-
-
-def finish_label_schema(state: dict, schema: tuple[labels.Label, ...], out, timeout: float = 60.0) -> dict[str, float]:
-    """Once every point holds the rules of `schema`: the services require the labels it makes
-    required (apply_label_schema gave new ones as optional). The seconds it took; {} when the
-    services' setting is that already."""
-    try:
-        taken = _give_services(state, labels.service_setting(schema), timeout)
-    except LabelSchemaChangeError as error:
-        raise ReloadError(f"every point decides with the new rules, but {error}: those services do not require the new required labels "
-                          "yet (the rules do); `make reload-policy` again, or deploy again") from None
-    if taken:
-        print(f"reload-policy: the services require {', '.join(label.name for label in schema if label.required)} after {taken:.2f} s", file=out)
-    return {"services_required": round(taken, 3)} if taken else {}
 
 
 def watch(policies: str | Path | None = None, interval: float = 0.5, out=sys.stdout, stop: threading.Event | None = None) -> None:
