@@ -12,7 +12,7 @@ import pytest
 from complyroute.policy import labels
 from complyroute.policy.policyfiles import POLICIES
 from complyroute.proxy.envoy import LISTENER, LISTENERS_FILE, envoy_config
-from complyroute.runtime.local import labelchange, rendering
+from complyroute.runtime.local import labelchange, polling, rendering
 from complyroute.topology import manifest
 from complyroute.topology.plan import place
 
@@ -132,7 +132,7 @@ class FakeServices:
         self.run_dir, self.take, self.signalled, self.setting = run_dir, take, [], None
         monkeypatch.setattr(labelchange.deployment, "signal_part", self.signal)
         monkeypatch.setattr(labelchange.supervision, "health_answer", self.health)
-        monkeypatch.setattr(labelchange, "POLL_INTERVAL", 0.01)
+        monkeypatch.setattr(polling, "POLL_INTERVAL", 0.01)
 
     def signal(self, name, signal_name, state):
         self.signalled.append((name, signal_name))

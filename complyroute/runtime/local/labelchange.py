@@ -22,16 +22,14 @@ import json
 import time
 import urllib.parse
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from complyroute.policy import labels
 from complyroute.proxy.envoy import LISTENERS_FILE
-from complyroute.runtime.local import deployment, rendering, supervision
+from complyroute.runtime.local import deployment, polling, rendering, supervision
 from complyroute.topology import localhttp
 from complyroute.topology.plan import EnforcementPoint
 
-POLL_INTERVAL = 0.05  # between rounds of asking the parts that did not take a step yet
 TIMEOUT = 60.0  # s a step may take before what it wrote is put back
 
 
@@ -74,21 +72,13 @@ def _setting(schema: tuple[labels.Label, ...], deployed: tuple[labels.Label, ...
 
 
 def _wait(checks: dict[str, Callable[[], bool]], timeout: float, what: str) -> float:
-    """Poll every check until each passes (a few at a time, as the points' revisions are); the
-    seconds the slowest took. LabelChangeError naming those still behind at `timeout`."""
-    started = time.monotonic()
-    pending = dict(checks)
-    with ThreadPoolExecutor(max_workers=max(1, min(8, len(pending)))) as pool:
-        while pending and time.monotonic() < started + timeout:
-            names = list(pending)
-            for name, done in zip(names, list(pool.map(lambda name: pending[name](), names))):
-                if done:
-                    del pending[name]
-            if pending:
-                time.sleep(POLL_INTERVAL)
-    if pending:
-        raise LabelChangeError(f"after {timeout:.0f} s these parts do not {what}: {', '.join(sorted(pending))}")
-    return time.monotonic() - started
+    """Poll every check until each passes; the seconds the slowest took. LabelChangeError naming
+    those still behind at `timeout`."""
+    seconds = polling.until(checks, time.monotonic(), timeout)
+    behind = sorted(name for name, taken in seconds.items() if taken is None)
+    if behind:
+        raise LabelChangeError(f"after {timeout:.0f} s these parts do not {what}: {', '.join(behind)}")
+    return max(seconds.values(), default=0.0)
 
 
 def _give_services(state: dict, setting: str, timeout: float) -> float:

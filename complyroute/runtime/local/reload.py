@@ -42,6 +42,7 @@ the point's private sockets.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pickle
@@ -49,18 +50,16 @@ import sys
 import threading
 import time
 import urllib.parse
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from complyroute import engines
 from complyroute.engines import precompute
 from complyroute.policy import bundles, labels, policydata, policyfiles
-from complyroute.runtime.local import deployment, labelchange, rendering
+from complyroute.runtime.local import deployment, labelchange, polling, rendering
 from complyroute.topology import localhttp
 from complyroute.topology.plan import EnforcementPoint
 
-POLL_INTERVAL = 0.05  # between rounds of asking the points still on the old revision
 
 
 class ReloadError(RuntimeError):
@@ -164,24 +163,8 @@ def write_step(run_dir: Path, points: list[EnforcementPoint], configs: dict[str,
 
 
 def wait_for(points: list[EnforcementPoint], expected: dict[str, Expected], started: float, timeout: float) -> dict[str, float | None]:
-    """Seconds from `started` until each point has taken what `expected` says (None: not within `timeout`).
-
-    Rounds over the points still behind, a few at a time: polling every point as fast as it
-    answers would itself load the machine the points run on."""
-    pending = {point.name: point for point in points}
-    seconds: dict[str, float | None] = dict.fromkeys(pending)
-    with ThreadPoolExecutor(max_workers=min(8, len(pending))) as pool:
-        while pending and time.monotonic() < started + timeout:
-            names = list(pending)
-            taken = pool.map(lambda name: expected[name].taken(pending[name]), names)
-            now = time.monotonic() - started
-            for name, done in zip(names, list(taken)):
-                if done:
-                    seconds[name] = now
-                    del pending[name]
-            if pending:
-                time.sleep(POLL_INTERVAL)
-    return seconds
+    """Seconds from `started` until each point has taken what `expected` says (None: not within `timeout`)."""
+    return polling.until({point.name: functools.partial(expected[point.name].taken, point) for point in points}, started, timeout)
 
 
 def behind(seconds: dict[str, float | None]) -> list[str]:
