@@ -22,13 +22,13 @@ compiled engine's listeners hand OPA all it needs.
 
 from __future__ import annotations
 
-import http.client
 import itertools
 import json
 import os
 import random
 import shutil
 import signal
+import socket
 import tempfile
 import threading
 import time
@@ -221,35 +221,70 @@ def engine_parts(plan, kind: str, policies: Path, folder: Path) -> tuple[renderi
     for point in points:
         parts += rendering.point_parts(point, configs[point.name], folder / point.name, logs, revision,
                                         BundleSource(BUNDLE_SERVER.url), {})
-    return server, parts
+    # Most answers here are OPA's full evaluation, thousands a minute: collecting garbage less
+    # often (a larger heap, for processes that live a minute) spent a tenth less of OPA's time.
+    return server, [replace(part, env={**part.env, "GOGC": "400"}) if part.kind == "opa" else part for part in parts]
+
+
+def exchange(stream, request: bytes) -> tuple[int, bytes, bool]:
+    """One request over a kept-alive HTTP/1.1 connection (a buffered socket file): (status, body,
+    whether the listener closes the connection). Lean on purpose: http.client, which parses
+    every answer's headers into a Message, took a tenth of the two cores' time."""
+    stream.write(request)
+    stream.flush()
+    status_line = stream.readline()
+    if not status_line:
+        raise ConnectionError("the listener closed the connection without an answer")
+    length, chunked, close = None, False, False
+    while (line := stream.readline()) not in (b"\r\n", b"\n", b""):
+        name, _, value = line.partition(b":")
+        name, value = name.strip().lower(), value.strip().lower()
+        if name == b"content-length":
+            length = int(value)
+        elif name == b"transfer-encoding":
+            chunked = value == b"chunked"
+        elif name == b"connection":
+            close = value == b"close"
+    if chunked:
+        body = b""
+        while size := int(stream.readline().split(b";")[0], 16):
+            body += stream.read(size + 2)[:-2]
+        while stream.readline() not in (b"\r\n", b"\n", b""):  # trailers
+            pass
+    elif length is not None:
+        body = stream.read(length)
+    else:
+        body, close = stream.read(), True
+    return int(status_line.split(b" ", 2)[1]), body, close
 
 
 def answers(requests: list[Request]) -> list[tuple[int, dict | str]]:
     """Send every request as POST /process; (status, JSON body or text) each."""
-    local = threading.local()
+    local, opened = threading.local(), []
 
     def one(index_request):
         index, (endpoint, lines, body) = index_request
-        connections = local.__dict__.setdefault("connections", {})
-        connection = connections.get(endpoint)
-        if connection is None:
-            connection = connections[endpoint] = http.client.HTTPConnection(endpoint.address, endpoint.port, timeout=30)
-        connection.putrequest("POST", "/process", skip_accept_encoding=True)
-        connection.putheader("content-type", "application/json")
-        connection.putheader("content-length", str(len(body)))
-        connection.putheader("x-request-id", f"differential-{index}")
-        for header, value in lines:
-            connection.putheader(header, value)
-        connection.endheaders(body)
-        answer = connection.getresponse()
-        text = answer.read().decode()
+        streams = local.__dict__.setdefault("streams", {})
+        if endpoint not in streams:
+            streams[endpoint] = socket.create_connection((endpoint.address, endpoint.port), timeout=30).makefile("rwb")
+            opened.append(streams[endpoint])
+        request = (f"POST /process HTTP/1.1\r\nhost: {endpoint.address}:{endpoint.port}\r\ncontent-type: application/json\r\n"
+                   f"content-length: {len(body)}\r\nx-request-id: differential-{index}\r\n"
+                   + "".join(f"{header}: {value}\r\n" for header, value in lines) + "\r\n").encode() + body
+        status, text, close = exchange(streams[endpoint], request)
+        if close:
+            streams.pop(endpoint).close()
         try:
-            return answer.status, json.loads(text)
+            return status, json.loads(text)
         except json.JSONDecodeError:
-            return answer.status, text
+            return status, text.decode()
 
-    with ThreadPoolExecutor(max_workers=CLIENTS) as pool:
-        return list(pool.map(one, enumerate(requests)))
+    try:
+        with ThreadPoolExecutor(max_workers=CLIENTS) as pool:
+            return list(pool.map(one, enumerate(requests)))
+    finally:
+        for stream in opened:
+            stream.close()
 
 
 def differences(requests: list[Request], seen: dict[str, list]) -> list[tuple]:
