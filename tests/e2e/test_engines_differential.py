@@ -153,7 +153,7 @@ def requests_of(listeners, labels: tuple[Label, ...], reference: dict, run: Rule
 
 def sink_envoy(destinations: dict[str, Endpoint], admin: Endpoint) -> dict:
     """An Envoy answering 200 {"instance": id} on every address a point routes to."""
-    socket = lambda e: {"socket_address": {"address": e.address, "port_value": e.port}}
+    address = lambda e: {"socket_address": {"address": e.address, "port_value": e.port}}
     listeners = []
     for instance, endpoint in sorted(destinations.items()):
         manager = {
@@ -165,9 +165,9 @@ def sink_envoy(destinations: dict[str, Endpoint], admin: Endpoint) -> dict:
             }]}]},
             "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}],
         }
-        listeners.append({"name": instance, "address": socket(endpoint),
+        listeners.append({"name": instance, "address": address(endpoint),
                           "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": manager}]}]})
-    return {"admin": {"address": socket(admin)}, "static_resources": {"listeners": listeners}}
+    return {"admin": {"address": address(admin)}, "static_resources": {"listeners": listeners}}
 
 
 class Running:
