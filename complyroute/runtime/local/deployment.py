@@ -17,6 +17,7 @@ run folder that only the deployment's user can open; it listens on no port.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
@@ -26,6 +27,7 @@ import signal
 import sys
 import tempfile
 import time
+import xmlrpc.client
 from pathlib import Path
 
 import psutil
@@ -274,18 +276,26 @@ def stop(out=sys.stdout, grace: float = 10.0) -> int:
     sup = state.get("supervisor") or {}
     # supervisord first, so that it stops every part (SIGTERM, SIGKILL after STOP_GRACE_SECONDS)
     # rather than restart those it sees die; then whatever is left (supervisord killed, an
-    # interrupted deploy) as before.
+    # interrupted deploy) as before. Asked over its socket rather than by a signal, and asked
+    # again while it winds down: its main loop takes a signal, or sees a part gone, only at its
+    # next turn, up to a second later, and a request starts a turn at once (a second of every
+    # undeploy, 50 s of make test's).
     refresh_pids(state)
     pids = {p["pid"] for p in state["parts"] if p["pid"]} | set(processes_using(state["run_dir"]))
     if sup.get("pid") and alive(sup["pid"]):
         pids.add(sup["pid"])
         try:
-            os.kill(sup["pid"], signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+            supervisor(state).supervisor.shutdown()
+        except (OSError, xmlrpc.client.Error):
+            try:
+                os.kill(sup["pid"], signal.SIGTERM)
+            except ProcessLookupError:
+                pass
         deadline = time.monotonic() + STOP_GRACE_SECONDS + 5
         while time.monotonic() < deadline and alive(sup["pid"]):
             time.sleep(0.05)
+            with contextlib.suppress(OSError, xmlrpc.client.Error):
+                supervisor(state).supervisor.getState()
     for pid in pids:
         try:
             os.killpg(pid, signal.SIGTERM)
