@@ -131,10 +131,15 @@ def write(folder: Path, documents: dict[str, dict], policies: Path = POLICIES, r
             (archive / revision_name).mkdir(parents=True, exist_ok=True)
             targets.insert(0, archive / revision_name / bundle_name(point))
         for target in targets:
-            partial = target.parent / f".{target.name}.partial"
-            partial.write_bytes(content)
-            os.replace(partial, target)
+            replace(target, content)
     return revision_name
+
+
+def replace(target: Path, content: bytes) -> None:
+    """Write a bundle file by a rename, so the bundle server never serves half of it."""
+    partial = target.parent / f".{target.name}.partial"
+    partial.write_bytes(content)
+    os.replace(partial, target)
 
 
 def members(content: bytes) -> dict[str, bytes]:

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import pickle
 import sys
 import threading
@@ -59,7 +58,6 @@ from complyroute.policy import bundles, labels, policydata, policyfiles
 from complyroute.runtime.local import deployment, labelchange, polling, rendering
 from complyroute.topology import localhttp
 from complyroute.topology.plan import EnforcementPoint
-
 
 
 class ReloadError(RuntimeError):
@@ -136,9 +134,7 @@ class Running:
 
     def restore(self, run_dir: Path) -> None:
         for path, content in self.bundles.items():
-            partial = path.with_name(f".{path.name}.partial")
-            partial.write_bytes(content)
-            os.replace(partial, path)
+            bundles.replace(path, content)
         for point, routes in self.routes.items():
             rendering.write_routes(run_dir / "points" / point / rendering.ROUTES, routes)
 
