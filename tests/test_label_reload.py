@@ -153,7 +153,7 @@ def label_run(tmp_path):
         configs[x.name] = type("Config", (), {"envoy": envoy})
         bootstrap, routes = rendering.point_routes(envoy, folder, "r1")
         bootstrap, files, _ = rendering.point_listeners(x, bootstrap, folder)
-        rendering.write_routes(folder / rendering.LISTENERS, files)
+        rendering.write_watched_files(folder / rendering.LISTENERS, files)
         (folder / "envoy.json").write_text(json.dumps(bootstrap))
     state = {"run_dir": str(tmp_path), "parts": [{"name": s.instance.id, "kind": "service", "health_url": s.health_url} for s in p.services]}
     return state, rendering.Rendered(p, {}, "r1", SHIPPED)

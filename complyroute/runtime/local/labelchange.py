@@ -136,13 +136,13 @@ def apply(state: dict, rendered: rendering.Rendered, schema: tuple[labels.Label,
         seconds["services"] = round(_give_services(state, _setting(schema, rendered.label_schema), timeout), 3)
         points = {point.name: point for point in rendered.plan.points}
         for folder, files, _ in listeners.values():
-            rendering.write_routes(folder, files)
+            rendering.write_watched_files(folder, files)
         seconds["listeners"] = round(_wait({name: lambda name=name, version=version: envoy_listeners_version(points[name]) == version
                                             for name, (_, _, version) in listeners.items()}, timeout,
                                            f"serve the new listeners (their logs are in {run_dir / 'logs'})"), 3)
     except LabelChangeError as error:
         for name, files in before_listeners.items():
-            rendering.write_routes(listeners[name][0], files)
+            rendering.write_watched_files(listeners[name][0], files)
         try:
             _give_services(state, before_setting, timeout)
         except LabelChangeError as back:

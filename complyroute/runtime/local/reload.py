@@ -136,7 +136,7 @@ class Running:
         for path, content in self.bundles.items():
             bundles.replace(path, content)
         for point, routes in self.routes.items():
-            rendering.write_routes(run_dir / "points" / point / rendering.ROUTES, routes)
+            rendering.write_watched_files(run_dir / "points" / point / rendering.ROUTES, routes)
 
 
 def write_step(run_dir: Path, points: list[EnforcementPoint], configs: dict[str, engines.PointConfig], policies: Path,
@@ -150,7 +150,7 @@ def write_step(run_dir: Path, points: list[EnforcementPoint], configs: dict[str,
     for point in points:
         folder = run_dir / "points" / point.name
         _, routes = rendering.point_routes(configs[point.name].envoy, folder, routes_version or revision)
-        rendering.write_routes(folder / rendering.ROUTES, routes)
+        rendering.write_watched_files(folder / rendering.ROUTES, routes)
         data = configs[point.name].data if configs[point.name].opa is not None else None
         expected[point.name] = Expected(revision if data is not None else None,
                                         data["complyroute"][precompute.TABLE_DIGEST] if data is not None else None,

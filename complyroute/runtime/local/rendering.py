@@ -75,13 +75,14 @@ def node_binary() -> str:
     return str(NODE) if NODE.exists() else "node"
 
 
-def write_routes(folder: Path, routes: dict[str, str]) -> list[str]:
-    """Write a point's route configurations (routes.split_routes) or listeners (point_listeners)
-    into `folder`, each by a rename (Envoy reads a file moved into the folder it watches; a
-    service reads its label setting whole); the names of those that changed."""
+def write_watched_files(folder: Path, files: dict[str, str]) -> list[str]:
+    """Write files that running parts read whole into `folder`, each by a rename: a point's
+    route configurations (routes.split_routes) or listeners (point_listeners), which Envoy reads
+    when one is moved into the folder it watches, and the services' label setting; the names of
+    those that changed."""
     folder.mkdir(parents=True, exist_ok=True)
     changed = []
-    for name, content in routes.items():
+    for name, content in files.items():
         target = folder / name
         if target.exists() and target.read_text() == content:
             continue
@@ -119,7 +120,7 @@ def envoy_listeners(folder: Path) -> list[dict]:
 def write_label_setting(run_dir: Path, setting: str) -> bool:
     """The labels every service of the run takes (labels.service_setting) into its file, by a
     rename; whether it changed."""
-    return bool(write_routes(run_dir, {LABEL_SETTING: setting}))
+    return bool(write_watched_files(run_dir, {LABEL_SETTING: setting}))
 
 
 def point_parts(point: EnforcementPoint, config: engines.PointConfig, folder: Path, logs: Path, revision: str,
@@ -135,9 +136,9 @@ def point_parts(point: EnforcementPoint, config: engines.PointConfig, folder: Pa
         Path(private).mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(private, 0o700)
     bootstrap, routes = point_routes(config.envoy, folder, revision)
-    write_routes(folder / ROUTES, routes)
+    write_watched_files(folder / ROUTES, routes)
     bootstrap, listeners, _ = point_listeners(point, bootstrap, folder)
-    write_routes(folder / LISTENERS, listeners)
+    write_watched_files(folder / LISTENERS, listeners)
     # JSON, not YAML: a compiled route configuration can be large, and Envoy parses JSON faster.
     (folder / "envoy.json").write_text(json.dumps(bootstrap, indent=1))
     parts = []
