@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from complyroute.engines import envoy_opa
+from complyroute.engines import envoy_opa, precompute
 from complyroute.policy import labels, policyfiles
 from complyroute.policy.policyfiles import OPA
 from complyroute.proxy.opa import POLICY_QUERY, write_data
@@ -91,7 +91,7 @@ class RuleSet:
 
     name: str
     policies: Path
-    data_keys: tuple[str, ...]  # what of a point's document it reads, under data.complyroute
+    data_keys: tuple[str, ...]  # the documents of a point's data it reads, as paths under data
     # ({case: point}, {case: the points of its deployment} or None) -> {case: what its OPA loads}
     data: Callable[..., dict[str, dict]]
     flags: list[str] = field(default_factory=list)
@@ -102,7 +102,7 @@ class BaselineUnavailable(RuntimeError):
 
 
 def current() -> RuleSet:
-    return RuleSet("current", policyfiles.POLICIES, ("index", "table"), point_documents, list(policyfiles.RUN_FLAGS))
+    return RuleSet("current", policyfiles.POLICIES, ("complyroute.index", f"{precompute.QUICK_PATH_DOCUMENT}.table"), point_documents, list(policyfiles.RUN_FLAGS))
 
 
 def point_documents(points: dict[str, EnforcementPoint], deployments: dict[str, list[EnforcementPoint]] | None = None) -> dict[str, dict]:
@@ -121,7 +121,7 @@ def baseline(scratch: Path) -> RuleSet:
     scratch.mkdir(parents=True, exist_ok=True)
     subprocess.run(["tar", "-x", "-C", str(scratch)], input=archive.stdout, check=True)
     as_catalogs = lambda points, deployments=None: {case: {"complyroute": {"catalog": point.catalog}} for case, point in points.items()}
-    return RuleSet(BASELINE_COMMIT, scratch / "policies", ("catalog",), as_catalogs)
+    return RuleSet(BASELINE_COMMIT, scratch / "policies", ("complyroute.catalog",), as_catalogs)
 
 
 def opa(*args: str, env: dict | None = None, cpus: set[int] | None = None) -> str:
@@ -141,7 +141,7 @@ def decisions(rule_set: RuleSet, asked: dict[str, tuple[dict, dict]], scratch: P
     data_dir = scratch / f"{rule_set.name}-decisions"
     write_data(data_dir, {"bench": {name: {"data": document, "request": request} for name, (document, request) in asked.items()}})
     query = f"some name, asked in data.bench; answer := {QUERY} with input as asked.request " + " ".join(
-        f"with data.complyroute.{key} as asked.data.complyroute.{key}" for key in rule_set.data_keys)
+        f"with data.{key} as asked.data.{key}" for key in rule_set.data_keys)
     results = json.loads(opa("eval", "--format", "json", *loading(rule_set, data_dir), query)).get("result", [])
     return {result["bindings"]["name"]: result["bindings"]["answer"] for result in results}
 

@@ -4,7 +4,7 @@
 #   Asks the rule set, ahead of time, what Envoy would ask it at run time:
 #   data.complyroute.envoy.response for an ext_authz check of a POST /process
 #   with a JSON object as body, for every labelling of a listener's decision
-#   space. The adapter's full path answers (data.complyroute.table, the
+#   space. The adapter's full path answers (data.complyroute_quick_path.table, the
 #   precomputed table, held out), so every answer is the compliance
 #   entrypoint's, data.complyroute.compliance.decision, whatever rules it holds.
 #   complyroute/engines/precompute.py writes the input and builds the allowed
@@ -58,7 +58,7 @@ full_answer(point, request) := response if {
 	response := envoy.response with input as request
 		with data.complyroute.index as point.data.complyroute.index # regal ignore:with-outside-test-context
 		with data.complyroute.revision as point.data.complyroute.revision # regal ignore:with-outside-test-context
-		with data.complyroute.table as {} # regal ignore:with-outside-test-context
+		with data.complyroute_quick_path.table as {} # regal ignore:with-outside-test-context
 }
 
 check_request(listener, labelling) := {"attributes": {

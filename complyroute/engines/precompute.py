@@ -17,7 +17,7 @@ data.complyroute.compliance.decision, whatever rules it holds):
   from a header has no space: its records always ask OPA).
 
 The labellings the rule set allows without rewriting a label become
-- data.complyroute.table, which every deciding point's OPA loads and the adapter's quick path
+- data.complyroute_quick_path.table, which every deciding point's OPA loads and the adapter's quick path
   looks up (envoy.rego `quick_answer`);
 - under envoy-compiled, Envoy routes too (envoy_compiled.listener_matcher).
 Nothing here restates a rule: a rule an author adds is in the answers the next deploy or
@@ -74,8 +74,13 @@ CACHE_ENTRIES = 512
 Labelling = tuple[str, str, tuple[str | None, ...]]
 # The table's key for an absent label (envoy.rego absent_label): no header value can be NUL.
 ABSENT = "\u0000"
-# The key of data.complyroute beside the table that names it (table_digest).
-TABLE_DIGEST = "table_digest"
+# Where a point's OPA holds its allowed table ("table") and what names it ("digest"): a document
+# of its own beside data.complyroute, not in it. On every bundle it activates, OPA checks each
+# rule against the data at its package's path (ast.CheckPathConflicts), and each check copies
+# the whole of data.complyroute: with the table in it, a few hundred copies of a table of
+# 450 kB at the central entity of 50 services, 2 s of CPU per activation (was most of a
+# reload's propagation).
+QUICK_PATH_DOCUMENT = "complyroute_quick_path"
 
 
 @dataclass(frozen=True)
@@ -93,7 +98,7 @@ class Precomputed:
         return cls({}, {"labels": [], "labellings": [], "points": {}}, policies, skipped="not asked ahead of time")
 
     def tables(self) -> dict[str, dict]:
-        """data.complyroute.table of every point, in one pass over the answers: point -> sender ->
+        """data.complyroute_quick_path.table of every point, in one pass over the answers: point -> sender ->
         step -> the value of each label in the schema's order (ABSENT for none), a level each ->
         {"destination"}."""
         tables: dict[str, dict] = {}
@@ -332,13 +337,12 @@ def with_tables(data: dict[str, dict], precomputed: Precomputed) -> dict[str, di
     built = precomputed.tables()
     tables = {point: built.get(point, {}) for point in data}
     check_quick_path(precomputed, tables)
-    return {point: {**document, "complyroute": {**document.get("complyroute", {}), "table": tables[point],
-                                                TABLE_DIGEST: table_digest(tables[point])}}
+    return {point: {**document, QUICK_PATH_DOCUMENT: {"table": tables[point], "digest": table_digest(tables[point])}}
             for point, document in data.items()}
 
 
 def table_digest(table: dict) -> str:
-    """What names a point's table in its OPA data (data.complyroute.table_digest), so that a
+    """What names a point's table in its OPA data (data.complyroute_quick_path.digest), so that a
     reload can see when a point holds it: a digest of its content, "" for an empty table. The
     rules never read it."""
     if not table:
@@ -353,7 +357,7 @@ def check_quick_path(precomputed: Precomputed, tables: dict[str, dict]) -> None:
     if not any(tables.values()):
         return
     with_tables = dict(space, points={
-        name: {**entry, "data": {**entry["data"], "complyroute": {**entry["data"]["complyroute"], "table": tables.get(name, {})}}}
+        name: {**entry, "data": {**entry["data"], QUICK_PATH_DOCUMENT: {"table": tables.get(name, {})}}}
         for name, entry in space["points"].items()
     })
     got = {key_of(answer): (answer[3], answer[4]) for answer in evaluate_split(QUICK, with_tables, precomputed.policies)}

@@ -5,7 +5,7 @@
 #   the point's allowed table) answers over its decision space, for
 #   complyroute/engines/precompute.py to compare with the rule set's own
 #   answers before the point takes the table. Input: decision_space.rego's,
-#   each point's data holding its table (data.complyroute.table). A module of
+#   each point's data holding its table (data.complyroute_quick_path.table). A module of
 #   its own: policy-diff loads decision_space.rego with older rule sets, whose
 #   adapter has no quick_answer_of.
 package complyroute_engines.quick_path # regal ignore:directory-package-mismatch
@@ -23,8 +23,8 @@ quick contains [point_name, listener_name, labelling, destination, revision] if 
 	some labelling in input.labellings
 	request := decision_space.check_request(listener, labelling)
 
-	data_of_point := point.data.complyroute
-	response := envoy.quick_answer_of(request.attributes, listener.sender, data_of_point.table, envoy.table_keys, data_of_point.revision)
+	table := point.data.complyroute_quick_path.table
+	response := envoy.quick_answer_of(request.attributes, listener.sender, table, envoy.table_keys, point.data.complyroute.revision)
 	[destination, revision] := quick_outcome(request, response)
 }
 

@@ -73,7 +73,8 @@ def revision(policies: Path = POLICIES, repo: Path = REPO) -> str:
 
 def roots(files: dict[str, bytes], data: dict) -> list[str]:
     """The manifest's roots: complyroute/<x> for each package complyroute.<x>... and each
-    document data.complyroute.<x> the bundle carries."""
+    document data.complyroute.<x> the bundle carries, and each other document of its data
+    (data.complyroute_quick_path, precompute.py)."""
     found = set()
     for name, content in files.items():
         if name.endswith(".rego"):
@@ -84,7 +85,7 @@ def roots(files: dict[str, bytes], data: dict) -> list[str]:
             found.add(f"{RULE_SET}/{segments[1]}")
         else:
             found.add(str(Path(name).parent))
-    found |= {f"{RULE_SET}/{key}" for key in data.get(RULE_SET, {})}
+    found |= {f"{RULE_SET}/{key}" for key in data.get(RULE_SET, {})} | {key for key in data if key != RULE_SET}
     return sorted(found)
 
 

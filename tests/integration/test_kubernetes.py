@@ -27,6 +27,7 @@ import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
+from complyroute.engines import precompute
 from complyroute.policy import bundles
 from complyroute.policy.policyfiles import POLICIES
 from complyroute.proxy.routes import ROUTE_CONFIGURATION, split_routes
@@ -942,8 +943,10 @@ def test_the_bundle_server_serves_every_deciding_points_bundle_from_configmaps_n
     for name, bundle in served.items():
         content = bundle_members(bundle)
         assert json.loads(content[".manifest"])["revision"] == revision
-        data = json.loads(content["data.json"])["complyroute"]
-        assert set(data) == {"index", "revision", "table", "table_digest"} and data["revision"] == revision, name
+        document = json.loads(content["data.json"])
+        assert set(document) == {"complyroute", precompute.QUICK_PATH_DOCUMENT}, name
+        assert set(document["complyroute"]) == {"index", "revision"} and document["complyroute"]["revision"] == revision, name
+        assert set(document[precompute.QUICK_PATH_DOCUMENT]) == {"table", "digest"}, name
     # Every ConfigMap the rule set fills says which revision it holds; no other one changes with it.
     rule_set = [o for o in configmaps.values() if o["metadata"].get("labels", {}).get("component") == "rule-set"]
     assert {o["metadata"]["name"] for o in rule_set} == {n for n in configmaps if n.startswith(("bundles-", "routes-"))}

@@ -73,7 +73,7 @@ def test_an_added_rule_reroutes_in_the_table_allowed(shipped, swiss):
     assert before.outcomes[(*ENTRY, ("personal", "care", "CH"))][0] == "ingest-us"
     assert after.outcomes[(*ENTRY, ("personal", "care", "CH"))][0] == "ingest-eu"
     # The table: a level per label, in the schema's order (category, consent, region).
-    assert data["entry"]["complyroute"]["table"]["gateway"]["ingest"]["personal"]["care"]["CH"] == {"destination": "ingest-eu"}
+    assert data["entry"][precompute.QUICK_PATH_DOCUMENT]["table"]["gateway"]["ingest"]["personal"]["care"]["CH"] == {"destination": "ingest-eu"}
 
 
 def test_an_added_rule_leaves_its_twin_alone_denied(shipped, swiss):
@@ -116,7 +116,7 @@ def test_a_rule_reading_the_body_gets_no_table_denied(walkthrough, tmp_path):
     assert reads == [f"complyroute/compliance/compliance.rego:{rule_row(policies)} exclusions reads input.record.age"]
     data, precomputed = envoy_opa.decided_data(points, policies)
     assert precomputed.outcomes == {} and "input.record.age" in precomputed.skipped
-    assert all(document["complyroute"]["table"] == {} for document in data.values())
+    assert all(document[precompute.QUICK_PATH_DOCUMENT]["table"] == {} for document in data.values())
 
 
 def test_the_shipped_rules_read_only_what_is_enumerated_allowed():
@@ -126,7 +126,7 @@ def test_the_shipped_rules_read_only_what_is_enumerated_allowed():
 
 def test_the_guard_refuses_a_divergent_quick_path_denied(shipped):
     data, precomputed = shipped
-    tables = {point: copy.deepcopy(document["complyroute"]["table"]) for point, document in data.items()}
+    tables = {point: copy.deepcopy(document[precompute.QUICK_PATH_DOCUMENT]["table"]) for point, document in data.items()}
     tables["entry"]["gateway"]["ingest"]["personal"]["care"]["EU"] = {"destination": "ingest-us"}
     with pytest.raises(engines.EngineError, match=r"point entry: the quick path differs .* listener entry .* labels category=personal "
                                                   r"consent=care region=EU: the rule set answers allowed to ingest-eu"):
@@ -135,7 +135,7 @@ def test_the_guard_refuses_a_divergent_quick_path_denied(shipped):
 
 def test_the_guard_refuses_a_quick_path_answering_a_denial_denied(shipped):
     data, precomputed = shipped
-    tables = {point: copy.deepcopy(document["complyroute"]["table"]) for point, document in data.items()}
+    tables = {point: copy.deepcopy(document[precompute.QUICK_PATH_DOCUMENT]["table"]) for point, document in data.items()}
     # EU health data may not reach store-eu (not certified): no entry, and none may be added.
     tables["sidecar-analyse-eu"]["analyse-eu"]["store"]["health"] = {precompute.ABSENT: {"EU": {"destination": "store-eu"}}}
     with pytest.raises(engines.EngineError, match="point sidecar-analyse-eu: .*category=health consent=absent region=EU: the rule set answers nothing ahead"):
@@ -144,7 +144,7 @@ def test_the_guard_refuses_a_quick_path_answering_a_denial_denied(shipped):
 
 def test_the_guard_lets_the_tables_the_rule_set_gave_through_allowed(shipped):
     data, precomputed = shipped
-    precompute.check_quick_path(precomputed, {point: document["complyroute"]["table"] for point, document in data.items()})
+    precompute.check_quick_path(precomputed, {point: document[precompute.QUICK_PATH_DOCUMENT]["table"] for point, document in data.items()})
 
 
 def test_the_guard_refuses_divergent_compiled_routes_denied(walkthrough, monkeypatch):
@@ -173,16 +173,16 @@ def test_a_reloads_first_step_holds_no_answer_ahead_of_time(walkthrough, ahead):
     configuration, holds both."""
     topology, points = walkthrough
     configs = engines.configure("envoy-compiled", points, {**topology.engine, "kind": "envoy-compiled"}, POLICIES, ahead=ahead)
-    deciding = [config.data["complyroute"] for config in configs.values() if config.opa is not None]
+    deciding = [config.data[precompute.QUICK_PATH_DOCUMENT] for config in configs.values() if config.opa is not None]
     sidecar = next(point for point in points if point.name == "sidecar-ingest-us")
     tree = compiled_tree(configs, sidecar, envoy_compiled.compiled_listeners(sidecar)[0])
     headers = {":method": "POST", ":path": "/process", "content-length": "2", "x-data-category": "personal",
                "x-data-consent": "care", "x-data-region": "US"}
     routed = envoy_compiled.routed_outcome(envoy_compiled.matched_action(tree, headers))
     if ahead:
-        assert all(document["table"] and document[precompute.TABLE_DIGEST] for document in deciding if document["table"])
-        assert len({document[precompute.TABLE_DIGEST] for document in deciding}) > 1  # each point's own table
+        assert all(document["table"] and document["digest"] for document in deciding if document["table"])
+        assert len({document["digest"] for document in deciding}) > 1  # each point's own table
         assert routed[0] == "analyse-us"
     else:
-        assert all(document["table"] == {} and document[precompute.TABLE_DIGEST] == "" for document in deciding)
+        assert all(document["table"] == {} and document["digest"] == "" for document in deciding)
         assert routed is None  # the decision route: OPA decides

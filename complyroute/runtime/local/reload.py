@@ -77,7 +77,7 @@ def opa_state(point: EnforcementPoint) -> tuple[str | None, str | None]:
     """(revision, table digest) the point's OPA decides with (None, None: no bundle loaded, or
     unreachable)."""
     answer = _get_json(f"{point.opa_http.url}/v1/data/complyroute/revision")
-    digest = _get_json(f"{point.opa_http.url}/v1/data/complyroute/{precompute.TABLE_DIGEST}")
+    digest = _get_json(f"{point.opa_http.url}/v1/data/{precompute.QUICK_PATH_DOCUMENT}/digest")
     return (answer or {}).get("result"), (digest or {}).get("result")
 
 
@@ -128,7 +128,7 @@ class Running:
             document = bundles.data_of(bundle) if bundle is not None else None
             expected[point.name] = Expected(
                 document["complyroute"]["revision"] if document else None,
-                document["complyroute"].get(precompute.TABLE_DIGEST) if document else None,
+                document.get(precompute.QUICK_PATH_DOCUMENT, {}).get("digest") if document else None,
                 versions.pop() if len(versions) == 1 else None)
         return cls(bundles_now, routes, expected)
 
@@ -153,7 +153,7 @@ def write_step(run_dir: Path, points: list[EnforcementPoint], configs: dict[str,
         rendering.write_watched_files(folder / rendering.ROUTES, routes)
         data = configs[point.name].data if configs[point.name].opa is not None else None
         expected[point.name] = Expected(revision if data is not None else None,
-                                        data["complyroute"][precompute.TABLE_DIGEST] if data is not None else None,
+                                        data[precompute.QUICK_PATH_DOCUMENT]["digest"] if data is not None else None,
                                         (routes_version or revision) if routes else None)
     return revision, expected
 

@@ -234,7 +234,7 @@ answer := quick_answer if {
 # title: Quick path
 # description: |
 #   The answer the compliance policy gave ahead of time, looked up in
-#   data.complyroute.table: sender -> step -> the value of each label header
+#   data.complyroute_quick_path.table: sender -> step -> the value of each label header
 #   in label_header_order (NUL for an absent one, see table_keys), one level each ->
 #   {"destination"}. The control plane writes the table at deploy and at reload
 #   by evaluating this adapter's full path, and so the compliance entrypoint,
@@ -249,7 +249,7 @@ answer := quick_answer if {
 #   writes), the body is a JSON object, the route pins the step and the sender
 #   is known (the verified peer, else the route's, see `sender`); a point
 #   without a table never takes it.
-quick_answer := quick_answer_of(input.attributes, sender, data.complyroute.table, table_keys, revision)
+quick_answer := quick_answer_of(input.attributes, sender, data.complyroute_quick_path.table, table_keys, revision)
 
 # The quick path as a function of the check request's attributes, the sender, the table, how
 # it is keyed (table_keys) and the revision, so that the control plane's check of it

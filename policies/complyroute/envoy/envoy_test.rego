@@ -478,7 +478,7 @@ table_for(scenario) := table if {
 answer(scenario) := response if {
 	response := envoy.response with input as scenario.request
 		with data.complyroute.index as scenario.index
-		with data.complyroute.table as table_for(scenario)
+		with data.complyroute_quick_path.table as table_for(scenario)
 }
 
 explained(scenario) := response if {
@@ -490,7 +490,7 @@ explained(scenario) := response if {
 quick(scenario) if {
 	response := envoy.response with input as scenario.request
 		with data.complyroute.index as scenario.index
-		with data.complyroute.table as table_for(scenario)
+		with data.complyroute_quick_path.table as table_for(scenario)
 		with compliance.decision as {"allowed": false, "status": 400, "code": "NOT_ASKED"}
 	response.allowed == true
 }
@@ -545,7 +545,7 @@ test_quick_path_checks_the_record_denied if {
 	not_an_object := compliance_test.apply(scenario.request, set_body("[1]"), "set", "unset")
 	response := envoy.response with input as not_an_object
 		with data.complyroute.index as scenario.index
-		with data.complyroute.table as table_for(scenario)
+		with data.complyroute_quick_path.table as table_for(scenario)
 	response.http_status == 400
 	json.unmarshal(response.body).code == "RECORD_MALFORMED"
 }
@@ -554,7 +554,7 @@ test_quick_path_checks_the_record_allowed if {
 	scenario := scenarios.allowed["routing: EU sender: EU replica with the smallest id"]
 	envoy.quick_answer with input as scenario.request
 		with data.complyroute.index as scenario.index
-		with data.complyroute.table as table_for(scenario)
+		with data.complyroute_quick_path.table as table_for(scenario)
 }
 
 # The adapted direct input, checked once in full; absent headers and body stay absent.
@@ -645,7 +645,7 @@ respond_issuing(change, token, path) := [result |
 issued_with(request, index, table, "absent") := result if {
 	result := envoy.response with input as request
 		with data.complyroute.index as index
-		with data.complyroute.table as table
+		with data.complyroute_quick_path.table as table
 		with data.complyroute.revision as revision_under_test
 		with time.now_ns as now_ns
 }
@@ -657,7 +657,7 @@ issued_with(request, index, table, token) := result if {
 	result := envoy.response with data.complyroute.token as token
 		with input as request
 		with data.complyroute.index as index
-		with data.complyroute.table as table
+		with data.complyroute_quick_path.table as table
 		with data.complyroute.revision as revision_under_test
 		with time.now_ns as now_ns
 }
