@@ -46,13 +46,19 @@ def hub_topology(tmp_path) -> manifest.Topology:
 
 
 # ---- tiers -----------------------------------------------------------------------------------
-# tests/integration/: tests that start no deployment but run real OPA, Envoy or
-# kubernetes-validate over whole topologies (a minute or more each file here). `make test` runs
-# them; `make check`, the quick loop, leaves them out (-m "not integration").
-INTEGRATION = Path(__file__).with_name("integration")
+# A test's tier is the folder it lives in, and its marker comes from there: tests/unit/ (no
+# marker: fast, no deployment), tests/integration/ (`integration`: no deployment, but real OPA,
+# Envoy or kubernetes-validate over whole topologies), tests/e2e/ (`e2e`: deploys on
+# 127.0.0.1:8080) and tests/k8s/ (`k8s`: needs the control plane `make k8s-setup` builds).
+TESTS = Path(__file__).parent
+TIERS = {"unit": None, "integration": pytest.mark.integration, "e2e": pytest.mark.e2e, "k8s": pytest.mark.k8s}
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if INTEGRATION in item.path.parents:
-            item.add_marker(pytest.mark.integration)
+        tier = item.path.relative_to(TESTS).parts[0]
+        if tier not in TIERS:
+            raise pytest.UsageError(f"{item.nodeid}: a test lives in its tier's folder, one of tests/{{{','.join(TIERS)}}}/")
+        if TIERS[tier]:
+            item.add_marker(TIERS[tier])

@@ -22,7 +22,6 @@ from complyroute.topology import manifest
 
 from .helpers import ENGINES, EU_PERSONAL, MIXED_REGIONS, RECORD, post, wait_for_audit
 
-pytestmark = pytest.mark.e2e
 
 US_PERSONAL = {"region": "US", "category": "personal", "consent": "care,billing"}
 

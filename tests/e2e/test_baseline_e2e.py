@@ -10,7 +10,6 @@ from complyroute.runtime.local import deployment
 
 from .helpers import deploy_mixed_regions, instances_reached, post, wait_for_audit
 
-pytestmark = pytest.mark.e2e
 
 CHAIN = ["ingest-eu", "analyse-eu", "store-eu"]  # the first instance of every step
 

@@ -25,7 +25,6 @@ from complyroute.topology import manifest
 
 from .helpers import ENFORCING, ENGINES, post, wait_for_audit
 
-pytestmark = pytest.mark.e2e
 
 CLASSIFICATION = manifest.REPO / "topologies" / "examples" / "classification.yaml"
 RULES = policyfiles.source_of("classification")  # the client reads the headers from its schema

@@ -20,7 +20,7 @@ from .helpers import ENFORCING, ENGINES, EU_PERSONAL, audit_lines, instances_rea
 
 # Phase 1 of the pool's deployments (tests/e2e/conftest.py): before the error contract and the
 # hostile suite put records in past the entry, which this suite's audit verdict would count.
-pytestmark = [pytest.mark.e2e, pytest.mark.pool(phase=1)]
+pytestmark = pytest.mark.pool(phase=1)
 
 US_PERSONAL = {"region": "US", "category": "personal", "consent": "care,billing"}
 # Records a test put in past the entry, posing as ingest-eu with a token of its own (send_as),

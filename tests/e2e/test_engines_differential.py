@@ -50,7 +50,6 @@ from complyroute.topology.plan import Endpoint, LocalNetwork, place
 
 from .helpers import ENFORCING, MIXED_REGIONS, RECORD
 
-pytestmark = pytest.mark.e2e
 
 CLASSIFICATION = manifest.REPO / "topologies" / "examples" / "classification.yaml"
 SINK_ADMIN, BUNDLE_SERVER = Endpoint("127.0.0.1", 39990), Endpoint("127.0.0.1", 39991)

@@ -35,7 +35,7 @@ from .helpers import ENFORCING, ENGINES, POOL_RECEIVE_TIMEOUT, as_part, as_servi
 
 # Phase 2 of the pool's deployments (tests/e2e/conftest.py): after the enforcement suite's audit
 # verdict, since records this suite hands inner listeners were put in past the entry.
-pytestmark = [pytest.mark.e2e, pytest.mark.pool(phase=2)]
+pytestmark = pytest.mark.pool(phase=2)
 
 # Short enough for this test to wait out; the headers timeout is this, the whole request this
 # plus the decision timeout (contract.receive_timeouts). The pool deploys with it.

@@ -11,8 +11,6 @@ from complyroute.runtime.local import deployment
 from .helpers import EU_PERSONAL, deploy_mixed_regions, post
 from .test_hostile_e2e import test_local_process_without_credentials_reaches_no_service_denied as reaches_no_service
 
-pytestmark = pytest.mark.e2e
-
 
 @pytest.fixture(scope="module")
 def baseline():

@@ -63,7 +63,7 @@ from .helpers import (ENFORCING, ENGINES, EU_PERSONAL, RECORD, as_service, egres
                       tls_context, wait_for_audit)
 
 # Phase 3 of the pool's deployments (tests/e2e/conftest.py); the compromised service's tests, phase 5.
-pytestmark = [pytest.mark.e2e, pytest.mark.pool(phase=3)]
+pytestmark = pytest.mark.pool(phase=3)
 
 VICTIM = "ingest-eu"  # the compromised service
 NEXT, LAST = "analyse-eu", "store-eu"

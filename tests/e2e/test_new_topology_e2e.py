@@ -2,13 +2,10 @@
 written into a temporary folder, deploys and carries a record, and its hub denies the twin the
 rules deny."""
 
-import pytest
-
 from complyroute.runtime.local import deployment, supervision
 
 from .helpers import instances_reached, post, wait_for_audit
 
-pytestmark = pytest.mark.e2e
 
 ALL_PURPOSES = {"region": "EU", "category": "personal", "consent": "billing,analytics,care"}
 

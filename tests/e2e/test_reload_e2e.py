@@ -27,7 +27,6 @@ from tests.walkthrough import rule_set_with_rule
 
 from .helpers import ENFORCING, ENGINES, EU_PERSONAL, RECORD, audit_lines, deploy_mixed_regions, wait_for_audit
 
-pytestmark = pytest.mark.e2e
 
 BEFORE = ("ingest-eu", "analyse-eu", "store-eu")
 # With the US adequate, an EU record may take the US replicas the US gateway prefers.

@@ -20,7 +20,6 @@ from complyroute.runtime.local import deployment, faults, supervision
 
 from .helpers import EU_PERSONAL, audit_lines, instances_reached, mixed_regions, post
 
-pytestmark = pytest.mark.e2e
 
 RESTART_WITHIN_S = 2.0
 

@@ -11,8 +11,6 @@ from complyroute.topology import manifest
 
 from .helpers import ENFORCING, ENGINES, deploy_mixed_regions, mixed_regions
 
-pytestmark = pytest.mark.e2e
-
 
 def path_of(state, labels):
     answer = send(state["entry_url"], labels, {"subject": "alice"}, request_id=f"e2e-{uuid.uuid4()}")

@@ -15,7 +15,6 @@ from complyroute.topology import manifest
 
 from .helpers import ENGINES, EU_PERSONAL, MIXED_REGIONS
 
-pytestmark = pytest.mark.e2e
 
 MARKER = "body-marker-7f3a9c"
 EU_HEALTH = {**EU_PERSONAL, "category": "health"}

@@ -4,8 +4,8 @@ tests), 100 records each for one round, then the policy's `opa bench` against th
 commit; the CSV it writes, and the run report's section that shows it.
 
 An experiments run measures it before its cells (runner.measure_bench, with the bench standing
-in: tests/experiments/test_experiments_runner.py); the real run end to end
-(tests/experiments/test_experiments_run_e2e.py) takes --bench-rounds 0, so that this minute and
+in: tests/unit/experiments/test_experiments_runner.py); the real run end to end
+(tests/e2e/experiments/test_experiments_run_e2e.py) takes --bench-rounds 0, so that this minute and
 more is spent beside the deployments instead of between them."""
 
 import io

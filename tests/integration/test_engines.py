@@ -1,5 +1,5 @@
 """envoy-compiled's configure step over a whole topology, with real OPA asking the rule set
-(the pieces that need no process: tests/test_engines.py)."""
+(the pieces that need no process: tests/unit/test_engines.py)."""
 
 from complyroute import engines
 from complyroute.policy.policyfiles import POLICIES

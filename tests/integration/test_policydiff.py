@@ -1,5 +1,5 @@
 """make policy-diff: both rule sets asked by real OPA over the walkthrough's decision space (the naming of
-what changed and the refusals, without OPA: tests/test_policydiff.py)."""
+what changed and the refusals, without OPA: tests/unit/test_policydiff.py)."""
 
 import io
 import itertools

@@ -20,7 +20,6 @@ import yaml
 from experiments import __main__ as cli
 from tests.k8s.harness import realnode
 
-pytestmark = pytest.mark.k8s
 
 TOPOLOGY = "dynamic-router-3"
 RATE, WARMUP, DURATION = 5, 2, 8

@@ -24,7 +24,6 @@ from complyroute.runtime.kubernetes import apply, render
 from complyroute.topology import manifest
 from complyroute.topology.manifest import REPO
 
-pytestmark = pytest.mark.k8s
 
 TOPOLOGIES = ["sidecar", "central-entity", "dynamic-router-3", "dynamic-router-6", "baseline"]
 # Every topology at 5 and 50 services with the default engine; and the two whose compiled Envoy

@@ -24,7 +24,6 @@ from complyroute.runtime.kubernetes.images import IMAGES
 from complyroute.topology import manifest
 from tests.k8s.harness import realnode
 
-pytestmark = pytest.mark.k8s
 
 MIXED_REGIONS = manifest.REPO / "topologies" / "examples" / "mixed-regions.yaml"
 TOPOLOGIES = ["sidecar", "central-entity", "dynamic-router-3", "dynamic-router-6", "baseline"]

@@ -15,8 +15,6 @@ import pytest
 from complyroute.runtime.local import deployment, supervision
 from complyroute.topology.manifest import REPO
 
-pytestmark = pytest.mark.e2e
-
 
 def experiments(results, *args):
     return [sys.executable, "-m", "experiments", "--results", str(results), *args]

@@ -10,11 +10,7 @@ import json
 import subprocess
 import sys
 
-import pytest
-
 from complyroute.topology.manifest import REPO
-
-pytestmark = pytest.mark.e2e
 
 
 def test_a_tiny_search_of_the_central_entity_and_the_baseline(tmp_path, no_deployment):

@@ -1,5 +1,5 @@
-"""The local test cluster (harness/localcluster.py) refuses to start over another one (runs without the k8s
-binaries, in `make test`: not marked k8s)."""
+"""The local test cluster (tests/k8s/harness/localcluster.py) refuses to start over another one: a unit
+test of the k8s tier's harness, which needs none of the k8s binaries."""
 
 import socket
 

@@ -1,6 +1,6 @@
 """`complyroute experiments ...`: the control plane's command line finds the experiments' command
 through the entry point pyproject.toml declares (group complyroute.commands), without importing
-the experiments itself (tests/test_layers.py)."""
+the experiments itself (tests/unit/test_layers.py)."""
 
 import importlib.metadata
 import tomllib

@@ -32,7 +32,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("complyroute", "experiments")
 GROUND = "complyroute"  # imports nothing of these above it
 ABOVE = ("experiments",)
