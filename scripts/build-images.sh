@@ -78,12 +78,12 @@ PAUSE_SOURCE=$(cd "$REPO/tools/kubernetes" && GOWORK=off GOFLAGS=-mod=mod go lis
 echo "SERVICE_IMAGE=$SERVICE_IMAGE ENVOY_IMAGE=$ENVOY_IMAGE OPA_IMAGE=$OPA_IMAGE PYTHON_IMAGE=$PYTHON_IMAGE PAUSE_IMAGE=$PAUSE_IMAGE" > "$IMAGES_DIR/names"
 
 if wanted service "$NODE_BINARY" "$REPO/services/package.json" "$REPO/services/package-lock.json" "$REPO/services/app.js" \
-     "$REPO/services/config.js" "$REPO/services/server.js" "$REPO/services/lib"; then
+     "$REPO/services/config.js" "$REPO/services/server.js" "$REPO/services/src"; then
   root=$(fresh service)
   add_with_libraries "$root" "$NODE_BINARY" /usr/local/bin/node
   mkdir -p "$root/app"
   cp -r "$REPO/services/package.json" "$REPO/services/package-lock.json" "$REPO/services/app.js" "$REPO/services/config.js" \
-    "$REPO/services/server.js" "$REPO/services/lib" "$root/app/"
+    "$REPO/services/server.js" "$REPO/services/src" "$root/app/"
   (cd "$root/app" && PATH="$REPO/tools/node/node_modules/.bin:$PATH" npm ci --omit=dev --no-audit --no-fund --loglevel=error \
      --cache "$STAGE/npm-cache" >/dev/null)
   rm -rf "$root/app/node_modules/.package-lock.json"

@@ -7,7 +7,7 @@
 import { X509Certificate, createHash, createPrivateKey } from 'node:crypto'
 import { readFileSync } from 'node:fs'
 import { join } from 'node:path'
-import { MAX_SPIFFE_ID_LENGTH, certificateIdentity, isSpiffeId } from './lib/identity.js'
+import { MAX_SPIFFE_ID_LENGTH, certificateIdentity, isSpiffeId } from './src/identity.js'
 
 export const LOG_LEVELS = Object.freeze(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'])
 
@@ -82,7 +82,7 @@ function list (env, name) {
 }
 
 // SPIFFE-style identities (spiffe://complyroute/point/central-entity): who a part is under
-// mutual TLS, the one URI SAN of its certificate (lib/identity.js).
+// mutual TLS, the one URI SAN of its certificate (src/identity.js).
 const SPIFFE_EXPECTED = `expected a SPIFFE id, spiffe://<trust domain>/<path> (at most ${MAX_SPIFFE_ID_LENGTH} characters)`
 
 function spiffeId (env, name) {

@@ -1,7 +1,7 @@
 """Check what a run's audit lines say: every chain intact, every reception decided and allowed.
 
 Every service instance appends one line per record it accepted to runs/<run>/audit/<instance>.jsonl
-(services/lib/audit.js): the labels it received, the digest of the record, the request id, who
+(services/src/audit.js): the labels it received, the digest of the record, the request id, who
 sent the record, which enforcement point decided the hop and with which revision of the rule set,
 and "prev", the SHA-256 of the line before it in the file (GENESIS for the first).
 
@@ -48,7 +48,7 @@ from complyroute.topology.manifest import REPO
 RUNS = REPO / "runs"
 RECHECK = Path(__file__).with_name("recheck.rego")
 QUERY = "data.complyroute_audit.recheck.allowed"
-GENESIS = "0" * 64  # the "prev" of a file's first line (services/lib/audit.js GENESIS)
+GENESIS = "0" * 64  # the "prev" of a file's first line (services/src/audit.js GENESIS)
 DECISION_FIELDS = ("sender", "decided_by", "revision")
 PROGRESS_EVERY = 100_000  # lines: how often a long run reports how far it got
 SHOWN_PROBLEMS = 5  # per run and kind

@@ -1,7 +1,7 @@
 """What every part of a deployment agrees on, whichever renders it: the headers a record travels
 with, the path it is sent to, the limits on its size and its labels, and the timeouts of a hop.
 Envoy's listeners (envoy.py), the routes (routes.py), the answers Envoy makes itself (replies.py),
-the compiled engine and the services (services/app.js) read them here."""
+the compiled engine and the services (services/src/) read them here."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ DIGEST_HEADER = "x-complyroute-digest"
 # The revision of the rule set that decided a hop (complyroute/policy/bundles.py).
 REVISION_HEADER = "x-complyroute-revision"
 # The largest record any part accepts: Envoy's ext_authz buffer, the compiled engine's
-# content-length matcher and the services' bodyLimit (services/app.js BODY_LIMIT) agree.
+# content-length matcher and the services' bodyLimit (services/src/schemas.js BODY_LIMIT) agree.
 MAX_RECORD_BYTES = 64 * 1024
 # The most a label header (each the rule set's label schema names, complyroute/policy/labels.py) may
 # hold where a point reads labels from its sender (the entry; any deciding listener without

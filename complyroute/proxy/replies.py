@@ -35,7 +35,7 @@ OVER_BOUND_HEADER = "x-complyroute-label-over-bound"
 OVER_BOUND = {"header_filter": {"header": {"name": OVER_BOUND_HEADER, "present_match": True}}}
 
 # Envoy's own refusals, by status: the codes the services give the same statuses
-# (services/app.js CODE_BY_STATUS), so a client reads one vocabulary whichever part refused.
+# (services/src/errors.js CODE_BY_STATUS), so a client reads one vocabulary whichever part refused.
 REFUSALS = {
     400: ("BAD_REQUEST", "the enforcement point refused a malformed request"),
     404: ("NOT_FOUND", "the only route here is POST /process"),

@@ -16,7 +16,7 @@ verified peer, not the port.
 Label tokens (`security.label_tokens`, on by default where points decide): the entry's OPA
 signs the record's labels, its request id and the digest of its bytes (ES256); every later
 deciding listener verifies the token with Envoy's jwt_authn and decides on its claims
-(proxy/envoy.py), and the receiving service checks the digest (services/app.js).
+(proxy/envoy.py), and the receiving service checks the digest (services/src/label-tokens.js).
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ class Trust:
     label_tokens: bool
     # A token outlives a record's journey (a hop's timeout is 60 s by default; a journey past
     # it is refused as expired, closed) and stays within the services' replay window
-    # (services/app.js REPLAY_WINDOW).
+    # (services/src/label-tokens.js REPLAY_WINDOW).
     token_lifetime_seconds: int = 120
     owner: dict[tuple[str, int], str] = field(default_factory=dict)  # endpoint -> identity listening there
     senders: dict[tuple[str, int], set[str]] = field(default_factory=dict)  # endpoint -> identities sending to it

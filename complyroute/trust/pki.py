@@ -2,7 +2,7 @@
 
 Built on `cryptography` (no home-made crypto): EC P-256 keys, X.509 certificates whose only
 name is a SPIFFE-style URI SAN (spiffe://complyroute/<kind>/<name>), the identity Envoy hands
-to OPA as ext_authz's source principal and the services check (services/app.js). A new CA
+to OPA as ext_authz's source principal and the services check (services/src/routes.js). A new CA
 is made for every deployment and its key is never written: certificates are issued once, at
 render time, and a later deployment's parts do not trust this one's.
 """

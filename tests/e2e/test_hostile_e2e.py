@@ -109,7 +109,7 @@ def service_url(state, instance) -> str:
 
 class Compromised:
     """Stands in for ingest-eu with its credential: answers the entry, keeps what it received,
-    and writes ingest-eu's audit line for it as the service does (services/app.js), chained
+    and writes ingest-eu's audit line for it as the service does (services/src/routes.js), chained
     to the real service's last line: an attacker that keeps its own log looking honest, so
     the records it received have whole paths in the audit."""
 
@@ -178,7 +178,7 @@ class Compromised:
 
 
 class AuditLog:
-    """Appends lines to an instance's audit log as services/lib/audit.js does: "prev", the
+    """Appends lines to an instance's audit log as services/src/audit.js does: "prev", the
     SHA-256 of the line before it, appended to the entry's JSON."""
 
     def __init__(self, path: Path):
@@ -204,13 +204,13 @@ def audit_entry(headers: dict, body: bytes) -> dict:
 
 
 def passed_on(received_headers: dict) -> dict:
-    """The headers an honest ingest-eu sends on (services/app.js): labels, id, token."""
+    """The headers an honest ingest-eu sends on (services/src/routes.js): labels, id, token."""
     names = ["x-data-region", "x-data-category", "x-data-consent", "x-request-id", "x-complyroute-labels"]
     return {name: received_headers[name] for name in names if name in received_headers}
 
 
 # How long a test waits for audit lines it expects not to come. A service writes a record's
-# line before it forwards or answers it (services/app.js awaits the audit write), and the hops
+# line before it forwards or answers it (services/src/routes.js awaits the audit write), and the hops
 # answer in turn, so once the attacker has its answer every line the record caused is written:
 # the wait only covers reading them back. It was 1 s, 48 s of make test over 48 such waits.
 ABSENT_LINES_WAIT = 0.25

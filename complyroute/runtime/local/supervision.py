@@ -196,7 +196,7 @@ def control_context(tls: identity.TlsFiles | dict) -> ssl.SSLContext:
 
 
 def health_answer(url: str, timeout: float = 1.0, tls: identity.TlsFiles | dict | None = None) -> dict | None:
-    """The JSON a service's health check answers 200 with (services/app.js: its labels' digest
+    """The JSON a service's health check answers 200 with (services/src/routes.js: its labels' digest
     too); None when it does not."""
     try:
         with urllib.request.urlopen(url, timeout=timeout, context=control_context(tls) if tls else None) as answer:
