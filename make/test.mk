@@ -3,19 +3,23 @@
 test: setup ## Run every test but the Kubernetes ones: policy (every rule set), services, unit, integration (tests/integration/) and end-to-end against real processes
 	@# The end-to-end tests run one at a time (the entry port is one). Beside them, one after
 	@# another: the policy tests of every rule set, the services' tests and the tests that start
-	@# no deployment (unit and tests/integration/), their output shown when both are done. Each
-	@# pytest run names its 25 slowest.
-	@beside=$$(mktemp); \
+	@# no deployment (unit and tests/integration/); and, apart, the end-to-end tests on a
+	@# loopback network of their own (own_network). Their output is shown when all are done.
+	@# Each pytest run names its 25 slowest.
+	@beside=$$(mktemp); apart=$$(mktemp); \
 	( rest=0; \
 	  $(MAKE) --no-print-directory policy-test || rest=1; \
 	  $(foreach rules,$(notdir $(wildcard rule-sets/*)),$(MAKE) --no-print-directory policy-test policy=$(rules) || rest=1;) \
 	  (cd services && npm test) || rest=1; \
 	  $(PY) -m pytest -m "not e2e and not k8s" -p no:cacheprovider --durations=25 || rest=1; \
 	  exit $$rest ) >$$beside 2>&1 & pid=$$!; \
-	echo "$(PY) -m pytest -m 'e2e and not k8s' --durations=25  (beside it: policy tests, npm test, pytest -m 'not e2e and not k8s')"; \
-	e2e=0; $(PY) -m pytest -m "e2e and not k8s" --durations=25 || e2e=$$?; \
-	rest=0; wait $$pid || rest=$$?; echo "--- the policy, services' and tests without a deployment, run beside them:"; cat $$beside; rm -f $$beside; \
-	test $$e2e -eq 0 -a $$rest -eq 0
+	$(PY) -m pytest -m "own_network and not k8s" -p no:cacheprovider --durations=25 >$$apart 2>&1 & own_pid=$$!; \
+	echo "$(PY) -m pytest -m 'e2e and not own_network and not k8s' --durations=25  (beside it: policy tests, npm test, pytest -m 'not e2e and not k8s'; pytest -m 'own_network and not k8s')"; \
+	e2e=0; $(PY) -m pytest -m "e2e and not own_network and not k8s" --durations=25 || e2e=$$?; \
+	rest=0; wait $$pid || rest=$$?; own=0; wait $$own_pid || own=$$?; \
+	echo "--- the policy, services' and tests without a deployment, run beside them:"; cat $$beside; \
+	echo "--- the end-to-end tests on a loopback network of their own, run beside them:"; cat $$apart; rm -f $$beside $$apart; \
+	test $$e2e -eq 0 -a $$rest -eq 0 -a $$own -eq 0
 
 .PHONY: check
 check: setup policy-test ## The quick loop (at most 3 minutes): policy lint and tests, the services' tests, the unit tests (not tests/integration/, e2e/, k8s/: make test runs those but k8s)

@@ -141,19 +141,32 @@ class LocalNetwork:
 
     A part's number inside its block is its instance's (or point's) index, so the same index
     shows in every port of one part. 999 parts per block is far above the 50 run.
+
+    `loopback`: the network (three bytes, e.g. "127.0.9") every address of the plan is on
+    instead, each node keeping its last byte, the entry on <loopback>.254:8080. A plan on a
+    loopback network of its own takes the same ports as a deployment running beside it
+    without a clash (the engines' differential test runs beside the end-to-end suite so).
     """
 
     SERVICE, INGRESS, EGRESS, ENVOY_READY = 20000, 21000, 22000, 27000
     BUNDLE_SERVER = 29000
+    ENTRY_PORT = 8080
 
-    def __init__(self, private: Path | None = None):
+    def __init__(self, private: Path | None = None, loopback: str | None = None):
         # Where each point's private folder goes (<private>/<point>/, mode 0700, made by the
         # deployment): a short path of its own, since a unix socket's path has at most 107
         # bytes. A plan that is only rendered, never started, names the default.
         self.private = private or Path(tempfile.gettempdir()) / "complyroute"
+        if loopback is not None and not (loopback.startswith("127.") and loopback.count(".") == 2):
+            raise ValueError(f"loopback {loopback!r} is not a loopback network's first three bytes (127.x.y)")
+        self.loopback = loopback
+
+    def address(self, node: Node) -> str:
+        """Where the node's parts listen: its loopback address, or its last byte on `loopback`."""
+        return node.address if self.loopback is None else f"{self.loopback}.{node.address.rsplit('.', 1)[1]}"
 
     def entry(self, point_name: str) -> Endpoint:
-        return Endpoint("127.0.0.1", 8080)
+        return Endpoint("127.0.0.1" if self.loopback is None else f"{self.loopback}.254", self.ENTRY_PORT)
 
     def point(self, name: str, node: Node, index: int, role: str, group: str = "", concurrency: int = 1) -> EnforcementPoint:
         folder = self.private / name
@@ -166,7 +179,7 @@ class LocalNetwork:
             # which no other user can open (EnforcementPoint, above). Its readiness
             # listener is on the node's loopback address.
             admin=Endpoint.unix(folder / ADMIN_SOCKET),
-            ready=Endpoint(node.address, self.ENVOY_READY + index),
+            ready=Endpoint(self.address(node), self.ENVOY_READY + index),
             opa_grpc=Endpoint.unix(folder / DECISION_SOCKET),
             opa_http=Endpoint.unix(folder / API_SOCKET),
             opa_diagnostic=Endpoint.unix(folder / DIAGNOSTIC_SOCKET),
@@ -175,15 +188,15 @@ class LocalNetwork:
 
     def service(self, instance: Instance, beside: bool = False) -> Endpoint:
         """Where an instance's service listens; `beside`: as seen from its own sidecar."""
-        return Endpoint(instance.node.address, self.SERVICE + instance.index)
+        return Endpoint(self.address(instance.node), self.SERVICE + instance.index)
 
     def ingress(self, instance: Instance) -> Endpoint:
         """A sidecar's listener that hands records to its own service."""
-        return Endpoint(instance.node.address, self.INGRESS + instance.index)
+        return Endpoint(self.address(instance.node), self.INGRESS + instance.index)
 
     def egress(self, instance: Instance) -> Endpoint:
         """A sidecar's listener where its own service sends records on."""
-        return Endpoint(instance.node.address, self.EGRESS + instance.index)
+        return Endpoint(self.address(instance.node), self.EGRESS + instance.index)
 
     def hop(self, point: EnforcementPoint, instance: Instance) -> Endpoint:
         """The listener of a shared point (central entity, router) for one sending instance."""
@@ -191,7 +204,7 @@ class LocalNetwork:
 
     def bundle_server(self, gateway: Node) -> Endpoint:
         """Where the control plane serves the points' OPAs their bundles (bundleserver.py)."""
-        return Endpoint(gateway.address, self.BUNDLE_SERVER)
+        return Endpoint(self.address(gateway), self.BUNDLE_SERVER)
 
 
 @dataclass(frozen=True)

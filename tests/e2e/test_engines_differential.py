@@ -50,9 +50,13 @@ from complyroute.topology.plan import Endpoint, LocalNetwork, place
 
 from .helpers import ENFORCING, MIXED_REGIONS, RECORD
 
+# On a loopback network of its own, with no deployment: `make test` runs it beside the
+# end-to-end suite's deployments, which take the same ports on 127.0.0.1 and 127.0.1.x.
+pytestmark = pytest.mark.own_network
+LOOPBACK = "127.0.9"
 
 CLASSIFICATION = manifest.REPO / "topologies" / "examples" / "classification.yaml"
-SINK_ADMIN, BUNDLE_SERVER = Endpoint("127.0.0.1", 39990), Endpoint("127.0.0.1", 39991)
+SINK_ADMIN, BUNDLE_SERVER = Endpoint(f"{LOOPBACK}.253", 39990), Endpoint(f"{LOOPBACK}.253", 39991)
 # Requests in flight: enough to keep both cores busy with the points' Envoys and OPAs.
 CLIENTS = 8
 
@@ -304,17 +308,15 @@ def test_differences_flag_a_status_an_instance_or_a_reason_that_differ():
 
 @pytest.fixture
 def network():
-    """Loopback addresses with the points' sockets in a private folder of this test's (a short path)."""
+    """Addresses on this test's loopback network, the points' sockets in a private folder of its own (a short path)."""
     private = Path(tempfile.mkdtemp(prefix="complyroute-"))
-    yield LocalNetwork(private)
+    yield LocalNetwork(private, loopback=LOOPBACK)
     shutil.rmtree(private, ignore_errors=True)
 
 
 @pytest.mark.parametrize(("rule_set", "topology"), list(itertools.product(RUNS, ENFORCING)))
 def test_engines_agree_on_every_point_of_the_decision_space_and_on_hostile_labels(rule_set, topology, network, tmp_path):
     run = RUNS[rule_set]
-    if deployment.read_state():
-        deployment.stop()
     plan = place(manifest.load(topology, services=str(run.services)), network)
     assert plan.topology.policy == rule_set  # the manifest names its rule set
     policies = policyfiles.rule_set(plan.topology.policy)

@@ -1,5 +1,6 @@
 """Sidecar placement: one enforcement point per instance, each holding only the catalog it needs."""
 
+import pytest
 import yaml
 
 from complyroute.policy import labels
@@ -8,7 +9,7 @@ from complyroute.proxy.contract import ROUTING_HEADER
 from complyroute.proxy.envoy import envoy_config
 from complyroute.runtime.kubernetes import render, validate
 from complyroute.topology import manifest
-from complyroute.topology.plan import ROLES, place
+from complyroute.topology.plan import ROLES, LocalNetwork, place
 
 
 def plan():
@@ -63,6 +64,29 @@ def test_ports_are_unique_across_the_deployment():
     ports += [(l.endpoint.address, l.endpoint.port) for x in p.points for l in [*x.deciding, *x.forwarding]]
     ports += [(s.endpoint.address, s.endpoint.port) for s in p.services]
     assert len(ports) == len(set(ports))
+
+
+def listening(p) -> set[tuple[str, int]]:
+    """Every TCP address a plan's parts listen on: entry, points' readiness and listeners, services."""
+    ports = {(p.entry.address, p.entry.port)} | {(x.ready.address, x.ready.port) for x in p.points}
+    ports |= {(l.endpoint.address, l.endpoint.port) for x in p.points for l in [*x.deciding, *x.forwarding]}
+    return ports | {(s.endpoint.address, s.endpoint.port) for s in p.services}
+
+
+@pytest.mark.parametrize("topology", ["central-entity", "dynamic-router-3", "dynamic-router-6", "sidecar"])
+def test_a_plan_on_a_loopback_network_of_its_own_shares_no_address_with_a_deployment_allowed(topology, tmp_path):
+    # The engines' differential test runs so beside the end-to-end suite's deployments.
+    deployed = listening(place(manifest.load(topology, services=5), LocalNetwork(tmp_path)))
+    beside = listening(place(manifest.load(topology, services=5), LocalNetwork(tmp_path, loopback="127.0.9")))
+    assert not deployed & beside
+    assert {port for _, port in deployed} == {port for _, port in beside}  # the same ports, other addresses
+    assert {address.rsplit(".", 1)[0] for address, _ in beside} == {"127.0.9"}
+
+
+@pytest.mark.parametrize("loopback", ["10.0.0", "127.0.9.1", "127.0", "localhost"])
+def test_a_loopback_network_must_be_three_bytes_of_127_denied(loopback):
+    with pytest.raises(ValueError, match="is not a loopback network"):
+        LocalNetwork(loopback=loopback)
 
 
 def points_by_name(p):
