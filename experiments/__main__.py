@@ -10,7 +10,9 @@ import sys
 import time
 from pathlib import Path
 
+from complyroute.runtime import targets as runtime_targets
 from complyroute.runtime.kubernetes.nodes import ONE_NODE_ROLE, ROLE_LABEL
+from complyroute.runtime.target import TargetError
 from complyroute.topology import manifest
 
 from . import matrix, targets
@@ -185,7 +187,7 @@ def cmd_capacity(args) -> int:
 
 
 def add_target_options(command: argparse.ArgumentParser) -> None:
-    command.add_argument("--target", choices=targets.TARGETS, default="local",
+    command.add_argument("--target", choices=runtime_targets.TARGETS, default=runtime_targets.DEFAULT,
                          help="where each deployment goes: local (processes on this machine, the default) or k8s (the current kubectl "
                               "context, as make deploy target=k8s; the namespace is deleted after each)")
     command.add_argument("--one-node", action="store_true",
@@ -289,7 +291,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m experiments") -> 
                            "so a user waits for its answer; lower this when RTTs near 1/user rate, or the offered rate is not kept")
     soak.add_argument("--no-restart", action="store_true", help="deploy without restarts: a killed part stays down")
     soak.add_argument("--quick", action="store_true", help="dynamic-router-3 only, 20 req/s, 16 s: about 40 s")
-    soak.add_argument("--target", choices=targets.TARGETS, default="local",
+    soak.add_argument("--target", choices=runtime_targets.TARGETS, default=runtime_targets.DEFAULT,
                       help="local only (the default): faults by pid and the audit of the run folder need processes of this machine")
     soak.set_defaults(handler=cmd_soak)
 
@@ -321,7 +323,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m experiments") -> 
     args = parser.parse_args(argv)
     try:
         return args.handler(args)
-    except (matrix.ParameterError, targets.TargetError) as error:
+    except (matrix.ParameterError, TargetError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
 

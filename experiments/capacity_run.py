@@ -23,13 +23,14 @@ from pathlib import Path
 
 import pandas as pd
 
+from complyroute.runtime.target import DeployFailed, Target
 from complyroute.topology import manifest
 
 from . import matrix, metadata, stats
 from .capacity import STEP_COLUMNS, STEPS_CSV, Parameters, capacity_text, judge, search, search_key
 from .matrix import MAX_ERROR_RATE, MIN_ACHIEVED_SHARE, PRIME_SHARE, ParameterError, case_name
 from .runner import RESULTS, SETTLE_S, CellFailed, Runner, compress, write_json
-from .targets import DeployFailed, Target
+from .targets import unmeasured
 
 
 class CapacityRunner(Runner):
@@ -55,7 +56,7 @@ class CapacityRunner(Runner):
             "run_id": self.run_dir.name, "kind": "capacity", "created_at": taken["taken_at"], "parameters": asdict(self.capacity),
             "held": {"min_achieved_share": MIN_ACHIEVED_SHARE, "max_errors_and_missed_share": MAX_ERROR_RATE,
                      "p99_bound_ms": self.capacity.p99_bound_ms},
-            "target": self.target.describe(), "unmeasured": self.target.unmeasured(),
+            "target": self.target.describe(), "unmeasured": unmeasured(self.target),
             "git": taken["git"], "versions": taken["versions"], "machine": taken["machine"], "locust": self.locust_description(),
             "searches": [], "outcome": "running"})
         with self.steps_csv.open("w", newline="") as file:

@@ -6,7 +6,8 @@ session before its cells). A cell is finished once its cell.json is written; a r
 skips finished cells and redoes any other. Ctrl-C (or SIGTERM) stops Locust and the
 deployment (a bench stops its own processes), checks that none of their processes is left,
 and says how to resume. Where the cells deploy is the run's Target (targets.py: processes on
-this machine, or the current kubectl context), recorded in metadata.json.
+this machine, or the current kubectl context: complyroute/runtime/target.py), recorded in
+metadata.json.
 """
 
 from __future__ import annotations
@@ -29,13 +30,15 @@ from tqdm import tqdm
 
 from complyroute.client import send
 from complyroute.policy import policyfiles
+from complyroute.runtime.local.target import LocalTarget
+from complyroute.runtime.target import DeployFailed, Target, TargetBusy
 from complyroute.topology import manifest
 from complyroute.topology.manifest import REPO
 
 from . import metadata, stats
 from .matrix import BASELINE, BENCH_CSV, Cell, Parameters
 from .mixes import BODY, check_record
-from .targets import DeployFailed, LocalTarget, Target, TargetBusy
+from .targets import chain_probe, unmeasured
 
 RESULTS = REPO / "experiments" / "results"
 BENCH_LOG = "bench.log"  # in raw/: what the bench printed, every session's
@@ -171,7 +174,7 @@ class Runner:
                 meta["parameters"]["repetitions"] = self.parameters.repetitions
         else:
             meta = {"run_id": self.run_dir.name, "created_at": taken["taken_at"], "parameters": self.parameters.to_json(),
-                    "target": where, "unmeasured": self.target.unmeasured(),
+                    "target": where, "unmeasured": unmeasured(self.target),
                     "git": taken["git"], "versions": taken["versions"], "machine": taken["machine"],
                     "locust": self.locust_description(),
                     "sessions": []}
@@ -375,11 +378,14 @@ class Runner:
         )
 
     def deploy(self, cell: Cell, log) -> dict:
-        """Deploy through the same code as `make deploy` (target=k8s: as `make deploy target=k8s`);
-        it returns once every part is healthy. One record through the whole chain then shows the
+        """Deploy through the same code as `make deploy` (target=k8s: as `make deploy target=k8s`),
+        unless another deployment is there (TargetBusy: the run stops); it returns once every part
+        is healthy and the entry is reached. One record through the whole chain then shows the
         chain works before it is loaded."""
         topology = manifest.load(cell.topology, services=cell.services, engine=cell.engine, overrides={"policy": self.parameters.policy})
+        self.target.check_free(topology)
         state = self.target.deploy(topology, log)
+        state |= self.target.reach(topology, chain_probe(cell.services), log)
         self.cpu_parts = state["cpu_parts"]
         if cell.engine and state["engine"] != cell.engine:
             raise CellFailed(f"deployed with engine {state['engine']} instead of {cell.engine}")

@@ -48,6 +48,7 @@ from urllib.parse import urlsplit
 from complyroute.client import send
 from complyroute.evidence import audit
 from complyroute.runtime.local import deployment, faults, supervision
+from complyroute.runtime.local.target import LocalTarget
 from complyroute.topology import manifest
 from complyroute.topology.manifest import REPO
 
@@ -55,7 +56,7 @@ from .matrix import BASELINE, DEFAULT_USER_RATE, PAPER_NAMES
 from .matrix import ENFORCING as TOPOLOGIES
 from .mixes import ALLOWED_LABELS, BODY
 from .runner import LOCUSTFILE, RESULTS, STOP_TIMEOUT_S
-from .targets import LocalTarget, where_text
+from .targets import where_text
 
 DECENTRALISED = ("dynamic-router-3", "dynamic-router-6", "sidecar")
 FAILURES = ("kill", "pause")  # what counts towards MTTF and MTTR; a reload is no failure

@@ -1,6 +1,7 @@
 """Apply a rendered topology (render.py) to the current kubectl context, and read, reload and
-delete what was applied there: kubectl, k8s-deploy (apply), k8s-status (status),
-`make reload-policy target=k8s` (reload_policy) and k8s-undeploy (delete)."""
+delete what was applied there: kubectl, and what `deploy`, `status`, `reload-policy` and
+`undeploy` do with --target k8s (KubernetesTarget, target.py): apply, status, reload_policy
+and delete."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from complyroute.topology.manifest import REPO, Topology
 from complyroute.topology.plan import EnforcementPoint, Plan
 from complyroute.trust import identity
 
-# What k8s-deploy applied, by namespace (Deployed): what `make reload-policy target=k8s` reads.
+# What `deploy --target k8s` applied, by namespace (Deployed): what `make reload-policy target=k8s` reads.
 DEPLOYED = REPO / "runs" / "k8s" / "deployed"
 
 
@@ -56,7 +57,7 @@ def kubectl_json(*args: str) -> dict | None:
 
 @dataclass(frozen=True)
 class Deployed:
-    """What `make reload-policy target=k8s` needs of a topology k8s-deploy applied (apply): how
+    """What `make reload-policy target=k8s` needs of a topology `deploy --target k8s` applied (apply): how
     its points were configured, and what of that was applied. No private key: a point's trust
     names files in its Secret and holds the label tokens' public key only."""
 
@@ -104,7 +105,7 @@ def _digests(texts: dict[str, str]) -> dict[str, str]:
     return {name: hashlib.sha256(text.encode()).hexdigest() for name, text in texts.items()}
 
 
-# k8s-deploy applies a topology as an ApplySet (KEP-3659): kubectl records in a parent Secret in the
+# `deploy --target k8s` applies a topology as an ApplySet (KEP-3659): kubectl records in a parent Secret in the
 # namespace which kinds and objects the last apply made, labels each member with the set's id
 # (APPLYSET_MEMBER), and with --prune deletes every member the new apply no longer holds (a
 # service of a larger render, a ConfigMap or Secret of an earlier hash). Pruning by a label
@@ -116,12 +117,13 @@ APPLYSET_MEMBER = "applyset.kubernetes.io/part-of"
 
 
 def apply(topology: Topology, folder: Path, timeout: str = "300s", image: str = SERVICE_IMAGE,
-          one_node: bool = False, out=None) -> int:
-    """Apply the rendered topology in its own namespace, pruning what an earlier apply there left that
-    this one does not hold, and wait until every workload is ready. What a reload needs of it is
-    recorded once the API server took it (Deployed). kubectl's commands and output go to `out` (an
-    open file), or to standard output."""
-    renderer = Renderer(topology, image=image, one_node=one_node)
+          one_node: bool = False, out=None, policies: Path | None = None) -> int:
+    """Apply the rendered topology, with the rule set `policies` (None: the manifest's), in its own
+    namespace, pruning what an earlier apply there left that this one does not hold, and wait
+    until every workload is ready. What a reload needs of it is recorded once the API server
+    took it (Deployed). kubectl's commands and output go to `out` (an open file), or to standard
+    output."""
+    renderer = Renderer(topology, policies, image=image, one_node=one_node)
     renderer.render()
     output = folder.with_suffix(".yaml")
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -185,7 +187,7 @@ def status(topology: Topology | None = None, out=sys.stdout) -> int:
 
 
 def reload_policy(topology: Topology, policies: Path = POLICIES, out=sys.stdout) -> dict:
-    """Apply the rule set in `policies` to `topology` as k8s-deploy applied it to the current context
+    """Apply the rule set in `policies` to `topology` as `deploy --target k8s` applied it to the current context
     (its namespace's record: the services it was deployed with, whatever `topology` holds),
     as its rule-set ConfigMaps only (bundles-<n>, routes-<point>-<n>): no pod template changes,
     so no pod is rolled. Returns {"revision", "namespace", "applied": [names], "changed": [names
@@ -291,9 +293,9 @@ def _opa_components(deployed: Deployed) -> list[str]:
     return sorted({component_of(point) for point in deployed.points if point.deciding})
 
 
-def delete() -> int:
+def delete(out=None) -> int:
     """Remove every complyroute namespace (each holds one topology) from the current context,
-    and the records a reload would read."""
-    kubectl("delete", "namespace", "-l", "app.kubernetes.io/part-of=complyroute", "--wait=true")
+    and the records a reload would read; kubectl's output goes to `out`, or to standard output."""
+    kubectl("delete", "namespace", "-l", "app.kubernetes.io/part-of=complyroute", "--wait=true", out=out)
     shutil.rmtree(DEPLOYED, ignore_errors=True)
     return 0

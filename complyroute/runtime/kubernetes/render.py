@@ -203,7 +203,7 @@ def namespace_of(topology: Topology) -> str:
 # topology's namespace: one per topology in a cluster, so a selector with it picks one deployment's
 # objects and no other's.
 PART_OF = "complyroute"
-MANAGED_BY = "complyroute"  # rendered by this module, applied by k8s-deploy (apply.apply)
+MANAGED_BY = "complyroute"  # rendered by this module, applied by `deploy --target k8s` (apply.apply)
 VERSION = importlib.metadata.version("complyroute")  # pyproject.toml's, as installed by make setup
 RECOMMENDED_LABELS = tuple(f"app.kubernetes.io/{key}" for key in ("name", "instance", "version", "component", "part-of", "managed-by"))
 LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
@@ -775,7 +775,7 @@ class Renderer:
         self.network_policies()
 
     def namespace_object(self) -> dict:
-        """The topology's namespace, which k8s-deploy applies first (apply.apply: the ApplySet's parent lives in it)."""
+        """The topology's namespace, which `deploy --target k8s` applies first (apply.apply: the ApplySet's parent lives in it)."""
         return {
             "apiVersion": "v1",
             "kind": "Namespace",

@@ -14,6 +14,7 @@ import pytest
 
 from experiments import __main__ as cli
 from experiments import capacity, capacity_report, capacity_run
+from experiments import targets as experiments_targets
 from experiments.capacity import GAP, MAX_STEPS, Parameters, judge, result_of_steps, search
 from experiments.matrix import ParameterError
 from experiments.timing import DURATIONS
@@ -324,9 +325,6 @@ class KubernetesStandIn:
                 "deploys_to": ["complyroute-node"], "one_node": True, "entry": "kubectl port-forward to the entry's Service",
                 "image": "complyroute/service:0.1.0"}
 
-    def unmeasured(self):
-        return ["the deployment's CPU time and memory"]
-
 
 def test_a_capacity_run_on_k8s_names_its_target_in_metadata_and_report(tmp_path, stand_ins):
     parameters = Parameters(topologies=["ce"], engines=["envoy-opa"], services=[5], start_rate=50, max_rate=100, step_seconds=2,
@@ -335,10 +333,11 @@ def test_a_capacity_run_on_k8s_names_its_target_in_metadata_and_report(tmp_path,
     assert code == 0
     meta = json.loads((run_dir / "metadata.json").read_text())
     assert meta["target"]["target"] == "k8s" and meta["target"]["context"] == "local"
-    assert meta["unmeasured"] == ["the deployment's CPU time and memory"]
+    assert meta["unmeasured"] == experiments_targets.unmeasured(KubernetesStandIn())  # what it cannot measure: pods, port-forwarded
+    assert len(meta["unmeasured"]) == 2
     markdown = (run_dir / "report" / "capacity.md").read_text()
     assert "Target: **k8s**: kubectl context `local`, API server https://10.250.250.1:36443, nodes complyroute-node" in markdown
-    assert "Not measured on this target: the deployment's CPU time and memory." in markdown
+    assert "Not measured on this target: the deployment's CPU time and memory, by part or in total" in markdown
 
 
 def test_a_capacity_run_recorded_before_targets_reports_local(tmp_path):

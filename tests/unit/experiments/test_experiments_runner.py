@@ -14,8 +14,10 @@ import pytest
 
 import experiments
 from complyroute.client import Answer
+from complyroute.runtime.local import deployment
+from complyroute.runtime.target import TargetBusy
 from experiments import __main__ as cli
-from experiments import runner, targets
+from experiments import runner
 from experiments.matrix import Cell, resolve
 
 SMALL_RUN = Path(__file__).resolve().parent / "fixtures" / "small-run"
@@ -41,14 +43,14 @@ def deployments(monkeypatch):
     """deployment.deploy and the check record, standing in for real processes; records each topology deployed."""
     deployed = []
 
-    def deploy(topology, out):
+    def deploy(topology, policies, out, restart):
         deployed.append(topology)
         return {"run_dir": f"runs/{topology.name}", "parts": [], "engine": deployed_engine.get(topology.name, topology.engine["kind"]),
                 "entry_url": "http://127.0.0.1:8080/process", "bring_up_seconds": 1.0, "memory_mib": {"total": 100}}
 
     deployed_engine = {}
-    monkeypatch.setattr(targets.deployment, "running", lambda: None)
-    monkeypatch.setattr(targets.deployment, "deploy", deploy)
+    monkeypatch.setattr(deployment, "running", lambda: None)
+    monkeypatch.setattr(deployment, "deploy", deploy)
     monkeypatch.setattr(runner, "send", lambda url, labels, body, request_id, timeout, policies: Answer(
         200, {"path": [{"instance": f"svc-{k}"} for k in range(len(deployed[-1].instances))]}, ""))
     return deployed, deployed_engine
@@ -109,7 +111,7 @@ def bench(monkeypatch):
     stand_in = types.SimpleNamespace(run=run)
     monkeypatch.setitem(sys.modules, "experiments.bench", stand_in)
     monkeypatch.setattr(experiments, "bench", stand_in, raising=False)
-    monkeypatch.setattr(targets.deployment, "running", lambda: None)
+    monkeypatch.setattr(deployment, "running", lambda: None)
     return calls, failure
 
 
@@ -161,8 +163,8 @@ def test_a_failed_bench_is_recorded_and_the_cells_still_run(tmp_path, bench):
 
 def test_no_bench_while_another_deployment_runs(tmp_path, bench, monkeypatch):
     calls, _ = bench
-    monkeypatch.setattr(targets.deployment, "running", lambda: {"topology": "sidecar", "run_dir": "runs/sidecar-5"})
-    with pytest.raises(targets.TargetBusy, match="another deployment is running"):
+    monkeypatch.setattr(deployment, "running", lambda: {"topology": "sidecar", "run_dir": "runs/sidecar-5"})
+    with pytest.raises(TargetBusy, match="another deployment is running"):
         new_runner(tmp_path).measure_bench()
     assert calls == []
 
@@ -226,7 +228,7 @@ def test_the_session_that_adds_repetitions_records_them(tmp_path):
 
 
 def test_a_bench_that_cannot_load_is_a_failed_bench(tmp_path, monkeypatch):
-    monkeypatch.setattr(targets.deployment, "running", lambda: None)
+    monkeypatch.setattr(deployment, "running", lambda: None)
     monkeypatch.delattr(experiments, "bench", raising=False)
     monkeypatch.setitem(sys.modules, "experiments.bench", None)  # importing it raises ImportError
     run = new_runner(tmp_path)

@@ -1,58 +1,26 @@
-"""Where cells deploy (experiments/targets.py), with kubectl, kubernetes.apply.apply, the port-forward
-and the local deployment standing in: which target the command line makes and what it refuses,
-what a k8s target asks of its context and says about it, how it deploys, reaches and removes
-a cell, and what the runner and the reports record of it. Nothing here starts a process; the
-real cluster's run is tests/k8s/test_experiments_target_k8s.py."""
+"""Where an experiment's cells deploy (experiments/targets.py, over the runtime's Target:
+tests/test_runtime_targets.py), with kubectl, kubernetes.apply.apply, the port-forward and the entry
+standing in: which target the command line makes and when it asks the cluster, the record a
+cell's entry must pass, what the runner records and the reports say of a target. Nothing here
+starts a process; the real cluster's run is tests/k8s/test_experiments_target_k8s.py."""
 
 import io
 import os
 import json
-import subprocess
 import sys
 
 import pytest
 
+from complyroute.client import Answer
 from complyroute.runtime.kubernetes import apply, render
-from complyroute.runtime.kubernetes.nodes import NODE_LABEL, ONE_NODE_ROLE, ROLE_LABEL
+from complyroute.runtime.kubernetes.target import KubernetesTarget
+from complyroute.runtime.local.target import LocalTarget
+from complyroute.runtime.target import TargetError
 from complyroute.topology import manifest
 from experiments import __main__ as cli
 from experiments import runner, targets
 from experiments.matrix import Cell, resolve
-
-CONTEXT = "local"
-SERVER = "https://10.250.250.2:36443"
-
-
-def node(name: str, **labels) -> dict:
-    return {"metadata": {"name": name, "labels": labels}}
-
-
-class Kubectl:
-    """kubectl_output answered from memory: a context, its nodes, the namespaces that exist and
-    the pods of each; every call recorded."""
-
-    def __init__(self, nodes=None, context=CONTEXT, answering=True):
-        self.context, self.answering = context, answering
-        self.nodes = [node("complyroute-node", **{ROLE_LABEL: ONE_NODE_ROLE})] if nodes is None else nodes
-        self.namespaces: set[str] = set()
-        self.calls: list[tuple] = []
-
-    def __call__(self, *args):
-        self.calls.append(args)
-        done = lambda out, code=0, err="": subprocess.CompletedProcess(args, code, out, err)
-        if args[:2] == ("config", "current-context"):
-            return done(self.context + "\n" if self.context else "", 0 if self.context else 1)
-        if args[:2] == ("config", "view"):
-            return done(SERVER if self.context else "")
-        if args[:2] == ("get", "nodes"):
-            if not self.answering:
-                return done("", 1, "The connection to the server 10.250.250.2:36443 was refused - did you specify the right host or port?\n")
-            return done(json.dumps({"items": self.nodes}))
-        if args[:2] == ("get", "namespace"):
-            return done("{}" if args[2] in self.namespaces else "", 0 if args[2] in self.namespaces else 1)
-        if args[2:4] == ("get", "pods"):
-            return done(json.dumps({"items": [{"spec": {"nodeName": "complyroute-node"}}] * 7}))
-        raise AssertionError(f"unexpected kubectl {args}")
+from tests.kubectl_stand_in import CONTEXT, Kubectl
 
 
 @pytest.fixture
@@ -62,190 +30,61 @@ def kubectl(monkeypatch):
     return fake
 
 
+def passed_through(services: int) -> Answer:
+    return Answer(200, {"path": [{"instance": f"svc-{n:02d}", "region": "EU", "node": "node-1"} for n in range(1, services + 1)]}, "")
+
+
 @pytest.fixture
 def cluster_side(monkeypatch, kubectl, tmp_path):
-    """apply.apply, the namespace's deletion and the port-forward standing in; what each was asked."""
-    asked = {"apply": [], "kubectl": [], "forward": []}
+    """apply.apply and the port-forward standing in, the chain probe passing; the namespaces applied."""
+    applied = []
 
-    def fake_apply(topology, folder, timeout, image, one_node, out):
-        asked["apply"].append({"topology": topology.name, "folder": folder, "one_node": one_node, "image": image})
+    def fake_apply(topology, folder, timeout, image, one_node, out, policies):
+        applied.append(render.namespace_of(topology))
         kubectl.namespaces.add(render.namespace_of(topology))
-        print("$ kubectl apply ...", file=out)
-        return 0
-
-    def delete(*args, check=True, env=None, out=None):
-        asked["kubectl"].append(args)
-        kubectl.namespaces.discard(args[2])
-        return subprocess.CompletedProcess(args, 0)
-
-    def port_forward(self, service, log):
-        asked["forward"].append((self.namespace, service))
-        return "http://127.0.0.1:40123/process"
 
     monkeypatch.setattr(apply, "apply", fake_apply)
-    monkeypatch.setattr(apply, "kubectl", delete)
     monkeypatch.setattr(apply, "DEPLOYED", tmp_path / "deployed")
-    monkeypatch.setattr(targets.KubernetesTarget, "port_forward", port_forward)
+    monkeypatch.setattr(KubernetesTarget, "port_forward", lambda self, service, log: "http://127.0.0.1:40123/process")
     monkeypatch.setattr(targets, "send", lambda url, labels, body, **kwargs: passed_through(5))
-    return asked
+    return applied
 
 
-def passed_through(services: int):
-    from complyroute.client import Answer
+# ---- which target, and the record its cells' entry must pass ------------------------------------------
 
-    return Answer(200, {"path": [{"instance": f"svc-{n:02d}"} for n in range(1, services + 1)]}, "")
-
-
-# ---- which target, and what is refused ---------------------------------------------------------------
-
-def test_local_is_the_default_and_takes_no_k8s_option_denied():
-    assert isinstance(targets.make("local"), targets.LocalTarget)
-    with pytest.raises(targets.TargetError, match="--one-node applies to --target k8s only"):
-        targets.make("local", one_node=True)
-    with pytest.raises(targets.TargetError, match="--one-node and --entry-url apply to --target k8s only"):
+def test_local_is_made_as_asked_and_takes_no_k8s_option_denied():
+    assert isinstance(targets.make("local"), LocalTarget)
+    with pytest.raises(TargetError, match="--one-node and --entry-url apply to --target k8s only"):
         targets.make("local", one_node=True, entry_url="http://10.0.0.5:30080")
 
 
-def test_an_unknown_target_is_refused_denied():
-    with pytest.raises(targets.TargetError, match="--target 'cloud': use local .* or k8s"):
-        targets.make("cloud")
-
-
-def test_k8s_names_its_context_server_and_nodes_allowed(kubectl):
-    target = targets.make("k8s", one_node=True)
-    described = target.describe()
-    assert described == {"target": "k8s", "context": CONTEXT, "server": SERVER, "nodes": ["complyroute-node"],
-                         "deploys_to": ["complyroute-node"], "one_node": True, "entry": "kubectl port-forward to the entry's Service",
-                         "image": render.SERVICE_IMAGE}
-    assert not target.runs_here
-    assert any("CPU time and memory" in line for line in target.unmeasured())
-    assert any("port-forward" in line for line in target.unmeasured())
-    asked = len(kubectl.calls)
-    target.describe()
-    assert len(kubectl.calls) == asked  # asked once per run
-
-
-def test_k8s_without_a_context_is_refused_denied(monkeypatch):
-    monkeypatch.setattr(apply, "kubectl_output", Kubectl(context=""))
-    with pytest.raises(targets.TargetError, match="kubectl has no current context"):
-        targets.make("k8s")
-
-
-def test_k8s_whose_cluster_does_not_answer_is_refused_denied(monkeypatch):
+def test_k8s_asks_its_context_once_made_denied(monkeypatch):
     monkeypatch.setattr(apply, "kubectl_output", Kubectl(answering=False))
-    with pytest.raises(targets.TargetError, match=f"context \\({CONTEXT}, server {SERVER}\\) does not answer: .*refused"):
+    with pytest.raises(TargetError, match="does not answer"):
         targets.make("k8s", one_node=True)
 
 
-def test_k8s_without_kubectl_is_refused_denied(monkeypatch):
-    def missing(*args):
-        raise FileNotFoundError("kubectl")
-
-    monkeypatch.setattr(apply, "kubectl_output", missing)
-    with pytest.raises(targets.TargetError, match="needs kubectl on PATH"):
-        targets.make("k8s")
-
-
-def test_one_node_needs_a_node_labelled_for_every_role_denied(monkeypatch):
-    monkeypatch.setattr(apply, "kubectl_output", Kubectl(nodes=[node("worker-1")]))
-    with pytest.raises(targets.TargetError, match="--one-node: no node of context local is labelled complyroute.io/role=all"):
-        targets.make("k8s", one_node=True)
-
-
-def test_several_nodes_need_the_placement_labels_denied_and_allowed(monkeypatch):
-    monkeypatch.setattr(apply, "kubectl_output", Kubectl(nodes=[node("worker-1")]))
-    with pytest.raises(targets.TargetError, match="no node of context local is labelled complyroute.io/node=<node>.*--one-node"):
-        targets.make("k8s")
-    labelled = [node("worker-1", **{NODE_LABEL: "gateway"}), node("worker-2", **{NODE_LABEL: "node-1"})]
-    monkeypatch.setattr(apply, "kubectl_output", Kubectl(nodes=labelled))
-    assert targets.make("k8s").describe()["deploys_to"] == ["worker-1", "worker-2"]
-
-
-@pytest.mark.parametrize("url, expected", [("http://10.0.0.5:30080", "http://10.0.0.5:30080/process"),
-                                           ("https://entry.example:443/process", "https://entry.example:443/process")])
-def test_an_entry_url_is_where_records_go_allowed(kubectl, url, expected):
-    target = targets.make("k8s", one_node=True, entry_url=url)
-    assert target.entry_url == expected
-    assert target.describe()["entry"] == f"{expected} (--entry-url)"
-    assert not any("port-forward" in line for line in target.unmeasured())
-
-
-@pytest.mark.parametrize("url", ["10.0.0.5:30080", "ftp://10.0.0.5", "http://10.0.0.5:30080/other", "http:///process"])
-def test_a_malformed_entry_url_is_refused_denied(kubectl, url):
-    with pytest.raises(targets.TargetError, match="--entry-url"):
-        targets.make("k8s", one_node=True, entry_url=url)
-
-
-# ---- a cell on k8s -------------------------------------------------------------------------------------
-
-def test_a_k8s_cell_is_applied_forwarded_and_its_namespace_deleted_allowed(cluster_side, kubectl):
+def test_k8s_made_allowed(kubectl):
     target = targets.make("k8s", one_node=True)
-    topology = manifest.load("sidecar", services="5")
-    log = io.StringIO()
-    state = target.deploy(topology, log)
-    assert cluster_side["apply"] == [{"topology": "sidecar", "folder": targets.K8S_WORKDIR / "sidecar-5", "one_node": True,
-                                      "image": render.SERVICE_IMAGE}]
-    assert cluster_side["forward"] == [("complyroute-sidecar", apply.entry_service(
-        targets.place(topology, render.KubernetesNetwork("complyroute-sidecar"))))]
-    assert state["entry_url"] == "http://127.0.0.1:40123/process"
-    assert (state["parts"], state["nodes"], state["namespace"]) == (7, ["complyroute-node"], "complyroute-sidecar")
-    assert state["cpu_parts"] is None and state["memory_mib"] == {"total": None}  # pods: not sampled here
-    target.undeploy(log)
-    assert cluster_side["kubectl"] == [("delete", "namespace", "complyroute-sidecar", "--ignore-not-found", "--wait=true",
-                                        f"--timeout={targets.K8S_DELETE_TIMEOUT}")]
-    assert "complyroute-sidecar" not in kubectl.namespaces
-    target.undeploy(log)  # nothing deployed: nothing deleted
-    assert len(cluster_side["kubectl"]) == 1
+    assert isinstance(target, KubernetesTarget) and target.described["context"] == CONTEXT
 
 
-def test_a_k8s_cell_waits_until_a_record_passes_its_chain_allowed(cluster_side, monkeypatch):
-    from complyroute.client import Answer
-
-    answers = [Answer(502, {"code": "NEXT_HOP_FAILED", "message": "connect ECONNREFUSED 10.96.93.138:22001"}, ""),
-               Answer(503, {"code": "HOP_UNAVAILABLE"}, ""), passed_through(5)]
+def test_the_chain_probe_passes_a_record_through_every_service_allowed_and_denied(monkeypatch):
     sent = []
-    monkeypatch.setattr(targets, "send", lambda url, labels, body, **kwargs: sent.append(url) or answers[len(sent) - 1])
-    monkeypatch.setattr(targets.time, "sleep", lambda s: None)
-    log = io.StringIO()
-    state = targets.make("k8s", one_node=True).deploy(manifest.load("sidecar", services="5"), log)
-    assert sent == ["http://127.0.0.1:40123/process"] * 3 and state["path_wait_seconds"] >= 0
-    assert "path: a record passed the 5 services after" in log.getvalue()
-
-
-def test_a_k8s_cell_whose_chain_never_passes_is_left_to_the_check_record_denied(cluster_side, monkeypatch):
-    from complyroute.client import Answer
-
+    monkeypatch.setattr(targets, "send", lambda url, labels, body, **kwargs: sent.append((url, labels)) or passed_through(5))
+    assert targets.chain_probe(5)("http://127.0.0.1:40123/process") is None
+    assert sent == [("http://127.0.0.1:40123/process", targets.ALLOWED_LABELS)]
+    assert targets.chain_probe(6)("http://127.0.0.1:40123/process").startswith("200 delivered: svc-01")  # one short: not passed
     monkeypatch.setattr(targets, "send", lambda url, labels, body, **kwargs: Answer(502, {"code": "NEXT_HOP_FAILED", "message": "refused"}, ""))
-    monkeypatch.setattr(targets, "PATH_READY_WAIT_S", 0)
-    log = io.StringIO()
-    targets.make("k8s", one_node=True).deploy(manifest.load("sidecar", services="5"), log)
-    assert "path: no record passed after" in log.getvalue() and "502 NEXT_HOP_FAILED: refused" in log.getvalue()
+    assert targets.chain_probe(5)("http://127.0.0.1:40123/process") == "502 NEXT_HOP_FAILED: refused"
 
 
-def test_a_k8s_cell_with_an_entry_url_is_not_forwarded_allowed(cluster_side):
-    target = targets.make("k8s", one_node=True, entry_url="http://10.0.0.5:30080")
-    assert target.deploy(manifest.load("baseline", services="5"), io.StringIO())["entry_url"] == "http://10.0.0.5:30080/process"
-    assert cluster_side["forward"] == []
-
-
-def test_a_namespace_already_there_stops_the_run_denied(cluster_side, kubectl):
-    kubectl.namespaces.add("complyroute-sidecar")
-    target = targets.make("k8s", one_node=True)
-    with pytest.raises(targets.TargetBusy, match="namespace complyroute-sidecar already exists in context local"):
-        target.deploy(manifest.load("sidecar", services="5"), io.StringIO())
-    assert cluster_side["apply"] == []
-
-
-def test_a_failed_apply_fails_the_cell_and_leaves_the_namespace_to_undeploy_denied(cluster_side, monkeypatch):
-    def failing(topology, folder, timeout, image, one_node, out):
-        raise RuntimeError("kubectl -n complyroute-sidecar wait ... failed with exit code 1")
-
-    monkeypatch.setattr(apply, "apply", failing)
-    target = targets.make("k8s", one_node=True)
-    with pytest.raises(targets.DeployFailed, match="applying sidecar to namespace complyroute-sidecar failed: kubectl .* wait"):
-        target.deploy(manifest.load("sidecar", services="5"), io.StringIO())
-    target.undeploy(io.StringIO())  # what the runner does with a failed cell: the half-applied namespace goes
-    assert cluster_side["kubectl"][0][:3] == ("delete", "namespace", "complyroute-sidecar")
+def test_what_a_k8s_target_cannot_measure(kubectl):
+    unmeasured = targets.unmeasured(targets.make("k8s", one_node=True))
+    assert any("CPU time and memory" in line for line in unmeasured) and any("port-forward" in line for line in unmeasured)
+    unmeasured = targets.unmeasured(targets.make("k8s", one_node=True, entry_url="http://10.0.0.5:30080"))
+    assert any("CPU time and memory" in line for line in unmeasured) and not any("port-forward" in line for line in unmeasured)
+    assert targets.unmeasured(targets.make("local")) == []
 
 
 # ---- what the runner records -------------------------------------------------------------------------
@@ -296,13 +135,27 @@ def test_a_k8s_cells_cpu_csv_leaves_the_deployments_columns_empty(tmp_path):
     assert all(values[f"{kind}_s"] == "" for kind in ("deployment", *runner.CpuSampler.KINDS))
 
 
-def test_a_k8s_cell_fails_when_its_check_record_does_not_pass(tmp_path, cluster_side, monkeypatch):
-    from complyroute.client import Answer
+def test_a_k8s_cell_is_deployed_reached_and_checked_allowed(tmp_path, cluster_side, monkeypatch):
+    monkeypatch.setattr(runner, "send", lambda *args, **kwargs: passed_through(5))
+    run = runner.Runner(tmp_path / "run", resolve("quick"), out=io.StringIO(), target=targets.make("k8s", one_node=True))
+    state = run.deploy(Cell("sidecar", "envoy-opa", 100, 5, 1), io.StringIO())
+    assert cluster_side == ["complyroute-sidecar"]
+    assert state["entry_url"] == "http://127.0.0.1:40123/process" and state["path_wait_seconds"] >= 0 and state["parts"] == 7
 
+
+def test_a_k8s_cell_fails_when_its_check_record_does_not_pass(tmp_path, cluster_side, monkeypatch):
     monkeypatch.setattr(runner, "send", lambda *args, **kwargs: Answer(503, {"code": "DECISION_UNAVAILABLE"}, ""))
     run = runner.Runner(tmp_path / "run", resolve("quick"), out=io.StringIO(), target=targets.make("k8s", one_node=True))
     with pytest.raises(runner.CellFailed, match="did not go through the 5 services"):
         run.deploy(Cell("sidecar", "envoy-opa", 100, 5, 1), io.StringIO())
+
+
+def test_a_k8s_cell_whose_namespace_is_taken_stops_the_run_denied(tmp_path, cluster_side, kubectl):
+    kubectl.namespaces.add("complyroute-sidecar")
+    run = runner.Runner(tmp_path / "run", resolve("quick"), out=io.StringIO(), target=targets.make("k8s", one_node=True))
+    with pytest.raises(runner.TargetBusy, match="namespace complyroute-sidecar already exists"):
+        run.deploy(Cell("sidecar", "envoy-opa", 100, 5, 1), io.StringIO())
+    assert cluster_side == []
 
 
 # ---- the command line ------------------------------------------------------------------------------------
