@@ -1,5 +1,8 @@
 """complyroute control plane: `complyroute <command>`, or `python -m complyroute <command>` (make wraps each command).
 
+deploy, status, reload-policy, undeploy, audit and trace take --target local|k8s: processes on
+this machine (the default) or the current kubectl context.
+
 `complyroute experiments <command>` runs the experiments (`python -m experiments <command>` alike).
 """
 
@@ -16,7 +19,9 @@ from complyroute.authoring import policybench, policydiff
 from complyroute.client import send
 from complyroute.evidence import audit, trace
 from complyroute.policy import policyfiles
+from complyroute.runtime import targets
 from complyroute.runtime.local import deployment, reload, supervision
+from complyroute.runtime.target import DeployFailed, Target, TargetError
 from complyroute.topology import manifest
 
 DEMO_MANIFEST = "topologies/examples/mixed-regions.yaml"
@@ -41,9 +46,25 @@ def rule_set_choice(value: str) -> str:
     return value
 
 
+def add_target(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--target", choices=targets.TARGETS, default=targets.DEFAULT,
+                         help="local: processes on this machine (the default); k8s: the current kubectl context")
+
+
+def target_of(args, **options) -> Target:
+    """The target --target names, with those of `options` the command line gave (None: not given);
+    an option of the other target is a TargetError."""
+    return targets.make(args.target, **{keyword: value for keyword, value in options.items() if value is not None})
+
+
+def topology_of(args) -> manifest.Topology | None:
+    return manifest.load(args.topology) if args.topology else None
+
+
 def cmd_deploy(args) -> int:
-    topology = manifest.load(args.topology, args.services, engine=args.engine)
-    deployment.deploy(topology, args.policies, restart=not args.no_restart)
+    target = target_of(args, restart=False if args.no_restart else None, image=args.image, one_node=args.one_node or None,
+                       ready_timeout=args.timeout)
+    target.deploy(manifest.load(args.topology, args.services, engine=args.engine), policies=args.policies)
     return 0
 
 
@@ -64,35 +85,26 @@ def cmd_render(args) -> int:
     return 0
 
 
-def cmd_k8s_deploy(args) -> int:
-    from complyroute.runtime.kubernetes import apply, render
-
-    topology = manifest.load(args.topology, args.services, engine=args.engine)
-    try:
-        return apply.apply(topology, deployment.RUNS / "k8s" / f"{topology.name}-{len(topology.instances)}", args.timeout,
-                           args.image or render.SERVICE_IMAGE, one_node=args.one_node)
-    except render.RenderError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+def cmd_status(args) -> int:
+    return target_of(args).status(topology_of(args))
 
 
-def cmd_k8s_status(args) -> int:
-    from complyroute.runtime.kubernetes import apply
-
-    return apply.status(manifest.load(args.topology) if args.topology else None)
-
-
-def cmd_k8s_reload_policy(args) -> int:
-    from complyroute.runtime.kubernetes import apply
-
-    apply.reload_policy(manifest.load(args.topology), policyfiles.rule_set(args.policies))
+def cmd_reload_policy(args) -> int:
+    target_of(args, reload_timeout=args.timeout).reload_policy(topology_of(args), args.policies)
     return 0
 
 
-def cmd_k8s_undeploy(args) -> int:
-    from complyroute.runtime.kubernetes import apply
+def cmd_undeploy(args) -> int:
+    return target_of(args).undeploy_all()
 
-    return apply.delete()
+
+def cmd_audit(args) -> int:
+    return audit.main(args.runs or audit.run_folders(target_of(args).run_folders("audit")))
+
+
+def cmd_trace(args) -> int:
+    target_of(args).run_folders("trace")  # a target whose runs are not on this machine has nothing to trace here
+    return trace.main(args.request_id, args.run_dir)
 
 
 def cmd_demo(args) -> int:
@@ -231,13 +243,20 @@ def main(argv: list[str] | None = None) -> int:
     for name, entry in sorted(added.items()):
         commands.add_parser(name, help=f"the commands of {entry.module.partition('.')[0]}: `{name} --help` lists them")
 
-    deploy = commands.add_parser("deploy", help="start a topology as local processes")
+    deploy = commands.add_parser("deploy", help="start a topology and wait until every part is ready: processes on this machine, "
+                                                "or (--target k8s) applied to the current kubectl context in its own namespace")
+    add_target(deploy)
     deploy.add_argument("--topology", required=True, help="manifest name, alias or path")
     deploy.add_argument("--services", help="number of service instances, or a manifest whose services to deploy (overrides the manifest's)")
     deploy.add_argument("--engine", choices=manifest.ENGINES, help="how enforcement points decide (overrides the manifest's engine.kind)")
     deploy.add_argument("--policies", type=rule_set_choice, help=RULE_SET_HELP.replace("policies/", "the manifest's `policy`, else policies/"))
     deploy.add_argument("--no-restart", action="store_true",
-                        help="a part that dies stays down (by default supervisord starts it again at once)")
+                        help="local: a part that dies stays down (by default supervisord starts it again at once)")
+    deploy.add_argument("--image", default=None,
+                        help="k8s: the service image, name[:tag][@sha256:digest] (default: complyroute/service:<its version>)")
+    deploy.add_argument("--one-node", action="store_true",
+                        help="k8s: every pod on the one node labelled complyroute.io/role=all (all roles on one node)")
+    deploy.add_argument("--timeout", help="k8s: how long to wait for the pods to be ready (default 300s)")
     deploy.set_defaults(run=cmd_deploy)
 
     render = commands.add_parser("render", help="write a topology's Kubernetes manifests to a file")
@@ -249,46 +268,37 @@ def main(argv: list[str] | None = None) -> int:
                         help="every pod on the one node labelled complyroute.io/role=all (all roles on one node)")
     render.set_defaults(run=cmd_render)
 
-    k8s_deploy = commands.add_parser("k8s-deploy", help="apply a topology to the current kubectl context and wait for it")
-    k8s_deploy.add_argument("--topology", required=True)
-    k8s_deploy.add_argument("--services")
-    k8s_deploy.add_argument("--engine", choices=manifest.ENGINES)
-    k8s_deploy.add_argument("--timeout", default="300s")
-    k8s_deploy.add_argument("--image", default=None, help="the service image, name[:tag][@sha256:digest] (default: complyroute/service:<its version>)")
-    k8s_deploy.add_argument("--one-node", action="store_true",
-                        help="every pod on the one node labelled complyroute.io/role=all (all roles on one node)")
-    k8s_deploy.set_defaults(run=cmd_k8s_deploy)
-
-    k8s_reload = commands.add_parser(
-        "k8s-reload-policy", help="apply the rule set to a topology k8s-deploy applied, as its bundle and route ConfigMaps only: no pod is rolled")
-    k8s_reload.add_argument("--topology", required=True, help="the manifest (name, alias or path) it was deployed with")
-    k8s_reload.add_argument("--policies", type=rule_set_choice, default="policies", help=RULE_SET_HELP)
-    k8s_reload.set_defaults(run=cmd_k8s_reload_policy)
-
-    k8s_status = commands.add_parser("k8s-status", help="the pods of the topologies deployed to the current kubectl context: ready, restarts")
-    k8s_status.add_argument("--topology", help="only this manifest's (name, alias or path)")
-    k8s_status.set_defaults(run=cmd_k8s_status)
-
-    commands.add_parser("k8s-undeploy", help="delete every complyroute namespace from the current kubectl context").set_defaults(run=cmd_k8s_undeploy)
-
-    commands.add_parser("undeploy", help="stop the current deployment").set_defaults(run=lambda a: (deployment.stop(), 0)[1])
-    commands.add_parser("status", help="show the parts of the current deployment").set_defaults(run=lambda a: deployment.status())
+    undeploy = commands.add_parser("undeploy", help="stop the current deployment (k8s: delete every complyroute namespace of the "
+                                                    "current kubectl context)")
+    add_target(undeploy)
+    undeploy.set_defaults(run=cmd_undeploy)
+    status = commands.add_parser("status", help="show the parts of the current deployment (k8s: the pods of the topologies deployed to "
+                                                "the current kubectl context): ready, restarts")
+    add_target(status)
+    status.add_argument("--topology", help="k8s: only this manifest's pods (name, alias or path)")
+    status.set_defaults(run=cmd_status)
     audit_runs = commands.add_parser(
         "audit", help="verify every audit chain of runs, re-check every line against the rules, join each record's lines into its path, "
                       "print a verdict per run and in total")
+    add_target(audit_runs)
     audit_runs.add_argument("runs", nargs="*", type=Path, help="run folders (default: every one under runs/)")
-    audit_runs.set_defaults(run=lambda a: audit.main(a.runs))
+    audit_runs.set_defaults(run=cmd_audit)
 
     commands.add_parser("demo", help="deploy the mixed-regions example and send sample records").set_defaults(run=cmd_demo)
 
-    reload_policy = commands.add_parser("reload-policy", help="apply the rule set to the running deployment without restarting anything")
-    reload_policy.add_argument("--policies", type=rule_set_choice, help=RULE_SET_HELP.replace("policies/", "the deployment's"))
-    reload_policy.add_argument("--timeout", type=float, default=120, help="seconds to wait for every point to decide with it")
-    reload_policy.set_defaults(run=lambda a: (reload.reload_policy(a.policies, timeout=a.timeout), 0)[1])
+    reload_policy = commands.add_parser("reload-policy", help="apply the rule set to the running deployment without restarting anything "
+                                                              "(k8s: as its bundle and route ConfigMaps only, no pod rolled; not waited for)")
+    add_target(reload_policy)
+    reload_policy.add_argument("--topology", help="k8s: the manifest (name, alias or path) it was deployed with")
+    reload_policy.add_argument("--policies", type=rule_set_choice,
+                               help=RULE_SET_HELP.replace("policies/", "the deployment's; k8s: policies/"))
+    reload_policy.add_argument("--timeout", type=float, help="local: seconds to wait for every point to decide with it (default 120)")
+    reload_policy.set_defaults(run=cmd_reload_policy)
     trace_record = commands.add_parser("trace", help="each hop of one record: the deciding point, labels, decision, revision, audit line")
+    add_target(trace_record)
     trace_record.add_argument("request_id", help="the record's id (the x-request-id of its answer)")
     trace_record.add_argument("--run", dest="run_dir", type=Path, help="run folder (default: runs/current, else the newest)")
-    trace_record.set_defaults(run=lambda a: trace.main(a.request_id, a.run_dir))
+    trace_record.set_defaults(run=cmd_trace)
     diff = commands.add_parser("policy-diff", help="list every decision the rule set in policies/ would make differently from the one at a git ref")
     diff.add_argument("--base", required=True, help="git ref of the rule set to compare with (HEAD, a commit, a branch)")
     diff.add_argument("--topology", default=policydiff.WALKTHROUGH, help="manifest whose enforcement points to ask (default: the walkthrough's)")
@@ -319,7 +329,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.run(args)
-    except (manifest.ManifestError, supervision.DeploymentError, audit.AuditError, reload.ReloadError, policydiff.PolicyDiffError, trace.TraceError) as error:
+    except (manifest.ManifestError, supervision.DeploymentError, audit.AuditError, reload.ReloadError, policydiff.PolicyDiffError, trace.TraceError,
+            TargetError, DeployFailed) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
 

@@ -11,7 +11,8 @@ below it:
 3. policy: the rule set's files, label schema, data, bundles and bundle server;
 4. proxy: Envoy's and OPA's configuration of one point, from the plan, its trust and the labels;
 5. engines: how the points decide (envoy-opa, envoy-compiled, the precomputed space);
-6. runtime: running a plan, on this machine (local/) and on Kubernetes (kubernetes/);
+6. runtime: running a plan, behind one Target interface (target.py, targets.py), on this
+   machine (local/) and on Kubernetes (kubernetes/);
 7. evidence: what a run proves afterwards (audit, trace), read from the run a runtime wrote;
 8. authoring: for whoever writes rule sets (policy-diff, policy-bench);
 9. the commands: client.py and __main__.py.
