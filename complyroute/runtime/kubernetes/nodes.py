@@ -1,5 +1,5 @@
 """The labels that place a topology's pods on a cluster's nodes: an operator labels the nodes,
-a rendering selects them (render.py), the experiments check them (experiments/targets.py)."""
+a rendering selects them (render.py), the Kubernetes target checks them (target.py)."""
 
 NODE_LABEL = "complyroute.io/node"
 ROLE_LABEL = "complyroute.io/role"
