@@ -1,5 +1,5 @@
 """Where an experiment's cells deploy (experiments/targets.py, over the runtime's Target:
-tests/test_runtime_targets.py), with kubectl, kubernetes.apply.apply, the port-forward and the entry
+tests/unit/test_runtime_targets.py), with kubectl, kubernetes.apply.apply, the port-forward and the entry
 standing in: which target the command line makes and when it asks the cluster, the record a
 cell's entry must pass, what the runner records and the reports say of a target. Nothing here
 starts a process; the real cluster's run is tests/k8s/test_experiments_target_k8s.py."""
@@ -20,7 +20,7 @@ from complyroute.topology import manifest
 from experiments import __main__ as cli
 from experiments import runner, targets
 from experiments.matrix import Cell, resolve
-from tests.kubectl_stand_in import CONTEXT, Kubectl
+from tests.unit.kubectl_stand_in import CONTEXT, Kubectl
 
 
 @pytest.fixture

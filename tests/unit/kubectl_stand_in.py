@@ -1,5 +1,5 @@
-"""kubectl answered from memory, for the tests of the Kubernetes target (tests/test_runtime_targets.py)
-and of the experiments on it (tests/experiments/test_targets.py): no cluster, no process."""
+"""kubectl answered from memory, for the tests of the Kubernetes target (tests/unit/test_runtime_targets.py)
+and of the experiments on it (tests/unit/experiments/test_targets.py): no cluster, no process."""
 
 import json
 import subprocess

@@ -20,7 +20,7 @@ from complyroute.runtime.local.target import LocalTarget
 from complyroute.runtime.target import DeployFailed, TargetBusy, TargetError, Unsupported
 from complyroute.topology import manifest
 from complyroute.topology.plan import place
-from tests.kubectl_stand_in import CONTEXT, SERVER, Kubectl, node
+from tests.unit.kubectl_stand_in import CONTEXT, SERVER, Kubectl, node
 
 
 @pytest.fixture
