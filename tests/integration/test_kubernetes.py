@@ -47,11 +47,32 @@ TOPOLOGIES = ["sidecar", "central-entity", "dynamic-router-3", "dynamic-router-6
 PLAIN = {"security": {"mtls": False, "label_tokens": False}}
 
 
+# Where each render `rendered` was asked for first was written, and what it built, by its arguments.
+RENDERS: dict[tuple, tuple[Path, str]] = {}
+
+
 def rendered(topology, services, tmp_path, engine=None, overrides=None):
-    text = render.render(manifest.load(topology, services=services, engine=engine, overrides=overrides), tmp_path / "kustomization")
+    """The topology rendered into tmp_path/kustomization, its built YAML written beside it, and its
+    objects. A render costs seconds here (OPA checks every point's quick path, kustomize builds),
+    and most tests only read what the same arguments render to: each set of arguments (and the
+    ConfigMap budget) is rendered once a session, and every later test gets a copy of that
+    kustomization folder and objects parsed anew, which it may change. What two renders of the
+    same arguments differ in, the CA and keys, is test_every_render_makes_a_new_ca's, which
+    renders anew (render_anew)."""
+    key = (topology, services, engine, json.dumps(overrides, sort_keys=True), render.CONFIGMAP_BUDGET)
+    if key in RENDERS:
+        first, text = RENDERS[key]
+        shutil.copytree(first, tmp_path / "kustomization")
+    else:
+        text = render_anew(topology, services, tmp_path, engine, overrides)
+        RENDERS[key] = (tmp_path / "kustomization", text)
     path = tmp_path / f"{topology}-{services}.yaml"
     path.write_text(text)
     return path, [o for o in yaml.safe_load_all(text) if o]
+
+
+def render_anew(topology, services, tmp_path, engine=None, overrides=None) -> str:
+    return render.render(manifest.load(topology, services=services, engine=engine, overrides=overrides), tmp_path / "kustomization")
 
 
 def by_kind(objects, kind):
@@ -884,7 +905,8 @@ def test_without_mtls_no_secret_is_rendered_denied(topology, tmp_path):
 
 
 def test_every_render_makes_a_new_ca_and_keeps_its_keys_private(tmp_path):
-    first, second = (decoded(secrets(rendered("central-entity", 2, tmp_path / str(n))[1])["tls-svc-01"]) for n in (1, 2))
+    first, second = (decoded(secrets([o for o in yaml.safe_load_all(render_anew("central-entity", 2, tmp_path / str(n))) if o])["tls-svc-01"])
+                     for n in (1, 2))
     assert first["ca.crt"] != second["ca.crt"] and first["tls.key"] != second["tls.key"]
     folder = tmp_path / "2" / "kustomization"
     assert folder.stat().st_mode & 0o777 == 0o700
