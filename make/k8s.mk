@@ -58,4 +58,4 @@ k8s-setup: setup $(K8S_BINARIES) $(BIN)/kwok $(BIN)/coredns etcd node-packages #
 
 .PHONY: k8s-e2e
 k8s-e2e: k8s-setup $(if $(filter 0,$(real_node)),,images) ## Apply every topology to a real kube-apiserver with kwok nodes and check placement, routers, sidecars, policies; then run each on a real node and send records through it [real_node=0: kwok only]
-	COMPLYROUTE_REAL_NODE=$(if $(filter 0,$(real_node)),0,1) $(PY) -m pytest -m k8s tests/k8s
+	COMPLYROUTE_REAL_NODE=$(if $(filter 0,$(real_node)),0,1) $(PY) -m pytest -m k8s tests/k8s --durations=25
