@@ -26,8 +26,23 @@ def walkthrough():
 
 @pytest.fixture(scope="module")
 def head(tmp_path_factory):
-    """policies/ as committed: what the tests compare with, whatever is being edited meanwhile."""
-    return policydiff.rule_set_at("HEAD", tmp_path_factory.mktemp("head"))
+    """policies/ as committed: what the tests compare with, whatever is being edited meanwhile.
+    OPA is asked for its decisions once for every test that compares with it (a minute of CPU
+    per ask here); the other side of each comparison, a copy of it too, is asked anew."""
+    folder = policydiff.rule_set_at("HEAD", tmp_path_factory.mktemp("head"))
+    asked = {}
+    decisions = policydiff.decisions
+
+    def once(points, policies, name, space):
+        if policies != folder:
+            return decisions(points, policies, name, space)
+        key = (tuple(point.name for point in points), json.dumps(space))
+        if key not in asked:
+            asked[key] = decisions(points, policies, name, space)
+        return asked[key]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(policydiff, "decisions", once)
+        yield folder
 
 
 def with_reference(folder, head, change):
@@ -48,6 +63,11 @@ def us_adequate(tmp_path_factory, head):
 @pytest.fixture(scope="module")
 def us_adequacy_diff(walkthrough, head, us_adequate):
     return policydiff.compare(walkthrough, head, us_adequate)
+
+
+def files_of(folder):
+    """{path under the folder: bytes} of every file in it."""
+    return {path.relative_to(folder): path.read_bytes() for path in folder.rglob("*") if path.is_file()}
 
 
 def labellings(result):
@@ -113,8 +133,15 @@ def test_a_purpose_no_instance_processes_for_is_asked_too(walkthrough, head, tmp
     assert {(c["after"]["status"], c["after"]["code"]) for c in result["changes"]} == {(400, "LABEL_UNKNOWN")}
 
 
-def test_head_against_a_working_tree_by_the_command(capsys, us_adequate, us_adequacy_diff):
-    # A report: exit 0 with changes too, the same as compare() gives and report() prints.
+def test_head_against_a_working_tree_by_the_command(capsys, monkeypatch, walkthrough, head, us_adequate, us_adequacy_diff):
+    # A report: exit 0 with changes too, the same as compare() gives and report() prints. The
+    # command compares what us_adequacy_diff compared (the walkthrough, policies/ at HEAD, the
+    # working tree): that comparison's result, not a second one of the same rule sets.
+    def same_comparison(topology, old, new, base):
+        assert (topology.name, base, new) == (walkthrough.name, "'HEAD'", us_adequate)
+        assert files_of(old) == files_of(head)  # HEAD's rule set, exported by the command
+        return us_adequacy_diff
+    monkeypatch.setattr(policydiff, "compare", same_comparison)
     assert cli.main(["policy-diff", "--base", "HEAD", "--policies", str(us_adequate)]) == 0
     text = io.StringIO()
     policydiff.report(us_adequacy_diff, "HEAD", str(us_adequate), out=text)
