@@ -54,12 +54,13 @@ RENDERS: dict[tuple, tuple[Path, str]] = {}
 def rendered(topology, services, tmp_path, engine=None, overrides=None):
     """The topology rendered into tmp_path/kustomization, its built YAML written beside it, and its
     objects. A render costs seconds here (OPA checks every point's quick path, kustomize builds),
-    and most tests only read what the same arguments render to: each set of arguments (and the
-    ConfigMap budget) is rendered once a session, and every later test gets a copy of that
+    and most tests only read what the same arguments render to: each set of arguments (with the
+    ConfigMap budget and the rule set's revision, which a commit or an edit of policies/ during
+    the run changes) is rendered once a session, and every later test gets a copy of that
     kustomization folder and objects parsed anew, which it may change. What two renders of the
     same arguments differ in, the CA and keys, is test_every_render_makes_a_new_ca's, which
     renders anew (render_anew)."""
-    key = (topology, services, engine, json.dumps(overrides, sort_keys=True), render.CONFIGMAP_BUDGET)
+    key = (topology, services, engine, json.dumps(overrides, sort_keys=True), render.CONFIGMAP_BUDGET, bundles.revision())
     if key in RENDERS:
         first, text = RENDERS[key]
         shutil.copytree(first, tmp_path / "kustomization")
