@@ -1,4 +1,9 @@
 ##@ Testing
+# The tiers are folders, each test marked from its own (tests/conftest.py): the two that start no
+# deployment, which make check runs, and the end-to-end one.
+NO_DEPLOYMENT := tests/unit tests/integration
+E2E := tests/e2e
+
 .PHONY: test
 test: setup ## Run every test but the Kubernetes ones: policy (every rule set), services, unit, integration (tests/integration/) and end-to-end against real processes
 	@# The end-to-end tests run one at a time (the entry port is one). Beside them, one after
@@ -11,21 +16,23 @@ test: setup ## Run every test but the Kubernetes ones: policy (every rule set), 
 	  $(MAKE) --no-print-directory policy-test || rest=1; \
 	  $(foreach rules,$(notdir $(wildcard rule-sets/*)),$(MAKE) --no-print-directory policy-test policy=$(rules) || rest=1;) \
 	  (cd services && npm test) || rest=1; \
-	  $(PY) -m pytest -m "not e2e and not k8s" -p no:cacheprovider --durations=25 || rest=1; \
+	  $(PY) -m pytest $(NO_DEPLOYMENT) -p no:cacheprovider --durations=25 || rest=1; \
 	  exit $$rest ) >$$beside 2>&1 & pid=$$!; \
-	$(PY) -m pytest -m "own_network and not k8s" -p no:cacheprovider --durations=25 >$$apart 2>&1 & own_pid=$$!; \
-	echo "$(PY) -m pytest -m 'e2e and not own_network and not k8s' --durations=25  (beside it: policy tests, npm test, pytest -m 'not e2e and not k8s'; pytest -m 'own_network and not k8s')"; \
-	e2e=0; $(PY) -m pytest -m "e2e and not own_network and not k8s" --durations=25 || e2e=$$?; \
+	$(PY) -m pytest $(E2E) -m own_network -p no:cacheprovider --durations=25 >$$apart 2>&1 & own_pid=$$!; \
+	echo "$(PY) -m pytest $(E2E) -m 'not own_network' --durations=25  (beside it: policy tests, npm test, pytest $(NO_DEPLOYMENT); pytest $(E2E) -m own_network)"; \
+	e2e=0; $(PY) -m pytest $(E2E) -m "not own_network" --durations=25 || e2e=$$?; \
 	rest=0; wait $$pid || rest=$$?; own=0; wait $$own_pid || own=$$?; \
 	echo "--- the policy, services' and tests without a deployment, run beside them:"; cat $$beside; \
 	echo "--- the end-to-end tests on a loopback network of their own, run beside them:"; cat $$apart; rm -f $$beside $$apart; \
 	test $$e2e -eq 0 -a $$rest -eq 0 -a $$own -eq 0
 
 .PHONY: check
-check: setup policy-test ## The quick loop (at most 3 minutes): policy lint and tests, the services' tests, the unit tests (not tests/integration/, e2e/, k8s/: make test runs those but k8s)
+check: setup policy-test ## The quick loop (at most 3 minutes): policy lint and tests, the services' tests, the unit and integration tests (tests/unit/, tests/integration/; make test runs those and e2e/, not k8s/)
 	cd services && npm test
-	$(PY) -m pytest -m "not e2e and not k8s and not integration" -p no:cacheprovider --durations=10
+	@# One pytest worker per core (pytest-xdist), each given whole files: a file's module-scoped
+	@# fixtures (a render of 50 services, a policy diff) are built once, not once per worker.
+	$(PY) -m pytest $(NO_DEPLOYMENT) -n auto --dist loadfile -p no:cacheprovider --durations=25
 
 .PHONY: integration
 integration: setup ## The integration tests alone (tests/integration/: real OPA, Envoy and kubernetes-validate over whole topologies, no deployment; make test runs them too)
-	$(PY) -m pytest -m "integration and not k8s" -p no:cacheprovider --durations=10
+	$(PY) -m pytest tests/integration -p no:cacheprovider --durations=25
