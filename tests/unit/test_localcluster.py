@@ -35,6 +35,7 @@ def test_a_real_node_names_what_it_lacks_before_starting_anything_denied(tmp_pat
 
     monkeypatch.setattr(realnode, "BIN", tmp_path / "bin")
     monkeypatch.setattr(images, "IMAGES_DIR", tmp_path / "images")
+    monkeypatch.setattr(localcluster, "port_in_use", lambda port: False)  # a running cluster's (make k8s-e2e) is no matter here
     cluster = LocalCluster(tmp_path / "cluster", real_node=True)
     with pytest.raises(RuntimeError, match=r"make k8s-setup|make images|needs root") as refused:
         cluster.start()
