@@ -24,9 +24,10 @@ that kustomize's secretGenerator names by a hash of their content too (kubetrust
 every render changes every Secret, and applying it rolls every pod onto the new CA at once.
 
 Over 400 lines: one Renderer of one topology's objects, whose parts (network, points,
-services, bundle server, ConfigMap budget) share its collected objects and generated files.
-Issue 26's item 2 (one Target for local and Kubernetes) reshapes it beside runtime/local/,
-whose rendering, supervision and state are split already; it is left whole until then.
+services, bundle server, ConfigMap budget) share its collected objects and generated files;
+split, each part would take the Renderer's state as an argument, and its readers would follow
+one object across files. What differs from a local deployment is behind the Target interface
+(runtime/target.py, runtime/kubernetes/target.py); this module only renders.
 """
 
 from __future__ import annotations
