@@ -1261,7 +1261,7 @@ class FakeApiServer:
 
 @pytest.fixture
 def deployed_central_entity(tmp_path, monkeypatch):
-    """The compiled central entity (5 services unless told) as k8s-deploy applies and records
+    """The compiled central entity (5 services unless told) as `deploy --target k8s` applies and records
     it, against a fake API server; its ConfigMaps' budget as given to the factory at deploy time."""
     monkeypatch.setattr(apply, "DEPLOYED", tmp_path / "deployed")
 
@@ -1572,7 +1572,7 @@ def test_k8s_status_fails_on_a_pod_not_ready_and_on_nothing_deployed_denied(monk
 
 
 def test_reload_keeps_each_configmap_in_the_deploys_applyset_allowed(deployed_central_entity, us_adequate):
-    """k8s-deploy applied the ConfigMaps as members of its ApplySet (kubectl labelled them); a
+    """`deploy --target k8s` applied the ConfigMaps as members of its ApplySet (kubectl labelled them); a
     reload's server-side apply carries the label over, or it would take it off and the next
     deploy could no longer prune them."""
     renderer, objects, api = deployed_central_entity()

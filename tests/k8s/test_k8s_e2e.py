@@ -161,7 +161,7 @@ def snapshot(cluster, namespace) -> dict:
 
 
 def test_reload_policy_updates_the_bundle_and_route_configmaps_and_rolls_no_pod_allowed(cluster, us_adequate, monkeypatch):
-    """k8s-deploy, then `make reload-policy target=k8s` with the deployed rule set (changes
+    """`deploy --target k8s`, then `make reload-policy target=k8s` with the deployed rule set (changes
     nothing), then a reload with the US adequate: the bundle and route ConfigMaps take the new
     rule set, named by its revision; no Deployment's generation or pod template changes, no
     ReplicaSet or pod is made. (kwok runs no kubelet: nothing here swaps files in a pod.)"""
@@ -232,7 +232,7 @@ def inventory(cluster, namespace) -> dict[tuple[str, str], dict]:
 
 
 def test_deploying_5_services_after_50_prunes_what_only_the_50_had_allowed(cluster, monkeypatch):
-    """k8s-deploy applies a topology as an ApplySet with --prune: deployed again with 5 services
+    """`deploy --target k8s` applies a topology as an ApplySet with --prune: deployed again with 5 services
     after 50, the namespace holds exactly what the 5-service render holds. No svc-06..50 (their
     Deployments, Services, TLS Secrets), no ConfigMap or Secret of an earlier hash. What the
     deploy did not make (a ConfigMap an operator added) is not a member, and stays."""
