@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 
 from complyroute.topology.plan import Endpoint
 from complyroute.trust import pki
-from experiments import bench
+from experiments import bench, bench_parts
 
 
 def test_row_within_its_target_is_met_allowed():
@@ -100,8 +100,8 @@ def test_label_token_verifies_with_the_public_key_and_names_the_record_allowed()
     assert claims["iss"] == "complyroute-entry" and claims["rid"] == "bench-7"
     assert (claims["region"], claims["category"], claims["consent"]) == ("EU", "personal", "analytics,billing,care")
     assert claims["digest"] == "sha256:" + hashlib.sha256(bench.BODY).hexdigest()
-    assert claims["exp"] - claims["iat"] == bench.TOKEN_LIFETIME
-    assert claims["aud"] == [bench.TOKEN_AUDIENCE]  # what the bench's token-checking listeners require
+    assert claims["exp"] - claims["iat"] == bench_parts.TOKEN_LIFETIME
+    assert claims["aud"] == [bench_parts.TOKEN_AUDIENCE]  # what the bench's token-checking listeners require
 
 
 def test_label_token_of_another_key_does_not_verify_denied():
@@ -156,8 +156,8 @@ def test_pairs_at_one_url_share_their_records_allowed():
     one, other = counting_server(), counting_server()
     url = lambda server: f"http://127.0.0.1:{server.server_port}"
     try:
-        pairs = [bench.Pair("envoy", "p/envoy", url(one)), bench.Pair("opa", "p/opa", url(one)),
-                 bench.Pair("token", "q/envoy", url(other), token="shared")]
+        pairs = [bench_parts.Pair("envoy", "p/envoy", url(one)), bench_parts.Pair("opa", "p/opa", url(one)),
+                 bench_parts.Pair("token", "q/envoy", url(other), token="shared")]
         medians = bench.measure(FakeBench(), pairs, records=5, rounds=2, out=open("/dev/null", "w"))
         assert set(medians) == {"envoy", "opa", "token"}
         assert len(one.seen) == len(other.seen) == 200 + 2 * 5
@@ -172,12 +172,12 @@ def test_pairs_at_one_url_sending_differently_denied():
     url = f"http://127.0.0.1:{server.server_port}"
     try:
         with pytest.raises(ValueError, match="send differently"):
-            bench.measure(FakeBench(), [bench.Pair("a", "p/envoy", url), bench.Pair("b", "p/opa", url, token="shared")], 1, 1)
+            bench.measure(FakeBench(), [bench_parts.Pair("a", "p/envoy", url), bench_parts.Pair("b", "p/opa", url, token="shared")], 1, 1)
     finally:
         server.shutdown()
 
 
-def requiring_client_certificates(bench_: bench.Bench) -> ssl.SSLContext:
+def requiring_client_certificates(bench_: bench_parts.Bench) -> ssl.SSLContext:
     """A server's TLS as the bench's parts speak it: a certificate of the bench's CA, and the client's required."""
     files = bench_.tls_files(pki.spiffe_id("service", "svc-05"))
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -188,7 +188,7 @@ def requiring_client_certificates(bench_: bench.Bench) -> ssl.SSLContext:
 
 
 def test_bench_sends_over_mutual_tls_with_its_own_ca_allowed(tmp_path):
-    bench_ = bench.Bench(tmp_path / "processes", tmp_path)
+    bench_ = bench_parts.Bench(tmp_path / "processes", tmp_path)
     server = counting_server(requiring_client_certificates(bench_))
     try:
         bench.send(f"https://127.0.0.1:{server.server_port}", 3, bench_.client(pki.spiffe_id("service", "svc-04")))
@@ -199,8 +199,8 @@ def test_bench_sends_over_mutual_tls_with_its_own_ca_allowed(tmp_path):
 
 
 def test_bench_without_a_certificate_of_its_ca_is_refused_denied(tmp_path):
-    bench_ = bench.Bench(tmp_path / "processes", tmp_path)
-    stranger = bench.Bench(tmp_path / "other", tmp_path / "other")  # another CA
+    bench_ = bench_parts.Bench(tmp_path / "processes", tmp_path)
+    stranger = bench_parts.Bench(tmp_path / "other", tmp_path / "other")  # another CA
     server = counting_server(requiring_client_certificates(bench_))
     try:
         with pytest.raises((ssl.SSLError, ConnectionError)):
@@ -222,7 +222,7 @@ def test_per_record_tokens_name_each_record_once_allowed():
     server = counting_server()
     fake = FakeBench()
     try:
-        bench.measure(fake, [bench.Pair("service", "s", f"http://127.0.0.1:{server.server_port}", token="per-record")], 3, 1,
+        bench.measure(fake, [bench_parts.Pair("service", "s", f"http://127.0.0.1:{server.server_port}", token="per-record")], 3, 1,
                       out=open("/dev/null", "w"))
         ids = [seen["x-request-id"] for seen in server.seen]
         assert len(ids) == len(set(ids)) == 203
