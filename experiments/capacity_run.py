@@ -1,6 +1,6 @@
 """A capacity run: per (topology, engine, services) one deployment, inside which the offered
 rate is stepped as capacity.search directs; each step is a short run of the matrix's open-loop
-Locust load (runner.Runner.load, experiments/openloop.py: RTT from each record's intended send
+Locust load (loader.Loader.load, experiments/openloop.py: RTT from each record's intended send
 time, sends that cannot be made on time counted as missed), judged by capacity.judge.
 
 A run lives in <results>/<run-id>/ (capacity-<date>-<time> by default): metadata.json (the
@@ -28,14 +28,15 @@ from complyroute.topology import manifest
 
 from . import matrix, metadata, stats
 from .capacity import STEP_COLUMNS, STEPS_CSV, Parameters, capacity_text, judge, search, search_key
+from .loader import SETTLE_S, CellFailed, Loader, compress
 from .matrix import MAX_ERROR_RATE, MIN_ACHIEVED_SHARE, PRIME_SHARE, ParameterError, case_name
-from .runner import RESULTS, SETTLE_S, CellFailed, Runner, compress, write_json
+from .runner import RESULTS, write_json
 from .targets import unmeasured
 
 
-class CapacityRunner(Runner):
-    """The matrix runner's deployment, open-loop load, CPU sampling and clean stop, stepping
-    the rate of one deployment instead of running one cell per deployment."""
+class CapacityRunner(Loader):
+    """A run's deployment, open-loop load, CPU sampling and clean stop (loader.py), stepping the
+    rate of one deployment instead of running one cell per deployment."""
 
     def __init__(self, run_dir: Path, parameters: Parameters, out=sys.stdout, target: Target | None = None):
         load = matrix.Parameters(profile="capacity", topologies=parameters.topologies, rates=[parameters.start_rate],

@@ -52,10 +52,11 @@ from complyroute.runtime.local.target import LocalTarget
 from complyroute.topology import manifest
 from complyroute.topology.manifest import REPO
 
+from .loader import LOCUSTFILE, STOP_TIMEOUT_S
 from .matrix import BASELINE, DEFAULT_USER_RATE, PAPER_NAMES
 from .matrix import ENFORCING as TOPOLOGIES
 from .mixes import ALLOWED_LABELS, BODY
-from .runner import LOCUSTFILE, RESULTS, STOP_TIMEOUT_S
+from .runner import RESULTS
 from .targets import where_text
 
 DECENTRALISED = ("dynamic-router-3", "dynamic-router-6", "sidecar")

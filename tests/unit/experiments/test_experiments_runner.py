@@ -17,7 +17,7 @@ from complyroute.client import Answer
 from complyroute.runtime.local import deployment
 from complyroute.runtime.target import TargetBusy
 from experiments import __main__ as cli
-from experiments import runner
+from experiments import loader, runner
 from experiments.matrix import Cell, resolve
 
 SMALL_RUN = Path(__file__).resolve().parent / "fixtures" / "small-run"
@@ -51,7 +51,7 @@ def deployments(monkeypatch):
     deployed_engine = {}
     monkeypatch.setattr(deployment, "running", lambda: None)
     monkeypatch.setattr(deployment, "deploy", deploy)
-    monkeypatch.setattr(runner, "send", lambda url, labels, body, request_id, timeout, policies: Answer(
+    monkeypatch.setattr(loader, "send", lambda url, labels, body, request_id, timeout, policies: Answer(
         200, {"path": [{"instance": f"svc-{k}"} for k in range(len(deployed[-1].instances))]}, ""))
     return deployed, deployed_engine
 
@@ -73,7 +73,7 @@ def test_the_baseline_deploys_its_manifest_as_it_is(tmp_path, deployments):
 def test_a_deployment_under_another_engine_fails_the_cell(tmp_path, deployments):
     _, deployed_engine = deployments
     deployed_engine["central-entity"] = "envoy-opa"  # as if the override had been lost on the way
-    with pytest.raises(runner.CellFailed, match="deployed with engine envoy-opa instead of envoy-compiled"):
+    with pytest.raises(loader.CellFailed, match="deployed with engine envoy-opa instead of envoy-compiled"):
         new_runner(tmp_path).deploy(Cell("central-entity", "envoy-compiled", 100, 5, 1), io.StringIO())
 
 
@@ -265,7 +265,7 @@ def loads_of_a_cell(tmp_path, deployments, monkeypatch, **given) -> tuple[list, 
 
     monkeypatch.setattr(run, "load", load)
     monkeypatch.setattr(run, "undeploy", lambda log: None)
-    monkeypatch.setattr(runner, "SETTLE_S", 0)
+    monkeypatch.setattr(loader, "SETTLE_S", 0)
     monkeypatch.setattr(runner.stats, "summarize_cell", lambda cell_dir: {"achieved_rate": 100.0, "scheduled": 2000, "missed": 0,
                                                                           "median": 10.0, "error_rate": 0.0, "saturated": False})
     cell = Cell("central-entity", "envoy-opa", 100, 5, 1)

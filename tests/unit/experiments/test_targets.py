@@ -15,10 +15,10 @@ from complyroute.client import Answer
 from complyroute.runtime.kubernetes import apply, render
 from complyroute.runtime.kubernetes.target import KubernetesTarget
 from complyroute.runtime.local.target import LocalTarget
-from complyroute.runtime.target import TargetError
+from complyroute.runtime.target import TargetBusy, TargetError
 from complyroute.topology import manifest
 from experiments import __main__ as cli
-from experiments import runner, targets
+from experiments import loader, runner, targets
 from experiments.matrix import Cell, resolve
 from tests.unit.kubectl_stand_in import CONTEXT, Kubectl
 
@@ -126,17 +126,17 @@ def test_a_k8s_session_takes_no_bench_and_says_why(tmp_path, kubectl, monkeypatc
 
 
 def test_a_k8s_cells_cpu_csv_leaves_the_deployments_columns_empty(tmp_path):
-    sampler = runner.CpuSampler(tmp_path / "cpu.csv", locust_pid=os.getpid(), parts=None)
+    sampler = loader.CpuSampler(tmp_path / "cpu.csv", locust_pid=os.getpid(), parts=None)
     sampler.sample()
     sampler.close()
     header, row = (tmp_path / "cpu.csv").read_text().splitlines()
     values = dict(zip(header.split(","), row.split(",")))
     assert values["machine_busy_s"] and values["locust_s"]
-    assert all(values[f"{kind}_s"] == "" for kind in ("deployment", *runner.CpuSampler.KINDS))
+    assert all(values[f"{kind}_s"] == "" for kind in ("deployment", *loader.CpuSampler.KINDS))
 
 
 def test_a_k8s_cell_is_deployed_reached_and_checked_allowed(tmp_path, cluster_side, monkeypatch):
-    monkeypatch.setattr(runner, "send", lambda *args, **kwargs: passed_through(5))
+    monkeypatch.setattr(loader, "send", lambda *args, **kwargs: passed_through(5))
     run = runner.Runner(tmp_path / "run", resolve("quick"), out=io.StringIO(), target=targets.make("k8s", one_node=True))
     state = run.deploy(Cell("sidecar", "envoy-opa", 100, 5, 1), io.StringIO())
     assert cluster_side == ["complyroute-sidecar"]
@@ -144,16 +144,16 @@ def test_a_k8s_cell_is_deployed_reached_and_checked_allowed(tmp_path, cluster_si
 
 
 def test_a_k8s_cell_fails_when_its_check_record_does_not_pass(tmp_path, cluster_side, monkeypatch):
-    monkeypatch.setattr(runner, "send", lambda *args, **kwargs: Answer(503, {"code": "DECISION_UNAVAILABLE"}, ""))
+    monkeypatch.setattr(loader, "send", lambda *args, **kwargs: Answer(503, {"code": "DECISION_UNAVAILABLE"}, ""))
     run = runner.Runner(tmp_path / "run", resolve("quick"), out=io.StringIO(), target=targets.make("k8s", one_node=True))
-    with pytest.raises(runner.CellFailed, match="did not go through the 5 services"):
+    with pytest.raises(loader.CellFailed, match="did not go through the 5 services"):
         run.deploy(Cell("sidecar", "envoy-opa", 100, 5, 1), io.StringIO())
 
 
 def test_a_k8s_cell_whose_namespace_is_taken_stops_the_run_denied(tmp_path, cluster_side, kubectl):
     kubectl.namespaces.add("complyroute-sidecar")
     run = runner.Runner(tmp_path / "run", resolve("quick"), out=io.StringIO(), target=targets.make("k8s", one_node=True))
-    with pytest.raises(runner.TargetBusy, match="namespace complyroute-sidecar already exists"):
+    with pytest.raises(TargetBusy, match="namespace complyroute-sidecar already exists"):
         run.deploy(Cell("sidecar", "envoy-opa", 100, 5, 1), io.StringIO())
     assert cluster_side == []
 
