@@ -27,13 +27,12 @@ A baseline run has no deciding point: its chains are checked, its receptions are
 received without a policy, not as failures, and its paths are not joined (nothing stamps a
 sender, and its entry keeps a client's record id, which need not be unique).
 
-Over 400 lines, one idea: the three checks above read the same lines of one run and report
-into one result; split, each would take the run's lines, revisions and catalogs apart again.
+The lines and their chains are read by auditlog.py, the path findings are paths.py's; here each
+reception is decided and re-checked, and the run's verdict given.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 import tempfile
@@ -41,6 +40,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from complyroute.evidence.auditlog import Line, Problem, hashable, read_chain
+from complyroute.evidence.paths import PATH_FINDINGS, describe_paths, gateways_of, next_steps_of, path_findings, records_of
 from complyroute.policy import bundles, policydata
 from complyroute.policy.policyfiles import POLICIES
 from complyroute.topology.manifest import REPO
@@ -48,32 +49,12 @@ from complyroute.topology.manifest import REPO
 RUNS = REPO / "runs"
 RECHECK = Path(__file__).with_name("recheck.rego")
 QUERY = "data.complyroute_audit.recheck.allowed"
-GENESIS = "0" * 64  # the "prev" of a file's first line (services/src/audit.js GENESIS)
 DECISION_FIELDS = ("sender", "decided_by", "revision")
-PROGRESS_EVERY = 100_000  # lines: how often a long run reports how far it got
 SHOWN_PROBLEMS = 5  # per run and kind
-# What the join of a record's lines can find (path_findings), in the order it looks: lines
-# disagreeing on the labels, on the digest; received twice at one step; no line sent by a
-# gateway; a line whose sender holds no line of the record.
-PATH_FINDINGS = ("labels", "digest", "twice", "entry", "sender")
 
 
 class AuditError(RuntimeError):
     """A folder that is not a run, or a rule set OPA could not evaluate."""
-
-
-@dataclass(frozen=True)
-class Problem:
-    kind: str  # chain | undecided | forbidden | one of PATH_FINDINGS
-    where: str  # file:line; for a path finding every line involved, comma-separated
-    detail: str
-
-
-@dataclass
-class Line:
-    where: str
-    instance: str  # the instance whose log holds it
-    entry: dict
 
 
 @dataclass
@@ -103,47 +84,6 @@ class Verdict:
         return f"{counts}: {'clean' if self.clean else 'FAILED'}"
 
 
-def describe_paths(paths: Counter, records: int) -> str:
-    """The path findings as a verdict prints them: "path findings 3 in 4 records (labels 1, twice 1, sender 1)"."""
-    kinds = ", ".join(f"{kind} {paths[kind]}" for kind in PATH_FINDINGS if paths[kind])
-    return f"path findings {paths.total()} in {records} records" + (f" ({kinds})" if kinds else "")
-
-
-def line_hash(raw: bytes) -> str:
-    return hashlib.sha256(raw).hexdigest()
-
-
-def read_chain(path: Path, name: str, progress=None) -> tuple[int, list[Line], list[Problem]]:
-    """How many lines one instance's log has, those that are JSON objects, and the links that do not hold.
-
-    After a broken link the chain is followed on from the line that broke it, so each
-    edit, removal or insertion is reported once.
-    """
-    lines, problems = [], []
-    expected = GENESIS
-    number = 0
-    with path.open("rb") as file:
-        for number, raw in enumerate(file, 1):
-            where = f"{name}:{number}"
-            raw = raw.removesuffix(b"\n")
-            try:
-                entry = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                entry = None
-            if not isinstance(entry, dict):
-                problems.append(Problem("chain", where, "not a JSON object"))
-            elif "prev" not in entry:
-                problems.append(Problem("chain", where, "no prev: not a chained audit line"))
-            elif entry["prev"] != expected:
-                problems.append(Problem("chain", where, "prev is not the hash of the line before it" if number > 1 else "the first line does not start from the genesis"))
-            if isinstance(entry, dict):
-                lines.append(Line(where, path.stem, entry))
-            expected = line_hash(raw)
-            if progress and number % PROGRESS_EVERY == 0:
-                progress(f"{name}: {number} lines")
-    return number, lines, problems
-
-
 def undecided_because(line: Line, points: dict[str, dict]) -> str | None:
     """Why no deciding point stands behind a line, or None when one does."""
     entry = line.entry
@@ -158,114 +98,6 @@ def undecided_because(line: Line, points: dict[str, dict]) -> str | None:
     if line.instance not in point["destinations"] or entry["sender"] not in point["senders"]:
         return f"{entry['decided_by']} decides no hop from {entry['sender']} into {line.instance}"
     return None
-
-
-def gateways_of(points: dict[str, dict]) -> set[str]:
-    """The senders no point delivers to: the catalog's gateways, the senders of a record's first hop.
-
-    Every instance of an enforcing run receives its records from a point (its lines are
-    otherwise receptions without a decision), so a sender no point names as a destination is
-    where records come from outside: the entry's clients.
-    """
-    senders = {sender for point in points.values() for sender in point["senders"]}
-    return senders - {instance for point in points.values() for instance in point["destinations"]}
-
-
-def next_steps_of(state: dict) -> dict[str, str]:
-    """{instance: the step it sends records on to ("" at the last step)}, from the services'
-    configuration the run's state.json keeps."""
-    services = (part.get("env") or {} for part in state.get("parts", []))
-    return {env["INSTANCE_ID"]: env.get("NEXT_STEP", "") for env in services if "INSTANCE_ID" in env}
-
-
-def records_of(lines: list[Line]) -> dict[str, list[Line]]:
-    """Every line by the id of the record it was written for. A service writes a string id on
-    every line; a line without one names no record, and is in no path (its chain link and its
-    decision are still checked)."""
-    records: dict[str, list[Line]] = {}
-    for line in lines:
-        request_id = line.entry.get("request_id")
-        if isinstance(request_id, str):
-            records.setdefault(request_id, []).append(line)
-    return records
-
-
-def path_findings(request_id: str, lines: list[Line], gateways: set[str], next_steps: dict[str, str]) -> list[Problem]:
-    """What the lines of one record, written by the instances it reached, say of its path.
-
-    Each line agrees with the token it was written under; a record sent on again under its
-    real id with another (forged) token leaves lines that are each allowed, and only their
-    join tells. A path cut short (denied at a later hop, or its next hop failed) is a whole
-    path as far as it goes: nothing is asked of the lines that are not there.
-    """
-    findings = []
-    entries = [line.entry for line in lines]
-    for kind in ("labels", "digest"):
-        values = [entry.get(kind) for entry in entries]
-        if values.count(values[0]) < len(values):
-            findings.append(path_problem(kind, request_id, lines, f"its lines disagree on the {kind}: " + "; ".join(
-                f"{value} at {', '.join(where)}" for value, where in grouped(lines, kind).items())))
-
-    steps = [hashable(entry.get("step")) for entry in entries]
-    if len(set(steps)) < len(steps):
-        for step in dict.fromkeys(steps):
-            received = [line for line, at in zip(lines, steps) if at == step]
-            if len(received) > 1:
-                findings.append(path_problem("twice", request_id, received, f"received {len(received)} times at step {received[0].entry.get('step')}: " + ", ".join(
-                    line.instance for line in by_time(received))))
-
-    # The path starts where a gateway sent the record (the entry decided that hop); every
-    # later hop's sender is an instance that received the record itself, so holds a line of
-    # it, and sends records on to this line's step (the step is checked here because where one
-    # point decides every hop, the central entity, the decision check cannot tell which step it
-    # decides a sender's hops into).
-    senders = [hashable(entry.get("sender")) for entry in entries]
-    receivers = [line.instance for line in lines]
-    start = None
-    if not any(sender in gateways for sender in senders):
-        start = by_time(lines)[0]
-        findings.append(path_problem("entry", request_id, [start],
-                                     f"no line of it was sent by a gateway ({', '.join(sorted(gateways)) or 'none in this run'}): "
-                                     f"its earliest, at {start.instance}, was sent by {start.entry.get('sender')}"))
-    for line, sender in zip(lines, senders):
-        if sender in gateways or line is start:  # the start of a path not from the entry is reported once, above
-            continue
-        # A line's own instance is no sender of it: it needs another line of that instance.
-        if sender not in receivers or (sender == line.instance and receivers.count(sender) == 1):
-            findings.append(path_problem("sender", request_id, [line],
-                                         f"{line.instance} received it from {line.entry.get('sender')}, which holds no line of it: not the previous hop's receiver"))
-        elif sender in next_steps and next_steps[sender] != line.entry.get("step"):
-            findings.append(path_problem("sender", request_id, [line], f"{line.instance} received it at step {line.entry.get('step')} from {sender}, "
-                                         f"which sends records on to step {next_steps[sender] or '(none: the last)'}: not the previous hop's receiver"))
-    return findings
-
-
-def path_problem(kind: str, request_id: str, lines: list[Line], detail: str) -> Problem:
-    return Problem(kind, ", ".join(line.where for line in by_time(lines)), f"request {request_id}: {detail}")
-
-
-def hashable(value):
-    """A field of a line as a key: a string (or null) as it is; anything else a forged line may
-    hold (a list, a number) as its JSON text in a tuple, which equals no string."""
-    return value if value is None or isinstance(value, str) else (json.dumps(value, sort_keys=True),)
-
-
-def grouped(lines: list[Line], name: str) -> dict[str, list[str]]:
-    """{a field's value as JSON: where the lines holding it are}, in order of time."""
-    groups: dict[str, list[str]] = {}
-    for line in by_time(lines):
-        groups.setdefault(json.dumps(line.entry.get(name), sort_keys=True), []).append(line.where)
-    return groups
-
-
-def by_time(lines: list[Line]) -> list[Line]:
-    """In order of reception ("ts", when the instance received the record)."""
-    return sorted(lines, key=reception_time)
-
-
-def reception_time(line: Line) -> float:
-    ts = line.entry.get("ts")
-    return ts if isinstance(ts, (int, float)) else float("inf")  # a line without a time: last
 
 
 def allowed_hops(hops: list[dict], point_data: dict[str, dict], policies: Path = POLICIES) -> set[int]:

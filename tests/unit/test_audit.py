@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from complyroute.evidence import audit
+from complyroute.evidence import audit, auditlog, paths
 from complyroute.policy import policydata
 from complyroute.proxy.opa import write_data
 from complyroute.topology import manifest
@@ -58,7 +58,7 @@ def entry(instance, step, sender, decided_by, labels=EU_PERSONAL, request_id="r-
 
 def chained(entries):
     """The lines of one log as the service writes them."""
-    lines, prev = [], audit.GENESIS
+    lines, prev = [], auditlog.GENESIS
     for item in entries:
         line = json.dumps(item, separators=(",", ":"))[:-1] + f',"prev":"{prev}"}}'
         prev = hashlib.sha256(line.encode()).hexdigest()
@@ -287,7 +287,7 @@ def test_the_gateways_are_the_senders_no_point_delivers_to(topology):
     """Where one point decides every hop (the central entity), its senders are instances too."""
     plan = place(manifest.load(topology, services=str(MIXED_REGIONS)))
     points = {p["name"]: p for p in state_of(plan)["points"] if p["senders"]}
-    assert audit.gateways_of(points) == {GATEWAY_SENDER}
+    assert paths.gateways_of(points) == {GATEWAY_SENDER}
 
 
 @pytest.mark.parametrize("claimed, reason", [
