@@ -26,11 +26,16 @@ function (a lazy import closes a circle as surely as one at the top) and one und
 module, else to the package; importing a submodule is not counted as importing its parent
 package's `__init__` too (Python runs it, but counting it would make every package whose
 `__init__` imports a submodule a circle).
+
+And no module of complyroute/, experiments/ or services/ is over 400 lines unless its docstring
+(a JavaScript file's opening comment) says why, in a paragraph that starts "Over 400 lines": a
+longer module is one idea that reads best whole, or it is split.
 """
 
 from __future__ import annotations
 
 import ast
+import itertools
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,6 +58,8 @@ LAYERS = [
     ["complyroute.authoring"],
     ["complyroute.client", "complyroute.__main__"],
 ]
+LONGEST = 400  # lines a module may have without saying why
+REASON = "Over 400 lines"
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -166,6 +173,31 @@ def downward(edges: dict[str, set[str]], layers: list[list[str]] = LAYERS, groun
     return sorted(found)
 
 
+def sources(root: Path = REPO, packages: tuple[str, ...] = PACKAGES) -> list[Path]:
+    """The modules of the packages, and the services' own JavaScript (not their node_modules)."""
+    python = [path for package in packages for path in sorted((root / package).rglob("*.py"))]
+    javascript = sorted(path for path in (root / "services").rglob("*.js") if "node_modules" not in path.relative_to(root).parts)
+    return python + javascript
+
+
+def opening(path: Path) -> str:
+    """A module's docstring; a JavaScript file's opening comment."""
+    text = path.read_text()
+    if path.suffix == ".py":
+        return ast.get_docstring(ast.parse(text, str(path))) or ""
+    return "\n".join(itertools.takewhile(lambda line: line.startswith("//"), text.splitlines()))
+
+
+def long_without_reason(paths: list[Path], root: Path = REPO) -> list[str]:
+    """`path: N lines` for every module over LONGEST lines whose opening does not say why."""
+    found = []
+    for path in paths:
+        count = len(path.read_text().splitlines())
+        if count > LONGEST and REASON not in opening(path):
+            found.append(f"{path.relative_to(root)}: {count} lines")
+    return found
+
+
 def test_no_import_cycles():
     assert sorted(cycles(graph())) == sorted(KNOWN_CYCLES)
 
@@ -183,6 +215,25 @@ def test_the_graph_sees_every_kind_of_import():
     assert "experiments" not in edges["complyroute.topology.manifest"]
     assert "complyroute.topology.manifest" in edges["experiments.matrix"]  # from complyroute.topology import manifest
     assert "experiments.matrix" in edges["experiments.runner"]  # from . import / from .matrix import
+
+
+def test_no_module_over_400_lines_without_its_reason():
+    assert long_without_reason(sources()) == []
+
+
+def test_a_long_module_without_its_reason_is_found(tmp_path):
+    """The size check can fail: over 400 lines without the reason, denied; with it, or at 400, allowed."""
+    (tmp_path / "low").mkdir()
+    (tmp_path / "services" / "src").mkdir(parents=True)
+    (tmp_path / "services" / "node_modules").mkdir()
+    body = "x = 1\n" * LONGEST
+    (tmp_path / "low" / "long.py").write_text('"""One idea."""\n' + body)
+    (tmp_path / "low" / "reasoned.py").write_text(f'"""One idea.\n\n{REASON}: it reads best whole."""\n' + body)
+    (tmp_path / "low" / "exactly.py").write_text(body)
+    (tmp_path / "services" / "src" / "long.js").write_text("// One concern.\n" + "x()\n" * LONGEST)
+    (tmp_path / "services" / "src" / "reasoned.js").write_text(f"// One concern.\n//\n// {REASON}: it reads best whole.\n" + "x()\n" * LONGEST)
+    (tmp_path / "services" / "node_modules" / "vendored.js").write_text("x()\n" * (LONGEST + 1))
+    assert long_without_reason(sources(tmp_path, ("low",)), tmp_path) == ["low/long.py: 401 lines", "services/src/long.js: 401 lines"]
 
 
 def test_a_circle_is_found(tmp_path):
