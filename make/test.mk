@@ -8,8 +8,8 @@ E2E := tests/e2e
 test: setup ## Run every test but the Kubernetes ones: policy (every rule set), services, unit, integration (tests/integration/) and end-to-end against real processes
 	@# The end-to-end tests run one at a time (the entry port is one). Beside them, one after
 	@# another: the policy tests of every rule set, the services' tests and the tests that start
-	@# no deployment (unit and tests/integration/); and, apart, the end-to-end tests on a
-	@# loopback network of their own (own_network). Their output is shown when all are done.
+	@# no deployment (unit and tests/integration/); and, apart, the end-to-end tests on
+	@# addresses of their own (own_network). Their output is shown when all are done.
 	@# Each pytest run names its 25 slowest.
 	@beside=$$(mktemp); apart=$$(mktemp); \
 	( rest=0; \
@@ -23,7 +23,7 @@ test: setup ## Run every test but the Kubernetes ones: policy (every rule set), 
 	e2e=0; $(PY) -m pytest $(E2E) -m "not own_network" --durations=25 || e2e=$$?; \
 	rest=0; wait $$pid || rest=$$?; own=0; wait $$own_pid || own=$$?; \
 	echo "--- the policy, services' and tests without a deployment, run beside them:"; cat $$beside; \
-	echo "--- the end-to-end tests on a loopback network of their own, run beside them:"; cat $$apart; rm -f $$beside $$apart; \
+	echo "--- the end-to-end tests on addresses of their own, run beside them:"; cat $$apart; rm -f $$beside $$apart; \
 	test $$e2e -eq 0 -a $$rest -eq 0 -a $$own -eq 0
 
 .PHONY: check

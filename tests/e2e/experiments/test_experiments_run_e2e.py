@@ -1,6 +1,6 @@
 """A short real run end to end: a topology under both engines (deploy, Locust's open loop,
 collect, tear down), the report; and Ctrl-C. Without the bench (--bench-rounds 0): its real
-measurement and the report's section of it are tests/integration/test_bench_run.py's, which
+measurement and the report's section of it are tests/e2e/test_bench_run.py's, which
 runs beside the deployments."""
 
 import json

@@ -1,7 +1,8 @@
-"""`make bench`'s measurement, real and small: every part of a hop and its floor started on the
-bench's own ports and sockets (clear of a deployment's: this runs beside the end-to-end
-tests), 100 records each for one round, then the policy's `opa bench` against the baseline
-commit; the CSV it writes, and the run report's section that shows it.
+"""`make bench`'s measurement, real and small: every part of a hop and its floor (real Envoy,
+OPA and service processes) started on the bench's own ports and sockets, 100 records each for
+one round, then the policy's `opa bench` against the baseline commit; the CSV it writes, and the
+run report's section that shows it. Its ports are clear of a deployment's (own_network): `make
+test` runs it beside the other end-to-end tests.
 
 An experiments run measures it before its cells (runner.measure_bench, with the bench standing
 in: tests/unit/experiments/test_experiments_runner.py); the real run end to end
@@ -11,9 +12,12 @@ more is spent beside the deployments instead of between them."""
 import io
 
 import pandas as pd
+import pytest
 
 from experiments import bench
 from experiments.report import bench_blocks
+
+pytestmark = pytest.mark.own_network
 
 
 def test_the_bench_measures_every_part_against_its_floor_and_the_report_shows_it(tmp_path):
