@@ -28,6 +28,10 @@ GENERATED_PURPOSES = ("billing", "analytics", "care")
 ATTRIBUTE_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
 CATALOG_FIELDS = frozenset({"id", "step", "region", "node", "certifications", "purposes"})
 GENERATED_CERTIFICATIONS = ("health-data",)
+# The most instances one service entry's `replicas` may make: the largest deployment the
+# experiments run has 50 services, and each replica is a whole instance (a process, and in the
+# sidecar topology its Envoy and OPA too), so a larger count is more likely a typo than a plan.
+MAX_REPLICAS = 50
 
 
 SECURITY_DEFAULTS = {"mtls": True, "label_tokens": True}
@@ -52,7 +56,7 @@ class Instance:
     node: Node
     certifications: tuple[str, ...]
     purposes: tuple[str, ...]
-    index: int  # 1-based position in the manifest; fixes the instance's ports
+    index: int  # 1-based position among the manifest's instances, replicas expanded; fixes the instance's ports
     # What else a rule set reads of the instance (the manifest's `attributes`), by name: a
     # classification rule set's clearance, for one. Sorted (name, values) pairs.
     attributes: tuple[tuple[str, tuple[str, ...]], ...] = ()
@@ -201,6 +205,22 @@ def load(name_or_path: str, services: int | str | list | None = None, overrides:
     return expand(raw, path, services)
 
 
+def replica_ids(entry_id: str, replicas: int) -> list[str]:
+    """The ids of the instances a service entry makes: its own id alone, or with `replicas: N`
+    (N > 1) `<id>-1` ... `<id>-N`.
+
+    Why this scheme: an instance's id is its name everywhere (its SPIFFE identity, its audit
+    log `audit/<id>.jsonl`, its Kubernetes Deployment and Service, the `path` of an answer), so
+    a replica's name should say whose replica it is and which one at a glance: `store-eu-2` is
+    store-eu's second, numbered from 1 as the nodes (`node-1`) and router slots (`router-1`)
+    are. It stays a DNS label (letters, digits, hyphens), which Kubernetes names need, and an
+    entry that says `replicas: 1` keeps its id, so adding the field changes nothing deployed.
+    A suffix can meet another entry's id (`store-eu-1` beside `store-eu` with 2 replicas):
+    `expand` refuses that clash, naming both.
+    """
+    return [entry_id] if replicas == 1 else [f"{entry_id}-{n}" for n in range(1, replicas + 1)]
+
+
 def expand(raw: dict, source: Path, services: int | list | None = None) -> Topology:
     def fail(field_name: str, problem: str) -> ManifestError:
         return ManifestError(f"{source}: field '{field_name}': {problem}")
@@ -279,6 +299,7 @@ def expand(raw: dict, source: Path, services: int | list | None = None) -> Topol
         raise fail("services", "the list is empty: a topology needs at least one service")
 
     instances: list[Instance] = []
+    named_by: dict[str, str] = {}  # instance id -> the entry (and replica) that made it, for a clash's message
     steps: list[str] = []
     for position, entry in enumerate(spec):
         where = f"services[{position}]"
@@ -289,16 +310,19 @@ def expand(raw: dict, source: Path, services: int | list | None = None) -> Topol
                 raise fail(f"{where}.{required}", "is required and must be a non-empty string")
         if entry["region"] not in regions:
             raise fail(f"{where}.region", f"'{entry['region']}' is not a known region {sorted(regions)}")
-        if any(i.id == entry["id"] for i in instances):
-            raise fail(f"{where}.id", f"'{entry['id']}' is used twice")
+        replicas = entry.get("replicas", 1)
+        if isinstance(replicas, bool) or not isinstance(replicas, int) or not 1 <= replicas <= MAX_REPLICAS:
+            raise fail(f"{where}.replicas", f"must be a whole number from 1 to {MAX_REPLICAS}, got {replicas!r}")
         node_name = entry.get("node")
-        if node_name is None:
-            node = service_nodes[position % len(service_nodes)]  # spread evenly, at most one apart
-        else:
+        pinned = None
+        if node_name is not None:
             matches = [n for n in service_nodes if n.name == node_name]
             if not matches:
                 raise fail(f"{where}.node", f"'{node_name}' is not one of {[n.name for n in service_nodes]}")
-            node = matches[0]
+            if replicas > 1:
+                raise fail(f"{where}.node", f"pins one instance to a node, and replicas: {replicas} are spread over "
+                                            f"the service nodes: drop node, or write the replicas as entries of their own")
+            pinned = matches[0]
         for list_field in ("certifications", "purposes"):
             value = entry.get(list_field, [])
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
@@ -312,18 +336,26 @@ def expand(raw: dict, source: Path, services: int | list | None = None) -> Topol
                                                   f"none of {', '.join(sorted(CATALOG_FIELDS))})")
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                 raise fail(f"{where}.attributes.{name}", "must be a list of strings")
-        instances.append(
-            Instance(
-                id=entry["id"],
-                step=entry["step"],
-                region=entry["region"],
-                node=node,
-                certifications=tuple(entry.get("certifications", [])),
-                purposes=tuple(entry.get("purposes", [])),
-                index=position + 1,
-                attributes=tuple(sorted((name, tuple(value)) for name, value in attributes.items())),
+        for replica, instance_id in enumerate(replica_ids(entry["id"], replicas), start=1):
+            if instance_id in named_by:
+                field_name = "id" if replicas == 1 else "replicas"
+                raise fail(f"{where}.{field_name}", f"'{instance_id}' is used twice: {named_by[instance_id]} is '{instance_id}' too")
+            named_by[instance_id] = where if replicas == 1 else f"replica {replica} of {where} ({entry['id']}, replicas: {replicas})"
+            instances.append(
+                Instance(
+                    id=instance_id,
+                    step=entry["step"],
+                    region=entry["region"],
+                    # The k-th instance (replicas expanded, pinned ones counted) is on node k mod n: the
+                    # instances spread evenly, at most one apart, and one entry's replicas, one after the
+                    # other, on as many nodes as there are (two share one only when they outnumber them).
+                    node=pinned or service_nodes[len(instances) % len(service_nodes)],
+                    certifications=tuple(entry.get("certifications", [])),
+                    purposes=tuple(entry.get("purposes", [])),
+                    index=len(instances) + 1,
+                    attributes=tuple(sorted((name, tuple(value)) for name, value in attributes.items())),
+                )
             )
-        )
         if entry["step"] not in steps:
             steps.append(entry["step"])
 
