@@ -533,6 +533,44 @@ def pods(objects):
     return {o["metadata"]["name"]: o["spec"]["template"]["spec"] for o in objects if o["kind"] in ("Deployment", "DaemonSet")}
 
 
+# Two entries of a manifest with `replicas:`, over the three service nodes.
+REPLICATED = {"services": [{"id": "ingest", "step": "ingest", "region": "EU", "purposes": ["care"], "replicas": 2},
+                           {"id": "store", "step": "store", "region": "EU", "purposes": ["care"], "replicas": 3}]}
+
+
+def cluster_address(cluster) -> str:
+    """The one address an Envoy cluster sends to."""
+    [address] = [value["address"] for key, value in walk(cluster["load_assignment"]) if key == "socket_address"]
+    return address
+
+
+@pytest.mark.parametrize("topology", ["sidecar", "dynamic-router-3"])
+def test_each_replica_is_a_deployment_and_service_of_its_own_with_its_own_identity_and_node_allowed(topology, tmp_path):
+    path, objects = rendered(topology, None, tmp_path, overrides=REPLICATED)
+    assert validate.validate(path) == []
+    deployments, services, found = by_kind(objects, "Deployment"), by_kind(objects, "Service"), secrets(objects)
+    namespace = render.namespace_of(manifest.load(topology, overrides=REPLICATED))
+    # Every Envoy's clusters by name (an instance's is named as it), wherever a point runs.
+    clusters = [cluster for pod in pods(objects).values() for container in containers(pod) if container["name"] == "envoy"
+                for cluster in envoy_config(objects, pod, container)[1]["static_resources"]["clusters"]]
+    for entry, count in (("ingest", 2), ("store", 3)):
+        # The entry itself is no workload: a replica is an instance, not a pod of a Deployment with replicas > 1.
+        assert entry not in deployments and entry not in services
+        nodes = set()
+        for replica in (f"{entry}-{n}" for n in range(1, count + 1)):
+            assert deployments[replica]["spec"]["replicas"] == 1
+            pod = deployments[replica]["spec"]["template"]["spec"]
+            nodes.add(pod["nodeSelector"][NODE_LABEL])
+            assert services[replica]["spec"]["selector"] == {"app": replica, "topology": topology}
+            assert uri_sans(decoded(found[f"tls-{replica}"])["tls.crt"]) == [pki.spiffe_id("service", replica)]
+            service = env_of(next(c for c in pod["containers"] if c["name"] == "service"))
+            assert service["INSTANCE_ID"] == replica and service["AUDIT_LOG"].endswith(f"/{replica}.jsonl")
+            # The points reach the instance at its own Service, never at another replica's.
+            reached = {cluster_address(c) for c in clusters if c["name"] == replica}
+            assert reached == {f"{replica}.{namespace}.svc.cluster.local"}, replica
+        assert len(nodes) == count, entry
+
+
 def restricted_violations(pod: dict) -> list[str]:
     """What in a pod spec breaks the restricted Pod Security Standard (or our token rule)."""
     found = []
