@@ -565,9 +565,12 @@ def test_each_replica_is_a_deployment_and_service_of_its_own_with_its_own_identi
             assert uri_sans(decoded(found[f"tls-{replica}"])["tls.crt"]) == [pki.spiffe_id("service", replica)]
             service = env_of(next(c for c in pod["containers"] if c["name"] == "service"))
             assert service["INSTANCE_ID"] == replica and service["AUDIT_LOG"].endswith(f"/{replica}.jsonl")
-            # The points reach the instance at its own Service, never at another replica's.
-            reached = {cluster_address(c) for c in clusters if c["name"] == replica}
-            assert reached == {f"{replica}.{namespace}.svc.cluster.local"}, replica
+            # The points reach the instance at its own Service, never at another replica's, and
+            # expect its own identity there (its sidecar's, where the sidecar receives for it).
+            toward = [c for c in clusters if c["name"] == replica]
+            assert {cluster_address(c) for c in toward} == {f"{replica}.{namespace}.svc.cluster.local"}, replica
+            receiver = pki.spiffe_id("point", f"sidecar-{replica}") if topology == "sidecar" else pki.spiffe_id("service", replica)
+            assert {v for c in toward for _, v in walk(c["transport_socket"]) if str(v).startswith("spiffe://")} == {receiver}
         assert len(nodes) == count, entry
 
 
