@@ -346,9 +346,9 @@ def expand(raw: dict, source: Path, services: int | list | None = None) -> Topol
                     id=instance_id,
                     step=entry["step"],
                     region=entry["region"],
-                    # The k-th instance (replicas expanded, pinned ones counted) is on node k mod n: the
-                    # instances spread evenly, at most one apart, and one entry's replicas, one after the
-                    # other, on as many nodes as there are (two share one only when they outnumber them).
+                    # The k-th instance (replicas expanded, pinned ones counted) is on node k mod n: without
+                    # pins the instances spread evenly, at most one apart, and one entry's replicas, one after
+                    # the other, are on as many nodes as there are (two share one only when they outnumber them).
                     node=pinned or service_nodes[len(instances) % len(service_nodes)],
                     certifications=tuple(entry.get("certifications", [])),
                     purposes=tuple(entry.get("purposes", [])),
