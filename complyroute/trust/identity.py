@@ -221,14 +221,18 @@ class Credentials:
     def write(self, folder: Path) -> dict[str, TlsFiles]:
         """Write every credential into `folder` (keys readable by the owner only); files by identity."""
         folder.mkdir(parents=True, exist_ok=True)
-        ca = folder / "ca.pem"
-        ca.write_bytes(self.ca_pem)
+        (folder / "ca.pem").write_bytes(self.ca_pem)
         files = {}
         for identity, credential in self.parts.items():
-            stem = identity.removeprefix(f"spiffe://{pki.TRUST_DOMAIN}/").replace("/", "-")
-            cert, key = folder / f"{stem}.pem", folder / f"{stem}.key"
-            cert.write_bytes(credential.cert_pem)
+            files[identity] = credential_files(folder, identity)
+            Path(files[identity].cert).write_bytes(credential.cert_pem)
+            key = Path(files[identity].key)
             key.touch(mode=0o600)
             key.write_bytes(credential.key_pem)
-            files[identity] = TlsFiles(str(cert), str(key), str(ca))
         return files
+
+
+def credential_files(folder: Path, identity: str) -> TlsFiles:
+    """Where Credentials.write puts the credential of `identity` in `folder`."""
+    stem = identity.removeprefix(f"spiffe://{pki.TRUST_DOMAIN}/").replace("/", "-")
+    return TlsFiles(str(folder / f"{stem}.pem"), str(folder / f"{stem}.key"), str(folder / "ca.pem"))

@@ -33,6 +33,7 @@ from pathlib import Path
 import psutil
 
 from complyroute.policy import policyfiles
+from complyroute.runtime.local import warmup
 from complyroute.runtime.local.rendering import RENDERED, render
 from complyroute.runtime.local.supervision import (GROUP, STOP_GRACE_SECONDS, DeploymentError, alive, healthy, programs_info, refresh_pids,
                                                   restarts, start_supervisor, supervisor, tail)
@@ -126,6 +127,7 @@ def deploy(topology: Topology, policies: Path | None = None, health_timeout: flo
     except BaseException:
         shutil.rmtree(private, ignore_errors=True)
         raise
+    rendered = pickle.loads((run_dir / RENDERED).read_bytes())
     state = {
         "topology": topology.name,
         "kind": topology.kind,
@@ -141,7 +143,7 @@ def deploy(topology: Topology, policies: Path | None = None, health_timeout: flo
         "private": str(private),
         "entry_url": f"{plan.entry.url}/process",
         # The rule set's revision the points decide with (reload.py updates it).
-        "revision": pickle.loads((run_dir / RENDERED).read_bytes()).revision,
+        "revision": rendered.revision,
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         # Which point decides the hops of which sender: what a reader (or a test) needs to
         # know which records a failing point affects.
@@ -192,6 +194,15 @@ def deploy(topology: Topology, policies: Path | None = None, health_timeout: flo
                 last_report = time.monotonic()
             time.sleep(0.2)
 
+    # Healthy is not yet deciding: every deciding listener decides a warm-up record first (warmup.py).
+    listeners = warmup.listeners(plan, rendered.point_trust, run_dir)
+    try:
+        state["warm_up"] = warmup.wait(listeners, warmup.token_key(run_dir, plan), rendered.revision, timeout, point_logs(state))
+    except warmup.WarmUpError as error:
+        stop(out=open(os.devnull, "w"))
+        raise DeploymentError(f"deploy: {error}") from None
+    if listeners:
+        print(f"deploy: {len(listeners)} deciding listeners decided a warm-up record in {state['warm_up']['seconds']} s", file=out)
     state["bring_up_seconds"] = round(time.monotonic() - started, 2)
     state["memory_mib"] = memory(state)
     write_state(run_dir, state)
@@ -202,6 +213,15 @@ def deploy(topology: Topology, policies: Path | None = None, health_timeout: flo
         print(f"  {node.name} ({node.address}): {len(names)} processes", file=out)
     print(f"deploy: entry {state['entry_url']}   run folder {run_dir}   supervisord pid {state['supervisor']['pid']}", file=out)
     return state
+
+
+def point_logs(state: dict) -> dict[str, list[str]]:
+    """Each enforcement point's parts' logs (its OPA's and its Envoy's), by point name."""
+    logs: dict[str, list[str]] = {}
+    for part in state["parts"]:
+        if part["kind"] in ("opa", "envoy"):
+            logs.setdefault(part["name"].split("/", 1)[0], []).append(part["log"])
+    return logs
 
 
 def memory(state: dict) -> dict:

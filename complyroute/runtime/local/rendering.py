@@ -37,6 +37,10 @@ ROUTES = "routes"
 LISTENERS = "listeners"
 LABEL_SETTING = "labels.json"
 RENDERED = "rendered.pickle"
+PKI = "pki"  # every part's credential (identity.Credentials.write)
+# In a point's folder: what its OPA loads from disk beside its bundle (proxy/opa.py write_data
+# names the file): at the entry, the label-token key.
+DISK_DATA = "data"
 
 
 @dataclass
@@ -143,7 +147,7 @@ def point_parts(point: EnforcementPoint, config: engines.PointConfig, folder: Pa
     (folder / "envoy.json").write_text(json.dumps(bootstrap, indent=1))
     parts = []
     if config.opa is not None:
-        data_dir = folder / "data"
+        data_dir = folder / DISK_DATA
         write_data(data_dir, opa_disk_data)
         opa = {**config.opa, **bundle_config(point, bundle_source)}
         (folder / "opa.yaml").write_text(yaml.safe_dump(opa, sort_keys=False))
@@ -244,7 +248,7 @@ def render(plan: Plan, run_dir: Path, policies: Path = POLICIES) -> list[Part]:
     point_trust: dict[str, identity.PointTrust] = {}
     if trust:
         credentials = identity.Credentials.issue(trust, run_dir.name, bundle_endpoint.reach)
-        files = credentials.write(run_dir / "pki")
+        files = credentials.write(run_dir / PKI)
         point_trust = {p.name: trust.point(p, files[identity.point_identity(p)], credentials.token_jwks) for p in plan.points}
     configs = engines.configure(engine["kind"], plan.points, engine, policies, point_trust)
     schema = labels.schema(policies)
