@@ -120,7 +120,8 @@ def signing_key() -> tuple[dict, dict]:
 def sign_token(claims: dict, jwk: dict) -> str:
     """A compact JWS (ES256: ECDSA P-256 with SHA-256, the signature as raw r || s) over `claims`
     with the private JWK `jwk`: a label token as the entry's OPA issues it, for what plays the
-    entry's part (make bench, the end-to-end tests). The deployment itself signs only in OPA."""
+    entry's part (make bench, the end-to-end tests, and a deploy's warm-up record, which names no
+    label: runtime/local/warmup.py). A record the deployment lets in is signed only by OPA."""
     key = ec.derive_private_key(int.from_bytes(_unb64(jwk["d"]), "big"), ec.SECP256R1())
     header = {"alg": "ES256", "typ": "JWT", "kid": jwk["kid"]}
     signing_input = ".".join(_b64(json.dumps(part, separators=(",", ":")).encode()) for part in (header, claims))
