@@ -181,9 +181,9 @@ def reload_policy(policies: Path | None = None, out=sys.stdout, timeout: float =
     has decided a warm-up record with it (warmup.py): {"revision", "seconds"
     (from the call until the last point decided with the new revision), "written_seconds" (of
     which writing the first step), "precomputed_seconds" (until the last point held its
-    precomputed answers), "warm_up_seconds" (after that, until every listener decided its warm-up
-    record), "points": {point: seconds}, and when the labels changed "labels": the
-    seconds of each label step (labelchange.py)}."""
+    precomputed answers), "warm_up" (warmup.wait: the seconds after that until every listener
+    decided its warm-up record, and each one's record id), "points": {point: seconds}, and when
+    the labels changed "labels": the seconds of each label step (labelchange.py)}."""
     started = time.monotonic()
     state = deployment.running()
     if not state:
@@ -242,20 +242,18 @@ def reload_policy(policies: Path | None = None, out=sys.stdout, timeout: float =
                           f"precomputed answers yet: {', '.join(late)} (their logs are in {run_dir / 'logs'})")
     # Holding the rules is not yet deciding with them: each OPA prepares its query again on the
     # first decision after it activates a bundle (warmup.py).
-    warm_started = time.monotonic()
     try:
         warm_up = warmup.wait(warmup.listeners(plan, rendered.point_trust, run_dir), warmup.token_key(run_dir, plan), revision,
                               timeout, deployment.point_logs(state))
     except warmup.WarmUpError as error:
         raise ReloadError(f"every point holds revision {revision}, but {error}") from None
-    warm_seconds = time.monotonic() - warm_started
     try:
         label_seconds |= labelchange.finish(state, schema, out)
     except labelchange.LabelChangeError as error:
         raise ReloadError(f"every point decides with revision {revision}, but {error}: those services do not require the new "
                           "required labels yet (the rules do); `make reload-policy` again, or deploy again") from None
     result = {"revision": revision, "seconds": round(propagated, 3), "written_seconds": round(written, 3),
-              "precomputed_seconds": round(max(done.values()), 3), "warm_up_seconds": round(warm_seconds, 3),
+              "precomputed_seconds": round(max(done.values()), 3), "warm_up": warm_up,
               "points": {name: round(taken, 3) for name, taken in seconds.items()},
               **({"labels": label_seconds} if label_seconds else {})}
     with (run_dir / "reloads.jsonl").open("a") as log:
@@ -264,7 +262,7 @@ def reload_policy(policies: Path | None = None, out=sys.stdout, timeout: float =
     deployment.write_state(run_dir, {**deployment.read_state(run_dir), "revision": revision})
     print(f"reload-policy: every enforcement point holds the precomputed answers of {revision} after "
           f"{result['precomputed_seconds']:.3f} s; every deciding listener decided a warm-up record with it "
-          f"{result['warm_up_seconds']:.3f} s later", file=out)
+          f"{warm_up['seconds']:.3f} s later", file=out)
     return result
 
 
