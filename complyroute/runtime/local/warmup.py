@@ -26,6 +26,7 @@ point and its logs.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import http.client
 import json
@@ -143,26 +144,25 @@ def ask(listener: Listener, key: dict | None) -> Answer:
     return Answer(answer.status, body, f"{answer.status} {text[:300]}")
 
 
-def wait(listeners_: list[Listener], key: dict | None, revision: str, timeout: float, logs: dict[str, list[str]]) -> dict:
-    """Ask every listener its warm-up record until each has decided it under `revision`; what
-    state.json keeps of it: {"seconds", "decided": {point/listener: request id}}. Raises
-    WarmUpError naming the first listener that did not decide within `timeout`, and
-    `logs[point]`, its parts' logs."""
-    started = time.monotonic()
+def wait(asked: list[Listener], key: dict | None, revision: str, timeout: float, logs: dict[str, list[str]]) -> dict:
+    """Ask each listener its warm-up record until it has decided it under `revision`; what
+    state.json keeps of it: {"seconds", "decided": {point/listener: record id}}. Raises
+    WarmUpError naming the listeners that did not decide within `timeout`, the first one's last
+    answer and `logs[point]`, its point's logs."""
     last: dict[str, Answer] = {}
 
     def decided(listener: Listener) -> bool:
         last[listener.label] = ask(listener, key)
         return last[listener.label].decided(revision)
 
-    seconds = polling.until({listener.label: (lambda listener=listener: decided(listener)) for listener in listeners_}, started, timeout)
-    late = [listener for listener in listeners_ if seconds[listener.label] is None]
+    seconds = polling.until({listener.label: functools.partial(decided, listener) for listener in asked}, time.monotonic(), timeout)
+    late = [listener for listener in asked if seconds[listener.label] is None]
     if late:
         first = late[0]
         raise WarmUpError(
-            f"{len(late)} of {len(listeners_)} deciding listeners did not decide a warm-up record (expected OPA's denial, "
-            f"{DENIED}, under revision {revision}) within {timeout:.0f} s, {', '.join(listener.label for listener in late[:5])}"
+            f"{len(late)} of {len(asked)} deciding listeners did not decide a warm-up record (expected OPA's denial, "
+            f"{DENIED}, under revision {revision}) within {timeout:g} s: {', '.join(listener.label for listener in late[:5])}"
             f"{' ...' if len(late) > 5 else ''}; {first.label} last answered {last[first.label].detail}; "
             f"its logs: {', '.join(logs.get(first.point, []))}")
     return {"seconds": round(max(seconds.values(), default=0.0), 3),
-            "decided": {f"{listener.point}/{listener.name}": last[listener.label].body.get("request_id") for listener in listeners_}}
+            "decided": {f"{listener.point}/{listener.name}": last[listener.label].body.get("request_id") for listener in asked}}
