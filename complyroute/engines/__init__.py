@@ -27,15 +27,18 @@ __all__ = ["EngineError", "PointConfig", "configure"]  # the interface (contract
 
 
 def configure(kind: str, points: list[EnforcementPoint], settings: dict, policies: Path, trust: dict | None = None,
-              ahead: bool = True) -> dict[str, PointConfig]:
+              ahead: bool = True, set_clusters: dict[str, tuple[str, ...]] | None = None) -> dict[str, PointConfig]:
     """The configuration of every point, by the engine `kind` (a manifest's engine.kind).
 
     `trust`: by point name, its identity.PointTrust; None: plain HTTP between parts.
     `ahead`: False gives the points the rule set without its precomputed answers (an empty
     allowed table, no compiled routes): every hop is decided in full, and nothing needs the
-    decision space evaluated first (a reload's first step, reload.py)."""
+    decision space evaluated first (a reload's first step, reload.py).
+    `set_clusters`: by point, the compliant sets its running Envoy has a cluster for (a reload:
+    Envoy's clusters stay those of the deploy); None: a cluster for every set the rule set's
+    answers over the decision space give (a deploy)."""
     from complyroute.engines import envoy_compiled, envoy_opa
 
     modules = {"envoy-opa": envoy_opa, "envoy-compiled": envoy_compiled}
     assert set(modules) == set(ENGINES), "every engine a manifest may name has a module here"
-    return modules[kind].configure(points, settings, policies, trust or {}, ahead)
+    return modules[kind].configure(points, settings, policies, trust or {}, ahead, set_clusters)

@@ -8,10 +8,10 @@
 #   precomputed table, held out), so every answer is the compliance
 #   entrypoint's, data.complyroute.compliance.decision, whatever rules it holds.
 #   complyroute/engines/precompute.py writes the input and builds the allowed
-#   table both engines use from `allowed` (quick_path.rego checks the quick path
-#   against it); complyroute/authoring/policydiff.py compares two rule sets' answers
-#   (`decisions`), of this checkout's and of older rule sets. Nothing here
-#   decides anything itself.
+#   table both engines use from allowed_space.rego's `allowed` (quick_path.rego
+#   checks the quick path against it); complyroute/authoring/policydiff.py
+#   compares two rule sets' answers (`decisions`), of this checkout's and of
+#   older rule sets. Nothing here decides anything itself.
 #
 #   Input:
 #     points      {point: {"data": <the point's OPA data document>,
@@ -22,34 +22,7 @@
 #                 listener, a value per label in that order, null = absent
 package complyroute_engines.decision_space # regal ignore:directory-package-mismatch
 
-import data.complyroute.compliance
 import data.complyroute.envoy
-
-# allowed: [point, listener, labelling, destination, revision] for every
-# labelling the compliance entrypoint allows and whose labels it reads as they are
-# (compliance.canonical_labels: the adapter would rewrite no label), with the instance it
-# chose and the revision of the point's rule set (the route and the quick path set both, as
-# OPA's answer would). Any other labelling is left out: the point keeps asking OPA for it.
-allowed contains answer if {
-	some point_name, point in input.points
-
-	# The point's index replaced once for all its labellings, not once per labelling (8% less CPU).
-	# regal ignore:with-outside-test-context
-	answers := point_allowed(point_name, point) with data.complyroute.index as point.data.complyroute.index
-	some answer in answers
-}
-
-point_allowed(point_name, point) := {[point_name, listener_name, labelling, decision.destination, point.data.complyroute.revision] |
-	some listener_name, listener in point.listeners
-	some labelling in input.labellings
-	labels := {name: value | some i, [name, _] in input.labels; value := labelling[i]; value != null}
-	direct := {"labels": labels, "record": {}, "sender": listener.sender, "step": listener.step}
-
-	# regal ignore:with-outside-test-context
-	[decision, canonical] := [compliance.decision, compliance.canonical_labels] with input as direct
-	decision.allowed == true
-	canonical == {name: object.get(labels, name, "") | some [name, _] in input.labels}
-}
 
 # The adapter's answer with the point's data and no precomputed table: the compliance
 # entrypoint decides.

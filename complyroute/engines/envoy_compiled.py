@@ -261,8 +261,9 @@ def check_routes(point: EnforcementPoint, matchers: dict[str, dict], precomputed
                           + precompute.first_difference(point.name, expected, routed, only_compiled, "the compiled route"))
 
 
-def configure(points: list[EnforcementPoint], settings: dict, policies: Path, trust: dict, ahead: bool = True) -> dict[str, PointConfig]:
-    data, precomputed = envoy_opa.decided_data(points, policies, ahead)
+def configure(points: list[EnforcementPoint], settings: dict, policies: Path, trust: dict, ahead: bool = True,
+              set_clusters: dict[str, tuple[str, ...]] | None = None) -> dict[str, PointConfig]:
+    data, precomputed = envoy_opa.decided_data(points, policies, ahead, set_clusters)
     outcomes = outcomes_by_listener(precomputed)
     hop_timeout = hop_timeout_of(settings)
     label_schema = labels.schema(policies)

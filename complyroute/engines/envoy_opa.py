@@ -25,14 +25,20 @@ def opa_data(points: list[EnforcementPoint], policies: Path) -> dict[str, dict]:
     return {point: {**data, "complyroute": {**data.get("complyroute", {}), "revision": revision}} for point, data in documents.items()}
 
 
-def decided_data(points: list[EnforcementPoint], policies: Path, ahead: bool = True) -> tuple[dict[str, dict], precompute.Precomputed]:
+def decided_data(points: list[EnforcementPoint], policies: Path, ahead: bool = True,
+                 set_clusters: dict[str, tuple[str, ...]] | None = None) -> tuple[dict[str, dict], precompute.Precomputed]:
     """opa_data with each point's allowed table (precompute.py), checked against the rule set,
-    and the answers the tables hold. `ahead` False: empty tables, nothing asked ahead of time."""
+    and the answers the tables hold. `ahead` False: empty tables, nothing asked ahead of time.
+    `set_clusters`: the compliant sets a running deployment's Envoys have clusters for (a
+    reload's), which the answers route to; None (a deploy): those the answers give."""
     data = opa_data(points, policies)
+    if set_clusters is not None:  # the answers are asked as the points will route them
+        data = {point: {**document, precompute.QUICK_PATH_DOCUMENT: {"set_clusters": list(set_clusters.get(point, ()))}}
+                for point, document in data.items()}
     precomputed = precompute.precompute(points, policies, data) if ahead else precompute.Precomputed.nothing(policies)
     if ahead and precomputed.skipped:
         print(f"complyroute: no allowed table, every hop asks OPA: {precomputed.skipped}", file=sys.stderr)
-    return precompute.with_tables(data, precomputed), precomputed
+    return precompute.with_tables(data, precomputed, set_clusters), precomputed
 
 
 def point_config(point: EnforcementPoint, settings: dict, data: dict | None, label_schema: tuple[labels.Label, ...],
@@ -40,10 +46,12 @@ def point_config(point: EnforcementPoint, settings: dict, data: dict | None, lab
     if not point.deciding:  # a point that only forwards (baseline, a last step's sidecar) needs no OPA
         return PointConfig(envoy_config(point, settings, trust=trust), None, None)
     opa = opa_config(point, decision_logs=settings.get("decision_logs", "off"))
-    return PointConfig(envoy_config(point, settings, matchers, trust, label_schema), opa, data)
+    set_clusters = tuple(data[precompute.QUICK_PATH_DOCUMENT]["set_clusters"]) if data else ()
+    return PointConfig(envoy_config(point, settings, matchers, trust, label_schema, set_clusters), opa, data)
 
 
-def configure(points: list[EnforcementPoint], settings: dict, policies: Path, trust: dict, ahead: bool = True) -> dict[str, PointConfig]:
-    data, _ = decided_data(points, policies, ahead)
+def configure(points: list[EnforcementPoint], settings: dict, policies: Path, trust: dict, ahead: bool = True,
+              set_clusters: dict[str, tuple[str, ...]] | None = None) -> dict[str, PointConfig]:
+    data, _ = decided_data(points, policies, ahead, set_clusters)
     label_schema = labels.schema(policies)
     return {point.name: point_config(point, settings, data.get(point.name), label_schema, trust=trust.get(point.name)) for point in points}

@@ -2,7 +2,7 @@
 
 Most hops are allowed, and a point should not evaluate the whole rule set for each. So at
 deploy and at reload the control plane asks the rule set, once, what each deciding listener
-would answer for every labelling of its decision space (decision_space.rego `allowed`: the
+would answer for every labelling of its decision space (allowed_space.rego `allowed`: the
 Envoy adapter's full path, which is the compliance entrypoint,
 data.complyroute.compliance.decision, whatever rules it holds):
 
@@ -54,19 +54,23 @@ from complyroute.engines.contract import EngineError
 from complyroute.policy import labels as label_schema, policydata
 from complyroute.policy.labels import Label
 from complyroute.policy.policyfiles import OPA
+from complyroute.proxy.contract import is_instance
 from complyroute.topology.manifest import REPO
 from complyroute.topology.plan import EnforcementPoint
 
 DECISION_SPACE = Path(__file__).with_name("decision_space.rego")
+ALLOWED_SPACE = Path(__file__).with_name("allowed_space.rego")
 QUICK_PATH = Path(__file__).with_name("quick_path.rego")
-ALLOWED = "data.complyroute_engines.decision_space.allowed"
+ALLOWED = "data.complyroute_engines.allowed_space.allowed"
 QUICK = "data.complyroute_engines.quick_path.quick"
 # A multiple label is enumerated over every combination of its values: 2^n.
 MAX_SET_VALUES = 10
 # Answers already asked, by the hash of everything they depend on (build/ is not committed).
 # The least recently used go first. `make test` alone asks for more than 100 (its topologies,
 # engines and rule sets, the integration tests' own), a few kB each: 512 keep a few runs'.
-MODULES = (DECISION_SPACE, QUICK_PATH)
+MODULES = (DECISION_SPACE, ALLOWED_SPACE, QUICK_PATH)
+# What each query loads beside the rule set (policy-diff asks `decisions` of older rule sets too).
+MODULES_OF = {ALLOWED: (ALLOWED_SPACE,), QUICK: (DECISION_SPACE, QUICK_PATH)}
 CACHE = REPO / "build" / "decision-space"
 CACHE_ENTRIES = 512
 
@@ -109,6 +113,16 @@ class Precomputed:
                 slot = slot.setdefault(ABSENT if value is None else value, {})
             slot[ABSENT if values[-1] is None else values[-1]] = {"destination": destination}
         return tables
+
+    def set_clusters(self) -> dict[str, tuple[str, ...]]:
+        """By point: the compliant sets of several instances its answers route to (their names,
+        proxy/contract.py set_tiers), each of which gets a cluster of its own in the point's Envoy
+        (proxy/envoy.py). Sets of one instance are that instance's own cluster."""
+        found: dict[str, set[str]] = defaultdict(set)
+        for (point, _, _), (destination, _) in self.outcomes.items():
+            if not is_instance(destination):
+                found[point].add(destination)
+        return {point: tuple(sorted(names)) for point, names in found.items()}
 
     @cached_property
     def guard_space(self) -> dict:
@@ -277,7 +291,7 @@ def evaluate_split(query: str, space: dict, policies: Path) -> list:
 
     def run(half: dict) -> list:
         try:
-            return policydata.evaluate(query, half, policies, modules=MODULES if query == QUICK else (DECISION_SPACE,), yielding=True) or []
+            return policydata.evaluate(query, half, policies, modules=MODULES_OF.get(query, (DECISION_SPACE,)), yielding=True) or []
         except policydata.PolicyDataError as error:
             raise EngineError(str(error)) from None
 
@@ -332,12 +346,17 @@ def describe(outcome: tuple | None) -> str:
     return f"allowed to {destination} (revision {revision})" if destination is not None else "something other than an allowed hop"
 
 
-def with_tables(data: dict[str, dict], precomputed: Precomputed) -> dict[str, dict]:
-    """Each point's OPA data document with its table, once the guard let it through."""
+def with_tables(data: dict[str, dict], precomputed: Precomputed, set_clusters: dict[str, tuple[str, ...]] | None = None) -> dict[str, dict]:
+    """Each point's OPA data document with its table, once the guard let it through, and the
+    compliant sets its Envoy has a cluster for (the adapter routes any other set to its first
+    instance: envoy.rego `routed`). `set_clusters`: those of a running deployment (a reload
+    cannot add clusters; precomputed was asked with them); None: the sets of the answers."""
     built = precomputed.tables()
     tables = {point: built.get(point, {}) for point in data}
     check_quick_path(precomputed, tables)
-    return {point: {**document, QUICK_PATH_DOCUMENT: {"table": tables[point], "digest": table_digest(tables[point])}}
+    clusters = precomputed.set_clusters() if set_clusters is None else set_clusters
+    return {point: {**document, QUICK_PATH_DOCUMENT: {"table": tables[point], "digest": table_digest(tables[point]),
+                                                      "set_clusters": list(clusters.get(point, ()))}}
             for point, document in data.items()}
 
 

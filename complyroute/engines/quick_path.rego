@@ -16,7 +16,7 @@ import data.complyroute_engines.decision_space
 # quick: [point, listener, labelling, destination, revision] for every
 # labelling the point's quick path (envoy.quick_answer, with the point's table) answers,
 # whatever it answers: null destination and revision where its answer does more than allow
-# without changing the labels. The guard (precompute.py) requires exactly decision_space.allowed.
+# without changing the labels. The guard (precompute.py) requires exactly allowed_space.allowed.
 quick contains [point_name, listener_name, labelling, destination, revision] if {
 	some point_name, point in input.points
 	some listener_name, listener in point.listeners

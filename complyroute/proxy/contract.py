@@ -6,6 +6,22 @@ the compiled engine and the services (services/src/) read them here."""
 from __future__ import annotations
 
 ROUTING_HEADER = "x-complyroute-destination"
+# What the routing header names: the cluster of the compliant set a decision gives, its tiers in
+# order, each tier's instance ids joined with MEMBER_SEPARATOR, the tiers with TIER_SEPARATOR
+# (policies/complyroute/envoy/envoy.rego `set_name`); a set of one instance is its id.
+TIER_SEPARATOR = "|"
+MEMBER_SEPARATOR = ","
+
+
+def set_tiers(name: str) -> list[list[str]]:
+    """The tiers of instance ids a routing header's cluster name holds."""
+    return [tier.split(MEMBER_SEPARATOR) for tier in name.split(TIER_SEPARATOR)]
+
+
+def is_instance(name: str) -> bool:
+    """Whether a routing header's cluster name is one instance's (else a set of several)."""
+    return TIER_SEPARATOR not in name and MEMBER_SEPARATOR not in name
+
 # The entry's signed label token, and the digest of the record it was issued for (the
 # services check it against the bytes they receive); see trust/identity.py.
 LABEL_TOKEN_HEADER = "x-complyroute-labels"

@@ -1,6 +1,6 @@
 """The one enforcement point every topology uses: an Envoy that asks OPA before a record moves.
 
-This module writes its bootstrap: listeners and clusters; the routes (routes.py), the answers
+This module writes its bootstrap: listeners; the clusters (clusters.py), the routes (routes.py), the answers
 Envoy makes itself (replies.py) and TLS (tls.py) are its parts, and OPA's configuration is
 opa.py's.
 
@@ -28,60 +28,16 @@ import hashlib
 import json
 
 from complyroute.policy.labels import Label
+from complyroute.proxy.clusters import cluster, set_cluster, socket
 from complyroute.proxy.contract import (DIGEST_HEADER, LABEL_TOKEN_HEADER, MAX_LABEL_BYTES, MAX_LABEL_VALUES, MAX_RECORD_BYTES,
-                                        RECORD_ID_HEADER, RECORD_PATH, ROUTING_HEADER, UPSTREAM_IDLE_TIMEOUT, hop_timeout_of,
+                                        RECORD_ID_HEADER, RECORD_PATH, ROUTING_HEADER, hop_timeout_of,
                                         receive_timeouts)
-from complyroute.proxy.replies import LOCAL_REPLIES, OVER_BOUND_HEADER
-from complyroute.proxy.routes import EXT_AUTHZ_PER_ROUTE, decision_route, record_route, refusal_route, refusal_routes
-from complyroute.proxy.tls import filter_chain, upstream_tls
-from complyroute.topology.plan import READY_PATH, DecidingListener, Endpoint, EnforcementPoint, ForwardingListener
+from complyroute.proxy.replies import OVER_BOUND_HEADER, local_replies
+from complyroute.proxy.routes import (EXT_AUTHZ_PER_ROUTE, RETRY_UNSENT, decision_route, record_route, refusal_route,
+                                      refusal_routes)
+from complyroute.proxy.tls import filter_chain
+from complyroute.topology.plan import READY_PATH, DecidingListener, EnforcementPoint, ForwardingListener
 from complyroute.trust.identity import TOKEN_ISSUER, PointTrust
-
-# A socket Envoy listens on (its admin interface) is for its own user only.
-OWNER_ONLY = 0o600
-
-
-def _socket(endpoint: Endpoint) -> dict:
-    if endpoint.path:
-        return {"pipe": {"path": endpoint.path, "mode": OWNER_ONLY}}
-    return {"socket_address": {"address": endpoint.address, "port_value": endpoint.port}}
-
-
-def _is_ip(host: str) -> bool:
-    return all(part.isdigit() for part in host.split(".")) and host.count(".") == 3
-
-
-def _cluster(name: str, endpoint: Endpoint, http2: bool = False, trust: PointTrust | None = None) -> dict:
-    # A socket (the point's own OPA) or an address is used as it is; a name (a Kubernetes
-    # Service) is resolved by DNS.
-    address = {"pipe": {"path": endpoint.path}} if endpoint.path else _socket(Endpoint(endpoint.reach, endpoint.port))
-    cluster = {
-        "name": name,
-        "type": "STATIC" if endpoint.path or _is_ip(endpoint.reach) else "STRICT_DNS",
-        "connect_timeout": "1s",
-        "load_assignment": {
-            "cluster_name": name,
-            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": address}}]}],
-        },
-        # Envoy's default of 1024 pending requests would turn load peaks into 503s that
-        # measure Envoy's defaults rather than the topology.
-        "circuit_breakers": {
-            "thresholds": [{"max_connections": 100000, "max_pending_requests": 100000, "max_requests": 100000}]
-        },
-    }
-    cluster["typed_extension_protocol_options"] = {
-        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-            # Shorter than the services' keep-alive (Fastify: 72 s), so Envoy never reuses a
-            # connection the service is closing.
-            "common_http_protocol_options": {"idle_timeout": UPSTREAM_IDLE_TIMEOUT},
-            "explicit_http_config": {"http2_protocol_options": {}} if http2 else {"http_protocol_options": {}},
-        }
-    }
-    if trust is not None:
-        cluster["transport_socket"] = upstream_tls(trust, trust.upstream_identity[(endpoint.reach, endpoint.port)])
-    return cluster
-
 
 ENTRY_FORGETS_REQUEST_ID = {
     "name": "entry-forgets-request-id",
@@ -92,7 +48,8 @@ ENTRY_FORGETS_REQUEST_ID = {
 }
 
 
-def _connection_manager(stat_prefix: str, http_filters: list, virtual_host: dict, settings: dict, from_client: bool = False) -> dict:
+def _connection_manager(stat_prefix: str, http_filters: list, virtual_host: dict, settings: dict, from_client: bool = False,
+                        deciding: bool = False) -> dict:
     headers_timeout, request_timeout = receive_timeouts(settings)
     return {
         "name": "envoy.filters.network.http_connection_manager",
@@ -112,7 +69,7 @@ def _connection_manager(stat_prefix: str, http_filters: list, virtual_host: dict
             "http_filters": http_filters + [
                 {"name": "envoy.filters.http.router", "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}
             ],
-            "local_reply_config": LOCAL_REPLIES,
+            "local_reply_config": local_replies(deciding),
         },
     }
 
@@ -257,6 +214,7 @@ def _deciding_listener(listener: DecidingListener, settings: dict, matcher: dict
                 ("x-complyroute-decided-by", point),
             ]
         ] + ([RECORD_ID_FROM_TOKEN] if tokens and not listener.from_client else []),
+        "retry_policy": RETRY_UNSENT,
     }
     if matcher is None:
         virtual_host["routes"] = [decision_route(hop_timeout_of(settings)), *refusal_routes(deciding=True)]
@@ -264,8 +222,9 @@ def _deciding_listener(listener: DecidingListener, settings: dict, matcher: dict
         virtual_host["matcher"] = matcher
     return {
         "name": listener.name,
-        "address": _socket(listener.endpoint),
-        "filter_chains": [filter_chain([_connection_manager(listener.name, filters, virtual_host, settings, listener.from_client)], trust, listener.name)],
+        "address": socket(listener.endpoint),
+        "filter_chains": [filter_chain([_connection_manager(listener.name, filters, virtual_host, settings, listener.from_client, deciding=True)],
+                                      trust, listener.name)],
     }
 
 
@@ -283,7 +242,7 @@ def _forwarding_listener(listener: ForwardingListener, settings: dict, trust: Po
     virtual_host = {"name": listener.name, "domains": ["*"], "routes": [forward, *refusal_routes(deciding=False)]}
     return {
         "name": listener.name,
-        "address": _socket(listener.endpoint),
+        "address": socket(listener.endpoint),
         "filter_chains": [filter_chain([_connection_manager(listener.name, [WHOLE_RECORD], virtual_host, settings)], trust, listener.name)],
     }
 
@@ -303,13 +262,13 @@ def _ready_listener(point: EnforcementPoint, settings: dict) -> dict:
     virtual_host = {"name": "ready", "domains": ["*"], "routes": [refusal_route("not-ready-check", 404, [], deciding=False)]}
     return {
         "name": "ready",
-        "address": _socket(point.ready),
+        "address": socket(point.ready),
         "filter_chains": [{"filters": [_connection_manager("ready", [health_check], virtual_host, settings)]}],
     }
 
 
 def envoy_config(point: EnforcementPoint, engine: dict, matchers: dict[str, dict] | None = None, trust: PointTrust | None = None,
-                 labels: tuple[Label, ...] = ()) -> dict:
+                 labels: tuple[Label, ...] = (), set_clusters: tuple[str, ...] = ()) -> dict:
     """Envoy bootstrap for one enforcement point.
 
     `matchers`: by deciding listener name, a route matcher tree (xds.type.matcher.v3.Matcher
@@ -317,16 +276,19 @@ def envoy_config(point: EnforcementPoint, engine: dict, matchers: dict[str, dict
     every listener parts send to and every cluster but OPA's (which stays inside the point),
     and label tokens (identity.py); None: plain HTTP. `labels`: the rule set's label schema,
     whose headers a deciding listener bounds and writes a label token's claims into.
+    `set_clusters`: the compliant sets of several instances the point routes to (by their names,
+    contract.set_tiers), a cluster each beside every destination instance's own.
     """
-    clusters = [_cluster("opa", point.opa_grpc, http2=True)] if point.deciding else []
-    clusters += [_cluster(instance, endpoint, trust=trust) for instance, endpoint in sorted(point.destinations.items())]
-    clusters += [_cluster(f"upstream-{f.name}", f.upstream, trust=trust) for f in point.forwarding]
+    clusters = [cluster("opa", point.opa_grpc, http2=True)] if point.deciding else []
+    clusters += [cluster(instance, endpoint, trust=trust) for instance, endpoint in sorted(point.destinations.items())]
+    clusters += [set_cluster(name, point, trust) for name in sorted(set_clusters)]
+    clusters += [cluster(f"upstream-{f.name}", f.upstream, trust=trust) for f in point.forwarding]
     listeners = [_deciding_listener(d, engine, (matchers or {}).get(d.name), point.name, trust, labels) for d in point.deciding]
     listeners += [_forwarding_listener(f, engine, trust) for f in point.forwarding]
     listeners.append(_ready_listener(point, engine))
     return {
         "node": {"id": point.name, "cluster": point.node},
-        "admin": {"address": _socket(point.admin)},
+        "admin": {"address": socket(point.admin)},
         "static_resources": {"listeners": listeners, "clusters": clusters},
     }
 

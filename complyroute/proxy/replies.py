@@ -46,10 +46,27 @@ REFUSALS = {
     431: ("HEADERS_TOO_LARGE", "the request headers are too large"),
 }
 
+# Set by the router, with 503, when a record reached no instance: none was healthy (UH: every
+# instance of the compliant set ejected) or the last connection attempt failed (UF, after the
+# retries inside the set, routes.RETRY_UNSENT).
+REACHED_NO_INSTANCE = {"response_flag_filter": {"flags": ["UH", "UF"]}}
+# A deciding listener's hop goes to the compliant set the decision gives (proxy/envoy.py
+# _set_cluster), and to nothing else: when none of its instances can be reached, this says so.
+SET_DOWN = [
+    _json_reply(REACHED_NO_INSTANCE, "COMPLIANT_INSTANCES_DOWN",
+                "no instance the rules allow could be reached (%RESPONSE_CODE_DETAILS%); the record went to no instance"),
+]
+
 # Every answer Envoy or the plugin makes on its own is {code, message, request_id} JSON, like
 # every other error in the system; %RESPONSE_CODE_DETAILS% says which check refused (for a
 # codec error, before any request id exists, request_id is null). Denials by the policy (400,
 # 451) carry OPA's body and keep it: a mapper's first match wins, so they are matched first.
+def local_replies(deciding: bool) -> dict:
+    """The local reply mappers of a listener: a deciding one's tell a compliant set that is down
+    (SET_DOWN) from any other failure to deliver; a forwarding one's sends to its own service only."""
+    return {"mappers": [mapper for mapper in LOCAL_REPLIES["mappers"] if deciding or mapper not in SET_DOWN]}
+
+
 LOCAL_REPLIES = {
     "mappers": [
         # The policy's 451 reaches Envoy as 403 (ext_authz's status enum has no 451; see
@@ -89,6 +106,7 @@ LOCAL_REPLIES = {
             "LABEL_TOKEN_MISSING",
             f"a record between services carries the label token the entry issued ({LABEL_TOKEN_HEADER}); the record was not forwarded",
         ),
+        *SET_DOWN,
         _json_reply(
             _status_at_least(500),
             "HOP_UNAVAILABLE",

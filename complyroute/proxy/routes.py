@@ -50,8 +50,26 @@ def record_route(route: dict) -> dict:
     return {"match": {"prefix": "/", "headers": [{"name": h, "string_match": m} for h, m in A_RECORD]}, **route}
 
 
+# A record that reached no instance is sent again, to another instance of the same compliant set
+# (the cluster holds only the set, clusters.py set_cluster): every deciding listener's virtual
+# host sets it, for the decision route and every compiled route alike, when the connection failed or
+# was refused, or the stream was reset before any byte of the request went out. Never once the
+# request was sent: the instance may have taken the record (its replay guard stays the last word
+# against a duplicate), and an answer, whatever its status, is the instance's.
+RETRY_UNSENT = {
+    "retry_on": "connect-failure,refused-stream,reset-before-request",
+    "num_retries": 2,
+    "retry_host_predicate": [{
+        "name": "envoy.retry_host_predicates.previous_hosts",
+        "typed_config": {"@type": "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"},
+    }],
+    "host_selection_retry_max_attempts": 3,
+}
+
+
 def decision_route(hop_timeout: str) -> dict:
-    """The route of a record whose hop OPA decides: to the instance its decision names."""
+    """The route of a record whose hop OPA decides: to the cluster its decision names (the
+    compliant set's, or its one instance's)."""
     return record_route({"route": {"cluster_header": ROUTING_HEADER, "timeout": hop_timeout}})
 
 

@@ -30,5 +30,10 @@ def test_compiled_listener_sends_what_its_tree_misses_to_opa_denied():
     categories = record["on_match"]["matcher"]["matcher_tree"]["exact_match_map"]["map"]
     assert set(categories) == {"anonymous", "personal", "health"}
     leaves = [m["on_match"]["action"]["typed_config"] for c in categories.values() for m in c["matcher"]["matcher_list"]["matchers"]]
-    assert {leaf["route"]["cluster"] for leaf in leaves} == {"analyse-eu"}  # an EU sender: its region's replica
+    # An EU sender: its region's replica, alone where the rules keep the record in the EU, and
+    # first, before the US one, where they let it go there too (anonymous data).
+    assert {leaf["route"]["cluster"] for leaf in leaves} == {"analyse-eu", "analyse-eu|analyse-us"}
+    clusters = {c["name"]: c for c in configs["central-entity"].envoy["static_resources"]["clusters"]}
+    tiers = clusters["analyse-eu|analyse-us"]["load_assignment"]["endpoints"]
+    assert [(tier["priority"], len(tier["lb_endpoints"])) for tier in tiers] == [(0, 1), (1, 1)]
     assert all(leaf["typed_per_filter_config"]["envoy.filters.http.ext_authz"]["disabled"] for leaf in leaves)

@@ -178,11 +178,11 @@ def test_compiled_engine_renders_its_matcher_trees_into_route_configmaps_under_t
                 assert not [name for name in projected if name in routes], (workload, container["name"])
 
 
-@pytest.mark.parametrize("budget", [None, 500_000], ids=["budget", "two-configmaps"])
+@pytest.mark.parametrize("budget", [None, 560_000], ids=["budget", "two-configmaps"])
 @pytest.mark.parametrize("topology, point", BIG)
 def test_every_route_file_a_listener_names_is_in_one_configmap_mounted_where_it_reads_allowed(topology, point, budget, tmp_path, monkeypatch,
                                                                                             compiled_at_fifty):
-    if budget:  # the route files of the central entity fill two ConfigMaps of 500,000 bytes
+    if budget:  # the route files of the central entity (about 600 kB) fill two ConfigMaps of 560,000 bytes
         monkeypatch.setattr(render, "CONFIGMAP_BUDGET", budget)
         path, objects = rendered(topology, 50, tmp_path, engine="envoy-compiled")
         assert validate.validate(path) == []
@@ -1010,7 +1010,7 @@ def test_the_bundle_server_serves_every_deciding_points_bundle_from_configmaps_n
         document = json.loads(content["data.json"])
         assert set(document) == {"complyroute", precompute.QUICK_PATH_DOCUMENT}, name
         assert set(document["complyroute"]) == {"index", "revision"} and document["complyroute"]["revision"] == revision, name
-        assert set(document[precompute.QUICK_PATH_DOCUMENT]) == {"table", "digest"}, name
+        assert set(document[precompute.QUICK_PATH_DOCUMENT]) == {"table", "digest", "set_clusters"}, name
     # Every ConfigMap the rule set fills says which revision it holds; no other one changes with it.
     rule_set = [o for o in configmaps.values() if o["metadata"].get("labels", {}).get("component") == "rule-set"]
     assert {o["metadata"]["name"] for o in rule_set} == {n for n in configmaps if n.startswith(("bundles-", "routes-"))}
@@ -1392,9 +1392,9 @@ def test_reload_refuses_a_record_another_version_wrote_and_says_deploy_again_den
 
 
 # A ConfigMap budget that the compiled central entity's bootstrap at 20 services fits (about
-# 200 kB) and its route files (about 230 kB: each listener's allowed labellings) do not: they
+# 212 kB) and its route files (about 240 kB: each listener's allowed labellings) do not: they
 # take two. (At 5 services the route files, 48 kB, are smaller than the bootstrap, 55 kB.)
-SMALL_BUDGET = 210_000
+SMALL_BUDGET = 225_000
 SMALL_BUDGET_SERVICES = 20
 
 

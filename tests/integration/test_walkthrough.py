@@ -39,8 +39,8 @@ def test_the_walkthrough_s_test_fails_without_the_rule_denied(tmp_path):
 def test_the_walkthrough_s_decision_moves_to_the_ch_instance_allowed(tmp_path, capfd):
     input_file = tmp_path / "ch-personal.json"
     input_file.write_text(block("input"))
-    assert decide(policyfiles.POLICIES, input_file, capfd)["destination"] == "analyse-us"
-    assert decide(rule_set_with_rule(tmp_path), input_file, capfd)["destination"] == "analyse-ch"
+    assert decide(policyfiles.POLICIES, input_file, capfd)["destinations"] == [["analyse-us"], ["analyse-ch", "analyse-eu"]]
+    assert decide(rule_set_with_rule(tmp_path), input_file, capfd)["destinations"] == [["analyse-ch", "analyse-eu"]]
 
 
 def test_the_walkthrough_s_policy_diff_names_the_ch_records_allowed(tmp_path, capfd):

@@ -123,7 +123,18 @@ def test_envoy_checks_tokens_after_the_entry_and_issues_them_at_it(engine, tmp_p
     assert context["envoy.filters.http.ext_authz"]["check_settings"]["context_extensions"]["label_token"] == "issue"
     clusters = {c["name"]: c for c in config[point.name].envoy["static_resources"]["clusters"]}
     assert "transport_socket" not in clusters["opa"]  # OPA stays inside the point
-    assert all("transport_socket" in c for name, c in clusters.items() if name != "opa")
+    instances = {name: c for name, c in clusters.items() if name != "opa" and "transport_socket_matches" not in c}
+    assert all("transport_socket" in c for c in instances.values())
+    # A compliant set's cluster verifies each endpoint against its own instance's identity.
+    for name, cluster in clusters.items():
+        if "transport_socket_matches" in cluster:
+            members = [e["metadata"]["filter_metadata"]["envoy.transport_socket_match"]["instance"]
+                       for priority in cluster["load_assignment"]["endpoints"] for e in priority["lb_endpoints"]]
+            assert sorted(m["match"]["instance"] for m in cluster["transport_socket_matches"]) == sorted(members)
+            for match in cluster["transport_socket_matches"]:
+                sans = match["transport_socket"]["typed_config"]["common_tls_context"]["validation_context"]["match_typed_subject_alt_names"]
+                assert sans == instances[match["match"]["instance"]]["transport_socket"]["typed_config"]["common_tls_context"][
+                    "validation_context"]["match_typed_subject_alt_names"]
 
 
 def test_key_files_are_private(tmp_path):

@@ -71,12 +71,15 @@ class Deployed:
     # The labels as the services were told them (labels.service_setting; "" in a record written
     # before it was kept): what the pods took at start.
     label_setting: str = ""
+    # The compliant sets each point's Envoy has a cluster for (its bootstrap's; None in a record
+    # written before sets had clusters): a reload routes to those and no other.
+    set_clusters: dict[str, tuple[str, ...]] | None = None
 
     @classmethod
     def of(cls, renderer: Renderer) -> Deployed:
         return cls(renderer.topology, renderer.render_id, renderer.points, renderer.point_trust, _digests(renderer.bootstraps),
                    [o["metadata"]["name"] for o in renderer.rule_set_configmaps()], renderer.revision,
-                   labels.service_setting(labels.schema(renderer.policies)))
+                   labels.service_setting(labels.schema(renderer.policies)), renderer.set_clusters())
 
     @staticmethod
     def path(namespace: str) -> Path:
@@ -237,7 +240,7 @@ def reload_policy(topology: Topology, policies: Path = POLICIES, out=sys.stdout)
                           "`make reload-policy` adds labels without a restart")
     renderer = Renderer(deployed.topology, policies)
     try:
-        renderer.configure(deployed.points, deployed.point_trust)
+        renderer.configure(deployed.points, deployed.point_trust, deployed.set_clusters)
     except (engines.EngineError, policydata.PolicyDataError, bundles.BundleError, RenderError) as error:
         raise ReloadError(f"the rule set in {policies} cannot be applied; nothing was applied: {error}") from None
     changed_bootstraps = sorted(name for name, digest in _digests(renderer.bootstraps).items() if deployed.bootstraps.get(name) != digest)

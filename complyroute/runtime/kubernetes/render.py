@@ -46,6 +46,7 @@ from pathlib import Path
 import yaml
 
 from complyroute import engines
+from complyroute.engines.precompute import QUICK_PATH_DOCUMENT
 from complyroute.policy import bundles, labels as label_schema, policyfiles
 from complyroute.policy.policyfiles import SYSTEM_POLICIES
 from complyroute.proxy.opa import BundleSource, bundle_config
@@ -441,6 +442,11 @@ class Renderer:
             objects += [self.rule_set_configmap(name, files) for name, files in zip(self.route_configmaps(point), packed)]
         return objects
 
+    def set_clusters(self) -> dict[str, tuple[str, ...]]:
+        """By deciding point, the compliant sets its Envoy has a cluster for (once configure() ran)."""
+        return {name: tuple(config.data[QUICK_PATH_DOCUMENT]["set_clusters"]) for name, config in self.configs.items()
+                if config.opa is not None}
+
     def bundle_configmaps(self) -> list[str]:
         return [f"bundles-{n}" for n in range(1, len(self.bundles) + 1)]
 
@@ -456,13 +462,15 @@ class Renderer:
         return BundleSource(url, *((files.ca, files.cert, files.key) if self.trust else ()))
 
     # ---- the rule set: a deploy and a reload both come here
-    def configure(self, points: list[EnforcementPoint], point_trust: dict[str, identity.PointTrust]) -> None:
+    def configure(self, points: list[EnforcementPoint], point_trust: dict[str, identity.PointTrust],
+                  set_clusters: dict[str, tuple[str, ...]] | None = None) -> None:
         """Everything that follows from the rule set in self.policies: each point's configuration
         (engines), its Envoy's bootstrap and route files, every deciding point's bundle. A render
-        calls it with the trust it made; apply.reload_policy with the trust the deployment was given."""
+        calls it with the trust it made; apply.reload_policy with the trust the deployment was
+        given and the compliant sets its Envoys have clusters for (engines.configure)."""
         engine = self.topology.engine
         self.points, self.point_trust = points, point_trust
-        self.configs = engines.configure(engine["kind"], points, engine, self.policies, point_trust)
+        self.configs = engines.configure(engine["kind"], points, engine, self.policies, point_trust, set_clusters=set_clusters)
         self.revision = bundles.revision(self.policies)
         for point in points:
             self.envoy_files(point)

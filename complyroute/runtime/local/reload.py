@@ -205,10 +205,14 @@ def reload_policy(policies: Path | None = None, out=sys.stdout, timeout: float =
     except labelchange.LabelChangeError as error:
         raise ReloadError(f"the rule set in {policies} {error}") from None
     configure_errors = (engines.EngineError, policydata.PolicyDataError, bundles.BundleError)
+    # The Envoys keep the clusters they were deployed with: the rules route to those sets only
+    # (a set without one goes to its first instance; a deploy makes a cluster for every set).
+    deployed_sets = rendered.set_clusters or {}
 
     # Step 1: the rule set, every hop decided in full; labels it adds reach the services and listeners first.
     try:
-        in_full = engines.configure(engine["kind"], plan.points, engine, policies, rendered.point_trust, ahead=False)
+        in_full = engines.configure(engine["kind"], plan.points, engine, policies, rendered.point_trust, ahead=False,
+                                    set_clusters=deployed_sets)
         label_seconds = labelchange.apply(state, rendered, schema, in_full, out)
     except (*configure_errors, labelchange.LabelChangeError) as error:
         raise ReloadError(f"the rule set in {policies} cannot be applied; nothing was changed: {error}") from None
@@ -228,7 +232,7 @@ def reload_policy(policies: Path | None = None, out=sys.stdout, timeout: float =
 
     # Step 2: the rule set's answers over the decision space, guarded, then the tables and routes holding them.
     try:
-        ahead = engines.configure(engine["kind"], plan.points, engine, policies, rendered.point_trust)
+        ahead = engines.configure(engine["kind"], plan.points, engine, policies, rendered.point_trust, set_clusters=deployed_sets)
     except configure_errors as error:
         running.restore(run_dir)
         back = wait_for(plan.points, running.expected, time.monotonic(), timeout)

@@ -18,6 +18,7 @@ from pathlib import Path
 import yaml
 
 from complyroute import engines
+from complyroute.engines.precompute import QUICK_PATH_DOCUMENT
 from complyroute.policy import bundles, labels, policyfiles
 from complyroute.policy.policyfiles import OPA, POLICIES, SYSTEM_POLICIES
 from complyroute.proxy.envoy import LISTENERS_FILE, split_listeners
@@ -233,6 +234,10 @@ class Rendered:
     point_trust: dict[str, identity.PointTrust]
     revision: str
     label_schema: tuple[labels.Label, ...] = ()  # the rule set's labels, which services and listeners were given
+    # By deciding point, the compliant sets its Envoy has a cluster for (its bootstrap's, which a
+    # reload leaves as it is: it routes to those sets and no other); None in a deployment started
+    # before sets had clusters.
+    set_clusters: dict[str, tuple[str, ...]] | None = None
 
 
 def render(plan: Plan, run_dir: Path, policies: Path = POLICIES) -> list[Part]:
@@ -275,7 +280,9 @@ def render(plan: Plan, run_dir: Path, policies: Path = POLICIES) -> list[Part]:
         parts.append(service_part(service, plan.topology.workload, audit / f"{service.instance.id}.jsonl", logs,
                                   {"COMPLYROUTE_LABELS_FILE": str(run_dir / LABEL_SETTING)},
                                   service_trust, files[pki.CONTROL] if trust else None))
-    update_rendered(run_dir, Rendered(plan, point_trust, revision, schema), revision)
+    set_clusters = {name: tuple(config.data[QUICK_PATH_DOCUMENT]["set_clusters"]) for name, config in configs.items()
+                    if config.opa is not None}
+    update_rendered(run_dir, Rendered(plan, point_trust, revision, schema, set_clusters), revision)
     return parts
 
 

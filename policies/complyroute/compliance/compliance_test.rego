@@ -2,7 +2,7 @@
 # title: complyroute compliance tests
 # description: |
 #   Table-driven. Every case is an allowed scenario (`given`, applied to
-#   base_input and fixture_catalog) with its expected destination, plus `twins`:
+#   base_input and fixture_catalog) with its expected destinations (preference tiers), plus `twins`:
 #   denied scenarios that each add ONE change to `given`, with the expected
 #   status, code, reasons (as "CODE" or "CODE instance", in decision order)
 #   and texts the decision message must mention.
@@ -83,7 +83,7 @@ reason_key(reason) := concat(" ", [reason.code, reason.instance]) if {
 allowed_failures(cases) := {name: got |
 	some name, case in cases
 	got := decide(case.given)
-	got != [{"allowed": true, "status": 200, "destination": case.destination, "reasons": []}]
+	got != [{"allowed": true, "status": 200, "destinations": case.destinations, "reasons": []}]
 }
 
 denied_failures(cases) := {concat(" / ", [name, twin_name]): got |
@@ -118,9 +118,9 @@ test_routing_allowed if allowed_failures(routing_cases) == {}
 test_routing_denied if denied_failures(routing_cases) == {}
 
 routing_cases := {
-	"EU sender: EU replica with the smallest id": {
+	"EU sender: the EU replicas first, then the other allowed": {
 		"given": {},
-		"destination": "analyse-eu-a",
+		"destinations": [["analyse-eu-a", "analyse-eu-b"], ["analyse-ch"]],
 		"twins": {"no consent for analytics": {
 			"change": {"set": {"labels": {"consent": "billing,care"}}},
 			"status": 451,
@@ -135,9 +135,9 @@ routing_cases := {
 			"mentions": ["no instance of step \"analyse\"", "analytics", "billing,care"],
 		}},
 	},
-	"US sender, US subject: US replica": {
+	"US sender, US subject: the US replica first": {
 		"given": {"set": {"sender": "entry-us", "labels": {"region": "US"}}},
-		"destination": "analyse-us",
+		"destinations": [["analyse-us"], ["analyse-ch", "analyse-eu-a", "analyse-eu-b"]],
 		"twins": {"health data": {
 			"change": {"set": {"labels": {"category": "health"}}},
 			"status": 451,
@@ -151,9 +151,9 @@ routing_cases := {
 			"mentions": ["health-data", "category health"],
 		}},
 	},
-	"CH sender, EU subject: CH replica": {
+	"CH sender, EU subject: the CH replica first": {
 		"given": {"set": {"sender": "entry-ch"}},
-		"destination": "analyse-ch",
+		"destinations": [["analyse-ch"], ["analyse-eu-a", "analyse-eu-b"]],
 		"twins": {"unknown sender": {
 			"change": {"set": {"sender": "entry-xx"}},
 			"status": 400,
@@ -162,9 +162,9 @@ routing_cases := {
 			"mentions": ["entry-xx"],
 		}},
 	},
-	"JP sender, no JP replica: smallest allowed id": {
+	"JP sender, no JP replica: every allowed instance in one tier": {
 		"given": {"set": {"sender": "entry-jp"}},
-		"destination": "analyse-ch",
+		"destinations": [["analyse-ch", "analyse-eu-a", "analyse-eu-b"]],
 		"twins": {"region label absent": {
 			"change": {"unset": ["labels/region"]},
 			"status": 400,
@@ -175,7 +175,7 @@ routing_cases := {
 	},
 	"US sender, EU subject: preferred US replica excluded": {
 		"given": {"set": {"sender": "entry-us"}},
-		"destination": "analyse-ch",
+		"destinations": [["analyse-ch", "analyse-eu-a", "analyse-eu-b"]],
 		"twins": {"category labelled twice": {
 			"change": {"set": {"labels": {"category": "personal,health"}}},
 			"status": 400,
@@ -184,12 +184,12 @@ routing_cases := {
 			"mentions": ["health, personal"],
 		}},
 	},
-	"tie-break among preferred replicas": {
+	"the preferred replicas share the first tier": {
 		"given": {
 			"set": {"sender": "entry-us", "labels": {"region": "US"}},
 			"catalog_set": {"instances": {"analyse-us-0": instance("analyse", "US", [], ["analytics"])}},
 		},
-		"destination": "analyse-us",
+		"destinations": [["analyse-us", "analyse-us-0"], ["analyse-ch", "analyse-eu-a", "analyse-eu-b"]],
 		"twins": {"sender not in the catalog": {
 			"change": {"catalog_unset": ["gateways/entry-us"]},
 			"status": 400,
@@ -209,7 +209,7 @@ test_adequacy_denied if denied_failures(adequacy_cases) == {}
 adequacy_cases := {
 	"CH is adequate for EU personal data (US sender, US replica excluded)": {
 		"given": {"set": {"step": "backup", "sender": "entry-us"}},
-		"destination": "backup-ch",
+		"destinations": [["backup-ch"]],
 		"twins": {
 			"without the CH replica only US is left": {
 				"change": {"catalog_unset": ["instances/backup-ch"]},
@@ -232,7 +232,7 @@ adequacy_cases := {
 			"set": {"step": "backup", "sender": "entry-us", "labels": {"region": "US"}},
 			"catalog_unset": ["instances/backup-ch"],
 		},
-		"destination": "backup-us",
+		"destinations": [["backup-us"]],
 		"twins": {
 			"EU subject": residency_twin("EU"),
 			"Norwegian (EEA) subject": residency_twin("NO"),
@@ -246,7 +246,7 @@ adequacy_cases := {
 			"catalog_set": {"instances": {"backup-uk": instance("backup", "UK", [], ["billing"])}},
 			"catalog_unset": ["instances/backup-ch"],
 		},
-		"destination": "backup-uk",
+		"destinations": [["backup-uk"]],
 		"twins": {"India is not": {
 			"change": {"catalog_set": {"instances": {"backup-uk": {"region": "IN"}}}},
 			"status": 451,
@@ -285,7 +285,7 @@ uncertified_store := {
 certification_cases := {
 	"health data to the certified EU replica": {
 		"given": {"set": {"step": "store", "labels": {"category": "health"}}},
-		"destination": "store-eu",
+		"destinations": [["store-eu"]],
 		"twins": {"the EU replica loses its certification": object.union(
 			uncertified_store,
 			{"change": {"catalog_set": {"instances": {"store-eu": {"certifications": []}}}}},
@@ -296,7 +296,7 @@ certification_cases := {
 			"set": {"step": "store", "labels": {"category": "health"}},
 			"catalog_set": {"instances": {"store-eu": {"certifications": "iso-27001, health-data"}}},
 		},
-		"destination": "store-eu",
+		"destinations": [["store-eu"]],
 		"twins": {"a string without the certification": object.union(
 			uncertified_store,
 			{"change": {"catalog_set": {"instances": {"store-eu": {"certifications": "iso-27001"}}}}},
@@ -307,7 +307,7 @@ certification_cases := {
 			"set": {"step": "store"},
 			"catalog_set": {"instances": {"store-eu": {"certifications": []}}},
 		},
-		"destination": "store-eu",
+		"destinations": [["store-eu"], ["store-ch"]],
 		"twins": {"health data does": object.union(
 			uncertified_store,
 			{"change": {"set": {"labels": {"category": "health"}}}},
@@ -324,7 +324,7 @@ test_purpose_denied if denied_failures(purpose_cases) == {}
 purpose_cases := {
 	"consent covers the instance's purpose": {
 		"given": {"set": {"sender": "entry-us", "labels": {"region": "US", "consent": "analytics"}}},
-		"destination": "analyse-us",
+		"destinations": [["analyse-us"], ["analyse-ch", "analyse-eu-a", "analyse-eu-b"]],
 		"twins": {"consent without analytics": {
 			"change": {"set": {"labels": {"consent": "billing,care"}}},
 			"status": 451,
@@ -346,7 +346,7 @@ purpose_cases := {
 				"ingest-us": {"purposes": "billing, marketing"},
 			}},
 		},
-		"destination": "ingest-us",
+		"destinations": [["ingest-us"], ["ingest-eu"]],
 		"twins": {"consent without marketing": {
 			"change": {"set": {"labels": {"consent": "billing"}}},
 			"status": 451,
@@ -360,7 +360,7 @@ purpose_cases := {
 			"set": {"sender": "entry-us", "labels": {"region": "US", "consent": "billing"}},
 			"catalog_set": {"instances": {"analyse-us": {"purposes": []}}},
 		},
-		"destination": "analyse-us",
+		"destinations": [["analyse-us"]],
 		"twins": {"the instance processes for research": {
 			"change": {"catalog_set": {"instances": {"analyse-us": {"purposes": ["research"]}}}},
 			"status": 451,
@@ -385,7 +385,7 @@ test_anonymous_denied if denied_failures(anonymous_cases) == {}
 anonymous_cases := {
 	"anonymous data needs no consent": {
 		"given": {"set": {"labels": {"category": "anonymous"}}, "unset": ["labels/consent"]},
-		"destination": "analyse-eu-a",
+		"destinations": [["analyse-eu-a", "analyse-eu-b"], ["analyse-ch", "analyse-us"]],
 		"twins": {"personal data does": {
 			"change": {"set": {"labels": {"category": "personal"}}},
 			"status": 400,
@@ -399,7 +399,7 @@ anonymous_cases := {
 			"set": {"step": "backup", "sender": "entry-us", "labels": {"category": "anonymous"}},
 			"catalog_unset": ["instances/backup-ch"],
 		},
-		"destination": "backup-us",
+		"destinations": [["backup-us"]],
 		"twins": {"personal EU data may not": {
 			"change": {"set": {"labels": {"category": "personal"}}},
 			"status": 451,
@@ -409,7 +409,7 @@ anonymous_cases := {
 	},
 	"anonymous data ignores purposes": {
 		"given": {"set": {"labels": {"category": "anonymous", "consent": "billing"}}},
-		"destination": "analyse-eu-a",
+		"destinations": [["analyse-eu-a", "analyse-eu-b"], ["analyse-ch", "analyse-us"]],
 		"twins": {
 			"personal data does not": {
 				"change": {"set": {"labels": {"category": "personal"}}},
@@ -443,7 +443,7 @@ test_labels_denied if denied_failures(label_cases) == {}
 label_cases := {
 	"well-labelled record": {
 		"given": {},
-		"destination": "analyse-eu-a",
+		"destinations": [["analyse-eu-a", "analyse-eu-b"], ["analyse-ch"]],
 		"twins": {
 			"region absent": label_twin({"unset": ["labels/region"]}, "LABEL_MISSING", "x-data-region"),
 			"region empty": label_twin(set_label("region", ""), "LABEL_MISSING", "x-data-region"),
@@ -481,12 +481,12 @@ label_cases := {
 	},
 	"the same region repeated is one region": {
 		"given": set_label("region", "EU,EU"),
-		"destination": "analyse-eu-a",
+		"destinations": [["analyse-eu-a", "analyse-eu-b"], ["analyse-ch"]],
 		"twins": {"two regions": label_twin(set_label("region", "EU,CH"), "LABELS_CONTRADICTORY", "CH, EU")},
 	},
 	"blanks around values are ignored": {
 		"given": {"set": {"labels": {"region": " EU ", "consent": "analytics , care"}}},
-		"destination": "analyse-eu-a",
+		"destinations": [["analyse-eu-a", "analyse-eu-b"], ["analyse-ch"]],
 		"twins": {"consent made of blanks": label_twin(set_label("consent", " , "), "LABEL_MISSING", "consent")},
 	},
 }
@@ -510,7 +510,7 @@ test_record_denied if denied_failures(record_cases) == {}
 record_cases := {
 	"record is an object": {
 		"given": {},
-		"destination": "analyse-eu-a",
+		"destinations": [["analyse-eu-a", "analyse-eu-b"], ["analyse-ch"]],
 		"twins": {
 			"record absent": label_twin({"unset": ["record"]}, "RECORD_MALFORMED", "got nothing"),
 			"record is a string": label_twin({"set": {"record": "alice"}}, "RECORD_MALFORMED", "got string"),
@@ -520,7 +520,7 @@ record_cases := {
 	},
 	"an empty object is a record": {
 		"given": {"unset": ["record/subject"]},
-		"destination": "analyse-eu-a",
+		"destinations": [["analyse-eu-a", "analyse-eu-b"], ["analyse-ch"]],
 		"twins": {"an empty string is not": label_twin({"set": {"record": ""}}, "RECORD_MALFORMED", "got string")},
 	},
 }
@@ -534,7 +534,7 @@ test_sender_step_denied if denied_failures(sender_step_cases) == {}
 sender_step_cases := {
 	"a gateway sends to a known step": {
 		"given": {},
-		"destination": "analyse-eu-a",
+		"destinations": [["analyse-eu-a", "analyse-eu-b"], ["analyse-ch"]],
 		"twins": {
 			"sender unknown": label_twin({"set": {"sender": "nobody"}}, "SENDER_UNKNOWN", "sender \"nobody\""),
 			"sender absent": label_twin({"unset": ["sender"]}, "SENDER_UNKNOWN", "sender nothing"),
@@ -556,7 +556,7 @@ sender_step_cases := {
 	},
 	"an instance sends (its region is preferred)": {
 		"given": {"set": {"sender": "ingest-us", "labels": {"region": "US"}}},
-		"destination": "analyse-us",
+		"destinations": [["analyse-us"], ["analyse-ch", "analyse-eu-a", "analyse-eu-b"]],
 		"twins": {"the instance is not in the catalog": label_twin(
 			{"catalog_unset": ["instances/ingest-us"]},
 			"SENDER_UNKNOWN",
@@ -573,7 +573,7 @@ test_multiple_reasons_denied if denied_failures(multiple_reasons_cases) == {}
 
 multiple_reasons_cases := {"EU health data to store": {
 	"given": {"set": {"step": "store", "labels": {"category": "health"}}},
-	"destination": "store-eu",
+	"destinations": [["store-eu"]],
 	"twins": {
 		"consent without care": {
 			"change": {"set": {"labels": {"consent": "analytics,billing"}}},
@@ -601,7 +601,7 @@ multiple_reasons_cases := {"EU health data to store": {
 
 test_catalog_absent_allowed if {
 	decision := compliance.decision with input as base_input with data.complyroute.index as indexing.index(fixture_catalog)
-	decision.destination == "analyse-eu-a"
+	decision.destinations == [["analyse-eu-a", "analyse-eu-b"], ["analyse-ch"]]
 }
 
 test_catalog_absent_denied if {

@@ -189,9 +189,49 @@ allowed_response := {"allowed": true, "headers": headers_to_set} if {
 } else := {"allowed": true, "headers": headers_to_set, "request_headers_to_remove": headers_removed}
 
 headers_to_set := object.union(label_headers, {
-	"x-complyroute-destination": decision.destination,
+	"x-complyroute-destination": routed(decision.destinations, set_clusters),
 	"x-complyroute-revision": revision,
 })
+
+# --- where an allowed hop goes: the compliant set ------------------------------------
+
+# The decision names every instance that may receive the record, in preference tiers
+# (compliance: "destinations"). Envoy routes the hop to the cluster the routing header names
+# (x-complyroute-destination): for a set of several instances, the set's own cluster, whose
+# endpoints are the set's instances, one priority per tier (complyroute/proxy/envoy.py): Envoy
+# balances across the first tier's healthy instances, fails over inside the set, and nowhere
+# else. A set of one instance is that instance's cluster.
+#
+# The clusters are made at deploy for the sets the rule set gives over the point's decision
+# space (complyroute/engines/precompute.py), and listed in
+# data.complyroute_quick_path.set_clusters. A set without a cluster here (one only a record
+# outside the decision space gets, or one a reload brought) goes to the first instance of its
+# first tier: inside the set still, without balancing or failover. Without the list (opa eval of
+# the rule set alone, policy-diff) every set is named as it is.
+default set_clusters := null
+
+set_clusters := data.complyroute_quick_path.set_clusters
+
+# routed(tiers, clusters): the cluster name the routing header carries.
+routed(tiers, clusters) := name if {
+	name := set_name(tiers)
+	has_cluster(name, tiers, clusters)
+} else := tiers[0][0]
+
+# A set's name: its tiers in order, each tier's ids joined with ",", the tiers with "|".
+set_name(tiers) := concat("|", [concat(",", tier) | some tier in tiers])
+
+# The instances a routing header's cluster name holds.
+set_members(name) := {id | some tier in split(name, "|"); some id in split(tier, ",")}
+
+has_cluster(_, tiers, _) if {
+	count(tiers) == 1
+	count(tiers[0]) == 1
+}
+
+has_cluster(_, _, null)
+
+has_cluster(name, _, clusters) if name in clusters
 
 # The revision of the rule set that decides: every allowed hop carries it on to the receiving
 # service (x-complyroute-revision: its path entry and audit line name it), every denial names
@@ -338,15 +378,18 @@ label_token_claims := object.union(
 )
 
 # The deciding listeners that may take the token (each one's jwt_authn requires its own
-# audience, complyroute/trust/identity.py): the listener of the instance this answer sends the
-# record to, and those of every later step of the chain but the last, whose instances the
-# points before them choose. So a token taken from one record's first hop verifies at no
-# other first-step instance's listener. data.complyroute.token.audience: {"first_hop": the
-# prefix of an instance's audience, "later_steps": [an audience per later step]}; without
-# it no token is issued (LABEL_TOKEN_UNAVAILABLE).
-token_audience := array.concat([first_hop_audience], audience.later_steps)
+# audience, complyroute/trust/identity.py): the listeners of the instances this answer may send
+# the record to (every instance of the set it routes to), and those of every later step of the
+# chain but the last, whose instances the points before them choose. So a token taken from one
+# record's first hop verifies at no listener of a first-step instance outside its set.
+# data.complyroute.token.audience: {"first_hop": the prefix of an instance's audience,
+# "later_steps": [an audience per later step]}; without it no token is issued
+# (LABEL_TOKEN_UNAVAILABLE).
+token_audience := array.concat(first_hop_audiences, audience.later_steps)
 
-first_hop_audience := concat("", [audience.first_hop, answer.headers["x-complyroute-destination"]])
+first_hop_audiences := [concat("", [audience.first_hop, id]) |
+	some id in sort(set_members(answer.headers["x-complyroute-destination"]))
+]
 
 # regal ignore:unresolved-reference
 audience := data.complyroute.token.audience

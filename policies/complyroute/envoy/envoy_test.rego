@@ -110,7 +110,7 @@ test_adapter_denied if denied_failures(adapter_cases) == {}
 adapter_cases := {
 	"labels and step from the headers, sender from the route": {
 		"given": {},
-		"destination": "analyse-eu-a",
+		"destination": "analyse-eu-a,analyse-eu-b|analyse-ch",
 		"twins": {
 			"health data to analyse": {
 				"change": set_header("x-data-category", "health"),
@@ -208,7 +208,7 @@ adapter_cases := {
 	},
 	"no request id": {
 		"given": {"unset": [concat("/", [headers_path, "x-request-id"])]},
-		"destination": "analyse-eu-a",
+		"destination": "analyse-eu-a,analyse-eu-b|analyse-ch",
 		"twins": {"denied without a request id": {
 			"change": set_body("{"),
 			"status": 400,
@@ -219,7 +219,7 @@ adapter_cases := {
 	},
 	"the destination header a client sent is replaced": {
 		"given": set_header("x-complyroute-destination", "analyse-us"),
-		"destination": "analyse-eu-a",
+		"destination": "analyse-eu-a,analyse-eu-b|analyse-ch",
 		"twins": {"and ignored when denied": {
 			"change": set_header("x-data-consent", "billing"),
 			"status": 451,
@@ -244,7 +244,7 @@ test_canonical_labels_denied if denied_failures(canonical_label_cases) == {}
 canonical_label_cases := {
 	"consent values in another order are sorted": {
 		"given": object.union(set_header("x-data-consent", "care,analytics,billing"), set_context("step", "analyse")),
-		"destination": "analyse-eu-a",
+		"destination": "analyse-eu-a,analyse-eu-b|analyse-ch",
 		"labels": {"x-data-region": "EU", "x-data-category": "personal", "x-data-consent": "analytics,billing,care"},
 		"twins": {"one of them unknown": {
 			"change": set_header("x-data-consent", "care,analytics,billing,spying"),
@@ -259,7 +259,7 @@ canonical_label_cases := {
 			"x-data-category": "personal,personal",
 			"x-data-consent": "care, billing,analytics,care",
 		}}}}}},
-		"destination": "analyse-eu-a",
+		"destination": "analyse-eu-a,analyse-eu-b|analyse-ch",
 		"labels": {"x-data-region": "EU", "x-data-category": "personal", "x-data-consent": "analytics,billing,care"},
 		"twins": {"a second, different category": {
 			"change": set_header("x-data-category", "personal,health"),
@@ -273,7 +273,7 @@ canonical_label_cases := {
 			"x-data-category": "anonymous",
 			"x-data-consent": " , ",
 		}}}}}},
-		"destination": "analyse-eu-a",
+		"destination": "analyse-eu-a,analyse-eu-b|analyse-ch,analyse-us",
 		"labels": {"x-data-region": "EU", "x-data-category": "anonymous"},
 		"removed": ["x-data-consent"],
 		"twins": {"personal record without consent": {
@@ -288,7 +288,7 @@ canonical_label_cases := {
 			"x-data-category": " anonymous",
 			"x-data-consent": "billing",
 		}}}}}},
-		"destination": "analyse-eu-a",
+		"destination": "analyse-eu-a,analyse-eu-b|analyse-ch,analyse-us",
 		"labels": {"x-data-region": "EU", "x-data-category": "anonymous", "x-data-consent": "billing"},
 		"twins": {"an unknown consent purpose": {
 			"change": set_header("x-data-consent", "billing,Billing"),
@@ -322,7 +322,7 @@ twin(change, outcome) := object.union(outcome, {"change": change})
 peer_identity_cases := {
 	"mutual TLS: the route's sender is the verified peer": {
 		"given": from_ingest_us,
-		"destination": "analyse-us",
+		"destination": "analyse-us|analyse-ch,analyse-eu-a,analyse-eu-b",
 		"twins": {
 			"the peer is another instance": twin(set_principal(instance_principal("ingest-eu")), sender_mismatch),
 			"the route names another sender": twin(set_context("sender", "ingest-eu"), sender_mismatch),
@@ -340,7 +340,7 @@ peer_identity_cases := {
 	},
 	"the verified peer names the sender of a route that names none": {
 		"given": compliance_test.combine(from_ingest_us, {"unset": ["attributes/contextExtensions/sender"]}),
-		"destination": "analyse-us",
+		"destination": "analyse-us|analyse-ch,analyse-eu-a,analyse-eu-b",
 		"twins": {
 			"an instance the catalog lacks": twin(set_principal(instance_principal("ingest-xx")), sender_unknown),
 			"the instance left the catalog": twin({"catalog_unset": ["instances/ingest-us"]}, sender_unknown),
@@ -349,7 +349,7 @@ peer_identity_cases := {
 	},
 	"an empty route sender is none": {
 		"given": compliance_test.combine(from_ingest_us, set_context("sender", "")),
-		"destination": "analyse-us",
+		"destination": "analyse-us|analyse-ch,analyse-eu-a,analyse-eu-b",
 		"twins": {"the peer is the control plane": twin(set_principal("spiffe://complyroute/control"), sender_unknown)},
 	},
 	"no principal (the entry's clients, mutual TLS off): the route's sender": {
@@ -357,7 +357,7 @@ peer_identity_cases := {
 			"unset": ["attributes/source/principal"],
 			"set": {"attributes": {"source": {"address": {"socketAddress": {"address": "10.0.0.1", "portValue": 40000}}}}},
 		}),
-		"destination": "analyse-us",
+		"destination": "analyse-us|analyse-ch,analyse-eu-a,analyse-eu-b",
 		"twins": {
 			"the route names no sender": twin({"unset": ["attributes/contextExtensions/sender"]}, sender_unknown),
 			"the route names an unknown one": twin(set_context("sender", "ingest-xx"), sender_unknown),
@@ -366,7 +366,7 @@ peer_identity_cases := {
 	},
 	"an empty principal is none": {
 		"given": compliance_test.combine(from_ingest_us, set_principal("")),
-		"destination": "analyse-us",
+		"destination": "analyse-us|analyse-ch,analyse-eu-a,analyse-eu-b",
 		"twins": {"the route names no sender": twin({"unset": ["attributes/contextExtensions/sender"]}, sender_unknown)},
 	},
 	"snake_case context_extensions with a verified peer": {
@@ -374,7 +374,7 @@ peer_identity_cases := {
 			"unset": ["attributes/contextExtensions"],
 			"set": {"attributes": {"context_extensions": {"sender": "ingest-us", "step": "analyse"}}},
 		}),
-		"destination": "analyse-us",
+		"destination": "analyse-us|analyse-ch,analyse-eu-a,analyse-eu-b",
 		"twins": {
 			"the route names another sender": twin(
 				{"set": {"attributes": {"context_extensions": {"sender": "ingest-eu"}}}},
@@ -541,7 +541,7 @@ test_quick_path_without_table_denied if {
 # A table entry is for a record: the same labels with a body that is no JSON object are the
 # compliance policy's (400 RECORD_MALFORMED), as is a labelling the table does not hold.
 test_quick_path_checks_the_record_denied if {
-	scenario := scenarios.allowed["routing: EU sender: EU replica with the smallest id"]
+	scenario := scenarios.allowed["routing: EU sender: the EU replicas first, then the other allowed"]
 	not_an_object := compliance_test.apply(scenario.request, set_body("[1]"), "set", "unset")
 	response := envoy.response with input as not_an_object
 		with data.complyroute.index as scenario.index
@@ -551,7 +551,7 @@ test_quick_path_checks_the_record_denied if {
 }
 
 test_quick_path_checks_the_record_allowed if {
-	scenario := scenarios.allowed["routing: EU sender: EU replica with the smallest id"]
+	scenario := scenarios.allowed["routing: EU sender: the EU replicas first, then the other allowed"]
 	envoy.quick_answer with input as scenario.request
 		with data.complyroute.index as scenario.index
 		with data.complyroute_quick_path.table as table_for(scenario)
@@ -685,7 +685,7 @@ issued_as([got], case) if {
 		"cert": json.marshal(entry_public_jwk),
 		"iss": "complyroute-entry",
 		"time": now_ns,
-		"aud": concat("", ["spiffe://complyroute/service/", case.destination]), # the first hop's listener
+		"aud": token_audiences(case.destination)[0], # a listener of the first hop's set
 	})
 	valid == true
 	header == {"alg": "ES256", "typ": "JWT", "kid": "test-entry"}
@@ -696,12 +696,18 @@ issued_as([got], case) if {
 			"exp": 1700000600,
 			"rid": object.get(case, "rid", "r-42"),
 			"digest": digest,
-			"aud": [concat("", ["spiffe://complyroute/service/", case.destination]), "spiffe://complyroute/step/store"],
+			"aud": token_audiences(case.destination),
 		},
 		case.claims,
 	)
 	io.jwt.verify_es256(token, json.marshal(other_public_jwk)) == false
 }
+
+# The listener of every instance of the set the hop routes to, then the later steps'.
+token_audiences(destination) := array.concat(
+	[concat("", ["spiffe://complyroute/service/", id]) | some id in sort(envoy.set_members(destination))],
+	["spiffe://complyroute/step/store"],
+)
 
 # Each twin, by either path: denied as it says, without a token (denied_as checks that the
 # answer holds nothing but its status, content type and body).
@@ -723,7 +729,7 @@ token_unavailable := {"status": 503, "code": "LABEL_TOKEN_UNAVAILABLE", "reasons
 label_token_cases := {
 	"the entry signs the labels it lets in": {
 		"given": object.union(issuing, set_context("step", "analyse")),
-		"destination": "analyse-eu-a",
+		"destination": "analyse-eu-a,analyse-eu-b|analyse-ch",
 		"claims": {"region": "EU", "category": "personal", "consent": "analytics,billing,care"},
 		"twins": {
 			"a denied record gets no token": {
@@ -761,7 +767,7 @@ label_token_cases := {
 			"x-data-category": "personal,personal",
 			"x-data-consent": "care, billing,analytics,care",
 		}}}}}}),
-		"destination": "analyse-eu-a",
+		"destination": "analyse-eu-a,analyse-eu-b|analyse-ch",
 		"labels": {"x-data-region": "EU", "x-data-category": "personal", "x-data-consent": "analytics,billing,care"},
 		"claims": {"region": "EU", "category": "personal", "consent": "analytics,billing,care"},
 		"twins": {"a second, different category": {
@@ -776,7 +782,7 @@ label_token_cases := {
 			"x-data-category": "anonymous",
 			"x-data-consent": " , ",
 		}}}}}}),
-		"destination": "analyse-eu-a",
+		"destination": "analyse-eu-a,analyse-eu-b|analyse-ch,analyse-us",
 		"labels": {"x-data-region": "EU", "x-data-category": "anonymous"},
 		"removed": ["x-data-consent"],
 		"claims": {"region": "EU", "category": "anonymous"},
@@ -792,7 +798,7 @@ label_token_cases := {
 			object.union(issuing, set_body("{\"subject\": \"zo\u00eb\", \"amount\": 12}")),
 			set_header("x-request-id", "r-7"),
 		),
-		"destination": "analyse-eu-a",
+		"destination": "analyse-eu-a,analyse-eu-b|analyse-ch",
 		"digest": "sha256:0a0908644b4a75711c8f2227579ecf12a40766a8e497c1e3a808fc28b4c9cfd3",
 		"rid": "r-7",
 		"claims": {"region": "EU", "category": "personal", "consent": "analytics,billing,care"},
@@ -837,7 +843,7 @@ test_label_token_not_asked_denied if token_denied_failures(not_issuing_cases) ==
 not_issuing_cases := {
 	"no label_token": {
 		"given": set_context("step", "analyse"),
-		"destination": "analyse-eu-a",
+		"destination": "analyse-eu-a,analyse-eu-b|analyse-ch",
 		"twins": {"a denied record": {
 			"change": set_header("x-data-consent", "billing"),
 			"status": 451,
@@ -853,12 +859,12 @@ not_issuing_cases := {
 	},
 	"an empty label_token": {
 		"given": object.union(set_context("step", "analyse"), set_context("label_token", "")),
-		"destination": "analyse-eu-a",
+		"destination": "analyse-eu-a,analyse-eu-b|analyse-ch",
 		"twins": {},
 	},
 	"a label_token other than issue": {
 		"given": object.union(set_context("step", "analyse"), set_context("label_token", "Issue")),
-		"destination": "analyse-eu-a",
+		"destination": "analyse-eu-a,analyse-eu-b|analyse-ch",
 		"twins": {},
 	},
 	"snake_case label_token beside contextExtensions (which win)": {
@@ -866,7 +872,7 @@ not_issuing_cases := {
 			set_context("step", "analyse"),
 			{"set": {"attributes": {"context_extensions": {"label_token": "issue"}}}},
 		),
-		"destination": "analyse-eu-a",
+		"destination": "analyse-eu-a,analyse-eu-b|analyse-ch",
 		"twins": {},
 	},
 	"a record without consent values": {
@@ -874,7 +880,7 @@ not_issuing_cases := {
 			"x-data-category": "anonymous",
 			"x-data-consent": " , ",
 		}}}}}},
-		"destination": "analyse-eu-a",
+		"destination": "analyse-eu-a,analyse-eu-b|analyse-ch,analyse-us",
 		"labels": {"x-data-region": "EU", "x-data-category": "anonymous"},
 		"removed": ["x-data-consent"],
 		"twins": {"no key, nor is one needed": {
@@ -885,4 +891,50 @@ not_issuing_cases := {
 			"reasons": ["LABEL_MISSING"],
 		}},
 	},
+}
+
+# --- the compliant set's cluster ---------------------------------------------------------
+
+# routed(tiers, clusters): a set's own cluster where the point has one (or lists none, as in
+# policy-diff), a single instance's always; else the first instance of the first tier.
+routed_cases := {
+	"a set with a cluster": {"tiers": [["a-1", "a-2"], ["b"]], "clusters": ["a-1,a-2|b"], "routed": "a-1,a-2|b"},
+	"no list of clusters: every set named": {"tiers": [["a-1", "a-2"], ["b"]], "clusters": null, "routed": "a-1,a-2|b"},
+	"one instance is its own cluster": {"tiers": [["a-1"]], "clusters": [], "routed": "a-1"},
+	"one tier of several": {"tiers": [["a-1", "a-2"]], "clusters": ["a-1,a-2"], "routed": "a-1,a-2"},
+}
+
+# Without a cluster for the set, the record still goes inside it: to its first instance.
+routed_twins := {
+	"a set without a cluster here": {"tiers": [["a-1", "a-2"], ["b"]], "clusters": ["a-1,a-2"], "routed": "a-1"},
+	"another tiering of the same instances": {"tiers": [["b"], ["a-1", "a-2"]], "clusters": ["a-1,a-2|b"], "routed": "b"},
+}
+
+test_routed_allowed if {
+	every case in routed_cases {
+		envoy.routed(case.tiers, case.clusters) == case.routed
+		envoy.set_members(case.routed) == {id | some tier in case.tiers; some id in tier}
+	}
+}
+
+test_routed_denied if {
+	every case in routed_twins {
+		envoy.routed(case.tiers, case.clusters) == case.routed
+		count(envoy.set_members(case.routed)) == 1
+	}
+}
+
+# The answer's routing header follows the point's list of set clusters.
+test_set_clusters_allowed if {
+	answer := envoy.response with input as base_request
+		with data.complyroute.index as indexing.index(compliance_test.fixture_catalog)
+		with data.complyroute_quick_path.set_clusters as ["analyse-eu-a,analyse-eu-b|analyse-ch"]
+	answer.headers["x-complyroute-destination"] == "analyse-eu-a,analyse-eu-b|analyse-ch"
+}
+
+test_set_clusters_denied if {
+	answer := envoy.response with input as base_request
+		with data.complyroute.index as indexing.index(compliance_test.fixture_catalog)
+		with data.complyroute_quick_path.set_clusters as []
+	answer.headers["x-complyroute-destination"] == "analyse-eu-a"
 }

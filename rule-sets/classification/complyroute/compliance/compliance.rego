@@ -40,9 +40,13 @@ package complyroute.compliance
 #   enforcement point's catalog, indexed: package complyroute.indexing).
 #
 #   Output:
-#     allowed:  {"allowed": true, "status": 200, "destination": id, "reasons": []}
-#               destination = among the candidates nobody excluded, the
-#               smallest id in the sender's region, else the smallest id.
+#     allowed:  {"allowed": true, "status": 200, "destinations": tiers, "reasons": []}
+#               tiers = the candidates nobody excluded, in preference tiers: a
+#               list of non-empty lists of ids, each sorted. First those in the
+#               sender's region, then the others. Every instance of every tier
+#               may receive the record; the enforcement point balances across
+#               the first tier's healthy instances and moves to the next tier
+#               only when none is up (docs/architecture.md, "Compliant sets").
 #     denied:   {"allowed": false, "status": 400 | 451, "code", "message", "reasons"}
 #               status 400 when any record_violations, else 451 (every
 #               candidate excluded). reasons = [{code, message, instance?}]
@@ -52,8 +56,8 @@ package complyroute.compliance
 # entrypoint: true
 decision := denial(400, "INPUT_INVALID", "input rejected", record_violations) if {
 	count(record_violations) > 0
-} else := {"allowed": true, "status": 200, "destination": destination, "reasons": []} if {
-	destination
+} else := {"allowed": true, "status": 200, "destinations": destinations, "reasons": []} if {
+	count(allowed_ids) > 0
 } else := denial(451, "NO_COMPLIANT_INSTANCE", no_instance_summary, exclusions)
 
 # --- data ---------------------------------------------------------------------
@@ -307,7 +311,7 @@ exclusions contains exclusion(rego.metadata.rule(), id, detail) if {
 	detail := sprintf("%s is quarantined", [id])
 }
 
-# --- destination --------------------------------------------------------------
+# --- destinations -------------------------------------------------------------
 
 excluded_ids contains reason.instance if some reason in exclusions
 
@@ -318,11 +322,12 @@ preferred_ids contains id if {
 	candidates[id].region == sender_region
 }
 
-destination := min(preferred_ids) if {
-	count(preferred_ids) > 0
-} else := min(allowed_ids) if {
-	count(allowed_ids) > 0
-}
+# The allowed instances in preference tiers, each sorted: the sender's region first.
+destinations := [tier |
+	some ids in [preferred_ids, allowed_ids - preferred_ids]
+	count(ids) > 0
+	tier := sort(ids)
+]
 
 no_instance_summary := sprintf("no instance of step %s may receive this record", [shown_step])
 

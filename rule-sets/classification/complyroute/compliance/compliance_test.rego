@@ -3,7 +3,7 @@
 # description: |
 #   Table-driven, as the shipped rule set's tests. Every case is an allowed
 #   scenario (`given`, applied to base_input and fixture_catalog) with its
-#   expected destination, plus `twins`: denied scenarios that each add ONE
+#   expected destinations (preference tiers), plus `twins`: denied scenarios that each add ONE
 #   change to `given`, with the expected status, code, reasons (as "CODE" or
 #   "CODE instance", in decision order) and texts the decision message must
 #   mention. test_<what>_allowed checks the allowed side of a table,
@@ -86,7 +86,7 @@ reason_key(reason) := concat(" ", [reason.code, reason.instance]) if {
 allowed_failures(cases) := {name: got |
 	some name, case in cases
 	got := decide(case.given)
-	got != [{"allowed": true, "status": 200, "destination": case.destination, "reasons": []}]
+	got != [{"allowed": true, "status": 200, "destinations": case.destinations, "reasons": []}]
 }
 
 denied_failures(cases) := {concat(" / ", [name, twin_name]): got |
@@ -146,9 +146,9 @@ test_routing_allowed if allowed_failures(routing_cases) == {}
 test_routing_denied if denied_failures(routing_cases) == {}
 
 routing_cases := {
-	"EU sender: EU replica with the smallest id": {
+	"EU sender: the EU replicas first, then the other allowed": {
 		"given": {},
-		"destination": "analyse-eu-a",
+		"destinations": [["analyse-eu-a", "analyse-eu-b"], ["analyse-us"]],
 		"twins": {"secret record": exclusion_twin(
 			set_label("classification", "secret"),
 			"CLEARANCE_INSUFFICIENT",
@@ -156,35 +156,35 @@ routing_cases := {
 			["no instance of step \"analyse\"", "the record is secret"],
 		)},
 	},
-	"US sender: US replica": {
+	"US sender: the US replica first": {
 		"given": {"set": {"sender": "entry-us"}},
-		"destination": "analyse-us",
+		"destinations": [["analyse-us"], ["analyse-eu-a", "analyse-eu-b"]],
 		"twins": {"unknown sender": label_twin({"set": {"sender": "entry-xx"}}, "SENDER_UNKNOWN", "entry-xx")},
 	},
 	"US sender, confidential record: preferred US replica excluded": {
 		"given": {"set": {"sender": "entry-us", "labels": {"classification": "confidential"}}},
-		"destination": "analyse-eu-a",
+		"destinations": [["analyse-eu-a", "analyse-eu-b"]],
 		"twins": {"classification labelled twice": label_twin(
 			set_label("classification", "confidential,internal"),
 			"LABELS_CONTRADICTORY",
 			"confidential, internal",
 		)},
 	},
-	"JP sender, no JP replica: smallest allowed id": {
+	"JP sender, no JP replica: every allowed instance in one tier": {
 		"given": {"set": {"sender": "entry-jp"}},
-		"destination": "analyse-eu-a",
+		"destinations": [["analyse-eu-a", "analyse-eu-b", "analyse-us"]],
 		"twins": {"classification absent": label_twin(
 			{"unset": ["labels/classification"]},
 			"LABEL_MISSING",
 			"x-data-classification",
 		)},
 	},
-	"tie-break among preferred replicas": {
+	"the preferred replicas share the first tier": {
 		"given": {
 			"set": {"sender": "entry-us"},
 			"catalog_set": {"instances": {"analyse-us-0": instance("analyse", "US", ["internal"], [], [])}},
 		},
-		"destination": "analyse-us",
+		"destinations": [["analyse-us", "analyse-us-0"], ["analyse-eu-a", "analyse-eu-b"]],
 		"twins": {"sender not in the catalog": label_twin(
 			{"catalog_unset": ["gateways/entry-us"]},
 			"SENDER_UNKNOWN",
@@ -202,7 +202,7 @@ test_clearance_denied if denied_failures(clearance_cases) == {}
 clearance_cases := {
 	"a clearance equal to the classification suffices": {
 		"given": set_label("classification", "confidential"),
-		"destination": "analyse-eu-a",
+		"destinations": [["analyse-eu-a", "analyse-eu-b"]],
 		"twins": {"a higher classification": exclusion_twin(
 			set_label("classification", "secret"),
 			"CLEARANCE_INSUFFICIENT",
@@ -212,7 +212,7 @@ clearance_cases := {
 	},
 	"a higher clearance suffices": {
 		"given": {"set": {"step": "archive", "labels": {"classification": "internal"}}},
-		"destination": "archive-eu",
+		"destinations": [["archive-eu"]],
 		"twins": {"the instance's clearance drops below": {
 			"change": set_instance("archive-eu", {"clearance": ["public"]}),
 			"status": 451,
@@ -226,7 +226,7 @@ clearance_cases := {
 			"set": {"step": "campaign", "sender": "entry-us", "labels": {"classification": "public"}},
 			"catalog_unset": ["instances/campaign-eu", "instances/campaign-us/clearance"],
 		},
-		"destination": "campaign-us",
+		"destinations": [["campaign-us"]],
 		"twins": {"an internal record": exclusion_twin(
 			set_label("classification", "internal"),
 			"CLEARANCE_INSUFFICIENT",
@@ -239,7 +239,7 @@ clearance_cases := {
 			"set": {"labels": {"classification": "secret"}},
 			"catalog_set": {"instances": {"analyse-eu-b": {"clearance": " secret "}}},
 		},
-		"destination": "analyse-eu-b",
+		"destinations": [["analyse-eu-b"]],
 		"twins": {"a string naming a lower clearance": exclusion_twin(
 			set_instance("analyse-eu-b", {"clearance": "internal"}),
 			"CLEARANCE_INSUFFICIENT",
@@ -253,7 +253,7 @@ clearance_cases := {
 			"catalog_set": {"instances": {"analyse-eu-a": {"clearance": ["top-secret"]}}},
 			"catalog_unset": ["instances/analyse-eu-b", "instances/analyse-us"],
 		},
-		"destination": "analyse-eu-a",
+		"destinations": [["analyse-eu-a"]],
 		"twins": {"an internal record": exclusion_twin(
 			set_label("classification", "internal"),
 			"CLEARANCE_INSUFFICIENT",
@@ -272,7 +272,7 @@ test_retention_denied if denied_failures(retention_cases) == {}
 retention_cases := {
 	"no retention label: any instance": {
 		"given": {},
-		"destination": "analyse-eu-a",
+		"destinations": [["analyse-eu-a", "analyse-eu-b"], ["analyse-us"]],
 		"twins": {"a retention no analyser supports": exclusion_twin(
 			set_label("retention", "long"),
 			"RETENTION_UNSUPPORTED",
@@ -282,7 +282,7 @@ retention_cases := {
 	},
 	"an empty retention label is no retention": {
 		"given": set_label("retention", " "),
-		"destination": "analyse-eu-a",
+		"destinations": [["analyse-eu-a", "analyse-eu-b"], ["analyse-us"]],
 		"twins": {"an unknown retention": label_twin(
 			set_label("retention", "forever"),
 			"LABEL_UNKNOWN",
@@ -291,7 +291,7 @@ retention_cases := {
 	},
 	"short retention: only the instance that retains short": {
 		"given": set_label("retention", "short"),
-		"destination": "analyse-us",
+		"destinations": [["analyse-us"]],
 		"twins": {"the instance stops retaining short": exclusion_twin(
 			set_instance("analyse-us", {"retains": ["standard"]}),
 			"RETENTION_UNSUPPORTED",
@@ -304,7 +304,7 @@ retention_cases := {
 			"set": {"labels": {"retention": "short"}},
 			"catalog_set": {"instances": {"analyse-eu-b": {"retains": "standard, short"}}},
 		},
-		"destination": "analyse-eu-b",
+		"destinations": [["analyse-eu-b"], ["analyse-us"]],
 		"twins": {"an instance without retains retains nothing": exclusion_twin(
 			{"catalog_unset": ["instances/analyse-eu-b/retains", "instances/analyse-us/retains"]},
 			"RETENTION_UNSUPPORTED",
@@ -325,7 +325,7 @@ campaigns := ["campaign-eu", "campaign-us"]
 minor_cases := {
 	"an adult's record may go to marketing": {
 		"given": {"set": {"step": "campaign", "sender": "entry-us", "record": {"subject": "bob", "subject_age": 30}}},
-		"destination": "campaign-us",
+		"destinations": [["campaign-us"], ["campaign-eu"]],
 		"twins": {"a minor's record may not": exclusion_twin(
 			set_record({"subject": "bob", "subject_age": 17}),
 			"MINOR_TO_MARKETING",
@@ -335,7 +335,7 @@ minor_cases := {
 	},
 	"18 is of age": {
 		"given": {"set": {"step": "campaign", "record": {"subject_age": 18}}},
-		"destination": "campaign-eu",
+		"destinations": [["campaign-eu"], ["campaign-us"]],
 		"twins": {"just under 18": exclusion_twin(
 			set_record({"subject_age": 17.9}),
 			"MINOR_TO_MARKETING",
@@ -345,7 +345,7 @@ minor_cases := {
 	},
 	"a subject_age that is not a number is not read": {
 		"given": {"set": {"step": "campaign", "record": {"subject_age": "12"}}},
-		"destination": "campaign-eu",
+		"destinations": [["campaign-eu"], ["campaign-us"]],
 		"twins": {"the same age as a number": exclusion_twin(
 			set_record({"subject_age": 12}),
 			"MINOR_TO_MARKETING",
@@ -355,7 +355,7 @@ minor_cases := {
 	},
 	"a minor's record goes to the replica without marketing": {
 		"given": {"set": {"step": "notify", "sender": "entry-us", "record": {"subject_age": 12}}},
-		"destination": "notify-eu",
+		"destinations": [["notify-eu"]],
 		"twins": {"that replica takes up marketing": exclusion_twin(
 			set_instance("notify-eu", {"purposes": ["support", "marketing"]}),
 			"MINOR_TO_MARKETING",
@@ -365,7 +365,7 @@ minor_cases := {
 	},
 	"a minor's record to instances without marketing": {
 		"given": set_record({"subject_age": 9}),
-		"destination": "analyse-eu-a",
+		"destinations": [["analyse-eu-a", "analyse-eu-b"], ["analyse-us"]],
 		"twins": {"the analysers take up marketing": exclusion_twin(
 			{"catalog_set": {"instances": {id: {"purposes": ["marketing"]} | some id in analysers}}},
 			"MINOR_TO_MARKETING",
@@ -384,7 +384,7 @@ test_quarantine_denied if denied_failures(quarantine_cases) == {}
 quarantine_cases := {
 	"the quarantined preferred replica is skipped": {
 		"given": {"set": {"step": "archive", "sender": "entry-us", "labels": {"classification": "secret"}}},
-		"destination": "archive-eu",
+		"destinations": [["archive-eu"]],
 		"twins": {"without the other replica": exclusion_twin(
 			{"catalog_unset": ["instances/archive-eu"]},
 			"INSTANCE_QUARANTINED",
@@ -398,7 +398,7 @@ quarantine_cases := {
 			"catalog_set": {"instances": {"archive-us": {"quarantined": ["no"]}}},
 			"catalog_unset": ["instances/archive-eu"],
 		},
-		"destination": "archive-us",
+		"destinations": [["archive-us"]],
 		"twins": {"quarantined \"yes\" as a string: not even a public record": exclusion_twin(
 			set_instance("archive-us", {"quarantined": "yes"}),
 			"INSTANCE_QUARANTINED",
@@ -408,7 +408,7 @@ quarantine_cases := {
 	},
 	"an instance without the attribute receives": {
 		"given": {"set": {"step": "analyse"}},
-		"destination": "analyse-eu-a",
+		"destinations": [["analyse-eu-a", "analyse-eu-b"], ["analyse-us"]],
 		"twins": {"every analyser quarantined": exclusion_twin(
 			{"catalog_set": {"instances": {id: {"quarantined": ["yes"]} | some id in analysers}}},
 			"INSTANCE_QUARANTINED",
@@ -430,7 +430,7 @@ multiple_reasons_cases := {"a secret long-kept record to archive": {
 		"sender": "entry-us",
 		"labels": {"classification": "secret", "retention": "long"},
 	}},
-	"destination": "archive-eu",
+	"destinations": [["archive-eu"]],
 	"twins": {
 		"kept short instead": {
 			"change": set_label("retention", "short"),
@@ -461,7 +461,7 @@ test_labels_denied if denied_failures(label_cases) == {}
 label_cases := {
 	"well-labelled record": {
 		"given": set_label("retention", "standard"),
-		"destination": "analyse-eu-a",
+		"destinations": [["analyse-eu-a", "analyse-eu-b"], ["analyse-us"]],
 		"twins": {
 			"classification absent": label_twin({"unset": ["labels/classification"]}, "LABEL_MISSING", "x-data-classification"),
 			"classification empty": label_twin(set_label("classification", ""), "LABEL_MISSING", "label \"classification\""),
@@ -503,7 +503,7 @@ label_cases := {
 	},
 	"the same classification repeated is one": {
 		"given": set_label("classification", "internal, internal"),
-		"destination": "analyse-eu-a",
+		"destinations": [["analyse-eu-a", "analyse-eu-b"], ["analyse-us"]],
 		"twins": {"two classifications": label_twin(
 			set_label("classification", "internal,secret"),
 			"LABELS_CONTRADICTORY",
@@ -512,7 +512,7 @@ label_cases := {
 	},
 	"a label outside the schema is ignored": {
 		"given": {"set": {"labels": {"region": "XX", "category": "health"}}},
-		"destination": "analyse-eu-a",
+		"destinations": [["analyse-eu-a", "analyse-eu-b"], ["analyse-us"]],
 		"twins": {"the schema's label is still required": label_twin(
 			{"unset": ["labels/classification"]},
 			"LABEL_MISSING",
@@ -530,7 +530,7 @@ test_record_denied if denied_failures(record_cases) == {}
 record_cases := {
 	"record is an object": {
 		"given": {},
-		"destination": "analyse-eu-a",
+		"destinations": [["analyse-eu-a", "analyse-eu-b"], ["analyse-us"]],
 		"twins": {
 			"record absent": label_twin({"unset": ["record"]}, "RECORD_MALFORMED", "got nothing"),
 			"record is a string": label_twin(set_record("alice"), "RECORD_MALFORMED", "got string"),
@@ -540,7 +540,7 @@ record_cases := {
 	},
 	"an empty object is a record": {
 		"given": {"unset": ["record/subject"]},
-		"destination": "analyse-eu-a",
+		"destinations": [["analyse-eu-a", "analyse-eu-b"], ["analyse-us"]],
 		"twins": {"an empty string is not": label_twin(set_record(""), "RECORD_MALFORMED", "got string")},
 	},
 }
@@ -554,7 +554,7 @@ test_sender_step_denied if denied_failures(sender_step_cases) == {}
 sender_step_cases := {
 	"a gateway sends to a known step": {
 		"given": {},
-		"destination": "analyse-eu-a",
+		"destinations": [["analyse-eu-a", "analyse-eu-b"], ["analyse-us"]],
 		"twins": {
 			"sender unknown": label_twin({"set": {"sender": "nobody"}}, "SENDER_UNKNOWN", "sender \"nobody\""),
 			"sender absent": label_twin({"unset": ["sender"]}, "SENDER_UNKNOWN", "sender nothing"),
@@ -576,7 +576,7 @@ sender_step_cases := {
 	},
 	"an instance sends (its region is preferred)": {
 		"given": {"set": {"sender": "ingest-us"}},
-		"destination": "analyse-us",
+		"destinations": [["analyse-us"], ["analyse-eu-a", "analyse-eu-b"]],
 		"twins": {"the instance is not in the catalog": label_twin(
 			{"catalog_unset": ["instances/ingest-us"]},
 			"SENDER_UNKNOWN",
@@ -589,7 +589,7 @@ sender_step_cases := {
 
 test_catalog_absent_allowed if {
 	decision := compliance.decision with input as base_input with data.complyroute.index as indexing.index(fixture_catalog)
-	decision.destination == "analyse-eu-a"
+	decision.destinations == [["analyse-eu-a", "analyse-eu-b"], ["analyse-us"]]
 }
 
 test_catalog_absent_denied if {
@@ -633,7 +633,7 @@ canonical_extended(labels) := [result |
 ]
 
 test_schema_label_allowed if {
-	decide_extended({"classification": "internal", "handling": "no-print, no-copy"})[0].destination == "analyse-eu-a"
+	decide_extended({"classification": "internal", "handling": "no-print, no-copy"})[0].destinations == [["analyse-eu-a", "analyse-eu-b"], ["analyse-us"]]
 	canonical_extended({"classification": "internal", "handling": "no-print,no-copy,no-copy"}) == [{
 		"classification": "internal",
 		"handling": "no-copy,no-print",
