@@ -11,6 +11,7 @@ import pytest
 from complyroute import __main__ as cli
 from complyroute.authoring import policydiff
 from complyroute.policy import policyfiles
+from complyroute.proxy.contract import set_tiers
 from complyroute.topology import manifest
 
 # The walkthrough: 5 deciding listeners (the entry and four sidecars), 16 regions, 3 categories,
@@ -80,31 +81,35 @@ def test_us_adequacy_moves_eu_records_to_us_instances_allowed(us_adequacy_diff):
     result = us_adequacy_diff
     assert result["listeners"] == 5 and result["compared"] == SPACE
     # Each group is every value of a set for each label (a box), none twice.
-    assert sum(c["labellings"] for c in result["changes"]) == len(labellings(result)) == result["changed"] == 1128
+    assert sum(c["labellings"] for c in result["changes"]) == len(labellings(result)) == result["changed"] == 1256
     for change in result["changes"]:
         before, after = change["before"], change["after"]
         assert change["values"]["region"] == GDPR_REGIONS and set(change["values"]["category"]) <= {"personal", "health"}
-        if after["allowed"]:  # a move, to a US instance from its EU twin
-            assert before["allowed"] and after["destination"] == before["destination"].replace("-eu", "-us")
+        if after["allowed"]:  # the US twin joins the EU instance's set
+            us_twin = before["destination"].replace("-eu", "-us")
+            assert before["allowed"] and set_tiers(after["destination"]) in ([[us_twin], [before["destination"]]],
+                                                                             [[before["destination"]], [us_twin]])
             assert change["labels"]["consent"] == "with care" and len(change["values"]["consent"]) == 32
         else:  # a denial that no longer counts the US as a residency violation
             assert not before["allowed"] and after["reasons"] == [r for r in before["reasons"] if r[1] != "RESIDENCY_VIOLATION"]
             assert change["labels"]["consent"] == "without care" and len(change["values"]["consent"]) == 31
     moves = {(c["point"], category, c["before"].get("destination"), c["after"].get("destination"))
              for c in result["changes"] for category in c["values"]["category"]}
-    assert ("entry", "personal", "ingest-eu", "ingest-us") in moves and ("entry", "health", "ingest-eu", "ingest-us") in moves
-    assert ("sidecar-ingest-us", "personal", "analyse-eu", "analyse-us") in moves
-    # analyse-us holds no health-data certification; an EU sender prefers its EU twin.
-    assert ("sidecar-ingest-us", "health", "analyse-eu", "analyse-us") not in moves
-    assert not any(point == "sidecar-ingest-eu" and after for point, _, _, after in moves)
+    # A US sender (the gateway, ingest-us) prefers the US instance; an EU sender keeps its EU
+    # instance first, the US one after it.
+    assert ("entry", "personal", "ingest-eu", "ingest-us|ingest-eu") in moves and ("entry", "health", "ingest-eu", "ingest-us|ingest-eu") in moves
+    assert ("sidecar-ingest-us", "personal", "analyse-eu", "analyse-us|analyse-eu") in moves
+    assert ("sidecar-ingest-eu", "personal", "analyse-eu", "analyse-eu|analyse-us") in moves
+    # analyse-us holds no health-data certification: no health record's set gains it.
+    assert not any(point.startswith("sidecar") and category == "health" and after for point, category, _, after in moves)
 
     text = io.StringIO()
     policydiff.report(result, "HEAD", out=text)
     lines = text.getvalue().splitlines()
-    assert lines[0] == f"policy-diff HEAD -> policies/: {SPACE} decisions compared at 5 deciding listeners, 1128 would change"
+    assert lines[0] == f"policy-diff HEAD -> policies/: {SPACE} decisions compared at 5 deciding listeners, 1256 would change"
     assert "  entry, listener entry (gateway -> ingest):" in lines
-    assert ("    category health,personal, consent with care, region EU,IS,LI,NO (256 labellings): allowed to ingest-eu -> allowed to ingest-us"
-            in lines)
+    assert ("    category health,personal, consent with care, region EU,IS,LI,NO (256 labellings): allowed to ingest-eu -> allowed to "
+            "ingest-us|ingest-eu" in lines)
     assert ("    category health,personal, consent without care, region EU,IS,LI,NO (248 labellings): 451 NO_COMPLIANT_INSTANCE "
             "(ingest-eu: PURPOSE_NOT_CONSENTED; ingest-us: PURPOSE_NOT_CONSENTED, RESIDENCY_VIOLATION) -> 451 PURPOSE_NOT_CONSENTED"
             in lines)
@@ -157,8 +162,9 @@ def test_the_command_answers_json_for_tools(capsys, monkeypatch, us_adequacy_dif
 
 def test_a_second_rule_set_s_change_is_named_by_its_own_labels_allowed(tmp_path):
     # rule-sets/classification with confidential and secret swapped in rank: analyse-eu (cleared
-    # confidential) may now take secret records, so ingest-eu's sidecar sends them to its EU
-    # twin instead of analyse-us; confidential records now outrank what store-eu is cleared for.
+    # confidential) may now take secret records, so its EU twin joins analyse-us in ingest-eu's
+    # set for them (first: ingest-eu is in the EU); confidential records now outrank what
+    # store-eu is cleared for, and analyse-us's (secret) clearance no longer covers them.
     topology = manifest.load(str(manifest.REPO / "topologies" / "examples" / "classification.yaml"))
     changed = tmp_path / "classification"
     shutil.copytree(policyfiles.source_of("classification"), changed)
@@ -169,7 +175,8 @@ def test_a_second_rule_set_s_change_is_named_by_its_own_labels_allowed(tmp_path)
     result = policydiff.compare(topology, policyfiles.rule_set("classification"), policyfiles.rule_set(changed))
     moves = {(c["point"], c["labels"]["classification"], c["before"].get("destination"), c["after"].get("destination"))
              for c in result["changes"]}
-    assert ("sidecar-ingest-eu", "secret", "analyse-us", "analyse-eu") in moves
+    assert ("sidecar-ingest-eu", "secret", "analyse-us", "analyse-eu|analyse-us") in moves
+    assert ("sidecar-ingest-eu", "confidential", "analyse-eu|analyse-us", "analyse-eu") in moves
     assert ("sidecar-analyse-eu", "confidential", "store-eu", None) in moves
     assert {c["labels"]["classification"] for c in result["changes"]} == {"secret", "confidential"}
     assert set(result["changes"][0]["labels"]) == {"classification", "retention"}
