@@ -11,6 +11,7 @@ from complyroute.topology.plan import DecidingListener, ForwardingListener, Plan
 
 def place(topology, net) -> Plan:
     points = [deciding_entry(topology, net, "entry", reach=net.ingress)]
+    points[0].destinations_behind_ingress = True
     services = []
     for instance in topology.instances:
         sidecar = net.point(f"sidecar-{instance.id}", instance.node, instance.index, "sidecar", group=instance.id)
@@ -23,6 +24,7 @@ def place(topology, net) -> Plan:
             # The sidecar pins the next step: a service cannot send its record to another step.
             sidecar.deciding.append(DecidingListener("egress", egress, sender=instance.id, step=next_step))
             sidecar.destinations = {c.id: net.ingress(c) for c in candidates}
+            sidecar.destinations_behind_ingress = True
             sidecar.catalog = catalog(topology, [instance, *candidates])
         else:
             sidecar.catalog = catalog(topology, [instance])

@@ -32,9 +32,8 @@ from complyroute.proxy.clusters import cluster, set_cluster, socket
 from complyroute.proxy.contract import (DIGEST_HEADER, LABEL_TOKEN_HEADER, MAX_LABEL_BYTES, MAX_LABEL_VALUES, MAX_RECORD_BYTES,
                                         RECORD_ID_HEADER, RECORD_PATH, ROUTING_HEADER, hop_timeout_of,
                                         receive_timeouts)
-from complyroute.proxy.replies import OVER_BOUND_HEADER, local_replies
-from complyroute.proxy.routes import (EXT_AUTHZ_PER_ROUTE, RETRY_UNSENT, decision_route, record_route, refusal_route,
-                                      refusal_routes)
+from complyroute.proxy.replies import OVER_BOUND_HEADER, UNDELIVERED_HEADER, local_replies
+from complyroute.proxy.routes import EXT_AUTHZ_PER_ROUTE, decision_route, record_route, refusal_route, refusal_routes, retry_unsent
 from complyroute.proxy.tls import filter_chain
 from complyroute.topology.plan import READY_PATH, DecidingListener, EnforcementPoint, ForwardingListener
 from complyroute.trust.identity import TOKEN_ISSUER, PointTrust
@@ -159,7 +158,7 @@ def _label_token_check(trust: PointTrust, listener: str, labels: tuple[Label, ..
 
 
 def _deciding_listener(listener: DecidingListener, settings: dict, matcher: dict | None, point: str, trust: PointTrust | None,
-                       labels: tuple[Label, ...]) -> dict:
+                       labels: tuple[Label, ...], behind_ingress: bool = False) -> dict:
     if not labels:
         raise ValueError(f"point {point}: a deciding listener needs the rule set's labels (complyroute/policy/labels.py)")
     decision_timeout = settings.get("decision_timeout", "2s")
@@ -214,7 +213,9 @@ def _deciding_listener(listener: DecidingListener, settings: dict, matcher: dict
                 ("x-complyroute-decided-by", point),
             ]
         ] + ([RECORD_ID_FROM_TOKEN] if tokens and not listener.from_client else []),
-        "retry_policy": RETRY_UNSENT,
+        "retry_policy": retry_unsent(behind_ingress),
+        # Only an ingress's own reply says the record was not delivered; nobody after this point reads it.
+        "response_headers_to_remove": [UNDELIVERED_HEADER],
     }
     if matcher is None:
         virtual_host["routes"] = [decision_route(hop_timeout_of(settings)), *refusal_routes(deciding=True)]
@@ -239,7 +240,9 @@ WHOLE_RECORD = {
 
 def _forwarding_listener(listener: ForwardingListener, settings: dict, trust: PointTrust | None = None) -> dict:
     forward = record_route({"route": {"cluster": f"upstream-{listener.name}", "timeout": hop_timeout_of(settings)}})
-    virtual_host = {"name": listener.name, "domains": ["*"], "routes": [forward, *refusal_routes(deciding=False)]}
+    virtual_host = {"name": listener.name, "domains": ["*"], "routes": [forward, *refusal_routes(deciding=False)],
+                    # The service cannot claim its record undelivered: only this listener's own reply can.
+                    "response_headers_to_remove": [UNDELIVERED_HEADER]}
     return {
         "name": listener.name,
         "address": socket(listener.endpoint),
@@ -283,7 +286,8 @@ def envoy_config(point: EnforcementPoint, engine: dict, matchers: dict[str, dict
     clusters += [cluster(instance, endpoint, trust=trust) for instance, endpoint in sorted(point.destinations.items())]
     clusters += [set_cluster(name, point, trust) for name in sorted(set_clusters)]
     clusters += [cluster(f"upstream-{f.name}", f.upstream, trust=trust) for f in point.forwarding]
-    listeners = [_deciding_listener(d, engine, (matchers or {}).get(d.name), point.name, trust, labels) for d in point.deciding]
+    listeners = [_deciding_listener(d, engine, (matchers or {}).get(d.name), point.name, trust, labels, point.destinations_behind_ingress)
+                 for d in point.deciding]
     listeners += [_forwarding_listener(f, engine, trust) for f in point.forwarding]
     listeners.append(_ready_listener(point, engine))
     return {

@@ -50,11 +50,22 @@ REFUSALS = {
 # instance of the compliant set ejected) or the last connection attempt failed (UF, after the
 # retries inside the set, routes.RETRY_UNSENT).
 REACHED_NO_INSTANCE = {"response_flag_filter": {"flags": ["UH", "UF"]}}
-# A deciding listener's hop goes to the compliant set the decision gives (proxy/envoy.py
-# _set_cluster), and to nothing else: when none of its instances can be reached, this says so.
+# A deciding listener's hop goes to the compliant set the decision gives (clusters.py
+# set_cluster), and to nothing else: when none of its instances can be reached, this says so.
 SET_DOWN = [
     _json_reply(REACHED_NO_INSTANCE, "COMPLIANT_INSTANCES_DOWN",
                 "no instance the rules allow could be reached (%RESPONSE_CODE_DETAILS%); the record went to no instance"),
+]
+# A forwarding listener (a sidecar's ingress) that could not reach its own service says so in
+# this header, so that the deciding point before it sends the record to another instance of the
+# set (routes.retry_unsent); the ingress removes it from its service's answers, and the deciding
+# point from what it answers, so only an ingress's own reply carries it.
+UNDELIVERED_HEADER = "x-complyroute-undelivered"
+INGRESS_DOWN = [
+    {**_json_reply(REACHED_NO_INSTANCE, "COMPLIANT_INSTANCES_DOWN",
+                   "no instance the rules allow could be reached (%RESPONSE_CODE_DETAILS% at the instance's own enforcement point, "
+                   "after any other instance of the set); the record went to no instance"),
+     "headers_to_add": [{"header": {"key": UNDELIVERED_HEADER, "value": "1"}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}]},
 ]
 
 # Every answer Envoy or the plugin makes on its own is {code, message, request_id} JSON, like
@@ -63,8 +74,11 @@ SET_DOWN = [
 # 451) carry OPA's body and keep it: a mapper's first match wins, so they are matched first.
 def local_replies(deciding: bool) -> dict:
     """The local reply mappers of a listener: a deciding one's tell a compliant set that is down
-    (SET_DOWN) from any other failure to deliver; a forwarding one's sends to its own service only."""
-    return {"mappers": [mapper for mapper in LOCAL_REPLIES["mappers"] if deciding or mapper not in SET_DOWN]}
+    (SET_DOWN) from any other failure to deliver; a forwarding one's, which sends to its own
+    service only, tell that service's being down to the deciding point before it (INGRESS_DOWN)."""
+    mappers = LOCAL_REPLIES["mappers"]
+    where = mappers.index(SET_DOWN[0])
+    return {"mappers": mappers if deciding else [*mappers[:where], *INGRESS_DOWN, *mappers[where + 1:]]}
 
 
 LOCAL_REPLIES = {

@@ -8,6 +8,7 @@ import copy
 import json
 
 from complyroute.proxy.contract import RECORD_PATH, REVISION_HEADER, ROUTING_HEADER
+from complyroute.proxy.replies import UNDELIVERED_HEADER
 
 EXT_AUTHZ_PER_ROUTE = "type.googleapis.com/envoy.extensions.filters.http.ext_authz.v3.ExtAuthzPerRoute"
 EXT_AUTHZ_DISABLED = {"envoy.filters.http.ext_authz": {"@type": EXT_AUTHZ_PER_ROUTE, "disabled": True}}
@@ -58,13 +59,25 @@ def record_route(route: dict) -> dict:
 # against a duplicate), and an answer, whatever its status, is the instance's.
 RETRY_UNSENT = {
     "retry_on": "connect-failure,refused-stream,reset-before-request",
-    "num_retries": 2,
+    "num_retries": 3,
     "retry_host_predicate": [{
         "name": "envoy.retry_host_predicates.previous_hosts",
         "typed_config": {"@type": "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"},
     }],
-    "host_selection_retry_max_attempts": 3,
+    "host_selection_retry_max_attempts": 4,
+    # At once: the record waits for nothing but another instance (Envoy's default waits 25 ms).
+    "retry_back_off": {"base_interval": "0.001s", "max_interval": "0.005s"},
 }
+
+
+def retry_unsent(behind_ingress: bool) -> dict:
+    """RETRY_UNSENT, and where the instances are reached through their sidecars' ingresses, also
+    an answer of an ingress that could not deliver to its own service (replies.UNDELIVERED_HEADER):
+    the record reached the sidecar, not the service."""
+    if not behind_ingress:
+        return RETRY_UNSENT
+    return {**RETRY_UNSENT, "retry_on": RETRY_UNSENT["retry_on"] + ",retriable-headers",
+            "retriable_headers": [{"name": UNDELIVERED_HEADER, "present_match": True}]}
 
 
 def decision_route(hop_timeout: str) -> dict:

@@ -105,6 +105,11 @@ class EnforcementPoint:
     deciding: list[DecidingListener] = field(default_factory=list)
     forwarding: list[ForwardingListener] = field(default_factory=list)
     destinations: dict[str, Endpoint] = field(default_factory=dict)  # instance id -> where it is reached
+    # The destinations are reached through other points' forwarding listeners (a sidecar's ingress),
+    # not at the services themselves: such a listener tells a record it could not deliver to its
+    # own service (proxy/replies.py UNDELIVERED_HEADER), so this point sends it to another
+    # instance of the set; a service itself could claim as much, so no other point believes it.
+    destinations_behind_ingress: bool = False
     catalog: dict = field(default_factory=dict)  # the catalog slice it decides with (its OPA loads it indexed: policydata)
 
     def __post_init__(self):
