@@ -26,6 +26,10 @@ DECISION_LOGS = ("off", "file")
 GENERATED_PURPOSES = ("billing", "analytics", "care")
 # A service's `attributes`: names a rule set reads, besides the catalog's own fields.
 ATTRIBUTE_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
+# An instance's id: a DNS label, since it names the instance's Kubernetes objects, SPIFFE
+# identity and audit log, and the compliant sets the routing header names (proxy/contract.py:
+# ids joined with "," and tiers with "|", which an id therefore cannot hold).
+INSTANCE_ID = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 CATALOG_FIELDS = frozenset({"id", "step", "region", "node", "certifications", "purposes"})
 GENERATED_CERTIFICATIONS = ("health-data",)
 # The most instances one service entry's `replicas` may make: the largest deployment the
@@ -337,6 +341,9 @@ def expand(raw: dict, source: Path, services: int | list | None = None) -> Topol
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                 raise fail(f"{where}.attributes.{name}", "must be a list of strings")
         for replica, instance_id in enumerate(replica_ids(entry["id"], replicas), start=1):
+            if not INSTANCE_ID.fullmatch(instance_id):
+                raise fail(f"{where}.id", f"'{instance_id}' is not an instance id: lowercase letters, digits and '-' (a DNS label, "
+                                          "at most 63 characters, replicas' '-N' included), starting and ending with a letter or digit")
             if instance_id in named_by:
                 field_name = "id" if replicas == 1 else "replicas"
                 raise fail(f"{where}.{field_name}", f"'{instance_id}' is used twice: {named_by[instance_id]} is '{instance_id}' too")
