@@ -149,13 +149,14 @@ def cmd_soak(args) -> int:
     given = {name: value for name, value in {
         "topologies": args.topologies and [matrix.topology_name(t) for t in args.topologies], "engine": args.engine, "services": args.services,
         "rate": args.rate, "duration": args.duration, "warmup": args.warmup, "fault_every": args.fault_every, "pause_s": args.pause,
-        "seed": args.seed, "user_rate": args.user_rate}.items() if value is not None}
+        "seed": args.seed, "user_rate": args.user_rate, "replicas": args.replicas, "fault_kinds": args.fault_kinds,
+        "fault_parts": args.fault_parts}.items() if value is not None}
     if args.user_rate is not None and not 1 <= args.user_rate <= (args.rate or soak.Parameters.rate):
         print(f"error: --user-rate {args.user_rate:g} must be at least 1 and at most the offered rate", file=sys.stderr)
         return 2
-    parameters = soak.Parameters(**{**(soak.QUICK if args.quick else {}), **given}, restart=not args.no_restart)
     try:
-        _, summaries = soak.run(parameters, args.results)
+        parameters = soak.Parameters(**{**(soak.QUICK if args.quick else {}), **given}, restart=not args.no_restart)
+        _, summaries = soak.run(parameters, args.results, run_id=args.run_id)
     except soak.SoakError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -176,7 +177,8 @@ def cmd_capacity(args) -> int:
     given = {name: value for name, value in {
         "topologies": args.topologies, "engines": args.engines, "services": args.services, "start_rate": args.start_rate,
         "max_rate": args.max_rate, "step_seconds": args.step_seconds, "step_warmup": args.step_warmup,
-        "p99_bound_ms": args.p99_bound_ms, "max_steps": args.max_steps, "prime": False if args.no_prime else None}.items()
+        "p99_bound_ms": args.p99_bound_ms, "max_steps": args.max_steps, "prime": False if args.no_prime else None,
+        "replicas": args.replicas, "work_iterations": args.work_iterations}.items()
         if value is not None}
     parameters = capacity.Parameters(**given)  # a ParameterError: one line and exit 2, in main
     if args.run_id and (args.results / args.run_id).exists():
@@ -290,6 +292,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m experiments") -> 
                       help="each Locust user's held rate (default 10): users = rate / user rate. The soak's loop is closed, "
                            "so a user waits for its answer; lower this when RTTs near 1/user rate, or the offered rate is not kept")
     soak.add_argument("--no-restart", action="store_true", help="deploy without restarts: a killed part stays down")
+    soak.add_argument("--replicas", type=int, metavar="N", help="instances of every step, alike: each hop's compliant set (default 1)")
+    soak.add_argument("--fault-kinds", nargs="+", metavar="KIND", help="faults in turn: kill, pause, reload (default kill pause kill reload)")
+    soak.add_argument("--fault-parts", nargs="+", metavar="KIND",
+                      help="kinds of part the kills and pauses hit, in turn: service, envoy, router, opa (default all four)")
+    soak.add_argument("--run-id", help="name of the run folder under the results; an existing one gains these topologies "
+                                       "(one folder per topology, engine and replicas) and its report all of them")
     soak.add_argument("--quick", action="store_true", help="dynamic-router-3 only, 20 req/s, 16 s: about 40 s")
     soak.add_argument("--target", choices=runtime_targets.TARGETS, default=runtime_targets.DEFAULT,
                       help="local only (the default): faults by pid and the audit of the run folder need processes of this machine")
@@ -315,6 +323,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m experiments") -> 
     capacity.add_argument("--no-prime", action="store_true",
                           help="no priming load: by default a search first runs one step's load at half the start rate, not judged, "
                                "so a fresh deployment's slow first seconds do not fail its first step")
+    capacity.add_argument("--replicas", type=int, metavar="N", help="instances of every step, alike: each hop's compliant set (default 1)")
+    capacity.add_argument("--work-iterations", type=int, metavar="N",
+                          help="SHA-256 rounds each service spends on a record (default: the manifest's workload, 100)")
     capacity.add_argument("--run-id", help="name of the new run (default capacity-<date>-<time>)")
     capacity.add_argument("--report", metavar="RUN", help="only rebuild the report of this capacity run (a run id or folder)")
     add_target_options(capacity)

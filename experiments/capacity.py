@@ -21,6 +21,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
+from complyroute.topology import manifest
+
 from . import matrix
 from .matrix import BASELINE, ENGINES, MAX_ERROR_RATE, MIN_ACHIEVED_SHARE, P99_BOUND_MS, ParameterError
 
@@ -35,6 +37,7 @@ HALVINGS = 3  # a first step that fails: halve the rate at most this often to fi
 MAX_STEPS = 16  # steps of one search at most, whatever the step function does
 ENFORCING = matrix.ENFORCING
 STEPS_CSV = "steps.csv"
+MAX_WORK_ITERATIONS = 1_000_000  # what a service takes (services/config.js MAX_WORK_ITERATIONS)
 STEP_COLUMNS = ("topology", "engine", "services", "step", "offered_rate", "scheduled", "sent", "achieved_rate", "achieved_share",
                 "errors", "missed", "loss_share", "p50_ms", "p95_ms", "p99_ms", "held", "why_not", "cpu_machine", "cpu_locust",
                 "cpu_deployment", "started_at")
@@ -169,6 +172,8 @@ class Parameters:
     mix: str = "allowed"
     max_in_flight: int = matrix.DEFAULT_MAX_IN_FLIGHT
     late_tolerance_ms: float = matrix.DEFAULT_LATE_TOLERANCE_MS
+    replicas: int = 1  # instances of every step, alike (experiments/sets.py): what two compliant replicas hold against one
+    work_iterations: int | None = None  # the services' work per record (None: the manifest's workload)
 
     def __post_init__(self):
         names = [matrix.topology_name(t) for t in self.topologies]
@@ -191,6 +196,10 @@ class Parameters:
             raise ParameterError(f"--p99-bound-ms must be above 0, got {self.p99_bound_ms:g}")
         if self.max_steps < 1:
             raise ParameterError(f"--max-steps must be >= 1, got {self.max_steps}")
+        if not 1 <= self.replicas <= manifest.MAX_REPLICAS:
+            raise ParameterError(f"--replicas must be from 1 to {manifest.MAX_REPLICAS}, got {self.replicas}")
+        if self.work_iterations is not None and not 0 <= self.work_iterations <= MAX_WORK_ITERATIONS:
+            raise ParameterError(f"--work-iterations must be from 0 to {MAX_WORK_ITERATIONS}, got {self.work_iterations}")
         if not 0 < self.gap < 1:
             raise ParameterError(f"the gap must be between 0 and 1, got {self.gap:g}")
 

@@ -170,6 +170,12 @@ def priming(parameters: dict) -> str:
             "deployment's first seconds are slower whatever the rate). ")
 
 
+def deployed(parameters: dict) -> str:
+    """What the run changed of the manifests: replicas of every step, the services' work (runs recorded before: nothing)."""
+    replicas, work = parameters.get("replicas", 1), parameters.get("work_iterations")
+    return (f", {replicas} instances of every step" if replicas != 1 else "") + (f", {work} work iterations per record" if work is not None else "")
+
+
 def build(run_dir: Path) -> dict:
     """Write report/ of a capacity run; return the paths of capacity.md and capacity.html."""
     meta = json.loads((run_dir / "metadata.json").read_text())
@@ -184,7 +190,8 @@ def build(run_dir: Path) -> dict:
     blocks: list[tuple] = [("h1", title)]
     blocks.append(("p", f"The highest offered rate each topology holds, per engine and chain length: topologies "
                         f"{', '.join(case_name(t, None) for t in parameters['topologies'])} (the baseline always, the reference); engines "
-                        f"{', '.join(parameters['engines'])}; {', '.join(map(str, parameters['services']))} services. One deployment per "
+                        f"{', '.join(parameters['engines'])}; {', '.join(map(str, parameters['services']))} services"
+                        f"{deployed(parameters)}. One deployment per "
                         f"search; the rate starts at {parameters['start_rate']} req/s and doubles while steps hold, up to "
                         f"{parameters['max_rate']} req/s, then bisects between the highest rate held and the lowest that failed until "
                         f"they are within {parameters['gap']:.0%} (at most {parameters.get('max_steps', 16)} steps). {priming(parameters)}"

@@ -26,7 +26,7 @@ import pandas as pd
 from complyroute.runtime.target import DeployFailed, Target
 from complyroute.topology import manifest
 
-from . import matrix, metadata, stats
+from . import matrix, metadata, sets, stats
 from .capacity import STEP_COLUMNS, STEPS_CSV, Parameters, capacity_text, judge, search, search_key
 from .loader import SETTLE_S, CellFailed, Loader, compress
 from .matrix import MAX_ERROR_RATE, MIN_ACHIEVED_SHARE, PRIME_SHARE, ParameterError, case_name
@@ -62,6 +62,11 @@ class CapacityRunner(Loader):
             "searches": [], "outcome": "running"})
         with self.steps_csv.open("w", newline="") as file:
             csv.writer(file).writerow(STEP_COLUMNS)
+
+    def manifest_of(self, cell: matrix.Cell) -> manifest.Topology:
+        """The cell's manifest with the run's replicas of every step and its services' work."""
+        return sets.load_manifest(cell.topology, cell.services, cell.engine, self.capacity.replicas, self.capacity.work_iterations,
+                                  overrides={"policy": self.parameters.policy})
 
     def update_metadata(self, **changes) -> None:
         path = self.run_dir / "metadata.json"

@@ -166,7 +166,7 @@ class Loader:
         unless another deployment is there (TargetBusy: the run stops); it returns once every part
         is healthy and the entry is reached. One record through the whole chain then shows the
         chain works before it is loaded."""
-        topology = manifest.load(cell.topology, services=cell.services, engine=cell.engine, overrides={"policy": self.parameters.policy})
+        topology = self.manifest_of(cell)
         self.target.check_free(topology)
         state = self.target.deploy(topology, log)
         state |= self.target.reach(topology, chain_probe(cell.services), log)
@@ -179,6 +179,10 @@ class Loader:
         if hops != cell.services:
             raise CellFailed(f"the check record did not go through the {cell.services} services: {answer.summary()}")
         return state
+
+    def manifest_of(self, cell: Cell) -> manifest.Topology:
+        """The manifest a cell deploys: its topology at its chain length under its engine."""
+        return manifest.load(cell.topology, services=cell.services, engine=cell.engine, overrides={"policy": self.parameters.policy})
 
     def load_of(self, cell: Cell) -> dict:
         """What generated a cell's load, as its cell.json records it: the loop and its settings."""

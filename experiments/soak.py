@@ -22,6 +22,10 @@ What it reports per topology (summary.json and report.md in results/soak-<time>/
   to the next fault (the schedule's interval less MTTR), A = MTTF / (MTTF + MTTR); beside it
   the share of requests of the measured window that were answered as they should be.
 - the audit verdict: forbidden receptions and receptions without a decision must be 0.
+- with `replicas` (every step's instance made N alike: a compliant set of N per hop), each
+  step's balance over its instances and what each kill of a service instance lost, told apart
+  (experiments/sets.py): the records inside the killed instance or on their way into it when it
+  died, which nothing may retry, and any beyond them, which a replica that was up should have taken.
 
 ICSOC 2020's reliability comparison of these topologies found that decentralised routing
 loses more requests at equal crash probability. Here every topology gets the same schedule
@@ -56,10 +60,12 @@ from .loader import LOCUSTFILE, STOP_TIMEOUT_S
 from .matrix import BASELINE, DEFAULT_USER_RATE, PAPER_NAMES
 from .matrix import ENFORCING as TOPOLOGIES
 from .mixes import ALLOWED_LABELS, BODY
+from . import metadata, sets
 from .runner import RESULTS
 from .targets import where_text
 
 DECENTRALISED = ("dynamic-router-3", "dynamic-router-6", "sidecar")
+PART_KINDS = ("service", "envoy", "router", "opa")
 FAILURES = ("kill", "pause")  # what counts towards MTTF and MTTR; a reload is no failure
 
 
@@ -81,6 +87,17 @@ class Parameters:
     mix: str = "allowed"
     user_rate: float = DEFAULT_USER_RATE
     restart: bool = True  # False: faults on an unsupervised deployment (a killed part stays down)
+    replicas: int = 1  # instances of every step, alike (sets.load_manifest): the compliant set of each hop
+    fault_kinds: list[str] = field(default_factory=lambda: ["kill", "pause", "kill", "reload"])  # in turn
+    fault_parts: list[str] = field(default_factory=lambda: ["service", "envoy", "router", "opa"])  # kinds of part hit, in turn
+
+    def __post_init__(self):
+        if not 1 <= self.replicas <= manifest.MAX_REPLICAS:
+            raise SoakError(f"--replicas must be from 1 to {manifest.MAX_REPLICAS}, got {self.replicas}")
+        if not self.fault_kinds or set(self.fault_kinds) - set(faults.KINDS):
+            raise SoakError(f"--fault-kinds {' '.join(self.fault_kinds)}: give one or more of {' '.join(faults.KINDS)}")
+        if not self.fault_parts or set(self.fault_parts) - set(PART_KINDS):
+            raise SoakError(f"--fault-parts {' '.join(self.fault_parts)}: give one or more of {' '.join(PART_KINDS)}")
 
     @property
     def users(self) -> int:
@@ -113,16 +130,17 @@ def run_topology(topology: str, folder: Path, parameters: Parameters, out=sys.st
     if deployment.running():
         raise SoakError("another deployment is running: `make undeploy` it first")
     locust = None
+    load_at_start = [round(load, 2) for load in os.getloadavg()]  # the machine is shared: what else ran is part of the figures
     with (folder / "deploy.log").open("w") as log:
         try:
-            state = deployment.deploy(manifest.load(topology, services=parameters.services, engine=parameters.engine), out=log,
-                                      restart=parameters.restart)
+            topology_manifest = sets.load_manifest(topology, parameters.services, parameters.engine, parameters.replicas)
+            state = deployment.deploy(topology_manifest, out=log, restart=parameters.restart)
             answer = send(state["entry_url"], ALLOWED_LABELS, BODY, request_id="soak-check", timeout=30)
             if answer.status != 200 or len(answer.body["path"]) != parameters.services:
                 raise SoakError(f"the check record did not go through the {parameters.services} services: {answer.summary()}")
             schedule = faults.schedule(state, parameters.warmup + parameters.duration - parameters.fault_every / 2,
                                        parameters.fault_every, start=parameters.warmup + 1, pause_s=parameters.pause_s,
-                                       seed=parameters.seed)
+                                       seed=parameters.seed, kinds=tuple(parameters.fault_kinds), part_kinds=tuple(parameters.fault_parts))
             (folder / "schedule.json").write_text(json.dumps([asdict(f) for f in schedule], indent=1))
             with (folder / "locust.log").open("w") as locust_log:
                 locust = subprocess.Popen(locust_command(state, folder, parameters), cwd=REPO, stdout=locust_log,
@@ -137,6 +155,7 @@ def run_topology(topology: str, folder: Path, parameters: Parameters, out=sys.st
             if locust.returncode != 0 or not (folder / "requests.csv").exists():
                 raise SoakError(f"Locust exited with {locust.returncode}; see {folder / 'locust.log'}")
             restarts = supervision.restarts(deployment.read_state())
+            load_at_end = [round(load, 2) for load in os.getloadavg()]
         finally:
             if locust is not None and locust.poll() is None:
                 os.killpg(locust.pid, signal.SIGKILL)
@@ -148,8 +167,10 @@ def run_topology(topology: str, folder: Path, parameters: Parameters, out=sys.st
     (folder / "audit.txt").write_text(checked.stdout + checked.stderr)
     verdict = audit.audit_run(run_dir)
     summary = analyse(folder, records, started, parameters)
+    summary.update(sets_of(folder, run_dir, records, topology_manifest))
     summary.update({
-        "topology": topology, "paper_name": PAPER_NAMES.get(topology, topology), "run_dir": str(run_dir), "parts": len(state["parts"]),
+        "topology": topology, "folder": folder.name, "load_average": {"at_start": load_at_start, "at_end": load_at_end},
+        "paper_name": PAPER_NAMES.get(topology, topology), "run_dir": str(run_dir), "parts": len(state["parts"]),
         "parts_by_kind": parts_by_kind(state),
         "restarts": {name: n for name, n in restarts.items() if n},
         "audit": {"exit_code": checked.returncode, "lines": verdict.lines, "forbidden": verdict.forbidden,
@@ -183,7 +204,23 @@ def lost_if_every_part_crashed_once(summary: dict) -> tuple[float | None, list[s
 def read_requests(path: Path) -> list[dict]:
     with path.open() as file:
         return [{"t": float(row["t_send_ms"]) / 1000, "rtt": float(row["rtt_ms"]) / 1000, "status": int(row["status"]),
-                 "expected": int(row["expected"])} for row in csv.DictReader(file)]
+                 "expected": int(row["expected"]), "request_id": row.get("request_id", ""), "code": row.get("code", "")}
+                for row in csv.DictReader(file)]
+
+
+def sets_of(folder: Path, run_dir: Path, records: list[faults.FaultRecord], topology: manifest.Topology) -> dict:
+    """Each step's balance over its instances, and the losses of every kill of a service
+    instance told apart (sets.classify_losses), from the deployment's audit lines."""
+    index = sets.audit_index(run_dir)
+    injected = sorted(records, key=lambda r: r.injected_at)
+    kills = [{"target": r.target, "injected_at": r.injected_at,
+              "until": injected[n + 1].injected_at if n + 1 < len(injected) else float("inf")}
+             for n, r in enumerate(injected) if r.kind == "kill" and r.part_kind == "service" and not r.error]
+    step_of = {i.id: i.step for i in topology.instances}
+    losses = sets.classify_losses(read_requests(folder / "requests.csv"), kills, index, topology.steps, step_of)
+    shares = sets.balance(index)
+    return {"replicas_of_step": {step: len(topology.instances_of(step)) for step in topology.steps}, "service_kills": losses,
+            "balance": shares, "balanced": sets.balanced(shares) if all(len(by) > 1 for by in shares.values()) else None}
 
 
 def locust_count(folder: Path) -> int | None:
@@ -262,27 +299,31 @@ def _mean(values) -> float | None:
 
 
 def report(summaries: list[dict], parameters: Parameters) -> str:
-    lines = [f"# Soak: {parameters.rate} req/s, {parameters.services} services, engine {parameters.engine}, "
-             f"a fault every {parameters.fault_every:g} s for {parameters.duration} s (pauses {parameters.pause_s:g} s)"
-             f"{'' if parameters.restart else ', restarts OFF'}", "", where_text(LocalTarget().describe()), "",
+    faulted = f"{'/'.join(parameters.fault_kinds)} of {'/'.join(parameters.fault_parts)}"
+    lines = [f"# Soak: {parameters.rate} req/s, {parameters.services} services, faults ({faulted}) every {parameters.fault_every:g} s "
+             f"for {parameters.duration} s (pauses {parameters.pause_s:g} s){'' if parameters.restart else ', restarts OFF'}", "",
+             "Rows: topology, engine, instances per step. " + where_text(LocalTarget().describe()), "",
              "| topology | requests | all accounted | as expected | lost before faults | faults | lost per fault | lost per kill/pause | "
              "max restart (s) | MTTR (s) | MTTF (s) | availability | answered as expected | audit |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in summaries:
         audit_text = f"{s['audit']['forbidden']} forbidden, {s['audit']['undecided']} undecided: {'clean' if s['audit']['clean'] else 'FAILED'}"
-        lines.append(f"| {s['paper_name']} | {s['requests']} | {'yes' if s['all_accounted'] else 'NO'} ({s['locust_request_count']}) | "
+        lines.append(f"| {sets.cell_name(s)} | {s['requests']} | {'yes' if s['all_accounted'] else 'NO'} ({s['locust_request_count']}) | "
                      f"{s['outcomes'].get('as expected', 0)} | {s['lost_before_first_fault']} | {len(s['faults'])} | {s['lost_per_fault']} | "
                      f"{s['lost_per_failure']} | {s['max_restart_s']} | {s['mttr_s']} | {s['mttf_s']} | {s['availability']} | "
                      f"{s['answered_as_expected_share']} | {audit_text} |")
-    lines += ["", "Outcomes other than as expected, per topology:", ""]
+    lines += ["", "Outcomes other than as expected, per topology, and the machine's load average (1, 5, 15 min) at the start and "
+              "the end of its load (the machine is shared):", ""]
     for s in summaries:
         others = {k: v for k, v in s["outcomes"].items() if k != "as expected"}
-        lines.append(f"- {s['paper_name']}: {others or 'none'}")
+        load = s.get("load_average")  # soaks recorded before it have none
+        lines.append(f"- {sets.cell_name(s)}: {others or 'none'}" + (f"; load {load['at_start']} -> {load['at_end']}" if load else ""))
     lines += ["", "Lost requests and recovery by fault and kind of part (mean per fault):", "",
               "| topology | fault | faults | lost | recovery (s) | outage (s) |", "|---|---|---|---|---|---|"]
     for s in summaries:
         for name, g in s["by_kind_and_part"].items():
-            lines.append(f"| {s['paper_name']} | {name} | {g['faults']} | {g['lost_mean']} | {g['recovery_s_mean']} | {g['outage_s_mean']} |")
+            lines.append(f"| {sets.cell_name(s)} | {name} | {g['faults']} | {g['lost_mean']} | {g['recovery_s_mean']} | {g['outage_s_mean']} |")
+    lines += sets.report_lines(summaries)
     lines += ["", "## Beside ICSOC 2020", "",
               "ICSOC 2020 compared these topologies' reliability and found that decentralised routing loses more requests "
               "at equal crash probability. Here a supervisor restarts a killed part within about a second, every topology "
@@ -295,7 +336,7 @@ def report(summaries: list[dict], parameters: Parameters) -> str:
         kills = {name.split(" ", 1)[1]: group["lost_mean"] for name, group in s["by_kind_and_part"].items() if name.startswith("kill ")}
         counts = "/".join(str(s["parts_by_kind"].get(k, 0)) for k in ("service", "envoy", "router", "opa"))
         total, missing = lost_if_every_part_crashed_once(s)
-        lines.append(f"| {s['paper_name']} | {counts} | " + " | ".join(str(kills.get(k, "-")) for k in ("service", "envoy", "router", "opa"))
+        lines.append(f"| {sets.cell_name(s)} | {counts} | " + " | ".join(str(kills.get(k, "-")) for k in ("service", "envoy", "router", "opa"))
                      + f" | {total if total is not None else 'not measured: no kill of ' + ', '.join(missing)} |")
     totals = {s["topology"]: lost_if_every_part_crashed_once(s)[0] for s in summaries}
     if totals.get("central-entity") is not None and any(totals.get(t) is not None for t in DECENTRALISED):
@@ -308,19 +349,35 @@ def report(summaries: list[dict], parameters: Parameters) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run(parameters: Parameters, results: Path = RESULTS, out=sys.stdout) -> tuple[Path, list[dict]]:
-    folder = results / f"soak-{time.strftime('%Y%m%d-%H%M%S')}"
+def report_folder(folder: Path) -> Path:
+    """report.md of a soak folder, from every topology's summary.json in it (cells added by --run-id included)."""
+    summaries = [json.loads(path.read_text()) for path in sorted(folder.glob("*/summary.json"), key=lambda p: p.stat().st_mtime)]
+    parameters = Parameters(**{k: v for k, v in json.loads((folder / "parameters.json").read_text()).items() if k != "target"})
+    (folder / "report.md").write_text(report(summaries, parameters))
+    return folder / "report.md"
+
+
+def run(parameters: Parameters, results: Path = RESULTS, out=sys.stdout, run_id: str | None = None) -> tuple[Path, list[dict]]:
+    """Soak each topology into results/<run_id> (default soak-<time>); a run id that exists gains
+    these cells (one folder per topology, engine and replicas) and its report all of them."""
+    folder = results / (run_id or f"soak-{time.strftime('%Y%m%d-%H%M%S')}")
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "parameters.json").write_text(json.dumps({**asdict(parameters), "target": LocalTarget().describe()}, indent=1))
+    if not (folder / "parameters.json").exists():
+        (folder / "parameters.json").write_text(json.dumps({**asdict(parameters), "target": LocalTarget().describe()}, indent=1))
+    taken = metadata.describe()  # each session's commit, versions and machine (a run id may gather several)
+    with (folder / "sessions.jsonl").open("a") as sessions:
+        sessions.write(json.dumps({**taken, "parameters": asdict(parameters)}) + "\n")
     summaries = []
     for topology in parameters.topologies:
-        print(f"soak: {topology}: {parameters.rate} req/s for {parameters.warmup}+{parameters.duration} s, "
-              f"a fault every {parameters.fault_every:g} s", file=out, flush=True)
-        summary = run_topology(topology, folder / topology, parameters, out)
+        print(f"soak: {topology} ({parameters.engine}, {parameters.replicas} per step): {parameters.rate} req/s for "
+              f"{parameters.warmup}+{parameters.duration} s, a fault every {parameters.fault_every:g} s", file=out, flush=True)
+        cell = folder / f"{topology}_{parameters.engine}_r{parameters.replicas}"
+        if cell.exists():
+            raise SoakError(f"{cell} exists: this run already soaked {topology} under {parameters.engine} with {parameters.replicas} per step")
+        summary = run_topology(topology, cell, parameters, out)
         summaries.append(summary)
         print(f"soak: {topology}: {summary['requests']} requests ({'all accounted' if summary['all_accounted'] else 'NOT all accounted'}), "
               f"lost per fault {summary['lost_per_fault']}, MTTR {summary['mttr_s']} s, availability {summary['availability']}, "
               f"audit {'clean' if summary['audit']['clean'] else 'FAILED'}", file=out, flush=True)
-    (folder / "report.md").write_text(report(summaries, parameters))
-    print(f"soak: report {folder / 'report.md'}", file=out)
+    print(f"soak: report {report_folder(folder)}", file=out)
     return folder, summaries

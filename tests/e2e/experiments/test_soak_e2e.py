@@ -26,7 +26,7 @@ def test_quick_soak_restarts_killed_parts_accounts_for_every_request_audits_clea
 
     # The denied twin: the records the rules deny (451 expected) are never answered 200, whatever
     # fault was under way. A part down means refusals (503, 502, no answer), never a delivery.
-    with (folder / "dynamic-router-3" / "requests.csv").open() as file:
+    with (folder / summary["folder"] / "requests.csv").open() as file:
         rows = list(csv.DictReader(file))
     denied = [row for row in rows if row["expected"] == "451"]
     assert denied, "the mixed load sent records the rules deny"

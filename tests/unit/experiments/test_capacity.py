@@ -160,6 +160,8 @@ def test_parameters_always_add_the_baseline_and_take_aliases():
     (["--step-seconds", "0"], "--step-seconds"),
     (["--p99-bound-ms", "-1"], "--p99-bound-ms"),
     (["--max-steps", "0"], "--max-steps"),
+    (["--replicas", "0"], "--replicas"),
+    (["--work-iterations", "-1"], "--work-iterations"),
     (["--report", "no-such-run"], "no capacity run"),
 ])
 def test_bad_arguments_get_one_line_and_exit_2(tmp_path, capsys, args, words):
