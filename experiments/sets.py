@@ -7,12 +7,12 @@
 - `balance`: per step, each instance's share of the step's records, from those lines.
 - `classify_losses`: each request a kill of a service instance lost, told apart by what the
   audit lines and the answer say: *inside* (the killed instance had written its line for the
-  record before the kill and no later step got it: it was being worked on when the process
-  died, and nothing may retry a record once delivered), *on its way* (its last line is at the
-  step before the killed one, written before the kill, no line at the killed step, and the
-  sender said the next hop failed under it (502 NEXT_HOP_FAILED, or the entry's bare 503 for a
-  first step): sent to the killed instance, the bytes in its socket, unread when it died), and
-  *beyond*: every other loss, which a compliant replica that was up should have prevented.
+  record before the kill: it was working on it or waiting for the next hop's answer when the
+  process died, and nothing may retry a record once delivered), *on its way* (no line at the
+  killed step; its last line at the step before, written before the kill, or at a first step
+  sent by the client before it; and the answer says the hop failed under it, HOP_FAILED: sent to
+  the killed instance before it died, unread), and *beyond*: every other loss, which a
+  compliant replica that was up should have prevented.
 """
 
 from __future__ import annotations
@@ -24,7 +24,10 @@ from pathlib import Path
 from complyroute.topology import manifest
 
 BALANCE_TOLERANCE = 0.10  # each of two replicas gets 50 % +- 10 % of its step's records (issue 27)
-NEXT_HOP_FAILED = "NEXT_HOP_FAILED"  # a service's answer when its next hop failed under the record (services/src/routes.js)
+# What a record gets when the hop it was on failed under it: the point's own 503 when the
+# instance's connection broke after the record was written to it (complyroute/proxy/replies.py),
+# which every service before relays, or a service's 502 when its own send failed (services/src/routes.js).
+HOP_FAILED = ("HOP_UNAVAILABLE", "NEXT_HOP_FAILED")
 INSIDE, ON_ITS_WAY, BEYOND = "inside the killed instance", "on its way into it", "beyond the in-flight"
 
 
@@ -87,16 +90,17 @@ def classify_loss(row: dict, lines: list[tuple[float, str, str]], killed: str, k
 
     `row`: its requests.csv row (t and rtt in s, status, code); `lines`: its audit lines;
     `steps`: the chain's steps in order; `step_of`: each instance's step."""
-    position = steps.index(step_of[killed])
-    reached = [steps.index(step) for _, _, step in lines]
-    if any(instance == killed and ts <= killed_at for ts, instance, _ in lines) and max(reached) == position:
+    if row["t"] + row["rtt"] < killed_at:
+        return BEYOND  # answered before the kill: not lost to it
+    # Every hop waits for the next one's answer, so the killed instance held every record it had
+    # received and not yet answered, whichever later steps the record reached.
+    if any(instance == killed and ts <= killed_at for ts, instance, _ in lines):
         return INSIDE
-    answered_after = row["t"] + row["rtt"] >= killed_at
-    hop_failed = row["code"] == NEXT_HOP_FAILED if position > 0 else (row["status"] == 503 and not row["code"])
-    if answered_after and hop_failed and position not in reached:
+    position = steps.index(step_of[killed])
+    if row["code"] in HOP_FAILED and not any(steps.index(step) >= position for _, _, step in lines):
         before = [ts for ts, _, step in lines if steps.index(step) == position - 1]
-        sent_before = max(before) <= killed_at if before else position == 0 and row["t"] <= killed_at
-        if sent_before and (not reached or max(reached) == position - 1):
+        sent_at = max(before) if before else (row["t"] if position == 0 else None)
+        if sent_at is not None and sent_at <= killed_at:
             return ON_ITS_WAY
     return BEYOND
 
@@ -133,9 +137,11 @@ def cell_name(summary: dict) -> str:
 def report_lines(summaries: list[dict]) -> list[str]:
     """What each kill of a service instance lost, told apart (classify_losses), and each step's balance."""
     lines = ["", "## Kills of service instances: what they lost", "",
-             "Inside: the killed instance had written the record's audit line and no later step got it. On its way: its last "
-             "line at the step before, written before the kill, and the sender said the next hop failed under it. Neither may "
-             "be retried (delivered). Beyond: every other loss, which a replica that was up should have taken.", "",
+             "Inside: the killed instance had written the record's audit line before the kill (it was working on it or "
+             "waiting for the next hop's answer). On its way: no line at the killed step, its last line at the step before "
+             "written before the kill (a first step: sent by the client before it), and the answer says the hop failed under "
+             f"it ({' or '.join(HOP_FAILED)}). Neither may be retried (delivered). Beyond: every other loss, which a replica "
+             "that was up should have taken.", "",
              "| topology | service kills | lost | inside | on its way | beyond | lost beyond per kill | answers beyond | balance (share per instance) |",
              "|---|---|---|---|---|---|---|---|---|"]
     for s in summaries:

@@ -15,7 +15,7 @@ STEP_OF = {"svc-01-1": "step-01", "svc-01-2": "step-01", "svc-02-1": "step-02", 
 KILLED_AT = 1000.0
 
 
-def row(status=502, code="NEXT_HOP_FAILED", t=999.9, rtt=0.2, expected=200, request_id="r"):
+def row(status=503, code="HOP_UNAVAILABLE", t=999.9, rtt=0.2, expected=200, request_id="r"):
     return {"t": t, "rtt": rtt, "status": status, "code": code, "expected": expected, "request_id": request_id}
 
 
@@ -61,31 +61,37 @@ def test_a_step_outside_the_tolerance_is_not_balanced_denied(tmp_path):
 
 # ---- a kill's losses told apart ---------------------------------------------------------------------
 
-def test_a_record_whose_last_line_is_the_killed_instances_from_before_the_kill_was_inside_it():
+def test_a_record_the_killed_instance_had_received_before_the_kill_was_inside_it():
     lines = [(999.5, "svc-01-1", "step-01"), (999.8, "svc-02-2", "step-02")]
     assert sets.classify_loss(row(), lines, "svc-02-2", KILLED_AT, STEPS, STEP_OF) == INSIDE
-    # Denied twins: a line at the killed instance after the kill (its restart's), or a later step reached.
+    # Still inside while it waited for a later step's answer: the answer had to come back through it.
+    waiting = lines + [(999.9, "svc-03-1", "step-03")]
+    assert sets.classify_loss(row(), waiting, "svc-02-2", KILLED_AT, STEPS, STEP_OF) == INSIDE
+    # Denied twins: its line at the killed instance from after the kill (the restarted process's),
+    # or an answer from before the kill.
     after = [(999.5, "svc-01-1", "step-01"), (1000.2, "svc-02-2", "step-02")]
     assert sets.classify_loss(row(rtt=0.5), after, "svc-02-2", KILLED_AT, STEPS, STEP_OF) == BEYOND
-    passed = lines + [(999.9, "svc-03-1", "step-03")]
-    assert sets.classify_loss(row(), passed, "svc-02-2", KILLED_AT, STEPS, STEP_OF) == BEYOND
-
-
-def test_a_record_the_sender_sent_before_the_kill_and_saw_fail_was_on_its_way_into_it():
-    lines = [(999.9, "svc-01-1", "step-01")]
-    assert sets.classify_loss(row(), lines, "svc-02-2", KILLED_AT, STEPS, STEP_OF) == ON_ITS_WAY
-    # Denied twins: the sender received it after the kill (it should have gone to the replica up),
-    # another code than the next hop failing, or an answer from before the kill.
-    assert sets.classify_loss(row(rtt=0.5), [(1000.1, "svc-01-1", "step-01")], "svc-02-2", KILLED_AT, STEPS, STEP_OF) == BEYOND
-    assert sets.classify_loss(row(status=503, code="COMPLIANT_INSTANCES_DOWN"), lines, "svc-02-2", KILLED_AT, STEPS, STEP_OF) == BEYOND
     assert sets.classify_loss(row(rtt=0.05), lines, "svc-02-2", KILLED_AT, STEPS, STEP_OF) == BEYOND
 
 
-def test_at_the_first_step_the_entry_sent_it_before_the_kill_and_answered_envoys_bare_503():
-    assert sets.classify_loss(row(status=503, code=""), [], "svc-01-1", KILLED_AT, STEPS, STEP_OF) == ON_ITS_WAY
-    # Denied twins: sent after the kill; or a 503 with the points' code (no instance of the set reached).
-    assert sets.classify_loss(row(status=503, code="", t=1000.1), [], "svc-01-1", KILLED_AT, STEPS, STEP_OF) == BEYOND
-    assert sets.classify_loss(row(status=503, code="COMPLIANT_INSTANCES_DOWN"), [], "svc-01-1", KILLED_AT, STEPS, STEP_OF) == BEYOND
+def test_a_record_the_sender_had_before_the_kill_and_whose_hop_failed_under_it_was_on_its_way_into_it():
+    lines = [(999.9, "svc-01-1", "step-01")]
+    assert sets.classify_loss(row(), lines, "svc-02-2", KILLED_AT, STEPS, STEP_OF) == ON_ITS_WAY
+    assert sets.classify_loss(row(status=502, code="NEXT_HOP_FAILED"), lines, "svc-02-2", KILLED_AT, STEPS, STEP_OF) == ON_ITS_WAY
+    # Denied twins: the sender received it after the kill (the replica up should have had it),
+    # another code than a hop failing under it, or a line at the killed step (its replica's).
+    assert sets.classify_loss(row(rtt=0.5), [(1000.1, "svc-01-1", "step-01")], "svc-02-2", KILLED_AT, STEPS, STEP_OF) == BEYOND
+    assert sets.classify_loss(row(code="COMPLIANT_INSTANCES_DOWN"), lines, "svc-02-2", KILLED_AT, STEPS, STEP_OF) == BEYOND
+    assert sets.classify_loss(row(status=0, code=""), lines, "svc-02-2", KILLED_AT, STEPS, STEP_OF) == BEYOND
+    replica = lines + [(999.95, "svc-02-1", "step-02")]
+    assert sets.classify_loss(row(), replica, "svc-02-2", KILLED_AT, STEPS, STEP_OF) == BEYOND
+
+
+def test_at_the_first_step_a_record_the_client_sent_before_the_kill_was_on_its_way():
+    assert sets.classify_loss(row(), [], "svc-01-1", KILLED_AT, STEPS, STEP_OF) == ON_ITS_WAY
+    # Denied twins: sent after the kill (over a connection to the dead instance: the replica up should have had it).
+    assert sets.classify_loss(row(t=1000.01), [], "svc-01-1", KILLED_AT, STEPS, STEP_OF) == BEYOND
+    assert sets.classify_loss(row(code="COMPLIANT_INSTANCES_DOWN"), [], "svc-01-1", KILLED_AT, STEPS, STEP_OF) == BEYOND
 
 
 def test_classify_losses_counts_per_kill_only_what_it_lost_and_names_the_answers_beyond():
