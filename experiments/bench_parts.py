@@ -149,12 +149,16 @@ class Bench:
                                 opa_grpc=self.socket(name, DECISION_SOCKET), opa_http=self.socket(name, API_SOCKET),
                                 opa_diagnostic=self.socket(name, DIAGNOSTIC_SOCKET), role="router")
 
-    def point(self, point: EnforcementPoint, kind: str, settings: dict, policies: Path = policyfiles.POLICIES,
+    def point(self, point: EnforcementPoint, kind: str, settings: dict, bundled: Path = policyfiles.POLICIES,
               trust: identity.PointTrust | None = None) -> None:
+        """Start the point's Envoy and OPA, configured by the shipped rule set (its label headers,
+        the catalog's index, the allowed table) whatever rules its bundle holds (`bundled`): the
+        allow-all floor's rules (ALLOW_ALL_POLICY) have no label schema or index to configure
+        from, and its Envoy is to be the envoy-opa point's, of which it is the floor."""
         config = engines.configure(kind, [point], settings, policyfiles.POLICIES, {point.name: trust} if trust else None)[point.name]
-        revision = bundles.revision(policies)
+        revision = bundles.revision(bundled)
         if config.opa is not None:
-            bundles.write(self.folder / rendering.BUNDLES, {point.name: config.data}, policies, revision)
+            bundles.write(self.folder / rendering.BUNDLES, {point.name: config.data}, bundled, revision)
         for part in rendering.point_parts(point, config, self.folder / point.name, self.folder, revision, self.bundle_source(), {}):
             self.start(part)
 

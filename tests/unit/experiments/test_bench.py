@@ -6,6 +6,7 @@ import hashlib
 import json
 import socketserver
 import ssl
+import tarfile
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from threading import Thread
 
@@ -15,7 +16,11 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 
-from complyroute.topology.plan import Endpoint
+from complyroute import engines
+from complyroute.policy import bundles, policyfiles
+from complyroute.runtime.local import rendering
+from complyroute.topology import manifest
+from complyroute.topology.plan import DecidingListener, Endpoint, place
 from complyroute.trust import pki
 from experiments import bench, bench_parts
 
@@ -35,6 +40,36 @@ def test_row_over_its_target_is_not_met_denied():
 def test_row_without_a_floor_has_no_ratio_or_verdict():
     row = bench.Row("bare Envoy", "envoy", 0.2)
     assert row.ratio is None and row.verdict == ""
+
+
+@pytest.mark.parametrize("given", [True, False], ids=["allow-all", "shipped"])
+def test_a_bench_point_is_configured_by_the_shipped_rule_set_whatever_its_bundle_holds(given, tmp_path, monkeypatch):
+    """Bench.point: the allow-all floor's point is configured as the envoy-opa point it is the
+    floor of (the shipped rule set's label headers, index and table); its bundle holds the rules
+    given, the shipped point's the shipped ones. Its processes stand in."""
+    bench_ = bench_parts.Bench(tmp_path / "processes", tmp_path)
+    central = place(manifest.load("central-entity", services=5)).points[0]
+    hop = next(listener for listener in central.deciding if listener.sender == "svc-04")
+    allow_all = tmp_path / "allow-all"
+    (allow_all / "complyroute" / "envoy").mkdir(parents=True)
+    (allow_all / "complyroute" / "envoy" / "response.rego").write_text(bench_parts.ALLOW_ALL_POLICY % "svc-05")
+    point = bench_.enforcement_point("floor")
+    point.deciding.append(DecidingListener(hop.name, bench_.endpoint(), sender=hop.sender, step=hop.step))
+    point.destinations = {"svc-05": bench_.endpoint()}
+    point.catalog = central.catalog
+    configured, started = [], []
+    configure = engines.configure
+    monkeypatch.setattr(engines, "configure", lambda kind, points, settings, policies, *rest: configured.append(policies) or
+                        configure(kind, points, settings, policies, *rest))
+    monkeypatch.setattr(bench_, "start", lambda part: started.append(part.name))
+    bench_.point(point, "envoy-opa", {}, *([allow_all] if given else []))
+    assert configured == [policyfiles.POLICIES]
+    rules = bundles.rule_set_files(allow_all if given else policyfiles.POLICIES)
+    with tarfile.open(bench_.folder / rendering.BUNDLES / "floor.tar.gz") as bundle:
+        held = {member.name.lstrip("/"): bundle.extractfile(member).read() for member in bundle.getmembers()}
+    assert {name: content for name, content in held.items() if name not in ("data.json", ".manifest")} == rules
+    assert json.loads(held[".manifest"])["revision"] == bundles.revision(allow_all if given else policyfiles.POLICIES)
+    assert started == ["control/bundles", "floor/opa", "floor/envoy"]
 
 
 def serving(text: str, socket_path):
