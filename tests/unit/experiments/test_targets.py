@@ -16,7 +16,6 @@ from complyroute.runtime.kubernetes import apply, render
 from complyroute.runtime.kubernetes.target import KubernetesTarget
 from complyroute.runtime.local.target import LocalTarget
 from complyroute.runtime.target import TargetBusy, TargetError
-from complyroute.topology import manifest
 from experiments import __main__ as cli
 from experiments import loader, runner, targets
 from experiments.matrix import Cell, resolve
