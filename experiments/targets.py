@@ -46,7 +46,7 @@ def unmeasured(target: Target) -> list[str]:
     if not target.runs_here:
         found.append("the deployment's CPU time and memory, by part or in total: its parts are pods of the cluster, not processes "
                      "of this machine (the CPU columns of the deployment are empty; machine and Locust CPU are this machine's)")
-    if target.describe().get("entry", "").startswith("kubectl port-forward"):
+    if target.port_forwarded:
         found.append("latency and rate without kubectl port-forward: every record goes through the API server and the "
                      "node's kubelet to reach the entry, which adds to the RTT and caps the rate this machine can send")
     return found

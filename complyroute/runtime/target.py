@@ -46,6 +46,7 @@ Probe = Callable[[str], "str | None"]
 class Target(Protocol):
     name: str  # "local" or "k8s", as --target, metadata and reports name it
     runs_here: bool  # whether the deployment's parts are processes of this machine (their CPU time and memory can be sampled)
+    port_forwarded: bool  # whether records reach the entry through `kubectl port-forward` (the API server and a kubelet carry each)
     # The options of the command line only this target takes: keyword -> (flag, why the other target does not).
     OPTIONS: dict[str, tuple[str, str]]
 

@@ -182,6 +182,7 @@ def test_k8s_applies_forwards_and_deletes_its_namespace_allowed(cluster_side, ku
     assert cluster_side["forward"] == [("complyroute-sidecar", apply.entry_service(
         place(topology, render.KubernetesNetwork("complyroute-sidecar"))))]
     assert reached["entry_url"] == "http://127.0.0.1:40123/process" and reached["path_wait_seconds"] >= 0
+    assert target.port_forwarded
     target.undeploy(log)
     assert cluster_side["kubectl"] == [("delete", "namespace", "complyroute-sidecar", "--ignore-not-found", "--wait=true",
                                         f"--timeout={kubernetes_target.DELETE_TIMEOUT}")]
@@ -220,7 +221,7 @@ def test_k8s_with_an_entry_url_is_not_forwarded_allowed(cluster_side):
     target, topology = targets.make("k8s", one_node=True, entry_url="http://10.0.0.5:30080"), manifest.load("baseline", services="5")
     target.deploy(topology, io.StringIO())
     assert target.reach(topology, passes, io.StringIO())["entry_url"] == "http://10.0.0.5:30080/process"
-    assert cluster_side["forward"] == []
+    assert cluster_side["forward"] == [] and not target.port_forwarded
 
 
 def test_a_namespace_already_there_is_busy_denied_and_another_is_free_allowed(cluster_side, kubectl):

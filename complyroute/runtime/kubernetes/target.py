@@ -85,6 +85,11 @@ class KubernetesTarget:
         self.forward: subprocess.Popen | None = None
         self.described: dict | None = None
 
+    @property
+    def port_forwarded(self) -> bool:
+        """Without --entry-url, records reach the entry through `kubectl port-forward` (reach)."""
+        return self.entry_url is None
+
     def kubectl(self, *args: str) -> subprocess.CompletedProcess:
         with kubectl_found():
             return apply.kubectl_output(*args)

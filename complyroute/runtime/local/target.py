@@ -20,6 +20,7 @@ class LocalTarget:
 
     name = "local"
     runs_here = True
+    port_forwarded = False
     OPTIONS = {"restart": ("--no-restart", "on Kubernetes the kubelet restarts containers"),
                "reload_timeout": ("--timeout", "a reload on Kubernetes updates ConfigMaps and does not wait for the points")}
 

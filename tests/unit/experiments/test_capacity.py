@@ -320,7 +320,7 @@ def test_a_run_without_its_baseline_yet_has_a_table_without_shares(tmp_path):
 class KubernetesStandIn:
     """A k8s target as the runner sees it, its context already asked."""
 
-    name, runs_here = "k8s", False
+    name, runs_here, port_forwarded = "k8s", False, True
 
     def describe(self):
         return {"target": "k8s", "context": "local", "server": "https://10.250.250.1:36443", "nodes": ["complyroute-node"],
