@@ -25,8 +25,8 @@ from complyroute.topology import manifest
 from complyroute.trust import kubetrust, pki
 
 from tests.integration.kubernetes.manifests import (
-    DECIDING, PLAIN, admitted, bundle_files, bundle_members, by_kind, decoded, dns_sans, kubelet_volume, mounted_files, opa_containers,
-    pods, rendered, secrets, uri_sans)
+    DECIDING, PLAIN, admitted, bundle_files, bundle_members, by_kind, decoded, dns_sans, kubelet_volume, mounted_files, objects_of,
+    opa_containers, pods, rendered, secrets, uri_sans)
 
 
 @pytest.mark.parametrize("topology", DECIDING)
@@ -151,7 +151,7 @@ def test_the_rendered_bundle_server_runs_on_the_standard_library_alone_and_takes
     name; and when the kubelet swaps the bundles' ConfigMap, a long poll gets the new bundle."""
     renderer = render.Renderer(manifest.load("sidecar", services=3))
     renderer.render()
-    objects = [o for o in yaml.safe_load_all(render.build(renderer, tmp_path / "kustomization")) if o]
+    objects = objects_of(render.build(renderer, tmp_path / "kustomization"))
     pod = pods(objects)[render.BUNDLE_SERVER]
     container = pod["containers"][0]
     files = mounted_files(objects, pod, container)

@@ -11,14 +11,13 @@ import urllib.parse
 import urllib.request
 
 import pytest
-import yaml
 
 from complyroute.policy import bundles
 from complyroute.runtime.kubernetes import render
 from complyroute.runtime.local import rendering
 from complyroute.topology import manifest
 
-from tests.integration.kubernetes.manifests import connection_managers, kubelet_volume, mounted_files, pods, walk
+from tests.integration.kubernetes.manifests import connection_managers, kubelet_volume, mounted_files, objects_of, pods, walk
 
 
 def local_bootstrap(files: dict[str, str], config: str, folder) -> str:
@@ -86,7 +85,7 @@ def split_central_entity(tmp_path_factory):
     the pod mounts them, its bootstrap's path, and the configuration before the split."""
     renderer = render.Renderer(manifest.load("central-entity", services=50, engine="envoy-compiled"))
     renderer.render()
-    objects = [o for o in yaml.safe_load_all(render.build(renderer, tmp_path_factory.mktemp("render") / "kustomization")) if o]
+    objects = objects_of(render.build(renderer, tmp_path_factory.mktemp("render") / "kustomization"))
     pod = pods(objects)["central-entity"]
     container = next(c for c in pod["containers"] if c["name"] == "envoy")
     return mounted_files(objects, pod, container), container["args"][container["args"].index("-c") + 1], renderer.configs["central-entity"].envoy
@@ -136,7 +135,7 @@ def test_envoy_rereads_its_route_files_when_the_kubelet_swaps_their_configmap_al
     restart; its bootstrap is the same for both rule sets."""
     renderer = render.Renderer(manifest.load("central-entity", services=5, engine="envoy-compiled"))
     renderer.render()
-    objects = [o for o in yaml.safe_load_all(render.build(renderer, tmp_path / "kustomization")) if o]
+    objects = objects_of(render.build(renderer, tmp_path / "kustomization"))
     pod = pods(objects)["central-entity"]
     container = next(c for c in pod["containers"] if c["name"] == "envoy")
     files = mounted_files(objects, pod, container)

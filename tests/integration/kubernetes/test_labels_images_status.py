@@ -11,7 +11,7 @@ import yaml
 from complyroute.runtime.kubernetes import apply, render
 from complyroute.topology import manifest
 
-from tests.integration.kubernetes.manifests import TOPOLOGIES, containers, pods, rendered
+from tests.integration.kubernetes.manifests import TOPOLOGIES, containers, objects_of, pods, rendered
 
 
 def recommended_labels(topology) -> dict:
@@ -85,7 +85,7 @@ def test_the_service_image_is_the_kustomizations_by_default_its_own_version_allo
     kustomization = yaml.safe_load((tmp_path / "kustomization" / "kustomization.yaml").read_text())
     assert kustomization["images"] == [{"name": "complyroute/service", "newName": "complyroute/service", "newTag": version}]
     # The resources name the image without a tag: which one is the kustomization's to say.
-    resources = [o for o in yaml.safe_load_all((tmp_path / "kustomization" / "resources.yaml").read_text()) if o]
+    resources = objects_of((tmp_path / "kustomization" / "resources.yaml").read_text())
     assert service_images(resources) == {"complyroute/service"}
 
 
@@ -97,7 +97,7 @@ def test_the_service_image_is_the_kustomizations_by_default_its_own_version_allo
 ], ids=["registry-port-tag", "no-tag", "digest", "tag-and-digest"])
 def test_an_image_given_replaces_the_service_image_everywhere_allowed(image, entry, tmp_path):
     text = render.render(manifest.load("sidecar", services=3), tmp_path / "kustomization", image=image)
-    objects = [o for o in yaml.safe_load_all(text) if o]
+    objects = objects_of(text)
     assert service_images(objects) == {image}
     assert yaml.safe_load((tmp_path / "kustomization" / "kustomization.yaml").read_text())["images"] == [{"name": "complyroute/service", **entry}]
     # Envoy, OPA and the bundle server keep the images make images builds.

@@ -11,7 +11,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-import yaml
 
 from complyroute.policy import bundles
 from complyroute.policy.policyfiles import POLICIES
@@ -20,7 +19,7 @@ from complyroute.runtime.local.reload import ReloadError
 from complyroute.topology import manifest
 
 from tests.relabel import rule_set_with_label
-from tests.integration.kubernetes.manifests import bundle_files, bundle_members, by_kind
+from tests.integration.kubernetes.manifests import bundle_files, bundle_members, by_kind, objects_of
 
 
 class FakeApiServer:
@@ -42,7 +41,7 @@ class FakeApiServer:
             names = args[4:args.index("-o")]
             return answer(json.dumps({"items": [self.objects[("ConfigMap", n)] for n in names if ("ConfigMap", n) in self.objects]}))
         if args[:2] == ("apply", "--server-side"):
-            documents = [o for o in yaml.safe_load_all(Path(args[3]).read_text()) if o]
+            documents = objects_of(Path(args[3]).read_text())
             self.applied.append(documents)
             for document in documents:
                 key = (document["kind"], document["metadata"]["name"])
@@ -67,7 +66,7 @@ def deployed_central_entity(tmp_path, monkeypatch):
                 during.setattr(render, "CONFIGMAP_BUDGET", budget)
             renderer = render.Renderer(manifest.load("central-entity", services=services, engine="envoy-compiled"))
             renderer.render()
-            objects = [o for o in yaml.safe_load_all(render.build(renderer, tmp_path / "kustomization")) if o]
+            objects = objects_of(render.build(renderer, tmp_path / "kustomization"))
         apply.Deployed.of(renderer).write()
         api = FakeApiServer(objects)
         monkeypatch.setattr(apply, "kubectl_output", api)
@@ -172,7 +171,7 @@ def test_reload_of_the_baseline_says_there_is_no_rule_set_to_reload_denied(tmp_p
     monkeypatch.setattr(apply, "DEPLOYED", tmp_path / "deployed")
     renderer = render.Renderer(manifest.load("baseline", services=3))
     renderer.render()
-    api = FakeApiServer([o for o in yaml.safe_load_all(render.build(renderer, tmp_path / "kustomization")) if o])
+    api = FakeApiServer(objects_of(render.build(renderer, tmp_path / "kustomization")))
     monkeypatch.setattr(apply, "kubectl_output", api)
     apply.Deployed.of(renderer).write()
     with pytest.raises(ReloadError, match="baseline runs no OPA"):

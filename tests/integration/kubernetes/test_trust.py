@@ -15,7 +15,7 @@ from complyroute.trust import kubetrust, pki
 
 from tests.integration.kubernetes.manifests import (
     DECIDING, ENTRY, PLAIN, TOPOLOGIES, admitted, bundle_files, bundle_members, by_kind, containers, decoded, env_of, envoy_config,
-    opa_point, pods, render_anew, rendered, secret_mounts, secrets, tls_filenames, uri_sans, walk)
+    objects_of, opa_point, pods, render_anew, rendered, secret_mounts, secrets, tls_filenames, uri_sans, walk)
 
 
 @pytest.mark.parametrize("topology", TOPOLOGIES)
@@ -194,7 +194,7 @@ def test_without_mtls_no_secret_is_rendered_denied(topology, tmp_path):
 
 
 def test_every_render_makes_a_new_ca_and_keeps_its_keys_private(tmp_path):
-    first, second = (decoded(secrets([o for o in yaml.safe_load_all(render_anew("central-entity", 2, tmp_path / str(n))) if o])["tls-svc-01"])
+    first, second = (decoded(secrets(objects_of(render_anew("central-entity", 2, tmp_path / str(n))))["tls-svc-01"])
                      for n in (1, 2))
     assert first["ca.crt"] != second["ca.crt"] and first["tls.key"] != second["tls.key"]
     folder = tmp_path / "2" / "kustomization"

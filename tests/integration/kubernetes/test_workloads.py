@@ -6,7 +6,6 @@ import json
 import socket
 
 import pytest
-import yaml
 
 from complyroute.policy import bundles
 from complyroute.policy.policyfiles import POLICIES
@@ -17,8 +16,8 @@ from complyroute.topology.plan import ADMIN_SOCKET, API_SOCKET, DECISION_SOCKET
 from complyroute.trust import pki
 
 from tests.integration.kubernetes.manifests import (
-    PLAIN, TOPOLOGIES, admitted, bundle_files, bundle_members, by_kind, containers, decoded, env_of, envoy_config, pods, rendered,
-    secrets, uri_sans, walk)
+    PLAIN, TOPOLOGIES, admitted, bundle_files, bundle_members, by_kind, containers, decoded, env_of, envoy_config, objects_of, pods,
+    rendered, secrets, uri_sans, walk)
 
 
 def test_every_container_has_probes_and_resources(tmp_path):
@@ -274,8 +273,8 @@ def test_every_container_runs_an_image_make_images_builds_never_pulled(topology,
 @pytest.mark.parametrize("topology", ["sidecar", "dynamic-router-6", "baseline"])
 def test_a_one_node_rendering_puts_every_pod_on_the_node_labelled_for_all_roles(topology, tmp_path):
     loaded = manifest.load(topology, services=5)
-    spread = [o for o in yaml.safe_load_all(render.render(loaded, tmp_path / "spread")) if o]
-    one = [o for o in yaml.safe_load_all(render.render(loaded, tmp_path / "one", one_node=True)) if o]
+    spread = objects_of(render.render(loaded, tmp_path / "spread"))
+    one = objects_of(render.render(loaded, tmp_path / "one", one_node=True))
     assert {name: pod["nodeSelector"] for name, pod in pods(one).items()} == {name: {ROLE_LABEL: "all"} for name in pods(spread)}
     # The same workloads, Services and policies; only where the pods go differs.
     assert sorted((o["kind"], o["metadata"]["name"]) for o in one if o["kind"] not in ("ConfigMap", "Secret")) == \
