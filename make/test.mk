@@ -27,11 +27,18 @@ test: setup ## Run every test but the Kubernetes ones: policy (every rule set), 
 	test $$e2e -eq 0 -a $$rest -eq 0 -a $$own -eq 0
 
 .PHONY: check
-check: setup policy-test ## The quick loop (at most 3 minutes): policy lint and tests, the services' tests, the unit and integration tests (tests/unit/, tests/integration/; make test runs those and e2e/, not k8s/)
-	cd services && npm test
+check: setup ## The quick loop (at most 3 minutes): policy lint and tests, the services' tests, the unit and integration tests (tests/unit/, tests/integration/; make test runs those and e2e/, not k8s/)
 	@# One pytest worker per core (pytest-xdist), each given whole files: a file's module-scoped
 	@# fixtures (a render of 50 services, a policy diff) are built once, not once per worker.
-	$(PY) -m pytest $(NO_DEPLOYMENT) -n auto --dist loadfile -p no:cacheprovider --durations=25
+	@# Beside them, one after the other, the policy tests and the services' tests (half a minute
+	@# of CPU that waited for nothing but held pytest back); their output is shown when pytest is done.
+	@beside=$$(mktemp); \
+	( rest=0; $(MAKE) --no-print-directory policy-test || rest=1; (cd services && npm test) || rest=1; exit $$rest ) >$$beside 2>&1 & pid=$$!; \
+	echo "$(PY) -m pytest $(NO_DEPLOYMENT) -n auto --dist loadfile -p no:cacheprovider --durations=25  (beside it: make policy-test, npm test)"; \
+	tests=0; $(PY) -m pytest $(NO_DEPLOYMENT) -n auto --dist loadfile -p no:cacheprovider --durations=25 || tests=$$?; \
+	rest=0; wait $$pid || rest=$$?; \
+	echo "--- the policy and services' tests, run beside them:"; cat $$beside; rm -f $$beside; \
+	test $$tests -eq 0 -a $$rest -eq 0
 
 .PHONY: integration
 integration: setup ## The integration tests alone (tests/integration/: real OPA, Envoy and kubernetes-validate over whole topologies, no deployment; make test runs them too)
