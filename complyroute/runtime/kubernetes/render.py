@@ -801,7 +801,9 @@ class Renderer:
             shutil.rmtree(folder)
         # With mutual TLS the folder holds private keys: for this user only.
         folder.mkdir(parents=True, mode=0o700)
-        (folder / "resources.yaml").write_text(yaml.safe_dump_all([self.namespace_object(), *self.objects], sort_keys=False))
+        # libyaml's emitter (apply.py's too): the same text, written in a tenth of PyYAML's time.
+        resources = yaml.dump_all([self.namespace_object(), *self.objects], Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper), sort_keys=False)
+        (folder / "resources.yaml").write_text(resources)
         for name, content in self.files.items():
             (folder / name).parent.mkdir(parents=True, exist_ok=True)
             if name in self.secret_files:
