@@ -1,7 +1,9 @@
 ##@ Testing
 # The tiers are folders, each test marked from its own (tests/conftest.py): the two that start no
-# deployment, which make check runs, and the end-to-end one.
-NO_DEPLOYMENT := tests/unit tests/integration
+# deployment, which make check runs, and the end-to-end one. The integration tests first: make
+# check's workers take files in this order, the costly ones (a minute of CPU and more) first and
+# the many small unit files last, to even out their ends.
+NO_DEPLOYMENT := tests/integration tests/unit
 E2E := tests/e2e
 
 .PHONY: test
@@ -29,13 +31,14 @@ test: setup ## Run every test but the Kubernetes ones: policy (every rule set), 
 .PHONY: check
 check: setup ## The quick loop (at most 3 minutes): policy lint and tests, the services' tests, the unit and integration tests (tests/unit/, tests/integration/; make test runs those and e2e/, not k8s/)
 	@# One pytest worker per core (pytest-xdist), each given whole files: a file's module-scoped
-	@# fixtures (a render of 50 services, a policy diff) are built once, not once per worker.
+	@# fixtures (a render of 50 services, a policy diff) are built once, not once per worker. The
+	@# files in NO_DEPLOYMENT's order (xdist would order them by their number of tests).
 	@# Beside them, one after the other, the policy tests and the services' tests (half a minute
 	@# of CPU that waited for nothing but held pytest back); their output is shown when pytest is done.
 	@beside=$$(mktemp); \
 	( rest=0; $(MAKE) --no-print-directory policy-test || rest=1; (cd services && npm test) || rest=1; exit $$rest ) >$$beside 2>&1 & pid=$$!; \
-	echo "$(PY) -m pytest $(NO_DEPLOYMENT) -n auto --dist loadfile -p no:cacheprovider --durations=25  (beside it: make policy-test, npm test)"; \
-	tests=0; $(PY) -m pytest $(NO_DEPLOYMENT) -n auto --dist loadfile -p no:cacheprovider --durations=25 || tests=$$?; \
+	echo "$(PY) -m pytest $(NO_DEPLOYMENT) -n auto --dist loadfile --no-loadscope-reorder -p no:cacheprovider --durations=25  (beside it: make policy-test, npm test)"; \
+	tests=0; $(PY) -m pytest $(NO_DEPLOYMENT) -n auto --dist loadfile --no-loadscope-reorder -p no:cacheprovider --durations=25 || tests=$$?; \
 	rest=0; wait $$pid || rest=$$?; \
 	echo "--- the policy and services' tests, run beside them:"; cat $$beside; rm -f $$beside; \
 	test $$tests -eq 0 -a $$rest -eq 0
