@@ -35,10 +35,11 @@ from experiments.mixes import BODY, MIXES, policy_of
 from experiments.openloop import ARRIVALS, Pacer, arrival_offsets, round_trip_ms
 from experiments.timing import DURATIONS, split
 
-# request_id (the answer's x-request-id: the entry assigns it) and code (a refusal's JSON code)
-# tell which record an audit line is of and who refused it: the soak reads them (experiments/sets.py).
+# request_id (the answer's x-request-id: the entry assigns it), code and message (a refusal's JSON
+# code and message: an enforcement point's says why Envoy could not deliver, %RESPONSE_CODE_DETAILS%)
+# tell which record an audit line is of and who refused it, and why: the soak reads them (experiments/sets.py).
 COLUMNS = ("t_intended_ms", "t_send_ms", "rtt_ms", "service_time_ms", "status", "missed", "record", "expected", "hops", *DURATIONS,
-           "request_id", "code")
+           "request_id", "code", "message")
 BODY_TEXT = json.dumps(BODY)
 
 
@@ -118,11 +119,11 @@ def log_request(response_time, response, context, start_time, **_):
     durations = [""] * len(DURATIONS)
     hops = ""
     request_id = (getattr(response, "headers", None) or {}).get("x-request-id") or ""
-    code = ""
+    code = message = ""
     if status and status != 200:
         try:
             answer = json.loads(response.content)
-            code, request_id = answer.get("code") or "", request_id or answer.get("request_id") or ""
+            code, message, request_id = answer.get("code") or "", answer.get("message") or "", request_id or answer.get("request_id") or ""
         except (ValueError, TypeError, AttributeError):
             pass  # not JSON (an answer Envoy made without the points' reply formats): its status alone
     if status == 200:
@@ -133,7 +134,7 @@ def log_request(response_time, response, context, start_time, **_):
             durations = [f"{parts[name]:.3f}" for name in DURATIONS]
         except (ValueError, KeyError, TypeError, IndexError):
             pass  # a 200 without a usable path: its RTT and status are still kept
-    request_log.writer.writerow(row + [hops] + durations + [request_id, code])
+    request_log.writer.writerow(row + [hops] + durations + [request_id, code, message])
 
 
 class RecordUser(FastHttpUser):
@@ -183,7 +184,7 @@ class OpenLoopUser(RecordUser):
         def miss(offset: float, reason: str) -> None:
             record, _, expected = self.pick_record()
             request_log.writer.writerow([f"{wall_start_ms + offset * 1000:.3f}", "", "", "", 0, reason, record.kind, expected, "",
-                                         *[""] * len(DURATIONS), "", ""])
+                                         *[""] * len(DURATIONS), "", "", ""])
 
         outcomes = pacer.run(start, time.monotonic, gevent.sleep, lambda: len(in_flight), send, miss)
         # Every request sent gets its answer or, after --answer-timeout, fails: none is left without a row.

@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -28,6 +29,7 @@ BALANCE_TOLERANCE = 0.10  # each of two replicas gets 50 % +- 10 % of its step's
 # instance's connection broke after the record was written to it (complyroute/proxy/replies.py),
 # which every service before relays, or a service's 502 when its own send failed (services/src/routes.js).
 HOP_FAILED = ("HOP_UNAVAILABLE", "NEXT_HOP_FAILED")
+DETAILS = re.compile(r"\(([^\s()]+)")  # a point's reply puts Envoy's %RESPONSE_CODE_DETAILS% first in parentheses (proxy/replies.py)
 INSIDE, ON_ITS_WAY, BEYOND = "inside the killed instance", "on its way into it", "beyond the in-flight"
 
 
@@ -105,6 +107,14 @@ def classify_loss(row: dict, lines: list[tuple[float, str, str]], killed: str, k
     return BEYOND
 
 
+def answer_name(row: dict) -> str:
+    """An answer as the report counts it: status, code, and why Envoy could not deliver when a
+    point says (its message's %RESPONSE_CODE_DETAILS%, the first word in parentheses: no_healthy_upstream, ...)."""
+    said = DETAILS.search(row.get("message") or "")
+    detail = said.group(1) if said else ""
+    return f"{row['status']} {row['code'] or '-'}" + (f" ({detail})" if detail else "")
+
+
 def classify_losses(rows: list[dict], kills: list[dict], index: dict, steps: list[str], step_of: dict[str, str]) -> dict:
     """Per kill of a service instance (each with target, injected_at and until, the next fault's
     injection), the requests answered otherwise than expected within it, by class, with the
@@ -119,7 +129,7 @@ def classify_losses(rows: list[dict], kills: list[dict], index: dict, steps: lis
             kind = classify_loss(row, index.get(row["request_id"], []), kill["target"], kill["injected_at"], steps, step_of)
             counts[kind] += 1
             if kind == BEYOND:
-                beyond[f"{row['status']} {row['code'] or '-'}"] += 1
+                beyond[answer_name(row)] += 1
         per_kill.append({"target": kill["target"], "injected_at": kill["injected_at"], **counts, "beyond_answers": dict(beyond)})
     return {"kills": len(per_kill), "per_kill": per_kill,
             **{kind: sum(k[kind] for k in per_kill) for kind in (INSIDE, ON_ITS_WAY, BEYOND)},

@@ -204,7 +204,8 @@ def lost_if_every_part_crashed_once(summary: dict) -> tuple[float | None, list[s
 def read_requests(path: Path) -> list[dict]:
     with path.open() as file:
         return [{"t": float(row["t_send_ms"]) / 1000, "rtt": float(row["rtt_ms"]) / 1000, "status": int(row["status"]),
-                 "expected": int(row["expected"]), "request_id": row.get("request_id", ""), "code": row.get("code", "")}
+                 "expected": int(row["expected"]), "request_id": row.get("request_id", ""), "code": row.get("code", ""),
+                 "message": row.get("message", "")}
                 for row in csv.DictReader(file)]
 
 

@@ -147,3 +147,14 @@ def test_a_soak_of_service_kills_with_replicas_is_a_valid_soak():
 
     parameters = soak.Parameters(replicas=2, fault_kinds=["kill"], fault_parts=["service"])
     assert parameters.replicas == 2 and parameters.fault_kinds == ["kill"]
+
+
+def test_an_answer_beyond_is_named_by_status_code_and_what_envoy_said_when_a_point_says_it():
+    said = row(code="COMPLIANT_INSTANCES_DOWN")
+    said["message"] = "no instance the rules allow could be reached (no_healthy_upstream); the record went to no instance"
+    assert sets.answer_name(said) == "503 COMPLIANT_INSTANCES_DOWN (no_healthy_upstream)"
+    said["message"] = "the enforcement point could not deliver the record (upstream_reset_before_response_started{connection_termination})"
+    assert sets.answer_name(said) == "503 COMPLIANT_INSTANCES_DOWN (upstream_reset_before_response_started{connection_termination})"
+    # Denied twins: no message (a connection error), or a message without a parenthesis.
+    assert sets.answer_name(row(status=0, code="")) == "0 -"
+    assert sets.answer_name({**row(), "message": "the rules deny it"}) == "503 HOP_UNAVAILABLE"
