@@ -2,6 +2,11 @@
 services/src/audit.js): its lines, each a JSON object, and its hash chain, every line's "prev"
 the SHA-256 of the bytes of the line before it (GENESIS for the first); and a Problem, what the
 audit found wrong at a line.
+
+An instance may have written more than one chain: on Kubernetes its log is in its pod's
+emptyDir, and a pod that replaces a deleted one starts a new chain. Each is a file of its own,
+<instance>.<which>.jsonl beside <instance>.jsonl; the name up to the first dot names the
+instance (an instance id is a DNS label: it has no dot).
 """
 
 from __future__ import annotations
@@ -33,6 +38,10 @@ def line_hash(raw: bytes) -> str:
     return hashlib.sha256(raw).hexdigest()
 
 
+def instance_of(path: Path) -> str:
+    return path.name.split(".", 1)[0]
+
+
 def read_chain(path: Path, name: str, progress=None) -> tuple[int, list[Line], list[Problem]]:
     """How many lines one instance's log has, those that are JSON objects, and the links that do not hold.
 
@@ -57,7 +66,7 @@ def read_chain(path: Path, name: str, progress=None) -> tuple[int, list[Line], l
             elif entry["prev"] != expected:
                 problems.append(Problem("chain", where, "prev is not the hash of the line before it" if number > 1 else "the first line does not start from the genesis"))
             if isinstance(entry, dict):
-                lines.append(Line(where, path.stem, entry))
+                lines.append(Line(where, instance_of(path), entry))
             expected = line_hash(raw)
             if progress and number % PROGRESS_EVERY == 0:
                 progress(f"{name}: {number} lines")

@@ -393,3 +393,26 @@ def test_default_folders_skip_runs_current_allowed(tmp_path):
     (tmp_path / "current").symlink_to("a")
     (tmp_path / "k8s").mkdir()
     assert audit.run_folders(tmp_path) == [first]
+
+
+def test_an_instance_s_second_chain_in_a_file_of_its_own_is_that_instance_s_allowed(run):
+    """A pod that replaced a deleted one (Kubernetes) writes a new chain into a new emptyDir:
+    analyse-eu's r-0 in analyse-eu.jsonl, r-1 and r-2 in analyse-eu.pod-2.jsonl, each chain from
+    the genesis, both analyse-eu's."""
+    write_lines(run, [item for item in RECORDS if item["instance"] != "analyse-eu"])
+    write_log(run, "analyse-eu", chained(lines_of("analyse-eu")[:1]))
+    write_log(run, "analyse-eu.pod-2", chained(lines_of("analyse-eu")[1:]))
+    verdict = audit.audit_run(run)
+    assert (verdict.lines, verdict.chains, verdict.records) == (9, 4, 3)
+    assert verdict.clean, verdict.summary()
+
+
+def test_a_second_chain_is_the_instance_its_file_names_not_its_lines_denied(run):
+    """The same lines of analyse-eu in a file named for analyse-us: receptions in analyse-us,
+    which no point that decides ingest-eu's hops sends to, and store-eu's lines of r-1 and r-2
+    name a sender (analyse-eu) that holds none."""
+    write_lines(run, [item for item in RECORDS if item["instance"] != "analyse-eu"])
+    write_log(run, "analyse-eu", chained(lines_of("analyse-eu")[:1]))
+    write_log(run, "analyse-us.pod-2", chained(lines_of("analyse-eu")[1:]))
+    verdict = audit.audit_run(run)
+    assert (verdict.undecided, dict(verdict.paths)) == (2, {"sender": 2}) and not verdict.clean, verdict.summary()
