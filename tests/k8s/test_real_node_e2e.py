@@ -1,4 +1,5 @@
-"""Every topology, rendered for one node (render.Renderer(one_node=True)), running on the
+"""Every topology, rendered for one node (render.Renderer(one_node=True)) with the services of
+mixed-regions, its EU analyse instance in two replicas (a compliant set of two), running on the
 local cluster's real node (realnode.py): real containerd, runc, CNI, kubelet, kube-proxy and
 CoreDNS, the images `make images` built. Records go in through `kubectl port-forward` to the
 entry's Service (the host sends to its loopback only) and travel pod to pod over the node's
@@ -11,21 +12,30 @@ Run by `make k8s-e2e` (it needs `make k8s-setup` and `make images`).
 import json
 import socket
 import subprocess
+import threading
 import time
+import urllib.parse
+from collections import Counter
 from pathlib import Path
 
 import pytest
+import yaml
 
 from complyroute.client import send
 from complyroute.evidence import audit
 from complyroute.policy import bundles
 from complyroute.runtime.kubernetes import render
 from complyroute.runtime.kubernetes.images import IMAGES
+from complyroute.topology.plan import ADMIN_SOCKET
 from complyroute.topology import manifest
 from tests.k8s.harness import realnode
 
 
 MIXED_REGIONS = manifest.REPO / "topologies" / "examples" / "mixed-regions.yaml"
+# mixed-regions with its EU analyse instance in two replicas (replicated()): an EU record's
+# analyse hop may go to either, a compliant set of two.
+REPLICATED = "analyse-eu"
+ANALYSE_EU = {f"{REPLICATED}-1", f"{REPLICATED}-2"}
 TOPOLOGIES = ["sidecar", "central-entity", "dynamic-router-3", "dynamic-router-6", "baseline"]
 EU_PERSONAL = {"region": "EU", "category": "personal", "consent": "care,billing"}
 RECORD = {"subject": "alice", "reading": 42}
@@ -66,6 +76,15 @@ class Running:
     def pods(self) -> list[dict]:
         return json.loads(self.cluster.kubectl("-n", self.namespace, "get", "pods", "-o", "json", quiet=True).stdout)["items"]
 
+    def pod_of(self, app: str) -> dict:
+        """The one pod of a Deployment (or one-node DaemonSet) that is not being deleted."""
+        (pod,) = [p for p in self.pods() if p["metadata"]["labels"]["app"] == app and not p["metadata"].get("deletionTimestamp")]
+        return pod
+
+    def volume(self, pod: dict, name: str) -> Path:
+        """A pod's emptyDir `name`, under the kubelet's root on this machine."""
+        return realnode_root(self.cluster) / "kubelet" / "pods" / pod["metadata"]["uid"] / "volumes" / "kubernetes.io~empty-dir" / name
+
     def audit_files(self) -> list[Path]:
         """Each service's audit log, in its pod's emptyDir under the kubelet's root on this machine."""
         pods = realnode_root(self.cluster) / "kubelet" / "pods"
@@ -83,15 +102,16 @@ class Running:
                 return seen
             time.sleep(0.1)
 
-    def run_folder(self, folder: Path) -> Path:
+    def run_folder(self, folder: Path, kept: tuple[Path, ...] = ()) -> Path:
         """A run folder as `make audit` reads one: the points as their pods run them, the bundles
-        they decided with, the audit logs."""
+        they decided with, the audit logs (and `kept`, those of deleted pods, each named
+        <instance>.<pod>.jsonl: auditlog.instance_of)."""
         points = [{"name": p.name, "node": p.node, "senders": [d.sender for d in p.deciding], "destinations": sorted(p.destinations)}
                   for p in self.renderer.points]
         (folder / "audit").mkdir(parents=True)
         (folder / "state.json").write_text(json.dumps({"kind": self.topology.kind, "topology": self.topology.name,
                                                        "engine": self.topology.engine["kind"], "points": points}))
-        for path in self.audit_files():
+        for path in [*self.audit_files(), *kept]:
             (folder / "audit" / path.name).write_bytes(path.read_bytes())
         revisions = folder / bundles.REVISIONS / self.renderer.revision
         revisions.mkdir(parents=True)
@@ -105,14 +125,24 @@ def realnode_root(cluster) -> Path:
     return cluster.real_node.dir
 
 
+def replicated(folder: Path) -> Path:
+    """The services of mixed-regions, with `replicas: 2` on its EU analyse instance."""
+    services = yaml.safe_load(MIXED_REGIONS.read_text())
+    (entry,) = [s for s in services["services"] if s["id"] == REPLICATED]
+    entry["replicas"] = 2
+    path = folder / "mixed-regions-replicated.yaml"
+    path.write_text(yaml.safe_dump(services, sort_keys=False))
+    return path
+
+
 @pytest.fixture(scope="module", params=TOPOLOGIES)
 def running(cluster, request, tmp_path_factory):
     if cluster.real_node is None:
         pytest.skip("the cluster runs without a real node (COMPLYROUTE_REAL_NODE=0)")
-    topology = manifest.load(request.param, services=str(MIXED_REGIONS))
+    folder = tmp_path_factory.mktemp(request.param)
+    topology = manifest.load(request.param, services=str(replicated(folder)))
     renderer = render.Renderer(topology, one_node=True)
     renderer.render()
-    folder = tmp_path_factory.mktemp(request.param)
     rendered = folder / "rendered.yaml"
     rendered.write_text(render.build(renderer, folder / "kustomization"))
     namespace = renderer.namespace
@@ -156,9 +186,9 @@ def test_eu_personal_record_travels_only_through_eu_instances_allowed(running):
     if running.topology.kind == "baseline":  # no policy: any instance of each step
         assert len(path) == 3
         return
-    assert path == ["ingest-eu", "analyse-eu", "store-eu"]
+    assert path[0] == "ingest-eu" and path[1] in ANALYSE_EU and path[2] == "store-eu", path
     assert all(hop["region"] == "EU" for hop in answer.body["path"])
-    assert running.reached(request_id, 3) == {"ingest-eu", "analyse-eu", "store-eu"}
+    assert running.reached(request_id, 3) == set(path)
 
 
 def test_record_without_consent_to_the_last_step_gets_451_with_the_rules_code_denied(running):
@@ -168,7 +198,8 @@ def test_record_without_consent_to_the_last_step_gets_451_with_the_rules_code_de
     assert answer.status == 451, answer.text
     assert answer.body["code"] == "PURPOSE_NOT_CONSENTED"
     assert [r["instance"] for r in answer.body["reasons"]] == ["store-eu"]
-    assert running.reached(request_id, 2) == {"ingest-eu", "analyse-eu"}
+    reached = running.reached(request_id, 2)
+    assert len(reached) == 2 and "ingest-eu" in reached and reached & ANALYSE_EU, reached
 
 
 def test_malformed_record_gets_400_and_reaches_no_instance_denied(running):
@@ -218,3 +249,152 @@ def test_a_killed_opa_fails_closed_and_the_kubelet_restarts_it_denied(running):
         assert time.monotonic() < deadline, f"the kubelet did not restart OPA: {status}"
         time.sleep(1)
     assert running.post(EU_PERSONAL)[1].status == 200
+
+
+class Sender:
+    """EU records sent one after another by each of `users` threads until stop(), every answer
+    kept: (sent at, seconds taken, request id, status, the analyse hop's instance)."""
+
+    def __init__(self, running: Running, users: int = 2):
+        self.running, self.answers, self.stopping = running, [], threading.Event()
+        self.refused: dict[str, str] = {}  # request id -> the answer's text, for every answer but 200
+        self.threads = [threading.Thread(target=self.send, daemon=True) for _ in range(users)]
+        for thread in self.threads:
+            thread.start()
+
+    def send(self) -> None:
+        while not self.stopping.is_set():
+            sent = time.monotonic()
+            try:
+                request_id, answer = self.running.post(EU_PERSONAL)
+            except OSError as error:  # no answer at all (the port-forward broke, the read timed out)
+                self.answers.append((sent, time.monotonic() - sent, f"no answer {sent}", None, None))
+                self.refused[f"no answer {sent}"] = str(error)
+                continue
+            hop = answer.body["path"][1]["instance"] if answer.status == 200 else None
+            self.answers.append((sent, time.monotonic() - sent, request_id, answer.status, hop))
+            if answer.status != 200:
+                self.refused[request_id] = answer.text
+
+    def reached_since(self, instance: str, since: float) -> bool:
+        return any(sent > since and hop == instance for sent, *_, hop in list(self.answers))
+
+    def stop(self) -> None:
+        self.stopping.set()
+        for thread in self.threads:
+            thread.join(timeout=60)
+
+
+def service_status(pod: dict) -> dict:
+    return next(s for s in pod["status"].get("containerStatuses", []) if s["name"] == "service")
+
+
+def back(running: Running, sender: Sender, instance: str, serving, timeout: float = 180) -> float:
+    """Waits until `instance` has a pod whose service container is ready and `serving(pod)`
+    holds, then until a record sent after that went through it; the moment it was ready."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pods = [p for p in running.pods() if p["metadata"]["labels"]["app"] == instance and not p["metadata"].get("deletionTimestamp")]
+        if pods and serving(pods[0]) and service_status(pods[0]).get("ready"):
+            break
+        assert time.monotonic() < deadline, f"{instance} did not come back within {timeout:.0f} s: {[p['status'] for p in pods]}"
+        time.sleep(0.5)
+    ready = time.monotonic()
+    while not sender.reached_since(instance, ready):
+        assert time.monotonic() < deadline, f"no record went to {instance} within {timeout:.0f} s after it was ready again"
+        time.sleep(0.2)
+    return ready
+
+
+def set_cluster_stats(running: Running) -> dict[str, int]:
+    """The counters of the set cluster of both analyse replicas at the point that decides
+    ingest-eu's hops, read through its Envoy's admin socket (in its pod's private emptyDir)."""
+    (point,) = [p for p in running.renderer.points
+                if any(d.sender == "ingest-eu" for d in p.deciding) and ANALYSE_EU <= set(p.destinations)]
+    private = running.volume(running.pod_of(point.group), render.PRIVATE_VOLUME)
+    # A memory volume, mounted in the node's mount namespace only; asked from its folder, as the
+    # socket's full path is longer than a socket address may be.
+    url = "http://admin/stats?filter=" + urllib.parse.quote(",".join(sorted(ANALYSE_EU)))
+    stats = realnode.run("nsenter", f"--target={running.cluster.real_node.holder.pid}", "--mount", "--", "sh", "-c",
+                         f"cd '{private}' && curl -sS --unix-socket {ADMIN_SOCKET} '{url}'").stdout
+    prefix = f"cluster.{','.join(sorted(ANALYSE_EU))}."
+    counters = {}
+    for line in stats.splitlines():
+        name, _, value = line.partition(": ")
+        if name.startswith(prefix) and value.strip().isdigit():
+            counters[name.removeprefix(prefix)] = int(value)
+    return counters
+
+
+def test_a_killed_replica_loses_no_record_its_twin_takes_them_allowed(running, tmp_path):
+    """Issue 27's real-node case. How the points see an instance's pods: each instance is its
+    own Deployment (one pod) behind its own Service, so analyse-eu-1 and analyse-eu-2 are two
+    instances and two Services. The point that decides ingest-eu's hops reaches each by its
+    Service's name (STRICT_DNS: one endpoint per instance, the Service's ClusterIP) in the set's
+    cluster; the decision names instances, never pods. Which pod serves an instance is the
+    Service's business (kube-proxy), which instance of the set gets a record Envoy's.
+
+    While two users send EU records one after another: (1) analyse-eu-1's service container is
+    SIGKILLed through containerd (the pod, its address and its emptyDir stay; the kubelet starts
+    it again; in the sidecar topology its sidecar's ingress stays up and answers that it could
+    not deliver), then (2) analyse-eu-2's pod is deleted (`kubectl delete pod`: a new pod, a
+    new address behind the same Service). Each time every record is answered 200 through the
+    other replica, but those inside the instance when it died: the point had sent them, so
+    nothing retries them (Envoy's reset after the request went out, 503 HOP_UNAVAILABLE
+    connection_termination), at most one per user per fault. The set cluster shows the
+    retries; the killed instance gets records again once ready; the audit is clean, the deleted
+    pod's chain kept by a hard link made before (its emptyDir goes with it)."""
+    if running.topology.kind == "baseline":
+        pytest.skip("the baseline has no compliant sets")
+    first, second = sorted(ANALYSE_EU)
+    kept = realnode_root(running.cluster) / "kept-audit" / running.topology.name
+    kept.mkdir(parents=True, exist_ok=True)
+    before = set_cluster_stats(running)
+    sender = Sender(running)
+    try:
+        started = time.monotonic()
+        back(running, sender, first, lambda pod: True, timeout=30)
+        back(running, sender, second, lambda pod: True, timeout=30)
+
+        pod = running.pod_of(first)
+        restarts = service_status(pod)["restartCount"]
+        killed_at = time.monotonic()
+        realnode.run("ctr", f"--address={realnode.SOCKET}", "--namespace=k8s.io", "tasks", "kill", "--signal", "SIGKILL",
+                     service_status(pod)["containerID"].removeprefix("containerd://"))
+        restarted_at = back(running, sender, first, lambda pod: service_status(pod)["restartCount"] > restarts)
+
+        pod = running.pod_of(second)
+        chain = kept / f"{second}.{pod['metadata']['uid']}.jsonl"
+        chain.hardlink_to(running.volume(pod, "audit") / f"{second}.jsonl")
+        deleted_at = time.monotonic()
+        running.cluster.kubectl("-n", running.namespace, "delete", "pod", pod["metadata"]["name"], "--wait=false", quiet=True)
+        replaced_at = back(running, sender, second, lambda new: new["metadata"]["uid"] != pod["metadata"]["uid"])
+        time.sleep(1)
+    finally:
+        sender.stop()
+    after = set_cluster_stats(running)
+
+    answers = sender.answers
+    # Inside the instance when it died: the point had sent the record, and the connection ended
+    # before an answer (Envoy: upstream_reset_before_response_started{connection_termination}).
+    # Each user has one record in flight at a time: at most one per user per fault.
+    died = {request_id for request_id, text in sender.refused.items() if '"code":"HOP_UNAVAILABLE"' in text and "{connection_termination}" in text}
+    lost = {request_id: text for request_id, text in sender.refused.items() if request_id not in died}
+    windows = {"killed": (killed_at, restarted_at), "deleted": (deleted_at, replaced_at)}
+    figures = {name: {"seconds": round(end - start, 1),
+                      "records": dict(Counter(hop or str(status) for sent, _, _, status, hop in answers if start <= sent < end)),
+                      "slowest_s": round(max((took for sent, took, *_ in answers if start <= sent < end), default=0), 2)}
+               for name, (start, end) in windows.items()}
+    retried = {k: after.get(k, 0) - before.get(k, 0) for k in ("upstream_rq_retry", "upstream_cx_connect_fail", "upstream_cx_connect_timeout",
+                                                                "outlier_detection.ejections_enforced_total", "upstream_rq_retry_limit_exceeded")}
+    print(f"\n{running.topology.name}: {len(answers)} records in {time.monotonic() - started:.0f} s, {len(died)} inside a killed "
+          f"instance, {len(lost)} lost; {figures}; set cluster {retried}; service restarts "
+          f"{ {p['metadata']['name']: service_status(p)['restartCount'] for p in running.pods() if p['metadata']['labels']['component'] == 'service'} }")
+    assert not lost, f"{len(lost)} of {len(answers)} records answered otherwise than 200: {list(lost.items())[:3]}"
+    assert len(died) <= len(windows) * len(sender.threads), sorted(died)
+    in_flight = {request_id: (sent, sent + took) for sent, took, request_id, *_ in answers}
+    assert all(any(sent <= end and answered >= start for start, end in windows.values()) for sent, answered in map(in_flight.get, died)), died
+    assert all(hop in ANALYSE_EU for *_, status, hop in answers if status == 200)
+    assert retried["upstream_rq_retry"] >= 1, retried
+    verdict = audit.audit_run(running.run_folder(tmp_path / "run", kept=(chain,)))
+    assert verdict.records >= len(answers) - len(died) and verdict.clean, verdict.summary()

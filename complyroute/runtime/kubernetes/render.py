@@ -272,10 +272,17 @@ def _probe(path: str, port: int) -> dict:
     return {"httpGet": {"path": path, "port": port}, "periodSeconds": 5, "failureThreshold": 3}
 
 
+# A probe run inside the container starts a Node.js process each time, which on a loaded node
+# alone took over 2 s: with a 2 s timeout the kubelet marked healthy services unready and killed
+# them (k8s-e2e, sidecar, load average 22-28: ingest-eu, store-eu and a replica restarted by their
+# liveness probes while a pod of another instance was replaced, every record in them lost).
+EXEC_PROBE_TIMEOUT_S = 10
+
+
 def _exec_probe(url: str) -> dict:
     """A probe run inside the container: for a service that listens on its pod's loopback only."""
     script = f"fetch({json.dumps(url)}).then((r) => process.exit(r.ok ? 0 : 1), () => process.exit(1))"
-    return {"exec": {"command": ["node", "-e", script]}, "periodSeconds": 5, "failureThreshold": 3, "timeoutSeconds": 2}
+    return {"exec": {"command": ["node", "-e", script]}, "periodSeconds": 5, "failureThreshold": 3, "timeoutSeconds": EXEC_PROBE_TIMEOUT_S}
 
 
 def _tcp_probe(port: int) -> dict:
@@ -285,7 +292,7 @@ def _tcp_probe(port: int) -> dict:
 def _exec_tcp_probe(port: int) -> dict:
     """A TCP connection to the pod's loopback, made inside the container."""
     script = f"require('net').connect({port}, '127.0.0.1').on('connect', () => process.exit(0)).on('error', () => process.exit(1))"
-    return {"exec": {"command": ["node", "-e", script]}, "periodSeconds": 5, "failureThreshold": 3, "timeoutSeconds": 2}
+    return {"exec": {"command": ["node", "-e", script]}, "periodSeconds": 5, "failureThreshold": 3, "timeoutSeconds": EXEC_PROBE_TIMEOUT_S}
 
 
 def service_probe(port: int, beside: bool, mtls: bool) -> dict:
