@@ -286,7 +286,8 @@ class Sender:
 
 
 def service_status(pod: dict) -> dict:
-    return next(s for s in pod["status"].get("containerStatuses", []) if s["name"] == "service")
+    """Its service container's status; none yet for a pod not yet started."""
+    return next((s for s in pod["status"].get("containerStatuses", []) if s["name"] == "service"), {})
 
 
 def back(running: Running, sender: Sender, instance: str, serving, timeout: float = 180) -> float:
@@ -361,7 +362,7 @@ def test_a_killed_replica_loses_no_record_its_twin_takes_them_allowed(running, t
         killed_at = time.monotonic()
         realnode.run("ctr", f"--address={realnode.SOCKET}", "--namespace=k8s.io", "tasks", "kill", "--signal", "SIGKILL",
                      service_status(pod)["containerID"].removeprefix("containerd://"))
-        restarted_at = back(running, sender, first, lambda pod: service_status(pod)["restartCount"] > restarts)
+        restarted_at = back(running, sender, first, lambda pod: service_status(pod).get("restartCount", 0) > restarts)
 
         pod = running.pod_of(second)
         chain = kept / f"{second}.{pod['metadata']['uid']}.jsonl"
@@ -389,7 +390,7 @@ def test_a_killed_replica_loses_no_record_its_twin_takes_them_allowed(running, t
                                                                 "outlier_detection.ejections_enforced_total", "upstream_rq_retry_limit_exceeded")}
     print(f"\n{running.topology.name}: {len(answers)} records in {time.monotonic() - started:.0f} s, {len(died)} inside a killed "
           f"instance, {len(lost)} lost; {figures}; set cluster {retried}; service restarts "
-          f"{ {p['metadata']['name']: service_status(p)['restartCount'] for p in running.pods() if p['metadata']['labels']['component'] == 'service'} }")
+          f"{ {p['metadata']['name']: service_status(p).get('restartCount') for p in running.pods() if p['metadata']['labels']['component'] == 'service'} }")
     assert not lost, f"{len(lost)} of {len(answers)} records answered otherwise than 200: {list(lost.items())[:3]}"
     assert len(died) <= len(windows) * len(sender.threads), sorted(died)
     in_flight = {request_id: (sent, sent + took) for sent, took, request_id, *_ in answers}
