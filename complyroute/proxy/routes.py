@@ -69,7 +69,7 @@ RETRY_UNSENT = {
     # flight: 3 picks in 4 land on it in a set of two. previous_hosts turns such a pick down and
     # Envoy picks again, this many times before it takes the pick anyway: at 4, a retry went
     # back to the dead instance one time in four (seen on Kubernetes: three retries spent on it,
-    # 503 with its twin up); at 20, about once in 300 per retry, once in 30 million for all three.
+    # 503 with its twin up); at 20 (21 picks), once in 400 per retry, once in 70 million for all three.
     "host_selection_retry_max_attempts": 20,
     # At once: the record waits for nothing but another instance (Envoy's default waits 25 ms).
     "retry_back_off": {"base_interval": "0.001s", "max_interval": "0.005s"},
