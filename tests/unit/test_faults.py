@@ -49,7 +49,7 @@ def test_soak_accounts_every_request_and_attributes_losses_to_faults_allowed(tmp
 def test_soak_user_rate_sets_how_many_users_hold_the_rate_allowed(monkeypatch):
     from experiments import __main__ as cli
     ran = []
-    monkeypatch.setattr(soak, "run", lambda parameters, results: ran.append(parameters) or (None, []))
+    monkeypatch.setattr(soak, "run", lambda parameters, results, run_id=None: ran.append(parameters) or (None, []))
     assert cli.main(["soak", "--rate", "50", "--user-rate", "2"]) == 0
     assert ran[0].user_rate == 2 and ran[0].users == 25
     command = soak.locust_command({"entry_url": "https://127.0.0.1:8080", "topology": "sidecar-5"}, Path("/tmp/x"), ran[0])
@@ -58,7 +58,7 @@ def test_soak_user_rate_sets_how_many_users_hold_the_rate_allowed(monkeypatch):
 
 def test_soak_user_rate_below_one_or_above_the_rate_is_refused_denied(monkeypatch, capsys):
     from experiments import __main__ as cli
-    monkeypatch.setattr(soak, "run", lambda parameters, results: (_ for _ in ()).throw(AssertionError("ran")))
+    monkeypatch.setattr(soak, "run", lambda parameters, results, run_id=None: (_ for _ in ()).throw(AssertionError("ran")))
     for given in (["--user-rate", "0.5"], ["--rate", "20", "--user-rate", "30"]):
         assert cli.main(["soak", *given]) == 2
         assert "--user-rate" in capsys.readouterr().err
