@@ -2,10 +2,13 @@
 
 import hashlib
 import json
+import re
 import ssl
 import time
 import uuid
 from pathlib import Path
+
+import yaml
 
 from complyroute.client import send
 from complyroute.policy import policyfiles
@@ -19,6 +22,10 @@ ENGINES = list(manifest.ENGINES)
 REFERENCE = json.loads(manifest.REFERENCE_DATA.read_text())
 EU_PERSONAL = {"region": "EU", "category": "personal", "consent": "care,billing"}
 RECORD = {"subject": "alice", "reading": 42}
+# The example's entries with their replica counts: an entry with replicas is the instances
+# <entry>-1 ... <entry>-N (two EU replicas of each step), alike but for id, so one compliant set
+# for every record the tests send, of which the data plane picks any.
+REPLICAS = {entry["id"]: entry.get("replicas", 1) for entry in yaml.safe_load(MIXED_REGIONS.read_text())["services"]}
 # The receive_timeout of the pool's deployments (conftest.py): short enough for the error
 # contract's 408 test to wait out.
 POOL_RECEIVE_TIMEOUT = 1.0
@@ -69,6 +76,30 @@ def wait_for_audit(state, request_id, count, timeout=5.0):
 
 def instances_reached(state, request_id) -> set[str]:
     return {line["instance"] for line in audit_lines(state) if line["request_id"] == request_id}
+
+
+def replicas(entry: str) -> set[str]:
+    """The instances of one of the example's entries: {ingest-eu-1, ingest-eu-2} for ingest-eu."""
+    count = REPLICAS[entry]
+    return {entry} if count == 1 else {f"{entry}-{k}" for k in range(1, count + 1)}
+
+
+def entry_of(instance: str) -> str:
+    """The example's entry an instance is a replica of (ingest-eu for ingest-eu-2); an instance
+    that is no replica of the example's, itself."""
+    replica = re.fullmatch(r"(.+)-\d+", instance)
+    return replica[1] if replica and replica[1] in REPLICAS and instance in replicas(replica[1]) else instance
+
+
+def entries(instances) -> list[str]:
+    """The entries of a path's instances, in order: each hop's instance named by its compliant set."""
+    return [entry_of(instance) for instance in instances]
+
+
+def entries_reached(state, request_id) -> list[str]:
+    """The entries of the instances a record reached, sorted: a record received by two replicas
+    of one entry names it twice."""
+    return sorted(entries(instances_reached(state, request_id)))
 
 
 # ---- acting as a part of the deployment (mutual TLS, label tokens) -------------------------

@@ -20,7 +20,7 @@ from complyroute.policy import bundles
 from complyroute.runtime.local import deployment
 from complyroute.topology import manifest
 
-from .helpers import ENGINES, EU_PERSONAL, MIXED_REGIONS, RECORD, post, wait_for_audit
+from .helpers import ENGINES, EU_PERSONAL, MIXED_REGIONS, RECORD, entry_of, post, wait_for_audit
 
 
 US_PERSONAL = {"region": "US", "category": "personal", "consent": "care,billing"}
@@ -47,16 +47,18 @@ def test_allowed_records_leave_lines_the_audit_finds_clean_allowed(deployed):
     request_id, answer = post(state, {**EU_PERSONAL, "consent": " care , billing"})
     assert answer.status == 200, answer.text
     assert post(state, US_PERSONAL)[1].status == 200
-    denied_id, denied = post(state, {**EU_PERSONAL, "consent": "care"})  # reaches analyse-eu, not store-eu
+    denied_id, denied = post(state, {**EU_PERSONAL, "consent": "care"})  # reaches an analyse-eu replica, no store-eu one
     assert denied.status == 451, denied.text
     wait_for_audit(state, denied_id, 2)
 
-    lines = {line["instance"]: line for line in wait_for_audit(state, request_id, 3)}
-    assert set(lines) == {"ingest-eu", "analyse-eu", "store-eu"}
+    received = wait_for_audit(state, request_id, 3)
+    lines = {entry_of(line["instance"]): line for line in received}  # one replica of each EU entry
+    assert len(received) == 3 and set(lines) == {"ingest-eu", "analyse-eu", "store-eu"}
+    ingest, analyse = lines["ingest-eu"]["instance"], lines["analyse-eu"]["instance"]
     assert {name: (line["sender"], line["decided_by"]) for name, line in lines.items()} == {
         "ingest-eu": ("gateway", "entry"),
-        "analyse-eu": ("ingest-eu", "sidecar-ingest-eu"),
-        "store-eu": ("analyse-eu", "sidecar-analyse-eu"),
+        "analyse-eu": (ingest, f"sidecar-{ingest}"),
+        "store-eu": (analyse, f"sidecar-{analyse}"),
     }
     for line in lines.values():
         assert line["labels"] == {"region": "EU", "category": "personal", "consent": "billing,care"}
@@ -83,12 +85,12 @@ def test_a_record_posted_straight_to_a_service_is_reported_without_a_decision_de
     the service cannot tell, the audit can. (With it on, that post gets no answer at all:
     test_hostile_e2e.py.)"""
     state = without_mtls
-    store_eu = next(p for p in state["parts"] if p["name"] == "store-eu")
+    store_eu = next(p for p in state["parts"] if p["name"] == "store-eu-1")
     # Past every enforcement point, with the headers a decided hop carries, but for the ones
     # only a deciding point sets.
     request_id = f"e2e-{uuid.uuid4()}"
     answer = send(store_eu["health_url"].removesuffix("/health") + "/process", EU_PERSONAL, RECORD,
-                  request_id=request_id, headers={"x-complyroute-sender": "analyse-eu"})
+                  request_id=request_id, headers={"x-complyroute-sender": "analyse-eu-1"})
     assert answer.status == 200, answer.text  # the service cannot tell: the audit can
     assert len(wait_for_audit(state, request_id, 1)) == 1
 
@@ -97,4 +99,4 @@ def test_a_record_posted_straight_to_a_service_is_reported_without_a_decision_de
     # And its path starts at the last step: the join tells as well.
     assert "forbidden receptions 0, receptions without a decision 1, path findings 1 in 1 records (entry 1): FAILED" in result.stdout
     assert f"request {request_id}: no decided_by, revision: no enforcement point decided this hop" in result.stdout
-    assert f"request {request_id}: no line of it was sent by a gateway (gateway): its earliest, at store-eu, was sent by analyse-eu" in result.stdout
+    assert f"request {request_id}: no line of it was sent by a gateway (gateway): its earliest, at store-eu-1, was sent by analyse-eu-1" in result.stdout

@@ -11,7 +11,7 @@ from complyroute.runtime.local import deployment
 from .helpers import deploy_mixed_regions, instances_reached, post, wait_for_audit
 
 
-CHAIN = ["ingest-eu", "analyse-eu", "store-eu"]  # the first instance of every step
+CHAIN = ["ingest-eu-1", "analyse-eu-1", "store-eu-1"]  # the first instance of every step
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +36,7 @@ def test_baseline_delivers_health_data_to_an_uncertified_instance(baseline):
     request_id, answer = post(baseline, {"region": "EU", "category": "health", "consent": "care,billing"})
     assert answer.status == 200, answer.text
     wait_for_audit(baseline, request_id, 3)
-    assert "store-eu" in instances_reached(baseline, request_id)
+    assert "store-eu-1" in instances_reached(baseline, request_id)
 
 
 def test_baseline_ignores_consent(baseline):

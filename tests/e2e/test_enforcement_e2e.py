@@ -1,9 +1,11 @@
 """End to end, for every enforcing topology and engine: real Envoy, OPA and service processes.
 
-The mixed-regions example (five instances in three steps, ingest -> analyse -> store, with
-EU and US replicas; the gateway is in the US) is deployed in each topology under each engine
+The mixed-regions example (eight instances in three steps, ingest -> analyse -> store: two EU
+replicas of each step, a US instance of two; the gateway is in the US) is deployed in each topology under each engine
 in turn. Records are sent to the real entry; the answers, and afterwards the audit log every
-instance wrote, show where each record went. The assertions are the same for every topology
+instance wrote, show where each record went: to one instance of each step's compliant set (the
+data plane picks either EU replica, so a path is asserted by the entries its instances are
+replicas of: ingest-eu for ingest-eu-1 or ingest-eu-2). The assertions are the same for every topology
 and engine: the rules are one rule set, whatever enforces them.
 """
 
@@ -16,14 +18,15 @@ from complyroute.evidence import audit
 from complyroute.runtime.local import deployment, supervision
 from complyroute.topology.plan import GATEWAY_SENDER
 
-from .helpers import ENFORCING, ENGINES, EU_PERSONAL, audit_lines, instances_reached, post, send_as, wait_for_audit
+from .helpers import (ENFORCING, ENGINES, EU_PERSONAL, audit_lines, entries, entries_reached, instances_reached, post, replicas,
+                      send_as, wait_for_audit)
 
 # Phase 1 of the pool's deployments (tests/e2e/conftest.py): before the error contract and the
 # hostile suite put records in past the entry, which this suite's audit verdict would count.
 pytestmark = pytest.mark.pool(phase=1)
 
 US_PERSONAL = {"region": "US", "category": "personal", "consent": "care,billing"}
-# Records a test put in past the entry, posing as ingest-eu with a token of its own (send_as),
+# Records a test put in past the entry, posing as ingest-eu-1 with a token of its own (send_as),
 # that reached an instance: the audit's join reports each as a path not from the entry.
 PUT_IN_PAST_THE_ENTRY: set[str] = set()
 EU_HEALTH = {"region": "EU", "category": "health", "consent": "care,billing"}
@@ -40,11 +43,12 @@ def test_eu_personal_record_travels_only_through_eu_instances_allowed(deployed):
     request_id, answer = post(state, EU_PERSONAL)
     assert answer.status == 200, answer.text
     assert answer.body["request_id"] == request_id
-    assert [hop["instance"] for hop in answer.body["path"]] == ["ingest-eu", "analyse-eu", "store-eu"]
+    path = [hop["instance"] for hop in answer.body["path"]]
+    assert path[0] in replicas("ingest-eu") and entries(path) == ["ingest-eu", "analyse-eu", "store-eu"], path
     assert all(hop["region"] == "EU" for hop in answer.body["path"])
     for hop in answer.body["path"]:
         assert hop["t_in"] <= hop["t_out"]
-    assert instances_reached(state, request_id) == {"ingest-eu", "analyse-eu", "store-eu"}
+    assert instances_reached(state, request_id) == set(path)
 
 
 def test_eu_personal_record_without_consent_to_last_step_denied(deployed):
@@ -53,17 +57,17 @@ def test_eu_personal_record_without_consent_to_last_step_denied(deployed):
     assert answer.status == 451, answer.text
     assert answer.body["code"] == "PURPOSE_NOT_CONSENTED"
     assert answer.body["request_id"] == request_id
-    assert [r["instance"] for r in answer.body["reasons"]] == ["store-eu"]
+    assert [r["instance"] for r in answer.body["reasons"]] == sorted(replicas("store-eu"))
     wait_for_audit(state, request_id, 2)
-    assert instances_reached(state, request_id) == {"ingest-eu", "analyse-eu"}
+    assert entries_reached(state, request_id) == ["analyse-eu", "ingest-eu"]
 
 
 def test_us_personal_record_may_use_us_instances_allowed(deployed):
     state, _ = deployed
     request_id, answer = post(state, US_PERSONAL)
     assert answer.status == 200, answer.text
-    # The gateway and the US replicas share a region, so the policy prefers them.
-    assert [hop["instance"] for hop in answer.body["path"]] == ["ingest-us", "analyse-us", "store-eu"]
+    # The gateway and the US instances share a region, so the policy prefers them.
+    assert entries(hop["instance"] for hop in answer.body["path"]) == ["ingest-us", "analyse-us", "store-eu"]
 
 
 def test_eu_personal_record_never_takes_the_preferred_us_replica_denied(deployed):
@@ -77,10 +81,10 @@ def test_eu_personal_record_never_takes_the_preferred_us_replica_denied(deployed
 def test_health_record_goes_to_certified_instance_over_preferred_region_allowed(deployed):
     state, _ = deployed
     # A US health record: the gateway prefers US instances, but analyse-us is not certified
-    # for health data, so the analyse hop goes to the certified analyse-eu instead.
+    # for health data, so the analyse hop goes to a certified analyse-eu replica instead.
     request_id, answer = post(state, {**US_PERSONAL, "category": "health"})
     wait_for_audit(state, request_id, 2)
-    assert instances_reached(state, request_id) == {"ingest-us", "analyse-eu"}
+    assert entries_reached(state, request_id) == ["analyse-eu", "ingest-us"]
     assert answer.status == 451 and answer.body["code"] == "CERTIFICATION_MISSING"  # store has none
 
 
@@ -90,9 +94,9 @@ def test_eu_health_record_meeting_step_without_certified_instance_denied(deploye
     assert answer.status == 451, answer.text
     assert answer.body["code"] == "CERTIFICATION_MISSING"
     assert answer.body["request_id"] == request_id
-    assert {r["instance"] for r in answer.body["reasons"]} == {"store-eu"}
+    assert {r["instance"] for r in answer.body["reasons"]} == replicas("store-eu")
     wait_for_audit(state, request_id, 2)
-    assert "store-eu" not in instances_reached(state, request_id)
+    assert entries_reached(state, request_id) == ["analyse-eu", "ingest-eu"]
 
 
 @pytest.mark.parametrize(
@@ -125,28 +129,28 @@ def test_malformed_record_refused_before_any_instance_denied(deployed, body):
 
 def test_client_set_routing_header_changes_nothing_allowed(deployed):
     state, _ = deployed
-    # The client asks for the US replica; the policy still picks ingest-eu for an EU record.
+    # The client asks for the US instance; the policy still picks the EU set for an EU record.
     request_id, answer = post(state, EU_PERSONAL, headers={"x-complyroute-destination": "ingest-us"})
     assert answer.status == 200, answer.text
-    assert [hop["instance"] for hop in answer.body["path"]] == ["ingest-eu", "analyse-eu", "store-eu"]
+    assert entries(hop["instance"] for hop in answer.body["path"]) == ["ingest-eu", "analyse-eu", "store-eu"]
 
 
 def test_client_set_routing_header_cannot_force_a_denied_hop_denied(deployed):
     state, _ = deployed
-    request_id, answer = post(state, EU_HEALTH, headers={"x-complyroute-destination": "store-eu"})
+    request_id, answer = post(state, EU_HEALTH, headers={"x-complyroute-destination": "store-eu-1"})
     assert answer.status == 451
     wait_for_audit(state, request_id, 2)
-    assert "store-eu" not in instances_reached(state, request_id)
+    assert "store-eu" not in entries_reached(state, request_id)
 
 
 def test_service_set_routing_header_at_egress_changes_nothing_denied(deployed):
     state, _ = deployed
-    # Acting as ingest-eu, send an EU record where ingest-eu sends records on (its sidecar,
-    # router or the central entity), asking for the US replica: the policy still decides.
-    request_id, answer = send_as(state, "ingest-eu", EU_PERSONAL, headers={"x-complyroute-destination": "analyse-us"})
+    # Acting as ingest-eu-1, send an EU record where it sends records on (its sidecar, router
+    # or the central entity), asking for the US instance: the policy still decides.
+    request_id, answer = send_as(state, "ingest-eu-1", EU_PERSONAL, headers={"x-complyroute-destination": "analyse-us"})
     assert answer.status == 200, answer.text
     PUT_IN_PAST_THE_ENTRY.add(request_id)
-    assert [hop["instance"] for hop in answer.body["path"]] == ["analyse-eu", "store-eu"]
+    assert entries(hop["instance"] for hop in answer.body["path"]) == ["analyse-eu", "store-eu"]
     assert "analyse-us" not in instances_reached(state, request_id)
 
 
@@ -205,12 +209,13 @@ def test_killed_opa_fails_its_hops_closed_while_the_rest_works(deployed):
         (US_PERSONAL, [("gateway", "ingest-us"), ("ingest-us", "analyse-us"), ("analyse-us", "store-eu")]),
         (EU_PERSONAL, [("gateway", "ingest-eu"), ("ingest-eu", "analyse-eu"), ("analyse-eu", "store-eu")]),
     ):
+        # The path by entries: no EU replica's point decides a hop of ingest-us's.
         expected, delivered = hops_before(path, needing_opa)
         request_id, answer = post(state, labels)
         if delivered:
             assert answer.status == 200, answer.text
-            assert [hop["instance"] for hop in answer.body["path"]] == [instance for _, instance in path]
+            assert entries(hop["instance"] for hop in answer.body["path"]) == [instance for _, instance in path]
         else:
             assert answer.status == 503 and answer.body["code"] == "DECISION_UNAVAILABLE", answer.text
             time.sleep(0.2)
-            assert instances_reached(state, request_id) == expected  # nothing forwarded past the failed point
+            assert entries_reached(state, request_id) == sorted(expected)  # nothing forwarded past the failed point

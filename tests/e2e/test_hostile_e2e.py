@@ -1,7 +1,8 @@
 """End to end, hostile: three attacker positions against every topology, under both engines.
 
-The mixed-regions example (an EU record goes ingest-eu -> analyse-eu -> store-eu) deployed
-with the manifests' defaults: mutual TLS between all parts, label tokens.
+The mixed-regions example (an EU record goes through one replica of each of ingest-eu,
+analyse-eu and store-eu) deployed with the manifests' defaults: mutual TLS between all parts,
+label tokens.
 
 - a client at the entry: forged label tokens, digests, decision headers and request ids;
   label headers over their bound (1024 bytes, 64 values);
@@ -10,8 +11,9 @@ with the manifests' defaults: mutual TLS between all parts, label tokens.
   another user (a child that gives up root for nobody), every point's private sockets: its
   OPA's decision port (issue 25: the entry's signed tokens for anyone), REST API and
   diagnostics, its Envoy's admin interface;
-- a compromised service: ingest-eu's process is replaced by one holding ingest-eu's real key
-  and certificate, which writes ingest-eu's audit lines as the service would. It receives
+- a compromised service: ingest-eu-1's process is replaced by one holding ingest-eu-1's real
+  key and certificate, which writes ingest-eu-1's audit lines as the service would (the other
+  EU replicas stopped, so every EU record takes it, analyse-eu-1 and store-eu-1). It receives
   genuine records (with genuine tokens) from the entry and tries to pass them on relabelled,
   without a token, with an altered or self-signed token, with another record's body, twice,
   past the next step, and through another sender's listener; with ingest-us's key, it takes a
@@ -59,14 +61,17 @@ from complyroute.runtime.local import deployment, rendering
 from complyroute.topology import localhttp, manifest
 from complyroute.trust import identity, pki
 
-from .helpers import (ENFORCING, ENGINES, EU_PERSONAL, RECORD, as_service, egress_url, label_token, opa_api, post,
-                      tls_context, wait_for_audit)
+from .helpers import (ENFORCING, ENGINES, EU_PERSONAL, RECORD, as_service, egress_url, entries, entry_of, label_token, opa_api,
+                      post, tls_context, wait_for_audit)
 
 # Phase 3 of the pool's deployments (tests/e2e/conftest.py); the compromised service's tests, phase 5.
 pytestmark = pytest.mark.pool(phase=3)
 
-VICTIM = "ingest-eu"  # the compromised service
-NEXT, LAST = "analyse-eu", "store-eu"
+VICTIM = "ingest-eu-1"  # the compromised service
+NEXT, LAST = "analyse-eu-1", "store-eu-1"
+# The replicas the compromised service's deployment stops: with them down, every EU record takes
+# VICTIM, NEXT and LAST, so a record met again meets the replay guard of the instance that saw it.
+OTHER_REPLICAS = ("ingest-eu-2", "analyse-eu-2", "store-eu-2")
 EU_LINE = {"region": "EU", "category": "personal", "consent": "billing,care"}
 US_PERSONAL = {"region": "US", "category": "personal", "consent": "care,billing"}
 # The record the compromised service relabelled under its real id, by run folder: the audit
@@ -108,8 +113,8 @@ def service_url(state, instance) -> str:
 
 
 class Compromised:
-    """Stands in for ingest-eu with its credential: answers the entry, keeps what it received,
-    and writes ingest-eu's audit line for it as the service does (services/src/routes.js), chained
+    """Stands in for ingest-eu-1 with its credential: answers the entry, keeps what it received,
+    and writes ingest-eu-1's audit line for it as the service does (services/src/routes.js), chained
     to the real service's last line: an attacker that keeps its own log looking honest, so
     the records it received have whole paths in the audit."""
 
@@ -117,7 +122,8 @@ class Compromised:
         self.part = part(state, VICTIM)
         env = self.part["env"]
         # Stopped through supervisord, which would otherwise start the real service again on its port.
-        deployment.stop_part(VICTIM, state)
+        for instance in (VICTIM, *OTHER_REPLICAS):
+            deployment.stop_part(instance, state)
         self.received: queue.Queue = queue.Queue()
         received = self.received
         log = AuditLog(Path(env["AUDIT_LOG"]))
@@ -155,14 +161,14 @@ class Compromised:
         self.egress = env["EGRESS_URL"] + "/process"
 
     def genuine_record(self, state, record=RECORD):
-        """Send an EU record to the entry; what ingest-eu receives with it (headers, body)."""
+        """Send an EU record to the entry; what ingest-eu-1 receives with it (headers, body)."""
         _, answer = post(state, EU_PERSONAL, record)
         assert answer.status == 200, answer.text
         return self.received.get(timeout=10)
 
     def forward(self, headers: dict, body: bytes, url: str | None = None, context: ssl.SSLContext | None = None):
-        """Pass a record on as ingest-eu would (or as the holder of `context`): its labels, id,
-        token, step; TLS as ingest-eu."""
+        """Pass a record on as ingest-eu-1 would (or as the holder of `context`): its labels, id,
+        token, step; TLS as ingest-eu-1."""
         connection_url = url or self.egress
         request = urllib.request.Request(connection_url, data=body, method="POST", headers={
             "content-type": "application/json", "x-complyroute-step": "analyse", **headers})
@@ -194,7 +200,7 @@ class AuditLog:
 
 
 def audit_entry(headers: dict, body: bytes) -> dict:
-    """ingest-eu's audit line for a record it received: labels, digest, id and decision as received."""
+    """ingest-eu-1's audit line for a record it received: labels, digest, id and decision as received."""
     return {
         "ts": time.time() * 1000, "instance": VICTIM, "step": "ingest", "request_id": headers["x-request-id"],
         "labels": {"region": headers["x-data-region"], "category": headers["x-data-category"], "consent": headers.get("x-data-consent")},
@@ -204,7 +210,7 @@ def audit_entry(headers: dict, body: bytes) -> dict:
 
 
 def passed_on(received_headers: dict) -> dict:
-    """The headers an honest ingest-eu sends on (services/src/routes.js): labels, id, token."""
+    """The headers an honest ingest-eu-1 sends on (services/src/routes.js): labels, id, token."""
     names = ["x-data-region", "x-data-category", "x-data-consent", "x-request-id", "x-complyroute-labels"]
     return {name: received_headers[name] for name in names if name in received_headers}
 
@@ -248,9 +254,11 @@ def test_client_forgeries_at_the_entry_change_nothing_denied(deployed):
     request_id, answer = post(state, EU_PERSONAL, headers=forged)
     assert answer.status == 200, answer.text
     lines = wait_for_audit(state, request_id, 3)
-    assert sorted(line["instance"] for line in lines) == ["analyse-eu", "ingest-eu", "store-eu"]
+    by_entry = {entry_of(line["instance"]): line for line in lines}
+    assert len(lines) == 3 and set(by_entry) == {"ingest-eu", "analyse-eu", "store-eu"}, lines
     assert all(line["labels"] == EU_LINE for line in lines)
-    assert {line["sender"] for line in lines} == {"gateway", "ingest-eu", "analyse-eu"}
+    assert [by_entry[name]["sender"] for name in ("ingest-eu", "analyse-eu", "store-eu")] == [
+        "gateway", by_entry["ingest-eu"]["instance"], by_entry["analyse-eu"]["instance"]]
 
 
 def test_client_request_id_twice_is_replaced_allowed(deployed):
@@ -398,7 +406,7 @@ def test_the_deployments_own_user_opens_them_and_envoy_gets_decisions_allowed(de
     before = counter(entry_admin(state), "http.entry.ext_authz.ok")
     _, answer = post(state, EU_PERSONAL)
     assert answer.status == 200, answer.text
-    assert [hop["instance"] for hop in answer.body["path"]] == [VICTIM, NEXT, LAST]
+    assert entries(hop["instance"] for hop in answer.body["path"]) == ["ingest-eu", "analyse-eu", "store-eu"]
     assert counter(entry_admin(state), "http.entry.ext_authz.ok") == before + 1  # the entry's Envoy asked its OPA
     out = io.StringIO()
     assert deployment.status(out=out) == 0, out.getvalue()
@@ -433,7 +441,7 @@ def test_labels_just_under_their_bound_are_delivered_allowed(deployed):
         assert [line["labels"] for line in wait_for_audit(state, request_id, 3)] == [EU_LINE] * 3
 
 
-# The compromised service's attacks: ingest-eu replaced for good, and the audit verdict after them
+# The compromised service's attacks: ingest-eu-1 replaced for good (the other EU replicas stopped), and the audit verdict after them
 # must name only the record it relabelled, so they run last, on a deployment of their own.
 COMPROMISED = pytest.mark.pool(phase=5, own="compromised")
 
@@ -527,7 +535,7 @@ def test_compromised_service_skipping_a_step_denied(deployed, compromised):
 
 @COMPROMISED
 def test_compromised_service_posing_as_another_sender_denied(deployed, compromised):
-    """Through analyse-eu's listener, with ingest-eu's certificate: the handshake is refused."""
+    """Through analyse-eu's listener, with ingest-eu-1's certificate: the handshake is refused."""
     headers, body = compromised.genuine_record(deployed)
     other = egress_url(deployed, NEXT) + "/process"
     with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError, OSError)):
@@ -538,7 +546,7 @@ def test_compromised_service_posing_as_another_sender_denied(deployed, compromis
 def test_token_taken_to_another_first_step_instance_denied(deployed, compromised):
     """A genuine token names the first-step instance the entry chose (ingest-eu): posted with its
     record by the holder of ingest-us's key to ingest-us's deciding listener, it is refused
-    (its `aud`), where at ingest-eu's it passes (..._passing_a_record_on_honestly_allowed)."""
+    (its `aud`), where at ingest-eu-1's it passes (..._passing_a_record_on_honestly_allowed)."""
     headers, body = compromised.genuine_record(deployed)
     other = egress_url(deployed, "ingest-us") + "/process"
     refused(*compromised.forward(passed_on(headers), body, url=other, context=as_service(deployed, "ingest-us")), 403, "LABEL_TOKEN_ELSEWHERE")
@@ -561,9 +569,9 @@ def test_token_naming_only_the_first_hop_at_a_later_step_denied(deployed, compro
 @COMPROMISED
 def test_compromised_service_reusing_a_delivered_records_id_with_a_forged_token_denied(deployed, compromised):
     """Issue 25's relabel under a record's real id. A US record x is delivered through ingest-us,
-    analyse-us and store-eu. The compromised ingest-eu hands x's body, under x's id, with a token
-    for AU/anonymous to its own deciding point, which sends it to analyse-eu: that instance never
-    saw x, so takes it and writes its line under the forged labels; store-eu saw x, and refuses
+    analyse-us and store-eu-1. The compromised ingest-eu-1 hands x's body, under x's id, with a
+    token for AU/anonymous to its own deciding point, which sends it to analyse-eu-1: that instance
+    never saw x, so takes it and writes its line under the forged labels; store-eu-1 saw x, and refuses
     it as a replay. Every line agrees with its own token: only the audit's join of x's lines tells
     (test_audit_verdict_after_the_attacks_names_only_the_relabelled_record).
 

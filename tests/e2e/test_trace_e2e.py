@@ -2,6 +2,7 @@
 record's id, under both engines; the record's body never lands in a decision log."""
 
 import dataclasses
+import re
 import subprocess
 import sys
 import time
@@ -13,7 +14,7 @@ from complyroute.client import send
 from complyroute.runtime.local import deployment
 from complyroute.topology import manifest
 
-from .helpers import ENGINES, EU_PERSONAL, MIXED_REGIONS
+from .helpers import ENGINES, EU_PERSONAL, MIXED_REGIONS, entries
 
 
 MARKER = "body-marker-7f3a9c"
@@ -42,16 +43,20 @@ def test_trace_names_every_hop_its_decision_revision_and_audit_line_allowed(engi
         assert shown.returncode == 0, shown.stderr
         hops = shown.stdout.split("\nhop ")[1:]
         assert len(hops) == 3
-        assert hops[0].startswith("1: entry decides gateway -> ingest") and "allowed -> ingest-eu" in hops[0]
-        for hop, instance in zip(hops, ["ingest-eu", "analyse-eu", "store-eu"]):
-            assert f"received  by {instance}" in hop and f"revision  {revision}" in hop
+        # The entry routes to the compliant set, named by its instances; a hop is received by one of them.
+        assert hops[0].startswith("1: entry decides gateway -> ingest") and "allowed -> ingest-eu-1,ingest-eu-2\n" in hops[0]
+        received = [re.search(r"received  by (\S+) ", hop)[1] for hop in hops]
+        assert entries(received) == ["ingest-eu", "analyse-eu", "store-eu"], received
+        assert all(f"revision  {revision}" in hop for hop in hops)
         if engine == "envoy-compiled":  # inner hops decided by routes OPA computed ahead of time
-            assert "decided ahead of time by sidecar-ingest-eu: a route of the compiled engine" in hops[1]
+            assert f"decided ahead of time by sidecar-{received[0]}: a route of the compiled engine" in hops[1]
         else:
-            assert "category personal, consent billing,care, region EU" in hops[1] and "allowed -> analyse-eu" in hops[1]
+            assert "category personal, consent billing,care, region EU" in hops[1]
+            assert "allowed -> analyse-eu-1,analyse-eu-2\n" in hops[1]
         shown = trace(denied.request_id)
         assert shown.returncode == 0, shown.stderr
-        assert "denied 451" in shown.stdout and "reason CERTIFICATION_MISSING (store-eu)" in shown.stdout
+        assert "denied 451" in shown.stdout
+        assert "reason CERTIFICATION_MISSING (store-eu-1)" in shown.stdout and "reason CERTIFICATION_MISSING (store-eu-2)" in shown.stdout
         # Masked: neither the record nor a label token is in any decision log.
         logs = "".join(path.read_text() for path in Path(state["run_dir"], "logs").glob("*.opa.log"))
         assert MARKER not in logs and "eyJ" not in logs
@@ -60,7 +65,7 @@ def test_trace_names_every_hop_its_decision_revision_and_audit_line_allowed(engi
         # each under the record id state.json names; the records' are the others.
         warm_ups = set(state["warm_up"]["decided"].values())
         warm = [line for line in decisions if any(record_id in line for record_id in warm_ups)]
-        assert len(warm) == len(warm_ups) == len(state["warm_up"]["decided"]) == 5
+        assert len(warm) == len(warm_ups) == len(state["warm_up"]["decided"]) == 7  # the entry, 6 sidecars
         # envoy-opa: 3 + 3 decisions; compiled: the entry's two and the denial at the store step.
         assert len(decisions) - len(warm) == (3 if engine == "envoy-compiled" else 6)
     finally:

@@ -14,9 +14,9 @@ from complyroute.policy import policyfiles
 from complyroute.proxy.contract import set_tiers
 from complyroute.topology import manifest
 
-# The walkthrough: 5 deciding listeners (the entry and four sidecars), 16 regions, 3 categories,
-# consent absent or one of 63 canonical values.
-SPACE = 5 * 16 * 3 * 64
+# The walkthrough: 7 deciding listeners (the entry and the sidecars of the three ingest and three
+# analyse instances), 16 regions, 3 categories, consent absent or one of 63 canonical values.
+SPACE = 7 * 16 * 3 * 64
 GDPR_REGIONS = ["EU", "IS", "LI", "NO"]
 
 
@@ -79,49 +79,51 @@ def labellings(result):
 
 def test_us_adequacy_moves_eu_records_to_us_instances_allowed(us_adequacy_diff):
     result = us_adequacy_diff
-    assert result["listeners"] == 5 and result["compared"] == SPACE
-    # Each group is every value of a set for each label (a box), none twice.
-    assert sum(c["labellings"] for c in result["changes"]) == len(labellings(result)) == result["changed"] == 1256
+    assert result["listeners"] == 7 and result["compared"] == SPACE
+    # Each group is every value of a set for each label (a box), none twice: 504 at the entry,
+    # 376 at each ingest instance's sidecar.
+    assert sum(c["labellings"] for c in result["changes"]) == len(labellings(result)) == result["changed"] == 504 + 3 * 376
     for change in result["changes"]:
         before, after = change["before"], change["after"]
         assert change["values"]["region"] == GDPR_REGIONS and set(change["values"]["category"]) <= {"personal", "health"}
-        if after["allowed"]:  # the US twin joins the EU instance's set
-            us_twin = before["destination"].replace("-eu", "-us")
-            assert before["allowed"] and set_tiers(after["destination"]) in ([[us_twin], [before["destination"]]],
-                                                                             [[before["destination"]], [us_twin]])
+        if after["allowed"]:  # the US twin joins the EU replicas' set
+            eu_set = set_tiers(before["destination"])
+            us_twin = eu_set[0][0].split("-eu")[0] + "-us"
+            assert before["allowed"] and len(eu_set) == 1 and set_tiers(after["destination"]) in ([[us_twin], *eu_set], [*eu_set, [us_twin]])
             assert change["labels"]["consent"] == "with care" and len(change["values"]["consent"]) == 32
         else:  # a denial that no longer counts the US as a residency violation
             assert not before["allowed"] and after["reasons"] == [r for r in before["reasons"] if r[1] != "RESIDENCY_VIOLATION"]
             assert change["labels"]["consent"] == "without care" and len(change["values"]["consent"]) == 31
     moves = {(c["point"], category, c["before"].get("destination"), c["after"].get("destination"))
              for c in result["changes"] for category in c["values"]["category"]}
-    # A US sender (the gateway, ingest-us) prefers the US instance; an EU sender keeps its EU
-    # instance first, the US one after it.
-    assert ("entry", "personal", "ingest-eu", "ingest-us|ingest-eu") in moves and ("entry", "health", "ingest-eu", "ingest-us|ingest-eu") in moves
-    assert ("sidecar-ingest-us", "personal", "analyse-eu", "analyse-us|analyse-eu") in moves
-    assert ("sidecar-ingest-eu", "personal", "analyse-eu", "analyse-eu|analyse-us") in moves
+    # A US sender (the gateway, ingest-us) prefers the US instance; an EU sender keeps the EU
+    # replicas first, the US instance after them.
+    ingest_eu, analyse_eu = "ingest-eu-1,ingest-eu-2", "analyse-eu-1,analyse-eu-2"
+    assert {("entry", category, ingest_eu, f"ingest-us|{ingest_eu}") for category in ("personal", "health")} <= moves
+    assert ("sidecar-ingest-us", "personal", analyse_eu, f"analyse-us|{analyse_eu}") in moves
+    assert {(f"sidecar-ingest-eu-{k}", "personal", analyse_eu, f"{analyse_eu}|analyse-us") for k in (1, 2)} <= moves
     # analyse-us holds no health-data certification: no health record's set gains it.
     assert not any(point.startswith("sidecar") and category == "health" and after for point, category, _, after in moves)
 
     text = io.StringIO()
     policydiff.report(result, "HEAD", out=text)
     lines = text.getvalue().splitlines()
-    assert lines[0] == f"policy-diff HEAD -> policies/: {SPACE} decisions compared at 5 deciding listeners, 1256 would change"
+    assert lines[0] == f"policy-diff HEAD -> policies/: {SPACE} decisions compared at 7 deciding listeners, 1632 would change"
     assert "  entry, listener entry (gateway -> ingest):" in lines
-    assert ("    category health,personal, consent with care, region EU,IS,LI,NO (256 labellings): allowed to ingest-eu -> allowed to "
-            "ingest-us|ingest-eu" in lines)
+    assert ("    category health,personal, consent with care, region EU,IS,LI,NO (256 labellings): allowed to ingest-eu-1,ingest-eu-2 "
+            "-> allowed to ingest-us|ingest-eu-1,ingest-eu-2" in lines)
     assert ("    category health,personal, consent without care, region EU,IS,LI,NO (248 labellings): 451 NO_COMPLIANT_INSTANCE "
-            "(ingest-eu: PURPOSE_NOT_CONSENTED; ingest-us: PURPOSE_NOT_CONSENTED, RESIDENCY_VIOLATION) -> 451 PURPOSE_NOT_CONSENTED"
-            in lines)
+            "(ingest-eu-1: PURPOSE_NOT_CONSENTED; ingest-eu-2: PURPOSE_NOT_CONSENTED; ingest-us: PURPOSE_NOT_CONSENTED, "
+            "RESIDENCY_VIOLATION) -> 451 PURPOSE_NOT_CONSENTED" in lines)
 
 
 def test_an_unchanged_rule_set_changes_no_decision_denied(walkthrough, head, tmp_path):
     same = with_reference(tmp_path, head, lambda data: None)
     result = policydiff.compare(walkthrough, head, same)
-    assert result == {"compared": SPACE, "listeners": 5, "changed": 0, "changes": []}
+    assert result == {"compared": SPACE, "listeners": 7, "changed": 0, "changes": []}
     text = io.StringIO()
     policydiff.report(result, "HEAD", out=text)
-    assert text.getvalue() == f"policy-diff HEAD -> policies/: {SPACE} decisions compared at 5 deciding listeners, 0 would change\n"
+    assert text.getvalue() == f"policy-diff HEAD -> policies/: {SPACE} decisions compared at 7 deciding listeners, 0 would change\n"
 
 
 def test_a_purpose_no_instance_processes_for_is_asked_too(walkthrough, head, tmp_path):
@@ -131,7 +133,7 @@ def test_a_purpose_no_instance_processes_for_is_asked_too(walkthrough, head, tmp
     dropped = with_reference(tmp_path, head, lambda data: data["purposes"].pop("marketing"))
     result = policydiff.compare(walkthrough, head, dropped)
     assert result["compared"] == SPACE  # the labels either rule set knows
-    assert result["changed"] == len(labellings(result)) == 5 * 16 * 3 * 32
+    assert result["changed"] == len(labellings(result)) == 7 * 16 * 3 * 32
     # Split by what each value was answered before; each part named as holding marketing.
     assert all("marketing" in c["labels"]["consent"].split(", ")[0].removeprefix("with ").split(",") for c in result["changes"])
     assert all("marketing" in consent.split(",") for *_, consent, _ in labellings(result))

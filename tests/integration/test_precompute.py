@@ -69,18 +69,18 @@ ENTRY = ("entry", "entry")  # the walkthrough's entry: gateway (US) -> ingest
 def test_an_added_rule_reroutes_in_the_table_allowed(shipped, swiss):
     (_, before), (_, (data, after)) = shipped, swiss
     # A CH personal record from the US gateway: the shipped rules prefer ingest-us (then
-    # ingest-eu), the Swiss rule excludes it; both engines' tables follow the rule set.
-    assert before.outcomes[(*ENTRY, ("personal", "care", "CH"))][0] == "ingest-us|ingest-eu"
-    assert after.outcomes[(*ENTRY, ("personal", "care", "CH"))][0] == "ingest-eu"
+    # the ingest-eu replicas), the Swiss rule excludes it; both engines' tables follow the rule set.
+    assert before.outcomes[(*ENTRY, ("personal", "care", "CH"))][0] == "ingest-us|ingest-eu-1,ingest-eu-2"
+    assert after.outcomes[(*ENTRY, ("personal", "care", "CH"))][0] == "ingest-eu-1,ingest-eu-2"
     # The table: a level per label, in the schema's order (category, consent, region).
-    assert data["entry"][precompute.QUICK_PATH_DOCUMENT]["table"]["gateway"]["ingest"]["personal"]["care"]["CH"] == {"destination": "ingest-eu"}
+    assert data["entry"][precompute.QUICK_PATH_DOCUMENT]["table"]["gateway"]["ingest"]["personal"]["care"]["CH"] == {"destination": "ingest-eu-1,ingest-eu-2"}
 
 
 def test_an_added_rule_leaves_its_twin_alone_denied(shipped, swiss):
     (_, before), (_, (_, after)) = shipped, swiss
     # Its allowed twins: a US personal record, a CH anonymous one (not personal).
     for labels in [("personal", "care", "US"), ("anonymous", None, "CH")]:
-        assert before.outcomes[(*ENTRY, labels)][0] == after.outcomes[(*ENTRY, labels)][0] == "ingest-us|ingest-eu"
+        assert before.outcomes[(*ENTRY, labels)][0] == after.outcomes[(*ENTRY, labels)][0] == "ingest-us|ingest-eu-1,ingest-eu-2"
     changed = {key for key in before.outcomes.keys() | after.outcomes.keys() if before.outcomes.get(key, (None,))[0] != after.outcomes.get(key, (None,))[0]}
     assert changed and all(region == "CH" and category in ("personal", "health") for _, _, (category, _, region) in changed)
 
@@ -94,9 +94,9 @@ def test_the_compiled_routes_follow_an_added_rule_allowed(walkthrough, swiss):
     routes = {l["name"]: l for l in configs[sidecar.name].envoy["static_resources"]["listeners"]}
     tree = routes[listener.name]["filter_chains"][0]["filters"][0]["typed_config"]["route_config"]["virtual_hosts"][0]["matcher"]
     headers = {":method": "POST", ":path": "/process", "content-length": "2", "x-data-category": "personal", "x-data-consent": "care"}
-    # From ingest-us, a CH personal record may not go to analyse-us any more: analyse-eu only.
-    assert envoy_compiled.routed_outcome(envoy_compiled.matched_action(tree, {**headers, "x-data-region": "CH"}))[0] == "analyse-eu"
-    assert envoy_compiled.routed_outcome(envoy_compiled.matched_action(tree, {**headers, "x-data-region": "US"}))[0] == "analyse-us|analyse-eu"
+    # From ingest-us, a CH personal record may not go to analyse-us any more: the analyse-eu replicas only.
+    assert envoy_compiled.routed_outcome(envoy_compiled.matched_action(tree, {**headers, "x-data-region": "CH"}))[0] == "analyse-eu-1,analyse-eu-2"
+    assert envoy_compiled.routed_outcome(envoy_compiled.matched_action(tree, {**headers, "x-data-region": "US"}))[0] == "analyse-us|analyse-eu-1,analyse-eu-2"
 
 
 def test_policy_diff_shows_the_added_rule_at_the_entry_allowed(walkthrough, swiss):
@@ -105,7 +105,7 @@ def test_policy_diff_shows_the_added_rule_at_the_entry_allowed(walkthrough, swis
     result = policydiff.compare(topology, POLICIES, policies)
     moves = {(c["point"], category, tuple(c["values"]["region"]), c["before"].get("destination"), c["after"].get("destination"))
              for c in result["changes"] for category in c["values"]["category"]}
-    assert ("entry", "personal", ("CH",), "ingest-us|ingest-eu", "ingest-eu") in moves
+    assert ("entry", "personal", ("CH",), "ingest-us|ingest-eu-1,ingest-eu-2", "ingest-eu-1,ingest-eu-2") in moves
     assert all(c["values"]["region"] == ["CH"] for c in result["changes"])
 
 
@@ -129,16 +129,16 @@ def test_the_guard_refuses_a_divergent_quick_path_denied(shipped):
     tables = {point: copy.deepcopy(document[precompute.QUICK_PATH_DOCUMENT]["table"]) for point, document in data.items()}
     tables["entry"]["gateway"]["ingest"]["personal"]["care"]["EU"] = {"destination": "ingest-us"}
     with pytest.raises(engines.EngineError, match=r"point entry: the quick path differs .* listener entry .* labels category=personal "
-                                                  r"consent=care region=EU: the rule set answers allowed to ingest-eu"):
+                                                  r"consent=care region=EU: the rule set answers allowed to ingest-eu-1,ingest-eu-2"):
         precompute.check_quick_path(precomputed, tables)
 
 
 def test_the_guard_refuses_a_quick_path_answering_a_denial_denied(shipped):
     data, precomputed = shipped
     tables = {point: copy.deepcopy(document[precompute.QUICK_PATH_DOCUMENT]["table"]) for point, document in data.items()}
-    # EU health data may not reach store-eu (not certified): no entry, and none may be added.
-    tables["sidecar-analyse-eu"]["analyse-eu"]["store"]["health"] = {precompute.ABSENT: {"EU": {"destination": "store-eu"}}}
-    with pytest.raises(engines.EngineError, match="point sidecar-analyse-eu: .*category=health consent=absent region=EU: the rule set answers nothing ahead"):
+    # EU health data may not reach store-eu-1 (not certified): no entry, and none may be added.
+    tables["sidecar-analyse-eu-1"]["analyse-eu-1"]["store"]["health"] = {precompute.ABSENT: {"EU": {"destination": "store-eu-1"}}}
+    with pytest.raises(engines.EngineError, match="point sidecar-analyse-eu-1: .*category=health consent=absent region=EU: the rule set answers nothing ahead"):
         precompute.check_quick_path(precomputed, tables)
 
 
@@ -182,7 +182,7 @@ def test_a_reloads_first_step_holds_no_answer_ahead_of_time(walkthrough, ahead):
     if ahead:
         assert all(document["table"] and document["digest"] for document in deciding if document["table"])
         assert len({document["digest"] for document in deciding}) > 1  # each point's own table
-        assert routed[0] == "analyse-us|analyse-eu"
+        assert routed[0] == "analyse-us|analyse-eu-1,analyse-eu-2"
     else:
         assert all(document["table"] == {} and document["digest"] == "" for document in deciding)
         assert routed is None  # the decision route: OPA decides
@@ -204,7 +204,7 @@ def test_the_compliant_sets_follow_the_clusters_a_point_has(walkthrough, deploye
     clusters = {c["name"] for c in configs[sidecar.name].envoy["static_resources"]["clusters"]}
     table = configs[sidecar.name].data[precompute.QUICK_PATH_DOCUMENT]["table"]["ingest-us"]["analyse"]["personal"]["care"]["US"]
     if deployed is None:
-        assert routed == table["destination"] == "analyse-us|analyse-eu" and "analyse-us|analyse-eu" in listed
+        assert routed == table["destination"] == "analyse-us|analyse-eu-1,analyse-eu-2" and "analyse-us|analyse-eu-1,analyse-eu-2" in listed
         assert set(listed) <= clusters
     else:
         assert routed == table["destination"] == "analyse-us" and listed == []

@@ -50,6 +50,6 @@ def test_the_walkthrough_s_policy_diff_names_the_ch_records_allowed(tmp_path, ca
     moves = {(c["point"], category, c["before"].get("destination"), c["after"].get("destination"))
              for c in changes for category in c["values"]["category"]}
     # The US instances leave the CH records' sets; the EU ones stay.
-    assert ("entry", "personal", "ingest-us|ingest-eu", "ingest-eu") in moves
-    assert ("sidecar-ingest-us", "personal", "analyse-us|analyse-eu", "analyse-eu") in moves
+    assert ("entry", "personal", "ingest-us|ingest-eu-1,ingest-eu-2", "ingest-eu-1,ingest-eu-2") in moves
+    assert ("sidecar-ingest-us", "personal", "analyse-us|analyse-eu-1,analyse-eu-2", "analyse-eu-1,analyse-eu-2") in moves
     assert {region for c in changes for region in c["values"]["region"]} == {"CH"}

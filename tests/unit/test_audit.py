@@ -72,10 +72,10 @@ def write_log(run, instance, lines):
 
 # The hops of a record through the EU instances and through the US ones, each decided by the
 # sender's sidecar (the entry for the first): (instance, step, sender, deciding point).
-EU_HOPS = [("ingest-eu", "ingest", GATEWAY_SENDER, "entry"), ("analyse-eu", "analyse", "ingest-eu", "sidecar-ingest-eu"),
-           ("store-eu", "store", "analyse-eu", "sidecar-analyse-eu")]
+EU_HOPS = [("ingest-eu-1", "ingest", GATEWAY_SENDER, "entry"), ("analyse-eu-1", "analyse", "ingest-eu-1", "sidecar-ingest-eu-1"),
+           ("store-eu-1", "store", "analyse-eu-1", "sidecar-analyse-eu-1")]
 US_HOPS = [("ingest-us", "ingest", GATEWAY_SENDER, "entry"), ("analyse-us", "analyse", "ingest-us", "sidecar-ingest-us"),
-           ("store-eu", "store", "analyse-us", "sidecar-analyse-us")]
+           ("store-eu-1", "store", "analyse-us", "sidecar-analyse-us")]
 
 
 def path(request_id, labels=EU_PERSONAL, hops=EU_HOPS, start=0.0):
@@ -119,60 +119,60 @@ def test_records_decided_and_allowed_at_every_hop_clean(run):
 
 def test_an_inserted_line_breaks_the_chain_at_the_next_denied(run):
     write_lines(run, RECORDS)
-    lines = chained(lines_of("store-eu"))
+    lines = chained(lines_of("store-eu-1"))
     # Linked to the line before it, as a forger would: the line after it no longer holds.
-    forged = chained([lines_of("store-eu")[0], entry("store-eu", "store", "analyse-eu", "sidecar-analyse-eu", request_id="r-x")])[1]
-    write_log(run, "store-eu", [lines[0], forged, *lines[1:]])
+    forged = chained([lines_of("store-eu-1")[0], entry("store-eu-1", "store", "analyse-eu-1", "sidecar-analyse-eu-1", request_id="r-x")])[1]
+    write_log(run, "store-eu-1", [lines[0], forged, *lines[1:]])
     verdict = audit.audit_run(run)
     assert verdict.broken_chains == 1
     # The record it names reached no instance before it: the join tells too.
-    assert kinds(verdict) == [("chain", "audit/store-eu.jsonl:3"), ("entry", "audit/store-eu.jsonl:2")]
+    assert kinds(verdict) == [("chain", "audit/store-eu-1.jsonl:3"), ("entry", "audit/store-eu-1.jsonl:2")]
     assert not verdict.clean
 
 
 def test_an_edited_line_breaks_the_chain_at_the_next_denied(run):
     write_lines(run, RECORDS)
-    lines = chained(lines_of("store-eu"))
+    lines = chained(lines_of("store-eu-1"))
     lines[0] = lines[0].replace('"ts":20.0', '"ts":20.5').replace('"ts":2.0', '"ts":2.5')  # still allowed, the path whole: only the chain tells
-    assert lines[0] != chained(lines_of("store-eu"))[0]
-    write_log(run, "store-eu", lines)
+    assert lines[0] != chained(lines_of("store-eu-1"))[0]
+    write_log(run, "store-eu-1", lines)
     verdict = audit.audit_run(run)
-    assert kinds(verdict) == [("chain", "audit/store-eu.jsonl:2")]
+    assert kinds(verdict) == [("chain", "audit/store-eu-1.jsonl:2")]
     assert verdict.forbidden == verdict.undecided == 0 and not verdict.clean
 
 
 def test_a_removed_line_breaks_the_chain_denied(run):
     write_lines(run, RECORDS)
-    write_log(run, "store-eu", [line for n, line in enumerate(chained(lines_of("store-eu"))) if n != 1])
+    write_log(run, "store-eu-1", [line for n, line in enumerate(chained(lines_of("store-eu-1"))) if n != 1])
     verdict = audit.audit_run(run)
-    # r-1 now ends at analyse-eu: a path cut short is whole as far as it goes.
-    assert kinds(verdict) == [("chain", "audit/store-eu.jsonl:2")]
+    # r-1 now ends at analyse-eu-1: a path cut short is whole as far as it goes.
+    assert kinds(verdict) == [("chain", "audit/store-eu-1.jsonl:2")]
     assert verdict.lines == 8
 
 
 def test_a_first_line_not_from_the_genesis_and_a_line_not_json_break_the_chain_denied(run):
     write_lines(run, RECORDS)
-    before = entry("analyse-eu", "analyse", "ingest-eu", "sidecar-ingest-eu", request_id="r-gone")  # linked to, then cut off
-    (run / "audit" / "analyse-eu.jsonl").write_text("\n".join(chained([before, *lines_of("analyse-eu")])[1:]) + "\nnot json\n")
+    before = entry("analyse-eu-1", "analyse", "ingest-eu-1", "sidecar-ingest-eu-1", request_id="r-gone")  # linked to, then cut off
+    (run / "audit" / "analyse-eu-1.jsonl").write_text("\n".join(chained([before, *lines_of("analyse-eu-1")])[1:]) + "\nnot json\n")
     verdict = audit.audit_run(run)
     assert [(p.where, p.detail) for p in verdict.problems] == [
-        ("audit/analyse-eu.jsonl:1", "the first line does not start from the genesis"),
-        ("audit/analyse-eu.jsonl:4", "not a JSON object"),
+        ("audit/analyse-eu-1.jsonl:1", "the first line does not start from the genesis"),
+        ("audit/analyse-eu-1.jsonl:4", "not a JSON object"),
     ]
     assert verdict.broken_chains == 1
 
 
 def test_a_reception_the_rules_forbid_denied(run):
-    # Consent to care only: store-eu processes for billing.
+    # Consent to care only: store-eu-1 processes for billing.
     write_lines(run, path("r-0") + path("r-1", {**EU_PERSONAL, "consent": "care"}))
     verdict = audit.audit_run(run)
     assert (verdict.broken_chains, verdict.forbidden, verdict.undecided, verdict.paths.total()) == (0, 1, 0, 0)
-    assert kinds(verdict) == [("forbidden", "audit/store-eu.jsonl:2")]
-    assert "the rules do not allow analyse-eu -> store-eu" in verdict.problems[0].detail
+    assert kinds(verdict) == [("forbidden", "audit/store-eu-1.jsonl:2")]
+    assert "the rules do not allow analyse-eu-1 -> store-eu-1" in verdict.problems[0].detail
 
 
 def test_a_reception_allowed_to_another_instance_is_forbidden_to_this_one_denied(run):
-    # An EU subject's personal record in a US instance: allowed into ingest-eu, not ingest-us.
+    # An EU subject's personal record in a US instance: allowed into ingest-eu-1, not ingest-us.
     write_lines(run, RECORDS + [entry("ingest-us", "ingest", GATEWAY_SENDER, "entry", request_id="r-us")])
     verdict = audit.audit_run(run)
     assert (verdict.forbidden, kinds(verdict)) == (1, [("forbidden", "audit/ingest-us.jsonl:1")])
@@ -187,13 +187,13 @@ def test_a_us_record_in_a_us_instance_allowed(run):
 # ---- whole paths: every instance's lines of a record, joined by its id ----------------------
 
 # The attack of issue 25 as the lines show it. Record x, a US subject's, is delivered through
-# the US instances. Then a process holding ingest-eu's key hands x (its id, its body) with a
-# token forged for AU/anonymous to ingest-eu's deciding point, which sends it to the EU replica
+# the US instances. Then a process holding ingest-eu-1's key hands x (its id, its body) with a
+# token forged for AU/anonymous to ingest-eu-1's deciding point, which sends it to the EU replica
 # of the next step: that replica never saw x, so accepts it; the store step did, and refuses it
 # as a replay (no line). Each line is allowed under the labels it was written with.
 AU_ANONYMOUS = {"region": "AU", "category": "anonymous"}
 DELIVERED = path("x", US_PERSONAL, US_HOPS)
-RELABELLED = DELIVERED + [entry("analyse-eu", "analyse", "ingest-eu", "sidecar-ingest-eu", AU_ANONYMOUS, request_id="x", ts=9)]
+RELABELLED = DELIVERED + [entry("analyse-eu-1", "analyse", "ingest-eu-1", "sidecar-ingest-eu-1", AU_ANONYMOUS, request_id="x", ts=9)]
 
 
 def replaced(entries, request_id, instance, **fields):
@@ -207,14 +207,14 @@ def test_a_record_relabelled_under_its_real_id_denied(run):
     assert (verdict.broken_chains, verdict.forbidden, verdict.undecided) == (0, 0, 0)  # each line holds on its own
     assert (verdict.records, dict(verdict.paths)) == (1, {"labels": 1, "twice": 1, "sender": 1})
     assert kinds(verdict) == [
-        ("labels", "audit/ingest-us.jsonl:1, audit/analyse-us.jsonl:1, audit/store-eu.jsonl:1, audit/analyse-eu.jsonl:1"),
-        ("twice", "audit/analyse-us.jsonl:1, audit/analyse-eu.jsonl:1"),
-        ("sender", "audit/analyse-eu.jsonl:1"),
+        ("labels", "audit/ingest-us.jsonl:1, audit/analyse-us.jsonl:1, audit/store-eu-1.jsonl:1, audit/analyse-eu-1.jsonl:1"),
+        ("twice", "audit/analyse-us.jsonl:1, audit/analyse-eu-1.jsonl:1"),
+        ("sender", "audit/analyse-eu-1.jsonl:1"),
     ]
     assert verdict.problems[0].detail == (
         'request x: its lines disagree on the labels: {"category": "personal", "consent": "billing,care", "region": "US"} at '
-        'audit/ingest-us.jsonl:1, audit/analyse-us.jsonl:1, audit/store-eu.jsonl:1; '
-        '{"category": "anonymous", "consent": null, "region": "AU"} at audit/analyse-eu.jsonl:1')
+        'audit/ingest-us.jsonl:1, audit/analyse-us.jsonl:1, audit/store-eu-1.jsonl:1; '
+        '{"category": "anonymous", "consent": null, "region": "AU"} at audit/analyse-eu-1.jsonl:1')
     assert verdict.summary().endswith("path findings 3 in 1 records (labels 1, twice 1, sender 1): FAILED")
 
 
@@ -225,17 +225,17 @@ def test_the_record_delivered_once_allowed(run):
 
 
 @pytest.mark.parametrize("entries, finding", [
-    # analyse-eu wrote r-1 under consent to care only (allowed there; the token said billing too)
-    (replaced(RECORDS, "r-1", "analyse-eu", labels={**EU_PERSONAL, "consent": "care"}),
-     ("labels", "audit/ingest-eu.jsonl:2, audit/analyse-eu.jsonl:2, audit/store-eu.jsonl:2")),
-    (replaced(RECORDS, "r-1", "store-eu", digest="sha256:" + "cd" * 32),
-     ("digest", "audit/ingest-eu.jsonl:2, audit/analyse-eu.jsonl:2, audit/store-eu.jsonl:2")),
-    # store-eu took r-1 a second time (a replay its guard no longer remembered)
-    (RECORDS + [{**lines_of("store-eu")[1], "ts": 25.0}], ("twice", "audit/store-eu.jsonl:2, audit/store-eu.jsonl:4")),
-    # r-1 came into analyse-eu through ingest-us's point, which may send there, but ingest-us never had it
-    (replaced(RECORDS, "r-1", "analyse-eu", sender="ingest-us", decided_by="sidecar-ingest-us"), ("sender", "audit/analyse-eu.jsonl:2")),
-    # r-1 starts at analyse-eu: put in past the entry by whoever holds ingest-eu's key (and a token)
-    ([item for item in RECORDS if (item["request_id"], item["instance"]) != ("r-1", "ingest-eu")], ("entry", "audit/analyse-eu.jsonl:2")),
+    # analyse-eu-1 wrote r-1 under consent to care only (allowed there; the token said billing too)
+    (replaced(RECORDS, "r-1", "analyse-eu-1", labels={**EU_PERSONAL, "consent": "care"}),
+     ("labels", "audit/ingest-eu-1.jsonl:2, audit/analyse-eu-1.jsonl:2, audit/store-eu-1.jsonl:2")),
+    (replaced(RECORDS, "r-1", "store-eu-1", digest="sha256:" + "cd" * 32),
+     ("digest", "audit/ingest-eu-1.jsonl:2, audit/analyse-eu-1.jsonl:2, audit/store-eu-1.jsonl:2")),
+    # store-eu-1 took r-1 a second time (a replay its guard no longer remembered)
+    (RECORDS + [{**lines_of("store-eu-1")[1], "ts": 25.0}], ("twice", "audit/store-eu-1.jsonl:2, audit/store-eu-1.jsonl:4")),
+    # r-1 came into analyse-eu-1 through ingest-us's point, which may send there, but ingest-us never had it
+    (replaced(RECORDS, "r-1", "analyse-eu-1", sender="ingest-us", decided_by="sidecar-ingest-us"), ("sender", "audit/analyse-eu-1.jsonl:2")),
+    # r-1 starts at analyse-eu-1: put in past the entry by whoever holds ingest-eu-1's key (and a token)
+    ([item for item in RECORDS if (item["request_id"], item["instance"]) != ("r-1", "ingest-eu-1")], ("entry", "audit/analyse-eu-1.jsonl:2")),
 ], ids=["labels", "digest", "twice", "sender", "entry"])
 def test_a_path_its_lines_do_not_join_into_denied(run, entries, finding):
     write_lines(run, entries)
@@ -247,15 +247,15 @@ def test_a_path_its_lines_do_not_join_into_denied(run, entries, finding):
 
 def test_a_sender_that_sends_to_another_step_is_not_the_previous_hops_receiver_denied(tmp_path):
     """The central entity decides every hop, so its state lists every sender beside every
-    instance: a line at store-eu from ingest-eu, a record ingest-eu did have, passes as decided
-    and allowed. ingest-eu sends records on to the analyse step only."""
+    instance: a line at store-eu-1 from ingest-eu-1, a record ingest-eu-1 did have, passes as decided
+    and allowed. ingest-eu-1 sends records on to the analyse step only."""
     run = write_run(tmp_path / "central-entity-5", topology="central-entity")
     hops = [(instance, step, sender, "central-entity") for instance, step, sender, _ in EU_HOPS]
-    write_lines(run, path("r-1", hops=hops[:2]) + [entry("store-eu", "store", "ingest-eu", "central-entity", ts=2)])
+    write_lines(run, path("r-1", hops=hops[:2]) + [entry("store-eu-1", "store", "ingest-eu-1", "central-entity", ts=2)])
     verdict = audit.audit_run(run)
     assert (verdict.broken_chains, verdict.forbidden, verdict.undecided) == (0, 0, 0)
-    assert kinds(verdict) == [("sender", "audit/store-eu.jsonl:1")]
-    assert verdict.problems[0].detail == ("request r-1: store-eu received it at step store from ingest-eu, which sends records on "
+    assert kinds(verdict) == [("sender", "audit/store-eu-1.jsonl:1")]
+    assert verdict.problems[0].detail == ("request r-1: store-eu-1 received it at step store from ingest-eu-1, which sends records on "
                                           "to step analyse: not the previous hop's receiver")
 
 
@@ -274,7 +274,7 @@ def test_a_path_cut_short_is_whole_as_far_as_it_goes_allowed(run):
 
 
 def test_a_line_of_no_strings_is_reported_not_a_crash_denied(run):
-    forged = {**lines_of("store-eu")[0], "request_id": "r-0", "step": ["store"], "sender": {"x": 1}, "labels": ["EU"], "ts": "late"}
+    forged = {**lines_of("store-eu-1")[0], "request_id": "r-0", "step": ["store"], "sender": {"x": 1}, "labels": ["EU"], "ts": "late"}
     write_lines(run, RECORDS[:2] + [forged] + [{**forged, "request_id": ["r-9"]}])
     verdict = audit.audit_run(run)
     assert verdict.undecided == 2  # no sender
@@ -295,13 +295,13 @@ def test_the_gateways_are_the_senders_no_point_delivers_to(topology):
     ({"decided_by": None, "sender": None, "revision": None}, "no sender, decided_by, revision"),
     ({"revision": ""}, "no revision"),
     ({"decided_by": "router-9"}, "'router-9' is no enforcement point of this run"),
-    ({"decided_by": "sidecar-ingest-eu"}, "sidecar-ingest-eu decides no hop from analyse-eu into store-eu"),
-    ({"sender": "ingest-eu"}, "sidecar-analyse-eu decides no hop from ingest-eu into store-eu"),
-    ({"instance": "store-us"}, "the line names 'store-us' in the log of store-eu"),
+    ({"decided_by": "sidecar-ingest-eu-1"}, "sidecar-ingest-eu-1 decides no hop from analyse-eu-1 into store-eu-1"),
+    ({"sender": "ingest-eu-1"}, "sidecar-analyse-eu-1 decides no hop from ingest-eu-1 into store-eu-1"),
+    ({"instance": "store-us"}, "the line names 'store-us' in the log of store-eu-1"),
 ])
 def test_a_reception_without_a_decision_denied(run, claimed, reason):
     write_lines(run, RECORDS)
-    write_log(run, "store-eu", chained([{**item, **claimed} if item["request_id"] == "r-1" else item for item in lines_of("store-eu")]))
+    write_log(run, "store-eu-1", chained([{**item, **claimed} if item["request_id"] == "r-1" else item for item in lines_of("store-eu-1")]))
     verdict = audit.audit_run(run)
     assert (verdict.broken_chains, verdict.forbidden, verdict.undecided) == (0, 0, 1)
     suffix = ": no enforcement point decided this hop" if reason.startswith("no ") else ""
@@ -310,7 +310,7 @@ def test_a_reception_without_a_decision_denied(run, claimed, reason):
 
 def test_a_baseline_run_has_no_policy_allowed(tmp_path):
     run = write_run(tmp_path / "baseline-5", topology="baseline")
-    write_log(run, "store-eu", chained([entry("store-eu", "store", None, None, revision=None)]))
+    write_log(run, "store-eu-1", chained([entry("store-eu-1", "store", None, None, revision=None)]))
     verdict = audit.audit_run(run)
     assert not verdict.policy and verdict.clean
     assert verdict.summary() == "1 lines checked, chains intact 1/1: no policy (nothing decided its receptions)"
@@ -321,7 +321,7 @@ def test_a_baseline_run_recorded_before_the_state_said_whether_it_enforces_has_n
     state = json.loads((run / "state.json").read_text())
     del state["enforces"]
     (run / "state.json").write_text(json.dumps(state))
-    write_log(run, "store-eu", chained([entry("store-eu", "store", None, None, revision=None)]))
+    write_log(run, "store-eu-1", chained([entry("store-eu-1", "store", None, None, revision=None)]))
     assert not audit.audit_run(run).policy
 
 
@@ -336,7 +336,7 @@ def test_a_baseline_run_has_no_paths_joined_allowed(tmp_path):
 
 def test_a_baseline_run_with_a_broken_chain_denied(tmp_path):
     run = write_run(tmp_path / "baseline-5", topology="baseline")
-    write_log(run, "store-eu", chained([entry("store-eu", "store", None, None, revision=None)] * 2)[1:])
+    write_log(run, "store-eu-1", chained([entry("store-eu-1", "store", None, None, revision=None)] * 2)[1:])
     assert not audit.audit_run(run).clean
 
 
@@ -351,12 +351,12 @@ def test_cli_prints_a_verdict_per_run_and_in_total_exit_0_allowed(run, tmp_path)
 
 
 def test_cli_exit_1_when_any_run_fails_denied(run, tmp_path):
-    write_lines(run, RECORDS[:2] + [entry("store-eu", "store", "analyse-eu", None, request_id="r-0", ts=2)])
+    write_lines(run, RECORDS[:2] + [entry("store-eu-1", "store", "analyse-eu-1", None, request_id="r-0", ts=2)])
     clean = write_run(tmp_path / "another")
     write_lines(clean, RECORDS)
     out = io.StringIO()
     assert audit.main([clean, run], out=out, err=io.StringIO()) == 1
-    assert "undecided: audit/store-eu.jsonl:1: request r-0: no decided_by" in out.getvalue()
+    assert "undecided: audit/store-eu-1.jsonl:1: request r-0: no decided_by" in out.getvalue()
     assert out.getvalue().splitlines()[-1].endswith(
         "receptions without a decision 1, path findings 0 in 4 records: FAILED (1 runs)")
 
@@ -369,8 +369,8 @@ def test_cli_prints_path_findings_by_kind_with_the_lines_they_name_denied(run, t
     assert audit.main([clean, run], out=out, err=io.StringIO()) == 1
     printed = out.getvalue()
     assert "path findings 3 in 1 records (labels 1, twice 1, sender 1): FAILED" in printed
-    assert "  twice: audit/analyse-us.jsonl:1, audit/analyse-eu.jsonl:1: request x: received 2 times at step analyse: analyse-us, analyse-eu" in printed
-    assert "  sender: audit/analyse-eu.jsonl:1: request x: analyse-eu received it from ingest-eu, which holds no line of it" in printed
+    assert "  twice: audit/analyse-us.jsonl:1, audit/analyse-eu-1.jsonl:1: request x: received 2 times at step analyse: analyse-us, analyse-eu-1" in printed
+    assert "  sender: audit/analyse-eu-1.jsonl:1: request x: analyse-eu-1 received it from ingest-eu-1, which holds no line of it" in printed
     assert printed.splitlines()[-1].endswith("path findings 3 in 4 records (labels 1, twice 1, sender 1): FAILED (1 runs)")
 
 

@@ -40,7 +40,7 @@ def listener_file(sidecar, schema, folder):
 
 
 def test_a_deciding_point_s_listeners_go_to_a_file_its_bootstrap_names_allowed(tmp_path):
-    sidecar = point(plan(), "sidecar-ingest-eu")
+    sidecar = point(plan(), "sidecar-ingest-eu-1")
     config = envoy_config(sidecar, {}, labels=SHIPPED)
     bootstrap, files, version = rendering.point_listeners(sidecar, config, tmp_path)
     assert "listeners" not in bootstrap["static_resources"] and bootstrap["static_resources"]["clusters"] == config["static_resources"]["clusters"]
@@ -55,13 +55,13 @@ def test_a_deciding_point_s_listeners_go_to_a_file_its_bootstrap_names_allowed(t
 
 
 def test_a_point_that_decides_nothing_keeps_its_listeners_in_its_bootstrap_denied(tmp_path):
-    store = point(plan(), "sidecar-store-eu")
+    store = point(plan(), "sidecar-store-eu-1")
     config = envoy_config(store, {}, labels=SHIPPED)
     assert rendering.point_listeners(store, config, tmp_path) == (config, {}, None)
 
 
 def test_an_added_label_changes_the_deciding_listener_and_the_version_allowed(tmp_path, with_sensitivity):
-    sidecar = point(plan(), "sidecar-ingest-eu")
+    sidecar = point(plan(), "sidecar-ingest-eu-1")
     _, before, old = listener_file(sidecar, SHIPPED, tmp_path)
     bootstrap, after, new = listener_file(sidecar, with_sensitivity, tmp_path)
     assert new != old
@@ -183,7 +183,7 @@ def test_apply_gives_the_services_the_labels_then_the_listeners_allowed(tmp_path
     assert set(seconds) == {"services", "listeners"}
     assert {signal for _, signal in services.signalled} == {"HUP"} and len(services.signalled) == len(state["parts"])
     assert [label["name"] for label in json.loads((tmp_path / rendering.LABEL_SETTING).read_text())] == ["category", "consent", "region", "sensitivity"]
-    assert "x-data-sensitivity" in (tmp_path / "points" / "sidecar-ingest-eu" / rendering.LISTENERS / LISTENERS_FILE).read_text()
+    assert "x-data-sensitivity" in (tmp_path / "points" / "sidecar-ingest-eu-1" / rendering.LISTENERS / LISTENERS_FILE).read_text()
     assert f"labels sensitivity: taken by {len(state['parts'])} services" in out.getvalue()
     # Its twin: the labels deployed are the labels given, nothing is written or signalled.
     services.signalled.clear()
@@ -203,7 +203,7 @@ def test_apply_puts_back_what_it_wrote_when_a_part_does_not_take_it_denied(tmp_p
 
 
 def test_envoy_listeners_version_is_the_lds_version_once_nothing_warms(monkeypatch):
-    sidecar = point(plan(), "sidecar-ingest-eu")
+    sidecar = point(plan(), "sidecar-ingest-eu-1")
     answers = iter([
         {"stats": [{"name": "listener_manager.lds.version_text", "value": "abc"}, {"name": "listener_manager.total_listeners_warming", "value": 0}]},
         {"stats": [{"name": "listener_manager.lds.version_text", "value": "abc"}, {"name": "listener_manager.total_listeners_warming", "value": 1}]},

@@ -63,7 +63,7 @@ def test_attributes_and_the_rule_set_reach_the_catalog_allowed():
 def test_explicit_list_keeps_step_order_allowed():
     topology = manifest.load("topologies/examples/mixed-regions.yaml")
     assert topology.steps == ["ingest", "analyse", "store"]
-    assert [i.id for i in topology.instances_of("analyse")] == ["analyse-eu", "analyse-us"]
+    assert [i.id for i in topology.instances_of("analyse")] == ["analyse-eu-1", "analyse-eu-2", "analyse-us"]
     assert topology.next_step("analyse") == "store" and topology.next_step("store") is None
 
 
@@ -88,7 +88,7 @@ def test_a_topology_without_a_placement_folder_denied():
 def test_services_from_another_manifest_allowed():
     topology = manifest.load("central-entity", services="topologies/examples/mixed-regions.yaml")
     assert topology.kind == "central-entity" and topology.name == "central-entity-mixed-regions"
-    assert topology.gateway_region == "US" and len(topology.instances) == 5
+    assert topology.gateway_region == "US" and len(topology.instances) == 8
 
 
 def test_services_from_a_missing_file_denied():

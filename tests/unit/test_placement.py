@@ -26,27 +26,27 @@ def test_every_instance_has_a_sidecar_and_the_entry_decides_the_first_step():
     entry = point(p, "entry")
     assert entry.deciding[0].endpoint.url == "http://127.0.0.1:8080"
     assert entry.deciding[0].step == "ingest"
-    assert set(entry.destinations) == {"ingest-eu", "ingest-us"}
+    assert set(entry.destinations) == {"ingest-eu-1", "ingest-eu-2", "ingest-us"}
 
 
 def test_sidecar_catalog_holds_itself_and_next_step_only():
-    sidecar = point(plan(), "sidecar-ingest-eu")
-    assert set(sidecar.catalog["instances"]) == {"ingest-eu", "analyse-eu", "analyse-us"}
-    assert set(sidecar.destinations) == {"analyse-eu", "analyse-us"}
-    assert sidecar.deciding[0].sender == "ingest-eu" and sidecar.deciding[0].step == "analyse"
+    sidecar = point(plan(), "sidecar-ingest-eu-1")
+    assert set(sidecar.catalog["instances"]) == {"ingest-eu-1", "analyse-eu-1", "analyse-eu-2", "analyse-us"}
+    assert set(sidecar.destinations) == {"analyse-eu-1", "analyse-eu-2", "analyse-us"}
+    assert sidecar.deciding[0].sender == "ingest-eu-1" and sidecar.deciding[0].step == "analyse"
 
 
 def test_last_step_sidecar_has_no_egress():
     p = plan()
-    sidecar = point(p, "sidecar-store-eu")
+    sidecar = point(p, "sidecar-store-eu-1")
     assert sidecar.deciding == [] and sidecar.destinations == {}
-    store = next(s for s in p.services if s.instance.id == "store-eu")
+    store = next(s for s in p.services if s.instance.id == "store-eu-1")
     assert store.egress_url is None and store.next_step is None
 
 
 def test_deciding_listener_fails_closed_and_strips_routing_header():
     p = plan()
-    config = envoy_config(point(p, "sidecar-ingest-eu"), {}, labels=labels.schema(POLICIES))
+    config = envoy_config(point(p, "sidecar-ingest-eu-1"), {}, labels=labels.schema(POLICIES))
     egress = next(l for l in config["static_resources"]["listeners"] if l["name"] == "egress")
     manager = egress["filter_chains"][0]["filters"][0]["typed_config"]
     filters = [f["name"] for f in manager["http_filters"]]
@@ -100,7 +100,8 @@ def test_central_entity_is_the_only_point_and_holds_the_whole_catalog():
     assert set(central.catalog["instances"]) == {i.id for i in p.topology.instances}
     # The entry plus one listener per sending service, each pinning sender and next step.
     assert [(d.sender, d.step) for d in central.deciding] == [
-        ("gateway", "ingest"), ("ingest-eu", "analyse"), ("ingest-us", "analyse"), ("analyse-eu", "store"), ("analyse-us", "store"),
+        ("gateway", "ingest"), ("ingest-eu-1", "analyse"), ("ingest-eu-2", "analyse"), ("ingest-us", "analyse"),
+        ("analyse-eu-1", "store"), ("analyse-eu-2", "store"), ("analyse-us", "store"),
     ]
     assert all(s.egress_url is None or s.egress_url.startswith("http://127.0.1.1:") for s in p.services)
 
@@ -139,8 +140,8 @@ def test_baseline_decides_nothing_and_chains_services_directly():
     p = place(manifest.load("baseline", services="topologies/examples/mixed-regions.yaml"))
     assert [x.name for x in p.points] == ["gateway"] and p.points[0].deciding == []
     egress = {s.instance.id: s.egress_url for s in p.services}
-    assert egress["ingest-us"] == "http://127.0.1.4:20003"  # analyse-eu: the first instance of the next step
-    assert egress["store-eu"] is None
+    assert egress["ingest-us"] == "http://127.0.1.2:20004"  # analyse-eu-1 (node-1, the 4th instance): the first of the next step
+    assert egress["store-eu-1"] is None
 
 
 def test_a_manifests_work_iterations_reach_every_service_allowed():

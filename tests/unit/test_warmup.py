@@ -41,10 +41,10 @@ def test_listeners_are_asked_as_their_senders_send_allowed(tmp_path):
     assert set(found) == {(p.name, listener.name) for p in plan.points for listener in p.deciding}
     entry = found[("entry", "entry")]
     assert (entry.tls, entry.audience) == (None, None)  # a client's: plain HTTP, no token
-    sidecar = found[("sidecar-ingest-eu", "egress")]
-    # ingest-eu's own certificate (the listener admits no other) and the audience its jwt_authn requires.
-    assert sidecar.tls == identity.credential_files(tmp_path / rendering.PKI, pki.spiffe_id("service", "ingest-eu"))
-    assert sidecar.audience == point_trust["sidecar-ingest-eu"].token_audiences["egress"]
+    sidecar = found[("sidecar-ingest-eu-1", "egress")]
+    # ingest-eu-1's own certificate (the listener admits no other) and the audience its jwt_authn requires.
+    assert sidecar.tls == identity.credential_files(tmp_path / rendering.PKI, pki.spiffe_id("service", "ingest-eu-1"))
+    assert sidecar.audience == point_trust["sidecar-ingest-eu-1"].token_audiences["egress"]
 
 
 def test_listeners_without_mutual_tls_take_plain_http_and_no_token_denied(tmp_path):
@@ -104,16 +104,16 @@ def test_a_listener_decides_once_its_opa_answers_with_the_revision_allowed(point
     point = points([UNAVAILABLE, UNAVAILABLE, DECIDED])
     key, _ = pki.signing_key()
     token_key = {"issuer": identity.TOKEN_ISSUER, "kid": key["kid"], "jwk": key}
-    result = warmup.wait([point.listener("sidecar-ingest-eu", audience="spiffe://complyroute/service/ingest-eu")], token_key,
+    result = warmup.wait([point.listener("sidecar-ingest-eu-1", audience="spiffe://complyroute/service/ingest-eu-1")], token_key,
                          REVISION, 10, {})
-    assert result["decided"] == {"sidecar-ingest-eu/egress": "r-1"}
+    assert result["decided"] == {"sidecar-ingest-eu-1/egress": "r-1"}
     assert 0 < result["seconds"] < 10
     assert len(point.asked) == 3
     path, headers, body = point.asked[-1]
     assert (path, body) == ("/process", warmup.RECORD)
     assert not any(name.lower().startswith("x-data-") for name in headers)  # unlabelled
     token = claims(headers["x-complyroute-labels"])
-    assert token["aud"] == ["spiffe://complyroute/service/ingest-eu"] and token["rid"] == headers["x-request-id"]
+    assert token["aud"] == ["spiffe://complyroute/service/ingest-eu-1"] and token["rid"] == headers["x-request-id"]
     assert set(token) == {"iss", "iat", "exp", "rid", "digest", "aud"}  # no label claim
 
 
@@ -126,10 +126,10 @@ def test_a_listener_that_never_decides_fails_the_wait_naming_its_point_and_logs_
     warm, cold = points([DECIDED]), points([answer])
     logs = {"sidecar-analyse-us": ["logs/sidecar-analyse-us.opa.log", "logs/sidecar-analyse-us.envoy.log"]}
     with pytest.raises(warmup.WarmUpError) as raised:
-        warmup.wait([warm.listener("sidecar-ingest-eu"), cold.listener("sidecar-analyse-us")], None, REVISION, 0.5, logs)
+        warmup.wait([warm.listener("sidecar-ingest-eu-1"), cold.listener("sidecar-analyse-us")], None, REVISION, 0.5, logs)
     message = str(raised.value)
     assert message.startswith("1 of 2 deciding listeners did not decide a warm-up record")
-    assert "sidecar-ingest-eu" not in message
+    assert "sidecar-ingest-eu-1" not in message
     assert f"sidecar-analyse-us (listener egress, 127.0.0.1:{cold.server.server_address[1]}) last answered {answer[0]}" in message
     assert "its logs: logs/sidecar-analyse-us.opa.log, logs/sidecar-analyse-us.envoy.log" in message
     assert len(warm.asked) == 1  # a listener that decided is not asked again
@@ -151,7 +151,7 @@ def test_a_deploy_whose_point_never_decides_fails_and_stops_denied(tmp_path, mon
     monkeypatch.setattr(deployment, "stop", lambda out=None: stopped.append(True))
     monkeypatch.setattr(warmup, "ask", lambda listener, key: warmup.Answer(*UNAVAILABLE, detail="503 DECISION_UNAVAILABLE"))
     loaded = manifest.load("sidecar", services=MIXED_REGIONS, overrides={"security": {"mtls": False, "label_tokens": False}})
-    with pytest.raises(deployment.DeploymentError, match=r"deploy: 5 of 5 deciding listeners did not decide a warm-up record .* "
+    with pytest.raises(deployment.DeploymentError, match=r"deploy: 7 of 7 deciding listeners did not decide a warm-up record .* "
                                                          r"entry \(listener entry, 127\.0\.0\.1:8080\) last answered 503"):
         deployment.deploy(loaded, health_timeout=0.3, out=open(os.devnull, "w"))
     assert stopped == [True]
