@@ -19,7 +19,10 @@ label tokens.
   past the next step, and through another sender's listener; with ingest-us's key, it takes a
   genuine token to ingest-us's listener, and one naming only the first hop to analyse-eu's
   (the token's `aud`); and it re-uses the id of a record delivered through the US instances
-  with a token forged for other labels (issue 25).
+  with a token forged for other labels (issue 25);
+- service instances down (their processes stopped, the points up): one EU replica of a step
+  down, every EU record is delivered through the other; both down, an EU record is refused
+  with 503 COMPLIANT_INSTANCES_DOWN and delivered nowhere else, while a US record passes.
 
 Every attack ends in a refusal in the error contract ({code, message} JSON, the status and
 code asserted) or in a TLS handshake that does not complete, or changes nothing (a relabelled
@@ -31,6 +34,7 @@ lines disagreeing on labels, received twice at one step, from a sender that neve
 every other record's path whole.
 """
 
+import contextlib
 import errno
 import hashlib
 import http.client
@@ -57,12 +61,13 @@ import psutil
 import pytest
 
 from complyroute.client import send
-from complyroute.runtime.local import deployment, rendering
+from complyroute.evidence import audit
+from complyroute.runtime.local import deployment, rendering, supervision
 from complyroute.topology import localhttp, manifest
 from complyroute.trust import identity, pki
 
 from .helpers import (ENFORCING, ENGINES, EU_PERSONAL, RECORD, as_service, egress_url, entries, entry_of, label_token, opa_api,
-                      post, tls_context, wait_for_audit)
+                      post, replicas, tls_context, wait_for_audit)
 
 # Phase 3 of the pool's deployments (tests/e2e/conftest.py); the compromised service's tests, phase 5.
 pytestmark = pytest.mark.pool(phase=3)
@@ -439,6 +444,78 @@ def test_labels_just_under_their_bound_are_delivered_allowed(deployed):
         request_id, answer = post(state, labels)
         assert answer.status == 200, answer.text
         assert [line["labels"] for line in wait_for_audit(state, request_id, 3)] == [EU_LINE] * 3
+
+
+# ---- service instances down: failover inside the compliant set, and nowhere else ----------
+#
+# The service processes stopped through supervisord (which would otherwise start them again),
+# the points left up: in the sidecar topology a stopped service's sidecar answers for it (its
+# ingress's 503 that the deciding point retries elsewhere), in the others its port refuses the
+# connection. Each test starts what it stopped again before it ends, so the tests after it on
+# the same deployment meet every instance up.
+FAILOVER_RECORDS = 8  # EU records sent with one replica of a step down: each must be delivered
+
+
+@contextlib.contextmanager
+def stopped(state, instances):
+    """The service processes of `instances` stopped, then started again and answering their
+    health check, and an EU record delivered: a point that found every member of a set down
+    ejected them all (clusters.py: outlier detection on a failed connection), and sends the set
+    nothing until an ejection ends (1 s, longer for a host ejected again)."""
+    try:
+        for instance in instances:
+            deployment.stop_part(instance, state)
+        yield
+    finally:
+        for instance in instances:
+            deployment.start_part(instance, state)
+        deadline = time.monotonic() + 30
+        while not all(supervision.healthy(part(state, i)["health_url"], 0.5, part(state, i).get("health_tls")) for i in instances):
+            assert time.monotonic() < deadline, f"{instances} not healthy again"
+            time.sleep(0.1)
+        while (answer := post(state, EU_PERSONAL)[1]).status != 200:
+            assert (answer.status, (answer.body or {}).get("code")) == (503, "COMPLIANT_INSTANCES_DOWN") and time.monotonic() < deadline, answer.text
+            time.sleep(0.2)
+
+
+def audit_count(state, instance) -> int:
+    return len(Path(part(state, instance)["env"]["AUDIT_LOG"]).read_text().splitlines())
+
+
+def test_one_eu_replica_of_a_step_down_loses_no_record_allowed(deployed):
+    """ingest-eu-1 and analyse-eu-2 stopped: the entry and the analyse step's deciding points
+    send every EU record to the other replica of the step, and none is lost."""
+    state = deployed
+    down = {"ingest-eu-1", "analyse-eu-2"}
+    with stopped(state, sorted(down)):
+        sent = [post(state, EU_PERSONAL) for _ in range(FAILOVER_RECORDS)]
+        unanswered = [f"{answer.status} {answer.text[:200]}" for _, answer in sent if answer.status != 200]
+        assert unanswered == [], unanswered
+        for request_id, answer in sent:
+            path = [hop["instance"] for hop in answer.body["path"]]
+            assert path[:2] == ["ingest-eu-2", "analyse-eu-1"] and entry_of(path[2]) == "store-eu", path
+            assert {line["instance"] for line in wait_for_audit(state, request_id, 3)} == set(path)
+
+
+def test_every_compliant_instance_of_a_step_down_delivers_nowhere_else_denied(deployed):
+    """Both ingest-eu replicas stopped, ingest-us up: an EU record is refused with 503
+    COMPLIANT_INSTANCES_DOWN and reaches no instance (ingest-us's audit log gains no line);
+    its twin, a US record, takes ingest-us as before. The audit re-check stays clean."""
+    state = deployed
+    lines_before = audit_count(state, "ingest-us")
+    with stopped(state, sorted(replicas("ingest-eu"))):
+        request_id, answer = post(state, EU_PERSONAL)
+        assert (answer.status, (answer.body or {}).get("code")) == (503, "COMPLIANT_INSTANCES_DOWN"), answer.text
+        assert set(answer.body) == {"code", "message", "request_id"} and answer.body["message"], answer.body
+        assert answer.body["request_id"] == request_id
+        us_id, us_answer = post(state, US_PERSONAL)
+        assert us_answer.status == 200, us_answer.text
+        assert [hop["instance"] for hop in us_answer.body["path"]][:2] == ["ingest-us", "analyse-us"]
+        wait_for_audit(state, us_id, 3)
+        assert audit_count(state, "ingest-us") == lines_before + 1  # the US record's line only
+        assert wait_for_audit(state, request_id, 1, timeout=ABSENT_LINES_WAIT) == []
+    verdict = audit.audit_run(Path(state["run_dir"]))
+    assert (verdict.broken_chains, verdict.forbidden, verdict.undecided) == (0, 0, 0), verdict.problems
 
 
 # The compromised service's attacks: ingest-eu-1 replaced for good (the other EU replicas stopped), and the audit verdict after them
