@@ -11,12 +11,13 @@ file's pytest_collection_modifyitems), in the order of their marker's `phase`:
    counts the run's records);
 1. the enforcement suite, which ends with an audit verdict over what it sent;
 2. the error contract;
-3. the hostile suite's client and local-process attacks;
+3. the hostile suite's client and local-process attacks, then its service instances stopped
+   (one EU replica of a step, every one of a step), each started again before the test ends;
 4. destructive tests (`spends=True`: the enforcement suite's killed OPA): nothing runs on that
    deployment after them;
 5. tests with a deployment of their own (`own=<name>`): the hostile suite's compromised service,
-   which replaces ingest-eu's process for good, and whose audit verdict must find only its own
-   attack.
+   which replaces ingest-eu-1's process for good (and stops the other EU replicas), and whose
+   audit verdict must find only its own attack.
 
 Every pooled deployment has receive_timeout 1 s (headers; the whole request: that plus the 2 s
 decision timeout), short enough for the error contract's 408 test to wait out; the default is

@@ -1,6 +1,6 @@
 """End to end, hostile, the baseline: it decides nothing, but its parts are as authenticated.
 
-Apart from test_hostile_e2e.py, whose compromised service holds ingest-eu's port until that
+Apart from test_hostile_e2e.py, whose compromised service holds ingest-eu-1's port until that
 module ends.
 """
 
