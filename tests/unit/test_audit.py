@@ -397,22 +397,22 @@ def test_default_folders_skip_runs_current_allowed(tmp_path):
 
 def test_an_instance_s_second_chain_in_a_file_of_its_own_is_that_instance_s_allowed(run):
     """A pod that replaced a deleted one (Kubernetes) writes a new chain into a new emptyDir:
-    analyse-eu's r-0 in analyse-eu.jsonl, r-1 and r-2 in analyse-eu.pod-2.jsonl, each chain from
-    the genesis, both analyse-eu's."""
-    write_lines(run, [item for item in RECORDS if item["instance"] != "analyse-eu"])
-    write_log(run, "analyse-eu", chained(lines_of("analyse-eu")[:1]))
-    write_log(run, "analyse-eu.pod-2", chained(lines_of("analyse-eu")[1:]))
+    analyse-eu-1's r-0 in analyse-eu-1.jsonl, r-1 and r-2 in analyse-eu-1.pod-2.jsonl, each chain from
+    the genesis, both analyse-eu-1's."""
+    write_lines(run, [item for item in RECORDS if item["instance"] != "analyse-eu-1"])
+    write_log(run, "analyse-eu-1", chained(lines_of("analyse-eu-1")[:1]))
+    write_log(run, "analyse-eu-1.pod-2", chained(lines_of("analyse-eu-1")[1:]))
     verdict = audit.audit_run(run)
     assert (verdict.lines, verdict.chains, verdict.records) == (9, 4, 3)
     assert verdict.clean, verdict.summary()
 
 
 def test_a_second_chain_is_the_instance_its_file_names_not_its_lines_denied(run):
-    """The same lines of analyse-eu in a file named for analyse-us: receptions in analyse-us,
-    which no point that decides ingest-eu's hops sends to, and store-eu's lines of r-1 and r-2
-    name a sender (analyse-eu) that holds none."""
-    write_lines(run, [item for item in RECORDS if item["instance"] != "analyse-eu"])
-    write_log(run, "analyse-eu", chained(lines_of("analyse-eu")[:1]))
-    write_log(run, "analyse-us.pod-2", chained(lines_of("analyse-eu")[1:]))
+    """The same lines of analyse-eu-1 in a file named for analyse-us: receptions in analyse-us,
+    which no point that decides ingest-eu-1's hops sends to, and store-eu-1's lines of r-1 and r-2
+    name a sender (analyse-eu-1) that holds none."""
+    write_lines(run, [item for item in RECORDS if item["instance"] != "analyse-eu-1"])
+    write_log(run, "analyse-eu-1", chained(lines_of("analyse-eu-1")[:1]))
+    write_log(run, "analyse-us.pod-2", chained(lines_of("analyse-eu-1")[1:]))
     verdict = audit.audit_run(run)
     assert (verdict.undecided, dict(verdict.paths)) == (2, {"sender": 2}) and not verdict.clean, verdict.summary()
