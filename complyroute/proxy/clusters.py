@@ -54,7 +54,11 @@ def _cluster_limits(http2: bool = False) -> dict:
         # Envoy's default of 1024 pending requests would turn load peaks into 503s that
         # measure Envoy's defaults rather than the topology.
         "circuit_breakers": {
-            "thresholds": [{"max_connections": 100000, "max_pending_requests": 100000, "max_requests": 100000}]
+            # And its default of 3 retries in flight per cluster refused the retries a dead
+            # instance of a set causes at 50 records/s (sets-20261127: 167 refused against 118
+            # made), answering 503 with a twin up.
+            "thresholds": [{"max_connections": 100000, "max_pending_requests": 100000, "max_requests": 100000,
+                            "max_retries": 100000}]
         },
         "typed_extension_protocol_options": {
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
@@ -85,9 +89,10 @@ def set_cluster(name: str, point: EnforcementPoint, trust: PointTrust | None) ->
     when the first has none healthy, and never leaves the set: with every instance down the hop
     is answered 503 COMPLIANT_INSTANCES_DOWN (replies.py), as no panic routing applies.
 
-    Healthy means not ejected: an instance whose connection fails (refused, reset before the
-    request was sent, TLS not completed) is ejected at once, and the record is sent again to
-    another instance of the set (routes.RETRY_UNSENT). HTTP answers, 5xx included, eject no
+    Healthy means not ejected: an instance whose connection fails twice in a row (refused, timed
+    out, reset before the request was sent, TLS not completed) is ejected, at most half of the
+    set at a time, and every such record is sent again to another instance of the set
+    (routes.RETRY_UNSENT). HTTP answers, 5xx included, eject no
     one: a service's 502 says its own next hop failed, not that it did."""
     tiers = set_tiers(name)
     members = [instance for tier in tiers for instance in tier]
@@ -111,14 +116,19 @@ def set_cluster(name: str, point: EnforcementPoint, trust: PointTrust | None) ->
         "common_lb_config": {"healthy_panic_threshold": {"value": 0}},
         "outlier_detection": {
             "split_external_local_origin_errors": True,
-            "consecutive_local_origin_failure": 1,
+            # Two in a row: a dead instance refuses every connection, while a live one on a busy
+            # machine may miss one connect timeout (sets-20261127 saw the live twin ejected so).
+            "consecutive_local_origin_failure": 2,
             "enforcing_consecutive_local_origin_failure": 100,
             "enforcing_consecutive_5xx": 0,
             "enforcing_success_rate": 0,
             "enforcing_local_origin_success_rate": 0,
             "interval": "1s",
             "base_ejection_time": "1s",
-            "max_ejection_percent": 100,
+            # Never the whole set: with every instance down, the refused connections themselves
+            # answer 503 COMPLIANT_INSTANCES_DOWN, and a live instance ejected by mistake beside a
+            # dead one would leave the dead one alone to be picked.
+            "max_ejection_percent": 50,
         },
         **_cluster_limits(),
     }

@@ -82,8 +82,11 @@ def test_a_set_s_cluster_holds_its_tiers_as_priorities_allowed(tmp_path, topolog
     assert cluster["load_assignment"]["policy"]["overprovisioning_factor"] == 200
     assert cluster["common_lb_config"] == {"healthy_panic_threshold": {"value": 0}}
     outliers = cluster["outlier_detection"]
-    assert outliers["consecutive_local_origin_failure"] == 1 and outliers["split_external_local_origin_errors"]
-    assert outliers["enforcing_consecutive_5xx"] == 0 and outliers["max_ejection_percent"] == 100  # a service's 5xx ejects no one
+    assert outliers["consecutive_local_origin_failure"] == 2 and outliers["split_external_local_origin_errors"]
+    assert outliers["enforcing_consecutive_5xx"] == 0  # a service's 5xx ejects no one
+    assert outliers["max_ejection_percent"] == 50  # never the whole set: refused connections answer then
+    # Retries in flight are not capped at Envoy's default of 3 per cluster.
+    assert cluster["circuit_breakers"]["thresholds"][0]["max_retries"] == 100000
     listed = configs[point.name].data[precompute.QUICK_PATH_DOCUMENT]["set_clusters"]
     assert sorted(listed) == sorted(name for name in entry if not is_instance(name) and name != "opa")
 
