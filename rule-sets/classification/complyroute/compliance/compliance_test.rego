@@ -633,7 +633,8 @@ canonical_extended(labels) := [result |
 ]
 
 test_schema_label_allowed if {
-	decide_extended({"classification": "internal", "handling": "no-print, no-copy"})[0].destinations == [["analyse-eu-a", "analyse-eu-b"], ["analyse-us"]]
+	decided := decide_extended({"classification": "internal", "handling": "no-print, no-copy"})
+	decided[0].destinations == [["analyse-eu-a", "analyse-eu-b"], ["analyse-us"]]
 	canonical_extended({"classification": "internal", "handling": "no-print,no-copy,no-copy"}) == [{
 		"classification": "internal",
 		"handling": "no-copy,no-print",
