@@ -125,6 +125,10 @@ def set_cluster(name: str, point: EnforcementPoint, trust: PointTrust | None) ->
             "enforcing_local_origin_success_rate": 0,
             "interval": "1s",
             "base_ejection_time": "1s",
+            # Each ejection of an instance lasts longer (base x count) up to this: an instance
+            # that failed while it restarted is back in the set within 2 s of being ready, before
+            # its twin's death could leave the set with nobody eligible (k8s-e2e at load 35).
+            "max_ejection_time": "2s",
             # Never the whole set: with every instance down, the refused connections themselves
             # answer 503 COMPLIANT_INSTANCES_DOWN, and a live instance ejected by mistake beside a
             # dead one would leave the dead one alone to be picked.
