@@ -45,8 +45,13 @@ def cluster(name: str, endpoint: Endpoint, http2: bool = False, trust: PointTrus
         **_cluster_limits(http2),
     }
     if trust is not None:
-        config["transport_socket"] = upstream_tls(trust, trust.upstream_identity[(endpoint.reach, endpoint.port)])
+        config["transport_socket"] = _verified_as_its_owner(trust, endpoint)
     return config
+
+
+def _verified_as_its_owner(trust: PointTrust, endpoint: Endpoint) -> dict:
+    """TLS to `endpoint`, which must present the identity of the part that listens there."""
+    return upstream_tls(trust, trust.upstream_identity[(endpoint.reach, endpoint.port)])
 
 
 def _cluster_limits(http2: bool = False) -> dict:
@@ -92,8 +97,8 @@ def set_cluster(name: str, point: EnforcementPoint, trust: PointTrust | None) ->
     Healthy means not ejected: an instance whose connection fails twice in a row (refused, timed
     out, reset before the request was sent, TLS not completed) is ejected, at most half of the
     set at a time, and every such record is sent again to another instance of the set
-    (routes.RETRY_UNSENT). HTTP answers, 5xx included, eject no
-    one: a service's 502 says its own next hop failed, not that it did."""
+    (routes.RETRY_UNSENT). HTTP answers, 5xx included, eject no one: a service's 502 says its
+    own next hop failed, not that it did."""
     tiers = set_tiers(name)
     members = [instance for tier in tiers for instance in tier]
     config = {
@@ -140,7 +145,6 @@ def set_cluster(name: str, point: EnforcementPoint, trust: PointTrust | None) ->
         config["transport_socket_matches"] = [{
             "name": instance,
             "match": {"instance": instance},
-            "transport_socket": upstream_tls(trust, trust.upstream_identity[(point.destinations[instance].reach,
-                                                                             point.destinations[instance].port)]),
+            "transport_socket": _verified_as_its_owner(trust, point.destinations[instance]),
         } for instance in members]
     return config
