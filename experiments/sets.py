@@ -7,12 +7,14 @@
 - `balance`: per step, each instance's share of the step's records, from those lines.
 - `classify_losses`: each request a kill of a service instance lost, told apart by what the
   audit lines and the answer say: *inside* (the killed instance had written its line for the
-  record before the kill: it was working on it or waiting for the next hop's answer when the
-  process died, and nothing may retry a record once delivered), *on its way* (no line at the
-  killed step; its last line at the step before, written before the kill, or at a first step
-  sent by the client before it; and the answer says the hop failed under it, HOP_FAILED: sent to
-  the killed instance before it died, unread), and *beyond*: every other loss, which a
-  compliant replica that was up should have prevented.
+  record before it died: it was working on it or waiting for the next hop's answer, and nothing
+  may retry a record once delivered), *on its way* (no line at the killed step; its last line at
+  the step before, or at a first step the client's send, before the killed instance died; and
+  the answer says the hop failed under it, HOP_FAILED: sent to the killed instance, unread), and
+  *beyond*: every other loss, which a compliant replica that was up should have prevented.
+  An instance died when its process had exited (the fault's died_at), not when the signal was
+  sent: a killed process tears its memory down before the kernel closes its sockets, and until
+  then they take a sender's bytes, which Envoy then cannot tell from a record delivered.
 """
 
 from __future__ import annotations
@@ -86,23 +88,23 @@ def balanced(shares: dict[str, dict[str, float]], tolerance: float = BALANCE_TOL
 
 # ---- what a kill of a service instance lost --------------------------------------------------------
 
-def classify_loss(row: dict, lines: list[tuple[float, str, str]], killed: str, killed_at: float, steps: list[str],
+def classify_loss(row: dict, lines: list[tuple[float, str, str]], killed: str, died_at: float, steps: list[str],
                   step_of: dict[str, str]) -> str:
-    """Why one request lost while `killed` was killed at `killed_at` was lost: INSIDE, ON_ITS_WAY or BEYOND.
+    """Why one request lost to the kill of `killed`, whose process had exited at `died_at`, was lost: INSIDE, ON_ITS_WAY or BEYOND.
 
     `row`: its requests.csv row (t and rtt in s, status, code); `lines`: its audit lines;
     `steps`: the chain's steps in order; `step_of`: each instance's step."""
-    if row["t"] + row["rtt"] < killed_at:
-        return BEYOND  # answered before the kill: not lost to it
+    if row["t"] + row["rtt"] < died_at:
+        return BEYOND  # answered while the instance was still there: not lost to its death
     # Every hop waits for the next one's answer, so the killed instance held every record it had
     # received and not yet answered, whichever later steps the record reached.
-    if any(instance == killed and ts <= killed_at for ts, instance, _ in lines):
+    if any(instance == killed and ts <= died_at for ts, instance, _ in lines):
         return INSIDE
     position = steps.index(step_of[killed])
     if row["code"] in HOP_FAILED and not any(steps.index(step) >= position for _, _, step in lines):
         before = [ts for ts, _, step in lines if steps.index(step) == position - 1]
         sent_at = max(before) if before else (row["t"] if position == 0 else None)
-        if sent_at is not None and sent_at <= killed_at:
+        if sent_at is not None and sent_at <= died_at:
             return ON_ITS_WAY
     return BEYOND
 
@@ -116,8 +118,8 @@ def answer_name(row: dict) -> str:
 
 
 def classify_losses(rows: list[dict], kills: list[dict], index: dict, steps: list[str], step_of: dict[str, str]) -> dict:
-    """Per kill of a service instance (each with target, injected_at and until, the next fault's
-    injection), the requests answered otherwise than expected within it, by class, with the
+    """Per kill of a service instance (each with target, injected_at, died_at and until, the next
+    fault's injection), the requests answered otherwise than expected within it, by class, with the
     statuses and codes of those BEYOND. Rows need request_id (requests.csv's)."""
     per_kill = []
     for kill in kills:
@@ -126,11 +128,12 @@ def classify_losses(rows: list[dict], kills: list[dict], index: dict, steps: lis
         for row in rows:
             if row["status"] == row["expected"] or not kill["injected_at"] <= row["t"] + row["rtt"] < kill["until"]:
                 continue
-            kind = classify_loss(row, index.get(row["request_id"], []), kill["target"], kill["injected_at"], steps, step_of)
+            kind = classify_loss(row, index.get(row["request_id"], []), kill["target"], kill["died_at"], steps, step_of)
             counts[kind] += 1
             if kind == BEYOND:
                 beyond[answer_name(row)] += 1
-        per_kill.append({"target": kill["target"], "injected_at": kill["injected_at"], **counts, "beyond_answers": dict(beyond)})
+        per_kill.append({"target": kill["target"], "injected_at": kill["injected_at"], "died_after_s": round(kill["died_at"] - kill["injected_at"], 4),
+                         **counts, "beyond_answers": dict(beyond)})
     return {"kills": len(per_kill), "per_kill": per_kill,
             **{kind: sum(k[kind] for k in per_kill) for kind in (INSIDE, ON_ITS_WAY, BEYOND)},
             "beyond_answers": dict(sum((Counter(k["beyond_answers"]) for k in per_kill), Counter()))}
@@ -147,13 +150,14 @@ def cell_name(summary: dict) -> str:
 def report_lines(summaries: list[dict]) -> list[str]:
     """What each kill of a service instance lost, told apart (classify_losses), and each step's balance."""
     lines = ["", "## Kills of service instances: what they lost", "",
-             "Inside: the killed instance had written the record's audit line before the kill (it was working on it or "
-             "waiting for the next hop's answer). On its way: no line at the killed step, its last line at the step before "
-             "written before the kill (a first step: sent by the client before it), and the answer says the hop failed under "
-             f"it ({' or '.join(HOP_FAILED)}). Neither may be retried (delivered). Beyond: every other loss, which a replica "
-             "that was up should have taken.", "",
-             "| topology | service kills | lost | inside | on its way | beyond | lost beyond per kill | answers beyond | balance (share per instance) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "An instance died when its process had exited, its sockets closed (until then they take a sender's bytes), "
+             "not when the signal was sent. Inside: the killed instance had written the record's audit line before it died "
+             "(it was working on it or waiting for the next hop's answer). On its way: no line at the killed step, its last "
+             "line at the step before written before it died (a first step: sent by the client before it), and the answer "
+             f"says the hop failed under it ({' or '.join(HOP_FAILED)}). Neither may be retried (delivered). Beyond: every "
+             "other loss, which a replica that was up should have taken.", "",
+             "| topology | service kills | died after the signal (ms, max) | lost | inside | on its way | beyond | lost beyond per kill | answers beyond | balance (share per instance) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for s in summaries:
         k = s.get("service_kills")
         if not k:
@@ -162,6 +166,7 @@ def report_lines(summaries: list[dict]) -> list[str]:
         spread = "; ".join(f"{step}: {'/'.join(f'{share:.1%}' for share in by.values())}" for step, by in s["balance"].items()
                            if len(by) > 1) or "one instance per step"
         verdict = "" if s["balanced"] is None else f" ({'within' if s['balanced'] else 'NOT within'} ±{BALANCE_TOLERANCE:.0%})"
-        lines.append(f"| {cell_name(s)} | {k['kills']} | {lost} | {k[INSIDE]} | {k[ON_ITS_WAY]} | {k[BEYOND]} | "
+        died = max((kill["died_after_s"] for kill in k["per_kill"]), default=None)
+        lines.append(f"| {cell_name(s)} | {k['kills']} | {'-' if died is None else round(died * 1000, 1)} | {lost} | {k[INSIDE]} | {k[ON_ITS_WAY]} | {k[BEYOND]} | "
                      f"{round(k[BEYOND] / k['kills'], 2) if k['kills'] else '-'} | {k['beyond_answers'] or 'none'} | {spread}{verdict} |")
     return lines

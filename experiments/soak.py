@@ -214,7 +214,8 @@ def sets_of(folder: Path, run_dir: Path, records: list[faults.FaultRecord], topo
     instance told apart (sets.classify_losses), from the deployment's audit lines."""
     index = sets.audit_index(run_dir)
     injected = sorted(records, key=lambda r: r.injected_at)
-    kills = [{"target": r.target, "injected_at": r.injected_at,
+    # A kill whose exit was not seen (died_at None: not within the recovery timeout) counts from its signal.
+    kills = [{"target": r.target, "injected_at": r.injected_at, "died_at": r.died_at or r.injected_at,
               "until": injected[n + 1].injected_at if n + 1 < len(injected) else float("inf")}
              for n, r in enumerate(injected) if r.kind == "kill" and r.part_kind == "service" and not r.error]
     step_of = {i.id: i.step for i in topology.instances}

@@ -11,8 +11,10 @@ target, a part of the deployment by its name (state.json's parts):
 
 Each fault is recorded with when it was injected, the part and its kind, and when the part
 answered its health check again: recovery_s, from the fault to healthy (for a pause, including
-the pause itself); for a kill also the new pid and when supervisord had started it again
-(restart_s). The injector waits for a part to recover before the next fault falls due, so one
+the pause itself); for a kill also when the process had exited (died_at: a killed process
+tears its memory down before the kernel closes its sockets, which still take bytes meanwhile;
+on this machine that takes milliseconds), the new pid and when supervisord had started it
+again (restart_s). The injector waits for a part to recover before the next fault falls due, so one
 fault's recovery is never mixed up with the next's; a fault not recovered within the timeout
 is recorded as not recovered (recovery_s None) and the schedule goes on.
 """
@@ -23,6 +25,7 @@ import dataclasses
 import json
 import os
 import random
+import select
 import signal
 import sys
 import threading
@@ -53,6 +56,7 @@ class FaultRecord:
     part_kind: str  # service | envoy | router | opa | control | policy
     scheduled_at: float  # seconds after the schedule's start
     injected_at: float  # Unix time (s) the signal was sent or the reload began
+    died_at: float | None = None  # kill: Unix time (s) the process had exited, its sockets closed (None: not seen)
     pause_s: float = 0.0
     old_pid: int | None = None
     new_pid: int | None = None
@@ -122,6 +126,18 @@ def _current_pid(state: dict, name: str) -> int | None:
     return info["pid"] if info and info["statename"] in ("STARTING", "RUNNING") and info["pid"] else None
 
 
+def _kill(pid: int, timeout: float) -> float | None:
+    """SIGKILL to `pid`'s process group; when its process had exited (Unix time), waiting at most `timeout` s."""
+    exited = os.pidfd_open(pid)  # readable once the process has exited, after the kernel closed its files
+    try:
+        os.killpg(pid, signal.SIGKILL)
+        poller = select.poll()
+        poller.register(exited, select.POLLIN)
+        return time.time() if poller.poll(timeout * 1000) else None
+    finally:
+        os.close(exited)
+
+
 def inject(state: dict, fault: Fault, start: float, recovery_timeout: float = 30.0,
            policies: Path = policyfiles.POLICIES, out=sys.stdout) -> FaultRecord:
     """Inject one fault now and wait for its target to recover; its record."""
@@ -149,7 +165,7 @@ def inject(state: dict, fault: Fault, start: float, recovery_timeout: float = 30
     record.injected_at = time.time()
     try:
         if fault.kind == "kill":
-            os.killpg(pid, signal.SIGKILL)
+            record.died_at = _kill(pid, recovery_timeout)
         elif fault.kind == "pause":
             os.killpg(pid, signal.SIGSTOP)
             time.sleep(fault.seconds)
