@@ -44,9 +44,7 @@ from complyroute.evidence.auditlog import Line, Problem, hashable, read_chain
 from complyroute.evidence.paths import PATH_FINDINGS, describe_paths, gateways_of, next_steps_of, path_findings, records_of
 from complyroute.policy import bundles, policydata
 from complyroute.policy.policyfiles import POLICIES
-from complyroute.topology.manifest import REPO
-
-RUNS = REPO / "runs"
+from complyroute.runtime.local.deployment import RUNS
 RECHECK = Path(__file__).with_name("recheck.rego")
 QUERY = "data.complyroute_audit.recheck.allowed"
 DECISION_FIELDS = ("sender", "decided_by", "revision")

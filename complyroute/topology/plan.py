@@ -9,6 +9,7 @@ Kubernetes network in complyroute/runtime/kubernetes/render.py (Service names, f
 from __future__ import annotations
 
 import importlib.util
+import os
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -141,6 +142,9 @@ GATEWAY_SENDER = "gateway"
 ADMIN_SOCKET, DECISION_SOCKET, API_SOCKET, DIAGNOSTIC_SOCKET = "envoy-admin.sock", "opa-decision.sock", "opa-api.sock", "opa-diagnostic.sock"
 
 
+LOOPBACK_VARIABLE = "COMPLYROUTE_LOOPBACK"
+
+
 class LocalNetwork:
     """Addresses on one machine: each node its loopback address, each part a port of a block.
 
@@ -151,6 +155,8 @@ class LocalNetwork:
     instead, each node keeping its last byte, the entry on <loopback>.254:8080. A plan on a
     loopback network of its own takes the same ports as a deployment running beside it
     without a clash (the engines' differential test runs beside the end-to-end suite so).
+    Without `loopback`, the network COMPLYROUTE_LOOPBACK names, if set: a local deployment
+    beside another one takes it (runtime/local/deployment.py).
     """
 
     SERVICE, INGRESS, EGRESS, ENVOY_READY = 20000, 21000, 22000, 27000
@@ -162,6 +168,7 @@ class LocalNetwork:
         # deployment): a short path of its own, since a unix socket's path has at most 107
         # bytes. A plan that is only rendered, never started, names the default.
         self.private = private or Path(tempfile.gettempdir()) / "complyroute"
+        loopback = loopback if loopback is not None else os.environ.get(LOOPBACK_VARIABLE) or None
         if loopback is not None and not (loopback.startswith("127.") and loopback.count(".") == 2):
             raise ValueError(f"loopback {loopback!r} is not a loopback network's first three bytes (127.x.y)")
         self.loopback = loopback

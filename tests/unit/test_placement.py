@@ -89,6 +89,20 @@ def test_a_loopback_network_must_be_three_bytes_of_127_denied(loopback):
         LocalNetwork(loopback=loopback)
 
 
+def test_a_deployment_beside_another_takes_the_loopback_network_its_environment_names_allowed(monkeypatch, tmp_path):
+    # make test runs the experiments' end-to-end tests so, beside the other end-to-end tests' deployments.
+    monkeypatch.setenv("COMPLYROUTE_LOOPBACK", "127.0.7")
+    beside = listening(place(manifest.load("sidecar", services=5), LocalNetwork(tmp_path)))
+    assert {address.rsplit(".", 1)[0] for address, _ in beside} == {"127.0.7"}
+    assert LocalNetwork(tmp_path, loopback="127.0.9").loopback == "127.0.9"  # a plan's own network goes first
+    # Denied twins: unset, the default addresses; set to what is not a loopback network, refused.
+    monkeypatch.delenv("COMPLYROUTE_LOOPBACK")
+    assert "127.0.0.1" in {address for address, _ in listening(place(manifest.load("sidecar", services=5), LocalNetwork(tmp_path)))}
+    monkeypatch.setenv("COMPLYROUTE_LOOPBACK", "10.0.0")
+    with pytest.raises(ValueError, match="is not a loopback network"):
+        LocalNetwork(tmp_path)
+
+
 def points_by_name(p):
     return {x.name: x for x in p.points}
 

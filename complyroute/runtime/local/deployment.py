@@ -6,7 +6,10 @@ What each part runs is rendering.py's; how supervisord runs them, supervision.py
 Everything one deployment writes goes to one run folder, runs/<name>-<time>/: the rendered
 configurations, every part's log, the instances' audit logs, and state.json, which lists the
 processes started so that `status` and `undeploy` find them. runs/current points at the
-running deployment; only one runs at a time.
+running deployment; only one runs at a time under one runs/. COMPLYROUTE_RUNS names another
+root than runs/, and COMPLYROUTE_LOOPBACK another loopback network than 127.0.0.1 and 127.0.1.x
+(LocalNetwork): with both, a second deployment runs beside the first (make test runs the
+experiments' end-to-end tests so, beside the other end-to-end tests' deployments).
 
 Every part runs under one supervisord (the `supervisor` package) per deployment, whose
 configuration the control plane renders into the run folder: a part that dies is started
@@ -40,7 +43,7 @@ from complyroute.runtime.local.supervision import (GROUP, STOP_GRACE_SECONDS, De
 from complyroute.topology.manifest import REPO, Topology
 from complyroute.topology.plan import LocalNetwork, place
 
-RUNS = REPO / "runs"
+RUNS = Path(os.environ.get("COMPLYROUTE_RUNS") or REPO / "runs")
 CURRENT = RUNS / "current"
 
 
