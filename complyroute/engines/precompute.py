@@ -20,8 +20,7 @@ The labellings the rule set allows without rewriting a label become
 - data.complyroute_quick_path.table, which every deciding point's OPA loads and the adapter's quick path
   looks up (envoy.rego `quick_answer`);
 - under envoy-compiled, Envoy routes too (envoy_compiled.listener_matcher).
-Nothing here restates a rule: a rule an author adds is in the answers the next deploy or
-reload asks for.
+Nothing here restates a rule: an author's new rule is in the answers the next deploy or reload asks.
 
 A table is built only when no rule the decision depends on reads what the space does not
 enumerate (rule_reads.py): the record beyond its being a JSON object (the quick path
@@ -38,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import gzip
 import hashlib
 import itertools
@@ -65,12 +65,11 @@ ALLOWED = "data.complyroute_engines.allowed_space.allowed"
 QUICK = "data.complyroute_engines.quick_path.quick"
 # A multiple label is enumerated over every combination of its values: 2^n.
 MAX_SET_VALUES = 10
-# Answers already asked, by the hash of everything they depend on (build/ is not committed).
-# The least recently used go first. `make test` alone asks for more than 100 (its topologies,
-# engines and rule sets, the integration tests' own), a few kB each: 512 keep a few runs'.
 MODULES = (DECISION_SPACE, ALLOWED_SPACE, QUICK_PATH)
 # What each query loads beside the rule set (policy-diff asks `decisions` of older rule sets too).
 MODULES_OF = {ALLOWED: (ALLOWED_SPACE,), QUICK: (DECISION_SPACE, QUICK_PATH)}
+# Answers asked, by the hash of all they depend on (build/ is not committed), least recently used out
+# first. make test asks over 100 (topologies, engines, rule sets), a few kB each: 512 keep a few runs'.
 CACHE = REPO / "build" / "decision-space"
 CACHE_ENTRIES = 512
 
@@ -266,17 +265,33 @@ def _cache_key(query: str, document: dict, policies: Path) -> str:
 
 
 def evaluate_split(query: str, space: dict, policies: Path) -> list:
-    """`query` over the space, its points split over two `opa eval`s side by side (this machine
-    has two cores) at a lower CPU priority (a reload runs them beside the deployment's decisions),
-    the answers kept by the hash of all they depend on: a deployment of the same topology and
-    rule set asks nothing again."""
+    """`query` over the space (_evaluate_halves), the answers kept by the hash of all they depend
+    on: a deployment of the same topology and rule set asks nothing again. Processes asking for
+    the same answers at once (make check's workers) ask once: the others wait on the entry's lock."""
     key = _cache_key(query, space, policies)
     cached = CACHE / f"{key}.json.gz"
-    if cached.exists():
-        with contextlib.suppress(FileNotFoundError):  # evicted meanwhile by another process: read as a miss below
-            answers = json.loads(gzip.decompress(cached.read_bytes()))
-            os.utime(cached)  # a hit is a use: eviction goes by last use, not by age
-            return answers
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed
+        if cached.exists():
+            with contextlib.suppress(FileNotFoundError):  # evicted meanwhile by another process: read as a miss below
+                answers = json.loads(gzip.decompress(cached.read_bytes()))
+                os.utime(cached)  # a hit is a use: eviction goes by last use, not by age
+                return answers
+        answers = _evaluate_halves(query, space, policies)
+        partial = cached.with_suffix(".partial")
+        partial.write_bytes(gzip.compress(json.dumps(answers).encode(), compresslevel=1))
+        partial.replace(cached)
+    # The least recently used go, with their locks (one waiting on an evicted lock asks again, no worse).
+    for old in sorted(CACHE.glob("*.json.gz"), key=lambda path: path.stat().st_mtime)[:-CACHE_ENTRIES]:
+        old.unlink(missing_ok=True)
+        old.with_name(old.name.removesuffix(".json.gz") + ".lock").unlink(missing_ok=True)
+    return answers
+
+
+def _evaluate_halves(query: str, space: dict, policies: Path) -> list:
+    """`query` in two `opa eval`s side by side (two cores here), each half the points' listeners,
+    at a lower CPU priority (a reload runs them beside the deployment's decisions)."""
     names = sorted(space["points"], key=lambda name: -len(space["points"][name]["listeners"]))
     halves = [dict(space, points={}), dict(space, points={})]
     for name in names:  # the larger points first, each to the half with fewer listeners so far
@@ -296,14 +311,7 @@ def evaluate_split(query: str, space: dict, policies: Path) -> list:
             raise EngineError(str(error)) from None
 
     with ThreadPoolExecutor(max_workers=2) as pool:
-        answers = [answer for part in pool.map(run, halves) for answer in part]
-    CACHE.mkdir(parents=True, exist_ok=True)
-    partial = cached.with_suffix(".partial")
-    partial.write_bytes(gzip.compress(json.dumps(answers).encode(), compresslevel=1))
-    partial.replace(cached)
-    for old in sorted(CACHE.glob("*.json.gz"), key=lambda path: path.stat().st_mtime)[:-CACHE_ENTRIES]:
-        old.unlink(missing_ok=True)
-    return answers
+        return [answer for part in pool.map(run, halves) for answer in part]
 
 
 def precompute(points: list[EnforcementPoint], policies: Path, data: dict[str, dict]) -> Precomputed:

@@ -4,7 +4,9 @@ topology: tests/integration/test_engines.py; the end-to-end and differential tes
 import itertools
 import json
 import re
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -95,3 +97,31 @@ def test_the_answers_cache_keeps_what_was_used_last_and_evicts_the_least_recentl
     assert asked == [1, 2, 3]
     ask(2)
     assert asked == [1, 2, 3, 2]  # evicted, so asked again
+    assert sorted(path.name.split(".", 1)[1] for path in (tmp_path / "cache").iterdir()) == ["json.gz", "json.gz", "lock", "lock"]
+
+
+def test_processes_asking_for_the_same_answers_at_once_ask_opa_once_allowed(tmp_path, monkeypatch):
+    monkeypatch.setattr(precompute, "CACHE", tmp_path / "cache")
+    asked, started = [], threading.Event()
+
+    def evaluate(query, space, policies, modules=(), yielding=False):  # OPA stands in, slow: the other asker arrives meanwhile
+        asked.append(space["points"]["p"]["n"])
+        started.set()
+        time.sleep(0.3)
+        return [["p", "l", [space["points"]["p"]["n"]], "d", "r"]]
+
+    monkeypatch.setattr(precompute.policydata, "evaluate", evaluate)
+    rules = tmp_path / "rules"
+    rules.mkdir()
+
+    def ask(n):
+        return precompute.evaluate_split(precompute.ALLOWED, {"labels": [], "labellings": [], "points": {"p": {"n": n, "listeners": {"l": {}}}}}, rules)
+
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        first = pool.submit(ask, 1)
+        started.wait(5)
+        second, other = pool.submit(ask, 1), pool.submit(ask, 2)
+        assert first.result() == second.result() == [["p", "l", [1], "d", "r"]]
+        assert other.result() == [["p", "l", [2], "d", "r"]]
+    # Denied twin: other answers (2) are asked for, not waited for.
+    assert sorted(asked) == [1, 2]
