@@ -18,6 +18,10 @@ from complyroute.policy.policyfiles import OPA, POLICIES, ignore_flags
 
 QUERY = "data.complyroute.indexing.documents"
 YIELDING_NICENESS = 10
+# An `opa eval` here is a batch that lives seconds (a decision space: thousands of decisions):
+# Go's collector left off until the heap reaches the limit, not at every doubling of the live
+# heap. On a walkthrough listener's 3,072 decisions: 1.9 CPU-s, not 2.8, at 277 MB, not 92.
+BATCH_GC = {"GOGC": "off", "GOMEMLIMIT": "256MiB"}
 
 
 class PolicyDataError(RuntimeError):
@@ -34,7 +38,7 @@ def evaluate(query: str, input_document: dict, policies: Path = POLICIES, module
     for module in modules:
         command += ["--data", str(module)]
     result = subprocess.run(command + ["--stdin-input", query], input=json.dumps(input_document), capture_output=True, text=True,
-                            preexec_fn=(lambda: os.nice(YIELDING_NICENESS)) if yielding else None)
+                            env={**os.environ, **BATCH_GC}, preexec_fn=(lambda: os.nice(YIELDING_NICENESS)) if yielding else None)
     if result.returncode != 0:
         raise PolicyDataError((result.stderr or result.stdout).strip())
     answers = json.loads(result.stdout).get("result")
