@@ -88,14 +88,15 @@ def balanced(shares: dict[str, dict[str, float]], tolerance: float = BALANCE_TOL
 
 # ---- what a kill of a service instance lost --------------------------------------------------------
 
-def classify_loss(row: dict, lines: list[tuple[float, str, str]], killed: str, died_at: float, steps: list[str],
+def classify_loss(row: dict, lines: list[tuple[float, str, str]], killed: str, killed_at: float, died_at: float, steps: list[str],
                   step_of: dict[str, str]) -> str:
-    """Why one request lost to the kill of `killed`, whose process had exited at `died_at`, was lost: INSIDE, ON_ITS_WAY or BEYOND.
+    """Why one request lost to the kill of `killed` (the signal at `killed_at`, its process seen
+    exited at `died_at`) was lost: INSIDE, ON_ITS_WAY or BEYOND.
 
     `row`: its requests.csv row (t and rtt in s, status, code); `lines`: its audit lines;
     `steps`: the chain's steps in order; `step_of`: each instance's step."""
-    if row["t"] + row["rtt"] < died_at:
-        return BEYOND  # answered while the instance was still there: not lost to its death
+    if row["t"] + row["rtt"] < killed_at:
+        return BEYOND  # answered before the kill: not lost to it
     # Every hop waits for the next one's answer, so the killed instance held every record it had
     # received and not yet answered, whichever later steps the record reached.
     if any(instance == killed and ts <= died_at for ts, instance, _ in lines):
@@ -128,7 +129,7 @@ def classify_losses(rows: list[dict], kills: list[dict], index: dict, steps: lis
         for row in rows:
             if row["status"] == row["expected"] or not kill["injected_at"] <= row["t"] + row["rtt"] < kill["until"]:
                 continue
-            kind = classify_loss(row, index.get(row["request_id"], []), kill["target"], kill["died_at"], steps, step_of)
+            kind = classify_loss(row, index.get(row["request_id"], []), kill["target"], kill["injected_at"], kill["died_at"], steps, step_of)
             counts[kind] += 1
             if kind == BEYOND:
                 beyond[answer_name(row)] += 1
