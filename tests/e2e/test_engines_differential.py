@@ -16,7 +16,8 @@ hops out of services):
 
 Both engines must give the same status and the same body: the instance chosen (by the entry
 it is a replica of: a set's cluster balances over the EU replicas under either engine, so
-which replica answers varies), or the denial with its code, message and reasons. A rule set that reads the body has no allowed
+which replica answers varies, and under each engine every replica answers some), or the
+denial with its code, message and reasons. A rule set that reads the body has no allowed
 table (precompute.py): every hop asks OPA in both engines, and the test shows that the
 compiled engine's listeners hand OPA all it needs.
 """
@@ -299,6 +300,18 @@ def by_entry(answer: tuple[int, object]) -> tuple[int, object]:
     return answer
 
 
+def unbalanced(answered: list[tuple[int, object]], instances: list[str]) -> dict[str, set[str]]:
+    """Per entry whose replicas took records, those of its `instances` that took none: a set's
+    cluster balances over all of them, so an engine pinning a set to one instance shows here
+    (the comparison by entry, above, cannot see it)."""
+    took = {body["instance"] for status, body in answered if status == 200 and isinstance(body, dict) and "instance" in body}
+    idle = {entry_of(instance): set() for instance in took}
+    for instance in instances:
+        if entry_of(instance) in idle and instance not in took:
+            idle[entry_of(instance)].add(instance)
+    return {entry: missing for entry, missing in idle.items() if missing}
+
+
 def differences(requests: list[Request], seen: dict[str, list]) -> list[tuple]:
     """Each request the engines answered differently: (listener port, headers, body, each engine's answer)."""
     (first, one), (second, other) = seen.items()
@@ -313,6 +326,14 @@ def test_differences_flag_a_status_an_instance_or_a_reason_that_differ():
     opa = [(200, {"instance": "a"}), (200, {"instance": "a"}), (451, denial), (400, "text")]
     compiled = [(200, {"instance": "a"}), (200, {"instance": "b"}), (451, {**denial, "reasons": []}), (451, "text")]
     assert [port for port, *_ in differences(requests, {"envoy-opa": opa, "envoy-compiled": compiled})] == [2, 3, 4]
+
+
+def test_an_engine_pinning_a_set_to_one_replica_is_flagged_denied():
+    instances = ["analyse-eu-1", "analyse-eu-2", "analyse-us"]
+    balanced = [(200, {"instance": "analyse-eu-1"}), (200, {"instance": "analyse-eu-2"}), (200, {"instance": "analyse-us"})]
+    assert unbalanced(balanced, instances) == {}
+    pinned = [(200, {"instance": "analyse-eu-1"}), (200, {"instance": "analyse-eu-1"}), (451, {"code": "X"})]
+    assert unbalanced(pinned, instances) == {"analyse-eu": {"analyse-eu-2"}}
 
 
 @pytest.fixture
@@ -345,7 +366,10 @@ def test_engines_agree_on_every_point_of_the_decision_space_and_on_hostile_label
             try:
                 points.start([server])  # before the OPAs, which load their bundles from it as they start
                 points.start(parts)
-                seen[kind] = [by_entry(answer) for answer in answers(requests)]
+                answered = answers(requests)
+                idle = unbalanced(answered, [instance.id for instance in plan.topology.instances])
+                assert not idle, f"{kind}: replicas that took no record while their sets took records: {idle}"
+                seen[kind] = [by_entry(answer) for answer in answered]
             finally:
                 points.stop()
     finally:

@@ -73,6 +73,7 @@ def test_killed_part_of_every_kind_restarted_within_two_seconds_allowed(supervis
         record = faults.inject(state, faults.Fault(0, "kill", name), time.monotonic(), recovery_timeout=10)
         assert record.error is None, record
         assert record.new_pid and record.new_pid != record.old_pid
+        assert record.injected_at <= record.died_at < record.injected_at + record.restart_s, record
         assert record.restart_s <= RESTART_WITHIN_S and record.recovery_s <= RESTART_WITHIN_S, record
         measured[kind] = (record.restart_s, record.recovery_s)
     print("restart, healthy again (s):", measured)
