@@ -15,10 +15,10 @@ from complyroute.runtime.kubernetes.nodes import ONE_NODE_ROLE, ROLE_LABEL
 from complyroute.runtime.target import TargetError
 from complyroute.topology import manifest
 
-from . import matrix, targets
-from .mixes import MIXES
-from .openloop import ARRIVALS
-from .runner import RESULTS, Runner, new_run_id
+from experiments import matrix, targets
+from experiments.mixes import MIXES
+from experiments.openloop import ARRIVALS
+from experiments.runner import RESULTS, Runner, new_run_id
 
 
 def run_folder(results: Path, run_id: str) -> Path:
@@ -55,7 +55,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from .report import build  # matplotlib only when a report is made
+    from experiments.report import build  # matplotlib only when a report is made
 
     run_dir = run_folder(args.results, args.run_id)
     if not (run_dir / "metadata.json").exists():
@@ -73,7 +73,7 @@ def newest_run(results: Path) -> Path | None:
 
 
 def cmd_model(args) -> int:
-    from . import model, model_predict, model_report  # simpy and matplotlib only when a model is made
+    from experiments import model, model_predict, model_report  # simpy and matplotlib only when a model is made
 
     run_dir = run_folder(args.results, args.run_id) if args.run_id else newest_run(args.results)
     if run_dir is None:
@@ -92,7 +92,7 @@ def cmd_model(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from . import compare  # scipy and matplotlib only when runs are compared
+    from experiments import compare  # scipy and matplotlib only when runs are compared
 
     run_a, run_b = run_folder(args.results, args.run_a), run_folder(args.results, args.run_b)
     out = args.out or args.results / f"compare-{run_a.name}-{run_b.name}"
@@ -106,9 +106,9 @@ def cmd_compare(args) -> int:
 
 
 def cmd_reload(args) -> int:
-    from . import changeability, metadata
-    from .report import build
-    from .reporting import render_html, render_markdown
+    from experiments import changeability, metadata
+    from experiments.report import build
+    from experiments.reporting import render_html, render_markdown
 
     services = [5] if args.quick else args.services
     run_dir = run_folder(args.results, args.run_id) if args.run_id else args.results / f"reload-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -131,14 +131,14 @@ def cmd_reload(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from . import bench
+    from experiments import bench
 
     rows = bench.run(args.out, records=args.records, rounds=args.rounds)
     return 0 if all(row.verdict != "NOT MET" for row in rows) else 1
 
 
 def cmd_soak(args) -> int:
-    from . import soak
+    from experiments import soak
 
     if args.target != "local":
         print("error: soak --target k8s is not supported: its faults are signals to this machine's processes by pid (SIGKILL, "
@@ -164,7 +164,7 @@ def cmd_soak(args) -> int:
 
 
 def cmd_capacity(args) -> int:
-    from . import capacity, capacity_run
+    from experiments import capacity, capacity_run
 
     if args.report:
         run_dir = run_folder(args.results, args.report)

@@ -26,12 +26,12 @@ import pandas as pd
 from complyroute.runtime.target import DeployFailed, Target
 from complyroute.topology import manifest
 
-from . import matrix, metadata, sets, stats
-from .capacity import STEP_COLUMNS, STEPS_CSV, Parameters, capacity_text, judge, search, search_key
-from .loader import SETTLE_S, CellFailed, Loader, compress
-from .matrix import MAX_ERROR_RATE, MIN_ACHIEVED_SHARE, PRIME_SHARE, ParameterError, case_name
-from .runner import RESULTS, write_json
-from .targets import unmeasured
+from experiments import matrix, metadata, sets, stats
+from experiments.capacity import STEP_COLUMNS, STEPS_CSV, Parameters, capacity_text, judge, search, search_key
+from experiments.loader import SETTLE_S, CellFailed, Loader, compress
+from experiments.matrix import MAX_ERROR_RATE, MIN_ACHIEVED_SHARE, PRIME_SHARE, ParameterError, case_name
+from experiments.runner import RESULTS, write_json
+from experiments.targets import unmeasured
 
 
 class CapacityRunner(Loader):
@@ -188,6 +188,6 @@ def run(parameters: Parameters, results: Path = RESULTS, run_id: str | None = No
 
 
 def build_report(run_dir: Path) -> dict:
-    from .capacity_report import build  # matplotlib only when a report is made
+    from experiments.capacity_report import build  # matplotlib only when a report is made
 
     return build(run_dir)

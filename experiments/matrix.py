@@ -9,8 +9,8 @@ from complyroute.topology import manifest
 
 from complyroute.policy import policyfiles
 
-from .mixes import MIXES, policy_of
-from .openloop import ARRIVALS
+from experiments.mixes import MIXES, policy_of
+from experiments.openloop import ARRIVALS
 
 # The paper's order (Table I), then the reference without enforcement: as the manifests say
 # (their `paper` field), with the names the paper gives them.

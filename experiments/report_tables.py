@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from . import stats
-from .matrix import MAX_REPETITION_CV, PAPER_NAMES, case_name
-from .reporting import SATURATED_MARK, cores, marked, ms, names, percent, rate_text, ratio_text
+from experiments import stats
+from experiments.matrix import MAX_REPETITION_CV, PAPER_NAMES, case_name
+from experiments.reporting import SATURATED_MARK, cores, marked, ms, names, percent, rate_text, ratio_text
 
 
 CV_FLAG = "over 10%"

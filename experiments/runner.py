@@ -24,10 +24,10 @@ from complyroute.runtime.target import DeployFailed
 from complyroute.topology import manifest
 from complyroute.topology.manifest import REPO
 
-from . import metadata, stats
-from .loader import RUN_TIME_MARGIN_S, SETTLE_S, CellFailed, Loader, compress
-from .matrix import BENCH_CSV, Cell, Parameters
-from .targets import unmeasured
+from experiments import metadata, stats
+from experiments.loader import RUN_TIME_MARGIN_S, SETTLE_S, CellFailed, Loader, compress
+from experiments.matrix import BENCH_CSV, Cell, Parameters
+from experiments.targets import unmeasured
 
 RESULTS = REPO / "experiments" / "results"
 BENCH_LOG = "bench.log"  # in raw/: what the bench printed, every session's
@@ -135,7 +135,7 @@ class Runner(Loader):
         failed = sorted(p.parent.name for p in self.raw.glob("*/failed.json"))
         if failed:
             print(f"experiments: {len(failed)} cells failed ({', '.join(failed)}); `--run-id {self.run_dir.name}` retries them", file=self.out)
-        from .report import build  # matplotlib only when a report is made
+        from experiments.report import build  # matplotlib only when a report is made
 
         paths = build(self.run_dir)
         print(f"experiments: report: {paths['html']}\nexperiments: report: {paths['markdown']}", file=self.out)
@@ -170,7 +170,7 @@ class Runner(Loader):
         with (self.raw / BENCH_LOG).open("a") as log:
             print(f"---- session {len(meta['sessions'])}, {time.strftime('%Y-%m-%dT%H:%M:%S%z')}", file=log, flush=True)
             try:
-                from . import bench  # imported here: a bench that cannot even load is a failed bench
+                from experiments import bench  # imported here: a bench that cannot even load is a failed bench
 
                 rows = bench.run(out_file=csv_file, out=log, **size)
             except Exception as error:  # whatever stops the bench, the cells still run

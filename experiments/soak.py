@@ -56,13 +56,13 @@ from complyroute.runtime.local.target import LocalTarget
 from complyroute.topology import manifest
 from complyroute.topology.manifest import REPO
 
-from .loader import LOCUSTFILE, STOP_TIMEOUT_S
-from .matrix import BASELINE, DEFAULT_USER_RATE, PAPER_NAMES
-from .matrix import ENFORCING as TOPOLOGIES
-from .mixes import ALLOWED_LABELS, BODY
-from . import metadata, sets
-from .runner import RESULTS
-from .targets import where_text
+from experiments import metadata, sets
+from experiments.loader import LOCUSTFILE, STOP_TIMEOUT_S
+from experiments.matrix import BASELINE, DEFAULT_USER_RATE, PAPER_NAMES
+from experiments.matrix import ENFORCING as TOPOLOGIES
+from experiments.mixes import ALLOWED_LABELS, BODY
+from experiments.runner import RESULTS
+from experiments.targets import where_text
 
 DECENTRALISED = ("dynamic-router-3", "dynamic-router-6", "sidecar")
 PART_KINDS = ("service", "envoy", "router", "opa")
