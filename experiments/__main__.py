@@ -16,8 +16,8 @@ from complyroute.runtime.target import TargetError
 from complyroute.topology import manifest
 
 from experiments import matrix, targets
-from experiments.mixes import MIXES
-from experiments.openloop import ARRIVALS
+from experiments.load.mixes import MIXES
+from experiments.load.openloop import ARRIVALS
 from experiments.runner import RESULTS, Runner, new_run_id
 
 

@@ -1,6 +1,6 @@
 """A capacity run: per (topology, engine, services) one deployment, inside which the offered
 rate is stepped as capacity.search directs; each step is a short run of the matrix's open-loop
-Locust load (loader.Loader.load, experiments/openloop.py: RTT from each record's intended send
+Locust load (loader.Loader.load, experiments/load/openloop.py: RTT from each record's intended send
 time, sends that cannot be made on time counted as missed), judged by capacity.judge.
 
 A run lives in <results>/<run-id>/ (capacity-<date>-<time> by default): metadata.json (the

@@ -30,10 +30,10 @@ from complyroute.topology import manifest
 from complyroute.topology.manifest import REPO
 
 from experiments.matrix import BASELINE, Cell, Parameters
-from experiments.mixes import BODY, check_record
+from experiments.load.mixes import BODY, check_record
 from experiments.targets import chain_probe
 
-LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
+LOCUSTFILE = Path(__file__).resolve().parent / "load" / "locustfile.py"
 # How long Locust lets requests in flight at the end finish (they were sent in the window).
 STOP_TIMEOUT_S = 30
 # Open loop: a request unanswered this long fails (status 0), so every scheduled request has

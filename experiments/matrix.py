@@ -9,8 +9,8 @@ from complyroute.topology import manifest
 
 from complyroute.policy import policyfiles
 
-from experiments.mixes import MIXES, policy_of
-from experiments.openloop import ARRIVALS
+from experiments.load.mixes import MIXES, policy_of
+from experiments.load.openloop import ARRIVALS
 
 # The paper's order (Table I), then the reference without enforcement: as the manifests say
 # (their `paper` field), with the names the paper gives them.
@@ -65,7 +65,7 @@ PRIME_MIN_SECONDS = 10
 PRIME_SHARE = 0.5
 DEFAULT_MIX = "allowed"
 # How the load is generated. open: records sent on a schedule whatever the answers, RTT from
-# each send's intended time (experiments/openloop.py); closed: Locust users that wait for each
+# each send's intended time (experiments/load/openloop.py); closed: Locust users that wait for each
 # answer before the next send, as the paper's JMeter threads did.
 LOADS = ("open", "closed")
 DEFAULT_LOAD = "open"

@@ -60,7 +60,7 @@ from experiments import metadata, sets
 from experiments.loader import LOCUSTFILE, STOP_TIMEOUT_S
 from experiments.matrix import BASELINE, DEFAULT_USER_RATE, PAPER_NAMES
 from experiments.matrix import ENFORCING as TOPOLOGIES
-from experiments.mixes import ALLOWED_LABELS, BODY
+from experiments.load.mixes import ALLOWED_LABELS, BODY
 from experiments.runner import RESULTS
 from experiments.targets import where_text
 

@@ -20,7 +20,7 @@ from complyroute.client import send
 from complyroute.runtime import targets
 from complyroute.runtime.target import Probe, Target
 
-from experiments.mixes import ALLOWED_LABELS, BODY
+from experiments.load.mixes import ALLOWED_LABELS, BODY
 
 
 def make(name: str, one_node: bool = False, entry_url: str | None = None) -> Target:

@@ -17,7 +17,7 @@ from experiments import capacity, capacity_report, capacity_run
 from experiments import targets as experiments_targets
 from experiments.capacity import GAP, MAX_STEPS, Parameters, judge, result_of_steps, search
 from experiments.matrix import ParameterError
-from experiments.timing import DURATIONS
+from experiments.load.timing import DURATIONS
 
 
 # ---- the search -------------------------------------------------------------------------------

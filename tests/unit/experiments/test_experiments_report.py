@@ -312,7 +312,7 @@ def test_a_run_without_bench_csv_has_no_bench_section(tmp_path):
 # ---- an open-loop run -----------------------------------------------------------------
 
 OPEN_LOOP_COLUMNS = ["t_intended_ms", "t_send_ms", "rtt_ms", "service_time_ms", "status", "missed", "record", "expected", "hops",
-                     "service_ms", "forward_ms", "back_ms", "entry_ms", "exit_ms"]  # as experiments/locustfile.py writes them
+                     "service_ms", "forward_ms", "back_ms", "entry_ms", "exit_ms"]  # as experiments/load/locustfile.py writes them
 
 def open_loop_run(run_dir: Path, medians: dict) -> None:
     """A run of the open loop with Poisson arrivals, built from two-engines' metadata and

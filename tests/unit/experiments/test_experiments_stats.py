@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from experiments import stats
-from experiments.timing import split
+from experiments.load.timing import split
 
 
 def test_quartiles_and_percentiles_of_one_to_ten():

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from experiments import stats
-from experiments.openloop import MISSED_CAP, MISSED_LATE, Pacer, arrival_offsets, round_trip_ms
+from experiments.load.openloop import MISSED_CAP, MISSED_LATE, Pacer, arrival_offsets, round_trip_ms
 
 
 def test_constant_arrivals_keep_the_rate_at_even_gaps():

@@ -11,7 +11,7 @@ tolerance, or one that would exceed the cap on requests in flight, is not made: 
 recorded as missed, with its reason, so every scheduled request ends as an answer, an error
 or a counted miss.
 
-The schedule and the pacing here are plain functions of a clock; experiments/locustfile.py
+The schedule and the pacing here are plain functions of a clock; experiments/load/locustfile.py
 drives them with gevent and Locust's FastHttpUser.
 """
 

@@ -3,7 +3,7 @@
 Run by the runner as one headless Locust process, with one of two user classes:
 
 - OpenLoopUser (--load open, the default): one user walks a schedule of intended send times
-  (constant or Poisson arrivals at --rate, experiments.openloop) and fires each record in a
+  (constant or Poisson arrivals at --rate, experiments.load.openloop) and fires each record in a
   greenlet of its own at its time, whether or not earlier answers have come back; its
   FastHttpSession keeps up to --max-in-flight connections. A send later than
   --late-tolerance-ms or beyond the in-flight cap is not made and is written as a missed row.
@@ -13,7 +13,7 @@ Run by the runner as one headless Locust process, with one of two user classes:
 
 A request-event hook writes one CSV row per request (intended and actual send time, RTT from
 the intended time, service time from the actual send, status, the record's kind and expected
-status, the durations of experiments.timing), not only Locust's aggregates. In the closed loop
+status, the durations of experiments.load.timing), not only Locust's aggregates. In the closed loop
 a request is intended when it is sent.
 """
 
@@ -31,9 +31,9 @@ from locust.exception import StopUser
 
 # Locust loads this file by path: `experiments` is imported as installed (make setup: pip install -e .).
 from complyroute.policy import labels, policyfiles
-from experiments.mixes import BODY, MIXES, policy_of
-from experiments.openloop import ARRIVALS, Pacer, arrival_offsets, round_trip_ms
-from experiments.timing import DURATIONS, split
+from experiments.load.mixes import BODY, MIXES, policy_of
+from experiments.load.openloop import ARRIVALS, Pacer, arrival_offsets, round_trip_ms
+from experiments.load.timing import DURATIONS, split
 
 # request_id (the answer's x-request-id: the entry assigns it), code and message (a refusal's JSON
 # code and message: an enforcement point's says why Envoy could not deliver, %RESPONSE_CODE_DETAILS%)
