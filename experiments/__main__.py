@@ -15,7 +15,7 @@ from complyroute.runtime.kubernetes.nodes import ONE_NODE_ROLE, ROLE_LABEL
 from complyroute.runtime.target import TargetError
 from complyroute.topology import manifest
 
-from experiments import matrix, targets
+from experiments.design import matrix, targets
 from experiments.load.mixes import MIXES
 from experiments.load.openloop import ARRIVALS
 from experiments.runner import RESULTS, Runner, new_run_id
@@ -164,7 +164,8 @@ def cmd_soak(args) -> int:
 
 
 def cmd_capacity(args) -> int:
-    from experiments import capacity, capacity_run
+    from experiments.design import capacity
+    from experiments import capacity_run
 
     if args.report:
         run_dir = run_folder(args.results, args.report)

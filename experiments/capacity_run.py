@@ -26,12 +26,13 @@ import pandas as pd
 from complyroute.runtime.target import DeployFailed, Target
 from complyroute.topology import manifest
 
-from experiments import matrix, metadata, sets, stats
-from experiments.capacity import STEP_COLUMNS, STEPS_CSV, Parameters, capacity_text, judge, search, search_key
+from experiments.design import matrix
+from experiments import metadata, sets, stats
+from experiments.design.capacity import STEP_COLUMNS, STEPS_CSV, Parameters, capacity_text, judge, search, search_key
 from experiments.loader import SETTLE_S, CellFailed, Loader, compress
-from experiments.matrix import MAX_ERROR_RATE, MIN_ACHIEVED_SHARE, PRIME_SHARE, ParameterError, case_name
+from experiments.design.matrix import MAX_ERROR_RATE, MIN_ACHIEVED_SHARE, PRIME_SHARE, ParameterError, case_name
 from experiments.runner import RESULTS, write_json
-from experiments.targets import unmeasured
+from experiments.design.targets import unmeasured
 
 
 class CapacityRunner(Loader):

@@ -40,7 +40,7 @@ from complyroute.policy import policyfiles
 from complyroute.runtime.local import deployment, reload
 from complyroute.topology import manifest
 
-from experiments.matrix import ENFORCING as TOPOLOGIES
+from experiments.design.matrix import ENFORCING as TOPOLOGIES
 ENGINES = ("envoy-opa", "envoy-compiled")
 LABELS = {"region": "EU", "category": "personal", "consent": "analytics,billing,care"}
 # Hops per second the records bring, whatever the chain's length: well under this machine's

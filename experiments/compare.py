@@ -33,7 +33,7 @@ import pandas as pd  # noqa: E402
 from scipy import stats as scipy_stats  # noqa: E402
 
 from experiments import stats  # noqa: E402
-from experiments.matrix import BASELINE, BENCH_CSV  # noqa: E402
+from experiments.design.matrix import BASELINE, BENCH_CSV  # noqa: E402
 from experiments.reporting import names, render_html, render_markdown, save  # noqa: E402
 
 CONFIDENCE = 0.95

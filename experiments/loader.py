@@ -29,9 +29,9 @@ from complyroute.runtime.target import Target, TargetBusy
 from complyroute.topology import manifest
 from complyroute.topology.manifest import REPO
 
-from experiments.matrix import BASELINE, Cell, Parameters
+from experiments.design.matrix import BASELINE, Cell, Parameters
 from experiments.load.mixes import BODY, check_record
-from experiments.targets import chain_probe
+from experiments.design.targets import chain_probe
 
 LOCUSTFILE = Path(__file__).resolve().parent / "load" / "locustfile.py"
 # How long Locust lets requests in flight at the end finish (they were sent in the window).

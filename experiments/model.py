@@ -36,7 +36,7 @@ from scipy.optimize import nnls
 from complyroute.topology import manifest
 from complyroute.topology.plan import GATEWAY_SENDER, place
 
-from experiments.matrix import BASELINE, COMPILED_ENGINE, MIN_ACHIEVED_SHARE
+from experiments.design.matrix import BASELINE, COMPILED_ENGINE, MIN_ACHIEVED_SHARE
 
 
 ONE_NODE = "machine"

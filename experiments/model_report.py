@@ -17,7 +17,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import FuncFormatter, NullFormatter  # noqa: E402
 
 from experiments import capacity_report, stats  # noqa: E402
-from experiments.matrix import BASELINE, BENCH_CSV, COMPILED_ENGINE, MAX_REPETITION_CV, PAPER_NAMES, TOPOLOGIES  # noqa: E402
+from experiments.design.matrix import BASELINE, BENCH_CSV, COMPILED_ENGINE, MAX_REPETITION_CV, PAPER_NAMES, TOPOLOGIES  # noqa: E402
 from experiments.model import (BENCH_PROCESSES, COST_PARTS, ONE_NODE, Costs, LoadCosts, ModelError, capacity, idle_on_one_node,  # noqa: E402
                     on_one_node, record_path)
 from experiments.model_predict import (PAPER_CORES, PAPER_GATEWAY_CORES, PAPER_RATES, PAPER_SERVICES, THIS_MACHINE_SECONDS,  # noqa: E402

@@ -14,14 +14,14 @@ from pathlib import Path
 import pandas as pd
 
 from experiments import changeability, stats
-from experiments.matrix import (BASELINE, BENCH_CSV, ENGINE_NAMES, MAX_ERROR_RATE, MAX_REPETITION_CV, MIN_ACHIEVED_SHARE, P99_BOUND_MS,
+from experiments.design.matrix import (BASELINE, BENCH_CSV, ENGINE_NAMES, MAX_ERROR_RATE, MAX_REPETITION_CV, MIN_ACHIEVED_SHARE, P99_BOUND_MS,
                      PRIME_MIN_SECONDS, PROFILES, Parameters, case_name)
 from experiments.report_figures import (MAX_FLIERS, bench_figure, box_figure, cost_figure, cpu_figure, engines_figure, load_figure, split_figure,
                              w_avg_figure)
 from experiments.report_tables import (CV_FLAG, bench_view, cost_view, cpu_view, engines_view, load_view, split_view, spread_view, table_one,
                             w_avg_comparison, w_avg_view)
 from experiments.reporting import SATURATED_MARK, arch, load_paper_reference, marked, ms, names, percent, render_html, render_markdown
-from experiments.targets import run_paragraphs
+from experiments.design.targets import run_paragraphs
 
 
 ENGINES_TEXT = (

@@ -27,7 +27,7 @@ from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from experiments import stats  # noqa: E402
-from experiments.matrix import BASELINE, COMPILED_ENGINE, ENFORCING, ENGINES, PAPER_NAMES, TOPOLOGIES, case_name  # noqa: E402
+from experiments.design.matrix import BASELINE, COMPILED_ENGINE, ENFORCING, ENGINES, PAPER_NAMES, TOPOLOGIES, case_name  # noqa: E402
 
 
 PAPER_REFERENCE = Path(__file__).resolve().parent / "paper_reference.json"

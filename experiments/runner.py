@@ -26,8 +26,8 @@ from complyroute.topology.manifest import REPO
 
 from experiments import metadata, stats
 from experiments.loader import RUN_TIME_MARGIN_S, SETTLE_S, CellFailed, Loader, compress
-from experiments.matrix import BENCH_CSV, Cell, Parameters
-from experiments.targets import unmeasured
+from experiments.design.matrix import BENCH_CSV, Cell, Parameters
+from experiments.design.targets import unmeasured
 
 RESULTS = REPO / "experiments" / "results"
 BENCH_LOG = "bench.log"  # in raw/: what the bench printed, every session's

@@ -58,11 +58,11 @@ from complyroute.topology.manifest import REPO
 
 from experiments import metadata, sets
 from experiments.loader import LOCUSTFILE, STOP_TIMEOUT_S
-from experiments.matrix import BASELINE, DEFAULT_USER_RATE, PAPER_NAMES
-from experiments.matrix import ENFORCING as TOPOLOGIES
+from experiments.design.matrix import BASELINE, DEFAULT_USER_RATE, PAPER_NAMES
+from experiments.design.matrix import ENFORCING as TOPOLOGIES
 from experiments.load.mixes import ALLOWED_LABELS, BODY
 from experiments.runner import RESULTS
-from experiments.targets import where_text
+from experiments.design.targets import where_text
 
 DECENTRALISED = ("dynamic-router-3", "dynamic-router-6", "sidecar")
 PART_KINDS = ("service", "envoy", "router", "opa")

@@ -2,7 +2,7 @@
 
 import pytest
 
-from experiments import matrix
+from experiments.design import matrix
 
 
 def test_default_is_the_papers_matrix_under_both_engines():

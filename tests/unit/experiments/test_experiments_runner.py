@@ -18,7 +18,7 @@ from complyroute.runtime.local import deployment
 from complyroute.runtime.target import TargetBusy
 from experiments import __main__ as cli
 from experiments import loader, runner
-from experiments.matrix import Cell, resolve
+from experiments.design.matrix import Cell, resolve
 
 SMALL_RUN = Path(__file__).resolve().parent / "fixtures" / "small-run"
 

@@ -244,7 +244,7 @@ def test_the_entry_decision_costs_its_own():
 
 def capacity_run(folder: Path, steps: list[tuple]) -> Path:
     """A capacity run's raw steps: (topology, engine, services, step, offered rate, held) each."""
-    from experiments.capacity import STEP_COLUMNS
+    from experiments.design.capacity import STEP_COLUMNS
     (folder / "raw").mkdir(parents=True)
     rows = [dict.fromkeys(STEP_COLUMNS, "") | {"topology": t, "engine": e, "services": n, "step": k, "offered_rate": r, "held": h,
                                                 "why_not": "" if h else "p99 900 ms > 500 ms"}

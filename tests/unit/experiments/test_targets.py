@@ -1,4 +1,4 @@
-"""Where an experiment's cells deploy (experiments/targets.py, over the runtime's Target:
+"""Where an experiment's cells deploy (experiments/design/targets.py, over the runtime's Target:
 tests/unit/test_runtime_targets.py), with kubectl, kubernetes.apply.apply, the port-forward and the entry
 standing in: which target the command line makes and when it asks the cluster, the record a
 cell's entry must pass, what the runner records and the reports say of a target. Nothing here
@@ -17,8 +17,9 @@ from complyroute.runtime.kubernetes.target import KubernetesTarget
 from complyroute.runtime.local.target import LocalTarget
 from complyroute.runtime.target import TargetBusy, TargetError
 from experiments import __main__ as cli
-from experiments import loader, runner, targets
-from experiments.matrix import Cell, resolve
+from experiments import loader, runner
+from experiments.design import targets
+from experiments.design.matrix import Cell, resolve
 from tests.unit.kubectl_stand_in import CONTEXT, Kubectl
 
 

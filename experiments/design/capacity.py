@@ -23,8 +23,8 @@ from typing import Callable
 
 from complyroute.topology import manifest
 
-from experiments import matrix
-from experiments.matrix import BASELINE, ENGINES, MAX_ERROR_RATE, MIN_ACHIEVED_SHARE, P99_BOUND_MS, ParameterError
+from experiments.design import matrix
+from experiments.design.matrix import BASELINE, ENGINES, MAX_ERROR_RATE, MIN_ACHIEVED_SHARE, P99_BOUND_MS, ParameterError
 
 # The search's defaults (the command line's).
 START_RATE = 50
