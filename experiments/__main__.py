@@ -73,7 +73,8 @@ def newest_run(results: Path) -> Path | None:
 
 
 def cmd_model(args) -> int:
-    from experiments import model, model_predict, model_report  # simpy and matplotlib only when a model is made
+    from experiments.analysis import model, model_predict
+    from experiments import model_report  # simpy and matplotlib only when a model is made
 
     run_dir = run_folder(args.results, args.run_id) if args.run_id else newest_run(args.results)
     if run_dir is None:

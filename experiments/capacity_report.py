@@ -12,7 +12,7 @@ import pandas as pd
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter
 
-from experiments import stats
+from experiments.analysis import stats
 from experiments.design.capacity import STEPS_CSV, as_bool, result_of_steps
 from experiments.design.matrix import BASELINE, ENGINE_NAMES, MAX_ERROR_RATE, MIN_ACHIEVED_SHARE, PAPER_NAMES, PRIME_SHARE, case_name, load_label
 from experiments.reporting import color, panels, render_html, render_markdown, save, series_of

@@ -27,7 +27,8 @@ from complyroute.runtime.target import DeployFailed, Target
 from complyroute.topology import manifest
 
 from experiments.design import matrix
-from experiments import metadata, sets, stats
+from experiments import metadata, sets
+from experiments.analysis import stats
 from experiments.design.capacity import STEP_COLUMNS, STEPS_CSV, Parameters, capacity_text, judge, search, search_key
 from experiments.loader import SETTLE_S, CellFailed, Loader, compress
 from experiments.design.matrix import MAX_ERROR_RATE, MIN_ACHIEVED_SHARE, PRIME_SHARE, ParameterError, case_name

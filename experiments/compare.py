@@ -32,7 +32,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from scipy import stats as scipy_stats  # noqa: E402
 
-from experiments import stats  # noqa: E402
+from experiments.analysis import stats  # noqa: E402
 from experiments.design.matrix import BASELINE, BENCH_CSV  # noqa: E402
 from experiments.reporting import names, render_html, render_markdown, save  # noqa: E402
 

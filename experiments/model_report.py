@@ -16,11 +16,12 @@ import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import FuncFormatter, NullFormatter  # noqa: E402
 
-from experiments import capacity_report, stats  # noqa: E402
+from experiments import capacity_report
+from experiments.analysis import stats  # noqa: E402
 from experiments.design.matrix import BASELINE, BENCH_CSV, COMPILED_ENGINE, MAX_REPETITION_CV, PAPER_NAMES, TOPOLOGIES  # noqa: E402
-from experiments.model import (BENCH_PROCESSES, COST_PARTS, ONE_NODE, Costs, LoadCosts, ModelError, capacity, idle_on_one_node,  # noqa: E402
+from experiments.analysis.model import (BENCH_PROCESSES, COST_PARTS, ONE_NODE, Costs, LoadCosts, ModelError, capacity, idle_on_one_node,  # noqa: E402
                     on_one_node, record_path)
-from experiments.model_predict import (PAPER_CORES, PAPER_GATEWAY_CORES, PAPER_RATES, PAPER_SERVICES, THIS_MACHINE_SECONDS,  # noqa: E402
+from experiments.analysis.model_predict import (PAPER_CORES, PAPER_GATEWAY_CORES, PAPER_RATES, PAPER_SERVICES, THIS_MACHINE_SECONDS,  # noqa: E402
                             Calibration, paper_testbed, predicted_w_avg, this_machine)
 from experiments.reporting import (COLORS, SATURATED_MARK, arch, color, load_paper_reference, marked, ms, names, percent, rate_text,  # noqa: E402
                         render_html, render_markdown, save)
@@ -234,7 +235,7 @@ def build_report(run_dir: Path, paper_cores: int = PAPER_CORES, seconds: float =
               "visits the parts its topology's placement lays out, each holding a thread of its process (a service 1, an Envoy and "
               "its OPA (GOMAXPROCS) their point's concurrency) and a core of its node for an exponentially distributed CPU "
               "time around that figure, then a fixed delay per kind of part for what CPU does not hold (loopback, waking a "
-              "process, the ext_authz round trip). `experiments/model.py` says how."),
+              "process, the ext_authz round trip). `experiments/analysis/model.py` says how."),
         ("h2", "Costs and calibration"),
         ("table", costs_view(costs, Costs.from_bench(run_dir / "raw" / BENCH_CSV), calibration.under_load)),
         ("list", [costs_source(calibration.under_load),

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from experiments import changeability, stats
+from experiments import changeability
+from experiments.analysis import stats
 from experiments.design.matrix import (BASELINE, BENCH_CSV, ENGINE_NAMES, MAX_ERROR_RATE, MAX_REPETITION_CV, MIN_ACHIEVED_SHARE, P99_BOUND_MS,
                      PRIME_MIN_SECONDS, PROFILES, Parameters, case_name)
 from experiments.report_figures import (MAX_FLIERS, bench_figure, box_figure, cost_figure, cpu_figure, engines_figure, load_figure, split_figure,

@@ -17,7 +17,7 @@ from matplotlib import cbook  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
-from experiments import stats  # noqa: E402
+from experiments.analysis import stats  # noqa: E402
 from experiments.design.matrix import ENGINE_NAMES, MIN_ACHIEVED_SHARE, TOPOLOGIES  # noqa: E402
 from experiments.reporting import (COLORS, SATURATED_MARK, SATURATED_PATCH, arch, color, grouped_bars, legend_below, log_scale, marked,  # noqa: E402
                         panels, save, series_legend, series_of)

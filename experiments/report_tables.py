@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from experiments import stats
+from experiments.analysis import stats
 from experiments.design.matrix import MAX_REPETITION_CV, PAPER_NAMES, case_name
 from experiments.reporting import SATURATED_MARK, cores, marked, ms, names, percent, rate_text, ratio_text
 

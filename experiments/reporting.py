@@ -26,7 +26,7 @@ from matplotlib.colors import to_rgb  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
-from experiments import stats  # noqa: E402
+from experiments.analysis import stats  # noqa: E402
 from experiments.design.matrix import BASELINE, COMPILED_ENGINE, ENFORCING, ENGINES, PAPER_NAMES, TOPOLOGIES, case_name  # noqa: E402
 
 

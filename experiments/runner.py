@@ -24,7 +24,8 @@ from complyroute.runtime.target import DeployFailed
 from complyroute.topology import manifest
 from complyroute.topology.manifest import REPO
 
-from experiments import metadata, stats
+from experiments import metadata
+from experiments.analysis import stats
 from experiments.loader import RUN_TIME_MARGIN_S, SETTLE_S, CellFailed, Loader, compress
 from experiments.design.matrix import BENCH_CSV, Cell, Parameters
 from experiments.design.targets import unmeasured

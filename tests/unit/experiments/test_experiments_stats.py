@@ -5,7 +5,7 @@ import math
 import pandas as pd
 import pytest
 
-from experiments import stats
+from experiments.analysis import stats
 from experiments.load.timing import split
 
 

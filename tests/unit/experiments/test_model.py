@@ -1,4 +1,4 @@
-"""The testbed model (experiments/model.py): queueing theory where it is known, the paths the
+"""The testbed model (experiments/analysis/model.py): queueing theory where it is known, the paths the
 placements lay out, the bench it reads, and the command on a small run folder."""
 
 import json
@@ -9,7 +9,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from experiments import model, model_predict, model_report, stats
+from experiments.analysis import model, model_predict, stats
+from experiments import model_report
 from experiments.__main__ import main
 
 TWO_ENGINES = Path(__file__).resolve().parent / "fixtures" / "two-engines"

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from experiments import stats
+from experiments.analysis import stats
 from experiments.load.openloop import MISSED_CAP, MISSED_LATE, Pacer, arrival_offsets, round_trip_ms
 
 
