@@ -55,7 +55,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from experiments.report import build  # matplotlib only when a report is made
+    from experiments.report.report import build  # matplotlib only when a report is made
 
     run_dir = run_folder(args.results, args.run_id)
     if not (run_dir / "metadata.json").exists():
@@ -74,7 +74,7 @@ def newest_run(results: Path) -> Path | None:
 
 def cmd_model(args) -> int:
     from experiments.analysis import model, model_predict
-    from experiments import model_report  # simpy and matplotlib only when a model is made
+    from experiments.report import model_report  # simpy and matplotlib only when a model is made
 
     run_dir = run_folder(args.results, args.run_id) if args.run_id else newest_run(args.results)
     if run_dir is None:
@@ -93,7 +93,7 @@ def cmd_model(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from experiments import compare  # scipy and matplotlib only when runs are compared
+    from experiments.report import compare  # scipy and matplotlib only when runs are compared
 
     run_a, run_b = run_folder(args.results, args.run_a), run_folder(args.results, args.run_b)
     out = args.out or args.results / f"compare-{run_a.name}-{run_b.name}"
@@ -107,9 +107,11 @@ def cmd_compare(args) -> int:
 
 
 def cmd_reload(args) -> int:
-    from experiments import changeability, metadata
-    from experiments.report import build
-    from experiments.reporting import render_html, render_markdown
+    from experiments import changeability_run, metadata
+    from experiments.design import changeability
+    from experiments.report import changeability_report
+    from experiments.report.report import build
+    from experiments.report.reporting import render_html, render_markdown
 
     services = [5] if args.quick else args.services
     run_dir = run_folder(args.results, args.run_id) if args.run_id else args.results / f"reload-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -117,12 +119,12 @@ def cmd_reload(args) -> int:
     parameters = {"services": services, "topologies": list(changeability.TOPOLOGIES), "engines": list(changeability.ENGINES),
                   "hops_per_second": changeability.HOPS_PER_SECOND, "before_s": changeability.BEFORE_S, "after_s": changeability.AFTER_S}
     (run_dir / "reload.json").write_text(json.dumps({"parameters": parameters, **metadata.describe()}, indent=1))
-    changeability.run(run_dir, services)
+    changeability_run.run(run_dir, services)
     if (run_dir / "metadata.json").exists():  # an experiment run: its report gains the section
         paths = build(run_dir)
     else:
         report_dir = run_dir / "report"
-        blocks = [("h1", f"complyroute changeability {run_dir.name}")] + changeability.blocks(run_dir, report_dir / "figures")
+        blocks = [("h1", f"complyroute changeability {run_dir.name}")] + changeability_report.blocks(run_dir, report_dir / "figures")
         report_dir.mkdir(parents=True, exist_ok=True)
         paths = {"markdown": report_dir / "report.md", "html": report_dir / "report.html"}
         paths["markdown"].write_text(render_markdown(blocks, report_dir))
@@ -165,8 +167,8 @@ def cmd_soak(args) -> int:
 
 
 def cmd_capacity(args) -> int:
-    from experiments.design import capacity
     from experiments import capacity_run
+    from experiments.design import capacity
 
     if args.report:
         run_dir = run_folder(args.results, args.report)

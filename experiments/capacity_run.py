@@ -26,14 +26,14 @@ import pandas as pd
 from complyroute.runtime.target import DeployFailed, Target
 from complyroute.topology import manifest
 
-from experiments.design import matrix
 from experiments import metadata, sets
 from experiments.analysis import stats
+from experiments.design import matrix
 from experiments.design.capacity import STEP_COLUMNS, STEPS_CSV, Parameters, capacity_text, judge, search, search_key
-from experiments.loader import SETTLE_S, CellFailed, Loader, compress
 from experiments.design.matrix import MAX_ERROR_RATE, MIN_ACHIEVED_SHARE, PRIME_SHARE, ParameterError, case_name
-from experiments.runner import RESULTS, write_json
 from experiments.design.targets import unmeasured
+from experiments.loader import SETTLE_S, CellFailed, Loader, compress
+from experiments.runner import RESULTS, write_json
 
 
 class CapacityRunner(Loader):
@@ -190,6 +190,6 @@ def run(parameters: Parameters, results: Path = RESULTS, run_id: str | None = No
 
 
 def build_report(run_dir: Path) -> dict:
-    from experiments.capacity_report import build  # matplotlib only when a report is made
+    from experiments.report.capacity_report import build  # matplotlib only when a report is made
 
     return build(run_dir)

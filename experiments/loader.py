@@ -30,8 +30,8 @@ from complyroute.topology import manifest
 from complyroute.topology.manifest import REPO
 
 from experiments.design.matrix import BASELINE, Cell, Parameters
-from experiments.load.mixes import BODY, check_record
 from experiments.design.targets import chain_probe
+from experiments.load.mixes import BODY, check_record
 
 LOCUSTFILE = Path(__file__).resolve().parent / "load" / "locustfile.py"
 # How long Locust lets requests in flight at the end finish (they were sent in the window).

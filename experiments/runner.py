@@ -26,9 +26,9 @@ from complyroute.topology.manifest import REPO
 
 from experiments import metadata
 from experiments.analysis import stats
-from experiments.loader import RUN_TIME_MARGIN_S, SETTLE_S, CellFailed, Loader, compress
 from experiments.design.matrix import BENCH_CSV, Cell, Parameters
 from experiments.design.targets import unmeasured
+from experiments.loader import RUN_TIME_MARGIN_S, SETTLE_S, CellFailed, Loader, compress
 
 RESULTS = REPO / "experiments" / "results"
 BENCH_LOG = "bench.log"  # in raw/: what the bench printed, every session's
@@ -136,7 +136,7 @@ class Runner(Loader):
         failed = sorted(p.parent.name for p in self.raw.glob("*/failed.json"))
         if failed:
             print(f"experiments: {len(failed)} cells failed ({', '.join(failed)}); `--run-id {self.run_dir.name}` retries them", file=self.out)
-        from experiments.report import build  # matplotlib only when a report is made
+        from experiments.report.report import build  # matplotlib only when a report is made
 
         paths = build(self.run_dir)
         print(f"experiments: report: {paths['html']}\nexperiments: report: {paths['markdown']}", file=self.out)

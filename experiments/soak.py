@@ -57,12 +57,12 @@ from complyroute.topology import manifest
 from complyroute.topology.manifest import REPO
 
 from experiments import metadata, sets
-from experiments.loader import LOCUSTFILE, STOP_TIMEOUT_S
 from experiments.design.matrix import BASELINE, DEFAULT_USER_RATE, PAPER_NAMES
 from experiments.design.matrix import ENFORCING as TOPOLOGIES
-from experiments.load.mixes import ALLOWED_LABELS, BODY
-from experiments.runner import RESULTS
 from experiments.design.targets import where_text
+from experiments.load.mixes import ALLOWED_LABELS, BODY
+from experiments.loader import LOCUSTFILE, STOP_TIMEOUT_S
+from experiments.runner import RESULTS
 
 DECENTRALISED = ("dynamic-router-3", "dynamic-router-6", "sidecar")
 PART_KINDS = ("service", "envoy", "router", "opa")

@@ -28,8 +28,8 @@ from pathlib import Path
 import pandas as pd
 
 from experiments.analysis import stats
-from experiments.design.matrix import BASELINE, BENCH_CSV, DEFAULT_ARRIVALS, DEFAULT_USER_RATE, ENGINES, LOAD_OF_OLDER_RUNS, TOPOLOGIES
 from experiments.analysis.model import ONE_NODE, Costs, LoadCosts, ModelError, costs_under_load, idle_on_one_node, on_one_node, record_path, simulate
+from experiments.design.matrix import BASELINE, BENCH_CSV, DEFAULT_ARRIVALS, DEFAULT_USER_RATE, ENGINES, LOAD_OF_OLDER_RUNS, TOPOLOGIES
 
 
 PAPER_GATEWAY_CORES = 56  # the paper's gateway node (section IV.c)

@@ -25,7 +25,7 @@ from pathlib import Path
 import pandas as pd
 
 from experiments.design.matrix import (BASELINE, COMPILED_ENGINE, ENGINE_OF_OLDER_RUNS, ENGINES, LOAD_OF_OLDER_RUNS, MAX_ERROR_RATE,
-                     MAX_REPETITION_CV, MIN_ACHIEVED_SHARE, P99_BOUND_MS, REFERENCE_ENGINE, TOPOLOGIES, load_label)
+                                       MAX_REPETITION_CV, MIN_ACHIEVED_SHARE, P99_BOUND_MS, REFERENCE_ENGINE, TOPOLOGIES, load_label)
 from experiments.load.timing import DURATIONS
 
 # The baseline's engine in the tables: a value, not a missing one, since pandas leaves rows

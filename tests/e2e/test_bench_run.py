@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from experiments import bench
-from experiments.report import bench_blocks
+from experiments.report.report import bench_blocks
 
 pytestmark = pytest.mark.own_network
 

@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from experiments import compare
 from experiments.__main__ import main
+from experiments.report import compare
 
 WARMUP_S, DURATION_S, RATE = 1, 20, 50
 COLUMNS = ["t_send_ms", "rtt_ms", "status", "record", "expected", "hops", "service_ms", "forward_ms", "back_ms", "entry_ms", "exit_ms"]

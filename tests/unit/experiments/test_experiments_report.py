@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from experiments.__main__ import main
-from experiments.report import bench_blocks, build
+from experiments.report.report import bench_blocks, build
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "small-run"
 TWO_ENGINES = Path(__file__).resolve().parent / "fixtures" / "two-engines"

@@ -9,9 +9,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from experiments.analysis import model, model_predict, stats
-from experiments import model_report
 from experiments.__main__ import main
+from experiments.analysis import model, model_predict, stats
+from experiments.report import model_report
 
 TWO_ENGINES = Path(__file__).resolve().parent / "fixtures" / "two-engines"
 COSTS = model.Costs(service=1.0, forwarding=0.25, decision_envoy=0.6, decision_opa=0.9, compiled_envoy=0.3, entry_opa=0.9)

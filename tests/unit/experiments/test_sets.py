@@ -137,8 +137,8 @@ def test_the_report_says_each_cells_losses_and_whether_its_steps_are_balanced(ba
 # ---- the commands that deploy them -------------------------------------------------------------------
 
 def test_the_capacity_search_deploys_the_runs_replicas_and_work_and_by_default_the_manifest_as_it_is(tmp_path):
-    from experiments.design import capacity, matrix
     from experiments import capacity_run
+    from experiments.design import capacity, matrix
 
     cell = matrix.Cell("central-entity", "envoy-compiled", 50, 1, 0)
     heavy = capacity_run.CapacityRunner(tmp_path / "a", capacity.Parameters(replicas=2, work_iterations=20000, services=[1]))

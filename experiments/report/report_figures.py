@@ -19,8 +19,8 @@ from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from experiments.analysis import stats  # noqa: E402
 from experiments.design.matrix import ENGINE_NAMES, MIN_ACHIEVED_SHARE, TOPOLOGIES  # noqa: E402
-from experiments.reporting import (COLORS, SATURATED_MARK, SATURATED_PATCH, arch, color, grouped_bars, legend_below, log_scale, marked,  # noqa: E402
-                        panels, save, series_legend, series_of)
+from experiments.report.reporting import (COLORS, SATURATED_MARK, SATURATED_PATCH, arch, color, grouped_bars, legend_below, log_scale, marked,  # noqa: E402
+                                          panels, save, series_legend, series_of)
 
 
 VERDICT_COLORS = {"met": "#55a868", "NOT MET": "#c44e52", "": "#999999"}

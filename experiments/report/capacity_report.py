@@ -15,8 +15,8 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullForma
 from experiments.analysis import stats
 from experiments.design.capacity import STEPS_CSV, as_bool, result_of_steps
 from experiments.design.matrix import BASELINE, ENGINE_NAMES, MAX_ERROR_RATE, MIN_ACHIEVED_SHARE, PAPER_NAMES, PRIME_SHARE, case_name, load_label
-from experiments.reporting import color, panels, render_html, render_markdown, save, series_of
 from experiments.design.targets import run_paragraphs
+from experiments.report.reporting import color, panels, render_html, render_markdown, save, series_of
 
 DOUBLINGS = [25 * 2**k for k in range(6)] + [2000]  # 25 .. 800 req/s, and the default max
 CAPACITY_COLUMNS = ("topology", "engine", "services", "capacity", "capped", "lowest_failed", "converged", "baseline_capacity",

@@ -30,7 +30,7 @@ from experiments.analysis import stats  # noqa: E402
 from experiments.design.matrix import BASELINE, COMPILED_ENGINE, ENFORCING, ENGINES, PAPER_NAMES, TOPOLOGIES, case_name  # noqa: E402
 
 
-PAPER_REFERENCE = Path(__file__).resolve().parent / "paper_reference.json"
+PAPER_REFERENCE = Path(__file__).resolve().parents[1] / "paper_reference.json"
 
 # A colour per topology in the experiments' order, the reference grey; a topology added to the
 # manifests takes the next one.

@@ -1,122 +1,22 @@
-"""Changeability: what a rule-set change costs a running deployment (`python -m experiments reload`).
-
-The paper argues that a central entity is easier to change than dynamic routers or sidecars
-(sections I, II and VII) but measures nothing about change. Here each topology, under each
-engine, at 5 and 50 services, is deployed and sent records at a steady rate (open loop: each
-record is sent at its scheduled time, whether or not earlier ones were answered); after a
-few seconds the rule set changes (complyroute.runtime.local.reload: the US joins the EU adequacy list),
-records keep coming, then stop. Per cell:
-
-- propagation: from the reload's start until every enforcement point decides with the new
-  revision (reload_policy's own measure), and how much of it was the control plane computing
-  and writing the new configuration;
-- precomputed: until every point holds the new revision's precomputed answers again (the
-  reload's second step: between the two, every hop is decided in full);
-- lost: records without an answer, or with any status but 200 (every record sent is one the
-  rules allow before and after the change);
-- mixed: records whose hops name more than one revision in their path entries (decided
-  partly before and partly after the change), counted and plotted over time.
-
-Raw: raw/reload/<cell>.json (every record: send time, status, revisions per hop; the reload's
-result). Derived: report/tables/changeability.csv, report/figures/changeability.png, and the
-"Changeability" section of the run's report.
+"""A run report's Changeability section (design/changeability.py says what is measured): each
+cell's figures read from its raw record (raw/reload/<cell>.json), their table
+(report/tables/changeability.csv) and figure (report/figures/changeability.png, .svg).
 """
 
 from __future__ import annotations
 
 import json
-import shutil
-import sys
-import tempfile
-import threading
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pandas as pd
 
-from complyroute.client import send
-from complyroute.policy import policyfiles
-from complyroute.runtime.local import deployment, reload
-from complyroute.topology import manifest
+from experiments.design.changeability import HOPS_PER_SECOND
 
-from experiments.design.matrix import ENFORCING as TOPOLOGIES
-ENGINES = ("envoy-opa", "envoy-compiled")
-LABELS = {"region": "EU", "category": "personal", "consent": "analytics,billing,care"}
-# Hops per second the records bring, whatever the chain's length: well under this machine's
-# capacity, so what is measured is the change, not overload.
-HOPS_PER_SECOND = 200
-BEFORE_S, AFTER_S = 3.0, 3.0
 # The study of dynamic reverse-proxy reconfiguration (../shared/reference/reverse-proxy-reconfiguration-yuan.txt):
 # per configuration request, with file rewriting and reloads, and with in-memory configuration and batching.
 STUDY_MS = {"file rewriting and reloads": 46.5, "in-memory configuration, batched": 2.8}
 PAPER_CLAIM = ("the paper (sections I, II, VII) argues that a central entity is easier to change than dynamic routers or sidecars, "
                "since one place holds the policy; it measures nothing about change")
-
-
-def changed_rule_set(folder: Path) -> Path:
-    """policies/ with the US added to the EU adequacy list (a change of the reference data)."""
-    policies = folder / "policies"
-    shutil.copytree(policyfiles.POLICIES, policies)
-    reference = policies / "complyroute" / "reference" / "data.json"
-    data = json.loads(reference.read_text())
-    data["adequacy"].append("US")
-    reference.write_text(json.dumps(data))
-    return policies
-
-
-def steady_records(url: str, rate: float, stop: threading.Event, started: float) -> list[dict]:
-    """Send a record every 1/rate s until `stop` (each at its time, answered or not); every outcome."""
-    outcomes: list[dict] = []
-
-    def one(scheduled: float) -> None:
-        try:
-            answer = send(url, LABELS, {"subject": "changeability"}, timeout=30)
-            revisions = [hop.get("revision") for hop in answer.body["path"]] if answer.status == 200 and answer.body else []
-            outcomes.append({"t": scheduled, "status": answer.status, "revisions": revisions, "id": answer.request_id})
-        except OSError as error:
-            outcomes.append({"t": scheduled, "status": None, "error": str(error), "revisions": []})
-
-    with ThreadPoolExecutor(max_workers=32) as pool:
-        tick = 0
-        while not stop.is_set():
-            scheduled = started + tick / rate
-            delay = scheduled - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-            pool.submit(one, scheduled - started)
-            tick += 1
-    return sorted(outcomes, key=lambda o: o["t"])
-
-
-def run_cell(topology: str, engine: str, services: int, changed: Path, raw: Path, out=sys.stdout) -> dict:
-    name = f"{topology}_{engine}_n{services}"
-    if deployment.read_state():
-        deployment.stop(out=open("/dev/null", "w"))
-    state = deployment.deploy(manifest.load(topology, services=services, engine=engine), out=open("/dev/null", "w"))
-    rate = HOPS_PER_SECOND / services
-    try:
-        old_revision = state["revision"]
-        stop, started = threading.Event(), time.monotonic()
-        records: list[dict] = []
-        sender = threading.Thread(target=lambda: records.extend(steady_records(state["entry_url"], rate, stop, started)))
-        sender.start()
-        time.sleep(BEFORE_S)
-        reload_started = time.monotonic() - started
-        result = reload.reload_policy(changed, out=open("/dev/null", "w"))
-        time.sleep(AFTER_S)
-        stop.set()
-        sender.join(60)
-    finally:
-        deployment.stop(out=open("/dev/null", "w"))
-    cell = {"topology": topology, "engine": engine, "services": services, "rate": rate, "old_revision": old_revision,
-            "reload_started_s": reload_started, "reload": result, "records": records}
-    (raw / f"{name}.json").write_text(json.dumps(cell))
-    row = summarize(cell)
-    print(f"reload: {name}: propagation {row['propagation_s']:.2f} s (writing {row['written_s']:.2f} s), "
-          f"precomputed answers after {row['precomputed_s']:.2f} s, "
-          f"{row['records']} records at {rate:g}/s, {row['lost']} lost, {row['mixed']} mixed", file=out)
-    return row
 
 
 def summarize(cell: dict) -> dict:
@@ -214,19 +114,3 @@ def blocks(run_dir: Path, figures_dir: Path) -> list[tuple]:
                                              "new; orange, mixed; red ×, lost. The black bar spans the reload until every point decides with the new revision, "
                                              "the grey one until every point holds its precomputed answers."),
     ]
-
-
-def run(run_dir: Path, services: list[int], topologies=TOPOLOGIES, engines=ENGINES, out=sys.stdout) -> pd.DataFrame:
-    raw = run_dir / "raw" / "reload"
-    raw.mkdir(parents=True, exist_ok=True)
-    cells = [(t, e, n) for n in services for t in topologies for e in engines]
-    with tempfile.TemporaryDirectory(prefix="complyroute-changeability-") as scratch:
-        changed = changed_rule_set(Path(scratch))
-        for number, (topology, engine, count) in enumerate(cells, 1):
-            print(f"reload: cell {number}/{len(cells)}", file=out)
-            run_cell(topology, engine, count, changed, raw, out)
-    frame = table(raw)
-    tables = run_dir / "report" / "tables"
-    tables.mkdir(parents=True, exist_ok=True)
-    frame.to_csv(tables / "changeability.csv", index=False)
-    return frame

@@ -9,7 +9,7 @@ import pandas as pd
 
 from experiments.analysis import stats
 from experiments.design.matrix import MAX_REPETITION_CV, PAPER_NAMES, case_name
-from experiments.reporting import SATURATED_MARK, cores, marked, ms, names, percent, rate_text, ratio_text
+from experiments.report.reporting import SATURATED_MARK, cores, marked, ms, names, percent, rate_text, ratio_text
 
 
 CV_FLAG = "over 10%"

@@ -13,16 +13,16 @@ from pathlib import Path
 
 import pandas as pd
 
-from experiments import changeability
 from experiments.analysis import stats
 from experiments.design.matrix import (BASELINE, BENCH_CSV, ENGINE_NAMES, MAX_ERROR_RATE, MAX_REPETITION_CV, MIN_ACHIEVED_SHARE, P99_BOUND_MS,
-                     PRIME_MIN_SECONDS, PROFILES, Parameters, case_name)
-from experiments.report_figures import (MAX_FLIERS, bench_figure, box_figure, cost_figure, cpu_figure, engines_figure, load_figure, split_figure,
-                             w_avg_figure)
-from experiments.report_tables import (CV_FLAG, bench_view, cost_view, cpu_view, engines_view, load_view, split_view, spread_view, table_one,
-                            w_avg_comparison, w_avg_view)
-from experiments.reporting import SATURATED_MARK, arch, load_paper_reference, marked, ms, names, percent, render_html, render_markdown
+                                       PRIME_MIN_SECONDS, PROFILES, Parameters, case_name)
 from experiments.design.targets import run_paragraphs
+from experiments.report import changeability_report
+from experiments.report.report_figures import (MAX_FLIERS, bench_figure, box_figure, cost_figure, cpu_figure, engines_figure, load_figure, split_figure,
+                                               w_avg_figure)
+from experiments.report.report_tables import (CV_FLAG, bench_view, cost_view, cpu_view, engines_view, load_view, split_view, spread_view, table_one,
+                                              w_avg_comparison, w_avg_view)
+from experiments.report.reporting import SATURATED_MARK, arch, load_paper_reference, marked, ms, names, percent, render_html, render_markdown
 
 
 ENGINES_TEXT = (
@@ -182,7 +182,7 @@ def build(run_dir: Path) -> dict:
     bench = bench_blocks(run_dir, meta, figures_dir)
     if cells.empty:
         blocks.append(("p", f"No cell of this run has finished yet (0 of {expected}); {len(failed)} failed."))
-        return write_documents(blocks + bench + changeability.blocks(run_dir, figures_dir), report_dir, meta)
+        return write_documents(blocks + bench + changeability_report.blocks(run_dir, figures_dir), report_dir, meta)
 
     cells.to_csv(tables_dir / "cells.csv", index=False)
     table = stats.pooled(cells, requests)
@@ -316,7 +316,7 @@ def build(run_dir: Path) -> dict:
                          "Error": record["error"].splitlines()[0], "At": record["at"]})
         blocks.append(("table", pd.DataFrame(rows)))
 
-    blocks.extend(changeability.blocks(run_dir, figures_dir))
+    blocks.extend(changeability_report.blocks(run_dir, figures_dir))
     blocks.append(("h2", "Method"))
     blocks.extend(("p", paragraph) for paragraph in METHOD)
     blocks.append(("h2", "Machine and versions"))

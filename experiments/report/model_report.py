@@ -16,15 +16,15 @@ import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import FuncFormatter, NullFormatter  # noqa: E402
 
-from experiments import capacity_report
 from experiments.analysis import stats  # noqa: E402
-from experiments.design.matrix import BASELINE, BENCH_CSV, COMPILED_ENGINE, MAX_REPETITION_CV, PAPER_NAMES, TOPOLOGIES  # noqa: E402
 from experiments.analysis.model import (BENCH_PROCESSES, COST_PARTS, ONE_NODE, Costs, LoadCosts, ModelError, capacity, idle_on_one_node,  # noqa: E402
-                    on_one_node, record_path)
+                                        on_one_node, record_path)
 from experiments.analysis.model_predict import (PAPER_CORES, PAPER_GATEWAY_CORES, PAPER_RATES, PAPER_SERVICES, THIS_MACHINE_SECONDS,  # noqa: E402
-                            Calibration, paper_testbed, predicted_w_avg, this_machine)
-from experiments.reporting import (COLORS, SATURATED_MARK, arch, color, load_paper_reference, marked, ms, names, percent, rate_text,  # noqa: E402
-                        render_html, render_markdown, save)
+                                                Calibration, paper_testbed, predicted_w_avg, this_machine)
+from experiments.design.matrix import BASELINE, BENCH_CSV, COMPILED_ENGINE, MAX_REPETITION_CV, PAPER_NAMES, TOPOLOGIES  # noqa: E402
+from experiments.report import capacity_report
+from experiments.report.reporting import (COLORS, SATURATED_MARK, arch, color, load_paper_reference, marked, ms, names, percent, rate_text,  # noqa: E402
+                                          render_html, render_markdown, save)
 
 
 def against_capacity_searches(capacity_runs: list[Path], costs: Costs, calibration: Calibration, cores: int) -> pd.DataFrame:

@@ -34,7 +34,7 @@ from scipy import stats as scipy_stats  # noqa: E402
 
 from experiments.analysis import stats  # noqa: E402
 from experiments.design.matrix import BASELINE, BENCH_CSV  # noqa: E402
-from experiments.reporting import names, render_html, render_markdown, save  # noqa: E402
+from experiments.report.reporting import names, render_html, render_markdown, save  # noqa: E402
 
 CONFIDENCE = 0.95
 RESAMPLES = 999
