@@ -18,7 +18,7 @@ from complyroute.topology import manifest
 from experiments.design import matrix, targets
 from experiments.load.mixes import MIXES
 from experiments.load.openloop import ARRIVALS
-from experiments.runner import RESULTS, Runner, new_run_id
+from experiments.run.runner import RESULTS, Runner, new_run_id
 
 
 def run_folder(results: Path, run_id: str) -> Path:
@@ -107,11 +107,11 @@ def cmd_compare(args) -> int:
 
 
 def cmd_reload(args) -> int:
-    from experiments import changeability_run, metadata
     from experiments.design import changeability
     from experiments.report import changeability_report
     from experiments.report.report import build
     from experiments.report.reporting import render_html, render_markdown
+    from experiments.run import changeability_run, metadata
 
     services = [5] if args.quick else args.services
     run_dir = run_folder(args.results, args.run_id) if args.run_id else args.results / f"reload-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -134,14 +134,14 @@ def cmd_reload(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from experiments import bench
+    from experiments.run import bench
 
     rows = bench.run(args.out, records=args.records, rounds=args.rounds)
     return 0 if all(row.verdict != "NOT MET" for row in rows) else 1
 
 
 def cmd_soak(args) -> int:
-    from experiments import soak
+    from experiments.run import soak
 
     if args.target != "local":
         print("error: soak --target k8s is not supported: its faults are signals to this machine's processes by pid (SIGKILL, "
@@ -167,8 +167,8 @@ def cmd_soak(args) -> int:
 
 
 def cmd_capacity(args) -> int:
-    from experiments import capacity_run
     from experiments.design import capacity
+    from experiments.run import capacity_run
 
     if args.report:
         run_dir = run_folder(args.results, args.report)

@@ -16,7 +16,7 @@ of part, for what CPU figures do not hold (loopback transfer, waking a process,
 the ext_authz round trip): fitted on two cells of the run (below), zero for Envoy and the client.
 
 model_predict.py puts it to a run (calibrated on its cells; this machine and the paper's testbed),
-model_report.py writes its section of the report.
+report/model_report.py writes its section of the report.
 """
 
 from __future__ import annotations

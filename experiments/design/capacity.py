@@ -2,7 +2,7 @@
 search, what a step is judged by, and a search's result read back from its steps.
 
 For each (topology, engine, services) the offered rate is stepped inside one deployment
-(capacity_run.py runs the steps). The search starts at `start_rate`, doubles while steps hold,
+(run/capacity_run.py runs the steps). The search starts at `start_rate`, doubles while steps hold,
 up to `max_rate`; then it bisects between the last rate held and the first that failed until
 the gap is within `gap` (10%) of the rate held. The baseline is always searched too: the
 reference.
@@ -12,7 +12,7 @@ errors and missed sends are at most 1% of the requests its window scheduled; and
 its delivered records' RTTs is at most `p99_bound_ms`.
 
 A run's raw/steps.csv (STEP_COLUMNS, one row per step) holds what its report needs
-(capacity_report.py): `result_of_steps` derives each search's result from its rows alone.
+(report/capacity_report.py): `result_of_steps` derives each search's result from its rows alone.
 """
 
 from __future__ import annotations
@@ -172,7 +172,7 @@ class Parameters:
     mix: str = "allowed"
     max_in_flight: int = matrix.DEFAULT_MAX_IN_FLIGHT
     late_tolerance_ms: float = matrix.DEFAULT_LATE_TOLERANCE_MS
-    replicas: int = 1  # instances of every step, alike (experiments/sets.py): what two compliant replicas hold against one
+    replicas: int = 1  # instances of every step, alike (experiments/run/sets.py): what two compliant replicas hold against one
     work_iterations: int | None = None  # the services' work per record (None: the manifest's workload)
 
     def __post_init__(self):

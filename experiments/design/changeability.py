@@ -19,7 +19,7 @@ records keep coming, then stop. Per cell:
   partly before and partly after the change), counted and plotted over time.
 
 Raw: raw/reload/<cell>.json (every record: send time, status, revisions per hop; the reload's
-result), written by changeability_run.py. Derived (report/changeability_report.py):
+result), written by run/changeability_run.py. Derived (report/changeability_report.py):
 report/tables/changeability.csv, report/figures/changeability.png, and the "Changeability"
 section of the run's report.
 """

@@ -37,7 +37,7 @@ from experiments.load.timing import DURATIONS, split
 
 # request_id (the answer's x-request-id: the entry assigns it), code and message (a refusal's JSON
 # code and message: an enforcement point's says why Envoy could not deliver, %RESPONSE_CODE_DETAILS%)
-# tell which record an audit line is of and who refused it, and why: the soak reads them (experiments/sets.py).
+# tell which record an audit line is of and who refused it, and why: the soak reads them (experiments/run/sets.py).
 COLUMNS = ("t_intended_ms", "t_send_ms", "rtt_ms", "service_time_ms", "status", "missed", "record", "expected", "hops", *DURATIONS,
            "request_id", "code", "message")
 BODY_TEXT = json.dumps(BODY)

@@ -139,7 +139,7 @@ def bench_blocks(run_dir: Path, meta: dict, figures_dir: Path) -> list[tuple]:
                         "run on the same machine. Read the ratio, not the value: 1× is the floor itself, 1.3× means 30% more CPU than the "
                         "floor, 5× five times as much. This machine is slow and shared, so absolute values describe only it; the ratios are "
                         "what carries over to another machine. Target: the most a part may cost against its floor; verdict: whether this "
-                        "run met it. How: before its cells, every session takes `make bench`'s measurement (experiments/bench.py): each "
+                        "run met it. How: before its cells, every session takes `make bench`'s measurement (experiments/run/bench.py): each "
                         "part and its floor run side by side on loopback, outside any deployment, and get the same sequential records in "
                         "turns; a part's figure is the CPU time its process used divided by the records, the median over the rounds."
                         + (f" Measured at the start of session {measured_by[0]} ({measured_by[1]['started_at']}): "

@@ -14,8 +14,8 @@ import io
 import pandas as pd
 import pytest
 
-from experiments import bench
 from experiments.report.report import bench_blocks
+from experiments.run import bench
 
 pytestmark = pytest.mark.own_network
 

@@ -4,7 +4,7 @@ import csv
 from pathlib import Path
 
 from complyroute.runtime.local import faults
-from experiments import soak
+from experiments.run import soak
 
 STATE = {"parts": [
     {"name": "control/bundles", "kind": "control"}, {"name": "entry/opa", "kind": "opa"}, {"name": "entry/envoy", "kind": "envoy"},

@@ -5,7 +5,7 @@ and the rules are reloaded."""
 import csv
 
 from complyroute.runtime.local import deployment
-from experiments import soak
+from experiments.run import soak
 
 
 def test_quick_soak_restarts_killed_parts_accounts_for_every_request_audits_clean_and_never_delivers_a_denied_record(tmp_path):

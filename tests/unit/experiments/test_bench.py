@@ -22,7 +22,7 @@ from complyroute.runtime.local import rendering
 from complyroute.topology import manifest
 from complyroute.topology.plan import DecidingListener, Endpoint, place
 from complyroute.trust import pki
-from experiments import bench, bench_parts
+from experiments.run import bench, bench_parts
 
 
 def test_row_within_its_target_is_met_allowed():

@@ -13,13 +13,13 @@ import random
 import pytest
 
 from experiments import __main__ as cli
-from experiments import capacity_run
 from experiments.design import capacity
 from experiments.design import targets as experiments_targets
 from experiments.design.capacity import GAP, MAX_STEPS, Parameters, judge, result_of_steps, search
 from experiments.design.matrix import ParameterError
 from experiments.load.timing import DURATIONS
 from experiments.report import capacity_report
+from experiments.run import capacity_run
 
 
 # ---- the search -------------------------------------------------------------------------------

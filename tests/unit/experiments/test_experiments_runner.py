@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-import experiments
+import experiments.run
 from complyroute.client import Answer
 from complyroute.runtime.local import deployment
 from complyroute.runtime.target import TargetBusy
 from experiments import __main__ as cli
-from experiments import loader, runner
 from experiments.design.matrix import Cell, resolve
+from experiments.run import loader, runner
 
 SMALL_RUN = Path(__file__).resolve().parent / "fixtures" / "small-run"
 
@@ -97,7 +97,7 @@ class Row:
 
 @pytest.fixture
 def bench(monkeypatch):
-    """experiments.bench standing in: writes a one-line CSV, or raises what `failure` holds."""
+    """experiments.run.bench standing in: writes a one-line CSV, or raises what `failure` holds."""
     calls, failure = [], []
 
     def run(out_file, records, rounds, out):
@@ -109,8 +109,8 @@ def bench(monkeypatch):
         return [Row("service hop, beyond its work", "met"), Row("compiled engine: Envoy deciding the hop", "NOT MET")]
 
     stand_in = types.SimpleNamespace(run=run)
-    monkeypatch.setitem(sys.modules, "experiments.bench", stand_in)
-    monkeypatch.setattr(experiments, "bench", stand_in, raising=False)
+    monkeypatch.setitem(sys.modules, "experiments.run.bench", stand_in)
+    monkeypatch.setattr(experiments.run, "bench", stand_in, raising=False)
     monkeypatch.setattr(deployment, "running", lambda: None)
     return calls, failure
 
@@ -229,8 +229,8 @@ def test_the_session_that_adds_repetitions_records_them(tmp_path):
 
 def test_a_bench_that_cannot_load_is_a_failed_bench(tmp_path, monkeypatch):
     monkeypatch.setattr(deployment, "running", lambda: None)
-    monkeypatch.delattr(experiments, "bench", raising=False)
-    monkeypatch.setitem(sys.modules, "experiments.bench", None)  # importing it raises ImportError
+    monkeypatch.delattr(experiments.run, "bench", raising=False)
+    monkeypatch.setitem(sys.modules, "experiments.run.bench", None)  # importing it raises ImportError
     run = new_runner(tmp_path)
     run.measure_bench()
     assert sessions(run)[-1]["bench"]["error"].startswith("ModuleNotFoundError")

@@ -1,10 +1,10 @@
-"""experiments.metadata records the commit a run measured, and whether the tree had uncommitted changes, as git tells."""
+"""experiments.run.metadata records the commit a run measured, and whether the tree had uncommitted changes, as git tells."""
 
 import subprocess
 
 import pytest
 
-from experiments import metadata
+from experiments.run import metadata
 
 
 def git(repo, *args):

@@ -1,4 +1,4 @@
-"""What a soak of compliant sets measures, without a deployment (experiments/sets.py): the
+"""What a soak of compliant sets measures, without a deployment (experiments/run/sets.py): the
 replicated manifest, each step's balance read from audit lines, and a kill's losses told apart
 (inside the killed instance, on their way into it, beyond), each class beside a twin that is not it."""
 
@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from experiments import sets
-from experiments.sets import BEYOND, INSIDE, ON_ITS_WAY
+from experiments.run import sets
+from experiments.run.sets import BEYOND, INSIDE, ON_ITS_WAY
 
 STEPS = ["step-01", "step-02", "step-03"]
 STEP_OF = {"svc-01-1": "step-01", "svc-01-2": "step-01", "svc-02-1": "step-02", "svc-02-2": "step-02", "svc-03-1": "step-03",
@@ -137,8 +137,8 @@ def test_the_report_says_each_cells_losses_and_whether_its_steps_are_balanced(ba
 # ---- the commands that deploy them -------------------------------------------------------------------
 
 def test_the_capacity_search_deploys_the_runs_replicas_and_work_and_by_default_the_manifest_as_it_is(tmp_path):
-    from experiments import capacity_run
     from experiments.design import capacity, matrix
+    from experiments.run import capacity_run
 
     cell = matrix.Cell("central-entity", "envoy-compiled", 50, 1, 0)
     heavy = capacity_run.CapacityRunner(tmp_path / "a", capacity.Parameters(replicas=2, work_iterations=20000, services=[1]))
@@ -164,7 +164,7 @@ def test_the_soaks_bad_replicas_or_faults_get_one_line_and_exit_2_before_anythin
 
 
 def test_a_soak_of_service_kills_with_replicas_is_a_valid_soak():
-    from experiments import soak
+    from experiments.run import soak
 
     parameters = soak.Parameters(replicas=2, fault_kinds=["kill"], fault_parts=["service"])
     assert parameters.replicas == 2 and parameters.fault_kinds == ["kill"]

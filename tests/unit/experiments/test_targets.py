@@ -17,9 +17,9 @@ from complyroute.runtime.kubernetes.target import KubernetesTarget
 from complyroute.runtime.local.target import LocalTarget
 from complyroute.runtime.target import TargetBusy, TargetError
 from experiments import __main__ as cli
-from experiments import loader, runner
 from experiments.design import targets
 from experiments.design.matrix import Cell, resolve
+from experiments.run import loader, runner
 from tests.unit.kubectl_stand_in import CONTEXT, Kubectl
 
 
@@ -116,7 +116,7 @@ def test_a_run_recorded_before_targets_reads_as_local():
 
 
 def test_a_k8s_session_takes_no_bench_and_says_why(tmp_path, kubectl, monkeypatch):
-    monkeypatch.setitem(sys.modules, "experiments.bench", None)  # a bench that ran would fail on importing it
+    monkeypatch.setitem(sys.modules, "experiments.run.bench", None)  # a bench that ran would fail on importing it
     run = runner.Runner(tmp_path / "run", resolve("quick"), out=io.StringIO(), target=targets.make("k8s", one_node=True))
     run.raw.mkdir(parents=True)
     run.start_session()

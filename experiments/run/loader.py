@@ -33,7 +33,7 @@ from experiments.design.matrix import BASELINE, Cell, Parameters
 from experiments.design.targets import chain_probe
 from experiments.load.mixes import BODY, check_record
 
-LOCUSTFILE = Path(__file__).resolve().parent / "load" / "locustfile.py"
+LOCUSTFILE = Path(__file__).resolve().parents[1] / "load" / "locustfile.py"
 # How long Locust lets requests in flight at the end finish (they were sent in the window).
 STOP_TIMEOUT_S = 30
 # Open loop: a request unanswered this long fails (status 0), so every scheduled request has

@@ -77,7 +77,7 @@ from complyroute.topology.plan import Endpoint, place
 from complyroute.trust import identity, pki
 from complyroute.trust.identity import TOKEN_ISSUER
 
-from experiments.bench_parts import RECORD_LABELS, SCHEMA, TOKEN_AUDIENCE, TOKEN_LIFETIME, Bench, Pair, start_parts
+from experiments.run.bench_parts import RECORD_LABELS, SCHEMA, TOKEN_AUDIENCE, TOKEN_LIFETIME, Bench, Pair, start_parts
 
 RUNS = REPO / "runs" / "bench"
 LABELS = {label.header: RECORD_LABELS[label.name] for label in SCHEMA if label.name in RECORD_LABELS}

@@ -7,7 +7,7 @@ A run lives in <results>/<run-id>/ (capacity-<date>-<time> by default): metadata
 parameters, commit, versions, machine, each search's outcome), raw/steps.csv (one row per
 step), raw/<search>/step<k>_r<rate>/ (each step's requests.csv.gz, cpu.csv, step.json,
 locust.log) and raw/<search>/deploy.log; report/capacity.md and capacity.html, built from
-metadata.json and raw/steps.csv alone (capacity_report.py; `capacity --report RUN` rebuilds
+metadata.json and raw/steps.csv alone (report/capacity_report.py; `capacity --report RUN` rebuilds
 them), with tables/capacity.csv and figures/capacity_latency.png (.svg).
 """
 
@@ -26,14 +26,14 @@ import pandas as pd
 from complyroute.runtime.target import DeployFailed, Target
 from complyroute.topology import manifest
 
-from experiments import metadata, sets
 from experiments.analysis import stats
 from experiments.design import matrix
 from experiments.design.capacity import STEP_COLUMNS, STEPS_CSV, Parameters, capacity_text, judge, search, search_key
 from experiments.design.matrix import MAX_ERROR_RATE, MIN_ACHIEVED_SHARE, PRIME_SHARE, ParameterError, case_name
 from experiments.design.targets import unmeasured
-from experiments.loader import SETTLE_S, CellFailed, Loader, compress
-from experiments.runner import RESULTS, write_json
+from experiments.run import metadata, sets
+from experiments.run.loader import SETTLE_S, CellFailed, Loader, compress
+from experiments.run.runner import RESULTS, write_json
 
 
 class CapacityRunner(Loader):

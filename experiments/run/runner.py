@@ -6,7 +6,7 @@ session before its cells). A cell is finished once its cell.json is written; a r
 skips finished cells and redoes any other. A cell is deployed and loaded as loader.py does
 it: Ctrl-C (or SIGTERM) stops Locust and the deployment (a bench stops its own processes),
 checks that none of their processes is left, and the run says how to resume. Where the cells
-deploy is the run's Target (targets.py: processes on this machine, or the current kubectl
+deploy is the run's Target (design/targets.py: processes on this machine, or the current kubectl
 context: complyroute/runtime/target.py), recorded in metadata.json.
 """
 
@@ -24,11 +24,11 @@ from complyroute.runtime.target import DeployFailed
 from complyroute.topology import manifest
 from complyroute.topology.manifest import REPO
 
-from experiments import metadata
 from experiments.analysis import stats
 from experiments.design.matrix import BENCH_CSV, Cell, Parameters
 from experiments.design.targets import unmeasured
-from experiments.loader import RUN_TIME_MARGIN_S, SETTLE_S, CellFailed, Loader, compress
+from experiments.run import metadata
+from experiments.run.loader import RUN_TIME_MARGIN_S, SETTLE_S, CellFailed, Loader, compress
 
 RESULTS = REPO / "experiments" / "results"
 BENCH_LOG = "bench.log"  # in raw/: what the bench printed, every session's
@@ -171,7 +171,7 @@ class Runner(Loader):
         with (self.raw / BENCH_LOG).open("a") as log:
             print(f"---- session {len(meta['sessions'])}, {time.strftime('%Y-%m-%dT%H:%M:%S%z')}", file=log, flush=True)
             try:
-                from experiments import bench  # imported here: a bench that cannot even load is a failed bench
+                from experiments.run import bench  # imported here: a bench that cannot even load is a failed bench
 
                 rows = bench.run(out_file=csv_file, out=log, **size)
             except Exception as error:  # whatever stops the bench, the cells still run

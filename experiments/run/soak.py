@@ -24,7 +24,7 @@ What it reports per topology (summary.json and report.md in results/soak-<time>/
 - the audit verdict: forbidden receptions and receptions without a decision must be 0.
 - with `replicas` (every step's instance made N alike: a compliant set of N per hop), each
   step's balance over its instances and what each kill of a service instance lost, told apart
-  (experiments/sets.py): the records inside the killed instance or on their way into it when it
+  (experiments/run/sets.py): the records inside the killed instance or on their way into it when it
   died, which nothing may retry, and any beyond them, which a replica that was up should have taken.
 
 ICSOC 2020's reliability comparison of these topologies found that decentralised routing
@@ -56,13 +56,13 @@ from complyroute.runtime.local.target import LocalTarget
 from complyroute.topology import manifest
 from complyroute.topology.manifest import REPO
 
-from experiments import metadata, sets
 from experiments.design.matrix import BASELINE, DEFAULT_USER_RATE, PAPER_NAMES
 from experiments.design.matrix import ENFORCING as TOPOLOGIES
 from experiments.design.targets import where_text
 from experiments.load.mixes import ALLOWED_LABELS, BODY
-from experiments.loader import LOCUSTFILE, STOP_TIMEOUT_S
-from experiments.runner import RESULTS
+from experiments.run import metadata, sets
+from experiments.run.loader import LOCUSTFILE, STOP_TIMEOUT_S
+from experiments.run.runner import RESULTS
 
 DECENTRALISED = ("dynamic-router-3", "dynamic-router-6", "sidecar")
 PART_KINDS = ("service", "envoy", "router", "opa")
