@@ -1,6 +1,7 @@
 """The layers are a contract: no module of complyroute/ or experiments/ imports itself back
 through others (no circles), the control plane (complyroute/) never imports the experiments,
-which stand on it, and inside complyroute/ a layer never imports one above it.
+which stand on it, and inside complyroute/, as inside experiments/, a layer never imports one
+above it.
 
 The layers of complyroute/, lowest first (LAYERS); a module may import its own layer and any
 below it:
@@ -19,6 +20,22 @@ below it:
 
 Evidence stands above runtime, not below: trace.py finds a run, its state and its labels
 through runtime/local/ (deployment.py, rendering.py), and nothing in a runtime reads the evidence.
+
+The layers of experiments/, lowest first (EXPERIMENT_LAYERS), the same way:
+
+1. load: the load a cell receives (the records and their expected answers, the open loop's
+   schedule, a round trip's time split, the Locust users);
+2. design: what a run measures and where (the matrix, capacity's search and held criteria,
+   changeability's change, the targets): a matrix names its mixes and arrivals;
+3. analysis: what a run's raw data says (statistics, the testbed model and its predictions);
+4. report: every report, built from a run folder alone;
+5. run: everything that deploys and loads into a run folder (the runner, capacity's steps, the
+   soak, the reload, the bench), which writes a run's report when it ends;
+6. the command line: __main__.py.
+
+A layer's part names a module, or a package and every module in it; a top-level package's own
+name (complyroute, experiments) stands for its empty __init__ alone, so that a module added at
+its top belongs to no layer until a layer names it.
 
 Read from the source with `ast`, not by importing: every import counts, also one inside a
 function (a lazy import closes a circle as surely as one at the top) and one under
@@ -57,6 +74,16 @@ LAYERS = [
     ["complyroute.evidence"],
     ["complyroute.authoring"],
     ["complyroute.client", "complyroute.__main__"],
+]
+# experiments/'s layers, lowest first, as LAYERS.
+EXPERIMENT_LAYERS = [
+    ["experiments"],  # the package itself: empty
+    ["experiments.load"],
+    ["experiments.design"],
+    ["experiments.analysis"],
+    ["experiments.report"],
+    ["experiments.run"],
+    ["experiments.__main__"],
 ]
 LONGEST = 400  # lines a module may have without saying why
 REASON = "Over 400 lines"
@@ -149,15 +176,21 @@ def upward(edges: dict[str, set[str]], ground: str = GROUND, above: tuple[str, .
                   for target in targets if target.split(".")[0] in above)
 
 
+def holds(part: str, name: str) -> bool:
+    """Whether a layer's part holds module `name`: the module it names, or a module of the package
+    it names; a top-level package's name holds its __init__ alone."""
+    return name == part or ("." in part and name.startswith(part + "."))
+
+
 def layer_of(name: str, layers: list[list[str]] = LAYERS) -> int | None:
-    """The index of the layer holding module `name` (the longest prefix that names a layer's part)."""
-    found = [(len(part), index) for index, parts in enumerate(layers) for part in parts if name == part or name.startswith(part + ".")]
+    """The index of the layer holding module `name` (the longest part that holds it)."""
+    found = [(len(part), index) for index, parts in enumerate(layers) for part in parts if holds(part, name)]
     return max(found)[1] if found else None
 
 
 def downward(edges: dict[str, set[str]], layers: list[list[str]] = LAYERS, ground: str = GROUND) -> list[str]:
-    """`module -> import` for every import of a module of the ground floor from a higher layer,
-    and `module: no layer` for a module of it that no layer names."""
+    """`module -> import` for every import of a module of the package `ground` from a higher
+    layer, and `module: no layer` for a module of it that no layer holds."""
     found = []
     for name, targets in edges.items():
         if name.split(".")[0] != ground:
@@ -210,11 +243,17 @@ def test_no_layer_imports_a_higher_one():
     assert downward(graph()) == []
 
 
+def test_no_layer_of_the_experiments_imports_a_higher_one():
+    assert downward(graph(), EXPERIMENT_LAYERS, "experiments") == []
+
+
 def test_the_graph_sees_every_kind_of_import():
     edges = graph()
     assert "experiments" not in edges["complyroute.topology.manifest"]
     assert "complyroute.topology.manifest" in edges["experiments.design.matrix"]  # from complyroute.topology import manifest
-    assert "experiments.design.matrix" in edges["experiments.run.runner"]  # from . import / from .matrix import
+    assert "experiments.design.matrix" in edges["experiments.run.runner"]  # from experiments.design.matrix import BENCH_CSV, ...
+    assert "experiments.design.matrix" in edges["experiments.run.capacity_run"]  # from experiments.design import matrix
+    assert "experiments.run.bench" in edges["experiments.run.runner"]  # inside Runner.measure_bench
 
 
 def test_no_module_over_400_lines_without_its_reason():
@@ -259,3 +298,25 @@ def test_a_circle_is_found(tmp_path):
     layers = [["low.a", "low.b"], ["low.c", "low.e"]]
     (tmp_path / "low" / "b.py").write_text("from low.c import thing\n")
     assert downward(graph(tmp_path, ("low", "high")), layers, "low") == ["low.b -> low.c", "low.d: no layer", "low: no layer"]
+
+
+def test_an_upward_import_between_subpackages_is_found(tmp_path):
+    """The experiments' check can fail: a module of a lower subpackage that imports one of a
+    higher (lazily, or the command line), denied, beside its twins that import downward and
+    within their own layer, allowed; and a module at the package's top, in no layer."""
+    package = tmp_path / "exp"
+    for sub in ("low", "high"):
+        (package / sub).mkdir(parents=True)
+        (package / sub / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "__main__.py").write_text("from exp.high import top\n")
+    (package / "low" / "base.py").write_text("import json\n")
+    (package / "low" / "sibling.py").write_text("from exp.low import base\n")
+    (package / "high" / "top.py").write_text("from exp.low.base import loads\n")
+    layers = [["exp"], ["exp.low"], ["exp.high"], ["exp.__main__"]]
+    assert downward(graph(tmp_path, ("exp",)), layers, "exp") == []
+    (package / "low" / "reaching.py").write_text("def later():\n    from exp.high import top\n")
+    (package / "low" / "commanding.py").write_text("import exp.__main__\n")
+    (package / "loose.py").write_text("")
+    assert downward(graph(tmp_path, ("exp",)), layers, "exp") == [
+        "exp.loose: no layer", "exp.low.commanding -> exp.__main__", "exp.low.reaching -> exp.high.top"]
