@@ -32,8 +32,9 @@ from pathlib import Path
 
 from complyroute.policy import policyfiles
 
-from experiments.design.matrix import ENFORCING as TOPOLOGIES
+from experiments.design.matrix import ENFORCING
 
+TOPOLOGIES = ENFORCING  # the baseline has no rule set to change
 ENGINES = ("envoy-opa", "envoy-compiled")
 LABELS = {"region": "EU", "category": "personal", "consent": "analytics,billing,care"}
 # Hops per second the records bring, whatever the chain's length: well under this machine's
