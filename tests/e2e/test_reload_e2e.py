@@ -21,6 +21,7 @@ from complyroute.engines import envoy_compiled
 from complyroute.evidence import audit
 from complyroute.policy import bundles, policyfiles
 from complyroute.runtime.local import deployment, reload, rendering, supervision
+from experiments.design.changeability import changed_rule_set
 
 from tests.relabel import rule_set_with_label
 from tests.walkthrough import rule_set_with_rule
@@ -57,14 +58,9 @@ def sensitivity_policies(tmp_path_factory, swiss_policies):
 
 @pytest.fixture(scope="module")
 def us_adequate_policies(tmp_path_factory):
-    """The rule set with one routing change: the US joins the adequacy list."""
-    policies = tmp_path_factory.mktemp("policies") / "policies"
-    shutil.copytree(policyfiles.POLICIES, policies)
-    reference = policies / "complyroute" / "reference" / "data.json"
-    data = json.loads(reference.read_text())
-    data["adequacy"].append("US")
-    reference.write_text(json.dumps(data))
-    return policies
+    """The rule set with one routing change: the US joins the adequacy list (the change the
+    experiments' reload measurement applies)."""
+    return changed_rule_set(tmp_path_factory.mktemp("policies"))
 
 
 class Flow:
