@@ -26,7 +26,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -186,19 +186,20 @@ def outcome(decision: dict) -> str:
     return f"denied {decision.get('http_status')} {json.loads(decision.get('body', '{}')).get('code')}"
 
 
-def compare(rule_sets: list[RuleSet] | None = None, out=None) -> list[dict]:
+def compare(rule_sets: list[RuleSet] | None = None, out=None, sizes: Sequence[int] = SIZES) -> list[dict]:
     """One row per case and record: {case, topology, services, point, instances, gomaxprocs,
     record, decision, old_us, new_us (medians), old_p99_us, new_p99_us, old_allocs, new_allocs,
     ratio (new_us / old_us)}.
 
     Without `rule_sets`: this rule set (new) against BASELINE_COMMIT's (old); BaselineUnavailable
     when that commit cannot be had. `out`: a file to print each row to as it is measured.
+    `sizes`: the deployments' numbers of services, each a case per topology.
     """
     with tempfile.TemporaryDirectory() as scratch_name:
         scratch = Path(scratch_name)
         if rule_sets is None:
             rule_sets = [baseline(scratch), current()]
-        every_case = {f"{t}-{n}": (t, n, *cases(t, n)) for t in deciding_topologies() for n in SIZES}
+        every_case = {f"{t}-{n}": (t, n, *cases(t, n)) for t in deciding_topologies() for n in sizes}
         points = {case: point for case, (_, _, point, _, _) in every_case.items()}
         requests = {f"{case} {record}": request for case, (*_, allowed, denied) in every_case.items()
                     for record, request in (("allowed", allowed), ("denied", denied))}
