@@ -1,6 +1,6 @@
 """A rule set that adds a label to the shipped one's schema: `sensitivity` (x-data-sensitivity,
 low or high), and a rule reading it, with its tests. What a reload adds to a running deployment
-(tests/unit/test_label_reload.py, tests/e2e/test_reload_e2e.py)."""
+(tests/unit/runtime/local/test_label_reload.py, tests/e2e/test_reload_e2e.py)."""
 
 import json
 import shutil

@@ -7,7 +7,7 @@ shows it. Its ports are clear of a deployment's (own_network): `make test` runs 
 other end-to-end tests.
 
 An experiments run measures it before its cells (runner.measure_bench, with the bench standing
-in: tests/unit/experiments/test_experiments_runner.py); the real run end to end
+in: tests/unit/experiments/run/test_experiments_runner.py); the real run end to end
 (tests/e2e/experiments/test_experiments_run_e2e.py) takes --bench-rounds 0, so that this minute and
 more is spent beside the deployments instead of between them."""
 
