@@ -47,8 +47,14 @@ def changed_rule_set(folder: Path) -> Path:
     """policies/ with the US added to the EU adequacy list (a change of the reference data)."""
     policies = folder / "policies"
     shutil.copytree(policyfiles.POLICIES, policies)
+    add_us_to_adequacy(policies)
+    return policies
+
+
+def add_us_to_adequacy(policies: Path) -> None:
+    """The change itself, made in place in the rule set at `policies` (one write of its reference
+    data: a watcher of the folder sees one save)."""
     reference = policies / "complyroute" / "reference" / "data.json"
     data = json.loads(reference.read_text())
     data["adequacy"].append("US")
     reference.write_text(json.dumps(data))
-    return policies

@@ -64,7 +64,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -243,7 +243,7 @@ def entry_signing(jwk: dict, jwks: dict, scratch: Path) -> dict[str, float]:
 
 
 def run(out_file: Path | None = None, records: int = 1500, rounds: int = 3, out=sys.stdout,
-        policy_sizes: tuple[int, ...] = tuple(policybench.SIZES)) -> list[Row]:
+        policy_sizes: Sequence[int] = policybench.SIZES) -> list[Row]:
     """Measure everything once; print the table, write the CSV, return the rows. `policy_sizes`:
     the deployments' numbers of services the policy's rows are measured at (policybench.compare)."""
     out_file = out_file or RUNS / time.strftime("%Y%m%d-%H%M%S") / "bench.csv"

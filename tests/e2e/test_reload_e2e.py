@@ -7,7 +7,6 @@ added through the schema, with a rule reading it, reaches the services and the l
 running deployment and reroutes the records it names, while records flow and none is lost."""
 
 import io
-import json
 import shutil
 import threading
 import time
@@ -21,7 +20,7 @@ from complyroute.engines import envoy_compiled
 from complyroute.evidence import audit
 from complyroute.policy import bundles, policyfiles
 from complyroute.runtime.local import deployment, reload, rendering, supervision
-from experiments.design.changeability import changed_rule_set
+from experiments.design.changeability import add_us_to_adequacy, changed_rule_set
 
 from tests.relabel import rule_set_with_label
 from tests.walkthrough import rule_set_with_rule
@@ -245,9 +244,7 @@ def test_watch_reloads_on_save_and_reports_a_broken_save_denied(tmp_path):
     try:
         watching.start()
         time.sleep(0.3)
-        reference = policies / "complyroute" / "reference" / "data.json"
-        data = json.loads(reference.read_text())
-        reference.write_text(json.dumps({**data, "adequacy": [*data["adequacy"], "US"]}))
+        add_us_to_adequacy(policies)
         reloads = Path(state["run_dir"]) / "reloads.jsonl"
         deadline = time.monotonic() + 30
         while not reloads.exists() and time.monotonic() < deadline:
