@@ -89,7 +89,10 @@ def path_findings(request_id: str, lines: list[Line], gateways: set[str], next_s
     receivers = [line.instance for line in lines]
     start = None
     if not any(sender in gateways for sender in senders):
-        start = by_time(lines)[0]
+        # Where the record came in: a line whose sender holds no line of it, the earliest of them;
+        # by time alone, another process's clock could put a later hop first.
+        unsent = [line for line, sender in zip(lines, senders) if sender not in receivers]
+        start = by_time(unsent or lines)[0]
         findings.append(path_problem("entry", request_id, [start],
                                      f"no line of it was sent by a gateway ({', '.join(sorted(gateways)) or 'none in this run'}): "
                                      f"its earliest, at {start.instance}, was sent by {start.entry.get('sender')}"))

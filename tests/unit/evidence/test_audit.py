@@ -236,7 +236,10 @@ def test_the_record_delivered_once_allowed(run):
     (replaced(RECORDS, "r-1", "analyse-eu-1", sender="ingest-us", decided_by="sidecar-ingest-us"), ("sender", "audit/analyse-eu-1.jsonl:2")),
     # r-1 starts at analyse-eu-1: put in past the entry by whoever holds ingest-eu-1's key (and a token)
     ([item for item in RECORDS if (item["request_id"], item["instance"]) != ("r-1", "ingest-eu-1")], ("entry", "audit/analyse-eu-1.jsonl:2")),
-], ids=["labels", "digest", "twice", "sender", "entry"])
+    # the same, with store-eu-1's clock behind analyse-eu-1's: the path still starts where its sender holds no line
+    (replaced([item for item in RECORDS if (item["request_id"], item["instance"]) != ("r-1", "ingest-eu-1")], "r-1", "store-eu-1", ts=0.0),
+     ("entry", "audit/analyse-eu-1.jsonl:2")),
+], ids=["labels", "digest", "twice", "sender", "entry", "entry-later-hop-earlier-clock"])
 def test_a_path_its_lines_do_not_join_into_denied(run, entries, finding):
     write_lines(run, entries)
     verdict = audit.audit_run(run)
