@@ -11,7 +11,10 @@
 // options.egressIdentity: checked once per connection, nothing per exchange.
 
 import { performance } from 'node:perf_hooks'
-import { Pool } from 'undici'
+// The Pool alone, not undici's index, which loads every dispatcher, fetch, WebSocket and the
+// cache too: 0.09 of the 0.44 CPU-s an instance takes to start here (fifty-service deployments
+// start fifty). undici, pinned in package.json, has no exports map that would close this path.
+import Pool from 'undici/lib/dispatcher/pool.js'
 import { checkServerIdentityFor } from './identity.js'
 
 export const DEFAULT_CONNECTIONS = 64
