@@ -9,6 +9,8 @@ syntax tree (`opa parse`), following every reference from the entrypoints.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import subprocess
 from collections import defaultdict
@@ -19,11 +21,17 @@ from complyroute.policy.policyfiles import OPA, is_test
 
 ENTRYPOINTS = ("data.complyroute.compliance.decision", "data.complyroute.compliance.canonical_labels")
 
+# unenumerated_reads' answers by the digest of the modules it read: every deployment, render and
+# reload of a compiled engine asks, mostly of the same rule set, and each ask is an `opa parse`
+# per module (45 ms of CPU each here). A copy of a rule set elsewhere is the same rule set.
+_READS: dict[str, list[str]] = {}
 
-def nondeterministic_builtins() -> set[str]:
+
+@functools.cache  # what the one OPA binary marks; it does not change while a process runs
+def nondeterministic_builtins() -> frozenset[str]:
     """The built-ins OPA itself marks non-deterministic (http.send, time.now_ns, rand.intn, ...)."""
     result = subprocess.run([str(OPA), "capabilities", "--current"], capture_output=True, text=True, check=True)
-    return {builtin["name"] for builtin in json.loads(result.stdout)["builtins"] if builtin.get("nondeterministic")}
+    return frozenset(builtin["name"] for builtin in json.loads(result.stdout)["builtins"] if builtin.get("nondeterministic"))
 
 
 def _ref_path(terms: list) -> list:
@@ -71,14 +79,17 @@ def _reads(node, nondeterministic: set[str], found: list[str], where: str) -> No
         _reads(value, nondeterministic, found, where)
 
 
-def _parsed_rules(policies: Path) -> dict[str, list[tuple[dict, str, dict]]]:
-    """Every rule of the rule set (tests and examples left out), by its path ("data.pkg.name"):
-    [(rule, where, names)], names being what a bare name means in its module (its package's
-    rules, its imports)."""
+def _rule_modules(policies: Path) -> list[Path]:
+    """The rule set's modules, tests and examples left out."""
+    return [module for module in sorted(policies.rglob("*.rego"))
+            if not is_test(module) and "examples" not in module.relative_to(policies).parts]
+
+
+def _parsed_rules(policies: Path, modules: list[Path]) -> dict[str, list[tuple[dict, str, dict]]]:
+    """Every rule of the rule set's `modules`, by its path ("data.pkg.name"): [(rule, where,
+    names)], names being what a bare name means in its module (its package's rules, its imports)."""
     parsed_modules = []
-    for module in sorted(policies.rglob("*.rego")):
-        if is_test(module) or "examples" in module.relative_to(policies).parts:
-            continue
+    for module in modules:
         result = subprocess.run([str(OPA), "parse", "--format", "json", "--json-include", "locations", str(module)],
                                 capture_output=True, text=True)
         if result.returncode != 0:
@@ -134,7 +145,19 @@ def unenumerated_reads(policies: Path) -> list[str]:
     The rules are found from each module's syntax tree (`opa parse`), following every reference
     from the entrypoints (`opa deps` follows no `else`); a name that could be a rule is taken
     for one."""
-    rules = _parsed_rules(policies)
+    modules = _rule_modules(policies)
+    digest = hashlib.sha256()
+    for module in modules:
+        digest.update(f"{module.relative_to(policies)}\n".encode() + module.read_bytes() + b"\n")
+    key = digest.hexdigest()
+    if key not in _READS:
+        _READS[key] = _reads_of(policies, modules)
+    return list(_READS[key])
+
+
+def _reads_of(policies: Path, modules: list[Path]) -> list[str]:
+    """unenumerated_reads of `modules`, asking OPA."""
+    rules = _parsed_rules(policies, modules)
     closure: set[str] = set()
     pending = list(ENTRYPOINTS)
     while pending:
