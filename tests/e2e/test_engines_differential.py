@@ -14,6 +14,13 @@ hops out of services):
 - generated hostile labellings (fixed seed) under the schema's headers: case, whitespace,
   repeated headers, commas, duplicates, unknown and empty values.
 
+A service's first replica gets all of them; each further replica (ingest-eu-2, analyse-eu-2)
+an eighth, a different slice of the space for each. Replicas share their service's region,
+certifications and purposes, so its rule sets answer them alike; the test checks that too: a
+replica's answers are its first replica's, labelling by labelling, under both engines. The
+eighth shows each replica's listener rendered and deciding, for a third of the requests a
+full share would take (a third of `make test`'s CPU went to this test).
+
 Both engines must give the same status and the same body: the instance chosen (by the entry
 it is a replica of: a set's cluster balances over the EU replicas under either engine, so
 which replica answers varies, and under each engine every replica answers some), or the
@@ -61,6 +68,9 @@ CLASSIFICATION = manifest.REPO / "topologies" / "examples" / "classification.yam
 SINK_ADMIN, BUNDLE_SERVER = Endpoint(f"{LOOPBACK}.253", 39990), Endpoint(f"{LOOPBACK}.253", 39991)
 # Requests in flight: enough to keep both cores busy with the points' Envoys and OPAs.
 CLIENTS = 8
+
+# What a further replica of a service gets of the requests its first replica gets (module docstring).
+REPLICA_SHARE = 8
 
 # A request: the listener, the label headers as sent (name, value; a name may repeat), the body.
 Request = tuple[Endpoint, tuple[tuple[str, str], ...], bytes]
@@ -143,17 +153,42 @@ def hostile_labellings(labels: tuple[Label, ...], reference: dict, count: int, s
 
 def requests_of(listeners, labels: tuple[Label, ...], reference: dict, run: RuleSetRun) -> list[Request]:
     """Every point of the space with every record, then the hostile labellings (each with one of
-    the records), at every listener; the listeners' requests interleaved, so that the points'
-    processes (one core each) work side by side."""
+    the records), at the listener of each service's first replica; a slice of them (every
+    REPLICA_SHARE-th) at a further replica's; the listeners' requests interleaved, so that the
+    points' processes (one core each) work side by side."""
     bodies = [json.dumps(record).encode() for record in run.records]
     space = decision_space(labels, reference)
-    by_listener = []
+    by_listener, first_of = [], {}
     for number, listener in enumerate(listeners):
-        pick = random.Random(number)
-        hostile = hostile_labellings(labels, reference, run.hostile_per_listener, seed=number)
-        by_listener.append([(listener.endpoint, lines, body) for lines in space for body in bodies]
-                           + [(listener.endpoint, lines, pick.choice(bodies)) for lines in hostile])
+        replica = first_of.setdefault(entry_of(listener.sender), listener) is not listener
+        # Seeded by the service, so that a replica's slice holds requests its first replica gets.
+        pick = random.Random(entry_of(listener.sender))
+        hostile = hostile_labellings(labels, reference, run.hostile_per_listener, seed=entry_of(listener.sender))
+        requests = ([(listener.endpoint, lines, body) for lines in space for body in bodies]
+                    + [(listener.endpoint, lines, pick.choice(bodies)) for lines in hostile])
+        by_listener.append(requests[number % REPLICA_SHARE::REPLICA_SHARE] if replica else requests)
     return [request for turn in itertools.zip_longest(*by_listener) for request in turn if request is not None]
+
+
+def unlike_their_first_replica(requests: list[Request], answered: list[tuple[int, object]], listeners) -> list[tuple]:
+    """Each request to a further replica's listener whose answer (by entry, its request id left
+    out) is not the one its service's first replica gave the same labelling and body: (sender,
+    headers, both answers)."""
+    sender_at = {listener.endpoint: listener.sender for listener in listeners}
+    firsts = {}
+    for listener in listeners:
+        firsts.setdefault(entry_of(listener.sender), listener.sender)
+    answered = [(status, {k: v for k, v in body.items() if k != "request_id"} if isinstance(body, dict) else body)
+                for status, body in answered]
+    first_answers = {(sender_at[endpoint], lines, body): answer for (endpoint, lines, body), answer in zip(requests, answered)
+                     if sender_at[endpoint] == firsts[entry_of(sender_at[endpoint])]}
+    unlike = []
+    for (endpoint, lines, body), answer in zip(requests, answered):
+        sender = sender_at[endpoint]
+        first = firsts[entry_of(sender)]
+        if sender != first and first_answers[(first, lines, body)] != answer:
+            unlike.append((sender, lines, answer, first_answers[(first, lines, body)]))
+    return unlike
 
 
 def sink_envoy(destinations: dict[str, Endpoint], admin: Endpoint) -> dict:
@@ -336,6 +371,22 @@ def test_an_engine_pinning_a_set_to_one_replica_is_flagged_denied():
     assert unbalanced(pinned, instances) == {"analyse-eu": {"analyse-eu-2"}}
 
 
+def test_a_replica_answering_unlike_its_first_replica_is_flagged_denied():
+    @dataclass(frozen=True)
+    class Listener:
+        sender: str
+        endpoint: Endpoint
+
+    first, second = Listener("ingest-eu-1", Endpoint("127.0.0.1", 1)), Listener("ingest-eu-2", Endpoint("127.0.0.1", 2))
+    eu, us = (("x-data-region", "EU"),), (("x-data-region", "US"),)
+    requests = [(first.endpoint, eu, b"{}"), (first.endpoint, us, b"{}"), (second.endpoint, eu, b"{}"), (second.endpoint, us, b"{}")]
+    alike = [(200, {"instance": "analyse-eu", "request_id": "1"}), (451, {"code": "X", "request_id": "2"}),
+             (200, {"instance": "analyse-eu", "request_id": "3"}), (451, {"code": "X", "request_id": "4"})]
+    assert unlike_their_first_replica(requests, alike, [first, second]) == []
+    unlike = [*alike[:3], (200, {"instance": "analyse-us", "request_id": "4"})]
+    assert unlike_their_first_replica(requests, unlike, [first, second]) == [("ingest-eu-2", us, (200, {"instance": "analyse-us"}), (451, {"code": "X"}))]
+
+
 @pytest.fixture
 def network():
     """Addresses on this test's loopback network, the points' sockets in a private folder of its own (a short path)."""
@@ -376,6 +427,9 @@ def test_engines_agree_on_every_point_of_the_decision_space_and_on_hostile_label
         sink.stop()
     differing = differences(requests, seen)
     assert not differing, f"{len(differing)} of {len(requests)} answers differ, for example: {differing[:3]}"
+    for kind, answered in seen.items():
+        unlike = unlike_their_first_replica(requests, answered, listeners)
+        assert not unlike, f"{kind}: {len(unlike)} answers of replicas differ from their first replica's, for example: {unlike[:3]}"
 
     answered = seen[manifest.ENGINES[0]]
     statuses = {status: sum(1 for s, _ in answered if s == status) for status in {s for s, _ in answered}}
