@@ -122,7 +122,8 @@ def grouped(lines: list[Line], name: str) -> dict[str, list[str]]:
 
 
 def by_time(lines: list[Line]) -> list[Line]:
-    """In order of reception ("ts", when the instance received the record)."""
+    """In order of reception ("ts", when the instance received the record, by its own process's
+    clock: receptions milliseconds apart at two instances may come in either order)."""
     return sorted(lines, key=reception_time)
 
 
