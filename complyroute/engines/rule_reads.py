@@ -10,14 +10,13 @@ syntax tree (`opa parse`), following every reference from the entrypoints.
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import subprocess
 from collections import defaultdict
 from pathlib import Path
 
 from complyroute.engines.contract import EngineError
-from complyroute.policy.policyfiles import OPA, is_test
+from complyroute.policy.policyfiles import OPA, content_digest, is_test
 
 ENTRYPOINTS = ("data.complyroute.compliance.decision", "data.complyroute.compliance.canonical_labels")
 
@@ -146,10 +145,7 @@ def unenumerated_reads(policies: Path) -> list[str]:
     from the entrypoints (`opa deps` follows no `else`); a name that could be a rule is taken
     for one."""
     modules = _rule_modules(policies)
-    digest = hashlib.sha256()
-    for module in modules:
-        digest.update(f"{module.relative_to(policies)}\n".encode() + module.read_bytes() + b"\n")
-    key = digest.hexdigest()
+    key = content_digest({str(module.relative_to(policies)): module.read_bytes() for module in modules})
     if key not in _READS:
         _READS[key] = _reads_of(policies, modules)
     return list(_READS[key])
