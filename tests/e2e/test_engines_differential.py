@@ -14,13 +14,23 @@ hops out of services):
 - generated hostile labellings (fixed seed) under the schema's headers: case, whitespace,
   repeated headers, commas, duplicates, unknown and empty values.
 
-A service's first replica gets all of them; each further replica (ingest-eu-2, analyse-eu-2)
-an eighth, a different slice of the space for each. Replicas share their service's region,
-certifications and purposes, so its rule sets answer them alike; the test checks that too: a
-replica's answers are its first replica's, labelling by labelling, under both engines. The
-eighth shows each replica's listener rendered and deciding; with two of the mixed-regions
-example's six listeners such replicas, a cell sends 71 % of the requests a full share at
-every listener would (this test took a third of `make test`'s CPU).
+The shipped rule set's space (3,072 labellings) is shared out among the four topologies: each
+cell sends every fourth point (a different fourth each), so that the four together send every
+point once, and every hostile labelling. What the engines could disagree on does not depend on
+the topology: a listener's matcher tree is the rule set's answers for its sender, whichever
+Envoy holds it, and the compiled engine's configure-time guard (envoy_compiled.check_routes)
+walks every listener's tree of every topology over the whole space as Envoy walks it; a
+fourth still reaches every destination and every denial reason through each topology's own
+Envoys, clusters and OPAs. The classification rule set's space is small and reads the body;
+every cell sends all of it.
+
+A service's first replica gets all of its cell's requests; each further replica (ingest-eu-2,
+analyse-eu-2) an eighth, a different slice of them for each. Replicas share their service's
+region, certifications and purposes, so its rule sets answer them alike; the test checks that
+too: a replica's answers are its first replica's, labelling by labelling, under both engines.
+The eighth shows each replica's listener rendered and deciding. (Sent in full at every listener
+of every topology, this test took a third of `make test`'s CPU; with both shares, a cell of the
+shipped rule set sends 37 % of that.)
 
 Both engines must give the same status and the same body: the instance chosen (by the entry
 it is a replica of: a set's cluster balances over the EU replicas under either engine, so
@@ -72,6 +82,8 @@ CLIENTS = 8
 
 # What a further replica of a service gets of the requests its first replica gets (module docstring).
 REPLICA_SHARE = 8
+# The order in which the topologies' cells share out a rule set's space (module docstring).
+SPACE_SEED = 26
 
 # A request: the listener, the label headers as sent (name, value; a name may repeat), the body.
 Request = tuple[Endpoint, tuple[tuple[str, str], ...], bytes]
@@ -85,19 +97,20 @@ class RuleSetRun:
     services: Path
     records: tuple[dict, ...]
     hostile_per_listener: int
+    space_shared_by_topologies: bool  # each topology's cell sends a share of the space (module docstring)
     fewest: dict[int, int]  # status -> the fewest answers with it
     reached: frozenset[str]  # the instances the allowed answers name, together
     reasons: frozenset[str] = frozenset()  # denial reasons that must occur among the answers
 
 
 RUNS = {
-    "policies": RuleSetRun(MIXED_REGIONS, (RECORD,), 600, {200: 1000, 451: 100, 400: 1000},
+    "policies": RuleSetRun(MIXED_REGIONS, (RECORD,), 600, True, {200: 1000, 451: 100, 400: 1000},
                            frozenset({"analyse-eu", "analyse-us", "store-eu"})),
     # Fewer hostile labellings: its two labels are single-valued (no set to reorder, repeat or
     # separate) with four and three values, so 250 per listener already send each hostile form
     # many times; and with no allowed table every answer is OPA's full evaluation, with the body.
     "classification": RuleSetRun(CLASSIFICATION, ({"subject": "ann", "subject_age": 40}, {"subject": "tim", "subject_age": 15}),
-                                 250, {200: 300, 451: 50, 400: 300},
+                                 250, False, {200: 300, 451: 50, 400: 300},
                                  frozenset({"analyse-eu", "analyse-us", "store-eu", "store-us"}),
                                  frozenset({"MINOR_TO_MARKETING"})),  # the rule that reads the body
 }
@@ -152,13 +165,14 @@ def hostile_labellings(labels: tuple[Label, ...], reference: dict, count: int, s
     return labellings
 
 
-def requests_of(listeners, labels: tuple[Label, ...], reference: dict, run: RuleSetRun) -> list[Request]:
-    """Every point of the space with every record, then the hostile labellings (each with one of
-    the records), at the listener of each service's first replica; a slice of them (every
-    REPLICA_SHARE-th) at a further replica's; the listeners' requests interleaved, so that the
-    points' processes (one core each) work side by side."""
+def requests_of(listeners, labels: tuple[Label, ...], reference: dict, run: RuleSetRun, share: tuple[int, int]) -> list[Request]:
+    """The cell's points of the space (space_of_cell, `share` its topology's) with every record,
+    then the hostile labellings (each with one of the records), at the listener of each
+    service's first replica; a slice of them (every REPLICA_SHARE-th) at a further replica's;
+    the listeners' requests interleaved, so that the points' processes (one core each) work
+    side by side."""
     bodies = [json.dumps(record).encode() for record in run.records]
-    space = decision_space(labels, reference)
+    space = space_of_cell(decision_space(labels, reference), run, share)
     firsts, by_listener = first_replicas(listeners), []
     for number, listener in enumerate(listeners):
         replica = firsts[entry_of(listener.sender)] != listener.sender
@@ -169,6 +183,15 @@ def requests_of(listeners, labels: tuple[Label, ...], reference: dict, run: Rule
                     + [(listener.endpoint, lines, pick.choice(bodies)) for lines in hostile])
         by_listener.append(requests[number % REPLICA_SHARE::REPLICA_SHARE] if replica else requests)
     return [request for turn in itertools.zip_longest(*by_listener) for request in turn if request is not None]
+
+
+def space_of_cell(space: list, run: RuleSetRun, share: tuple[int, int]) -> list:
+    """The points of the space a topology's cell sends: all of them, or where the topologies
+    share the space out, the share[0]-th of share[1] shares, taken in a fixed random order (in
+    the space's own order, a stride could hold one label's value fixed)."""
+    if not run.space_shared_by_topologies:
+        return space
+    return random.Random(SPACE_SEED).sample(space, len(space))[share[0]::share[1]]
 
 
 def first_replicas(listeners) -> dict[str, str]:
@@ -376,6 +399,20 @@ def test_an_engine_pinning_a_set_to_one_replica_is_flagged_denied():
     assert unbalanced(pinned, instances) == {"analyse-eu": {"analyse-eu-2"}}
 
 
+@pytest.mark.parametrize("rule_set", RUNS)
+def test_the_topologies_cells_send_every_point_of_the_space_once_or_each_all_of_it(rule_set):
+    run = RUNS[rule_set]
+    policies = policyfiles.rule_set(rule_set)
+    space = decision_space(schema(policies), reference_of(policies))
+    cells = [space_of_cell(space, run, (index, len(ENFORCING))) for index in range(len(ENFORCING))]
+    if not run.space_shared_by_topologies:  # classification's: all of it in every cell
+        assert all(cell == space for cell in cells)
+        return
+    # The shipped rule set's: every point once, in one of the cells, and in each cell every value of every label.
+    assert sorted(point for cell in cells for point in cell) == sorted(space)
+    assert all({line for point in cell for line in point} == {line for point in space for line in point} for cell in cells)
+
+
 def test_a_replica_answering_unlike_its_first_replica_is_flagged_denied():
     @dataclass(frozen=True)
     class Listener:
@@ -410,7 +447,7 @@ def test_engines_agree_on_every_point_of_the_decision_space_and_on_hostile_label
     listeners = [listener for point in plan.points for listener in compiled_listeners(point)]
     senders = plan.topology.instances_of("ingest") + plan.topology.instances_of("analyse")
     assert len(listeners) == len(senders), "a listener for the hops out of each ingest and analyse instance"
-    requests = requests_of(listeners, labels, reference, run)
+    requests = requests_of(listeners, labels, reference, run, share=(ENFORCING.index(topology), len(ENFORCING)))
 
     seen = {}
     sink = Running()
