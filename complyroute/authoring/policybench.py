@@ -186,14 +186,17 @@ def outcome(decision: dict) -> str:
     return f"denied {decision.get('http_status')} {json.loads(decision.get('body', '{}')).get('code')}"
 
 
-def compare(rule_sets: list[RuleSet] | None = None, out=None, sizes: Sequence[int] = SIZES) -> list[dict]:
+def compare(rule_sets: list[RuleSet] | None = None, out=None, sizes: Sequence[int] = SIZES,
+            benched: Sequence[str] | None = None) -> list[dict]:
     """One row per case and record: {case, topology, services, point, instances, gomaxprocs,
     record, decision, old_us, new_us (medians), old_p99_us, new_p99_us, old_allocs, new_allocs,
     ratio (new_us / old_us)}.
 
     Without `rule_sets`: this rule set (new) against BASELINE_COMMIT's (old); BaselineUnavailable
     when that commit cannot be had. `out`: a file to print each row to as it is measured.
-    `sizes`: the deployments' numbers of services, each a case per topology.
+    `sizes`: the deployments' numbers of services, each a case per topology. `benched`: the
+    topologies whose cases are measured (None: every deciding one); every case's answers are
+    checked all the same.
     """
     with tempfile.TemporaryDirectory() as scratch_name:
         scratch = Path(scratch_name)
@@ -217,6 +220,8 @@ def compare(rule_sets: list[RuleSet] | None = None, out=None, sizes: Sequence[in
                 raise RuntimeError(f"{name}: expected {record}, got {said}")
         rows = []
         for case, (topology_name, services, point, _, _) in every_case.items():
+            if benched is not None and topology_name not in benched:
+                continue
             data_dirs = {}
             for rule_set in rule_sets:
                 data_dirs[rule_set.name] = scratch / rule_set.name / case

@@ -243,9 +243,10 @@ def entry_signing(jwk: dict, jwks: dict, scratch: Path) -> dict[str, float]:
 
 
 def run(out_file: Path | None = None, records: int = 1500, rounds: int = 3, out=sys.stdout,
-        policy_sizes: Sequence[int] = policybench.SIZES) -> list[Row]:
-    """Measure everything once; print the table, write the CSV, return the rows. `policy_sizes`:
-    the deployments' numbers of services the policy's rows are measured at (policybench.compare)."""
+        policy_sizes: Sequence[int] = policybench.SIZES, policy_topologies: Sequence[str] | None = None) -> list[Row]:
+    """Measure everything once; print the table, write the CSV, return the rows. `policy_sizes`,
+    `policy_topologies`: the deployments' numbers of services and the topologies (None: every
+    deciding one) the policy's rows are measured at (policybench.compare)."""
     out_file = out_file or RUNS / time.strftime("%Y%m%d-%H%M%S") / "bench.csv"
     out_file.parent.mkdir(parents=True, exist_ok=True)
     print(f"bench: {rounds} rounds of {records} sequential records per part; CSV: {out_file}", file=out, flush=True)
@@ -286,7 +287,7 @@ def run(out_file: Path | None = None, records: int = 1500, rounds: int = 3, out=
         Row("policy at the entry, issuing the label token (opa bench)", "opa bench", signing["issue"], plain_entry, signing["plain"], unit="ms/evaluation"),
     ]
     print("bench: the policy, this rule set against commit d2d81e4 (opa bench, medians)", file=out, flush=True)
-    for case in policybench.compare(out=out, sizes=policy_sizes):
+    for case in policybench.compare(out=out, sizes=policy_sizes, benched=policy_topologies):
         # The target is the allowed hop's, the common case; a denial evaluates every rule to explain itself.
         target = 0.1 if case["record"] == "allowed" else None
         rows.append(Row(f"policy: {case['case']}", "opa bench", case["new_us"] / 1000, f"the same case at {policybench.BASELINE_COMMIT}",
