@@ -72,6 +72,7 @@ class Bench:
         # The points' private folders (their sockets): the scratch folder's path is short.
         self.private = (scratch or folder) / "private"
         self.pids: dict[str, int] = {}
+        self.logs: dict[str, str] = {}  # each part's log, whose end a part that did not start shows
         self.urls: dict[str, str] = {}
         self.last_port = BASE_PORT
         # The bench's own CA and label-token key: its parts trust nothing else.
@@ -88,6 +89,7 @@ class Bench:
 
     def start(self, part: rendering.Part) -> None:
         self.pids[part.name] = rendering.start(part)
+        self.logs[part.name] = part.log
         if part.kind == "opa":
             self.health_urls[part.name] = part.health_url
 
@@ -167,7 +169,9 @@ class Bench:
         for name, pid in self.pids.items():
             while not listening(pid):
                 if not supervision.alive(pid) or time.monotonic() > deadline:
-                    raise RuntimeError(f"bench: {name} did not start; its log is in {self.folder}")
+                    # The log's end in the error itself: a CI run keeps no folder.
+                    raise RuntimeError(f"bench: {name} did not start; the end of its log ({self.logs[name]}):\n"
+                                       f"{supervision.tail(self.logs[name])}")
                 time.sleep(0.1)
         for name, url in self.health_urls.items():
             while not supervision.healthy(url):
