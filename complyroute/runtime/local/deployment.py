@@ -81,9 +81,7 @@ def write_state(run_dir: Path, state: dict) -> None:
 def running() -> dict | None:
     """The state of the current deployment while any of its processes runs, else None."""
     state = read_state()
-    if state and (alive(state.get("supervisor", {}).get("pid", 0)) or any(alive(part["pid"]) for part in state["parts"])):
-        return state
-    return None
+    return state if state and processes_using(state["run_dir"]) else None
 
 
 def new_run_dir(name: str) -> Path:
@@ -278,7 +276,10 @@ def status(out=sys.stdout) -> int:
 
 
 def processes_using(run_dir: str) -> list[int]:
-    """Processes whose command line names the run folder: what a lost state file would hide."""
+    """Processes whose command line names the run folder, or whose AUDIT_LOG is in it: every
+    process of the deployment (supervisord, by its configuration's path; each part), whatever
+    state.json says. The only processes stop() signals: a pid state.json recorded may since have
+    ended and been given to another process, even another deployment's or the bench's."""
     pids = []
     for process in psutil.process_iter(["cmdline", "environ"]):  # unreadable: None
         if process.pid == os.getpid():
@@ -303,10 +304,9 @@ def stop(out=sys.stdout, grace: float = 10.0) -> int:
     # again while it winds down: its main loop takes a signal, or sees a part gone, only at its
     # next turn, up to a second later, and a request starts a turn at once (a second of every
     # undeploy, 50 s of make test's).
-    refresh_pids(state)
-    pids = {p["pid"] for p in state["parts"] if p["pid"]} | set(processes_using(state["run_dir"]))
-    if sup.get("pid") and alive(sup["pid"]):
-        pids.add(sup["pid"])
+    run_dir = state["run_dir"]
+    pids = set(processes_using(run_dir))
+    if sup.get("pid") in pids:
         try:
             supervisor(state).supervisor.shutdown()
         except (OSError, xmlrpc.client.Error):
@@ -319,7 +319,7 @@ def stop(out=sys.stdout, grace: float = 10.0) -> int:
             time.sleep(0.05)
             with contextlib.suppress(OSError, xmlrpc.client.Error):
                 supervisor(state).supervisor.getState()
-    for pid in pids:
+    for pid in processes_using(run_dir):
         try:
             os.killpg(pid, signal.SIGTERM)
         except (ProcessLookupError, PermissionError):
@@ -328,14 +328,14 @@ def stop(out=sys.stdout, grace: float = 10.0) -> int:
             except ProcessLookupError:
                 pass
     deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and any(alive(pid) for pid in pids):
+    while time.monotonic() < deadline and processes_using(run_dir):
         time.sleep(0.1)
-    for pid in [pid for pid in pids if alive(pid)] + processes_using(state["run_dir"]):
+    for pid in processes_using(run_dir):
         try:
             os.killpg(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-    left = [pid for pid in pids if alive(pid)] + processes_using(state["run_dir"])
+    left = processes_using(run_dir)
     if left:
         raise DeploymentError(f"undeploy: processes {left} did not stop; kill them by hand")
     if CURRENT.is_symlink():

@@ -162,7 +162,9 @@ def refresh_pids(state: dict) -> dict:
     infos = programs_info(state) or {}
     for part in state["parts"]:
         info = infos.get(part["name"])
-        if info and info["pid"]:
+        if info:
+            # 0 for a part supervisord no longer runs (stopped, exited): the pid it had may since
+            # be any other process's (pid_max is 32768 on these machines; make test starts thousands).
             part["pid"] = info["pid"]
     return state
 

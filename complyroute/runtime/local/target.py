@@ -66,10 +66,9 @@ class LocalTarget:
         self.deploying = False
 
     def left_over(self) -> list[int]:
-        left = [pid for pid, _ in self.parts if supervision.alive(pid)]
-        if self.run_dir:
-            left += deployment.processes_using(self.run_dir)
-        return left
+        # By the run folder, not by the parts' pids at deploy: a part restarted since has another
+        # pid, and its first may now be any process's.
+        return deployment.processes_using(self.run_dir) if self.run_dir else []
 
     @staticmethod
     def refuse_topology(topology: Topology | None) -> None:

@@ -1,5 +1,6 @@
 """Unit tests of the local deployment's bookkeeping (no part is started; a few idle children are)."""
 
+import io
 import os
 import subprocess
 import sys
@@ -71,9 +72,10 @@ def test_socket_path_too_long_for_a_unix_socket_moves_to_a_private_folder_allowe
 
 
 # ---- processes, as psutil sees them (the deployment's own bookkeeping: alive, memory, what is left behind)
-def sleeper(tmp_path, *args, env=None):
-    """A child that does nothing for a minute; `args` end up in its command line."""
-    return subprocess.Popen([sys.executable, "-c", "import time, sys; time.sleep(60)", *args], env=env)
+def sleeper(tmp_path, *args, env=None, own_group=False):
+    """A child that does nothing for a minute; `args` end up in its command line; `own_group`:
+    the leader of a process group of its own, as every part and the bench's parts are."""
+    return subprocess.Popen([sys.executable, "-c", "import time, sys; time.sleep(60)", *args], env=env, start_new_session=own_group)
 
 
 def test_alive_while_a_process_runs_allowed(tmp_path):
@@ -121,6 +123,45 @@ def test_processes_using_a_run_folder_leaves_other_runs_processes_denied(tmp_pat
         for child in other:
             child.kill()
             child.wait()
+
+
+def stopping(tmp_path, monkeypatch, recorded_pid: int) -> tuple[str, int]:
+    """deployment.stop() of a run whose state.json records `recorded_pid` as a part's and as
+    supervisord's (which answers on no socket); what it printed and how many processes it stopped."""
+    runs = tmp_path / "runs"
+    run_dir = runs / "sidecar-5"
+    run_dir.mkdir(parents=True)
+    monkeypatch.setattr(deployment, "CURRENT", runs / "current")
+    deployment.write_state(run_dir, {"topology": "sidecar", "run_dir": str(run_dir), "supervisor": {"pid": recorded_pid, "socket": str(run_dir / "supervisor.sock")},
+                                     "parts": [{"name": "svc-01", "pid": recorded_pid}]})
+    deployment.CURRENT.symlink_to(run_dir)
+    out = io.StringIO()
+    return out.getvalue(), deployment.stop(out=out, grace=5)
+
+
+def test_stop_ends_the_processes_naming_the_run_folder_allowed(tmp_path, monkeypatch):
+    part = sleeper(tmp_path, f"--config={tmp_path}/runs/sidecar-5/envoy.json", own_group=True)
+    try:
+        assert deployment.running() is None  # nothing deployed yet
+        _, stopped = stopping(tmp_path, monkeypatch, part.pid)
+        assert stopped == 1 and not supervision.alive(part.pid)  # ended and reaped (by stop(), as its child)
+        assert deployment.running() is None and not deployment.CURRENT.exists()
+    finally:
+        part.kill()
+        part.wait()
+
+
+def test_stop_leaves_a_process_given_a_pid_the_state_recorded_denied(tmp_path, monkeypatch):
+    # A part that exited (stopped by a test, not restarted) keeps its pid in state.json; Linux
+    # gives that pid to another process once its numbers wrap (pid_max 32768 here), and
+    # killing that process's group would kill, say, another deployment's part or the bench's Envoy.
+    stranger = sleeper(tmp_path, own_group=True)
+    try:
+        _, stopped = stopping(tmp_path, monkeypatch, stranger.pid)
+        assert stopped == 0 and stranger.poll() is None
+    finally:
+        stranger.kill()
+        stranger.wait()
 
 
 def test_memory_sums_each_kinds_proportional_set_size_allowed(tmp_path):
