@@ -14,19 +14,19 @@ EXPERIMENTS_LOOPBACK := 127.0.7
 test: setup ## Run every test but the Kubernetes ones: policy (every rule set), services, unit, integration (tests/integration/) and end-to-end against real processes
 	@# Four streams side by side, their output shown when all are done; each pytest run names its 25 slowest.
 	@# - The pooled end-to-end tests (the pool marker: tests/e2e/conftest.py), on 127.0.0.1:8080, one
-	@#   deployment at a time.
-	@# - Beside them, the other end-to-end tests with a deployment, each their own, one at a time, on a
+	@#   deployment at a time; then the experiments' end-to-end tests (tests/e2e/experiments/) on a
 	@#   loopback network and in a runs/ of their own (COMPLYROUTE_LOOPBACK, COMPLYROUTE_RUNS:
 	@#   runtime/local/deployment.py).
+	@# - Beside them, the other end-to-end tests with a deployment, each their own, one at a time, on a
+	@#   network and in a runs/ of their own too.
 	@# - Beside them, one after another: the policy tests of every rule set, the services' tests and the
 	@#   tests that start no deployment (unit and tests/integration/).
-	@# - Apart, one after the other: the end-to-end tests on addresses of their own and with no deployment
-	@#   (own_network: the engines' differential test, the bench), at the lowest CPU priority, then the
-	@#   experiments' end-to-end tests (tests/e2e/experiments/) on a network and runs/ of their own.
+	@# - Apart, at the lowest CPU priority: the end-to-end tests on addresses of their own and with no
+	@#   deployment (own_network: the engines' differential test, the bench).
 	@# make test is CPU-bound on two cores; the deployments' streams mostly wait on their processes, and
 	@# the lowest priority lets them have a core when they need one while the differential test and the
 	@# bench (waiting for nothing) take what is left; the experiments' tests, which count their sends on
-	@# time, run at the normal priority.
+	@# time, run at the normal priority, after the pool, when fewer streams are left.
 	@beside=$$(mktemp); others=$$(mktemp); apart=$$(mktemp); others_runs=$$(mktemp -d); runs=$$(mktemp -d); \
 	( rest=0; \
 	  $(MAKE) --no-print-directory policy-test || rest=1; \
@@ -36,16 +36,14 @@ test: setup ## Run every test but the Kubernetes ones: policy (every rule set), 
 	  exit $$rest ) >$$beside 2>&1 & pid=$$!; \
 	COMPLYROUTE_LOOPBACK=$(DEPLOYMENTS_LOOPBACK) COMPLYROUTE_RUNS=$$others_runs \
 	  $(PY) -m pytest $(E2E) --ignore=$(E2E_EXPERIMENTS) -m "not own_network and not pool" -p no:cacheprovider --durations=25 >$$others 2>&1 & others_pid=$$!; \
-	( own=0; \
-	  nice -n 19 $(PY) -m pytest $(E2E) -m own_network -p no:cacheprovider --durations=25 || own=1; \
-	  COMPLYROUTE_LOOPBACK=$(EXPERIMENTS_LOOPBACK) COMPLYROUTE_RUNS=$$runs $(PY) -m pytest $(E2E_EXPERIMENTS) -p no:cacheprovider --durations=25 || own=1; \
-	  exit $$own ) >$$apart 2>&1 & own_pid=$$!; \
-	echo "$(PY) -m pytest $(E2E) --ignore=$(E2E_EXPERIMENTS) -m pool --durations=25  (beside it: pytest $(E2E) -m 'not own_network and not pool' on $(DEPLOYMENTS_LOOPBACK).x; policy tests, npm test, pytest $(NO_DEPLOYMENT); apart: nice pytest $(E2E) -m own_network, then pytest $(E2E_EXPERIMENTS) on $(EXPERIMENTS_LOOPBACK).x)"; \
+	nice -n 19 $(PY) -m pytest $(E2E) -m own_network -p no:cacheprovider --durations=25 >$$apart 2>&1 & own_pid=$$!; \
+	echo "$(PY) -m pytest $(E2E) --ignore=$(E2E_EXPERIMENTS) -m pool --durations=25, then pytest $(E2E_EXPERIMENTS) on $(EXPERIMENTS_LOOPBACK).x  (beside them: pytest $(E2E) -m 'not own_network and not pool' on $(DEPLOYMENTS_LOOPBACK).x; policy tests, npm test, pytest $(NO_DEPLOYMENT); apart: nice pytest $(E2E) -m own_network)"; \
 	e2e=0; $(PY) -m pytest $(E2E) --ignore=$(E2E_EXPERIMENTS) -m pool -p no:cacheprovider --durations=25 || e2e=$$?; \
+	COMPLYROUTE_LOOPBACK=$(EXPERIMENTS_LOOPBACK) COMPLYROUTE_RUNS=$$runs $(PY) -m pytest $(E2E_EXPERIMENTS) -p no:cacheprovider --durations=25 || e2e=1; \
 	others_e2e=0; wait $$others_pid || others_e2e=$$?; rest=0; wait $$pid || rest=$$?; own=0; wait $$own_pid || own=$$?; \
 	echo "--- the other end-to-end tests with a deployment, run beside them on $(DEPLOYMENTS_LOOPBACK).x:"; cat $$others; \
 	echo "--- the policy, services' tests and the tests without a deployment, run beside them:"; cat $$beside; \
-	echo "--- the end-to-end tests on addresses of their own, then the experiments' end-to-end tests, run beside them:"; cat $$apart; \
+	echo "--- the end-to-end tests on addresses of their own, run beside them:"; cat $$apart; \
 	rm -rf $$beside $$others $$apart $$others_runs $$runs; \
 	test $$e2e -eq 0 -a $$others_e2e -eq 0 -a $$rest -eq 0 -a $$own -eq 0
 
