@@ -168,9 +168,11 @@ class Bench:
         deadline = time.monotonic() + timeout
         for name, pid in self.pids.items():
             while not listening(pid):
-                if not supervision.alive(pid) or time.monotonic() > deadline:
+                exited = not supervision.alive(pid)
+                if exited or time.monotonic() > deadline:
                     # The log's end in the error itself: a CI run keeps no folder.
-                    raise RuntimeError(f"bench: {name} did not start; the end of its log ({self.logs[name]}):\n"
+                    why = "exited" if exited else f"listened on nothing within {timeout:.0f} s"
+                    raise RuntimeError(f"bench: {name} did not start: it {why}; the end of its log ({self.logs[name]}):\n"
                                        f"{supervision.tail(self.logs[name])}")
                 time.sleep(0.1)
         for name, url in self.health_urls.items():
