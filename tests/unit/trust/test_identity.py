@@ -1,5 +1,7 @@
 """Who admits whom (identity.py, read off each topology's plan) and the credentials (pki.py)."""
 
+from pathlib import Path
+
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -142,3 +144,25 @@ def test_key_files_are_private(tmp_path):
     files = identity.Credentials.issue(trust, "test").write(tmp_path)
     for tls in files.values():
         assert (tmp_path / tls.key).stat().st_mode & 0o077 == 0
+
+
+def test_writing_credentials_again_replaces_each_file_at_once_allowed(tmp_path):
+    # The bench writes ca.pem again with every part's credential while parts started before read
+    # it: one that opened the file meanwhile reads it whole (the old bytes), never truncated.
+    trust = trust_of("central-entity")
+    first, second = identity.Credentials.issue(trust, "test"), identity.Credentials.issue(trust, "test")
+    assert first.ca_pem != second.ca_pem  # two CAs: which bytes a reader got shows
+    ca = Path(next(iter(first.write(tmp_path).values())).ca)
+    with ca.open("rb") as reading:
+        second.write(tmp_path)
+        assert reading.read() == first.ca_pem  # the file it opened, whole
+    assert ca.read_bytes() == second.ca_pem and ca.stat().st_mode & 0o777 == 0o644
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no temporary file left
+
+
+def test_a_credential_that_cannot_be_replaced_fails_the_write_and_leaves_no_temporary_file_denied(tmp_path):
+    credentials = identity.Credentials.issue(trust_of("central-entity"), "test")
+    (tmp_path / "ca.pem").mkdir()  # in the way: os.replace cannot put a file there
+    with pytest.raises(IsADirectoryError):
+        credentials.write(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ca.pem"]
