@@ -25,6 +25,26 @@ test('buildApp creates the forwarder it is not given; the bare plugin refuses a 
   await assert.rejects(noAudit.ready(), /opts.audit/)
 })
 
+test('every route schema is a valid JSON Schema (Ajv checks it against the meta-schema, which instances skip at start)', async () => {
+  const checked = buildApp(LAST, { audit: { async write () {} }, logger: false, validateSchemas: true })
+  await checked.ready()
+  await checked.close()
+})
+
+test('schema check refused twin: a route schema the meta-schema refuses fails the checked build', async () => {
+  const broken = { body: { type: 'object', properties: { id: { type: 'string', minLength: -1 } } } }
+  for (const validateSchemas of [true, false]) {
+    const app = buildApp(LAST, { audit: { async write () {} }, logger: false, validateSchemas })
+    app.post('/broken', { schema: broken }, async () => ({}))
+    if (validateSchemas) {
+      await assert.rejects(app.ready(), /must be >= 0/)
+    } else {
+      await app.ready() // what an instance does: the check is the test's
+    }
+    await app.close()
+  }
+})
+
 test('buildApp opens the configured audit log itself and flushes it on close', async (t) => {
   const dir = mkdtempSync(join(tmpdir(), 'complyroute-app-'))
   t.after(() => rmSync(dir, { recursive: true, force: true }))
