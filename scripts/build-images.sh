@@ -88,7 +88,7 @@ if wanted service "$NODE_BINARY" "$REPO/services/package.json" "$REPO/services/p
      --cache "$STAGE/npm-cache" >/dev/null)
   rm -rf "$root/app/node_modules/.package-lock.json"
   commit service "$SERVICE_IMAGE" --workingdir /app --env NODE_ENV=production --env HOST=0.0.0.0 --env PORT=3000 \
-    --port 3000 --cmd '["node", "server.js"]'
+    --port 3000 --cmd '["node", "--min-semi-space-size=16", "server.js"]'
   done_with service
 fi
 
