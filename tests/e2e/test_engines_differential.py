@@ -82,7 +82,8 @@ CLIENTS = 8
 
 # What a further replica of a service gets of the requests its first replica gets (module docstring).
 REPLICA_SHARE = 8
-# The order in which the topologies' cells share out a rule set's space (module docstring).
+# The order in which the topologies' cells share out a rule set's space and each service's hostile
+# labellings (module docstring).
 SPACE_SEED = 26
 
 # A request: the listener, the label headers as sent (name, value; a name may repeat), the body.
