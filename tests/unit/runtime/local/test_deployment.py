@@ -125,9 +125,9 @@ def test_processes_using_a_run_folder_leaves_other_runs_processes_denied(tmp_pat
             child.wait()
 
 
-def stopping(tmp_path, monkeypatch, recorded_pid: int) -> tuple[str, int]:
+def stopping(tmp_path, monkeypatch, recorded_pid: int) -> int:
     """deployment.stop() of a run whose state.json records `recorded_pid` as a part's and as
-    supervisord's (which answers on no socket); what it printed and how many processes it stopped."""
+    supervisord's (which answers on no socket); how many processes it stopped."""
     runs = tmp_path / "runs"
     run_dir = runs / "sidecar-5"
     run_dir.mkdir(parents=True)
@@ -135,15 +135,14 @@ def stopping(tmp_path, monkeypatch, recorded_pid: int) -> tuple[str, int]:
     deployment.write_state(run_dir, {"topology": "sidecar", "run_dir": str(run_dir), "supervisor": {"pid": recorded_pid, "socket": str(run_dir / "supervisor.sock")},
                                      "parts": [{"name": "svc-01", "pid": recorded_pid}]})
     deployment.CURRENT.symlink_to(run_dir)
-    out = io.StringIO()
-    return out.getvalue(), deployment.stop(out=out, grace=5)
+    return deployment.stop(out=io.StringIO(), grace=5)
 
 
 def test_stop_ends_the_processes_naming_the_run_folder_allowed(tmp_path, monkeypatch):
     part = sleeper(tmp_path, f"--config={tmp_path}/runs/sidecar-5/envoy.json", own_group=True)
     try:
         assert deployment.running() is None  # nothing deployed yet
-        _, stopped = stopping(tmp_path, monkeypatch, part.pid)
+        stopped = stopping(tmp_path, monkeypatch, part.pid)
         assert stopped == 1 and not supervision.alive(part.pid)  # ended and reaped (by stop(), as its child)
         assert deployment.running() is None and not deployment.CURRENT.exists()
     finally:
@@ -157,7 +156,7 @@ def test_stop_leaves_a_process_given_a_pid_the_state_recorded_denied(tmp_path, m
     # killing that process's group would kill, say, another deployment's part or the bench's Envoy.
     stranger = sleeper(tmp_path, own_group=True)
     try:
-        _, stopped = stopping(tmp_path, monkeypatch, stranger.pid)
+        stopped = stopping(tmp_path, monkeypatch, stranger.pid)
         assert stopped == 0 and stranger.poll() is None
     finally:
         stranger.kill()
