@@ -16,3 +16,16 @@ def cluster():
     local.start()
     yield local
     local.stop()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed real-node test's report carries its namespace's state (Running.state)."""
+    report = yield
+    running = getattr(item, "funcargs", {}).get("running")
+    if report.failed and call.when == "call" and hasattr(running, "state"):
+        try:
+            report.sections.append(("the namespace when the test failed", running.state()))
+        except Exception as error:  # the report must not be lost to a cluster that no longer answers
+            report.sections.append(("the namespace when the test failed", f"not read: {error!r}"))
+    return report

@@ -61,10 +61,8 @@ class Running:
         return answer.request_id, answer
 
     def wait_until_records_pass(self, timeout: float = 60) -> None:
-        """Available pods are not yet a path: kube-proxy programs a Service's addresses some time
-        after its endpoints are ready (seconds on a loaded machine), and until then a hop's connect
-        times out (503 HOP_UNAVAILABLE). Wait, as a local deploy does before it returns, until one
-        record passes the whole chain."""
+        """Wait, as a local deploy does before it returns, until one record passes the whole
+        chain (the Services are programmed by then: wait_until_kube_proxy_programs)."""
         deadline = time.monotonic() + timeout
         while True:
             _, answer = self.post(EU_PERSONAL)
@@ -72,6 +70,17 @@ class Running:
                 assert answer.status == 200, f"no record passed {self.topology.name} within {timeout:.0f} s: {answer.text}"
                 return
             time.sleep(1)
+
+    def state(self) -> str:
+        """What a failed test's report shows (tests/k8s/conftest.py; a CI run keeps no folder):
+        each pod's readiness and restarts, the Service ports kube-proxy has not programmed, and
+        the namespace's last events."""
+        lines = [f"{p['metadata']['name']}: {p['status']['phase']}, "
+                 + ", ".join(f"{s['name']} ready={s['ready']} restarts={s['restartCount']}" for s in p["status"].get("containerStatuses", []))
+                 for p in self.pods()]
+        lines.append(f"not programmed by kube-proxy: {sorted(self.cluster.real_node.unprogrammed(self.namespace, service_ports(self.renderer)))}")
+        events = self.cluster.kubectl("-n", self.namespace, "get", "events", "--sort-by=.lastTimestamp", quiet=True, check=False).stdout
+        return "\n".join(lines + events.splitlines()[-12:])
 
     def pods(self) -> list[dict]:
         return json.loads(self.cluster.kubectl("-n", self.namespace, "get", "pods", "-o", "json", quiet=True).stdout)["items"]
@@ -121,6 +130,24 @@ class Running:
         return folder
 
 
+def service_ports(renderer: render.Renderer) -> set[str]:
+    """Every "<service>:<port name>" of the rendered namespace."""
+    return {f"{o['metadata']['name']}:{p['name']}" for o in renderer.objects if o["kind"] == "Service" for p in o["spec"]["ports"]}
+
+
+def wait_until_kube_proxy_programs(cluster, renderer: render.Renderer, timeout: float = 60) -> None:
+    """Ready pods are not yet reachable Services: kube-proxy writes a Service's rules a moment
+    after its endpoints are ready (seconds on a loaded machine), and until then a hop to it is
+    refused (502 NEXT_HOP_FAILED, ECONNREFUSED). One record passing shows only the Services on
+    its path (a DR_6 record through analyse-eu-1 never asks router-2, the router of
+    analyse-eu-2), so wait for every Service port of the namespace."""
+    ports = service_ports(renderer)
+    deadline = time.monotonic() + timeout
+    while missing := cluster.real_node.unprogrammed(renderer.namespace, ports):
+        assert time.monotonic() < deadline, f"kube-proxy sent no Service address of {sorted(missing)} to an endpoint within {timeout:.0f} s"
+        time.sleep(0.5)
+
+
 def realnode_root(cluster) -> Path:
     return cluster.real_node.dir
 
@@ -155,6 +182,7 @@ def running(cluster, request, tmp_path_factory):
         cluster.kubectl("-n", namespace, "wait", "--for=condition=Available", "deployment", "--all", "--timeout=300s", quiet=True)
         for daemonset in [o["metadata"]["name"] for o in renderer.objects if o["kind"] == "DaemonSet"]:
             cluster.kubectl("-n", namespace, "rollout", "status", f"daemonset/{daemonset}", "--timeout=300s", quiet=True)
+        wait_until_kube_proxy_programs(cluster, renderer)
         assert free(LOCAL_PORT), f"127.0.0.1:{LOCAL_PORT} is taken"
         entry = renderer.plan.entry.reach.split(".")[0]
         forward = subprocess.Popen([str(realnode.BIN / "kubectl"), f"--kubeconfig={cluster.kubeconfig}", "-n", namespace, "port-forward",
@@ -251,6 +279,9 @@ def test_a_killed_opa_fails_closed_and_the_kubelet_restarts_it_denied(running):
             break
         assert time.monotonic() < deadline, f"the kubelet did not restart OPA: {status}"
         time.sleep(1)
+    # Its pod was unready while OPA was down: the Services that lead to it are programmed again
+    # a moment after it is ready (the central entity's, which every service's hop goes through).
+    wait_until_kube_proxy_programs(running.cluster, running.renderer)
     assert running.post(EU_PERSONAL)[1].status == 200
 
 

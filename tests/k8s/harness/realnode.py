@@ -202,6 +202,16 @@ class RealNode:
             return False
         return any(c["type"] == "Ready" and c["status"] == "True" for c in json.loads(found.stdout)["status"].get("conditions", []))
 
+    def unprogrammed(self, namespace: str, service_ports: set[str]) -> set[str]:
+        """Of `service_ports` ("<service>:<port name>" of `namespace`), those kube-proxy has not
+        yet sent to an endpoint: no "<namespace>/<service>:<port> cluster IP" rule in the node's
+        nat table (iptables mode; pkg/proxy/iptables/proxier.go). Until it writes one, a
+        connection to the Service's address is refused (its "has no endpoints" REJECT) or lost,
+        whatever the pods' readiness says."""
+        nat = run("ip", "netns", "exec", NETNS, "iptables-save", "-t", "nat").stdout
+        programmed = {port for port in service_ports if f'"{namespace}/{port} cluster IP"' in nat}
+        return service_ports - programmed
+
     def ctr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         return run("ctr", f"--address={SOCKET}", "--namespace=k8s.io", *args, check=check)
 
