@@ -50,6 +50,7 @@ from functools import cached_property
 from pathlib import Path
 
 from complyroute.engines import rule_reads
+from complyroute.files import write_whole
 from complyroute.engines.contract import EngineError
 from complyroute.policy import labels as label_schema, policydata
 from complyroute.policy.labels import Label
@@ -279,9 +280,7 @@ def evaluate_split(query: str, space: dict, policies: Path) -> list:
                 os.utime(cached)  # a hit is a use: eviction goes by last use, not by age
                 return answers
         answers = _evaluate_halves(query, space, policies)
-        partial = cached.with_suffix(".partial")
-        partial.write_bytes(gzip.compress(json.dumps(answers).encode(), compresslevel=1))
-        partial.replace(cached)
+        write_whole(cached, gzip.compress(json.dumps(answers).encode(), compresslevel=1))
     # The least recently used go, with their locks (one waiting on an evicted lock asks again, no worse).
     for old in sorted(CACHE.glob("*.json.gz"), key=lambda path: path.stat().st_mtime)[:-CACHE_ENTRIES]:
         old.unlink(missing_ok=True)

@@ -23,12 +23,12 @@ from __future__ import annotations
 import gzip
 import io
 import json
-import os
 import re
 import subprocess
 import tarfile
 from pathlib import Path
 
+from complyroute.files import write_whole
 from complyroute.policy import policyfiles
 from complyroute.policy.policyfiles import POLICIES, RULE_SET, is_test
 from complyroute.topology.manifest import REPO
@@ -132,15 +132,8 @@ def write(folder: Path, documents: dict[str, dict], policies: Path = POLICIES, r
             (archive / revision_name).mkdir(parents=True, exist_ok=True)
             targets.insert(0, archive / revision_name / bundle_name(point))
         for target in targets:
-            replace(target, content)
+            write_whole(target, content)  # the bundle server never serves half of one
     return revision_name
-
-
-def replace(target: Path, content: bytes) -> None:
-    """Write a bundle file by a rename, so the bundle server never serves half of it."""
-    partial = target.parent / f".{target.name}.partial"
-    partial.write_bytes(content)
-    os.replace(partial, target)
 
 
 def members(content: bytes) -> dict[str, bytes]:

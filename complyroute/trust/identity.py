@@ -22,11 +22,10 @@ deciding listener verifies the token with Envoy's jwt_authn and decides on its c
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from complyroute.files import write_whole
 from complyroute.topology.plan import Endpoint, EnforcementPoint, Plan, ServiceProcess
 from complyroute.trust import pki
 
@@ -230,20 +229,6 @@ class Credentials:
             write_whole(Path(files[identity].cert), credential.cert_pem, 0o644)
             write_whole(Path(files[identity].key), credential.key_pem, 0o600)
         return files
-
-
-def write_whole(path: Path, data: bytes, mode: int) -> None:
-    """Replace the file at once: a process reading it meanwhile (an Envoy starting while the bench
-    issues the next part's credential into the same folder) reads the old bytes or the new, never
-    a truncated file (Envoy refuses an empty ca.pem and exits)."""
-    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False) as handle:  # created 0600
-        handle.write(data)
-    try:
-        os.chmod(handle.name, mode)
-        os.replace(handle.name, path)
-    except OSError:
-        os.unlink(handle.name)
-        raise
 
 
 def credential_files(folder: Path, identity: str) -> TlsFiles:

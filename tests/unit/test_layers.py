@@ -6,17 +6,18 @@ above it.
 The layers of complyroute/, lowest first (LAYERS); a module may import its own layer and any
 below it:
 
-1. topology: the manifest, the plan a placement makes (points, listeners, endpoints), and how
+1. files: a file that running processes read, written whole (write_whole);
+2. topology: the manifest, the plan a placement makes (points, listeners, endpoints), and how
    a socket is reached (localhttp);
-2. trust: the CA, identities, mutual TLS peers and label tokens, read off the plan;
-3. policy: the rule set's files, label schema, data, bundles and bundle server;
-4. proxy: Envoy's and OPA's configuration of one point, from the plan, its trust and the labels;
-5. engines: how the points decide (envoy-opa, envoy-compiled, the precomputed space);
-6. runtime: running a plan, behind one Target interface (target.py, targets.py), on this
+3. trust: the CA, identities, mutual TLS peers and label tokens, read off the plan;
+4. policy: the rule set's files, label schema, data, bundles and bundle server;
+5. proxy: Envoy's and OPA's configuration of one point, from the plan, its trust and the labels;
+6. engines: how the points decide (envoy-opa, envoy-compiled, the precomputed space);
+7. runtime: running a plan, behind one Target interface (target.py, targets.py), on this
    machine (local/) and on Kubernetes (kubernetes/);
-7. evidence: what a run proves afterwards (audit, trace), read from the run a runtime wrote;
-8. authoring: for whoever writes rule sets (policy-diff, policy-bench);
-9. the commands: client.py and __main__.py.
+8. evidence: what a run proves afterwards (audit, trace), read from the run a runtime wrote;
+9. authoring: for whoever writes rule sets (policy-diff, policy-bench);
+10. the commands: client.py and __main__.py.
 
 Evidence stands above runtime, not below: trace.py finds a run, its state and its labels
 through runtime/local/ (deployment.py, rendering.py), and nothing in a runtime reads the evidence.
@@ -65,6 +66,7 @@ KNOWN_CYCLES: list[list[str]] = []
 # complyroute/'s layers, lowest first: a package (and everything in it) or a module each.
 LAYERS = [
     ["complyroute"],  # the package itself: empty
+    ["complyroute.files"],
     ["complyroute.topology"],
     ["complyroute.trust"],
     ["complyroute.policy"],

@@ -18,6 +18,7 @@ from pathlib import Path
 import yaml
 
 from complyroute import engines
+from complyroute.files import write_whole
 from complyroute.policy import bundles, labels, policydata
 from complyroute.policy.policyfiles import POLICIES
 from complyroute.runtime.kubernetes.render import (PART_OF, RENDER_ANNOTATION, SERVICE_IMAGE, KubernetesNetwork, RenderError, Renderer, build,
@@ -99,9 +100,7 @@ class Deployed:
 
     def write(self) -> None:
         DEPLOYED.mkdir(parents=True, exist_ok=True)
-        partial = DEPLOYED / f".{namespace_of(self.topology)}.partial"
-        partial.write_bytes(pickle.dumps(self))
-        partial.replace(self.path(namespace_of(self.topology)))
+        write_whole(self.path(namespace_of(self.topology)), pickle.dumps(self))
 
 
 def _digests(texts: dict[str, str]) -> dict[str, str]:

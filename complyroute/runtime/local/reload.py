@@ -54,6 +54,7 @@ from pathlib import Path
 
 from complyroute import engines
 from complyroute.engines import precompute
+from complyroute.files import write_whole
 from complyroute.policy import bundles, labels, policydata, policyfiles
 from complyroute.runtime.local import deployment, labelchange, polling, rendering, warmup
 from complyroute.topology import localhttp
@@ -134,7 +135,7 @@ class Running:
 
     def restore(self, run_dir: Path) -> None:
         for path, content in self.bundles.items():
-            bundles.replace(path, content)
+            write_whole(path, content)
         for point, routes in self.routes.items():
             rendering.write_watched_files(run_dir / "points" / point / rendering.ROUTES, routes)
 

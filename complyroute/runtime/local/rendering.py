@@ -19,6 +19,7 @@ import yaml
 
 from complyroute import engines
 from complyroute.engines.precompute import QUICK_PATH_DOCUMENT
+from complyroute.files import write_whole
 from complyroute.policy import bundles, labels, policyfiles
 from complyroute.policy.policyfiles import OPA, POLICIES, SYSTEM_POLICIES
 from complyroute.proxy.envoy import LISTENERS_FILE, split_listeners
@@ -100,9 +101,7 @@ def write_watched_files(folder: Path, files: dict[str, str]) -> list[str]:
         target = folder / name
         if target.exists() and target.read_text() == content:
             continue
-        partial = folder / f".{name}.partial"
-        partial.write_text(content)
-        os.replace(partial, target)
+        write_whole(target, content)
         changed.append(name)
     return changed
 
@@ -308,10 +307,8 @@ def run_labels(run_dir: Path) -> tuple[labels.Label, ...]:
 def update_rendered(run_dir: Path, rendered: Rendered, revision: str, schema: tuple[labels.Label, ...] | None = None) -> None:
     """Record the revision a reload applied (and the labels, when it changed them), for the next
     reload and the run's trace and audit."""
-    partial = run_dir / f".{RENDERED}.partial"
-    partial.touch(mode=0o600)
-    partial.write_bytes(pickle.dumps(dataclasses.replace(rendered, revision=revision, label_schema=schema or rendered.label_schema)))
-    os.replace(partial, run_dir / RENDERED)
+    updated = dataclasses.replace(rendered, revision=revision, label_schema=schema or rendered.label_schema)
+    write_whole(run_dir / RENDERED, pickle.dumps(updated), 0o600)
 
 
 def start(part: Part) -> int:

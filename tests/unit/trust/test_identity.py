@@ -4,8 +4,6 @@ from pathlib import Path
 
 import pytest
 from cryptography import x509
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.hazmat.primitives import hashes
 
 from complyroute import engines
 from complyroute.policy.policyfiles import POLICIES
@@ -158,11 +156,3 @@ def test_writing_credentials_again_replaces_each_file_at_once_allowed(tmp_path):
         assert reading.read() == first.ca_pem  # the file it opened, whole
     assert ca.read_bytes() == second.ca_pem and ca.stat().st_mode & 0o777 == 0o644
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no temporary file left
-
-
-def test_a_credential_that_cannot_be_replaced_fails_the_write_and_leaves_no_temporary_file_denied(tmp_path):
-    credentials = identity.Credentials.issue(trust_of("central-entity"), "test")
-    (tmp_path / "ca.pem").mkdir()  # in the way: os.replace cannot put a file there
-    with pytest.raises(IsADirectoryError):
-        credentials.write(tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ca.pem"]
