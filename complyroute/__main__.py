@@ -72,7 +72,7 @@ def cmd_render(args) -> int:
     from complyroute.runtime.kubernetes import render
 
     topology = manifest.load(args.topology, args.services, engine=args.engine)
-    folder = deployment.RUNS / "k8s" / f"{topology.name}-{len(topology.instances)}"
+    folder = deployment.runs_root() / "k8s" / f"{topology.name}-{len(topology.instances)}"
     output = folder.with_suffix(".yaml")
     output.parent.mkdir(parents=True, exist_ok=True)
     try:

@@ -54,6 +54,16 @@ TESTS = Path(__file__).parent
 TIERS = {"unit": None, "integration": pytest.mark.integration, "e2e": pytest.mark.e2e, "k8s": pytest.mark.k8s}
 
 
+@pytest.fixture(autouse=True)
+def runs_of_its_own(request, monkeypatch):
+    """A unit or integration test gets a runs/ of its own (COMPLYROUTE_RUNS, read at each use:
+    runtime/target.py runs_root), never the checkout's: an end-to-end test beside it in make
+    test points the checkout's runs/current at its deployment, and a test reading it saw that.
+    The end-to-end tiers keep the runs/ make test gives each stream."""
+    if request.node.path.relative_to(TESTS).parts[0] in ("unit", "integration"):
+        monkeypatch.setenv("COMPLYROUTE_RUNS", str(request.getfixturevalue("tmp_path") / "runs"))
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(config, items):
     for item in items:

@@ -44,7 +44,7 @@ from complyroute.evidence.auditlog import Line, Problem, hashable, read_chain
 from complyroute.evidence.paths import PATH_FINDINGS, describe_paths, gateways_of, next_steps_of, path_findings, records_of
 from complyroute.policy import bundles, policydata
 from complyroute.policy.policyfiles import POLICIES
-from complyroute.runtime.local.deployment import RUNS
+from complyroute.runtime.target import runs_root
 RECHECK = Path(__file__).with_name("recheck.rego")
 QUERY = "data.complyroute_audit.recheck.allowed"
 DECISION_FIELDS = ("sender", "decided_by", "revision")
@@ -221,8 +221,9 @@ def rules_of(run_dir: Path, revision: str, points: set[str], policies: Path, scr
     return policies, point_data
 
 
-def run_folders(root: Path = RUNS) -> list[Path]:
-    """Every run folder under runs/ (runs/current is a link to one of them)."""
+def run_folders(root: Path | None = None) -> list[Path]:
+    """Every run folder under `root` (default the runs' root; its current is a link to one of them)."""
+    root = root or runs_root()
     if not root.is_dir():
         return []
     return sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink() and (p / "state.json").is_file())

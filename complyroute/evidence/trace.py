@@ -229,9 +229,9 @@ def trace(run_dir: Path, request_id: str, out=sys.stdout) -> int:
 
 def default_run() -> Path:
     """runs/current, else the newest run folder."""
-    if deployment.CURRENT.exists():
-        return deployment.CURRENT
-    runs = [p for p in deployment.RUNS.iterdir() if (p / "state.json").is_file() and not p.is_symlink()] if deployment.RUNS.is_dir() else []
+    if deployment.current_link().exists():
+        return deployment.current_link()
+    runs = [p for p in deployment.runs_root().iterdir() if (p / "state.json").is_file() and not p.is_symlink()] if deployment.runs_root().is_dir() else []
     if not runs:
         raise TraceError("no run folder under runs/: deploy first, or name one with --run")
     return max(runs, key=lambda p: (p / "state.json").stat().st_mtime)

@@ -12,10 +12,18 @@ each, that the command line prints with exit code 2.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Callable, Protocol
 
-from complyroute.topology.manifest import Topology
+from complyroute.topology.manifest import REPO, Topology
+
+
+def runs_root() -> Path:
+    """Where both targets keep their runs: COMPLYROUTE_RUNS, else the checkout's runs/. Read at
+    each call, not once at import: a test (tests/conftest.py) or a second deployment beside the
+    first (make test) names another root, and every reader must see the one in force."""
+    return Path(os.environ.get("COMPLYROUTE_RUNS") or REPO / "runs")
 
 
 class TargetError(RuntimeError):

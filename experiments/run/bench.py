@@ -72,14 +72,13 @@ from complyroute.authoring import policybench
 from complyroute.proxy.contract import DIGEST_HEADER, LABEL_TOKEN_HEADER
 from complyroute.proxy.opa import write_data
 from complyroute.topology import localhttp, manifest
-from complyroute.topology.manifest import REPO
+from complyroute.runtime.target import runs_root
 from complyroute.topology.plan import Endpoint, place
 from complyroute.trust import identity, pki
 from complyroute.trust.identity import TOKEN_ISSUER
 
 from experiments.run.bench_parts import RECORD_LABELS, SCHEMA, TOKEN_AUDIENCE, TOKEN_LIFETIME, Bench, Pair, start_parts
 
-RUNS = REPO / "runs" / "bench"
 LABELS = {label.header: RECORD_LABELS[label.name] for label in SCHEMA if label.name in RECORD_LABELS}
 BODY = json.dumps({"subject": "alice", "amount": 12}).encode()
 CSV_FIELDS = ["part", "process", "value", "unit", "floor", "floor_value", "ratio", "target", "verdict"]
@@ -247,7 +246,7 @@ def run(out_file: Path | None = None, records: int = 1500, rounds: int = 3, out=
     """Measure everything once; print the table, write the CSV, return the rows. `policy_sizes`,
     `policy_topologies`: the deployments' numbers of services and the topologies (None: every
     deciding one) the policy's rows are measured at (policybench.compare)."""
-    out_file = out_file or RUNS / time.strftime("%Y%m%d-%H%M%S") / "bench.csv"
+    out_file = out_file or runs_root() / "bench" / time.strftime("%Y%m%d-%H%M%S") / "bench.csv"
     out_file.parent.mkdir(parents=True, exist_ok=True)
     print(f"bench: {rounds} rounds of {records} sequential records per part; CSV: {out_file}", file=out, flush=True)
     with tempfile.TemporaryDirectory() as scratch_name:

@@ -24,12 +24,17 @@ from complyroute.policy.policyfiles import POLICIES
 from complyroute.runtime.kubernetes.render import (PART_OF, RENDER_ANNOTATION, SERVICE_IMAGE, KubernetesNetwork, RenderError, Renderer, build,
                                                   component_of, namespace_of, write_private)
 from complyroute.runtime.local.reload import ReloadError
-from complyroute.topology.manifest import REPO, Topology
+from complyroute.runtime.target import runs_root
+from complyroute.topology.manifest import Topology
 from complyroute.topology.plan import EnforcementPoint, Plan
 from complyroute.trust import identity
 
 # What `deploy --target k8s` applied, by namespace (Deployed): what `make reload-policy target=k8s` reads.
-DEPLOYED = REPO / "runs" / "k8s" / "deployed"
+
+
+def deployed_dir() -> Path:
+    """Where the record of each namespace's deployment is kept, for its reload and undeploy."""
+    return runs_root() / "k8s" / "deployed"
 
 
 def kubectl(*args: str, check: bool = True, env: dict[str, str] | None = None, out=None) -> subprocess.CompletedProcess:
@@ -84,7 +89,7 @@ class Deployed:
 
     @staticmethod
     def path(namespace: str) -> Path:
-        return DEPLOYED / f"{namespace}.pickle"
+        return deployed_dir() / f"{namespace}.pickle"
 
     @staticmethod
     def read(record: Path) -> Deployed | None:
@@ -99,7 +104,7 @@ class Deployed:
         return deployed
 
     def write(self) -> None:
-        DEPLOYED.mkdir(parents=True, exist_ok=True)
+        deployed_dir().mkdir(parents=True, exist_ok=True)
         write_whole(self.path(namespace_of(self.topology)), pickle.dumps(self))
 
 
@@ -267,7 +272,7 @@ def reload_policy(topology: Topology, policies: Path = POLICIES, out=sys.stdout)
     for member in members:
         if APPLYSET_MEMBER in member["metadata"].get("labels", {}):
             configmaps[member["metadata"]["name"]]["metadata"]["labels"][APPLYSET_MEMBER] = member["metadata"]["labels"][APPLYSET_MEMBER]
-    applied = DEPLOYED / f"{namespace}.reload.yaml"
+    applied = deployed_dir() / f"{namespace}.reload.yaml"
     applied.write_text(yaml.safe_dump_all([configmaps[name] for name in names], sort_keys=False))
     print(f"$ kubectl apply --server-side -f {applied}", file=out)
     result = kubectl_output("apply", "--server-side", "-f", str(applied))
@@ -299,5 +304,5 @@ def delete(out=None) -> int:
     """Remove every complyroute namespace (each holds one topology) from the current context,
     and the records a reload would read; kubectl's output goes to `out`, or to standard output."""
     kubectl("delete", "namespace", "-l", "app.kubernetes.io/part-of=complyroute", "--wait=true", out=out)
-    shutil.rmtree(DEPLOYED, ignore_errors=True)
+    shutil.rmtree(deployed_dir(), ignore_errors=True)
     return 0

@@ -18,12 +18,15 @@ from urllib.parse import urlsplit
 from complyroute.policy import policyfiles
 from complyroute.runtime.kubernetes import apply, render
 from complyroute.runtime.kubernetes.nodes import NODE_LABEL, ONE_NODE_ROLE, ROLE_LABEL
-from complyroute.runtime.local.deployment import RUNS
-from complyroute.runtime.target import DeployFailed, Probe, TargetBusy, TargetError, Unsupported
+from complyroute.runtime.target import DeployFailed, Probe, TargetBusy, TargetError, Unsupported, runs_root
 from complyroute.topology.manifest import Topology
 from complyroute.topology.plan import place
 
-WORKDIR = RUNS / "k8s"  # each topology's kustomization and rendered YAML, which hold the parts' keys
+
+
+def workdir() -> Path:
+    """Where each topology's kustomization and rendered YAML go; they hold the parts' keys."""
+    return runs_root() / "k8s"
 READY_TIMEOUT = "300s"  # how long a deploy waits for its pods to be ready
 DELETE_TIMEOUT = "180s"  # how long an undeploy waits for the namespace to be gone
 PORT_FORWARD_WAIT_S = 30
@@ -145,7 +148,7 @@ class KubernetesTarget:
         started = time.monotonic()
         with kubectl_found():
             try:
-                apply.apply(topology, WORKDIR / f"{topology.name}-{len(topology.instances)}", self.ready_timeout, self.image,
+                apply.apply(topology, workdir() / f"{topology.name}-{len(topology.instances)}", self.ready_timeout, self.image,
                             one_node=self.one_node, out=out, policies=None if policies is None else policyfiles.rule_set(policies))
             except (RuntimeError, render.RenderError) as error:
                 raise DeployFailed(f"applying {topology.name} to namespace {self.namespace} failed: {error}") from None

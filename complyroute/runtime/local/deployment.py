@@ -40,11 +40,14 @@ from complyroute.runtime.local import warmup
 from complyroute.runtime.local.rendering import RENDERED, render
 from complyroute.runtime.local.supervision import (GROUP, STOP_GRACE_SECONDS, DeploymentError, alive, healthy, programs_info, refresh_pids,
                                                   restarts, start_supervisor, supervisor, tail)
-from complyroute.topology.manifest import REPO, Topology
+from complyroute.runtime.target import runs_root
+from complyroute.topology.manifest import Topology
 from complyroute.topology.plan import LocalNetwork, place
 
-RUNS = Path(os.environ.get("COMPLYROUTE_RUNS") or REPO / "runs")
-CURRENT = RUNS / "current"
+
+def current_link() -> Path:
+    """The link to the running deployment's run folder."""
+    return runs_root() / "current"
 
 
 def stop_part(name: str, state: dict | None = None) -> None:
@@ -66,7 +69,7 @@ def signal_part(name: str, signal_name: str, state: dict | None = None) -> None:
 
 
 def read_state(run_dir: Path | None = None) -> dict | None:
-    state_file = (run_dir or CURRENT) / "state.json"
+    state_file = (run_dir or current_link()) / "state.json"
     if not state_file.exists():
         return None
     return json.loads(state_file.read_text())
@@ -86,15 +89,15 @@ def running() -> dict | None:
 
 def new_run_dir(name: str) -> Path:
     """A fresh folder under runs/: deployments started in the same second get -2, -3, ..."""
-    RUNS.mkdir(parents=True, exist_ok=True)
+    runs_root().mkdir(parents=True, exist_ok=True)
     for attempt in range(1, 1000):
-        run_dir = RUNS / (name if attempt == 1 else f"{name}-{attempt}")
+        run_dir = runs_root() / (name if attempt == 1 else f"{name}-{attempt}")
         try:
             run_dir.mkdir()
             return run_dir
         except FileExistsError:
             continue
-    raise DeploymentError(f"no free run folder name for {name} under {RUNS}")
+    raise DeploymentError(f"no free run folder name for {name} under {runs_root()}")
 
 
 def deploy(topology: Topology, policies: Path | None = None, health_timeout: float | None = None, out=sys.stdout,
@@ -154,9 +157,9 @@ def deploy(topology: Topology, policies: Path | None = None, health_timeout: flo
         ],
         "parts": [part.to_json(0) for part in parts],
     }
-    if CURRENT.is_symlink() or CURRENT.exists():
-        CURRENT.unlink()
-    CURRENT.symlink_to(run_dir.name)
+    if current_link().is_symlink() or current_link().exists():
+        current_link().unlink()
+    current_link().symlink_to(run_dir.name)
 
     print(f"deploy: {topology.name} ({topology.kind}, engine {topology.engine['kind']}) with {len(topology.instances)} services: "
           f"starting {len(parts)} processes under supervisord ({'restarted when they die' if restart else 'not restarted'})", file=out)
@@ -338,8 +341,8 @@ def stop(out=sys.stdout, grace: float = 10.0) -> int:
     left = processes_using(run_dir)
     if left:
         raise DeploymentError(f"undeploy: processes {left} did not stop; kill them by hand")
-    if CURRENT.is_symlink():
-        CURRENT.unlink()
+    if current_link().is_symlink():
+        current_link().unlink()
     if sup.get("socket") and Path(sup["socket"]).parent != Path(state["run_dir"]):
         shutil.rmtree(Path(sup["socket"]).parent, ignore_errors=True)  # the private folder of a long path's socket
     if state.get("private"):

@@ -91,4 +91,4 @@ class LocalTarget:
         return 0
 
     def run_folders(self, verb: str) -> Path:
-        return deployment.RUNS
+        return deployment.runs_root()

@@ -201,8 +201,7 @@ def test_the_command_traces_runs_current_else_the_newest_allowed(tmp_path, monke
     older.mkdir()
     (older / "state.json").write_text("{}")
     os.utime(older / "state.json", (0, 0))
-    monkeypatch.setattr(deployment, "RUNS", tmp_path)
-    monkeypatch.setattr(deployment, "CURRENT", tmp_path / "current")
+    monkeypatch.setenv("COMPLYROUTE_RUNS", str(tmp_path))
     assert cli.main(["trace", RID]) == 0  # no runs/current: the newest
     assert "3: sidecar-analyse-eu decides" in capsys.readouterr().out
     (tmp_path / "current").symlink_to(older)
@@ -212,7 +211,6 @@ def test_the_command_traces_runs_current_else_the_newest_allowed(tmp_path, monke
 
 
 def test_the_command_without_any_run_denied(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(deployment, "RUNS", tmp_path)
-    monkeypatch.setattr(deployment, "CURRENT", tmp_path / "current")
+    monkeypatch.setenv("COMPLYROUTE_RUNS", str(tmp_path))
     assert cli.main(["trace", RID]) == 2
     assert "no run folder under runs/: deploy first, or name one with --run" in capsys.readouterr().err

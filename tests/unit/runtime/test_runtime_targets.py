@@ -53,7 +53,6 @@ def cluster_side(monkeypatch, kubectl, tmp_path):
 
     monkeypatch.setattr(apply, "apply", fake_apply)
     monkeypatch.setattr(apply, "kubectl", delete)
-    monkeypatch.setattr(apply, "DEPLOYED", tmp_path / "deployed")
     monkeypatch.setattr(KubernetesTarget, "port_forward", port_forward)
     return asked
 
@@ -173,7 +172,7 @@ def test_k8s_applies_forwards_and_deletes_its_namespace_allowed(cluster_side, ku
     topology = manifest.load("sidecar", services="5")
     log = io.StringIO()
     state = target.deploy(topology, log)
-    assert cluster_side["apply"] == [{"topology": "sidecar", "folder": kubernetes_target.WORKDIR / "sidecar-5", "one_node": True,
+    assert cluster_side["apply"] == [{"topology": "sidecar", "folder": kubernetes_target.workdir() / "sidecar-5", "one_node": True,
                                       "image": render.SERVICE_IMAGE, "timeout": kubernetes_target.READY_TIMEOUT, "policies": None}]
     assert (state["parts"], state["nodes"], state["namespace"]) == (7, ["complyroute-node"], "complyroute-sidecar")
     assert state["cpu_parts"] is None and state["memory_mib"] == {"total": None}  # pods: not sampled here
@@ -286,7 +285,7 @@ def test_local_verbs_go_to_the_deployment_allowed(monkeypatch):
     assert target.status(None) == 0
     target.reload_policy(None, None)
     assert target.undeploy_all() == 0
-    assert target.run_folders("audit") == deployment.RUNS
+    assert target.run_folders("audit") == deployment.runs_root()
     assert asked == [("deploy", "classification", False), ("status",), ("reload", None, 5.0), ("stop",)]
     assert targets.make("local").reload_timeout == local_target.RELOAD_TIMEOUT_S
 

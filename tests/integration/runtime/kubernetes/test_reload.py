@@ -58,7 +58,6 @@ class FakeApiServer:
 def deployed_central_entity(tmp_path, monkeypatch):
     """The compiled central entity (5 services unless told) as `deploy --target k8s` applies and records
     it, against a fake API server; its ConfigMaps' budget as given to the factory at deploy time."""
-    monkeypatch.setattr(apply, "DEPLOYED", tmp_path / "deployed")
 
     def deploy(budget=None, services=5):
         with monkeypatch.context() as during:
@@ -168,7 +167,6 @@ def test_reload_keeps_the_configmaps_the_pods_mount_allowed(deployed_central_ent
 
 
 def test_reload_of_the_baseline_says_there_is_no_rule_set_to_reload_denied(tmp_path, monkeypatch):
-    monkeypatch.setattr(apply, "DEPLOYED", tmp_path / "deployed")
     renderer = render.Renderer(manifest.load("baseline", services=3))
     renderer.render()
     api = FakeApiServer(objects_of(render.build(renderer, tmp_path / "kustomization")))

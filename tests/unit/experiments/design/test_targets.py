@@ -44,7 +44,6 @@ def cluster_side(monkeypatch, kubectl, tmp_path):
         kubectl.namespaces.add(render.namespace_of(topology))
 
     monkeypatch.setattr(apply, "apply", fake_apply)
-    monkeypatch.setattr(apply, "DEPLOYED", tmp_path / "deployed")
     monkeypatch.setattr(KubernetesTarget, "port_forward", lambda self, service, log: "http://127.0.0.1:40123/process")
     monkeypatch.setattr(targets, "send", lambda url, labels, body, **kwargs: passed_through(5))
     return applied

@@ -13,7 +13,7 @@ from complyroute.runtime.local import deployment, rendering, supervision
 
 
 def test_new_run_dir_same_second_allowed(tmp_path, monkeypatch):
-    monkeypatch.setattr(deployment, "RUNS", tmp_path / "runs")
+    monkeypatch.setenv("COMPLYROUTE_RUNS", str(tmp_path / "runs"))
     first = deployment.new_run_dir("central-entity-5-20261122-053000")
     second = deployment.new_run_dir("central-entity-5-20261122-053000")
     assert first.name == "central-entity-5-20261122-053000"
@@ -22,7 +22,7 @@ def test_new_run_dir_same_second_allowed(tmp_path, monkeypatch):
 
 
 def test_new_run_dir_exhausted_denied(tmp_path, monkeypatch):
-    monkeypatch.setattr(deployment, "RUNS", tmp_path)
+    monkeypatch.setenv("COMPLYROUTE_RUNS", str(tmp_path))
     (tmp_path / "x").mkdir()
     for attempt in range(2, 1000):
         (tmp_path / f"x-{attempt}").mkdir()
@@ -131,10 +131,10 @@ def stopping(tmp_path, monkeypatch, recorded_pid: int) -> int:
     runs = tmp_path / "runs"
     run_dir = runs / "sidecar-5"
     run_dir.mkdir(parents=True)
-    monkeypatch.setattr(deployment, "CURRENT", runs / "current")
+    monkeypatch.setenv("COMPLYROUTE_RUNS", str(runs))
     deployment.write_state(run_dir, {"topology": "sidecar", "run_dir": str(run_dir), "supervisor": {"pid": recorded_pid, "socket": str(run_dir / "supervisor.sock")},
                                      "parts": [{"name": "svc-01", "pid": recorded_pid}]})
-    deployment.CURRENT.symlink_to(run_dir)
+    deployment.current_link().symlink_to(run_dir)
     return deployment.stop(out=io.StringIO(), grace=5)
 
 
@@ -144,7 +144,7 @@ def test_stop_ends_the_processes_naming_the_run_folder_allowed(tmp_path, monkeyp
         assert deployment.running() is None  # nothing deployed yet
         stopped = stopping(tmp_path, monkeypatch, part.pid)
         assert stopped == 1 and not supervision.alive(part.pid)  # ended and reaped (by stop(), as its child)
-        assert deployment.running() is None and not deployment.CURRENT.exists()
+        assert deployment.running() is None and not deployment.current_link().exists()
     finally:
         part.kill()
         part.wait()

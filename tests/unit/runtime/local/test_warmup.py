@@ -138,8 +138,7 @@ def test_a_listener_that_never_decides_fails_the_wait_naming_its_point_and_logs_
 def test_a_deploy_whose_point_never_decides_fails_and_stops_denied(tmp_path, monkeypatch):
     """deploy: every part healthy (none here), one listener answering 503 until the deadline: the
     deploy stops what it started and fails naming that listener."""
-    monkeypatch.setattr(deployment, "RUNS", tmp_path / "runs")
-    monkeypatch.setattr(deployment, "CURRENT", tmp_path / "runs" / "current")
+    monkeypatch.setenv("COMPLYROUTE_RUNS", str(tmp_path / "runs"))
 
     def render(plan, run_dir, policies):
         rendering.update_rendered(run_dir, rendering.Rendered(plan, {}, REVISION), REVISION)
@@ -155,6 +154,6 @@ def test_a_deploy_whose_point_never_decides_fails_and_stops_denied(tmp_path, mon
                                                          r"entry \(listener entry, 127\.0\.0\.1:8080\) last answered 503"):
         deployment.deploy(loaded, health_timeout=0.3, out=open(os.devnull, "w"))
     assert stopped == [True]
-    state = json.loads(Path(deployment.CURRENT, "state.json").read_text())
+    state = json.loads(Path(deployment.current_link(), "state.json").read_text())
     shutil.rmtree(state["private"])  # the points' socket folder, which the real stop removes
     assert "warm_up" not in state
