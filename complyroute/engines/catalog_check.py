@@ -25,7 +25,7 @@ def check_catalog(catalog: dict, policies: Path) -> int:
     guards: the number of allowed labellings (EngineError when a fast path disagrees)."""
     point = catalog_point(catalog)
     _, precomputed = envoy_opa.decided_data([point], policies)
-    if precomputed.skipped:
+    if not precomputed.outcomes:
         return 0
     outcomes = envoy_compiled.outcomes_by_listener(precomputed)
     headers = [header for _, header in precomputed.space["labels"]]

@@ -37,7 +37,8 @@ def decided_data(points: list[EnforcementPoint], policies: Path, ahead: bool = T
                 for point, document in data.items()}
     precomputed = precompute.precompute(points, policies, data) if ahead else precompute.Precomputed.nothing(policies)
     if ahead and precomputed.skipped:
-        print(f"complyroute: no allowed table, every hop asks OPA: {precomputed.skipped}", file=sys.stderr)
+        which = "some hops" if precomputed.outcomes else "every hop"
+        print(f"complyroute: {which} ask OPA in full, with the body: {precomputed.skipped}", file=sys.stderr)
     return precompute.with_tables(data, precomputed, set_clusters), precomputed
 
 

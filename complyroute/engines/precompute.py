@@ -22,15 +22,19 @@ The labellings the rule set allows without rewriting a label become
 - under envoy-compiled, Envoy routes too (envoy_compiled.listener_matcher).
 Nothing here restates a rule: an author's new rule is in the answers the next deploy or reload asks.
 
-A table is built only when no rule the decision depends on reads what the space does not
-enumerate (rule_reads.py): the record beyond its being a JSON object (the quick path
-checks that much of the body), the request id, the clock or another non-deterministic
-built-in. A rule set that does gets no table: every decision is OPA's, with the body.
+A labelling is tabled only when OPA's partial evaluation finds its answer independent of what
+the space does not hold (independence.py): the record beyond its being a JSON object (the
+quick path checks that much of the body), the request id, the clock or another
+non-deterministic built-in, the point's table or token key. Any other labelling is OPA's to
+decide in full, with the body.
 
 The guard: before a point takes its table, `check_quick_path` has OPA evaluate the quick
 path with it over the table's space, and refuses (EngineError, naming the point and the first
 labelling) unless it answers exactly the allowed labellings, as the full path does. The
 compiled engine checks its routes the same way (envoy_compiled.check_routes).
+
+Over 400 lines: the space, the answers asked over it (and cached), the table made of them and the
+guard that checks the table against them read each other's shapes; apart, each would restate them.
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from complyroute.engines import rule_reads
+from complyroute.engines import independence
 from complyroute.files import write_whole
 from complyroute.engines.contract import EngineError
 from complyroute.policy import labels as label_schema, policydata
@@ -66,7 +70,10 @@ ALLOWED = "data.complyroute_engines.allowed_space.allowed"
 QUICK = "data.complyroute_engines.quick_path.quick"
 # A multiple label is enumerated over every combination of its values: 2^n.
 MAX_SET_VALUES = 10
-MODULES = (DECISION_SPACE, ALLOWED_SPACE, QUICK_PATH)
+MODULES = (DECISION_SPACE, ALLOWED_SPACE, QUICK_PATH, independence.OBJECT_RECORD)
+# What the cache keeps beside the queries' answers: the allowed labellings OPA's partial
+# evaluation left a residual for (independence.dependent).
+DEPENDENT = "dependent labellings"
 # What each query loads beside the rule set (policy-diff asks `decisions` of older rule sets too).
 MODULES_OF = {ALLOWED: (ALLOWED_SPACE,), QUICK: (DECISION_SPACE, QUICK_PATH)}
 # Answers asked, by the hash of all they depend on (build/ is not committed), least recently used out
@@ -266,10 +273,15 @@ def _cache_key(query: str, document: dict, policies: Path) -> str:
 
 
 def evaluate_split(query: str, space: dict, policies: Path) -> list:
-    """`query` over the space (_evaluate_halves), the answers kept by the hash of all they depend
+    """`query` over the space (_evaluate_halves), cached."""
+    return cached(query, space, policies, lambda: _evaluate_halves(query, space, policies))
+
+
+def cached(query: str, document: dict, policies: Path, compute) -> list:
+    """compute()'s answers (JSON) for `query` over `document`, kept by the hash of all they depend
     on: a deployment of the same topology and rule set asks nothing again. Processes asking for
     the same answers at once (make check's workers) ask once: the others wait on the entry's lock."""
-    key = _cache_key(query, space, policies)
+    key = _cache_key(query, document, policies)
     cached = CACHE / f"{key}.json.gz"
     CACHE.mkdir(parents=True, exist_ok=True)
     with open(CACHE / f"{key}.lock", "w") as lock:
@@ -279,7 +291,7 @@ def evaluate_split(query: str, space: dict, policies: Path) -> list:
                 answers = json.loads(gzip.decompress(cached.read_bytes()))
                 os.utime(cached)  # a hit is a use: eviction goes by last use, not by age
                 return answers
-        answers = _evaluate_halves(query, space, policies)
+        answers = compute()
         write_whole(cached, gzip.compress(json.dumps(answers).encode(), compresslevel=1))
     # The least recently used go, with their locks (one waiting on an evicted lock asks again, no worse).
     for old in sorted(CACHE.glob("*.json.gz"), key=lambda path: path.stat().st_mtime)[:-CACHE_ENTRIES]:
@@ -320,15 +332,26 @@ def precompute(points: list[EnforcementPoint], policies: Path, data: dict[str, d
         space = decision_space(points, policies, data)
     except SpaceTooLarge as error:
         return dataclasses.replace(Precomputed.nothing(policies), skipped=str(error))
-    reads = rule_reads.unenumerated_reads(policies)
-    if reads:
-        return Precomputed({}, space, policies, skipped="the rule set reads what no table can enumerate: " + "; ".join(reads))
     try:
         answers = evaluate_split(ALLOWED, space, policies)
     except EngineError as error:
         raise EngineError(f"OPA could not ask the rule set for the allowed table: {error}") from None
     outcomes = {key_of(answer): (answer[3], answer[4]) for answer in answers}
-    return Precomputed(outcomes, space, policies)
+    asked = sorted(outcomes, key=lambda labelling: (labelling[0], labelling[1], [value or "" for value in labelling[2]]))
+    try:
+        left = cached(DEPENDENT, {"space": space, "asked": asked}, policies,
+                      lambda: [list(labelling) for labelling in independence.dependent(space, asked, policies)])
+    except independence.RecordShapeChanged as error:
+        return Precomputed({}, space, policies, skipped=str(error))
+    dependent = {key_of(labelling) for labelling in left}
+    if not dependent:
+        return Precomputed(outcomes, space, policies)
+    point, listener, values = min(dependent, key=lambda labelling: (labelling[0], labelling[1], [value or "" for value in labelling[2]]))
+    why = (f"OPA's partial evaluation finds {len(dependent)} of {len(outcomes)} allowed answers depend on what no table "
+           f"holds (the record's content, the request id, the clock or another non-deterministic built-in), first at point "
+           f"{point}, listener {listener}, labels {shown(space, values)}: those are decided in full")
+    return Precomputed({labelling: outcome for labelling, outcome in outcomes.items() if labelling not in dependent}, space, policies,
+                       skipped=why)
 
 
 # ---- the guard ---------------------------------------------------------------------------------

@@ -34,8 +34,11 @@ EXAMPLES = "examples"  # example inputs and a catalog (policies/examples/), JSON
 # platform's parts (PLATFORM), which rule_set() adds.
 RULE_SETS = REPO / "rule-sets"
 # What every rule set runs with, written once in policies/: the Envoy adapter (which reads the
-# rule set's entrypoint and label schema) and the enforcement points' own policies.
-PLATFORM = (Path(RULE_SET) / "envoy", Path("system"))
+# rule set's entrypoint and label schema), the record's shape as the platform reads it (what the
+# quick path checks of a body, and OPA's partial evaluation assumes: engines/independence.py)
+# and the enforcement points' own policies.
+RECORD_SHAPE = Path(RULE_SET) / "record"
+PLATFORM = (Path(RULE_SET) / "envoy", RECORD_SHAPE, Path("system"))
 ASSEMBLED = REPO / "build" / "rule-sets"
 # What of policies/ is not policy: the tests beside each module and the example inputs.
 IGNORED = ("*_test.rego", EXAMPLES)
@@ -82,8 +85,8 @@ def content_digest(files: dict[str, bytes]) -> str:
 
 
 def rule_set(chosen: str | Path) -> Path:
-    """The folder of a rule set, complete (source_of names the choices). A rule set without the
-    platform's parts gets them from policies/, in a copy under build/rule-sets/ named by its
+    """The folder of a rule set, complete (source_of names the choices). A rule set without some of
+    the platform's parts gets those from policies/, in a copy under build/rule-sets/ named by its
     content (the adapter's tests left out: they are written against the shipped rules); the
     shipped one, and any folder that holds them, is used as it is."""
     folder = source_of(chosen)
@@ -91,6 +94,8 @@ def rule_set(chosen: str | Path) -> Path:
         return folder
     files = {path.relative_to(folder): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
     for part in PLATFORM:
+        if (folder / part).is_dir():  # an older rule set's own adapter goes with its own rules
+            continue
         files.update({(part / path.relative_to(POLICIES / part)): path.read_bytes()
                       for path in sorted((POLICIES / part).rglob("*"))
                       if path.is_file() and not (is_test(path) and part.parts[0] == RULE_SET)})

@@ -16,6 +16,8 @@
 #   (custom.code, custom.message) through rego.metadata.rule().
 package complyroute.compliance
 
+import data.complyroute.record
+
 # METADATA
 # title: Routing decision
 # description: |
@@ -158,14 +160,8 @@ required_because[name] := "" if {
 required_because["consent"] := sprintf(" for category %q", [label.category]) if not label_schema.consent.required
 
 # Note: `not f(input.x)` is undefined (not true) when input.x is absent, as OPA
-# evaluates the argument outside the negation; hence these helper rules.
-record_is_object if is_object(input.record)
-
+# evaluates the argument outside the negation; hence this helper rule.
 sender_known if sender_entry
-
-default record_type := "nothing (body absent or not valid JSON)"
-
-record_type := type_name(input.record)
 
 # --- record-level violations (status 400) ------------------------------------
 
@@ -221,8 +217,8 @@ record_violations contains violation(rego.metadata.rule(), detail) if {
 #   code: RECORD_MALFORMED
 #   message: the record must be a JSON object
 record_violations contains violation(rego.metadata.rule(), detail) if {
-	not record_is_object
-	detail := sprintf("got %s", [record_type])
+	not record.is_json_object
+	detail := sprintf("got %s", [record.kind])
 }
 
 # METADATA

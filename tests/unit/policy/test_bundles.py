@@ -63,7 +63,7 @@ def test_bundle_carries_the_rule_set_the_index_and_the_revision_allowed(tmp_path
     manifest = json.loads(content[".manifest"])
     assert manifest["revision"] == "r-1"
     assert manifest["roots"] == ["complyroute/compliance", "complyroute/envoy", "complyroute/index", "complyroute/indexing",
-                                 "complyroute/reference", "complyroute/revision"]
+                                 "complyroute/record", "complyroute/reference", "complyroute/revision"]
     assert json.loads(content["data.json"]) == {"complyroute": {"index": {"steps": {}}, "revision": "r-1"}}
     assert "complyroute/envoy/envoy.rego" in content and "complyroute/reference/data.json" in content
     # Real OPA reads it: the revision where the policy looks for it.
@@ -191,3 +191,24 @@ def test_long_poll_without_a_change_ends_in_not_modified_denied(server):
     started = time.monotonic()
     status, _, body = get(f"{url}/bundles/a.tar.gz", files, point, {"If-None-Match": headers["ETag"], "Prefer": "wait=1"})
     assert status == 304 and body == b"" and 0.9 < time.monotonic() - started < 5
+
+
+def test_a_quiet_folder_is_not_read_and_a_rename_into_it_is_seen_allowed(tmp_path, monkeypatch):
+    # Only the folder's own mtime can make a look read the files here: nothing counts as recent,
+    # and the periodic full read is far away.
+    monkeypatch.setattr(bundleserver, "RECENT_NS", 0)
+    monkeypatch.setattr(bundleserver, "FULL_SCAN_INTERVAL", 3600.0)
+    folder = tmp_path / "bundles"
+    folder.mkdir()
+    bundles.write(folder, {"a": INDEX}, revision_name="r-1")
+    served = bundleserver.Bundles(folder)
+    before = served.get("a", None, 0)
+    reads = []
+    scan = served.scan
+    monkeypatch.setattr(served, "scan", lambda: (reads.append(1), scan()))
+    threading.Thread(target=served.watch, daemon=True).start()
+    time.sleep(20 * bundleserver.WATCH_INTERVAL)
+    assert len(reads) == 1  # the first look, which has no folder mtime to compare with
+    bundles.write(folder, {"a": INDEX}, revision_name="r-2")
+    after = served.get("a", before[0], 5)
+    assert after is not None and json.loads(members(after[1])[".manifest"])["revision"] == "r-2"

@@ -20,6 +20,8 @@
 #   (custom.code, custom.message) through rego.metadata.rule().
 package complyroute.compliance
 
+import data.complyroute.record
+
 # METADATA
 # title: Routing decision
 # description: |
@@ -146,14 +148,8 @@ required_labels contains name if {
 known_values[name] := reference[spec.values] if some name, spec in label_schema
 
 # Note: `not f(input.x)` is undefined (not true) when input.x is absent, as OPA
-# evaluates the argument outside the negation; hence these helper rules.
-record_is_object if is_object(input.record)
-
+# evaluates the argument outside the negation; hence this helper rule.
 sender_known if sender_entry
-
-default record_type := "nothing (body absent or not valid JSON)"
-
-record_type := type_name(input.record)
 
 # The record's subject is a minor: the body's subject_age is a number under adult_age. The
 # one read of the body beyond its type: it makes every decision OPA's, with the body (no
@@ -220,8 +216,8 @@ record_violations contains violation(rego.metadata.rule(), detail) if {
 #   code: RECORD_MALFORMED
 #   message: the record must be a JSON object
 record_violations contains violation(rego.metadata.rule(), detail) if {
-	not record_is_object
-	detail := sprintf("got %s", [record_type])
+	not record.is_json_object
+	detail := sprintf("got %s", [record.kind])
 }
 
 # METADATA

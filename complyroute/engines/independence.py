@@ -1,0 +1,215 @@
+"""Which of the rule set's allowed answers OPA itself finds independent of what a table cannot hold.
+
+The allowed table (precompute.py) answers a hop from its labels, its sender and its step alone.
+That is sound for a labelling only when the decision there reads nothing else: not the record's
+content, not the request id, not the clock or another non-deterministic built-in, not a document
+a point holds that the decision space does not (the table itself, the entry's token key). Whether
+it does is OPA's to say, not a reading of the rules' syntax: for each allowed labelling of each
+deciding listener, OPA partially evaluates the compliance entrypoint (its decision and canonical
+labels) with
+
+- known: the labels, the listener's sender and step, the rule set and the point's data document,
+  as the full path would have them;
+- unknown: `input.record`, `input.request_id`, `data.complyroute_quick_path.table` and
+  `data.complyroute.token`.
+
+OPA never evaluates a non-deterministic built-in during partial evaluation (its default), so a
+clock read is left over like a read of an unknown. An answer OPA evaluates completely (its
+result binds both values to constants, with no support rules) cannot differ from the answer at
+run time, whatever the record, the id or the time; any residual means it could, and that
+labelling is not tabled: the point's OPA decides it in full, with the body. OPA's residuals are
+conservative (a rule whose dependencies mention the record is left over even where it would not
+fire), never the other way round.
+
+The record's content is unknown, its shape is not: the quick path takes a record only when its
+body is a JSON object, and the full path denies any other (RECORD_MALFORMED). The platform's
+package of the record's shape (policies/complyroute/record) says whether it is one; here it
+answers "an object" (OBJECT_RECORD), in a copy of the rule set where it replaces the platform's
+package and nothing else. A rule set whose own copy of that package differs from the platform's
+gets no table: what it says of a record would not be what OPA was asked under.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from complyroute.engines.contract import EngineError
+from complyroute.policy.policyfiles import ASSEMBLED, OPA, POLICIES, RECORD_SHAPE, content_digest, ignore_flags, is_test
+from complyroute.topology import localhttp
+
+# What OPA's partial evaluation treats as unknown: what a hop carries beside its labels, sender and
+# step, and the documents a point may hold that the decision space does not.
+UNKNOWNS = ("input.record", "input.request_id", "data.complyroute_quick_path.table", "data.complyroute.token")
+QUERY = "decision = data.complyroute.compliance.decision; canonical = data.complyroute.compliance.canonical_labels"
+BOUND = {"decision", "canonical"}
+# The platform's record package as partial evaluation asks under it: every record an object.
+OBJECT_RECORD = Path(__file__).with_name("object_record.rego")
+START_TIMEOUT_S = 60
+REQUEST_TIMEOUT_S = 60
+
+Labelling = tuple[str, str, tuple]
+
+
+class RecordShapeChanged(EngineError):
+    """The rule set carries its own package of the record's shape, not the platform's."""
+
+
+def _ground(term: dict) -> bool:
+    """Whether a term of OPA's JSON AST is a constant: no variable, reference, call or comprehension."""
+    kind, value = term["type"], term.get("value")
+    if kind in ("null", "boolean", "number", "string"):
+        return True
+    if kind in ("array", "set"):
+        return all(_ground(item) for item in value)
+    if kind == "object":
+        return all(_ground(key) and _ground(item) for key, item in value)
+    return False
+
+
+def completely_evaluated(result: dict) -> bool:
+    """Whether OPA's partial evaluation of QUERY (its /v1/compile `result`) left nothing to
+    evaluate: one query, no support rules, each expression binding one of QUERY's variables to a
+    constant. Anything else (no query: undefined; several: alternatives; a saved expression; a
+    support rule) is a residual."""
+    queries = result.get("queries") or []
+    if len(queries) != 1 or result.get("support"):
+        return False
+    bound = set()
+    for expression in queries[0]:
+        terms = expression.get("terms")
+        if expression.get("negated") or expression.get("with") or not isinstance(terms, list) or len(terms) != 3:
+            return False
+        operator, left, right = terms
+        if operator != {"type": "ref", "value": [{"type": "var", "value": "eq"}]}:
+            return False
+        variable, constant = (left, right) if left["type"] == "var" else (right, left)
+        if variable["type"] != "var" or variable["value"] not in BOUND or not _ground(constant):
+            return False
+        bound.add(variable["value"])
+    return bound == BOUND
+
+
+def asked_copy(policies: Path) -> Path:
+    """The rule set as partial evaluation asks it: its own files, the platform's record package
+    replaced by OBJECT_RECORD (under build/rule-sets/, named by content)."""
+    own = policies / RECORD_SHAPE
+    platform = POLICIES / RECORD_SHAPE
+    shipped = {path.relative_to(platform): path.read_bytes() for path in sorted(platform.rglob("*.rego")) if not is_test(path)}
+    held = {path.relative_to(own): path.read_bytes() for path in sorted(own.rglob("*.rego")) if not is_test(path)} if own.is_dir() else {}
+    if held != shipped:
+        raise RecordShapeChanged(f"the rule set's {RECORD_SHAPE}/ differs from the platform's (policies/{RECORD_SHAPE}/): "
+                                 "no answer is precomputed under a record shape of its own")
+    files = {path.relative_to(policies): path.read_bytes() for path in sorted(policies.rglob("*"))
+             if path.is_file() and RECORD_SHAPE not in path.relative_to(policies).parents}
+    files[RECORD_SHAPE / "record.rego"] = OBJECT_RECORD.read_bytes()
+    copy = ASSEMBLED / f"asked-{content_digest({str(name): content for name, content in files.items()})[:16]}"
+    if not copy.is_dir():
+        partial = Path(tempfile.mkdtemp(dir=ASSEMBLED.parent if ASSEMBLED.parent.is_dir() else None, prefix=".asked-"))
+        for name, content in files.items():
+            (partial / name).parent.mkdir(parents=True, exist_ok=True)
+            (partial / name).write_bytes(content)
+        ASSEMBLED.mkdir(parents=True, exist_ok=True)
+        try:
+            partial.rename(copy)
+        except OSError:  # another process made the same copy first
+            shutil.rmtree(partial, ignore_errors=True)
+    return copy
+
+
+@contextlib.contextmanager
+def _opa_server(policies: Path):
+    """An OPA serving the asked copy of `policies` on a unix socket in a private folder."""
+    folder = Path(tempfile.mkdtemp(prefix="complyroute-asked-"))
+    socket_path = folder / "opa.sock"
+    log = (folder / "opa.log").open("w")
+    process = subprocess.Popen([str(OPA), "run", "--server", f"--addr=unix://{socket_path}", "--unix-socket-perm=600",
+                                "--skip-version-check", "--log-level=error", *ignore_flags(), str(asked_copy(policies))],
+                               stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "GOGC": "400"},
+                               preexec_fn=lambda: os.nice(10))
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            with contextlib.suppress(OSError):
+                if localhttp.request(localhttp.url(str(socket_path)) + "/health", timeout=2)[0] == 200:
+                    break
+            if process.poll() is not None or time.monotonic() > deadline:
+                log.flush()
+                raise EngineError(f"OPA could not serve the rule set for partial evaluation: {(folder / 'opa.log').read_text().strip()[-600:]}")
+            time.sleep(0.05)
+        yield str(socket_path)
+    finally:
+        process.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=10)
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        log.close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _ask(connection: localhttp.UnixConnection, method: str, path: str, body: dict) -> dict:
+    connection.request(method, path, body=json.dumps(body), headers={"content-type": "application/json"})
+    answer = connection.getresponse()
+    content = answer.read()
+    if answer.status >= 300:
+        raise EngineError(f"OPA's partial evaluation failed ({method} {path}: {answer.status}): {content.decode(errors='replace')[:400]}")
+    return json.loads(content) if content else {}
+
+
+def _place_point_data(connection: localhttp.UnixConnection, document: dict) -> None:
+    """The point's data document into the server's store, beside the rule set's own data: each
+    top-level document whole, but data.complyroute, whose reference data the rule set holds, by key."""
+    for name, value in document.items():
+        if name == "complyroute":
+            for key, part in value.items():
+                _ask(connection, "PUT", f"/v1/data/complyroute/{key}", part)
+        else:
+            _ask(connection, "PUT", f"/v1/data/{name}", value)
+
+
+def dependent(space: dict, labellings: list[Labelling], policies: Path) -> list[Labelling]:
+    """Of `labellings` (point, listener, a value per label of `space`: decision_space.rego's
+    input), those whose answer OPA cannot evaluate completely without what a table does not hold
+    (the module's docstring). Two OPAs side by side (two cores here), each asked half of them.
+    RecordShapeChanged when the rule set's record package is not the platform's."""
+    asked_copy(policies)  # refuses a record shape of the rule set's own before any OPA starts
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        halves = pool.map(lambda half: _residuals(space, half, policies), [labellings[0::2], labellings[1::2]])
+        found = [labelling for half in halves for labelling in half]
+    return sorted(found, key=lambda labelling: (labelling[0], labelling[1], [value or "" for value in labelling[2]]))
+
+
+def _residuals(space: dict, labellings: list[Labelling], policies: Path) -> list[Labelling]:
+    """dependent's work for one OPA: point by point, its data placed, then each labelling asked."""
+    by_point: dict[str, list[Labelling]] = {}
+    for labelling in labellings:
+        by_point.setdefault(labelling[0], []).append(labelling)
+    left: list[Labelling] = []
+    if not by_point:
+        return left
+    with _opa_server(policies) as socket_path:
+        connection = localhttp.UnixConnection(socket_path, REQUEST_TIMEOUT_S)
+        try:
+            for point, asked in sorted(by_point.items()):
+                entry = space["points"][point]
+                _place_point_data(connection, entry["data"])
+                for labelling in asked:
+                    _, listener, values = labelling
+                    pinned = entry["listeners"][listener]
+                    labels = {name: value for (name, _), value in zip(space["labels"], values) if value is not None}
+                    hop = {"labels": labels, "sender": pinned["sender"], "step": pinned["step"]}
+                    result = _ask(connection, "POST", "/v1/compile", {"query": QUERY, "input": hop, "unknowns": list(UNKNOWNS)})
+                    if not completely_evaluated(result.get("result", {})):
+                        left.append(labelling)
+        finally:
+            connection.close()
+    return left

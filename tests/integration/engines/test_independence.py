@@ -1,0 +1,85 @@
+"""OPA's partial evaluation decides which answers may be tabled (engines/independence.py): a rule
+that reads the record, the request id, the clock or another non-deterministic built-in, written in
+any form, leaves its labellings to OPA in full; the same form over a constant does not. Real OPA
+over a central entity of two services (256 allowed labellings)."""
+
+import shutil
+
+import pytest
+
+from complyroute.engines import envoy_opa, precompute
+from complyroute.policy.policyfiles import POLICIES
+from complyroute.topology import manifest
+from complyroute.topology.plan import place
+
+# An exclusion of every candidate whenever `condition` holds: if the table were built without
+# seeing the condition, it would route records the rules deny.
+HIDDEN = '''
+# METADATA
+# title: Hidden
+# description: A rule written in a form a syntax walk could miss.
+# custom:
+#   code: HIDDEN
+#   message: hidden
+exclusions contains exclusion(rego.metadata.rule(), id, "hidden") if {{
+	{condition}
+	some id, _ in candidates
+}}
+'''
+
+READS = {
+    "object.filter": 'object.filter(input.record, {"diagnosis"}).diagnosis',
+    "comprehension": 'count([key | some key, _ in input.record; key == "diagnosis"]) > 0',
+    "walk": 'walk(input.record, [["diagnosis"], _])',
+    "json.filter": 'json.filter(input.record, ["diagnosis"]) != {}',
+    "object.get": 'object.get(input, ["record", "diagnosis"], null) != null',
+    "request id": 'startswith(input.request_id, "x")',
+    # False when the table is built, true some day at run time: a table that froze the answer of its
+    # own minute would route against the rule from then on.
+    "time.clock": 'time.clock([time.now_ns(), "UTC"])[0] >= 2100',
+    "time.now_ns": 'time.now_ns() > 4102444800000000000',  # 2100-01-01
+    "rand.intn": 'rand.intn("hidden", 1000000) == 7',
+    "the table": 'data.complyroute_quick_path.table.gateway',
+}
+# The same forms over constants: nothing to depend on, the whole table.
+CONSTANTS = {
+    "object.filter": 'object.filter({"a": 1}, {"diagnosis"}).diagnosis',
+    "comprehension": 'count([key | some key, _ in {"a": 1}; key == "diagnosis"]) > 0',
+    "walk": 'walk({"a": 1}, [["diagnosis"], _])',
+    "time.clock": 'time.clock([0, "UTC"])[0] >= 2100',
+}
+
+
+def decided(tmp_path, condition: str | None):
+    policies = tmp_path / "policies"
+    shutil.copytree(POLICIES, policies)
+    if condition:
+        compliance = policies / "complyroute" / "compliance" / "compliance.rego"
+        compliance.write_text(compliance.read_text() + HIDDEN.format(condition=condition))
+    points = place(manifest.load("central-entity", services="2")).points
+    _, precomputed = envoy_opa.decided_data(points, policies)
+    return precomputed
+
+
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory):
+    return decided(tmp_path_factory.mktemp("shipped"), None)
+
+
+def test_the_shipped_rules_are_tabled_whole_allowed(whole):
+    assert len(whole.outcomes) == 256 and whole.skipped == ""
+
+
+@pytest.mark.parametrize("form", READS)
+def test_a_rule_reading_beyond_the_space_is_never_tabled_denied(tmp_path, form):
+    precomputed = decided(tmp_path, READS[form])
+    assert precomputed.outcomes == {}
+    assert "256 of 256 allowed answers depend on what no table holds" in precomputed.skipped
+
+
+@pytest.mark.parametrize("form", CONSTANTS)
+def test_the_same_form_over_constants_is_tabled_allowed(tmp_path, whole, form):
+    precomputed = decided(tmp_path, CONSTANTS[form])
+    destinations = {labelling: destination for labelling, (destination, _) in precomputed.outcomes.items()}
+    assert destinations == {labelling: destination for labelling, (destination, _) in whole.outcomes.items()}  # the revision differs
+    assert precomputed.skipped == ""
