@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import re
 import ssl
 import threading
@@ -35,6 +36,14 @@ LONG_POLLING = "application/vnd.openpolicyagent.bundles"
 BUNDLE_PATH = re.compile(r"^/bundles/([A-Za-z0-9._-]+)\.tar\.gz$")
 # How often the folder is looked at for new bundles; a reload's propagation waits up to this.
 WATCH_INTERVAL = 0.02
+# A look is one stat of the folder: a bundle arrives by a rename into it (files.write_whole; on
+# Kubernetes the kubelet renames the projected volume's ..data link), which changes the folder's
+# mtime. Its files are read when that changed, for RECENT_NS after it did (the mtime ticks
+# coarsely: a second rename within one tick leaves it as it was), and every FULL_SCAN_INTERVAL
+# whatever it says. Reading them on every look cost the idle server 8-9 ms of CPU a second
+# here, a stat alone 3-3.5 (mostly the wake-up).
+RECENT_NS = 1_000_000_000
+FULL_SCAN_INTERVAL = 1.0
 # The longest wait a request may ask for (OPA asks its long_polling_timeout_seconds).
 MAX_WAIT = 300
 
@@ -69,9 +78,18 @@ class Bundles:
                 self.changed.notify_all()
 
     def watch(self) -> None:
+        seen, scanned = None, time.monotonic()
         while True:
             time.sleep(WATCH_INTERVAL)
-            self.scan()
+            try:
+                stat = os.stat(self.folder)
+                folder = (stat.st_mtime_ns, stat.st_ino)
+                recent = time.time_ns() - stat.st_mtime_ns < RECENT_NS
+            except OSError:
+                folder, recent = None, True
+            if folder != seen or recent or time.monotonic() - scanned >= FULL_SCAN_INTERVAL:
+                seen, scanned = folder, time.monotonic()
+                self.scan()
 
     def get(self, name: str, etag: str | None, wait: float) -> tuple[str, bytes] | None:
         """The bundle, once its ETag differs from `etag` (at once, or within `wait` seconds);
