@@ -98,10 +98,14 @@ QUICK_PATH_DOCUMENT = "complyroute_quick_path"
 class Precomputed:
     """The rule set's allowed answers over the deployment's decision space."""
 
-    outcomes: dict[Labelling, tuple[str, str]]  # labelling -> (destination, revision)
+    outcomes: dict[Labelling, tuple[str, str]]  # labelling -> (destination, revision): the table's
     space: dict  # decision_space.rego's input (without the points' tables)
     policies: Path  # the rule set asked
-    skipped: str = ""  # why no table was built (the rule set reads what is not enumerated), else ""
+    skipped: str = ""  # why some or all allowed answers are not tabled (OPA decides them in full), else ""
+    # Every allowed answer the rule set gave over the space, tabled or not (None: the outcomes): the
+    # compliant sets a point's Envoy needs a cluster for, so that it balances and fails over inside a
+    # set whether the quick path or OPA in full named it.
+    answers: dict[Labelling, tuple[str, str]] | None = None
 
     @classmethod
     def nothing(cls, policies: Path) -> Precomputed:
@@ -126,7 +130,7 @@ class Precomputed:
         proxy/contract.py set_tiers), each of which gets a cluster of its own in the point's Envoy
         (proxy/envoy.py). Sets of one instance are that instance's own cluster."""
         found: dict[str, set[str]] = defaultdict(set)
-        for (point, _, _), (destination, _) in self.outcomes.items():
+        for (point, _, _), (destination, _) in (self.outcomes if self.answers is None else self.answers).items():
             if not is_instance(destination):
                 found[point].add(destination)
         return {point: tuple(sorted(names)) for point, names in found.items()}
@@ -342,16 +346,24 @@ def precompute(points: list[EnforcementPoint], policies: Path, data: dict[str, d
         left = cached(DEPENDENT, {"space": space, "asked": asked}, policies,
                       lambda: [list(labelling) for labelling in independence.dependent(space, asked, policies)])
     except independence.RecordShapeChanged as error:
-        return Precomputed({}, space, policies, skipped=str(error))
+        return Precomputed({}, space, policies, skipped=str(error), answers=outcomes)
     dependent = {key_of(labelling) for labelling in left}
     if not dependent:
         return Precomputed(outcomes, space, policies)
-    point, listener, values = min(dependent, key=lambda labelling: (labelling[0], labelling[1], [value or "" for value in labelling[2]]))
-    why = (f"OPA's partial evaluation finds {len(dependent)} of {len(outcomes)} allowed answers depend on what no table "
-           f"holds (the record's content, the request id, the clock or another non-deterministic built-in), first at point "
-           f"{point}, listener {listener}, labels {shown(space, values)}: those are decided in full")
     return Precomputed({labelling: outcome for labelling, outcome in outcomes.items() if labelling not in dependent}, space, policies,
-                       skipped=why)
+                       skipped=decided_in_full(space, dependent, len(outcomes)), answers=outcomes)
+
+
+def decided_in_full(space: dict, dependent: set[Labelling], allowed: int) -> str:
+    """Which points decide which share of their allowed answers in full, and the first such answer."""
+    by_point: dict[str, int] = defaultdict(int)
+    for point, _, _ in dependent:
+        by_point[point] += 1
+    point, listener, values = min(dependent, key=lambda labelling: (labelling[0], labelling[1], [value or "" for value in labelling[2]]))
+    points = ", ".join(f"{name} {count}" for name, count in sorted(by_point.items()))
+    return (f"OPA's partial evaluation finds {len(dependent)} of {allowed} allowed answers depend on what no table holds (the "
+            f"record's content, the request id, the clock or another non-deterministic built-in), so OPA decides them in full "
+            f"(by point: {points}); the first at point {point}, listener {listener}, labels {shown(space, values)}")
 
 
 # ---- the guard ---------------------------------------------------------------------------------

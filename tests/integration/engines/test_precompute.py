@@ -103,12 +103,17 @@ def test_policy_diff_shows_the_added_rule_at_the_entry_allowed(walkthrough, swis
     assert all(c["values"]["region"] == ["CH"] for c in result["changes"])
 
 
-def test_a_rule_reading_the_body_gets_no_table_denied(walkthrough, tmp_path):
+def test_a_rule_reading_the_body_gets_no_table_denied(walkthrough, shipped, tmp_path):
     _, points = walkthrough
     policies = with_rule(tmp_path, MINORS)
     data, precomputed = envoy_opa.decided_data(points, policies)
     assert precomputed.outcomes == {} and "allowed answers depend on what no table holds" in precomputed.skipped
     assert all(document[precompute.QUICK_PATH_DOCUMENT]["table"] == {} for document in data.values())
+    # Decided in full, its answers still name the compliant sets, and every point's Envoy has their clusters.
+    shipped_data, _ = shipped
+    assert any(shipped_data[point][precompute.QUICK_PATH_DOCUMENT]["set_clusters"] for point in shipped_data)
+    for point, document in data.items():
+        assert document[precompute.QUICK_PATH_DOCUMENT]["set_clusters"] == shipped_data[point][precompute.QUICK_PATH_DOCUMENT]["set_clusters"]
 
 
 def test_the_shipped_rules_are_tabled_allowed(shipped):
