@@ -14,7 +14,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-ALLOWED_LABELS = {"region": "EU", "category": "personal", "consent": "billing,analytics,care"}
+# Labels as every enforcement point writes them on (canonical: a multiple label's values sorted,
+# compliance.canonical_labels), which the entry's quick path looks up. With the purposes in the
+# generated order instead ("billing,analytics,care"), every record missed the entry's table and
+# its OPA decided it in full: 2.42 and 2.57 ms of OPA CPU per record against 1.72 and 1.60 (a
+# central entity of 5 services under the compiled engine at 100 req/s, alternating, one machine).
+ALLOWED_LABELS = {"region": "EU", "category": "personal", "consent": "analytics,billing,care"}
 PUBLIC = {"classification": "public"}
 BODY = {"subject": "subject-1", "reading": 42}
 
