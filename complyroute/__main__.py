@@ -171,7 +171,20 @@ def cmd_policy_test(args) -> int:
         return run.returncode
     if total < args.threshold:
         return 1
-    return check_fast_paths(paths)
+    return check_names(paths) or check_fast_paths(paths)
+
+
+def check_names(paths: list[str]) -> int:
+    """No rule of a rule set of `paths` reads a label or reference document it lacks (policy/names.py)."""
+    from complyroute.policy import names
+
+    failed = 0
+    for folder in map(Path, paths):
+        if (folder / policyfiles.RULE_SET / "reference" / "data.json").is_file():
+            for problem in names.unknown_names(folder):
+                print(f"policy-test: {problem}: the rule can never fire", file=sys.stderr)
+                failed = 1
+    return failed
 
 
 def rules_at(opa: str, module: Path, rows: list[int]) -> list[str]:

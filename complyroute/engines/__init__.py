@@ -20,6 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from complyroute.engines.contract import EngineError, PointConfig
+from complyroute.policy import names
 from complyroute.topology.manifest import ENGINES
 from complyroute.topology.plan import EnforcementPoint
 
@@ -39,6 +40,10 @@ def configure(kind: str, points: list[EnforcementPoint], settings: dict, policie
     answers over the decision space give (a deploy)."""
     from complyroute.engines import envoy_compiled, envoy_opa
 
+    try:
+        names.check(policies)
+    except names.UnknownName as error:
+        raise EngineError(str(error)) from None
     modules = {"envoy-opa": envoy_opa, "envoy-compiled": envoy_compiled}
     assert set(modules) == set(ENGINES), "every engine a manifest may name has a module here"
     return modules[kind].configure(points, settings, policies, trust or {}, ahead, set_clusters)
