@@ -165,51 +165,93 @@ def _ask(connection: localhttp.UnixConnection, method: str, path: str, body: dic
     return json.loads(content) if content else {}
 
 
-def _place_point_data(connection: localhttp.UnixConnection, document: dict) -> None:
+def _place_point_data(connection: localhttp.UnixConnection, document: dict, placed: set[str]) -> set[str]:
     """The point's data document into the server's store, beside the rule set's own data: each
-    top-level document whole, but data.complyroute, whose reference data the rule set holds, by key."""
+    top-level document whole, but data.complyroute, whose reference data the rule set holds, by
+    key; what an earlier point's document placed and this one lacks is removed. The paths placed."""
+    paths = {}
     for name, value in document.items():
         if name == "complyroute":
-            for key, part in value.items():
-                _ask(connection, "PUT", f"/v1/data/complyroute/{key}", part)
+            paths.update({f"complyroute/{key}": part for key, part in value.items()})
         else:
-            _ask(connection, "PUT", f"/v1/data/{name}", value)
+            paths[name] = value
+    for path in sorted(placed - set(paths)):
+        connection.request("DELETE", f"/v1/data/{path}")
+        connection.getresponse().read()
+    for path, value in paths.items():
+        _ask(connection, "PUT", f"/v1/data/{path}", value)
+    return set(paths)
 
 
 def dependent(space: dict, labellings: list[Labelling], policies: Path) -> list[Labelling]:
     """Of `labellings` (point, listener, a value per label of `space`: decision_space.rego's
     input), those whose answer OPA cannot evaluate completely without what a table does not hold
-    (the module's docstring). Two OPAs side by side (two cores here), each asked half of them.
-    RecordShapeChanged when the rule set's record package is not the platform's."""
-    asked_copy(policies)  # refuses a record shape of the rule set's own before any OPA starts
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        halves = pool.map(lambda half: _residuals(space, half, policies), [labellings[0::2], labellings[1::2]])
-        found = [labelling for half in halves for labelling in half]
+    (the module's docstring). RecordShapeChanged when the rule set's record package is not the
+    platform's."""
+    asks = []
+    for point, listener, values in labellings:
+        entry = space["points"][point]
+        pinned = entry["listeners"][listener]
+        labels = {name: value for (name, _), value in zip(space["labels"], values) if value is not None}
+        asks.append((entry["data"], {"labels": labels, "sender": pinned["sender"], "step": pinned["step"]}))
+    left = residuals(policies, asks)
+    found = [labelling for labelling, residual in zip(labellings, left) if residual]
     return sorted(found, key=lambda labelling: (labelling[0], labelling[1], [value or "" for value in labelling[2]]))
 
 
-def _residuals(space: dict, labellings: list[Labelling], policies: Path) -> list[Labelling]:
-    """dependent's work for one OPA: point by point, its data placed, then each labelling asked."""
-    by_point: dict[str, list[Labelling]] = {}
-    for labelling in labellings:
-        by_point.setdefault(labelling[0], []).append(labelling)
-    left: list[Labelling] = []
-    if not by_point:
+def residuals(policies: Path, asks: list[tuple[dict, dict]]) -> list[bool]:
+    """For each (a point's data document, a hop: {"labels", "sender", "step"}), whether OPA's
+    partial evaluation of the decision there leaves a residual. Two OPAs side by side (two cores
+    here), each asked half of them."""
+    asked_copy(policies)  # refuses a record shape of the rule set's own before any OPA starts
+    numbered = list(enumerate(asks))
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        halves = list(pool.map(lambda half: _residuals(policies, half), [numbered[0::2], numbered[1::2]]))
+    left = [False] * len(asks)
+    for half in halves:
+        for number in half:
+            left[number] = True
+    return left
+
+
+def _residuals(policies: Path, asks: list[tuple[int, tuple[dict, dict]]]) -> list[int]:
+    """residuals' work for one OPA: the numbers of the asks left over, each data document placed once."""
+    by_data: dict[str, tuple[dict, list[tuple[int, dict]]]] = {}
+    for number, (document, hop) in asks:
+        by_data.setdefault(json.dumps(document, sort_keys=True), (document, []))[1].append((number, hop))
+    left: list[int] = []
+    if not by_data:
         return left
     with _opa_server(policies) as socket_path:
         connection = localhttp.UnixConnection(socket_path, REQUEST_TIMEOUT_S)
         try:
-            for point, asked in sorted(by_point.items()):
-                entry = space["points"][point]
-                _place_point_data(connection, entry["data"])
-                for labelling in asked:
-                    _, listener, values = labelling
-                    pinned = entry["listeners"][listener]
-                    labels = {name: value for (name, _), value in zip(space["labels"], values) if value is not None}
-                    hop = {"labels": labels, "sender": pinned["sender"], "step": pinned["step"]}
+            placed: set[str] = set()
+            for document, hops in by_data.values():
+                placed = _place_point_data(connection, document, placed)
+                for number, hop in hops:
                     result = _ask(connection, "POST", "/v1/compile", {"query": QUERY, "input": hop, "unknowns": list(UNKNOWNS)})
                     if not completely_evaluated(result.get("result", {})):
-                        left.append(labelling)
+                        left.append(number)
         finally:
             connection.close()
     return left
+
+
+def reads_record(policies: Path, document: dict, hop: dict) -> bool:
+    """Whether the decision for `hop` (a point's data `document`, {"labels", "sender", "step"})
+    depends on the record's content or the request id, the clock and the other non-deterministic
+    built-ins evaluated (`opa eval --partial --nondeterminstic-builtins`, which the compile API
+    does not offer): what an audit line, which holds the record as a digest only, cannot re-check.
+    A residual left by residuals() and none here means the clock alone."""
+    with tempfile.TemporaryDirectory(prefix="complyroute-asked-") as scratch:
+        data_file = Path(scratch) / "data.json"
+        data_file.write_text(json.dumps(document))
+        command = [str(OPA), "eval", "--partial", "--nondeterminstic-builtins", "--format", "json",
+                   *(f"--unknowns={unknown}" for unknown in UNKNOWNS), "--data", str(asked_copy(policies)), "--data", str(data_file),
+                   *ignore_flags(), "--stdin-input", QUERY]
+        result = subprocess.run(command, input=json.dumps(hop), capture_output=True, text=True)
+    if result.returncode != 0:
+        raise EngineError(f"OPA's partial evaluation failed: {(result.stderr or result.stdout).strip()[:400]}")
+    partial = json.loads(result.stdout).get("partial", {})
+    return not completely_evaluated({"queries": partial.get("queries"), "support": partial.get("modules")})
+

@@ -15,7 +15,12 @@ A run's verdict:
   says which point decides what). A record that bypassed the enforcement points.
 - forbidden receptions: the rule set, asked again (recheck.rego, one `opa eval` per revision
   for a run's distinct hops, with the rule set and the data each point decided with under the
-  revision the line names), does not allow that hop into that instance.
+  revision the line names), does not allow that hop into that instance. A rule that reads the
+  clock reads the time the line records (its ts, when the instance received the record), so a
+  run gets one verdict whenever it is audited.
+- not re-checkable: lines of a hop whose decision depends on the record's content (or the
+  request id), as OPA's partial evaluation finds (engines/independence.py): a line holds the
+  record as a digest only, so they are counted apart and the verdict is never clean.
 - path findings: every instance's lines of the run joined by record id. Each line agrees with
   the token it was written under, so only the join sees a record relabelled or re-sent under
   its real id: lines of one record disagreeing on labels or digest, a record received twice at
@@ -40,6 +45,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from complyroute.engines import independence
+from complyroute.engines.contract import EngineError
 from complyroute.evidence.auditlog import Line, Problem, hashable, read_chain
 from complyroute.evidence.paths import PATH_FINDINGS, describe_paths, gateways_of, next_steps_of, path_findings, records_of
 from complyroute.policy import bundles, policydata
@@ -65,6 +72,9 @@ class Verdict:
     broken_chains: int = 0
     forbidden: int = 0
     undecided: int = 0
+    # Lines whose hop the rules decide by the record's content (or the request id), which a line
+    # holds only as a digest: not re-checked, and never called clean.
+    unverifiable: int = 0
     records: int = 0  # record ids whose lines were joined into a path
     paths: Counter = field(default_factory=Counter)  # path findings by kind
     revisions: Counter = field(default_factory=Counter)
@@ -72,13 +82,16 @@ class Verdict:
 
     @property
     def clean(self) -> bool:
-        return self.broken_chains == 0 and self.forbidden == 0 and self.undecided == 0 and not self.paths.total()
+        return (self.broken_chains == 0 and self.forbidden == 0 and self.undecided == 0 and self.unverifiable == 0
+                and not self.paths.total())
 
     def summary(self) -> str:
         counts = f"{self.lines} lines checked, chains intact {self.chains - self.broken_chains}/{self.chains}"
         if not self.policy:
             return f"{counts}: no policy (nothing decided its receptions){'' if self.clean else ': CHAIN BROKEN'}"
         counts += f", forbidden receptions {self.forbidden}, receptions without a decision {self.undecided}, {describe_paths(self.paths, self.records)}"
+        if self.unverifiable:
+            counts += f", not re-checkable {self.unverifiable} (the rules read the record's content, which a line holds as a digest)"
         return f"{counts}: {'clean' if self.clean else 'FAILED'}"
 
 
@@ -112,10 +125,29 @@ def allowed_hops(hops: list[dict], point_data: dict[str, dict], policies: Path =
 def hop_of(line: Line) -> dict:
     entry = line.entry
     labels = entry.get("labels") if isinstance(entry.get("labels"), dict) else {}
+    ts = entry.get("ts")  # when the instance received the record: ms since the epoch
     return {
         "point": entry["decided_by"], "sender": entry["sender"], "step": entry.get("step"), "instance": line.instance,
         "labels": dict(sorted(labels.items())),  # by name, as the rule set's label schema names them
+        "time_ns": int(ts * 1_000_000) if isinstance(ts, (int, float)) and not isinstance(ts, bool) else None,
     }
+
+
+def what_decides(rules: Path, point_data: dict[str, dict], hops: list[dict]) -> list[str]:
+    """For each hop, what its decision depends on beyond what its line holds, as OPA's partial
+    evaluation finds (engines/independence.py): "nothing" (one re-check stands for every line of
+    the hop), "clock" (each line re-checked at its own time) or "record" (the record's content or
+    the request id: no line of the hop can be re-checked)."""
+    asks = [(point_data[hop["point"]], {"labels": {name: value for name, value in hop["labels"].items() if value is not None},
+                                        "sender": hop["sender"], "step": hop["step"]}) for hop in hops]
+    try:
+        left = independence.residuals(rules, asks)
+        return ["record" if residual and independence.reads_record(rules, *ask) else "clock" if residual else "nothing"
+                for residual, ask in zip(left, asks)]
+    except independence.RecordShapeChanged:  # rules from before the platform's record package, or with their own
+        return ["record"] * len(hops)
+    except EngineError as error:
+        raise AuditError(f"OPA could not say what the audit lines' decisions depend on: {error}") from None
 
 
 def hop_key(line: Line) -> tuple:
@@ -159,31 +191,47 @@ def audit_run(run_dir: Path, policies: Path = POLICIES, progress=None) -> Verdic
             verdict.revisions[line.entry["revision"]] += 1
 
     # Most lines repeat a few hops: each distinct one is asked once, with the rule set of the
-    # revision that decided it.
-    distinct: dict[tuple, tuple[str, int]] = {}
-    hops: dict[str, list[dict]] = {}
+    # revision that decided it, unless its decision reads the clock (each line at its own time)
+    # or the record (no line can be re-checked).
+    distinct: dict[tuple, list[Line]] = {}
     for line, key in decided:
-        if key not in distinct:
-            revision = line.entry["revision"]
-            distinct[key] = (revision, len(hops.setdefault(revision, [])))
-            hops[revision].append(hop_of(line))
-    allowed: dict[str, set[int]] = {}
+        distinct.setdefault(key, []).append(line)
+    by_revision: dict[str, list[tuple]] = {}
+    for key, owned in distinct.items():
+        by_revision.setdefault(owned[0].entry["revision"], []).append(key)
     with tempfile.TemporaryDirectory(prefix="complyroute-audit-") as scratch:
-        for revision, asked in sorted(hops.items()):
+        for revision, keys in sorted(by_revision.items()):
             if progress:
-                progress(f"re-checking {len(asked)} distinct hops decided by revision {revision}")
-            rules, point_data = rules_of(run_dir, revision, {hop["point"] for hop in asked}, policies, Path(scratch))
-            allowed[revision] = allowed_hops(asked, point_data, rules)
-    for line, key in decided:
-        revision, number = distinct[key]
-        if number not in allowed[revision]:
-            hop = hops[revision][number]
-            verdict.forbidden += 1
-            verdict.problems.append(Problem(
-                "forbidden", line.where,
-                f"request {line.entry.get('request_id')}: the rules do not allow {hop['sender']} -> {line.instance} "
-                f"(step {hop['step']}, labels {json.dumps(hop['labels'])}), decided by {hop['point']} under revision {revision}",
-            ))
+                progress(f"re-checking {len(keys)} distinct hops decided by revision {revision}")
+            firsts = [hop_of(distinct[key][0]) for key in keys]
+            rules, point_data = rules_of(run_dir, revision, {hop["point"] for hop in firsts}, policies, Path(scratch))
+            asked: list[dict] = []
+            answering: list[list[Line]] = []  # the lines each asked hop stands for
+            for key, first, depends in zip(keys, firsts, what_decides(rules, point_data, firsts)):
+                if depends == "record":
+                    for line in distinct[key]:
+                        verdict.unverifiable += 1
+                        verdict.problems.append(Problem(
+                            "unverifiable", line.where,
+                            f"request {line.entry.get('request_id')}: the rules of revision {revision} decide {first['sender']} -> "
+                            f"{line.instance} by the record's content, which the line holds as a digest: not re-checked"))
+                elif depends == "clock":
+                    asked += [hop_of(line) for line in distinct[key]]
+                    answering += [[line] for line in distinct[key]]
+                else:
+                    asked.append(first)
+                    answering.append(distinct[key])
+            allowed = allowed_hops(asked, point_data, rules)
+            for number, (hop, owned) in enumerate(zip(asked, answering)):
+                if number in allowed:
+                    continue
+                for line in owned:
+                    verdict.forbidden += 1
+                    verdict.problems.append(Problem(
+                        "forbidden", line.where,
+                        f"request {line.entry.get('request_id')}: the rules do not allow {hop['sender']} -> {line.instance} "
+                        f"(step {hop['step']}, labels {json.dumps(hop['labels'])}), decided by {hop['point']} under revision {revision}",
+                    ))
 
     records = records_of(lines)
     verdict.records = len(records)
@@ -233,7 +281,7 @@ def report(verdict: Verdict, out) -> None:
     revisions = ", ".join(sorted(verdict.revisions)) or "none"
     header = f"{verdict.run.name} ({verdict.description}" + (f"; rule set {revisions})" if verdict.policy else "; no deciding point)")
     print(f"{header}: {verdict.summary()}", file=out)
-    for kind in ("chain", "undecided", "forbidden", *PATH_FINDINGS):
+    for kind in ("chain", "undecided", "forbidden", "unverifiable", *PATH_FINDINGS):
         problems = [p for p in verdict.problems if p.kind == kind]
         for problem in problems[:SHOWN_PROBLEMS]:
             print(f"  {kind}: {problem.where}: {problem.detail}", file=out)

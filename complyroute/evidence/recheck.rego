@@ -11,8 +11,11 @@
 #
 #   Input:
 #     points  {point: <the point's OPA data document, as deployed>}
-#     hops    [{"point", "sender", "step", "instance", "labels"}]
-#             labels as the audit line holds them (consent null when absent)
+#     hops    [{"point", "sender", "step", "instance", "labels", "time_ns"}]
+#             labels as the audit line holds them (consent null when absent);
+#             time_ns when the line's instance received the record (its ts), the
+#             clock the rules read (null: the audit's own), so that a rule reading
+#             the clock gets one verdict whenever the audit runs
 package complyroute_audit.recheck
 
 import data.complyroute.compliance
@@ -26,8 +29,7 @@ allowed contains i if {
 	# object, which is all the rules ask of a record.
 	asked := {"labels": hop.labels, "record": {}, "sender": hop.sender, "step": hop.step}
 
-	# regal ignore:with-outside-test-context
-	decision := compliance.decision with input as asked with data.complyroute.index as input.points[hop.point].complyroute.index
+	decision := decision_at(asked, input.points[hop.point].complyroute.index, object.get(hop, "time_ns", null))
 	decision.allowed == true
 	some tier in compliant_set(decision)
 	hop.instance in tier
@@ -37,3 +39,15 @@ allowed contains i if {
 # set named one destination, its set of one. (object.get: either key is unknown to the type
 # checker under the other revisions' rules.)
 compliant_set(decision) := object.get(decision, "destinations", [[object.get(decision, "destination", null)]])
+
+# The decision for a hop, at the time its line records. A reception follows its decision by the
+# hop's own duration (milliseconds), within which a rule reading the clock is taken to hold still.
+decision_at(asked, index, time_ns) := decision if {
+	is_number(time_ns)
+
+	# regal ignore:with-outside-test-context
+	decision := compliance.decision with input as asked with data.complyroute.index as index with time.now_ns as time_ns
+} else := decision if {
+	# regal ignore:with-outside-test-context
+	decision := compliance.decision with input as asked with data.complyroute.index as index
+}

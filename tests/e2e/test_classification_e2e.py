@@ -123,4 +123,9 @@ def test_trace_and_audit_follow_the_rule_set(deployed):
     assert trace.main(request_id, Path(deployed["run_dir"]), out=out) == 0
     assert "classification secret, retention (none)" in out.getvalue()
     verdict = audit.audit_run(Path(deployed["run_dir"]))
-    assert verdict.clean and verdict.forbidden == 0 and verdict.undecided == 0 and verdict.lines >= 3, verdict.problems[:3]
+    assert verdict.forbidden == 0 and verdict.undecided == 0 and verdict.lines >= 3, verdict.problems[:3]
+    # Its minors rule reads the record's content, which a line holds as a digest: every line is
+    # counted apart as not re-checkable, by name, and the verdict is not clean.
+    assert verdict.unverifiable == verdict.lines and not verdict.clean
+    assert {problem.kind for problem in verdict.problems} == {"unverifiable"}
+    assert f"not re-checkable {verdict.lines}" in verdict.summary() and verdict.summary().endswith("FAILED")

@@ -34,9 +34,11 @@ READS = {
     "json.filter": 'json.filter(input.record, ["diagnosis"]) != {}',
     "object.get": 'object.get(input, ["record", "diagnosis"], null) != null',
     "request id": 'startswith(input.request_id, "x")',
-    # False when the table is built, true some day at run time: a table that froze the answer of its
-    # own minute would route against the rule from then on.
-    "time.clock": 'time.clock([time.now_ns(), "UTC"])[0] >= 2100',
+    # Each false when the table is built (a condition true then would deny every labelling, and leave
+    # nothing to table), and all but the first true some day at run time: a table that froze the
+    # answer of its own minute would route against the rule from then on.
+    "time.clock": 'time.clock([time.now_ns(), "UTC"])[1] > 59',
+    "time.date": 'time.date([time.now_ns(), "UTC"])[0] >= 2100',
     "time.now_ns": 'time.now_ns() > 4102444800000000000',  # 2100-01-01
     "rand.intn": 'rand.intn("hidden", 1000000) == 7',
     "the table": 'data.complyroute_quick_path.table.gateway',
@@ -46,7 +48,7 @@ CONSTANTS = {
     "object.filter": 'object.filter({"a": 1}, {"diagnosis"}).diagnosis',
     "comprehension": 'count([key | some key, _ in {"a": 1}; key == "diagnosis"]) > 0',
     "walk": 'walk({"a": 1}, [["diagnosis"], _])',
-    "time.clock": 'time.clock([0, "UTC"])[0] >= 2100',
+    "time.date": 'time.date([0, "UTC"])[0] >= 2100',
 }
 
 
