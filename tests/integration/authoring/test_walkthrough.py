@@ -8,6 +8,7 @@ import subprocess
 
 from complyroute.__main__ import main
 from complyroute.policy import policyfiles
+from complyroute.topology.manifest import REPO
 
 from tests.walkthrough import block, rule_set_with_rule
 
@@ -19,12 +20,41 @@ def decide(policies, input_file, capfd) -> dict:
     return json.loads(capfd.readouterr().out)
 
 
-def test_the_walkthrough_s_rule_passes_its_tests_allowed(tmp_path):
+def policy_test(policies) -> subprocess.CompletedProcess:
+    """`make policy-test policy=<folder>`, as the walkthrough tells its reader to run it: format,
+    strict check and Regal lint of the folder, its tests with coverage, what its rules read, and
+    the fast paths of its example catalog."""
+    return subprocess.run(["make", "-C", str(REPO), "--no-print-directory", "policy-test", f"policy={policies}"],
+                          capture_output=True, text=True)
+
+
+def test_the_walkthrough_followed_literally_passes_make_policy_test_allowed(tmp_path):
     policies = rule_set_with_rule(tmp_path)
     (policies / "complyroute" / "compliance" / "swiss_test.rego").write_text(block("test"))
-    tests = subprocess.run([str(policyfiles.OPA), *policyfiles.test_args([str(policies)])], capture_output=True, text=True)
-    assert tests.returncode == 0, tests.stdout + tests.stderr
-    assert "test_swiss_residency_allowed" not in tests.stdout  # opa test names failures only
+    run = policy_test(policies)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "fast paths:" in run.stdout  # it ran to its last check
+
+
+def test_the_rule_appended_after_the_helpers_fails_the_lint_denied(tmp_path):
+    # What the walkthrough used to say: Regal's messy-rule refuses an exclusions rule apart from the others.
+    policies = tmp_path / "policies"
+    shutil.copytree(policyfiles.POLICIES, policies)
+    compliance = policies / "complyroute" / "compliance" / "compliance.rego"
+    compliance.write_text(compliance.read_text() + "\n" + block("rule"))
+    run = policy_test(policies)
+    assert run.returncode != 0 and "messy-rule" in run.stdout
+
+
+def test_a_syntax_error_names_the_authors_file_and_line_denied(tmp_path):
+    policies = rule_set_with_rule(tmp_path)
+    compliance = policies / "complyroute" / "compliance" / "compliance.rego"
+    lines = compliance.read_text().splitlines()
+    row = lines.index("\tlabel.region == \"CH\"") + 1
+    lines[row - 1] = "\tlabel.region == == \"CH\""
+    compliance.write_text("\n".join(lines) + "\n")
+    run = policy_test(policies)
+    assert run.returncode != 0 and f"{compliance}:{row}" in run.stdout + run.stderr, run.stdout[-2000:] + run.stderr[-2000:]
 
 
 def test_the_walkthrough_s_test_fails_without_the_rule_denied(tmp_path):
