@@ -51,6 +51,8 @@ def cmd_run(args) -> int:
     else:
         parameters = matrix.resolve(args.profile, **given)
         run_dir = args.results / (args.run_id or new_run_id(parameters.profile))
+    for name in parameters.topologies:  # a manifest its schema refuses stops the run before any cell starts
+        manifest.load(name)
     return Runner(run_dir, parameters, target=targets.make(args.target, args.one_node, args.entry_url)).run()
 
 
@@ -338,7 +340,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m experiments") -> 
     args = parser.parse_args(argv)
     try:
         return args.handler(args)
-    except (matrix.ParameterError, TargetError) as error:
+    except (matrix.ParameterError, TargetError, manifest.ManifestError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
 

@@ -6,17 +6,20 @@ their placement. Validation happens before anything starts and names the field a
 
 from __future__ import annotations
 
+import difflib
 import functools
 import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import jsonschema
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE_DATA = REPO / "policies" / "complyroute" / "reference" / "data.json"
 MANIFESTS = REPO / "topologies"  # the topologies every tool lists (not its examples/)
+SCHEMA = MANIFESTS / "topology.schema.json"  # what a manifest may hold (check_fields), which editors read too
 PLACEMENT = "placement.py"  # what makes a folder a topology's: `place(topology, net) -> Plan`
 
 ENGINES = ("envoy-opa", "envoy-compiled")  # modules in complyroute/engines/
@@ -183,6 +186,55 @@ def read(path: Path) -> dict:
     return raw
 
 
+@functools.cache
+def schema_validator() -> jsonschema.protocols.Validator:
+    """The manifests' JSON Schema (SCHEMA), checked once against its meta-schema."""
+    schema = json.loads(SCHEMA.read_text())
+    validator = jsonschema.validators.validator_for(schema)
+    validator.check_schema(schema)
+    return validator(schema)
+
+
+def _subschema(schema: dict, path: list) -> dict:
+    """The part of the schema that describes the value at `path` (keys and list indexes)."""
+    root = schema_validator().schema
+    for part in path:
+        if "$ref" in schema:
+            schema = root["$defs"][schema["$ref"].rsplit("/", 1)[1]]
+        if isinstance(part, int):
+            schema = next((option["items"] for option in schema.get("oneOf", [schema]) if "items" in option), {})
+        else:
+            schema = schema.get("properties", {}).get(part, {})
+    if "$ref" in schema:
+        schema = root["$defs"][schema["$ref"].rsplit("/", 1)[1]]
+    return schema
+
+
+def check_fields(raw: dict, source: Path) -> None:
+    """Refuses (ManifestError) a manifest its JSON Schema refuses: an unknown field, named with
+    its path and the nearest known field; a value of the wrong type or out of range."""
+    def specific(error):  # of a value no option of a oneOf takes, what the option that got furthest says
+        while error.validator == "oneOf" and error.context:
+            deepest = max(len(e.absolute_path) for e in error.context)
+            furthest = [e for e in error.context if len(e.absolute_path) == deepest]
+            error = jsonschema.exceptions.best_match([e for e in furthest if e.validator != "type"] or furthest)
+        return error
+
+    errors = sorted(map(specific, schema_validator().iter_errors(raw)),
+                    key=lambda error: (len(error.absolute_path), list(map(str, error.absolute_path))))
+    for error in errors:
+        path = list(error.absolute_path)
+        where = ".".join(f"[{part}]" if isinstance(part, int) else part for part in path).replace(".[", "[")
+        if error.validator == "additionalProperties":
+            known = sorted(_subschema(schema_validator().schema, path).get("properties", {}))
+            for field_name in sorted(set(error.instance) - set(known)):
+                near = difflib.get_close_matches(field_name, known, n=1)
+                named = f"{where}.{field_name}" if where else field_name
+                hint = f"did you mean '{near[0]}'?" if near else f"the fields here are {', '.join(known)}"
+                raise ManifestError(f"{source}: field '{named}': is not a field of a manifest; {hint}")
+        raise ManifestError(f"{source}: field '{where or '(the manifest)'}': {error.message}")
+
+
 def load(name_or_path: str, services: int | str | list | None = None, overrides: dict | None = None, engine: str | None = None) -> Topology:
     """Load a manifest; `services`, `overrides` and `engine` replace its fields.
 
@@ -192,6 +244,7 @@ def load(name_or_path: str, services: int | str | list | None = None, overrides:
     """
     path = resolve(name_or_path)
     raw = {**read(path), **(overrides or {})}
+    check_fields(raw, path)
     if engine:
         raw["engine"] = {**(raw.get("engine") or {}), "kind": engine}
     if isinstance(services, str) and not services.isdigit():
@@ -199,6 +252,7 @@ def load(name_or_path: str, services: int | str | list | None = None, overrides:
         if not source.exists():
             raise ManifestError(f"services='{services}' is neither a count nor a manifest file")
         borrowed = read(source)
+        check_fields(borrowed, source)
         if "services" not in borrowed:
             raise ManifestError(f"{source}: field 'services': missing; it is where the services are taken from")
         raw["name"] = f"{raw.get('name', path.stem)}-{source.stem}"
