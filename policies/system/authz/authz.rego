@@ -7,8 +7,9 @@
 #   point decides with (PUT, PATCH, DELETE). The entry's OPA holds the private key it
 #   signs label tokens with at data.complyroute.token (policies/complyroute/envoy), so no
 #   request may read that document: not by its path or an enclosing one, not by an ad-hoc
-#   query, not in an explanation's trace. Nor may a request bring an input (POST): the
-#   Envoy adapter's answer for an input of the caller's choosing would be a label token
+#   query, not in an explanation's trace. Nor may a request bring an input, by any method:
+#   not a POST's body, not a GET's `input` parameter (OPA's data API reads one, as JSON).
+#   The Envoy adapter's answer for an input of the caller's choosing would be a label token
 #   signed over labels, request id and digest of the caller's choosing.
 package system.authz
 
@@ -24,7 +25,11 @@ default allow := false
 allow if {
 	input.method == "GET"
 	not reads_signing_key
+	not brings_input
 }
+
+# A GET's `input` query parameter: OPA's data API evaluates the document for it.
+brings_input if input.params.input
 
 # input.path: the URL's path segments, unescaped. OPA's data API skips empty segments
 # (/v1/data//complyroute/ reads data.complyroute), so they are dropped here too.

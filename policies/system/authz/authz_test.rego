@@ -75,6 +75,7 @@ signing_key_cases := {
 		"request": get(response_path),
 		"twins": {
 			"for an input of the caller's choosing (a signed token)": post(response_path),
+			"for an input in the query (GET ?input=)": object.union(get(response_path), {"params": {"input": ["{}"]}}),
 			"explained in full": explained(get(response_path), "full"),
 			"explained for debugging": explained(get(response_path), "debug"),
 			"explained, notes only": explained(get(response_path), "notes"),
