@@ -29,7 +29,7 @@ import json
 
 from complyroute.policy.labels import Label
 from complyroute.proxy.clusters import cluster, set_cluster, socket
-from complyroute.proxy.contract import (DIGEST_HEADER, LABEL_TOKEN_HEADER, MAX_LABEL_BYTES, MAX_LABEL_VALUES, MAX_RECORD_BYTES,
+from complyroute.proxy.contract import (DIGEST_HEADER, LABEL_TOKEN_HEADER, MAX_LABEL_BYTES, MAX_LABEL_VALUES, MAX_RECORD_BYTES, MAX_REQUEST_HEADERS,
                                         RECORD_ID_HEADER, RECORD_PATH, ROUTING_HEADER, hop_timeout_of,
                                         receive_timeouts)
 from complyroute.proxy.replies import OVER_BOUND_HEADER, UNDELIVERED_HEADER, local_replies
@@ -95,12 +95,24 @@ RECORD_ID_FROM_TOKEN = {"header": {"key": "x-request-id", "value": f"%REQ({RECOR
 
 
 # Refuses, before ext_authz, a request whose label header exceeds the bounds (431, answered as
-# LABEL_TOO_LARGE by the local reply mappers). Lua, since neither a route nor a matcher can
-# measure a header: a regular expression would be RE2's, whose `.` and `[^,]` match no byte
-# of invalid UTF-8, which the codec lets through.
+# LABEL_TOO_LARGE by the local reply mappers), or that holds more than MAX_REQUEST_HEADERS
+# headers (431, HEADERS_TOO_LARGE). Lua, since neither a route nor a matcher can measure a
+# header: a regular expression would be RE2's, whose `.` and `[^,]` match no byte of invalid
+# UTF-8, which the codec lets through. The count leaves room for the headers a decision adds:
+# ext_authz refuses to add them past the connection manager's bound (Envoy's 100), and a
+# request it cannot complete so came back 500 (ext_authz_invalid, request_header_limits_reached:
+# 90 extra headers from a client did).
 LABEL_BOUND_LUA = f"""
 function envoy_on_request(handle)
   local headers = handle:headers()
+  local count = 0
+  for _, _ in pairs(headers) do
+    count = count + 1
+  end
+  if count > {MAX_REQUEST_HEADERS} then
+    handle:respond({{[":status"] = "431"}}, "")
+    return
+  end
   for _, name in ipairs(LABEL_HEADERS) do
     local value = headers:get(name)  -- repeated headers come joined by ","
     if value ~= nil then
