@@ -245,13 +245,40 @@ def program_name() -> str:
     return "complyroute" if Path(sys.argv[0]).name == "complyroute" else "python -m complyroute"
 
 
+def version_text() -> str:
+    """What --version prints: complyroute's version, the checkout's git revision, and the versions
+    of OPA, Envoy and Node it runs."""
+    from importlib.metadata import version
+
+    from complyroute.runtime.local.rendering import NODE, envoy_binary
+
+    def first_line(command: list[str]) -> str:
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as error:
+            return f"not available ({error})"
+        return (done.stdout or done.stderr).strip().splitlines()[0] if done.returncode == 0 else "not available"
+
+    revision = first_line(["git", "-C", str(manifest.REPO), "describe", "--always", "--dirty"])
+    return "\n".join([
+        f"complyroute {version('complyroute')} ({revision})",
+        f"opa: {first_line([str(policyfiles.OPA), 'version']).removeprefix('Version: ')}",
+        f"envoy: {first_line([envoy_binary(), '--version']).split('version: ')[-1]}",
+        f"node: {first_line([str(NODE), '--version'])}",
+    ])
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     prog = program_name()
+    if argv[:1] == ["--version"]:
+        print(version_text())
+        return 0
     added = added_commands()
     if argv[:1] and argv[0] in added:  # an added command: its own parser, options and help
         return added[argv[0]].load()(argv[1:], prog=f"{prog} {argv[0]}")
     parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="store_true", help="print the version, the git revision and the versions of the tools it runs")
     commands = parser.add_subparsers(dest="command", required=True)
     for name, entry in sorted(added.items()):
         commands.add_parser(name, help=f"the commands of {entry.module.partition('.')[0]}: `{name} --help` lists them")
