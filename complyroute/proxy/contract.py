@@ -32,9 +32,13 @@ REVISION_HEADER = "x-complyroute-revision"
 # content-length matcher and the services' bodyLimit (services/src/schemas.js BODY_LIMIT) agree.
 MAX_RECORD_BYTES = 64 * 1024
 # The most request headers (pseudo-headers counted) a deciding listener takes before ext_authz
-# (proxy/envoy.py LABEL_BOUND_LUA); more are refused with 431 (HEADERS_TOO_LARGE). A hop
-# carries about 20; the rest of Envoy's bound of 100 is for the headers a decision adds.
+# (proxy/envoy.py HEADER_COUNT); more are refused with 431 (HEADERS_TOO_LARGE). A hop carries
+# about 20; the rest of Envoy's bound of 100 is for the headers a decision adds.
 MAX_REQUEST_HEADERS = 64
+# The most a listener that decides nothing takes (a sidecar's ingress, readiness), in Envoy's
+# codec: what a deciding point may pass on, MAX_REQUEST_HEADERS and the headers its decision
+# added (about 20).
+MAX_FORWARDED_HEADERS = 90
 # The most a label header (each the rule set's label schema names, complyroute/policy/labels.py) may
 # hold where a point reads labels from its sender (the entry; any deciding listener without
 # label tokens): bytes, and values (commas + 1, repeated headers joined by commas). More is

@@ -29,7 +29,7 @@ import json
 
 from complyroute.policy.labels import Label
 from complyroute.proxy.clusters import cluster, set_cluster, socket
-from complyroute.proxy.contract import (DIGEST_HEADER, LABEL_TOKEN_HEADER, MAX_LABEL_BYTES, MAX_LABEL_VALUES, MAX_RECORD_BYTES, MAX_REQUEST_HEADERS,
+from complyroute.proxy.contract import (DIGEST_HEADER, LABEL_TOKEN_HEADER, MAX_LABEL_BYTES, MAX_LABEL_VALUES, MAX_FORWARDED_HEADERS, MAX_RECORD_BYTES, MAX_REQUEST_HEADERS,
                                         RECORD_ID_HEADER, RECORD_PATH, ROUTING_HEADER, hop_timeout_of,
                                         receive_timeouts)
 from complyroute.proxy.replies import OVER_BOUND_HEADER, UNDELIVERED_HEADER, local_replies
@@ -50,6 +50,9 @@ ENTRY_FORGETS_REQUEST_ID = {
 def _connection_manager(stat_prefix: str, http_filters: list, virtual_host: dict, settings: dict, from_client: bool = False,
                         deciding: bool = False) -> dict:
     headers_timeout, request_timeout = receive_timeouts(settings)
+    # A listener that asks no decision bounds the headers in its codec; a deciding one keeps Envoy's
+    # bound, above its own (HEADER_COUNT), for the headers a decision adds.
+    bounded = {} if deciding else {"common_http_protocol_options": {"max_headers_count": MAX_FORWARDED_HEADERS}}
     return {
         "name": "envoy.filters.network.http_connection_manager",
         "typed_config": {
@@ -62,6 +65,7 @@ def _connection_manager(stat_prefix: str, http_filters: list, virtual_host: dict
             "always_set_request_id_in_response": True,
             "request_headers_timeout": headers_timeout,
             "request_timeout": request_timeout,
+            **bounded,
             "route_config": {"name": stat_prefix, "virtual_hosts": [virtual_host]},
             # At the entry, a client's id is removed before Envoy generates the record's.
             **({"early_header_mutation_extensions": [ENTRY_FORGETS_REQUEST_ID]} if from_client else {}),
@@ -94,25 +98,36 @@ RECORD_ID_FROM_TOKEN = {"header": {"key": "x-request-id", "value": f"%REQ({RECOR
                         "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}
 
 
-# Refuses, before ext_authz, a request whose label header exceeds the bounds (431, answered as
-# LABEL_TOO_LARGE by the local reply mappers), or that holds more than MAX_REQUEST_HEADERS
-# headers (431, HEADERS_TOO_LARGE). Lua, since neither a route nor a matcher can measure a
-# header: a regular expression would be RE2's, whose `.` and `[^,]` match no byte of invalid
-# UTF-8, which the codec lets through. The count leaves room for the headers a decision adds:
-# ext_authz refuses to add them past the connection manager's bound (Envoy's 100), and a
-# request it cannot complete so came back 500 (ext_authz_invalid, request_header_limits_reached:
-# 90 extra headers from a client did).
-LABEL_BOUND_LUA = f"""
+# Refuses, first at every deciding listener, a request of more than MAX_REQUEST_HEADERS headers
+# (431, HEADERS_TOO_LARGE). The connection manager's own bound cannot be the one: ext_authz
+# refuses to add a decision's headers past it, and the request came back 500
+# (ext_authz_invalid, request_header_limits_reached: 90 extra headers from a client did), so it
+# stays at Envoy's 100 and this bound leaves room below it.
+HEADER_COUNT_LUA = f"""
 function envoy_on_request(handle)
-  local headers = handle:headers()
   local count = 0
-  for _, _ in pairs(headers) do
+  for _, _ in pairs(handle:headers()) do
     count = count + 1
   end
   if count > {MAX_REQUEST_HEADERS} then
     handle:respond({{[":status"] = "431"}}, "")
-    return
   end
+end
+"""
+HEADER_COUNT = {
+    "name": "envoy.filters.http.lua",
+    "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua",
+                     "default_source_code": {"inline_string": HEADER_COUNT_LUA}},
+}
+
+
+# Refuses, before ext_authz, a request whose label header exceeds the bounds (431, answered as
+# LABEL_TOO_LARGE by the local reply mappers). Lua, since neither a route nor a matcher can
+# measure a header: a regular expression would be RE2's, whose `.` and `[^,]` match no byte
+# of invalid UTF-8, which the codec lets through.
+LABEL_BOUND_LUA = f"""
+function envoy_on_request(handle)
+  local headers = handle:headers()
   for _, name in ipairs(LABEL_HEADERS) do
     local value = headers:get(name)  -- repeated headers come joined by ","
     if value ~= nil then
@@ -189,6 +204,7 @@ def _deciding_listener(listener: DecidingListener, settings: dict, matcher: dict
     else:
         checks = [_removing([ROUTING_HEADER, OVER_BOUND_HEADER]), label_bound(labels)]
     filters = [
+        HEADER_COUNT,
         *checks,
         {
             "name": "envoy.filters.http.ext_authz",

@@ -6,20 +6,19 @@ their placement. Validation happens before anything starts and names the field a
 
 from __future__ import annotations
 
-import difflib
 import functools
 import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import jsonschema
 import yaml
+
+from complyroute.topology import fields
 
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE_DATA = REPO / "policies" / "complyroute" / "reference" / "data.json"
 MANIFESTS = REPO / "topologies"  # the topologies every tool lists (not its examples/)
-SCHEMA = MANIFESTS / "topology.schema.json"  # what a manifest may hold (check_fields), which editors read too
 PLACEMENT = "placement.py"  # what makes a folder a topology's: `place(topology, net) -> Plan`
 
 ENGINES = ("envoy-opa", "envoy-compiled")  # modules in complyroute/engines/
@@ -186,53 +185,10 @@ def read(path: Path) -> dict:
     return raw
 
 
-@functools.cache
-def schema_validator() -> jsonschema.protocols.Validator:
-    """The manifests' JSON Schema (SCHEMA), checked once against its meta-schema."""
-    schema = json.loads(SCHEMA.read_text())
-    validator = jsonschema.validators.validator_for(schema)
-    validator.check_schema(schema)
-    return validator(schema)
-
-
-def _subschema(schema: dict, path: list) -> dict:
-    """The part of the schema that describes the value at `path` (keys and list indexes)."""
-    root = schema_validator().schema
-    for part in path:
-        if "$ref" in schema:
-            schema = root["$defs"][schema["$ref"].rsplit("/", 1)[1]]
-        if isinstance(part, int):
-            schema = next((option["items"] for option in schema.get("oneOf", [schema]) if "items" in option), {})
-        else:
-            schema = schema.get("properties", {}).get(part, {})
-    if "$ref" in schema:
-        schema = root["$defs"][schema["$ref"].rsplit("/", 1)[1]]
-    return schema
-
-
 def check_fields(raw: dict, source: Path) -> None:
-    """Refuses (ManifestError) a manifest its JSON Schema refuses: an unknown field, named with
-    its path and the nearest known field; a value of the wrong type or out of range."""
-    def specific(error):  # of a value no option of a oneOf takes, what the option that got furthest says
-        while error.validator == "oneOf" and error.context:
-            deepest = max(len(e.absolute_path) for e in error.context)
-            furthest = [e for e in error.context if len(e.absolute_path) == deepest]
-            error = jsonschema.exceptions.best_match([e for e in furthest if e.validator != "type"] or furthest)
-        return error
-
-    errors = sorted(map(specific, schema_validator().iter_errors(raw)),
-                    key=lambda error: (len(error.absolute_path), list(map(str, error.absolute_path))))
-    for error in errors:
-        path = list(error.absolute_path)
-        where = ".".join(f"[{part}]" if isinstance(part, int) else part for part in path).replace(".[", "[")
-        if error.validator == "additionalProperties":
-            known = sorted(_subschema(schema_validator().schema, path).get("properties", {}))
-            for field_name in sorted(set(error.instance) - set(known)):
-                near = difflib.get_close_matches(field_name, known, n=1)
-                named = f"{where}.{field_name}" if where else field_name
-                hint = f"did you mean '{near[0]}'?" if near else f"the fields here are {', '.join(known)}"
-                raise ManifestError(f"{source}: field '{named}': is not a field of a manifest; {hint}")
-        raise ManifestError(f"{source}: field '{where or '(the manifest)'}': {error.message}")
+    """Refuses (ManifestError) a manifest its JSON Schema refuses (fields.py)."""
+    if problem := fields.refusal(raw):
+        raise ManifestError(f"{source}: {problem}")
 
 
 def load(name_or_path: str, services: int | str | list | None = None, overrides: dict | None = None, engine: str | None = None) -> Topology:
@@ -244,7 +200,6 @@ def load(name_or_path: str, services: int | str | list | None = None, overrides:
     """
     path = resolve(name_or_path)
     raw = {**read(path), **(overrides or {})}
-    check_fields(raw, path)
     if engine:
         raw["engine"] = {**(raw.get("engine") or {}), "kind": engine}
     if isinstance(services, str) and not services.isdigit():
@@ -283,6 +238,8 @@ def expand(raw: dict, source: Path, services: int | list | None = None) -> Topol
     def fail(field_name: str, problem: str) -> ManifestError:
         return ManifestError(f"{source}: field '{field_name}': {problem}")
 
+    check_fields(raw, source)
+
     policy = raw.get("policy", "policies")
     if not isinstance(policy, str) or not policy:
         raise fail("policy", "must name a rule set: policies, one of rule-sets/, or a folder")
@@ -295,40 +252,21 @@ def expand(raw: dict, source: Path, services: int | list | None = None) -> Topol
     if not (folder / PLACEMENT).is_file():
         raise fail("topology", f"'{kind}' is not one of {topology_folders()}, nor the path of a folder with a {PLACEMENT}")
 
-    nodes = raw.get("nodes", {})
-    service_node_count = nodes.get("service", 3)
-    if not isinstance(service_node_count, int) or service_node_count < 1:
-        raise fail("nodes.service", f"must be a whole number >= 1, got {service_node_count!r}")
+    # Types and ranges of the fields are the schema's (fields.py, checked by load): what follows
+    # checks what a schema cannot say (a folder, a region the reference data knows, ids).
+    service_node_count = raw.get("nodes", {}).get("service", 3)
     gateway = Node("gateway", "gateway", "127.0.1.1")
     service_nodes = [Node(f"node-{n}", "service", f"127.0.1.{1 + n}") for n in range(1, service_node_count + 1)]
 
     routers_per_node = raw.get("routers_per_node", 1)
-    if isinstance(routers_per_node, bool) or not isinstance(routers_per_node, int) or routers_per_node < 1:
-        raise fail("routers_per_node", f"must be a whole number >= 1, got {routers_per_node!r}")
 
     engine = dict(raw.get("engine") or {})
-    if engine.setdefault("kind", "envoy-opa") not in ENGINES:
-        raise fail("engine.kind", f"'{engine['kind']}' is not one of {list(ENGINES)}")
+    engine.setdefault("kind", "envoy-opa")
     # OPA's decision logs: off, or one JSON line per decision in the point's OPA log (masked:
     # no record body, no label token), which `python -m complyroute trace` reads.
-    if engine.setdefault("decision_logs", "off") not in DECISION_LOGS:
-        raise fail("engine.decision_logs", f"'{engine['decision_logs']}' is not one of {list(DECISION_LOGS)}")
-
-    if "work_iterations" in engine:
-        raise fail("engine.work_iterations", "is a setting of the services, not of enforcement: write it as workload.work_iterations")
+    engine.setdefault("decision_logs", "off")
     workload = dict(raw.get("workload") or {})
-    for setting, value in workload.items():
-        if setting != "work_iterations":
-            raise fail(f"workload.{setting}", "is not a setting; the one setting is work_iterations")
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise fail("workload.work_iterations", f"must be a whole number >= 0, got {value!r}")
-
     security = {**SECURITY_DEFAULTS, **(raw.get("security") or {})}
-    for setting, value in security.items():
-        if setting not in SECURITY_DEFAULTS:
-            raise fail(f"security.{setting}", f"is not a setting; the settings are {sorted(SECURITY_DEFAULTS)}")
-        if not isinstance(value, bool):
-            raise fail(f"security.{setting}", f"must be true or false, got {value!r}")
     if security["label_tokens"] and not security["mtls"]:
         raise fail("security.label_tokens", "needs security.mtls: a token proves labels only between authenticated parts")
 

@@ -19,8 +19,8 @@ import pytest
 from complyroute import engines
 from complyroute.policy import labels
 from complyroute.policy.policyfiles import POLICIES
-from complyroute.proxy.contract import MAX_LABEL_BYTES, MAX_LABEL_VALUES, MAX_RECORD_BYTES, receive_timeouts
-from complyroute.proxy.envoy import LISTENER, label_bound
+from complyroute.proxy.contract import MAX_FORWARDED_HEADERS, MAX_LABEL_BYTES, MAX_LABEL_VALUES, MAX_RECORD_BYTES, MAX_REQUEST_HEADERS, receive_timeouts
+from complyroute.proxy.envoy import HEADER_COUNT, LISTENER, label_bound
 from complyroute.proxy.opa import BundleSource
 from complyroute.proxy.replies import LOCAL_REPLIES, OVER_BOUND, OVER_BOUND_HEADER, UAEX
 from complyroute.proxy.routes import A_RECORD, REQUEST_FORMS, ROUTE_CONFIGURATION
@@ -232,6 +232,17 @@ def test_local_replies_keep_the_policys_answers_and_make_every_other_refusal_jso
     assert others[-1]["body_format_override"]["json_format"]["code"] == "REQUEST_REFUSED"  # any other 4xx
 
 
+def test_a_listener_deciding_nothing_bounds_the_headers_in_its_codec_allowed(tmp_path):
+    # Its twin, a deciding listener, keeps Envoy's bound for the headers a decision adds (below).
+    plan, configs = configured("sidecar", "envoy-opa", tmp_path)
+    forwarding = [(point, f.name) for point in plan.points for f in point.forwarding]
+    assert forwarding
+    for point, name in forwarding:
+        manager = managers(configs[point.name].envoy)[name]
+        assert manager["common_http_protocol_options"] == {"max_headers_count": MAX_FORWARDED_HEADERS}, name
+    assert MAX_REQUEST_HEADERS < MAX_FORWARDED_HEADERS < 100  # room for a decision's headers, under Envoy's bound
+
+
 @pytest.mark.parametrize("secured", [True, False], ids=["tokens", "plain"])
 def test_labels_are_bounded_before_opa_where_a_sender_gives_them(secured, tmp_path):
     """The entry (and, without label tokens, every deciding listener) measures the label headers
@@ -243,10 +254,13 @@ def test_labels_are_bounded_before_opa_where_a_sender_gives_them(secured, tmp_pa
             names = [f["name"] for f in manager["http_filters"]]
             bounded = not secured or listener.from_client
             assert (label_bound(SCHEMA) in manager["http_filters"]) == bounded, listener.name
+            # Every deciding listener counts the headers first, whatever it then decides by.
+            assert manager["http_filters"][0] == HEADER_COUNT and "common_http_protocol_options" not in manager, listener.name
             if bounded:
-                assert names.index("envoy.filters.http.lua") < names.index("envoy.filters.http.ext_authz")
-                removed = manager["http_filters"][0]["typed_config"]["mutations"]["request_mutations"]
+                assert manager["http_filters"].index(label_bound(SCHEMA)) < names.index("envoy.filters.http.ext_authz")
+                removed = manager["http_filters"][names.index("envoy.filters.http.header_mutation")]["typed_config"]["mutations"]["request_mutations"]
                 assert {"remove": OVER_BOUND_HEADER} in removed  # a sender cannot name a refusal
+    assert f"count > {MAX_REQUEST_HEADERS}" in HEADER_COUNT["typed_config"]["default_source_code"]["inline_string"]
     lua = label_bound(SCHEMA)["typed_config"]["default_source_code"]["inline_string"]
     assert lua.startswith('local LABEL_HEADERS = {"x-data-category", "x-data-consent", "x-data-region"}\n')
     assert f"#value > {MAX_LABEL_BYTES}" in lua and f"commas >= {MAX_LABEL_VALUES}" in lua

@@ -75,7 +75,10 @@ def test_replicas_from_one_to_the_bound_allowed(replicas):
 
 @pytest.mark.parametrize("replicas", [0, -2, MAX_REPLICAS + 1, "2", 2.0, True, None])
 def test_replicas_that_are_no_whole_number_from_one_to_the_bound_denied(replicas):
-    with pytest.raises(ManifestError, match=re.escape(f"field 'services[0].replicas': must be a whole number from 1 to {MAX_REPLICAS}")):
+    # The schema's refusals (topologies/topology.schema.json: an integer from 1 to MAX_REPLICAS), by
+    # path; 2.0, which JSON Schema takes for an integer, the manifest's own.
+    with pytest.raises(ManifestError, match=re.escape("field 'services[0].replicas': ")
+                       + rf".*( is not of type 'integer'|minimum of 1|maximum of {MAX_REPLICAS}|must be a whole number from 1 to {MAX_REPLICAS})"):
         services({"id": "a", "step": "s", "region": "EU", "replicas": replicas})
 
 
