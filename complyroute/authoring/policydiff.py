@@ -279,9 +279,16 @@ def move(before: dict | None, after: dict | None) -> str:
     return f"{describe(before, detailed)} -> {describe(after, detailed)}"
 
 
+# What the comparison cannot see, said with every report: each decision is asked with an empty
+# record (decision_space.rego), so a rule reading the record's content changes nothing here.
+RECORD_NOT_COMPARED = ("each asked with an empty record: what a rule reading the record's content would decide "
+                       "differently is not compared here (`make decide` asks one record)")
+
+
 def report(result: dict, base: str, policies: str = "policies/", out=sys.stdout) -> None:
     print(f"policy-diff {base} -> {policies}: {result['compared']} decisions compared at {result['listeners']} "
           f"deciding listeners, {result['changed']} would change", file=out)
+    print(f"  {RECORD_NOT_COMPARED}", file=out)
     shown = None
     for change in result["changes"]:
         listener = (change["point"], change["listener"], change["sender"], change["step"])

@@ -109,6 +109,7 @@ def test_us_adequacy_moves_eu_records_to_us_instances_allowed(us_adequacy_diff):
     policydiff.report(result, "HEAD", out=text)
     lines = text.getvalue().splitlines()
     assert lines[0] == f"policy-diff HEAD -> policies/: {SPACE} decisions compared at 7 deciding listeners, 1632 would change"
+    assert lines[1] == f"  {policydiff.RECORD_NOT_COMPARED}"  # said plainly, changes or none
     assert "  entry, listener entry (gateway -> ingest):" in lines
     assert ("    category health,personal, consent with care, region EU,IS,LI,NO (256 labellings): allowed to ingest-eu-1,ingest-eu-2 "
             "-> allowed to ingest-us|ingest-eu-1,ingest-eu-2" in lines)
@@ -127,7 +128,8 @@ def test_an_unchanged_rule_set_changes_no_decision_denied(walkthrough, head, tmp
     assert result == {"compared": SPACE, "listeners": 7, "changed": 0, "changes": []}
     text = io.StringIO()
     policydiff.report(result, "HEAD", out=text)
-    assert text.getvalue() == f"policy-diff HEAD -> policies/: {SPACE} decisions compared at 7 deciding listeners, 0 would change\n"
+    assert text.getvalue() == (f"policy-diff HEAD -> policies/: {SPACE} decisions compared at 7 deciding listeners, 0 would change\n"
+                               f"  {policydiff.RECORD_NOT_COMPARED}\n")
 
 
 def test_a_purpose_no_instance_processes_for_is_asked_too(walkthrough, head, tmp_path):
