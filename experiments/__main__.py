@@ -49,6 +49,11 @@ def cmd_run(args) -> int:
             return 2
         parameters = dataclasses.replace(stored, repetitions=max(stored.repetitions, args.repetitions or 0))
     else:
+        if args.profile is None:  # the paper's matrix takes about 12 hours here: nobody starts it by leaving a flag out
+            print(f"error: a new run needs --profile ({', '.join(sorted(matrix.PROFILES))}): quick is `make experiment`'s "
+                  "(about 30 minutes here), paper the paper's whole matrix (about 12 hours); a flag given replaces the profile's",
+                  file=sys.stderr)
+            return 2
         parameters = matrix.resolve(args.profile, **given)
         run_dir = args.results / (args.run_id or new_run_id(parameters.profile))
     for name in parameters.topologies:  # a manifest its schema refuses stops the run before any cell starts
@@ -213,7 +218,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m experiments") -> 
 
     run = commands.add_parser("run", help="run the matrix (or resume a run), then write its report",
                               description="Every matrix parameter defaults to the profile's (paper unless --profile quick).")
-    run.add_argument("--profile", choices=sorted(matrix.PROFILES), help="preset parameters (default paper)")
+    run.add_argument("--profile", choices=sorted(matrix.PROFILES), help="preset parameters, which a new run needs (a resumed run keeps its own)")
     run.add_argument("--topologies", nargs="+", metavar="NAME", help=f"names or aliases ({' '.join(manifest.aliases())}); default {' '.join(matrix.TOPOLOGIES)}")
     run.add_argument("--engines", nargs="+", metavar="ENGINE",
                      help=f"how the enforcing topologies decide, each run under every one given (default both: {' '.join(matrix.ENGINES)})")

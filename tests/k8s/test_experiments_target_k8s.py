@@ -36,7 +36,7 @@ def test_run_target_k8s_measures_one_short_cell_on_the_real_node_allowed(cluster
     if cluster.real_node is None:
         pytest.skip("the cluster runs without a real node (COMPLYROUTE_REAL_NODE=0)")
     use_kubectl_of(monkeypatch, cluster.kubeconfig)
-    code = cli.main(["--results", str(tmp_path), "run", "--target", "k8s", "--one-node", "--run-id", "k8s-cell",
+    code = cli.main(["--results", str(tmp_path), "run", "--profile", "paper", "--target", "k8s", "--one-node", "--run-id", "k8s-cell",
                      "--topologies", TOPOLOGY, "--engines", "envoy-opa", "--rates", str(RATE), "--services", "5", "--repetitions", "1",
                      "--warmup", str(WARMUP), "--duration", str(DURATION), "--mix", "mixed", "--load", "closed",
                      "--user-rate", str(RATE)])
@@ -83,7 +83,7 @@ def test_run_target_k8s_with_no_cluster_answering_is_refused_denied(tmp_path, mo
         "contexts": [{"name": "nowhere", "context": {"cluster": "nowhere", "user": "nobody"}}]}))
     use_kubectl_of(monkeypatch, kubeconfig)
     results = tmp_path / "results"
-    assert cli.main(["--results", str(results), "run", "--target", "k8s", "--one-node", "--topologies", TOPOLOGY, "--rates", "5",
+    assert cli.main(["--results", str(results), "run", "--profile", "paper", "--target", "k8s", "--one-node", "--topologies", TOPOLOGY, "--rates", "5",
                      "--services", "5", "--repetitions", "1", "--duration", "2", "--bench-rounds", "0"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --target k8s: the current kubectl context (nowhere, server https://127.0.0.1:9) does not answer")

@@ -87,7 +87,7 @@ def test_one_topology_under_both_engines_five_services_100_per_second_for_5_seco
 
 def test_ctrl_c_stops_locust_and_the_deployment(tmp_path, no_deployment):
     runner = subprocess.Popen(
-        experiments(tmp_path, "run", "--topologies", "ce", "--engines", "envoy-opa", "--rates", "100", "--services", "5",
+        experiments(tmp_path, "run", "--profile", "paper", "--topologies", "ce", "--engines", "envoy-opa", "--rates", "100", "--services", "5",
                     "--repetitions", "1", "--duration", "60", "--warmup", "2", "--prime", "0", "--bench-rounds", "0",
                     "--run-id", "interrupted"),
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
