@@ -58,6 +58,11 @@ REQUEST_TIMEOUT_S = 60
 Labelling = tuple[str, str, tuple]
 
 
+def order(labelling: Labelling) -> tuple:
+    """How labellings are ordered wherever they are listed: point, listener, then the labels (absent first)."""
+    return labelling[0], labelling[1], [value or "" for value in labelling[2]]
+
+
 class RecordShapeChanged(EngineError):
     """The rule set carries its own package of the record's shape, not the platform's."""
 
@@ -125,13 +130,13 @@ def asked_copy(policies: Path) -> Path:
 
 
 @contextlib.contextmanager
-def _opa_server(policies: Path):
-    """An OPA serving the asked copy of `policies` on a unix socket in a private folder."""
+def _opa_server(copy: Path):
+    """An OPA serving `copy` (asked_copy's) on a unix socket in a private folder."""
     folder = Path(tempfile.mkdtemp(prefix="complyroute-asked-"))
     socket_path = folder / "opa.sock"
     log = (folder / "opa.log").open("w")
     process = subprocess.Popen([str(OPA), "run", "--server", f"--addr=unix://{socket_path}", "--unix-socket-perm=600",
-                                "--skip-version-check", "--log-level=error", *ignore_flags(), str(asked_copy(policies))],
+                                "--skip-version-check", "--log-level=error", *ignore_flags(), str(copy)],
                                stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "GOGC": "400"},
                                preexec_fn=lambda: os.nice(10))
     try:
@@ -196,17 +201,17 @@ def dependent(space: dict, labellings: list[Labelling], policies: Path) -> list[
         asks.append((entry["data"], {"labels": labels, "sender": pinned["sender"], "step": pinned["step"]}))
     left = residuals(policies, asks)
     found = [labelling for labelling, residual in zip(labellings, left) if residual]
-    return sorted(found, key=lambda labelling: (labelling[0], labelling[1], [value or "" for value in labelling[2]]))
+    return sorted(found, key=order)
 
 
 def residuals(policies: Path, asks: list[tuple[dict, dict]]) -> list[bool]:
     """For each (a point's data document, a hop: {"labels", "sender", "step"}), whether OPA's
     partial evaluation of the decision there leaves a residual. Two OPAs side by side (two cores
     here), each asked half of them."""
-    asked_copy(policies)  # refuses a record shape of the rule set's own before any OPA starts
+    copy = asked_copy(policies)  # refuses a record shape of the rule set's own before any OPA starts
     numbered = list(enumerate(asks))
     with ThreadPoolExecutor(max_workers=2) as pool:
-        halves = list(pool.map(lambda half: _residuals(policies, half), [numbered[0::2], numbered[1::2]]))
+        halves = list(pool.map(lambda half: _residuals(copy, half), [numbered[0::2], numbered[1::2]]))
     left = [False] * len(asks)
     for half in halves:
         for number in half:
@@ -214,7 +219,7 @@ def residuals(policies: Path, asks: list[tuple[dict, dict]]) -> list[bool]:
     return left
 
 
-def _residuals(policies: Path, asks: list[tuple[int, tuple[dict, dict]]]) -> list[int]:
+def _residuals(copy: Path, asks: list[tuple[int, tuple[dict, dict]]]) -> list[int]:
     """residuals' work for one OPA: the numbers of the asks left over, each data document placed once."""
     by_data: dict[str, tuple[dict, list[tuple[int, dict]]]] = {}
     for number, (document, hop) in asks:
@@ -222,7 +227,7 @@ def _residuals(policies: Path, asks: list[tuple[int, tuple[dict, dict]]]) -> lis
     left: list[int] = []
     if not by_data:
         return left
-    with _opa_server(policies) as socket_path:
+    with _opa_server(copy) as socket_path:
         connection = localhttp.UnixConnection(socket_path, REQUEST_TIMEOUT_S)
         try:
             placed: set[str] = set()

@@ -341,7 +341,7 @@ def precompute(points: list[EnforcementPoint], policies: Path, data: dict[str, d
     except EngineError as error:
         raise EngineError(f"OPA could not ask the rule set for the allowed table: {error}") from None
     outcomes = {key_of(answer): (answer[3], answer[4]) for answer in answers}
-    asked = sorted(outcomes, key=lambda labelling: (labelling[0], labelling[1], [value or "" for value in labelling[2]]))
+    asked = sorted(outcomes, key=independence.order)
     try:
         left = cached(DEPENDENT, {"space": space, "asked": asked}, policies,
                       lambda: [list(labelling) for labelling in independence.dependent(space, asked, policies)])
@@ -359,7 +359,7 @@ def decided_in_full(space: dict, dependent: set[Labelling], allowed: int) -> str
     by_point: dict[str, int] = defaultdict(int)
     for point, _, _ in dependent:
         by_point[point] += 1
-    point, listener, values = min(dependent, key=lambda labelling: (labelling[0], labelling[1], [value or "" for value in labelling[2]]))
+    point, listener, values = min(dependent, key=independence.order)
     points = ", ".join(f"{name} {count}" for name, count in sorted(by_point.items()))
     return (f"OPA's partial evaluation finds {len(dependent)} of {allowed} allowed answers depend on what no table holds (the "
             f"record's content, the request id, the clock or another non-deterministic built-in), so OPA decides them in full "
