@@ -152,7 +152,8 @@ def cmd_policy_test(args) -> int:
     except json.JSONDecodeError:
         print(run.stdout + run.stderr, file=sys.stderr)
         return run.returncode or 1
-    own = {path: info for path, info in report.get("files", {}).items() if not any(path.startswith(part + "/") for part in platform)}
+    own = {path: info for path, info in report.get("files", {}).items()
+           if not any(path == part or path.startswith(part + "/") for part in platform)}
     for path, info in sorted(own.items()):
         if not path.endswith("_test.rego"):
             ranges = info.get("not_covered", [])

@@ -19,16 +19,13 @@ def block(name: str) -> str:
     return "\n".join(line.removeprefix(indent) for line in match.group(2).splitlines()) + "\n"
 
 
-# Where the walkthrough puts its rule: after the last `exclusions` rule, before this line.
-BEFORE = "# --- destinations"
-
-
 def rule_set_with_rule(folder: Path) -> Path:
-    """policies/ copied under `folder`, the walkthrough's rule put where it says, in compliance.rego."""
+    """policies/ copied under `folder`, the walkthrough's rule put where it says: appended to compliance.rego, after its last exclusions rule."""
     policies = folder / "policies"
     shutil.copytree(POLICIES, policies)
     compliance = policies / "complyroute" / "compliance" / "compliance.rego"
     text = compliance.read_text()
-    assert text.count(BEFORE) == 1, f"compliance.rego has no single {BEFORE!r} line, where the walkthrough puts its rule"
-    compliance.write_text(text.replace(BEFORE, block("rule") + "\n" + BEFORE))
+    last = text.rfind("\nexclusions contains ")
+    assert last >= 0 and "\n# ---" not in text[last:], "compliance.rego does not end with its exclusions, after which the walkthrough puts its rule"
+    compliance.write_text(text.rstrip("\n") + "\n\n" + block("rule"))
     return policies

@@ -19,7 +19,7 @@ import subprocess
 from pathlib import Path
 
 from complyroute.policy import labels as label_schema
-from complyroute.policy.policyfiles import OPA, PLATFORM, RULE_SET, content_digest, is_test
+from complyroute.policy.policyfiles import OPA, RULE_SET, content_digest, is_platform, is_test
 
 # The rule set's own readers of a label by name: the compliance package's helper rules and the
 # input itself. A constant key after one of these is a label name.
@@ -69,9 +69,8 @@ def _reads(node, readers: tuple[tuple[str, ...], ...], found: list[tuple[int, st
 
 def _modules(policies: Path) -> list[Path]:
     """The rule set's own modules: not the platform's parts, not tests, not examples."""
-    platform = [policies / part for part in PLATFORM]
     return [module for module in sorted((policies / RULE_SET).rglob("*.rego"))
-            if not is_test(module) and not any(part in module.parents for part in platform)]
+            if not is_test(module) and not is_platform(module.relative_to(policies))]
 
 
 def unknown_names(policies: Path) -> list[str]:

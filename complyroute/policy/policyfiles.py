@@ -30,15 +30,19 @@ RULE_SET = "complyroute"  # the rule set's folder in policies/: the rest is not 
 SYSTEM_POLICIES = POLICIES / "system"
 EXAMPLES = "examples"  # example inputs and a catalog (policies/examples/), JSON that is not data
 # Rule sets besides the shipped one (`policy=<name>`): each a folder like policies/ that holds
-# the rules (complyroute/compliance, complyroute/indexing, complyroute/reference), not the
-# platform's parts (PLATFORM), which rule_set() adds.
+# its own rules (complyroute/compliance/compliance.rego, complyroute/indexing,
+# complyroute/reference), not the platform's parts (PLATFORM), which rule_set() adds.
 RULE_SETS = REPO / "rule-sets"
-# What every rule set runs with, written once in policies/: the Envoy adapter (which reads the
-# rule set's entrypoint and label schema), the record's shape as the platform reads it (what the
-# quick path checks of a body, and OPA's partial evaluation assumes: engines/independence.py)
-# and the enforcement points' own policies.
+# What every rule set runs with, written once in policies/: the compliance package's platform
+# module (the entrypoint, the decision's assembly, the label and record checks, the helpers: a
+# rule set's own compliance.rego in the same package adds its exclusions), the Envoy adapter
+# (which reads the rule set's entrypoint and label schema), the record's shape as the platform
+# reads it (what the quick path checks of a body, and OPA's partial evaluation assumes:
+# engines/independence.py) and the enforcement points' own policies. Folders, but for the
+# platform module, a file in the rule set's own package folder.
 RECORD_SHAPE = Path(RULE_SET) / "record"
-PLATFORM = (Path(RULE_SET) / "envoy", RECORD_SHAPE, Path("system"))
+PLATFORM_MODULE = Path(RULE_SET) / "compliance" / "platform.rego"
+PLATFORM = (PLATFORM_MODULE, Path(RULE_SET) / "envoy", RECORD_SHAPE, Path("system"))
 ASSEMBLED = REPO / "build" / "rule-sets"
 # What of policies/ is not policy: the tests beside each module and the example inputs.
 IGNORED = ("*_test.rego", EXAMPLES)
@@ -90,15 +94,17 @@ def rule_set(chosen: str | Path) -> Path:
     content (the adapter's tests left out: they are written against the shipped rules); the
     shipped one, and any folder that holds them, is used as it is."""
     folder = source_of(chosen)
-    if all((folder / part).is_dir() for part in PLATFORM):
+    missing = [part for part in PLATFORM if not (folder / part).exists()]
+    if (folder / RULE_SET / "envoy").is_dir() and PLATFORM_MODULE in missing:
+        # A whole policies/ of a revision before the platform module (policy-diff base=...): its
+        # compliance package holds the entrypoint and everything it reads, as it is.
+        missing.remove(PLATFORM_MODULE)
+    if not missing:
         return folder
     files = {path.relative_to(folder): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
-    for part in PLATFORM:
-        if (folder / part).is_dir():  # an older rule set's own adapter goes with its own rules
-            continue
-        files.update({(part / path.relative_to(POLICIES / part)): path.read_bytes()
-                      for path in sorted((POLICIES / part).rglob("*"))
-                      if path.is_file() and not (is_test(path) and part.parts[0] == RULE_SET)})
+    for part in missing:
+        files.update({part / path.relative_to(POLICIES / part) if path != POLICIES / part else part: path.read_bytes()
+                      for path in platform_files(part) if not (is_test(path) and part.parts[0] == RULE_SET)})
     assembled = ASSEMBLED / f"{folder.resolve().name}-{content_digest({str(name): content for name, content in files.items()})[:16]}"
     if not assembled.is_dir():
         partial = assembled.with_name(f"{assembled.name}.{os.getpid()}.partial")
@@ -111,6 +117,17 @@ def rule_set(chosen: str | Path) -> Path:
         except OSError:  # another process assembled the same content first
             shutil.rmtree(partial, ignore_errors=True)
     return assembled
+
+
+def platform_files(part: Path) -> list[Path]:
+    """The files of one of the platform's parts in policies/ (a folder's, or the file itself)."""
+    shipped = POLICIES / part
+    return [shipped] if shipped.is_file() else [path for path in sorted(shipped.rglob("*")) if path.is_file()]
+
+
+def is_platform(relative: Path) -> bool:
+    """Whether a path relative to a rule set's folder is one of the platform's parts or inside one."""
+    return any(relative == part or part in relative.parents for part in PLATFORM)
 
 
 def ignore_flags(patterns: Sequence[str] = IGNORED) -> list[str]:

@@ -36,12 +36,14 @@ def test_the_walkthrough_followed_literally_passes_make_policy_test_allowed(tmp_
     assert "fast paths:" in run.stdout  # it ran to its last check
 
 
-def test_the_rule_appended_after_the_helpers_fails_the_lint_denied(tmp_path):
-    # What the walkthrough used to say: Regal's messy-rule refuses an exclusions rule apart from the others.
+def test_the_rule_put_apart_from_the_other_exclusions_fails_the_lint_denied(tmp_path):
+    # The twin of "append it after the last exclusions rule": the same rule put first, apart from
+    # the other exclusions, is refused by Regal's messy-rule.
     policies = tmp_path / "policies"
     shutil.copytree(policyfiles.POLICIES, policies)
     compliance = policies / "complyroute" / "compliance" / "compliance.rego"
-    compliance.write_text(compliance.read_text() + "\n" + block("rule"))
+    package = "package complyroute.compliance\n"
+    compliance.write_text(compliance.read_text().replace(package, package + "\n" + block("rule"), 1))
     run = policy_test(policies)
     assert run.returncode != 0 and "messy-rule" in run.stdout
 
