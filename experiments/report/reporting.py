@@ -10,12 +10,13 @@ A report is a list of blocks: ("h1" | "h2" | "h3", text), ("p", text), ("list", 
 from __future__ import annotations
 
 import base64
-import html
 import json
 import re
 from pathlib import Path
 
 import matplotlib
+from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
+from markupsafe import Markup, escape
 
 matplotlib.use("Agg")  # files only, no display
 
@@ -158,17 +159,37 @@ def grouped_bars(ax, groups: list, series: dict) -> None:
 # ---- documents ---------------------------------------------------------------------------
 
 def markdown_table(frame: pd.DataFrame) -> str:
-    header = "| " + " | ".join(str(c) for c in frame.columns) + " |"
-    rule = "|" + "|".join("---" for _ in frame.columns) + "|"
-    body = ["| " + " | ".join(str(v).replace("|", "\\|") for v in row) + " |" for row in frame.itertuples(index=False)]
-    return "\n".join([header, rule, *body])
+    """A GitHub table by pandas' to_markdown (tabulate); a cell's | escaped, which tabulate leaves as is."""
+    escaped = frame.map(lambda value: str(value).replace("|", "\\|"))
+    return escaped.to_markdown(index=False, tablefmt="github", disable_numparse=True)
 
 
-def inline_html(text: str) -> str:
+def inline_html(text: str) -> Markup:
     """Escape, then `code` and **bold**: the only markup the report's prose uses."""
-    escaped = html.escape(text)
+    escaped = str(escape(text))
     escaped = re.sub(r"`([^`]+)`", r"<code>\1</code>", escaped)
-    return re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", escaped)
+    return Markup(re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", escaped))
+
+
+def plain(text: str) -> str:
+    """A block's text without its markup: a heading's anchor, a figure's alt text."""
+    return text.replace("`", "").replace("**", "")
+
+
+def anchor(text: str, taken: set[str]) -> str:
+    """A heading's id: its words, lower case, joined by hyphens; unique in the page."""
+    base = re.sub(r"[^a-z0-9]+", "-", plain(text).lower()).strip("-") or "section"
+    name, number = base, 2
+    while name in taken:
+        name, number = f"{base}-{number}", number + 1
+    taken.add(name)
+    return name
+
+
+def figure_parts(content: list) -> tuple[Path, str, str]:
+    """(png, caption, alt) of a figure block; a block without its own alt text is described by its caption."""
+    path, caption, *alt = content
+    return path, caption, plain(alt[0] if alt else caption)
 
 
 def render_markdown(blocks: list[tuple], report_dir: Path) -> str:
@@ -183,36 +204,44 @@ def render_markdown(blocks: list[tuple], report_dir: Path) -> str:
         elif kind == "table":
             out.append(markdown_table(content[0]))
         elif kind == "figure":
-            path, caption = content
-            out.append(f"![{path.stem}]({path.relative_to(report_dir).as_posix()})\n\n*{caption}* (also as [SVG]({path.with_suffix('.svg').relative_to(report_dir).as_posix()}))")
+            path, caption, alt = figure_parts(content)
+            out.append(f"![{alt}]({path.relative_to(report_dir).as_posix()})\n\n*{caption}* (also as [SVG]({path.with_suffix('.svg').relative_to(report_dir).as_posix()}))")
     return "\n\n".join(out) + "\n"
 
 
-HTML_STYLE = """
-body { font-family: system-ui, sans-serif; max-width: 1200px; margin: 2em auto; padding: 0 1em; color: #222; line-height: 1.45; }
-table { border-collapse: collapse; margin: 0.8em 0; font-size: 0.82em; }
-th, td { border: 1px solid #ccc; padding: 2px 6px; text-align: right; white-space: nowrap; }
-th { background: #f0f0f0; } td:first-child, th:first-child { text-align: left; }
-figure { margin: 1em 0; } figure img { max-width: 100%; } figcaption { font-size: 0.9em; color: #444; }
-code { background: #f4f4f4; padding: 0 3px; } h2 { border-bottom: 1px solid #ddd; margin-top: 1.6em; }
-.scroll { overflow-x: auto; }
-"""
+TEMPLATES = Environment(loader=PackageLoader("experiments.report", "templates"), autoescape=select_autoescape(["html", "j2"]),
+                        trim_blocks=True, lstrip_blocks=True, undefined=StrictUndefined)
+
+
+def page_blocks(blocks: list[tuple]) -> tuple[list[dict], list[dict]]:
+    """The blocks as the template takes them, and the table of contents (every h2, its h3s under it)."""
+    taken: set[str] = set()
+    items, contents = [], []
+    for kind, *content in blocks:
+        if kind in ("h1", "h2", "h3"):
+            item = {"kind": "heading", "level": int(kind[1]), "id": anchor(content[0], taken), "html": inline_html(content[0])}
+            if kind == "h2":
+                contents.append({**item, "children": []})
+            elif kind == "h3" and contents:
+                contents[-1]["children"].append(item)
+        elif kind == "p":
+            item = {"kind": "p", "html": inline_html(content[0])}
+        elif kind == "list":
+            item = {"kind": "list", "items": [inline_html(text) for text in content[0]]}
+        elif kind == "table":
+            item = {"kind": "table", "html": Markup(content[0].to_html(index=False, escape=True, border=0))}
+        elif kind == "figure":
+            path, caption, alt = figure_parts(content)
+            item = {"kind": "figure", "src": "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode(), "alt": alt,
+                    "caption": inline_html(caption)}
+        else:
+            raise ValueError(f"unknown block kind {kind!r}")
+        items.append(item)
+    return items, contents
 
 
 def render_html(blocks: list[tuple], title: str) -> str:
-    out = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{HTML_STYLE}</style></head><body>"]
-    for kind, *content in blocks:
-        if kind in ("h1", "h2", "h3"):
-            out.append(f"<{kind}>{inline_html(content[0])}</{kind}>")
-        elif kind == "p":
-            out.append(f"<p>{inline_html(content[0])}</p>")
-        elif kind == "list":
-            out.append("<ul>" + "".join(f"<li>{inline_html(item)}</li>" for item in content[0]) + "</ul>")
-        elif kind == "table":
-            out.append("<div class='scroll'>" + content[0].to_html(index=False, escape=True, border=0) + "</div>")
-        elif kind == "figure":
-            path, caption = content
-            encoded = base64.b64encode(path.read_bytes()).decode()
-            out.append(f"<figure><img alt='{html.escape(caption)}' src='data:image/png;base64,{encoded}'><figcaption>{inline_html(caption)}</figcaption></figure>")
-    out.append("</body></html>")
-    return "\n".join(out)
+    """One self-contained page (figures embedded) from templates/report.html.j2: a table of contents
+    after the title, each wide table scrolling in a box of its own."""
+    items, contents = page_blocks(blocks)
+    return TEMPLATES.get_template("report.html.j2").render(title=title, blocks=items, contents=contents)

@@ -12,6 +12,7 @@ import pytest
 from experiments.__main__ import main
 from experiments.analysis import model, model_predict, stats
 from experiments.report import model_report
+from tests.unit.experiments.markdown_text import compact
 
 TWO_ENGINES = Path(__file__).resolve().parents[1] / "fixtures" / "two-engines"
 COSTS = model.Costs(service=1.0, forwarding=0.25, decision_envoy=0.6, decision_opa=0.9, compiled_envoy=0.3, entry_opa=0.9)
@@ -135,7 +136,7 @@ def test_the_model_command_writes_its_section(tmp_path, capsys):
     assert len(validation) == 10  # every case of the run
     paper = pd.read_csv(report / "tables" / "model_paper_testbed.csv")
     assert set(paper["topology"]) == {"central-entity", "dynamic-router-3", "dynamic-router-6", "sidecar", "baseline"}
-    assert "| Arch. | rate | paper W Avg (ms) |" in (report / "model.md").read_text()
+    assert "| Arch. | rate | paper W Avg (ms) |" in compact((report / "model.md").read_text())
 
 
 def test_the_model_command_refuses_a_run_without_the_benchs_rows(tmp_path, capsys):

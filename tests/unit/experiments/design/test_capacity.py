@@ -20,6 +20,7 @@ from experiments.design.matrix import ParameterError
 from experiments.load.timing import DURATIONS
 from experiments.report import capacity_report
 from experiments.run import capacity_run
+from tests.unit.experiments.markdown_text import compact
 
 
 # ---- the search -------------------------------------------------------------------------------
@@ -296,12 +297,12 @@ def test_the_report_table_figure_and_csv_of_a_synthetic_run(tmp_path, monkeypatc
     share = {(r["engine"], r["services"]): r["share_of_baseline"] for r in capacity_csv}
     assert float(share[("envoy-compiled", "5")]) == pytest.approx(275 / 400)
     assert capacity_csv[-1]["capped"] == "True" and capacity_csv[0]["first_failed"] == "200"
-    markdown = paths["markdown"].read_text()
+    markdown = compact(paths["markdown"].read_text())
     assert "| CE | envoy-opa | 5 | 175 |" in markdown and "| baseline | none | 10 | ≥ 2000 |" in markdown
     assert "at 200 req/s: p99" in markdown and "| 69% |" in markdown
     assert "(other processes: 0.10 cores)" in markdown  # 1.2 busy, 0.1 Locust, 1.0 the deployment
     assert "≤ 3%" in markdown  # a share of a capped baseline is at most that
-    assert "![capacity_latency](figures/capacity_latency.png)" in markdown
+    assert "](figures/capacity_latency.png)" in markdown
     for suffix in ("png", "svg"):
         assert (run_dir / "report" / "figures" / f"capacity_latency.{suffix}").stat().st_size > 1000
     assert "data:image/png;base64," in paths["html"].read_text()
@@ -339,13 +340,13 @@ def test_a_capacity_run_on_k8s_names_its_target_in_metadata_and_report(tmp_path,
     assert meta["target"]["target"] == "k8s" and meta["target"]["context"] == "local"
     assert meta["unmeasured"] == experiments_targets.unmeasured(KubernetesStandIn())  # what it cannot measure: pods, port-forwarded
     assert len(meta["unmeasured"]) == 2
-    markdown = (run_dir / "report" / "capacity.md").read_text()
+    markdown = compact((run_dir / "report" / "capacity.md").read_text())
     assert "Target: **k8s**: kubectl context `local`, API server https://10.250.250.1:36443, nodes complyroute-node" in markdown
     assert "Not measured on this target: the deployment's CPU time and memory, by part or in total" in markdown
 
 
 def test_a_capacity_run_recorded_before_targets_reports_local(tmp_path):
-    markdown = capacity_report.build(synthetic_run(tmp_path))["markdown"].read_text()
+    markdown = compact(capacity_report.build(synthetic_run(tmp_path))["markdown"].read_text())
     assert "Target: **local** (processes on this machine" in markdown and "Not measured on this target" not in markdown
 
 

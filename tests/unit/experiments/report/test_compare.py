@@ -12,6 +12,7 @@ import pytest
 
 from experiments.__main__ import main
 from experiments.report import compare
+from tests.unit.experiments.markdown_text import compact
 
 WARMUP_S, DURATION_S, RATE = 1, 20, 50
 COLUMNS = ["t_send_ms", "rtt_ms", "status", "record", "expected", "hops", "service_ms", "forward_ms", "back_ms", "entry_ms", "exit_ms"]
@@ -101,7 +102,7 @@ def test_the_command_writes_markdown_and_a_figure(runs, tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["compare", str(before), str(after), "--out", str(out)]) == 0
     assert f"compare: {out / 'compare.md'}" in capsys.readouterr().out
-    text = (out / "compare.md").read_text()
+    text = compact((out / "compare.md").read_text())
     assert "| CE (envoy-opa) | 50 | 5 |" in text and "✱" in text
     assert (out / "figures" / "compare.png").exists() and (out / "compare.csv").exists()
 

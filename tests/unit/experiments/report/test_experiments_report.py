@@ -11,6 +11,7 @@ import pytest
 
 from experiments.__main__ import main
 from experiments.report.report import bench_blocks, build
+from tests.unit.experiments.markdown_text import compact
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "small-run"
 TWO_ENGINES = Path(__file__).resolve().parents[1] / "fixtures" / "two-engines"
@@ -110,7 +111,7 @@ def test_spread_cost_and_time_split(report):
 
 def test_documents_and_figures(report):
     run_dir, paths, _ = report
-    markdown = paths["markdown"].read_text()
+    markdown = compact(paths["markdown"].read_text())
     page = paths["html"].read_text()
     for heading in ("Table I", "W Avg: ours and the paper", "Where the time goes", "CPU per record", "Failed cells", "Method"):
         assert heading in markdown and heading in page
@@ -130,7 +131,7 @@ def test_documents_and_figures(report):
 def test_a_run_recorded_before_engines_ran_envoy_opa(report):
     run_dir, paths, tables = report
     assert tables["cells"].groupby("topology")["engine"].unique().apply(list).to_dict() == {"central-entity": ["envoy-opa"], "baseline": ["none"]}
-    markdown = paths["markdown"].read_text()
+    markdown = compact(paths["markdown"].read_text())
     assert "This run was recorded before engines were run: its topologies ran envoy-opa." in markdown
     assert "This run measured one engine, envoy-opa: there is nothing to compare." in markdown
     assert tables["engines"].empty
@@ -140,7 +141,7 @@ def test_a_run_recorded_before_engines_ran_envoy_opa(report):
 
 
 def test_a_run_recorded_before_targets_ran_locally(report):
-    markdown = report[1]["markdown"].read_text()
+    markdown = compact(report[1]["markdown"].read_text())
     assert "Target: **local** (processes on this machine, supervised; entry on loopback)." in markdown
     assert "Not measured on this target" not in markdown and "shared by Locust and every process of the deployment" in markdown
 
@@ -154,7 +155,7 @@ def test_a_k8s_run_names_its_context_and_nodes_and_what_it_did_not_measure(tmp_p
                       "image": "complyroute/service:0.1.0"}
     meta["unmeasured"] = ["the deployment's CPU time and memory, by part or in total"]
     (run_dir / "metadata.json").write_text(json.dumps(meta))
-    markdown = build(run_dir)["markdown"].read_text()
+    markdown = compact(build(run_dir)["markdown"].read_text())
     assert ("Target: **k8s**: kubectl context `local`, API server https://10.250.250.1:36443, nodes complyroute-node (deployed to "
             "complyroute-node, rendered for one node); entry: kubectl port-forward to the entry's Service") in markdown
     assert "Not measured on this target: the deployment's CPU time and memory, by part or in total." in markdown
@@ -166,13 +167,13 @@ def test_a_run_recorded_before_the_open_loop_is_named_closed_loop_everywhere(rep
     for name in ("cells", "table1", "repetitions"):
         assert set(tables[name]["load"]) == {"closed loop"}, name
     assert (tables["cells"]["missed"] == 0).all() and (tables["cells"]["scheduled"] == tables["cells"]["requests"]).all()
-    markdown = paths["markdown"].read_text()
+    markdown = compact(paths["markdown"].read_text())
     assert "load: **closed loop** (10 req/s per Locust user)" in markdown
     assert "The load is a closed loop" in markdown and "under closed loop." in markdown
     # central-entity at 5 services: CV 1.2%, not flagged; at 10 a repetition is saturated: no CV
     spread = tables["repetitions"].set_index(["topology", "services"])
     assert not spread["cv_flagged"].any()
-    assert "| CE (envoy-opa) | 10 | 10 | closed loop | 2 | 109.500 109.500 | saturated † |  |" in markdown
+    assert "| CE (envoy-opa) | 10 | 10 | closed loop | 2 | 109.500 109.500 | saturated † | |" in markdown
 
 
 def test_report_command_accepts_a_run_folder(tmp_path, capsys):
@@ -248,11 +249,11 @@ def test_engine_comparison_per_topology(engines_report):
 
 def test_the_report_names_the_engine_of_every_figure(engines_report):
     run_dir, paths, _ = engines_report
-    markdown = paths["markdown"].read_text()
+    markdown = compact(paths["markdown"].read_text())
     page = paths["html"].read_text()
     for heading in ("## Engines compared: compiled against envoy-opa", "### CE", "### SA", "## What each part of a hop costs, beside its floor"):
         assert heading in markdown
-    assert "<h3>CE</h3>" in page
+    assert "<h3 id=\"ce\">CE</h3>" in page
     assert "| CE (compiled) | 10 | 5 | 30.000 | 34.750 | 39.500 | 44.250 | 48.050 | 49.000 | 39.500 |" in markdown  # Table I
     assert "| CE (envoy-opa) | 10 | 10 † | 108.500 | 29.500 | 7.900 |" in markdown  # enforcement per hop
     assert "| SA (compiled) | 10 | 5 | 90.000 | 50.000 | 35.000 | 5.000 | 6.000 |" in markdown  # CPU per record
@@ -268,14 +269,14 @@ def test_the_report_names_the_engine_of_every_figure(engines_report):
 
 def test_the_bench_table_and_how_to_read_it(engines_report):
     _, paths, _ = engines_report
-    markdown = paths["markdown"].read_text()
+    markdown = compact(paths["markdown"].read_text())
     assert "Read the ratio, not the value: 1× is the floor itself, 1.3× means 30% more CPU than the floor" in markdown
     assert "Measured at the start of session 1 (2026-11-22T09:00:00+0000): 3 rounds of 1000 sequential records per part, 95 s." in markdown
     assert "| Part | Process | CPU | Floor | Floor's CPU | Ratio to the floor | Target | Verdict |" in markdown
     assert ("| compiled engine: Envoy deciding the hop | envoy-compiled/envoy | 0.28 ms CPU/request | Envoy, router filter only | 0.2 "
             "| 1.40× | ≤ 1.3× | NOT MET |") in markdown
     assert "| service hop, beyond its work | service | 0.5 ms CPU/request | service hop floor (Fastify + undici) | 0.4 | 1.25× | ≤ 1.5× | met |" in markdown
-    assert "| Envoy, router filter only | bare-envoy | 0.2 ms CPU/request |  | – | – |  |  |" in markdown  # a floor itself
+    assert "| Envoy, router filter only | bare-envoy | 0.2 ms CPU/request | | – | – | | |" in markdown  # a floor itself
 
 
 def bench_text(run_dir: Path, meta: dict) -> str:
@@ -367,13 +368,13 @@ def test_an_open_loop_run_names_its_load_counts_its_misses_and_flags_disagreeing
     assert spread["cv_flagged"].tolist() == [True, False]
     split = tables["time_split"].set_index("topology")
     assert split.loc["baseline", "send_lag_ms"] == pytest.approx(40 / 20)  # one request in 20 sent 40 ms late
-    markdown = paths["markdown"].read_text()
+    markdown = compact(paths["markdown"].read_text())
     assert "load: **open loop, Poisson arrivals** (at most 1000 requests in flight, a send more than 100 ms late is missed)" in markdown
     assert "The load is an open loop" in markdown
     assert "**1 of 120 scheduled requests were missed**" in markdown
     assert "**1 case(s) not saturated whose repetitions' medians vary by more than 10%**" in markdown
     assert "CE (envoy-opa) 10 req/s 5 services (12.0%)" in markdown
     assert "| CE (envoy-opa) | 10 | 5 | open loop, Poisson arrivals | 3 | 88.000 100.000 112.000 | 12.0% | over 10% |" in markdown
-    assert "| baseline | 10 | 5 | open loop, Poisson arrivals | 3 | 19.000 20.000 21.000 | 5.0% |  |" in markdown
+    assert "| baseline | 10 | 5 | open loop, Poisson arrivals | 3 | 19.000 20.000 21.000 | 5.0% | |" in markdown
     assert "| 1 of 20 |" in markdown
     assert "under open loop, Poisson arrivals (RTT from each record's intended send time)" in markdown
