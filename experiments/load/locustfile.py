@@ -13,7 +13,7 @@ Run by the runner as one headless Locust process, with one of two user classes:
 
 A request-event hook writes one CSV row per request (intended and actual send time, RTT from
 the intended time, service time from the actual send, status, the record's kind and expected
-status, the durations of experiments.load.timing), not only Locust's aggregates. In the closed loop
+status, the durations of experiments.load.timing and its times of each hop), not only Locust's aggregates. In the closed loop
 a request is intended when it is sent.
 """
 
@@ -33,13 +33,13 @@ from locust.exception import StopUser
 from complyroute.policy import labels, policyfiles
 from experiments.load.mixes import BODY, MIXES, policy_of
 from experiments.load.openloop import ARRIVALS, Pacer, arrival_offsets, round_trip_ms
-from experiments.load.timing import DURATIONS, split
+from experiments.load.timing import DURATIONS, HOP_PARTS, HOP_SEPARATOR, hop_times, split
 
 # request_id (the answer's x-request-id: the entry assigns it), code and message (a refusal's JSON
 # code and message: an enforcement point's says why Envoy could not deliver, %RESPONSE_CODE_DETAILS%)
 # tell which record an audit line is of and who refused it, and why: the soak reads them (experiments/run/sets.py).
 COLUMNS = ("t_intended_ms", "t_send_ms", "rtt_ms", "service_time_ms", "status", "missed", "record", "expected", "hops", *DURATIONS,
-           "request_id", "code", "message")
+           "request_id", "code", "message", *HOP_PARTS)
 BODY_TEXT = json.dumps(BODY)
 
 
@@ -117,6 +117,7 @@ def log_request(response_time, response, context, start_time, **_):
     row = [f"{t_intended:.3f}", f"{t_send:.3f}", f"{round_trip_ms(t_intended, t_send, response_time):.3f}", f"{response_time:.3f}",
            status, "", context["record"], context["expected"]]
     durations = [""] * len(DURATIONS)
+    per_hop = [""] * len(HOP_PARTS)
     hops = ""
     request_id = (getattr(response, "headers", None) or {}).get("x-request-id") or ""
     code = message = ""
@@ -132,9 +133,11 @@ def log_request(response_time, response, context, start_time, **_):
             parts = split(path, t_send, t_send + response_time)  # adds up to the service time, from the actual send
             hops = len(path)
             durations = [f"{parts[name]:.3f}" for name in DURATIONS]
+            each_hop = hop_times(path, t_send, t_send + response_time)
+            per_hop = [HOP_SEPARATOR.join(f"{value:.3f}" for value in each_hop[name]) for name in HOP_PARTS]
         except (ValueError, KeyError, TypeError, IndexError):
             pass  # a 200 without a usable path: its RTT and status are still kept
-    request_log.writer.writerow(row + [hops] + durations + [request_id, code, message])
+    request_log.writer.writerow(row + [hops] + durations + [request_id, code, message] + per_hop)
 
 
 class RecordUser(FastHttpUser):
@@ -184,7 +187,7 @@ class OpenLoopUser(RecordUser):
         def miss(offset: float, reason: str) -> None:
             record, _, expected = self.pick_record()
             request_log.writer.writerow([f"{wall_start_ms + offset * 1000:.3f}", "", "", "", 0, reason, record.kind, expected, "",
-                                         *[""] * len(DURATIONS), "", "", ""])
+                                         *[""] * len(DURATIONS), "", "", "", *[""] * len(HOP_PARTS)])
 
         outcomes = pacer.run(start, time.monotonic, gevent.sleep, lambda: len(in_flight), send, miss)
         # Every request sent gets its answer or, after --answer-timeout, fails: none is left without a row.
