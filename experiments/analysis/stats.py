@@ -26,7 +26,7 @@ import pandas as pd
 
 from experiments.design.matrix import (BASELINE, COMPILED_ENGINE, ENGINE_OF_OLDER_RUNS, ENGINES, LOAD_OF_OLDER_RUNS, MAX_ERROR_RATE,
                                        MAX_REPETITION_CV, MIN_ACHIEVED_SHARE, P99_BOUND_MS, REFERENCE_ENGINE, TOPOLOGIES, load_label)
-from experiments.load.timing import DURATIONS
+from experiments.load.timing import DURATIONS, HOP_PARTS, HOP_SEPARATOR
 
 # The baseline's engine in the tables: a value, not a missing one, since pandas leaves rows
 # with a missing key out of every grouping.
@@ -43,11 +43,14 @@ REQUEST_DTYPES = {"t_intended_ms": "float64", "t_send_ms": "float64", "rtt_ms": 
 # ---- one cell -----------------------------------------------------------------------
 
 def read_requests(cell_dir: Path) -> pd.DataFrame:
-    """A cell's requests.csv.gz. One recorded before the open loop has neither intended times
-    nor misses: its requests were intended when sent, and its RTT is their service time."""
+    """A cell's requests.csv.gz, without the times of each hop (hop_times reads them: a run's
+    requests of 50 services would hold 150 numbers a row). One recorded before the open loop has
+    neither intended times nor misses: its requests were intended when sent, and its RTT is their
+    service time."""
     path = cell_dir / "requests.csv.gz"
     columns = pd.read_csv(path, nrows=0).columns
-    requests = pd.read_csv(path, dtype={name: kind for name, kind in REQUEST_DTYPES.items() if name in columns})
+    requests = pd.read_csv(path, usecols=[name for name in columns if name not in HOP_PARTS],
+                           dtype={name: kind for name, kind in REQUEST_DTYPES.items() if name in columns})
     if "t_intended_ms" not in columns:
         requests = requests.assign(t_intended_ms=requests["t_send_ms"], service_time_ms=requests["rtt_ms"], missed=None)
     return requests
@@ -334,3 +337,47 @@ def engine_comparison(table: pd.DataFrame, cpu: pd.DataFrame) -> pd.DataFrame:
     both = both.merge(baseline.rename(columns={"median": "baseline_median", "total_ms": "baseline_total_ms"}),
                       on=["rate", "services"], how="left")
     return order(both)
+
+
+HOP_COLUMNS = ["in_ms", "service_ms", "out_ms"]  # hop_times' columns, of HOP_PARTS in their order
+
+
+def hop_times(run_dir: Path) -> pd.DataFrame:
+    """Per case and hop (1: the first service), the mean time of its delivered records, that went
+    through every service, spent reaching the hop (in_ms), inside it (service_ms) and getting its
+    answer back (out_ms), repetitions pooled; with the mean RTT and the sender's lateness (RTT −
+    service time, the open loop's), so that a case's hops and lateness add up to its mean RTT.
+    Cells recorded before requests.csv.gz kept each hop's times have none."""
+    sums, counts, whole = [], {}, []
+    for cell_json in sorted((run_dir / "raw").glob("*/cell.json")):
+        meta = json.loads(cell_json.read_text())
+        path = cell_json.parent / "requests.csv.gz"
+        if not set(HOP_PARTS) <= set(pd.read_csv(path, nrows=0).columns):
+            continue
+        requests = pd.read_csv(path, usecols=["t_intended_ms", "t_send_ms", "rtt_ms", "service_time_ms", "status", "missed", "record", "hops",
+                                              *HOP_PARTS], dtype={name: "string" for name in HOP_PARTS})
+        if "missed" in requests:
+            requests = requests[requests["missed"].isna()]
+        cell = identity(meta["cell"])
+        timed = delivered(in_window(requests, meta["warmup_s"], meta["duration_s"]))
+        timed = timed[timed["hops"] == cell["services"]]
+        if timed.empty:
+            continue
+        key = tuple(cell[name] for name in CASE)
+        counts[key] = counts.get(key, 0) + len(timed)
+        whole.append({**dict(zip(CASE, key)), "rtt_sum": timed["rtt_ms"].sum(), "lag_sum": (timed["rtt_ms"] - timed["service_time_ms"]).sum()})
+        per_hop = {column: timed[part].str.split(HOP_SEPARATOR, expand=True).astype(float).sum()
+                   for part, column in zip(HOP_PARTS, HOP_COLUMNS)}
+        sums.append(pd.DataFrame({**dict(zip(CASE, key)), "hop": range(1, cell["services"] + 1),
+                                  **{column: values.to_numpy() for column, values in per_hop.items()}}))
+    if not sums:
+        return pd.DataFrame(columns=[*CASE, "hop", *HOP_COLUMNS, "records", "rtt_ms", "send_lag_ms"])
+    hops = pd.concat(sums).groupby([*CASE, "hop"], as_index=False)[HOP_COLUMNS].sum()
+    totals = pd.DataFrame(whole).groupby(CASE, as_index=False)[["rtt_sum", "lag_sum"]].sum()
+    totals["records"] = [counts[tuple(row)] for row in totals[CASE].itertuples(index=False)]
+    hops = hops.merge(totals, on=CASE)
+    for column in HOP_COLUMNS:
+        hops[column] = hops[column] / hops["records"]
+    hops["rtt_ms"] = hops.pop("rtt_sum") / hops["records"]
+    hops["send_lag_ms"] = hops.pop("lag_sum") / hops["records"]
+    return order(hops, by=[*CASE, "hop"])

@@ -17,9 +17,9 @@ from experiments.analysis import stats
 from experiments.design.matrix import (BASELINE, BENCH_CSV, ENGINE_NAMES, MAX_ERROR_RATE, MAX_REPETITION_CV, MIN_ACHIEVED_SHARE, P99_BOUND_MS,
                                        PRIME_MIN_SECONDS, PROFILES, Parameters, case_name)
 from experiments.design.targets import run_paragraphs
-from experiments.report import changeability_report
-from experiments.report.report_figures import (MAX_FLIERS, bench_figure, box_figure, cost_figure, cpu_figure, engines_figure, load_figure, split_figure,
-                                               w_avg_figure)
+from experiments.report import changeability_report, findings_report
+from experiments.report.report_figures import (CURVE_PERCENTILES, MAX_FLIERS, bench_figure, box_figure, cost_figure, cpu_figure, engines_figure,
+                                               hop_figure, load_figure, percentile_figure, split_figure, w_avg_figure)
 from experiments.report.report_tables import (CV_FLAG, bench_view, cost_view, cpu_view, engines_view, load_view, split_view, spread_view, table_one,
                                               w_avg_comparison, w_avg_view)
 from experiments.report.reporting import SATURATED_MARK, arch, load_paper_reference, marked, ms, names, percent, render_html, render_markdown
@@ -153,8 +153,9 @@ def bench_blocks(run_dir: Path, meta: dict, figures_dir: Path) -> list[tuple]:
     return blocks
 
 
-def build(run_dir: Path) -> dict:
-    """Write report/ (tables, figures, report.md, report.html) for a run; return their paths."""
+def build(run_dir: Path, capacity: pd.DataFrame | None = None) -> dict:
+    """Write report/ (tables, figures, report.md, report.html) for a run; return their paths.
+    capacity: capacity searches' results (capacity_report.capacity_table), for the price of enforcement."""
     meta = json.loads((run_dir / "metadata.json").read_text())
     cells, requests, failed = stats.load_run(run_dir)
     report_dir = run_dir / "report"
@@ -204,6 +205,7 @@ def build(run_dir: Path) -> dict:
 
     machine, versions = meta["machine"], meta["versions"]
     saturated = cells[cells["saturated"]]
+    blocks.extend(findings_report.blocks(run_dir, cells, table, requests, cpu, meta, reference, tables_dir, capacity))
     blocks.append(("h2", "Read this first"))
     blocks.append(("list", [
         f"{len(cells)} of {expected} cells finished" + (f", {len(failed)} failed (listed at the end)" if failed else "") + ".",
@@ -224,7 +226,8 @@ def build(run_dir: Path) -> dict:
          f"Locust ran on this machine, {machine['cores']} cores ({machine['cpu_model']}, {machine['memory_gib']} GiB); the deployment's pods "
          f"on the cluster's nodes ({', '.join(meta['target']['deploys_to'])}), whose cores this report does not know")
         + ": the paper ran on 4 nodes of 48 to 56 hardware threads, with the load from 5 other "
-        "machines. Absolute numbers are not comparable with the paper's; the ranking of the architectures and the trends are what to compare.",
+        "machines. Absolute numbers are not comparable with the paper's; the ranking of the architectures (\"Findings\", above) and the "
+        "trends are what to compare.",
         "CPU columns: cores kept busy in the window by the whole machine, by Locust, by the deployment, and by anything else (\"other\": other "
         "users of a shared machine disturb a cell when this is high).",
     ]))
@@ -241,7 +244,15 @@ def build(run_dir: Path) -> dict:
     blocks.append(("table", table_one(table, w_avg)))
     blocks.append(("figure", box_figure(table, requests, figures_dir, run.load_label),
                    f"RTT distributions (as the paper's Fig. 2): boxes Q1–Q3 with the median, whiskers to 1.5 IQR, at most {MAX_FLIERS} outliers "
-                   "drawn per box (chosen at random); a topology's colour, lighter under the compiled engine; hatched: saturated."))
+                   f"drawn per box (chosen at random); a topology's colour, lighter and dotted under the compiled engine; {SATURATED_MARK} above "
+                   "a red outline: saturated.",
+                   "Box plots of the RTT of every topology under each engine and of the baseline, one panel per offered rate, grouped by "
+                   "chain length."))
+    blocks.append(("figure", percentile_figure(table, requests, figures_dir, run.load_label),
+                   f"RTT percentiles from p{CURVE_PERCENTILES[0]:g} to p{CURVE_PERCENTILES[-1]:g} (log scale), one panel per rate and chain "
+                   f"length: a line per topology (colour) and engine (marker and line style: envoy-opa ○ solid, compiled □ dashed, "
+                   f"baseline ◇ dotted); a saturated case's line thin, ending in {SATURATED_MARK}. The tail is where the architectures part.",
+                   "Line charts of RTT against percentile, one per rate and chain length, a line per topology and engine."))
 
     blocks.append(("h2", "W Avg: ours and the paper's"))
     blocks.append(("p", "The paper measured one engine, and its architecture is envoy-opa's (a decision asked for every hop): its values "
@@ -249,7 +260,7 @@ def build(run_dir: Path) -> dict:
     blocks.append(("table", w_avg_view(comparison)))
     blocks.append(("figure", w_avg_figure(comparison, figures_dir, run.load_label),
                    "W Avg per architecture, engine and offered rate: ours (filled; lighter: compiled) beside the paper's published value "
-                   "(dotted; from experiments/paper_reference.json, citing ../shared/reference/). Log scale."))
+                   f"(crossed; experiments/paper_reference.json, doi:{reference['doi']}). Log scale."))
     blocks.append(("p", "The paper's W Avg averages over 5, 10, 25 and 50 services and its testbed had about 50 times the cores; ours averages "
                         "over the service counts this run has. Compare the order of the architectures and how W Avg grows with the rate."))
 
@@ -291,6 +302,22 @@ def build(run_dir: Path) -> dict:
     blocks.append(("figure", split_figure(split, figures_dir, run.load_label),
                    "Mean time per delivered request: inside the services, transit (the baseline's time outside its services) and enforcement "
                    "(the topology's time outside its services beyond the baseline's); negative enforcement (noise) is drawn as 0."))
+
+    hops = stats.hop_times(run_dir)
+    hops.to_csv(tables_dir / "hops.csv", index=False)
+    if hops.empty:
+        blocks.append(("p", "This run's requests were recorded before requests.csv.gz kept each hop's times: no per-hop breakdown."))
+    else:
+        blocks.append(("h3", "Hop by hop"))
+        blocks.append(("p", "Each delivered record's time per hop: reaching it (from the previous service sending the record on, or from "
+                            "the client's send: the proxies and decisions in between), inside the service, and its answer getting back; "
+                            "with the sender's lateness first, they add up to the record's RTT. Means per case, repetitions pooled "
+                            "(`tables/hops.csv`)."))
+        blocks.append(("figure", hop_figure(hops, table, figures_dir, run.load_label),
+                       f"Mean time per delivered record, hop by hop (white lines part the hops, numbered): the sender late, then each "
+                       f"hop's way in, its service and the answer's way back. {SATURATED_MARK}: saturated.",
+                       "Horizontal stacked bars, one per topology and engine and one panel per rate and chain length, each bar split "
+                       "into the hops of a record in turn."))
 
     blocks.append(("h2", "CPU per record: what enforcement costs in capacity"))
     blocks.append(("p", "The deployment's CPU time per delivered record: the cores its processes kept busy in the window divided by the "

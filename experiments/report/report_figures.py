@@ -1,6 +1,7 @@
 """A run report's figures (report/figures/*.png, .svg): the RTT box plots like the paper's
 Fig. 2, W Avg beside the paper's, the cost of enforcement per hop, where the time goes, the CPU
-per record, offered against achieved rate, the engines compared, and the bench's ratios."""
+per record, offered against achieved rate, the engines compared, the bench's ratios, the RTT's
+percentile curves and where a record's time goes hop by hop."""
 
 from __future__ import annotations
 
@@ -18,16 +19,19 @@ from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from experiments.analysis import stats  # noqa: E402
-from experiments.design.matrix import ENGINE_NAMES, MIN_ACHIEVED_SHARE, TOPOLOGIES  # noqa: E402
-from experiments.report.reporting import (COLORS, SATURATED_MARK, SATURATED_PATCH, arch, color, grouped_bars, legend_below, log_scale, marked,  # noqa: E402
-                                          panels, save, series_legend, series_of)
+from experiments.analysis.stats import HOP_COLUMNS  # noqa: E402
+from experiments.design.matrix import ENGINE_NAMES, MIN_ACHIEVED_SHARE, TOPOLOGIES, case_name  # noqa: E402
+from experiments.report.reporting import (COLORS, SATURATED_EDGE, SATURATED_MARK, SATURATED_PATCH, arch, color, grouped_bars, hatch,  # noqa: E402
+                                          legend_below, line_legend, line_style, log_scale, mark_saturated, marked, marker, panels, save,
+                                          series_legend, series_of)
 
 
-VERDICT_COLORS = {"met": "#55a868", "NOT MET": "#c44e52", "": "#999999"}
+# Okabe and Ito's colours, as the topologies' (reporting.PALETTE).
+VERDICT_COLORS = {"met": "#009E73", "NOT MET": "#D55E00", "": "#999999"}
 
-SPLIT_COLORS = {"in services": "#4c72b0", "transit": "#bbbbbb", "enforcement": "#dd8452", "sender late": "#8172b2"}
+SPLIT_COLORS = {"in services": "#0072B2", "transit": "#BBBBBB", "enforcement": "#D55E00", "sender late": "#CC79A7"}
 
-CPU_COLORS = {"service": "#4c72b0", "envoy": "#55a868", "opa": "#c44e52"}
+CPU_COLORS = {"service": "#0072B2", "envoy": "#009E73", "opa": "#D55E00"}
 
 CPU_LABELS = {"service": "services", "envoy": "Envoy", "opa": "OPA"}
 
@@ -62,7 +66,10 @@ def box_figure(table: pd.DataFrame, requests: pd.DataFrame, figures_dir: Path, l
                                medianprops={"color": "black", "linewidth": 1.5})
                 for patch in drawn["boxes"]:
                     patch.set_facecolor(color(topology, engine))
-                    patch.set_hatch("///" if (topology, engine, rate, n) in saturated_cases else "")
+                    patch.set_hatch(hatch(engine))
+                    if (topology, engine, rate, n) in saturated_cases:
+                        patch.set(**SATURATED_EDGE)
+                        mark_saturated(ax, s_index + (p_index - (len(pairs) - 1) / 2) * width, box["whishi"])
         positive = timed[timed["rate"] == rate]["rtt_ms"]
         positive = positive[positive > 0]
         if len(positive) and positive.max() / positive.min() > 100:
@@ -88,12 +95,12 @@ def w_avg_figure(comparison: pd.DataFrame, figures_dir: Path, load: str) -> Path
         for topology in topologies:
             first = position
             for row in rows[rows["topology"] == topology].itertuples():
-                ax.bar(position, row.w_avg, 0.9, color=color(topology, row.engine), edgecolor="black", linewidth=0.5)
+                ax.bar(position, row.w_avg, 0.9, color=color(topology, row.engine), edgecolor="black", linewidth=0.5, hatch=hatch(row.engine))
                 ax.annotate(f"{row.w_avg:.1f}{SATURATED_MARK if row.any_saturated else ''}", (position, row.w_avg), ha="center", va="bottom", fontsize=7)
                 position += 1
             paper = rows[rows["topology"] == topology]["paper_w_avg"].dropna()
             if len(paper):
-                ax.bar(position, paper.iloc[0], 0.9, color="white", edgecolor=COLORS[topology], hatch="..", linewidth=1.2)
+                ax.bar(position, paper.iloc[0], 0.9, color="white", edgecolor=COLORS[topology], hatch="xx", linewidth=1.2)
                 ax.annotate(f"{paper.iloc[0]:.1f}", (position, paper.iloc[0]), ha="center", va="bottom", fontsize=7, color="#444")
                 position += 1
             centres.append((first + position - 1) / 2)
@@ -106,7 +113,7 @@ def w_avg_figure(comparison: pd.DataFrame, figures_dir: Path, load: str) -> Path
         ax.set_ylabel("W Avg (ms per service)")
         ax.grid(axis="y", alpha=0.3, which="both")
     figure.suptitle(f"Ours over n = {comparison['services_run'].iloc[0]} ({SATURATED_MARK}: saturated); the paper's over n = 5 10 25 50", fontsize=9)
-    legend_below(figure, series_legend(pairs, [Patch(facecolor="white", edgecolor="black", hatch="..", label="paper (its architecture = envoy-opa)")]))
+    legend_below(figure, series_legend(pairs, [Patch(facecolor="white", edgecolor="black", hatch="xx", label="paper (its architecture = envoy-opa)")]))
     return save(figure, figures_dir, "w_avg", load)
 
 
@@ -122,8 +129,10 @@ def cost_figure(cost: pd.DataFrame, figures_dir: Path, load: str) -> Path:
                   for t, e in pairs}
         grouped_bars(ax, [f"{n} services" for n in services], series)
         saturated = {(r.topology, r.engine, r.services) for r in rows.itertuples() if r.saturated}
-        for bar, key in zip(ax.patches, [(t, e, n) for t, e in pairs for n in services]):
-            bar.set_hatch("///" if key in saturated else "")
+        for bar, key in zip(list(ax.patches), [(t, e, n) for t, e in pairs for n in services]):
+            if key in saturated:
+                bar.set(**SATURATED_EDGE)
+                mark_saturated(ax, bar.get_x() + bar.get_width() / 2, max(bar.get_height(), 0))
         ax.axhline(0, color="black", linewidth=0.6)
         ax.set_title(f"{rate} requests/s (offered)")
         ax.set_ylabel("(median RTT − baseline's) / hops (ms)")
@@ -214,14 +223,18 @@ def engines_figure(comparison: pd.DataFrame, figures_dir: Path, load: str) -> Pa
                 if key not in rows.index:
                     continue
                 row = rows.loc[key]
-                ax.bar(c_index + (index - (len(topologies) - 1) / 2) * width, row[f"{measure}_ratio"], width * 0.95, color=COLORS[topology],
-                       edgecolor="black", linewidth=0.5, hatch="///" if row["saturated_opa"] or row["saturated_compiled"] else "")
+                x = c_index + (index - (len(topologies) - 1) / 2) * width
+                saturated = row["saturated_opa"] or row["saturated_compiled"]
+                ax.bar(x, row[f"{measure}_ratio"], width * 0.95, color=COLORS[topology],
+                       **(SATURATED_EDGE if saturated else {"edgecolor": "black", "linewidth": 0.5}))
+                if saturated:
+                    mark_saturated(ax, x, row[f"{measure}_ratio"])
         ax.axhline(1, color="black", linewidth=1)
         ax.set_xticks(range(len(cases)), [f"{r} req/s\n{n} serv." for r, n in cases], fontsize=7)
         ax.set_title(f"{label}: compiled ÷ envoy-opa", fontsize=9)
         ax.grid(axis="y", alpha=0.3)
     legend_below(figure, [Patch(facecolor=COLORS[t], edgecolor="black", label=arch(t)) for t in topologies]
-                 + [Patch(facecolor="white", edgecolor="black", hatch="///", label="saturated under either engine")])
+                 + [Patch(facecolor="white", label=f"{SATURATED_MARK} saturated under either engine", **SATURATED_EDGE)])
     return save(figure, figures_dir, "engines", load)
 
 
@@ -246,3 +259,84 @@ def bench_figure(bench: pd.DataFrame, figures_dir: Path) -> Path:
                           Patch(facecolor=VERDICT_COLORS[""], edgecolor="black", label="no target"),
                           plt.Line2D([], [], marker="|", linestyle="", color="black", markersize=12, label="target")])
     return save(figure, figures_dir, "bench")
+
+
+# The percentiles of the RTT curves: the median to one request in a thousand.
+CURVE_PERCENTILES = (50, 75, 90, 95, 99, 99.9)
+
+
+def nines(percentile: float) -> float:
+    """A percentile's place on the curves' x axis: -log10 of the share beyond it (p50 0.3, p90 1, p99 2, p99.9 3)."""
+    return -np.log10(1 - percentile / 100)
+
+
+def percentile_figure(table: pd.DataFrame, requests: pd.DataFrame, figures_dir: Path, load: str) -> Path:
+    """RTT percentile curves, p50 to p99.9 on a log scale, one panel per rate and chain length, a
+    line per topology and engine (colour: topology; marker and line style: engine); a saturated
+    case's line thin and ending in the saturated mark."""
+    timed = stats.delivered(requests)
+    curves = timed.groupby(stats.CASE, observed=True)["rtt_ms"].quantile([p / 100 for p in CURVE_PERCENTILES]).unstack()
+    saturated_cases = {(r.topology, r.engine, r.rate, r.services) for r in table.itertuples() if r.saturated}
+    cells = sorted(set(zip(table["rate"], table["services"])))
+    pairs = series_of(table)
+    figure, axes = panels(len(cells), 5.2, 3.6, sharey=True)
+    x = [nines(p) for p in CURVE_PERCENTILES]
+    for ax, (rate, services) in zip(axes, cells):
+        for topology, engine in pairs:
+            key = (topology, engine, rate, services)
+            if key not in curves.index:
+                continue
+            saturated = key in saturated_cases
+            ax.plot(x, curves.loc[key].to_numpy(), color=COLORS[topology], marker=marker(engine), linestyle=line_style(engine),
+                    linewidth=0.9 if saturated else 1.6, markersize=4, alpha=0.75 if saturated else 1)
+            if saturated:
+                mark_saturated(ax, x[-1], curves.loc[key].iloc[-1])
+        ax.set_xticks(x, [f"p{p:g}" for p in CURVE_PERCENTILES], fontsize=8)
+        log_scale(ax)
+        ax.set_title(f"{rate} req/s, {services} services", fontsize=10)
+        ax.set_ylabel("RTT (ms)")
+        ax.grid(alpha=0.3, which="both")
+    legend_below(figure, line_legend(pairs, [plt.Line2D([], [], color="#B00000", marker=f"${SATURATED_MARK}$", linestyle="", label="saturated")]))
+    return save(figure, figures_dir, "rtt_percentiles", load)
+
+
+HOP_COLORS = {"in_ms": "#56B4E9", "service_ms": "#0072B2", "out_ms": "#E69F00"}
+HOP_LABELS = {"in_ms": "reaching the hop", "service_ms": "inside the service", "out_ms": "the answer back"}
+LATE_COLOR = "#CC79A7"
+
+
+def hop_figure(hops: pd.DataFrame, table: pd.DataFrame, figures_dir: Path, load: str) -> Path:
+    """Where a record's time goes, hop by hop: per rate and chain length, a horizontal bar per
+    topology and engine, the sender's lateness then each hop's in, service and out times in turn
+    (means, which add up to the mean RTT), hops parted by white lines and numbered."""
+    saturated_cases = {(r.topology, r.engine, r.rate, r.services) for r in table.itertuples() if r.saturated}
+    cells = sorted(set(zip(hops["rate"], hops["services"])))
+    pairs = series_of(hops)
+    figure, axes = panels(len(cells), 6.4, 0.42 * len(pairs) + 1.4, columns=1 if len(cells) < 2 else 2)
+    for ax, (rate, services) in zip(axes, cells):
+        rows = hops[(hops["rate"] == rate) & (hops["services"] == services)]
+        labels = []
+        for position, (topology, engine) in enumerate(pairs):
+            case = rows[(rows["topology"] == topology) & (rows["engine"] == engine)].sort_values("hop")
+            labels.append(marked(case_name(topology, engine), (topology, engine, rate, services) in saturated_cases))
+            if case.empty:
+                continue
+            left = max(0.0, float(case["send_lag_ms"].iloc[0]))
+            ax.barh(position, left, 0.7, color=LATE_COLOR, edgecolor="none")
+            for hop in case.itertuples():
+                start = left
+                for column in HOP_COLUMNS:
+                    width = max(0.0, getattr(hop, column))
+                    ax.barh(position, width, 0.7, left=left, color=HOP_COLORS[column], edgecolor="none")
+                    left += width
+                ax.plot([left, left], [position - 0.35, position + 0.35], color="white", linewidth=1.2)
+                if len(case) <= 12:
+                    ax.text((start + left) / 2, position, str(hop.hop), ha="center", va="center", fontsize=6, color="white")
+        ax.set_yticks(range(len(pairs)), labels, fontsize=7)
+        ax.invert_yaxis()
+        ax.set_title(f"{rate} req/s, {services} services", fontsize=10)
+        ax.set_xlabel("mean time per delivered record (ms)")
+        ax.grid(axis="x", alpha=0.3)
+    legend_below(figure, [Patch(facecolor=LATE_COLOR, label="sender late")]
+                 + [Patch(facecolor=HOP_COLORS[c], label=HOP_LABELS[c]) for c in HOP_COLUMNS])
+    return save(figure, figures_dir, "hops", load)

@@ -24,6 +24,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.colors import to_rgb  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
@@ -33,15 +34,21 @@ from experiments.design.matrix import BASELINE, COMPILED_ENGINE, ENFORCING, ENGI
 
 PAPER_REFERENCE = Path(__file__).resolve().parents[1] / "paper_reference.json"
 
-# A colour per topology in the experiments' order, the reference grey; a topology added to the
-# manifests takes the next one.
-PALETTE = ("#d62728", "#ff7f0e", "#bcbd22", "#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+# A colour per topology in the experiments' order, from Okabe and Ito's palette (told apart with
+# every common colour-vision deficiency): vermillion, blue, bluish green, reddish purple (not the
+# orange next to vermillion: the palette's closest pair), then orange, sky blue, yellow; the
+# reference grey. A topology added to the manifests takes the next one.
+PALETTE = ("#D55E00", "#0072B2", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000")
 
-COLORS = {**dict(zip(ENFORCING, PALETTE)), BASELINE: "#7f7f7f"}
+COLORS = {**dict(zip(ENFORCING, PALETTE)), BASELINE: "#999999"}
 
-# The compiled engine's boxes and bars: its topology's colour this much lighter, drawn right
-# after the same topology's envoy-opa ones, so each pair reads as one topology.
-COMPILED_LIGHTER = 0.55
+# The compiled engine's boxes and bars: its topology's colour this much lighter and dotted
+# (ENGINE_HATCH), drawn right after the same topology's envoy-opa ones, so each pair reads as one
+# topology and the engine shows without colour too; in line plots, by marker and line style.
+COMPILED_LIGHTER = 0.45
+ENGINE_HATCH = {COMPILED_ENGINE: "...."}
+ENGINE_MARKER = {COMPILED_ENGINE: "s", stats.NO_ENGINE: "D"}  # envoy-opa: "o"
+ENGINE_LINE = {COMPILED_ENGINE: "--", stats.NO_ENGINE: ":"}  # envoy-opa: "-"
 
 SATURATED_MARK = "†"
 
@@ -111,11 +118,37 @@ def series_of(frame: pd.DataFrame) -> list[tuple[str, str]]:
     return [(t, e) for t in TOPOLOGIES for e in [*ENGINES, stats.NO_ENGINE] if (t, e) in present]
 
 
+def hatch(engine: str) -> str:
+    return ENGINE_HATCH.get(engine, "")
+
+
+def marker(engine: str) -> str:
+    return ENGINE_MARKER.get(engine, "o")
+
+
+def line_style(engine: str) -> str:
+    return ENGINE_LINE.get(engine, "-")
+
+
 def series_legend(pairs: list[tuple[str, str]], extra: list | None = None) -> list:
-    return [Patch(facecolor=color(t, e), edgecolor="black", label=case_name(t, e)) for t, e in pairs] + (extra or [])
+    return [Patch(facecolor=color(t, e), edgecolor="black", hatch=hatch(e), label=case_name(t, e)) for t, e in pairs] + (extra or [])
 
 
-SATURATED_PATCH = Patch(facecolor="white", edgecolor="black", hatch="///", label="saturated")
+def line_legend(pairs: list[tuple[str, str]], extra: list | None = None) -> list:
+    """Legend entries of line plots: the topology's colour, the engine's marker and line style."""
+    return [Line2D([], [], color=COLORS[t], marker=marker(e), linestyle=line_style(e), label=case_name(t, e)) for t, e in pairs] + (extra or [])
+
+
+# Saturation as a mark above a box or bar, not a hatch, which a thin box hides; and a heavy red
+# outline around the box itself.
+SATURATED_EDGE = {"edgecolor": "#B00000", "linewidth": 2.2}
+SATURATED_PATCH = Patch(facecolor="white", label=f"{SATURATED_MARK} saturated (red outline)", **SATURATED_EDGE)
+
+
+def mark_saturated(ax, x: float, top: float) -> None:
+    """The saturated mark above a box or bar whose top is at `top` (data coordinates)."""
+    ax.annotate(SATURATED_MARK, (x, top), xytext=(0, 2), textcoords="offset points", ha="center", va="bottom",
+                fontsize=10, fontweight="bold", color="#B00000")
 
 
 def panels(count: int, width: float, height: float, columns: int = 2, **options):
@@ -152,7 +185,7 @@ def grouped_bars(ax, groups: list, series: dict) -> None:
     width = 0.8 / max(1, len(series))
     for index, ((topology, engine), heights) in enumerate(series.items()):
         positions = np.arange(len(groups)) + (index - (len(series) - 1) / 2) * width
-        ax.bar(positions, heights, width * 0.95, color=color(topology, engine), edgecolor="black", linewidth=0.5)
+        ax.bar(positions, heights, width * 0.95, color=color(topology, engine), edgecolor="black", linewidth=0.5, hatch=hatch(engine))
     ax.set_xticks(range(len(groups)), groups)
 
 

@@ -120,11 +120,13 @@ def test_documents_and_figures(report):
     assert "| 10 † |" in markdown  # the saturated case is marked
     assert "svc-03 exited" in markdown
     figures = run_dir / "report" / "figures"
-    for name in ("rtt_boxplots", "w_avg", "enforcement_per_hop", "time_split", "offered_vs_achieved", "cpu_per_record"):
+    for name in ("rtt_boxplots", "rtt_percentiles", "w_avg", "enforcement_per_hop", "time_split", "offered_vs_achieved", "cpu_per_record"):
         assert (figures / f"{name}.png").stat().st_size > 5000
         assert (figures / f"{name}.svg").exists()
         assert f"figures/{name}.png" in markdown
-    assert page.count("data:image/png;base64,") == 6
+    assert page.count("data:image/png;base64,") == 7
+    # recorded before the hops were kept: said, not drawn
+    assert "no per-hop breakdown" in markdown and not (figures / "hops.png").exists()
     assert "<img" in page and "src='figures/" not in page  # self-contained
 
 
@@ -261,10 +263,11 @@ def test_the_report_names_the_engine_of_every_figure(engines_report):
     assert "its architecture = envoy-opa" in markdown  # W Avg beside the paper's
     assert "This run measured envoy-opa and compiled." in markdown
     figures = run_dir / "report" / "figures"
-    for name in ("rtt_boxplots", "w_avg", "enforcement_per_hop", "time_split", "offered_vs_achieved", "cpu_per_record", "engines", "bench"):
+    for name in ("rtt_boxplots", "rtt_percentiles", "w_avg", "enforcement_per_hop", "time_split", "offered_vs_achieved", "cpu_per_record",
+                 "engines", "bench"):
         assert (figures / f"{name}.png").stat().st_size > 5000
         assert f"figures/{name}.png" in markdown
-    assert page.count("data:image/png;base64,") == 8
+    assert page.count("data:image/png;base64,") == 9
 
 
 def test_the_bench_table_and_how_to_read_it(engines_report):

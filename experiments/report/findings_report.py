@@ -1,0 +1,140 @@
+"""The section a run's report opens with, "Findings": analysis/findings.py's numbers in words. The
+ranking of the architectures per rate and chain length with their intervals, the saturated cases
+named apart, the price of enforcement per engine, the agreement with the paper's order and the
+model's order on the paper's testbed."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from experiments.analysis import findings, stats
+from experiments.analysis.model import ModelError
+from experiments.design.matrix import BASELINE, ENGINE_NAMES, MAX_ERROR_RATE, MIN_ACHIEVED_SHARE, P99_BOUND_MS, PAPER_NAMES, case_name
+from experiments.report.reporting import SATURATED_MARK, arch, percent
+
+
+
+def citation(reference: dict) -> str:
+    """The paper, cited by its DOI (paper_reference.json)."""
+    return f"{reference['source']} doi:{reference['doi']}, https://doi.org/{reference['doi']}"
+
+
+def interval_text(row) -> str:
+    if math.isnan(row.low):
+        return f"{row.median:.2f} ms"
+    return f"{row.median:.2f} ms [{row.low:.2f}, {row.high:.2f}]"
+
+
+def why_saturated(row) -> str:
+    """The criterion a saturated case failed, with its number."""
+    if row.achieved_rate < MIN_ACHIEVED_SHARE * row.offered_rate:
+        return f"achieved {row.achieved_rate:.0f} of {row.offered_rate:g} req/s"
+    if row.error_rate > MAX_ERROR_RATE:
+        return f"{percent(row.error_rate)} errors"
+    return f"p99 {row.p99:.0f} ms beyond {P99_BOUND_MS:g}"
+
+
+def ranking_items(ranked: pd.DataFrame, cases: pd.DataFrame) -> list[str]:
+    """One line per rate and chain length: the held cases fastest first with their rank (= where
+    tied), the baseline's median beside them, the saturated ones named with why."""
+    baseline = {(r.rate, r.services): r for r in cases[cases["topology"] == BASELINE].itertuples()}
+    items = []
+    for (rate, services), group in ranked.groupby(["rate", "services"], sort=True):
+        held = group[group["rank"].notna()].sort_values(["rank", "median"])
+        shared = held["rank"].value_counts()
+        entries = [f"{int(row.rank)}{'=' if shared[row.rank] > 1 else ''}. {case_name(row.topology, row.engine)} {interval_text(row)}"
+                   for row in held.itertuples()]
+        text = f"**{rate} req/s, {services} services**: " + ("; ".join(entries) if entries else "no case held")
+        floor = baseline.get((rate, services))
+        if floor is not None:
+            text += f" (baseline, no enforcement: {interval_text(floor)}{f' {SATURATED_MARK}' if floor.saturated else ''})"
+        saturated = group[group["rank"].isna()]
+        if len(saturated):
+            text += f". {SATURATED_MARK} Saturated, not ranked: " + "; ".join(
+                f"{case_name(row.topology, row.engine)} ({why_saturated(row)})" for row in saturated.itertuples())
+        items.append(text + ".")
+    return items
+
+
+def price_items(prices: list[findings.Price], capacity_given: bool) -> list[str]:
+    items = []
+    for price in prices:
+        low_t, low_r, low_n = price.lowest
+        high_t, high_r, high_n = price.highest
+        text = (f"**{ENGINE_NAMES[price.engine]}**: the deployment's CPU per record is {price.ratio_median:.2f}× the baseline's (median of "
+                f"{price.cases} cases: {price.extra_ms_median:.2f} ms more per record, {price.per_hop_ms_median:.2f} ms per hop), from "
+                f"{price.ratio_low:.2f}× ({arch(low_t)}, {low_r} req/s, {low_n} services) to {price.ratio_high:.2f}× "
+                f"({arch(high_t)}, {high_r} req/s, {high_n} services)")
+        if price.capacity_share is not None:
+            text += (f"; its searched capacity is {percent(price.capacity_share[0])} to {percent(price.capacity_share[1])} of the "
+                     "baseline's at the same chain length")
+        elif not capacity_given:
+            text += ("; no capacity run was given, so its share of the baseline's capacity is not measured here "
+                     "(`experiments capacity`, then `experiments report RUN --capacity CAPACITY_RUN`)")
+        else:
+            text += "; the capacity runs given searched no case of this engine with a baseline"
+        items.append(text + ".")
+    return items
+
+
+def order_line(topologies: list[str]) -> str:
+    return " < ".join(PAPER_NAMES.get(t, t) for t in topologies)
+
+
+def agreement_items(agreement: pd.DataFrame) -> list[str]:
+    items = []
+    for row in agreement.itertuples():
+        tau = "undefined" if math.isnan(row.tau) else f"{row.tau:+.2f}"
+        saturated = f" ({', '.join(arch(t) for t in row.saturated)} saturated: ranked last)" if row.saturated else ""
+        items.append(f"**{row.rate} req/s, {ENGINE_NAMES[row.engine]}**: ours {order_line(row.ours)}{saturated}; the paper's "
+                     f"{order_line(row.paper)}; Kendall's τ = {tau} over {row.architectures} architectures "
+                     "(+1: the same order, −1: reversed).")
+    return items
+
+
+def model_items(orders: list[findings.ModelOrder]) -> list[str]:
+    return [f"**{order.rate} req/s, {ENGINE_NAMES[order.engine]}**: the model on the paper's testbed {order_line(order.model)}; "
+            f"measured here {order_line(order.ours)}; the paper {order_line(order.paper)}. Why: {order.reason}." for order in orders]
+
+
+def blocks(run_dir: Path, cells: pd.DataFrame, table: pd.DataFrame, requests: pd.DataFrame, cpu: pd.DataFrame, meta: dict, reference: dict,
+           tables_dir: Path, capacity: pd.DataFrame | None = None) -> list[tuple]:
+    """The Findings section; its numbers also in tables/findings_*.csv."""
+    cases = findings.intervals(table, requests)
+    cases.to_csv(tables_dir / "findings_medians.csv", index=False)
+    ranked = findings.ranking(cases)
+    ranked.assign(tied_with=[" ".join(f"{t}/{e}" for t, e in tied) for tied in ranked["tied_with"]]).to_csv(
+        tables_dir / "findings_ranking.csv", index=False)
+    agreement = findings.agreement(stats.w_avg(table), reference)
+    agreement.to_csv(tables_dir / "findings_tau.csv", index=False)
+    out: list[tuple] = [
+        ("h2", "Findings"),
+        ("p", "Computed from this run's data, nothing written by hand. **Which architecture is fastest**, per offered rate and chain "
+              "length: the enforcing topologies under each engine by median RTT, fastest first, each with its 95% confidence interval "
+              "in brackets (percentile bootstrap over the requests, and over the repetitions where there are several; "
+              f"{findings.RESAMPLES} resamples). Cases whose intervals overlap share a rank (2=): the data do not tell them apart. "
+              "A saturated case did not carry its load and is named apart, never ranked."),
+        ("list", ranking_items(ranked, cases)),
+        ("p", "**The price of enforcement**, per engine: the CPU the whole deployment spends per delivered record against the "
+              "baseline's at the same rate and chain length (CPU hardly depends on queueing, so saturated cases count too)."),
+        ("list", price_items(findings.price(cpu, capacity), capacity is not None) or ["This run has no baseline: no price to compute."]),
+        ("p", "**Against the paper's order** of the architectures by W Avg at each rate (" + citation(reference) + "). Ours is over "
+              "this run's chain lengths, theirs over 5, 10, 25 and 50 services."),
+        ("list", agreement_items(agreement) or ["No architecture of this run has a published W Avg at its rates."]),
+    ]
+    try:
+        orders = findings.model_orders(run_dir, cells, table, meta, reference)
+    except ModelError as error:
+        out.append(("p", f"**The model's order on the paper's testbed** is not computed: {error}."))
+        return out
+    pd.DataFrame([vars(order) for order in orders]).to_csv(tables_dir / "findings_model.csv", index=False)
+    out += [
+        ("p", "**The model's order on the paper's testbed** (experiments/analysis/model.py, calibrated on this run: this run's CPU "
+              "per part, a gateway node and three service nodes of 48 to 56 hardware threads, Poisson arrivals, this run's chain "
+              "lengths), beside ours and the paper's; τ compares the model's order with each, and the reason is the model's own numbers."),
+        ("list", model_items(orders)),
+    ]
+    return out

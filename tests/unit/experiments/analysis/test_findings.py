@@ -1,0 +1,99 @@
+"""The findings a report opens with (experiments/analysis/findings.py), on samples whose answer is
+known: the median's interval, ties where intervals overlap, saturated cases never ranked, Kendall's
+tau against the paper's order, the price of enforcement against the baseline."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from experiments.analysis import findings
+
+REFERENCE = {"w_avg_ms": {"CE": {"100": 37.1}, "DR_3": {"100": 9.0}, "DR_6": {"100": 5.3}, "SA": {"100": 5.2}}}
+
+
+def test_the_interval_holds_the_median_and_is_the_same_each_time():
+    sample = np.arange(1.0, 102.0)  # median 51
+    median, low, high = findings.median_interval([sample])
+    assert median == 51 and low < 51 < high and high - low < 30
+    assert findings.median_interval([sample]) == (median, low, high)  # seeded: a rebuilt report is the same report
+
+
+def test_repetitions_that_disagree_widen_the_interval_and_repetitions_that_agree_do_not():
+    rng = np.random.default_rng(1)
+    agreeing = [rng.normal(50, 5, 400), rng.normal(50, 5, 400)]
+    disagreeing = [rng.normal(40, 5, 400), rng.normal(60, 5, 400)]
+    _, low, high = findings.median_interval(agreeing)
+    _, pooled_low, pooled_high = findings.median_interval([np.concatenate(agreeing)])
+    assert high - low == pytest.approx(pooled_high - pooled_low, rel=0.5)
+    _, low, high = findings.median_interval(disagreeing)
+    assert low <= 41 and high >= 59  # over the repetitions, either one could be the case's
+
+
+def test_one_request_has_no_interval_and_none_has_no_median():
+    assert findings.median_interval([np.array([7.0])])[0] == 7 and math.isnan(findings.median_interval([np.array([7.0])])[1])
+    assert all(math.isnan(v) for v in findings.median_interval([]))
+
+
+def cases(*rows):
+    return pd.DataFrame([{"topology": t, "engine": e, "rate": 100, "services": 5, "median": m, "low": lo, "high": hi, "saturated": s,
+                          "achieved_rate": 100.0, "offered_rate": 100.0, "p99": 10.0, "error_rate": 0.0}
+                         for t, e, m, lo, hi, s in rows])
+
+
+def test_overlapping_intervals_share_a_rank_and_apart_ones_do_not():
+    ranked = findings.ranking(cases(
+        ("central-entity", "envoy-compiled", 2.0, 1.9, 2.1, False),
+        ("dynamic-router-3", "envoy-compiled", 2.05, 2.0, 2.2, False),  # overlaps CE's
+        ("sidecar", "envoy-compiled", 5.0, 4.8, 5.2, False),  # apart from both
+        ("baseline", "none", 1.0, 0.9, 1.1, False),  # the floor, not ranked among the architectures
+    )).set_index("topology")
+    assert list(ranked["rank"]) == [1, 1, 3]
+    assert ranked.loc["central-entity", "tied_with"] == [("dynamic-router-3", "envoy-compiled")]
+    assert ranked.loc["sidecar", "tied_with"] == []
+
+
+def test_a_saturated_case_is_never_ranked_but_its_held_twin_is():
+    saturated = findings.ranking(cases(("sidecar", "envoy-opa", 1.0, 0.9, 1.1, True), ("central-entity", "envoy-opa", 3.0, 2.9, 3.1, False)))
+    held = findings.ranking(cases(("sidecar", "envoy-opa", 1.0, 0.9, 1.1, False), ("central-entity", "envoy-opa", 3.0, 2.9, 3.1, False)))
+    assert pd.isna(saturated.set_index("topology").loc["sidecar", "rank"]) and saturated.set_index("topology").loc["central-entity", "rank"] == 1
+    assert list(held.set_index("topology").loc[["sidecar", "central-entity"], "rank"]) == [1, 2]
+
+
+def w_avg(values, saturated=()):
+    topologies = ["central-entity", "dynamic-router-3", "dynamic-router-6", "sidecar"]
+    return pd.DataFrame({"topology": topologies, "engine": "envoy-opa", "rate": 100, "w_avg": values,
+                         "any_saturated": [t in saturated for t in topologies]})
+
+
+def test_tau_is_one_for_the_papers_order_and_minus_one_for_its_reverse():
+    same = findings.agreement(w_avg([40, 9, 6, 5]), REFERENCE).iloc[0]
+    assert same["tau"] == pytest.approx(1) and same["ours"] == ["sidecar", "dynamic-router-6", "dynamic-router-3", "central-entity"]
+    reversed_ = findings.agreement(w_avg([1.9, 2.2, 6.6, 28.4]), REFERENCE).iloc[0]
+    assert reversed_["tau"] == pytest.approx(-1) and reversed_["architectures"] == 4
+
+
+def test_a_saturated_architecture_ranks_last_whatever_its_median():
+    """Its median is of the records it carried, not of the load it was offered."""
+    row = findings.agreement(w_avg([40, 9, 6, 0.1], saturated=("sidecar",)), REFERENCE).iloc[0]
+    assert row["ours"][-1] == "sidecar" and row["saturated"] == ["sidecar"]
+    assert row["tau"] == pytest.approx(0)  # SA first in the paper, last here; the other three in its order
+
+
+def test_a_rate_the_paper_did_not_run_has_no_agreement():
+    assert findings.agreement(w_avg([40, 9, 6, 5]).assign(rate=10), REFERENCE).empty
+
+
+def test_the_price_per_engine_against_the_baseline():
+    cpu = pd.DataFrame({
+        "topology": ["central-entity", "sidecar", "central-entity", "sidecar", "baseline"],
+        "engine": ["envoy-opa", "envoy-opa", "envoy-compiled", "envoy-compiled", "none"],
+        "rate": 100, "services": 5, "total_ms": [3.0, 6.0, 2.0, 2.5, 1.0], "baseline_total_ms": [1.0, 1.0, 1.0, 1.0, 1.0],
+        "enforcement_per_hop_ms": [0.4, 1.0, 0.2, 0.3, math.nan]})
+    opa, compiled = findings.price(cpu)
+    assert (opa.engine, opa.ratio_median, opa.ratio_low, opa.ratio_high, opa.lowest, opa.highest) == (
+        "envoy-opa", 4.5, 3.0, 6.0, ("central-entity", 100, 5), ("sidecar", 100, 5))
+    assert (compiled.ratio_median, compiled.extra_ms_median, compiled.capacity_share) == (2.25, 1.25, None)
+    capacity = pd.DataFrame({"engine": ["envoy-compiled", "envoy-compiled", "none"], "share_of_baseline": [0.5, 0.8, 1.0]})
+    assert findings.price(cpu, capacity)[1].capacity_share == (0.5, 0.8)
