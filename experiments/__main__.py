@@ -68,7 +68,15 @@ def cmd_report(args) -> int:
     if not (run_dir / "metadata.json").exists():
         print(f"error: no run at {run_dir} (no metadata.json)", file=sys.stderr)
         return 2
-    paths = build(run_dir)
+    capacity = None
+    if args.capacity:
+        from experiments.report.capacity_report import capacity_of_runs
+        try:
+            capacity = capacity_of_runs([run_folder(args.results, run_id) for run_id in args.capacity])
+        except FileNotFoundError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+    paths = build(run_dir, capacity)
     print(f"report: {paths['html']}\nreport: {paths['markdown']}")
     return 0
 
@@ -255,6 +263,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m experiments") -> 
 
     report = commands.add_parser("report", help="write report.md and report.html of a run")
     report.add_argument("run_id", help="a run id under the results folder, or a run folder's path")
+    report.add_argument("--capacity", nargs="+", metavar="CAPACITY_RUN",
+                        help="capacity runs whose searches give the price of enforcement as a share of the baseline's capacity")
     report.set_defaults(handler=cmd_report)
 
     bench = commands.add_parser("bench", help="CPU per request of each part of a hop beside its floor (make bench)")

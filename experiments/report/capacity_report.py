@@ -30,6 +30,17 @@ def read_steps(run_dir: Path) -> pd.DataFrame:
     return steps
 
 
+def capacity_of_runs(run_dirs: list[Path]) -> pd.DataFrame:
+    """Every search of capacity runs, one row each (capacity_table's), with the run it is of."""
+    tables = []
+    for run_dir in run_dirs:
+        if not (run_dir / "raw" / STEPS_CSV).exists():
+            raise FileNotFoundError(f"{run_dir} is not a capacity run with steps (no raw/{STEPS_CSV})")
+        gap = json.loads((run_dir / "metadata.json").read_text())["parameters"]["gap"]
+        tables.append(capacity_table(read_steps(run_dir), gap).assign(run=run_dir.name))
+    return pd.concat(tables, ignore_index=True)
+
+
 def capacity_table(steps: pd.DataFrame, gap: float) -> pd.DataFrame:
     """One row per search: its capacity (the highest rate held), whether every step held (capped),
     the bracket's top, the baseline's capacity at the same chain length and the share of it,

@@ -9,6 +9,8 @@ import io
 import json
 import math
 import random
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -354,3 +356,19 @@ def test_the_report_says_a_priming_load_ran_allowed_or_did_not_denied():
     assert "one step's load at 50% of the start rate, not judged" in capacity_report.priming({"prime": True})
     assert capacity_report.priming({"prime": False}).startswith("No priming load")
     assert capacity_report.priming({}).startswith("No priming load")  # runs from before the priming load
+
+
+def test_a_runs_report_prices_enforcement_in_the_baselines_capacity_from_capacity_runs(tmp_path, capsys):
+    searched = synthetic_run(tmp_path)
+    run_dir = tmp_path / "two-engines"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "fixtures" / "two-engines", run_dir)
+    shares = capacity_report.capacity_of_runs([searched]).set_index(["engine", "services"])["share_of_baseline"]
+    assert cli.main(["report", str(run_dir), "--capacity", str(searched)]) == 0
+    markdown = compact((run_dir / "report" / "report.md").read_text())
+    for engine, name in (("envoy-opa", "envoy-opa"), ("envoy-compiled", "compiled")):
+        low, high = shares.loc[engine].min(), shares.loc[engine].max()
+        assert f"**{name}**: the deployment's CPU per record" in markdown
+        assert f"its searched capacity is {low:.1%} to {high:.1%} of the baseline's at the same chain length" in markdown
+    # a folder that is not a capacity run is refused, and the report left as it was
+    assert cli.main(["report", str(run_dir), "--capacity", str(run_dir)]) == 2
+    assert "is not a capacity run with steps" in capsys.readouterr().err
