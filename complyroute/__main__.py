@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import json
 import subprocess
 import sys
 from pathlib import Path
 
-from complyroute.authoring import policybench, policydiff
+from complyroute.authoring import newruleset, policybench, policydiff, policytest
 from complyroute.client import send
 from complyroute.evidence import audit, trace
 from complyroute.policy import policyfiles
@@ -130,98 +129,21 @@ def cmd_watch_policy(args) -> int:
     return 0
 
 
+def cmd_policy_check(args) -> int:
+    return policytest.check(args.path, args.opa, args.regal)
+
+
 def cmd_policy_test(args) -> int:
-    """Run the policy tests, then again with coverage; one line per file, failing under the threshold.
-    A rule set of rule-sets/ is tested with the platform's parts it runs with (policyfiles.rule_set);
-    its coverage counts its own modules. Any other folder of policies is tested as it is."""
-    paths, platform = [], set()
-    for path in args.paths:
-        try:
-            complete = policyfiles.rule_set(path)
-        except policyfiles.RuleSetError:
-            complete = Path(path)  # not a rule set: policies of another kind
-        if complete != Path(path) and complete != policyfiles.source_of(path):
-            platform |= {str(complete / part) for part in policyfiles.PLATFORM}
-        paths.append(str(complete))
-    tests = subprocess.run([args.opa, *policyfiles.test_args(paths)])
-    if tests.returncode != 0:
-        return tests.returncode
-    run = subprocess.run([args.opa, *policyfiles.test_args(paths, coverage=True)], capture_output=True, text=True)
+    return policytest.test(args.paths, args.opa, args.threshold)
+
+
+def cmd_new_rule_set(args) -> int:
     try:
-        report = json.loads(run.stdout)
-    except json.JSONDecodeError:
-        print(run.stdout + run.stderr, file=sys.stderr)
-        return run.returncode or 1
-    own = {path: info for path, info in report.get("files", {}).items()
-           if not any(path == part or path.startswith(part + "/") for part in platform)}
-    for path, info in sorted(own.items()):
-        if not path.endswith("_test.rego"):
-            ranges = info.get("not_covered", [])
-            uncovered = [f"{r['start']['row']}-{r['end']['row']}" for r in ranges]
-            rules = rules_at(args.opa, Path(path), [r["start"]["row"] for r in ranges])
-            print(f"  {info.get('coverage', 0):6.2f}%  {path}" + (f"  (not covered: lines {', '.join(uncovered)};"
-                                                                    f" rules {', '.join(rules)})" if uncovered else ""))
-    total = report.get("coverage", 0)
-    if platform:  # the platform's modules are tested with the shipped rule set
-        counted = [info for path, info in own.items() if not path.endswith("_test.rego")]
-        covered = sum(info.get("covered_lines", 0) for info in counted)
-        total = 100 * covered / max(1, covered + sum(info.get("not_covered_lines", 0) for info in counted))
-    print(f"policy coverage: {total:.2f}% of lines (threshold {args.threshold}%)")
-    if run.returncode != 0:
-        print(run.stderr, file=sys.stderr)
-        return run.returncode
-    if total < args.threshold:
-        return 1
-    return check_names(paths) or check_fast_paths(paths)
-
-
-def check_names(paths: list[str]) -> int:
-    """No rule of a rule set of `paths` reads a label or reference document it lacks (policy/names.py)."""
-    from complyroute.policy import names
-
-    failed = 0
-    for folder in map(Path, paths):
-        if (folder / policyfiles.RULE_SET / "reference" / "data.json").is_file():
-            for problem in names.unknown_names(folder):
-                print(f"policy-test: {problem}: the rule can never fire", file=sys.stderr)
-                failed = 1
-    return failed
-
-
-def rules_at(opa: str, module: Path, rows: list[int]) -> list[str]:
-    """The names of the rules of `module` that hold the given rows (a rule runs from its first
-    row to the row before the next rule's)."""
-    if not rows:
-        return []
-    parsed = subprocess.run([opa, "parse", "--format", "json", "--json-include", "locations", str(module)], capture_output=True, text=True)
-    if parsed.returncode != 0:
-        return ["(unparsed)"]
-    starts = sorted((rule["location"]["row"], rule["head"]["name"] if "name" in rule["head"] else rule["head"]["ref"][0]["value"])
-                    for rule in json.loads(parsed.stdout).get("rules", []))
-    names = []
-    for row in rows:
-        holding = [name for start, name in starts if start <= row]
-        name = holding[-1] if holding else "(before the first rule)"
-        if name not in names:
-            names.append(name)
-    return names
-
-
-def check_fast_paths(paths: list[str]) -> int:
-    """The allowed table and the compiled routes of each example catalog agree with the rules
-    (the deploy-time guards, engines/catalog_check.py), for each rule set of `paths`."""
-    from complyroute.engines import EngineError, catalog_check
-
-    for folder in map(Path, paths):
-        for catalog_file in sorted((folder / policyfiles.EXAMPLES).glob("catalog*.json")):
-            catalog = json.loads(catalog_file.read_text())["complyroute"]["catalog"]
-            try:
-                allowed = catalog_check.check_catalog(catalog, folder)
-            except EngineError as error:
-                print(f"policy-test: the fast paths disagree with the rules over {catalog_file}: {error}", file=sys.stderr)
-                return 1
-            print(f"fast paths: {catalog_file}: the allowed table and the compiled routes agree with the rules "
-                  f"({allowed} allowed labellings)")
+        folder = newruleset.scaffold(args.name, Path(args.dir) if args.dir else None)
+    except newruleset.NewRuleSetError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"complyroute: rule set {args.name} written to {folder}; next: make policy-test policy={folder}")
     return 0
 
 
@@ -363,6 +285,18 @@ def main(argv: list[str] | None = None) -> int:
     decide.add_argument("--catalog", required=True, help="the instances as JSON, such as policies/examples/catalog.json")
     decide.add_argument("--policies", type=rule_set_choice, default="policies", help=RULE_SET_HELP)
     decide.set_defaults(run=cmd_decide)
+
+    policy_check = commands.add_parser("policy-check", help="opa check --strict and Regal of a rule set, with the platform's parts it lacks")
+    policy_check.add_argument("--opa", default=str(policyfiles.OPA))
+    policy_check.add_argument("--regal", default=str(policyfiles.REGAL))
+    policy_check.add_argument("path")
+    policy_check.set_defaults(run=cmd_policy_check)
+
+    new_rule_set = commands.add_parser("new-rule-set", help="write a rule set of your own that passes make policy-test as written: "
+                                       "its labels, index fields and one exclusion, with tests (policies/README.md)")
+    new_rule_set.add_argument("name", help="its name: lowercase letters, digits and '-'")
+    new_rule_set.add_argument("dir", nargs="?", help="the folder to write it under (default rule-sets/)")
+    new_rule_set.set_defaults(run=cmd_new_rule_set)
 
     commands.add_parser("policy-bench", help="what one decision costs at each topology's enforcement points (opa bench)").set_defaults(
         run=lambda a: policybench.run())

@@ -2,8 +2,7 @@
 .PHONY: policy-test
 policy-test: check-policy $(OPA) $(REGAL) $(VENV)/.installed ## Format check, strict check, Regal lint and unit tests with coverage of policies/ [policy=<rule set>]
 	$(OPA) fmt --list --fail $(policy_dir)
-	$(OPA) check --strict $(policy_dir)
-	$(REGAL) lint --config-file .regal/config.yaml --format pretty $(policy_dir)
+	$(CONTROL) policy-check --opa $(OPA) --regal $(REGAL) $(policy_dir)
 	$(CONTROL) policy-test --opa $(OPA) --threshold 95 $(policy_dir)
 
 .PHONY: decide

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from complyroute.topology.plan import Endpoint
 
 OPA = REPO / "bin" / "opa"  # opa-envoy-plugin, as `make setup` builds it (tools/opa/go.mod)
+REGAL = REPO / "bin" / "regal"
+REGAL_CONFIG = REPO / ".regal" / "config.yaml"  # the project's lint configuration, for any rule-set folder
 POLICIES = REPO / "policies"
 RULE_SET = "complyroute"  # the rule set's folder in policies/: the rest is not in a bundle
 # The enforcement point's own policies, which OPA loads from disk beside its bundle: the REST
@@ -94,11 +96,7 @@ def rule_set(chosen: str | Path) -> Path:
     content (the adapter's tests left out: they are written against the shipped rules); the
     shipped one, and any folder that holds them, is used as it is."""
     folder = source_of(chosen)
-    missing = [part for part in PLATFORM if not (folder / part).exists()]
-    if (folder / RULE_SET / "envoy").is_dir() and PLATFORM_MODULE in missing:
-        # A whole policies/ of a revision before the platform module (policy-diff base=...): its
-        # compliance package holds the entrypoint and everything it reads, as it is.
-        missing.remove(PLATFORM_MODULE)
+    missing = missing_platform(folder)
     if not missing:
         return folder
     files = {path.relative_to(folder): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
@@ -117,6 +115,16 @@ def rule_set(chosen: str | Path) -> Path:
         except OSError:  # another process assembled the same content first
             shutil.rmtree(partial, ignore_errors=True)
     return assembled
+
+
+def missing_platform(folder: Path) -> list[Path]:
+    """The platform's parts a rule set's folder lacks, which rule_set() adds from policies/."""
+    missing = [part for part in PLATFORM if not (folder / part).exists()]
+    if (folder / RULE_SET / "envoy").is_dir() and PLATFORM_MODULE in missing:
+        # A whole policies/ of a revision before the platform module (policy-diff base=...): its
+        # compliance package holds the entrypoint and everything it reads, as it is.
+        missing.remove(PLATFORM_MODULE)
+    return missing
 
 
 def platform_files(part: Path) -> list[Path]:

@@ -2,9 +2,11 @@
 # What every rule set decides with, written once: the entrypoint and how a
 # decision and its tiers are assembled, the schema-driven label checks, the
 # generic record checks and the helpers. A rule set's own compliance.rego, in
-# this same package, supplies its exclusions (and any record checks, required
-# labels or names of its own); the control plane adds this file to a rule-set
-# folder that lacks it (complyroute/policy/policyfiles.py, PLATFORM).
+# this same package, supplies its exclusions (at least one rule: the decision
+# reads them) and any record checks, required labels or names of its own; the
+# control plane adds this file to a rule-set folder that lacks it
+# (complyroute/policy/policyfiles.py, PLATFORM; `complyroute new-rule-set`
+# writes a rule set that lacks it).
 # Contract: docs/architecture.md (section "Policy").
 #
 # Two kinds of rules feed the decision:
