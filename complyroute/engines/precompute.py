@@ -31,7 +31,9 @@ decide in full, with the body.
 The guard: before a point takes its table, `check_quick_path` has OPA evaluate the quick
 path with it over the table's space, and refuses (EngineError, naming the point and the first
 labelling) unless it answers exactly the allowed labellings, as the full path does. The
-compiled engine checks its routes the same way (envoy_compiled.check_routes).
+compiled engine checks its routes the same way (envoy_compiled.check_routes). Beyond the
+space, differential.py asks the full decision a seeded sample of the answers with records,
+clock times and request ids the space holds constant, and refuses the table on any difference.
 
 Over 400 lines: the space, the answers asked over it (and cached), the table made of them and the
 guard that checks the table against them read each other's shapes; apart, each would restate them.
@@ -53,7 +55,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from complyroute.engines import independence
+from complyroute.engines import differential, independence
 from complyroute.files import write_whole
 from complyroute.engines.contract import EngineError
 from complyroute.policy import labels as label_schema, policydata
@@ -70,7 +72,7 @@ ALLOWED = "data.complyroute_engines.allowed_space.allowed"
 QUICK = "data.complyroute_engines.quick_path.quick"
 # A multiple label is enumerated over every combination of its values: 2^n.
 MAX_SET_VALUES = 10
-MODULES = (DECISION_SPACE, ALLOWED_SPACE, QUICK_PATH, independence.OBJECT_RECORD)
+MODULES = (DECISION_SPACE, ALLOWED_SPACE, QUICK_PATH, independence.OBJECT_RECORD, differential.MODULE)
 # What the cache keeps beside the queries' answers: the allowed labellings OPA's partial
 # evaluation left a residual for (independence.dependent).
 DEPENDENT = "dependent labellings"
@@ -397,9 +399,11 @@ def with_tables(data: dict[str, dict], precomputed: Precomputed, set_clusters: d
     tables = {point: built.get(point, {}) for point in data}
     check_quick_path(precomputed, tables)
     clusters = precomputed.set_clusters() if set_clusters is None else set_clusters
-    return {point: {**document, QUICK_PATH_DOCUMENT: {"table": tables[point], "digest": table_digest(tables[point]),
-                                                      "set_clusters": list(clusters.get(point, ()))}}
-            for point, document in data.items()}
+    placed = {point: {**document, QUICK_PATH_DOCUMENT: {"table": tables[point], "digest": table_digest(tables[point]),
+                                                        "set_clusters": list(clusters.get(point, ()))}}
+              for point, document in data.items()}
+    differential.check(precomputed.outcomes, precomputed.space, placed, precomputed.policies, cached)
+    return placed
 
 
 def table_digest(table: dict) -> str:
