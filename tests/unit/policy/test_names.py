@@ -1,4 +1,4 @@
-"""A rule reading a label or a reference document the rule set lacks is refused, by name
+"""A rule reading a label, a reference document or a candidate's index field the rule set lacks is refused, by name
 (complyroute/policy/names.py), at policy-test, deploy and reload (engines.configure)."""
 
 import shutil
@@ -34,7 +34,8 @@ def with_rule(tmp_path, condition: str):
 
 
 @pytest.mark.parametrize("condition", ['label.region == "US"', 'input.labels["category"] == "health"',
-                                       'object.get(label_values, "consent", set()) == set()', 'reference.adequacy.JP'])
+                                       'object.get(label_values, "consent", set()) == set()', 'reference.adequacy.JP',
+                                       'some candidate in candidates; candidate.certifications.iso', 'candidates[_].region == "US"'])
 def test_a_rule_reading_what_the_rule_set_has_allowed(tmp_path, condition):
     assert names.unknown_names(with_rule(tmp_path, condition)) == []
 
@@ -45,6 +46,8 @@ def test_a_rule_reading_what_the_rule_set_has_allowed(tmp_path, condition):
     ('object.get(label_values, "tenant", set()) == {"acme"}', "label tenant, which the label schema lacks"),
     ('reference.tenants.acme', "reference document tenants, which the reference data lacks"),
     ('data.complyroute.reference.tenants.acme', "reference document tenants, which the reference data lacks"),
+    ('some candidate in candidates; candidate.tenant == "acme"', "index field tenant, which the index of the example catalogs lacks"),
+    ('candidates[_].tenant == "acme"', "index field tenant, which the index of the example catalogs lacks"),
 ])
 def test_a_rule_reading_what_nothing_provides_denied(tmp_path, condition, named):
     policies = with_rule(tmp_path, condition)
