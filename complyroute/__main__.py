@@ -20,7 +20,7 @@ from complyroute.evidence import audit, trace
 from complyroute.policy import policyfiles
 from complyroute.runtime import targets
 from complyroute.runtime.local import deployment, reload, supervision
-from complyroute.runtime.target import DeployFailed, Target, TargetError
+from complyroute.runtime.target import DeployFailed, ReloadError, Target, TargetError
 from complyroute.topology import manifest
 
 DEMO_MANIFEST = "topologies/examples/mixed-regions.yaml"
@@ -304,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.run(args)
-    except (manifest.ManifestError, supervision.DeploymentError, audit.AuditError, reload.ReloadError, policydiff.PolicyDiffError, trace.TraceError,
+    except (manifest.ManifestError, supervision.DeploymentError, audit.AuditError, ReloadError, policydiff.PolicyDiffError, trace.TraceError,
             TargetError, DeployFailed) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

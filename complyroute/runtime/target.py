@@ -42,6 +42,10 @@ class TargetBusy(RuntimeError):
     """Another deployment is where this one would go: an experiment stops rather than fail every cell."""
 
 
+class ReloadError(RuntimeError):
+    """A reload that could not be applied or did not take, on either target; the message says what to do."""
+
+
 class DeployFailed(RuntimeError):
     """A deployment did not come up (the message says how); an experiment's cell fails, the run goes on."""
 

@@ -19,6 +19,10 @@ below it:
 9. authoring: for whoever writes rule sets (policy-diff, policy-bench);
 10. the commands: client.py and __main__.py.
 
+The two runtimes stand side by side on one floor: runtime/kubernetes/ imports nothing of
+runtime/local/ and runtime/local/ nothing of runtime/kubernetes/ (APART); what both need is in
+runtime/ itself (target.py).
+
 Evidence stands above runtime, not below: trace.py finds a run, its state and its labels
 through runtime/local/ (deployment.py, rendering.py), and nothing in a runtime reads the evidence.
 
@@ -77,6 +81,8 @@ LAYERS = [
     ["complyroute.authoring"],
     ["complyroute.client", "complyroute.__main__"],
 ]
+# Packages of one layer that import nothing of each other, in either direction.
+APART = [("complyroute.runtime.local", "complyroute.runtime.kubernetes")]
 # experiments/'s layers, lowest first, as LAYERS.
 EXPERIMENT_LAYERS = [
     ["experiments"],  # the package itself: empty
@@ -208,6 +214,14 @@ def downward(edges: dict[str, set[str]], layers: list[list[str]] = LAYERS, groun
     return sorted(found)
 
 
+def crossing(edges: dict[str, set[str]], apart: list[tuple[str, str]] = APART) -> list[str]:
+    """`module -> import` for every import of a module of one package of a pair in `apart` from
+    the other package of the pair."""
+    pairs = [*apart, *((second, first) for first, second in apart)]
+    return sorted(f"{name} -> {target}" for name, targets in edges.items() for target in targets
+                  for first, second in pairs if holds(first, name) and holds(second, target))
+
+
 def sources(root: Path = REPO, packages: tuple[str, ...] = PACKAGES) -> list[Path]:
     """The modules of the packages, and the services' own JavaScript (not their node_modules)."""
     python = [path for package in packages for path in sorted((root / package).rglob("*.py"))]
@@ -243,6 +257,10 @@ def test_the_control_plane_never_imports_the_experiments():
 
 def test_no_layer_imports_a_higher_one():
     assert downward(graph()) == []
+
+
+def test_the_runtimes_import_nothing_of_each_other():
+    assert crossing(graph()) == []
 
 
 def test_no_layer_of_the_experiments_imports_a_higher_one():
@@ -300,6 +318,23 @@ def test_a_circle_is_found(tmp_path):
     layers = [["low.a", "low.b"], ["low.c", "low.e"]]
     (tmp_path / "low" / "b.py").write_text("from low.c import thing\n")
     assert downward(graph(tmp_path, ("low", "high")), layers, "low") == ["low.b -> low.c", "low.d: no layer", "low: no layer"]
+
+
+def test_an_import_between_packages_kept_apart_is_found(tmp_path):
+    """The runtimes' check can fail: a module of one package that imports the other (lazily, or
+    by its package's name), denied either way, beside an import of the floor they share, allowed."""
+    for sub in ("one", "two"):
+        (tmp_path / "floor" / sub).mkdir(parents=True)
+        (tmp_path / "floor" / sub / "__init__.py").write_text("")
+    (tmp_path / "floor" / "__init__.py").write_text("")
+    (tmp_path / "floor" / "shared.py").write_text("")
+    (tmp_path / "floor" / "one" / "a.py").write_text("from floor import shared\n")
+    (tmp_path / "floor" / "two" / "b.py").write_text("from floor.shared import thing\n")
+    apart = [("floor.one", "floor.two")]
+    assert crossing(graph(tmp_path, ("floor",)), apart) == []
+    (tmp_path / "floor" / "one" / "a.py").write_text("def later():\n    from floor.two import b\n")
+    (tmp_path / "floor" / "two" / "b.py").write_text("import floor.one\n")
+    assert crossing(graph(tmp_path, ("floor",)), apart) == ["floor.one.a -> floor.two.b", "floor.two.b -> floor.one"]
 
 
 def test_an_upward_import_between_subpackages_is_found(tmp_path):

@@ -23,8 +23,7 @@ from complyroute.policy import bundles, labels, policydata
 from complyroute.policy.policyfiles import POLICIES
 from complyroute.runtime.kubernetes.render import (PART_OF, RENDER_ANNOTATION, SERVICE_IMAGE, KubernetesNetwork, RenderError, Renderer, build,
                                                   component_of, namespace_of, write_private)
-from complyroute.runtime.local.reload import ReloadError
-from complyroute.runtime.target import runs_root
+from complyroute.runtime.target import ReloadError, runs_root
 from complyroute.topology.manifest import Topology
 from complyroute.topology.plan import EnforcementPoint, Plan
 from complyroute.trust import identity

@@ -57,12 +57,9 @@ from complyroute.engines import precompute
 from complyroute.files import write_whole
 from complyroute.policy import bundles, labels, policydata, policyfiles
 from complyroute.runtime.local import deployment, labelchange, polling, rendering, warmup
+from complyroute.runtime.target import ReloadError
 from complyroute.topology import localhttp
 from complyroute.topology.plan import EnforcementPoint
-
-
-class ReloadError(RuntimeError):
-    """A reload that could not be applied or did not take; the message says what to do."""
 
 
 def _get_json(url: str) -> dict | None:

@@ -15,7 +15,7 @@ import pytest
 from complyroute.policy import bundles
 from complyroute.policy.policyfiles import POLICIES
 from complyroute.runtime.kubernetes import apply, render
-from complyroute.runtime.local.reload import ReloadError
+from complyroute.runtime.target import ReloadError
 from complyroute.topology import manifest
 
 from tests.relabel import rule_set_with_label
