@@ -126,7 +126,8 @@ def deploy(topology: Topology, policies: Path | None = None, health_timeout: flo
     # longer. Removed by undeploy.
     private = Path(tempfile.mkdtemp(prefix="complyroute-"))
     try:
-        plan = place(topology, LocalNetwork(private))
+        network = LocalNetwork(private)
+        plan = place(topology, network)
         parts = render(plan, run_dir, policies)
     except BaseException:
         shutil.rmtree(private, ignore_errors=True)
@@ -212,9 +213,8 @@ def deploy(topology: Topology, policies: Path | None = None, health_timeout: flo
     write_state(run_dir, state)
     print(f"deploy: {len(parts)} processes healthy in {state['bring_up_seconds']} s", file=out)
     print(f"deploy: memory (PSS) {describe_memory(state['memory_mib'])}", file=out)
-    for node in [topology.gateway, *topology.service_nodes]:
-        names = [p["name"] for p in state["parts"] if p["node"] == node.name]
-        print(f"  {node.name} ({node.address}): {len(names)} processes", file=out)
+    for line in node_lines(topology, network, state["parts"]):
+        print(line, file=out)
     print(f"deploy: entry {state['entry_url']}   run folder {run_dir}   supervisord pid {state['supervisor']['pid']}", file=out)
     return state
 
@@ -247,6 +247,13 @@ def memory(state: dict) -> dict:
 
 def describe_memory(mib_by_kind: dict) -> str:
     return ", ".join(f"{kind} {mib:.0f} MiB" for kind, mib in mib_by_kind.items())
+
+
+def node_lines(topology: Topology, network: LocalNetwork, parts: list[dict]) -> list[str]:
+    """Each node, the address its parts listen on in the plan's network (COMPLYROUTE_LOOPBACK
+    moves it off the manifest's) and how many of `parts` (the state's) run there."""
+    return [f"  {node.name} ({network.address(node)}): {sum(part['node'] == node.name for part in parts)} processes"
+            for node in [topology.gateway, *topology.service_nodes]]
 
 
 def status(out=sys.stdout) -> int:

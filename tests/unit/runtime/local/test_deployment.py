@@ -184,3 +184,18 @@ def test_memory_leaves_out_parts_that_are_gone_or_never_started_denied(tmp_path)
     child.kill()
     child.wait()
     assert deployment.memory({"parts": [{"pid": child.pid, "kind": "service"}, {"pid": 0, "kind": "envoy"}]}) == {"total": 0}
+
+
+def test_deploy_names_each_node_by_the_address_of_the_plans_network_allowed(monkeypatch):
+    """The nodes' addresses a deploy prints are where its parts listen: moved by COMPLYROUTE_LOOPBACK
+    (LocalNetwork's loopback) off the manifest's 127.0.1.x, which it prints only when nothing moves them."""
+    from complyroute.topology import manifest
+    from complyroute.topology.plan import LocalNetwork
+
+    topology = manifest.load("sidecar", services=3)
+    parts = [{"node": "gateway"}, {"node": "node-1"}, {"node": "node-1"}]
+    moved = deployment.node_lines(topology, LocalNetwork(loopback="127.0.5"), parts)
+    assert moved[:2] == ["  gateway (127.0.5.1): 1 processes", "  node-1 (127.0.5.2): 2 processes"]
+    assert all("127.0.1." not in line for line in moved)
+    monkeypatch.delenv("COMPLYROUTE_LOOPBACK", raising=False)
+    assert deployment.node_lines(topology, LocalNetwork(), parts)[0] == "  gateway (127.0.1.1): 1 processes"
