@@ -1,7 +1,8 @@
 """The label schema: which labels a rule set reads, and the header each travels in.
 
 A rule set declares its labels in its reference data (policies/complyroute/reference/data.json,
-key "labels"; compliance.rego documents the fields): name -> {"header", "values": the reference
+key "labels"; platform.rego documents the fields, and the JSON Schema REFERENCE_SCHEMA, which
+this module checks the reference data with, says them too): name -> {"header", "values": the reference
 document whose keys are its known values, "multiple", "required", "subsets_of"}. Everything
 outside the rule set that handles labels follows this schema, never a list of its own: the
 services (which labels they require, log and send on), the Envoy listeners (the size bound on
@@ -15,20 +16,15 @@ with) carry the three labels of the first rule set: LEGACY.
 
 from __future__ import annotations
 
+import difflib
+import functools
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
-# Claims of the label token that are not labels (envoy.rego label_token_claims): a label may
-# not take one's name.
-TOKEN_CLAIMS = frozenset({"iss", "exp", "iat", "rid", "digest", "aud", "sub", "nbf", "jti", "kid"})
-NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
-# A label header: lowercase (Envoy hands headers to OPA lowercased), not one of complyroute's own.
-HEADER = re.compile(r"x-[a-z0-9][a-z0-9-]{0,62}")
-OWN_HEADERS = "x-complyroute-"
-RESERVED_HEADERS = frozenset({"x-request-id"})  # the record's id, which every part reads as such
-FIELDS = {"header", "values", "multiple", "required", "subsets_of", "description"}
+import jsonschema
+
+REFERENCE_SCHEMA = Path(__file__).with_name("reference.schema.json")
 
 LEGACY = {
     "category": {"header": "x-data-category", "values": "categories", "required": True},
@@ -66,35 +62,48 @@ def schema(policies: Path) -> tuple[Label, ...]:
     return schema_of(reference_of(policies))
 
 
+@functools.cache
+def reference_validator() -> jsonschema.protocols.Validator:
+    """REFERENCE_SCHEMA's validator, the schema checked once against its meta-schema."""
+    schema = json.loads(REFERENCE_SCHEMA.read_text())
+    validator = jsonschema.validators.validator_for(schema)
+    validator.check_schema(schema)
+    return validator(schema)
+
+
+def refusal(reference: dict) -> str | None:
+    """Why REFERENCE_SCHEMA refuses `reference`, by the path of the first part it refuses and
+    that part's x-refusal (an unknown field of a label: the nearest known one); None if it does not."""
+    errors = sorted(reference_validator().iter_errors(reference), key=lambda error: (len(error.absolute_path), list(map(str, error.absolute_path))))
+    if not errors:
+        return None
+    error = errors[0]
+    where = "reference data" + (": " + ".".join(map(str, error.absolute_path)) if error.absolute_path else "")
+    if error.validator == "additionalProperties":
+        known = sorted(error.schema.get("properties", {}))
+        unknown = sorted(set(error.instance) - set(known))[0]
+        nearest = difflib.get_close_matches(unknown, known, n=1)
+        return (f"{where}.{unknown}: is not a field of a label (fields: {', '.join(known)})"
+                + (f"; did you mean {nearest[0]!r}?" if nearest else ""))
+    given = f" {error.instance!r}:" if isinstance(error.instance, str) else ""  # a name or a value the schema refuses
+    return f"{where}:{given} {error.schema.get('x-refusal', error.message)}"
+
+
 def schema_of(reference: dict) -> tuple[Label, ...]:
+    problem = refusal(reference)
+    if problem:
+        raise LabelSchemaError(problem)
     declared = reference.get("labels", LEGACY)
-    if not isinstance(declared, dict) or not declared:
-        raise LabelSchemaError("reference data: labels must be an object naming at least one label")
     labels, headers = [], {}
     for name, spec in sorted(declared.items()):
         where = f"reference data: labels.{name}"
-        if not NAME.fullmatch(name) or name in TOKEN_CLAIMS:
-            raise LabelSchemaError(f"{where}: a label name is lowercase letters, digits and _ (at most 32), "
-                                   f"and none of the label token's own claims {sorted(TOKEN_CLAIMS)}")
-        if not isinstance(spec, dict) or set(spec) - FIELDS:
-            raise LabelSchemaError(f"{where}: an object with the fields {sorted(FIELDS)}")
-        header = spec.get("header")
-        if not isinstance(header, str) or not HEADER.fullmatch(header) or header.startswith(OWN_HEADERS) or header in RESERVED_HEADERS:
-            raise LabelSchemaError(f"{where}.header: {header!r} is not a lowercase x- header name outside {OWN_HEADERS}* "
-                                   f"and {', '.join(sorted(RESERVED_HEADERS))}")
+        header = spec["header"]
         if header in headers:
             raise LabelSchemaError(f"{where}.header: {header} is labels.{headers[header]}'s header too")
         headers[header] = name
-        values = spec.get("values")
-        if not isinstance(values, str) or not isinstance(reference.get(values), dict):
-            raise LabelSchemaError(f"{where}.values: {values!r} names no object of the reference data")
-        for flag in ("multiple", "required"):
-            if not isinstance(spec.get(flag, False), bool):
-                raise LabelSchemaError(f"{where}.{flag}: true or false")
-        subsets_of = spec.get("subsets_of")
-        if subsets_of is not None and (not spec.get("multiple") or not isinstance(subsets_of, str)):
-            raise LabelSchemaError(f"{where}.subsets_of: an instance attribute's name, for a multiple label only")
-        labels.append(Label(name, header, values, spec.get("multiple", False), spec.get("required", False), subsets_of))
+        if not isinstance(reference.get(spec["values"]), dict):
+            raise LabelSchemaError(f"{where}.values: {spec['values']!r} names no object of the reference data")
+        labels.append(Label(name, header, spec["values"], spec.get("multiple", False), spec.get("required", False), spec.get("subsets_of")))
     return tuple(labels)
 
 

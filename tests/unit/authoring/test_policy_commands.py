@@ -65,14 +65,14 @@ def test_policy_test_names_the_uncovered_rule_denied(tmp_path, capfd):
 
 
 def test_policy_test_checks_the_fast_paths_over_the_example_catalog_allowed(capfd):
-    from complyroute.__main__ import check_fast_paths
+    from complyroute.authoring.policytest import check_fast_paths
 
     assert check_fast_paths([str(policyfiles.POLICIES)]) == 0
     assert "catalog.json: the allowed table and the compiled routes agree with the rules" in capfd.readouterr().out
 
 
 def test_policy_test_fails_on_a_fast_path_that_disagrees_denied(capfd, monkeypatch):
-    from complyroute.__main__ import check_fast_paths
+    from complyroute.authoring.policytest import check_fast_paths
     from complyroute.engines import envoy_compiled
 
     honest = envoy_compiled.listener_matcher

@@ -41,7 +41,9 @@ def test_the_shipped_schema_is_its_three_labels_in_name_order_allowed():
     ({"region": {"header": "x-data-region", "values": "nowhere"}}, "names no object"),
     ({"region": {"header": "x-data-region", "values": "regions", "multiple": "yes"}}, "true or false"),
     ({"region": {"header": "x-data-region", "values": "regions", "subsets_of": "purposes"}}, "multiple label only"),
-    ({"region": {"header": "x-data-region", "values": "regions", "colour": "red"}}, "an object with the fields"),
+    ({"region": {"header": "x-data-region", "values": "regions", "colour": "red"}}, "labels.region.colour: is not a field of a label"),
+    ({"region": {"header": "x-data-region", "values": "regions", "requird": True}}, "labels.region.requird: .* did you mean 'required'"),
+    ({"region": {"values": "regions"}}, "labels.region: a label is an object with the fields"),
 ])
 def test_an_unusable_schema_is_refused_naming_the_field_denied(declared, problem):
     with pytest.raises(labels.LabelSchemaError, match=problem):
