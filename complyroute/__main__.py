@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     add_target(reload_policy)
     reload_policy.add_argument("--topology", help="k8s: the manifest (name, alias or path) it was deployed with")
     reload_policy.add_argument("--policies", type=rule_set_choice,
-                               help=RULE_SET_HELP.replace("policies/", "the deployment's; k8s: policies/"))
+                               help=RULE_SET_HELP.replace("policies/", "the one deployed"))
     reload_policy.add_argument("--timeout", type=float, help="local: seconds to wait for every point to decide with it (default 120)")
     reload_policy.set_defaults(run=cmd_reload_policy)
     trace_record = commands.add_parser("trace", help="each hop of one record: the deciding point, labels, decision, revision, audit line")

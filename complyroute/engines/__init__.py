@@ -3,7 +3,7 @@
 A topology manifest names its engine (`engine.kind`). An engine turns the enforcement points
 a placement produced into the configuration of each point's processes:
 
-    configure(points, settings, policies, trust) -> {point name: PointConfig}
+    configure(points, settings, rule_set, trust) -> {point name: PointConfig}
 
 `trust`: each point's mutual TLS and label-token settings (identity.PointTrust), or None.
 
@@ -12,22 +12,22 @@ a placement produced into the configuration of each point's processes:
   decision space; the allowed outcomes become Envoy routes, so an allowed hop needs no call
   out of Envoy. Everything else asks OPA as in envoy-opa.
 
-Both load the same rule set; neither re-implements it.
+Both load the same rule set; neither re-implements it. What a deployment's points run is made
+from these by one generator (configuration.py), which every runtime calls.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from complyroute.engines.contract import EngineError, PointConfig
 from complyroute.policy import names
+from complyroute.policy.ruleset import RuleSet
 from complyroute.topology.manifest import ENGINES
 from complyroute.topology.plan import EnforcementPoint
 
 __all__ = ["EngineError", "PointConfig", "configure"]  # the interface (contract.py), and the engine chosen by kind
 
 
-def configure(kind: str, points: list[EnforcementPoint], settings: dict, policies: Path, trust: dict | None = None,
+def configure(kind: str, points: list[EnforcementPoint], settings: dict, rule_set: RuleSet, trust: dict | None = None,
               ahead: bool = True, set_clusters: dict[str, tuple[str, ...]] | None = None) -> dict[str, PointConfig]:
     """The configuration of every point, by the engine `kind` (a manifest's engine.kind).
 
@@ -41,9 +41,9 @@ def configure(kind: str, points: list[EnforcementPoint], settings: dict, policie
     from complyroute.engines import envoy_compiled, envoy_opa
 
     try:
-        names.check(policies)
+        names.check(rule_set.folder)
     except names.UnknownName as error:
         raise EngineError(str(error)) from None
     modules = {"envoy-opa": envoy_opa, "envoy-compiled": envoy_compiled}
     assert set(modules) == set(ENGINES), "every engine a manifest may name has a module here"
-    return modules[kind].configure(points, settings, policies, trust or {}, ahead, set_clusters)
+    return modules[kind].configure(points, settings, rule_set, trust or {}, ahead, set_clusters)

@@ -14,6 +14,11 @@ class PointConfig:
     envoy: dict  # Envoy's bootstrap
     opa: dict | None  # OPA's configuration; None: the point only forwards and runs no OPA
     data: dict | None  # the document OPA loads beside the rule set (data.complyroute.index, see policydata)
+    # What the runtimes read of that document, as fields, so none reads it by name: the
+    # compliant sets its Envoy has a cluster for, and the digest of its allowed table (what its
+    # OPA reports once it holds it); () and None at a point without OPA.
+    set_clusters: tuple[str, ...] = ()
+    table_digest: str | None = None
 
 
 class EngineError(RuntimeError):

@@ -29,11 +29,10 @@ from __future__ import annotations
 import functools
 import re
 from collections import defaultdict
-from pathlib import Path
 
 from complyroute.engines import envoy_opa, precompute
 from complyroute.engines.contract import EngineError, PointConfig
-from complyroute.policy import labels
+from complyroute.policy.ruleset import RuleSet
 from complyroute.proxy.contract import MAX_RECORD_BYTES, RECORD_PATH, REVISION_HEADER, ROUTING_HEADER, hop_timeout_of
 from complyroute.proxy.routes import A_RECORD, REQUEST_FORMS, decided_route, decision_route, refusal_route
 from complyroute.topology.plan import EnforcementPoint
@@ -261,13 +260,12 @@ def check_routes(point: EnforcementPoint, matchers: dict[str, dict], precomputed
                           + precompute.first_difference(point.name, expected, routed, only_compiled, "the compiled route"))
 
 
-def configure(points: list[EnforcementPoint], settings: dict, policies: Path, trust: dict, ahead: bool = True,
+def configure(points: list[EnforcementPoint], settings: dict, rule_set: RuleSet, trust: dict, ahead: bool = True,
               set_clusters: dict[str, tuple[str, ...]] | None = None) -> dict[str, PointConfig]:
-    data, precomputed = envoy_opa.decided_data(points, policies, ahead, set_clusters)
+    data, precomputed = envoy_opa.decided_data(points, rule_set.folder, ahead, set_clusters, rule_set.revision)
     outcomes = outcomes_by_listener(precomputed)
     hop_timeout = hop_timeout_of(settings)
-    label_schema = labels.schema(policies)
-    headers = [label.header for label in label_schema]
+    headers = [label.header for label in rule_set.schema]
     configs = {}
     for point in points:
         matchers = {
@@ -275,5 +273,5 @@ def configure(points: list[EnforcementPoint], settings: dict, policies: Path, tr
             for listener in compiled_listeners(point)
         }
         check_routes(point, matchers, precomputed)
-        configs[point.name] = envoy_opa.point_config(point, settings, data.get(point.name), label_schema, matchers, trust.get(point.name))
+        configs[point.name] = envoy_opa.point_config(point, settings, data.get(point.name), rule_set.schema, matchers, trust.get(point.name))
     return configs

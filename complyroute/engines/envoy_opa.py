@@ -12,26 +12,28 @@ from pathlib import Path
 from complyroute.engines import precompute
 from complyroute.engines.contract import PointConfig
 from complyroute.policy import bundles, labels, policydata
+from complyroute.policy.ruleset import RuleSet
 from complyroute.proxy.envoy import envoy_config
 from complyroute.proxy.opa import opa_config
 from complyroute.topology.plan import EnforcementPoint
 
 
-def opa_data(points: list[EnforcementPoint], policies: Path) -> dict[str, dict]:
+def opa_data(points: list[EnforcementPoint], policies: Path, revision: str | None = None) -> dict[str, dict]:
     """What each deciding point's OPA loads beside the rule set: its catalog, indexed by the rule
-    set, and the rule set's revision (bundles.py), which its decisions name."""
-    revision = bundles.revision(policies)
+    set, and the rule set's revision (None: bundles.revision's), which its decisions name."""
+    revision = revision or bundles.revision(policies)
     documents = policydata.opa_data({point.name: point.catalog for point in points if point.deciding}, policies)
     return {point: {**data, "complyroute": {**data.get("complyroute", {}), "revision": revision}} for point, data in documents.items()}
 
 
 def decided_data(points: list[EnforcementPoint], policies: Path, ahead: bool = True,
-                 set_clusters: dict[str, tuple[str, ...]] | None = None) -> tuple[dict[str, dict], precompute.Precomputed]:
+                 set_clusters: dict[str, tuple[str, ...]] | None = None,
+                 revision: str | None = None) -> tuple[dict[str, dict], precompute.Precomputed]:
     """opa_data with each point's allowed table (precompute.py), checked against the rule set,
     and the answers the tables hold. `ahead` False: empty tables, nothing asked ahead of time.
     `set_clusters`: the compliant sets a running deployment's Envoys have clusters for (a
     reload's), which the answers route to; None (a deploy): those the answers give."""
-    data = opa_data(points, policies)
+    data = opa_data(points, policies, revision)
     if set_clusters is not None:  # the answers are asked as the points will route them
         data = {point: {**document, precompute.QUICK_PATH_DOCUMENT: {"set_clusters": list(set_clusters.get(point, ()))}}
                 for point, document in data.items()}
@@ -47,12 +49,13 @@ def point_config(point: EnforcementPoint, settings: dict, data: dict | None, lab
     if not point.deciding:  # a point that only forwards (baseline, a last step's sidecar) needs no OPA
         return PointConfig(envoy_config(point, settings, trust=trust), None, None)
     opa = opa_config(point, decision_logs=settings.get("decision_logs", "off"))
-    set_clusters = tuple(data[precompute.QUICK_PATH_DOCUMENT]["set_clusters"]) if data else ()
-    return PointConfig(envoy_config(point, settings, matchers, trust, label_schema, set_clusters), opa, data)
+    quick_path = data[precompute.QUICK_PATH_DOCUMENT] if data else {}
+    set_clusters = tuple(quick_path.get("set_clusters", ()))
+    return PointConfig(envoy_config(point, settings, matchers, trust, label_schema, set_clusters), opa, data, set_clusters,
+                       quick_path.get("digest"))
 
 
-def configure(points: list[EnforcementPoint], settings: dict, policies: Path, trust: dict, ahead: bool = True,
+def configure(points: list[EnforcementPoint], settings: dict, rule_set: RuleSet, trust: dict, ahead: bool = True,
               set_clusters: dict[str, tuple[str, ...]] | None = None) -> dict[str, PointConfig]:
-    data, _ = decided_data(points, policies, ahead, set_clusters)
-    label_schema = labels.schema(policies)
-    return {point.name: point_config(point, settings, data.get(point.name), label_schema, trust=trust.get(point.name)) for point in points}
+    data, _ = decided_data(points, rule_set.folder, ahead, set_clusters, rule_set.revision)
+    return {point.name: point_config(point, settings, data.get(point.name), rule_set.schema, trust=trust.get(point.name)) for point in points}

@@ -15,7 +15,9 @@ label-token key (data.complyroute.token), which never travels over the bundle se
 Every bundle names its revision, which every decision carries on (policies/complyroute/envoy:
 the x-complyroute-revision header of an allowed hop, the `revision` of a denial): the git
 commit the rule set was taken from, or, when it differs from that commit's, the commit plus
-"-dirty." and a digest of its content, so two different edits are two revisions.
+"-dirty." and a digest of its content, so two different edits are two revisions. A rule set
+from a folder outside the repository is named by its content alone ("content." and the digest):
+no commit of the repository holds it.
 """
 
 from __future__ import annotations
@@ -56,10 +58,16 @@ def rule_set_files(policies: Path = POLICIES) -> dict[str, bytes]:
     return files
 
 
-def revision(policies: Path = POLICIES, repo: Path = REPO) -> str:
+def revision(policies: Path = POLICIES, repo: Path = REPO, source: Path | None = None) -> str:
     """The rule set's revision: the repository's commit when `policies` is the repository's
-    own and unchanged since it, else the commit + "-dirty." + 12 hex digits of its content
-    ("unversioned" in place of the commit outside a git checkout)."""
+    own and unchanged since it; "content." + 12 hex digits of its content when it comes from a
+    folder outside the repository (`source`: the folder it was chosen as, when `policies` is
+    its copy completed with the platform's parts); else the commit + "-dirty." + the same 12
+    digits ("unversioned" in place of the commit outside a git checkout)."""
+    digest = policyfiles.content_digest(rule_set_files(policies))[:12]
+    if not Path(source or policies).resolve().is_relative_to(repo.resolve()):
+        return f"content.{digest}"
+
     def git(*args: str) -> str:
         return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout.strip()
 
@@ -68,7 +76,7 @@ def revision(policies: Path = POLICIES, repo: Path = REPO) -> str:
         changed = Path(policies).resolve() != (repo / "policies").resolve() or git("status", "--porcelain", "--", "policies")
     except (OSError, subprocess.CalledProcessError):
         commit, changed = "unversioned", True
-    return f"{commit}-dirty.{policyfiles.content_digest(rule_set_files(policies))[:12]}" if changed else commit
+    return f"{commit}-dirty.{digest}" if changed else commit
 
 
 def roots(files: dict[str, bytes], data: dict) -> list[str]:
@@ -114,26 +122,21 @@ def bundle_name(point: str) -> str:
     return f"{point}.tar.gz"
 
 
-def write(folder: Path, documents: dict[str, dict], policies: Path = POLICIES, revision_name: str | None = None,
-          archive: Path | None = None) -> str:
-    """Write each point's bundle ({point: its data document}) into `folder`; the revision.
+def write(folder: Path, point_bundles: dict[str, bytes], revision_name: str, archive: Path | None = None) -> None:
+    """Write each point's bundle ({point: its tarball}) into `folder`.
 
     Each file is replaced by a rename, so the bundle server never serves half a bundle. With
     `archive`, each bundle is also kept as archive/<revision>/<point>.tar.gz: what `make audit`
     re-checks a hop with, whichever revision decided it.
     """
-    files = rule_set_files(policies)
-    revision_name = revision_name or revision(policies)
     folder.mkdir(parents=True, exist_ok=True)
-    for point, data in documents.items():
-        content = tarball(files, data, revision_name)
+    for point, content in point_bundles.items():
         targets = [folder / bundle_name(point)]
         if archive is not None:
             (archive / revision_name).mkdir(parents=True, exist_ok=True)
             targets.insert(0, archive / revision_name / bundle_name(point))
         for target in targets:
             write_whole(target, content)  # the bundle server never serves half of one
-    return revision_name
 
 
 def members(content: bytes) -> dict[str, bytes]:

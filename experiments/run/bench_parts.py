@@ -8,6 +8,7 @@ says what runs and against what; bench.py says how it is measured and reported.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -18,9 +19,10 @@ from pathlib import Path
 
 import psutil
 
-from complyroute import engines
 from complyroute.authoring import policybench
+from complyroute.engines import configuration
 from complyroute.policy import bundles, labels, policyfiles
+from complyroute.policy.ruleset import RuleSet
 from complyroute.proxy.opa import BundleSource
 from complyroute.runtime.local import rendering, supervision
 from complyroute.topology import manifest
@@ -40,6 +42,12 @@ BASE_PORT = 28000
 RECORD_LABELS = policybench.record_labels(["analytics", "billing", "care"])
 SCHEMA = labels.schema(policyfiles.POLICIES)
 LABEL_SETTING = {"COMPLYROUTE_LABELS": labels.service_setting(SCHEMA)}  # what a forwarding service is told
+@functools.cache
+def shipped() -> RuleSet:
+    """The shipped rule set, which configures every bench point: made once, on first use."""
+    return RuleSet.of("policies")
+
+
 LONG_PATH = 49  # path entries a next hop answers at the head of a 50-service chain
 TOKEN_LIFETIME = 3600  # s: outlives any bench run
 # The audience the bench's tokens name and its token-checking listeners require, as a later
@@ -151,17 +159,17 @@ class Bench:
                                 opa_grpc=self.socket(name, DECISION_SOCKET), opa_http=self.socket(name, API_SOCKET),
                                 opa_diagnostic=self.socket(name, DIAGNOSTIC_SOCKET), role="router")
 
-    def point(self, point: EnforcementPoint, kind: str, settings: dict, bundled: Path = policyfiles.POLICIES,
+    def point(self, point: EnforcementPoint, kind: str, settings: dict, bundled: Path | None = None,
               trust: identity.PointTrust | None = None) -> None:
         """Start the point's Envoy and OPA, configured by the shipped rule set (its label headers,
         the catalog's index, the allowed table) whatever rules its bundle holds (`bundled`): the
         allow-all floor's rules (ALLOW_ALL_POLICY) have no label schema or index to configure
-        from, and its Envoy is to be the envoy-opa point's, of which it is the floor."""
-        config = engines.configure(kind, [point], settings, policyfiles.POLICIES, {point.name: trust} if trust else None)[point.name]
-        revision = bundles.revision(bundled)
-        if config.opa is not None:
-            bundles.write(self.folder / rendering.BUNDLES, {point.name: config.data}, bundled, revision)
-        for part in rendering.point_parts(point, config, self.folder / point.name, self.folder, revision, self.bundle_source(), {}):
+        from, and its Envoy is to be the envoy-opa point's, of which it is the floor. None: the shipped rules."""
+        generated = configuration.generate([point], {**settings, "kind": kind}, shipped(), {point.name: trust} if trust else None,
+                                           rendering.layout(self.folder), bundled=bundled).points[point.name]
+        if generated.bundle is not None:
+            bundles.write(self.folder / rendering.BUNDLES, {point.name: generated.bundle}, generated.versions.revision)
+        for part in rendering.point_parts(point, generated, self.folder / point.name, self.folder, self.bundle_source(), {}):
             self.start(part)
 
     def wait_until_listening(self, timeout: float = 60) -> None:
@@ -307,18 +315,18 @@ def start_parts(bench: Bench, scratch: Path) -> tuple[list[Pair], dict]:
     (allow_all / "complyroute" / "envoy").mkdir(parents=True)
     (allow_all / "complyroute" / "envoy" / "response.rego").write_text(ALLOW_ALL_POLICY % destination)
     admins, opas = {}, {}
-    # name, engine, policies, security: "" plain HTTP, "mtls", "token" (mTLS and the label token check)
-    deciding = [("envoy-opa", "envoy-opa", policyfiles.POLICIES, ""), ("allow-all", "envoy-opa", allow_all, ""),
-                ("envoy-compiled", "envoy-compiled", policyfiles.POLICIES, ""),
-                ("envoy-compiled-mtls", "envoy-compiled", policyfiles.POLICIES, "mtls"), ("envoy-compiled-token", "envoy-compiled", policyfiles.POLICIES, "token"),
-                ("envoy-opa-mtls", "envoy-opa", policyfiles.POLICIES, "mtls"), ("envoy-opa-token", "envoy-opa", policyfiles.POLICIES, "token")]
-    for name, kind, policies, security in deciding:
+    # name, engine, the rules its bundle holds (None: the shipped ones), security: "" plain HTTP, "mtls", "token" (mTLS and the label token check)
+    deciding = [("envoy-opa", "envoy-opa", None, ""), ("allow-all", "envoy-opa", allow_all, ""),
+                ("envoy-compiled", "envoy-compiled", None, ""),
+                ("envoy-compiled-mtls", "envoy-compiled", None, "mtls"), ("envoy-compiled-token", "envoy-compiled", None, "token"),
+                ("envoy-opa-mtls", "envoy-opa", None, "mtls"), ("envoy-opa-token", "envoy-opa", None, "token")]
+    for name, kind, bundled, security in deciding:
         point = bench.enforcement_point(name)
         point.deciding.append(DecidingListener(hop.name, bench.endpoint(), sender=hop.sender, step=hop.step))
         point.destinations = {destination: tls_sink if security else sink}
         point.catalog = central.catalog
         trust = bench.point_trust(point, as_sender, as_destination, label_tokens=security == "token") if security else None
-        bench.point(point, kind, settings, policies, trust)
+        bench.point(point, kind, settings, bundled, trust)
         bench.urls[name] = https(point.deciding[0].endpoint) if security else point.deciding[0].endpoint.url
         admins[name] = point.admin
         opas[name] = point.opa_metrics_url

@@ -58,11 +58,12 @@ from pathlib import Path
 
 import pytest
 
-from complyroute import engines
+from complyroute.engines import configuration
 from complyroute.engines.envoy_compiled import compiled_listeners
 from complyroute.engines.precompute import choices, labellings_of
 from complyroute.policy import bundles, policyfiles
 from complyroute.policy.labels import Label, reference_of, schema
+from complyroute.policy.ruleset import RuleSet
 from complyroute.proxy.opa import BundleSource
 from complyroute.runtime.local import deployment, rendering, supervision
 from complyroute.topology import manifest
@@ -282,15 +283,13 @@ def engine_parts(plan, kind: str, policies: Path, folder: Path) -> tuple[renderi
     # Only the deciding side of each point: a sidecar's ingress would take the sink's
     # addresses (its service's, which the sink stands in for).
     points = [replace(point, forwarding=[]) for point in plan.points if point.deciding]
-    configs = engines.configure(kind, points, plan.topology.engine, policies)
+    generated = configuration.generate(points, {**plan.topology.engine, "kind": kind}, RuleSet.of(policies), None, rendering.layout(folder))
     # Their OPAs' bundles, served in plain HTTP on loopback as a deployment without mTLS does.
-    revision = bundles.write(folder / rendering.BUNDLES, {p.name: configs[p.name].data for p in points if configs[p.name].opa is not None},
-                             policies)
+    bundles.write(folder / rendering.BUNDLES, generated.bundles, generated.revision)
     server = rendering.bundle_server_part(folder / rendering.BUNDLES, BUNDLE_SERVER, "test", logs, None, None)
     parts = []
     for point in points:
-        parts += rendering.point_parts(point, configs[point.name], folder / point.name, logs, revision,
-                                        BundleSource(BUNDLE_SERVER.url), {})
+        parts += rendering.point_parts(point, generated.points[point.name], folder / point.name, logs, BundleSource(BUNDLE_SERVER.url), {})
     # Most answers here are OPA's full evaluation, thousands a minute: collecting garbage less
     # often (a larger heap, for processes that live a minute) spent a tenth less of OPA's time.
     return server, [replace(part, env={**part.env, "GOGC": "400"}) if part.kind == "opa" else part for part in parts]

@@ -19,8 +19,8 @@ import yaml
 
 from complyroute import engines
 from complyroute.files import write_whole
-from complyroute.policy import bundles, labels, policydata
-from complyroute.policy.policyfiles import POLICIES
+from complyroute.policy import bundles, labels, policydata, policyfiles
+from complyroute.policy.ruleset import RuleSet
 from complyroute.runtime.kubernetes.render import (PART_OF, RENDER_ANNOTATION, SERVICE_IMAGE, KubernetesNetwork, RenderError, Renderer, build,
                                                   component_of, namespace_of, write_private)
 from complyroute.runtime.target import ReloadError, runs_root
@@ -79,12 +79,15 @@ class Deployed:
     # The compliant sets each point's Envoy has a cluster for (its bootstrap's; None in a record
     # written before sets had clusters): a reload routes to those and no other.
     set_clusters: dict[str, tuple[str, ...]] | None = None
+    # The rule set as it was chosen (RuleSet.chosen; "" in a record written before it was kept):
+    # what a reload applies again unless told.
+    rule_set: str = ""
 
     @classmethod
     def of(cls, renderer: Renderer) -> Deployed:
         return cls(renderer.topology, renderer.render_id, renderer.points, renderer.point_trust, _digests(renderer.bootstraps),
                    [o["metadata"]["name"] for o in renderer.rule_set_configmaps()], renderer.revision,
-                   labels.service_setting(labels.schema(renderer.policies)), renderer.set_clusters())
+                   renderer.rule_set.service_setting, renderer.configuration.set_clusters, renderer.rule_set.chosen)
 
     @staticmethod
     def path(namespace: str) -> Path:
@@ -123,13 +126,13 @@ APPLYSET_MEMBER = "applyset.kubernetes.io/part-of"
 
 
 def apply(topology: Topology, folder: Path, timeout: str = "300s", image: str = SERVICE_IMAGE,
-          one_node: bool = False, out=None, policies: Path | None = None) -> int:
-    """Apply the rendered topology, with the rule set `policies` (None: the manifest's), in its own
+          one_node: bool = False, out=None, rule_set: RuleSet | None = None) -> int:
+    """Apply the rendered topology, with `rule_set` (None: the manifest's), in its own
     namespace, pruning what an earlier apply there left that this one does not hold, and wait
     until every workload is ready. What a reload needs of it is recorded once the API server
     took it (Deployed). kubectl's commands and output go to `out` (an open file), or to standard
     output."""
-    renderer = Renderer(topology, policies, image=image, one_node=one_node)
+    renderer = Renderer(topology, rule_set, image=image, one_node=one_node)
     renderer.render()
     output = folder.with_suffix(".yaml")
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -192,8 +195,9 @@ def status(topology: Topology | None = None, out=sys.stdout) -> int:
     return 1 if unready else 0
 
 
-def reload_policy(topology: Topology, policies: Path = POLICIES, out=sys.stdout) -> dict:
-    """Apply the rule set in `policies` to `topology` as `deploy --target k8s` applied it to the current context
+def reload_policy(topology: Topology, policies: str | Path | None = None, out=sys.stdout) -> dict:
+    """Apply the rule set `policies` (None: the one it was deployed with, as it is now) to
+    `topology` as `deploy --target k8s` applied it to the current context
     (its namespace's record: the services it was deployed with, whatever `topology` holds),
     as its rule-set ConfigMaps only (bundles-<n>, routes-<point>-<n>): no pod template changes,
     so no pod is rolled. Returns {"revision", "namespace", "applied": [names], "changed": [names
@@ -230,10 +234,14 @@ def reload_policy(topology: Topology, policies: Path = POLICIES, out=sys.stdout)
         raise ReloadError(f"namespace {namespace} runs render {running}, not {deployed.render_id} which {record} records: "
                           "it was deployed from elsewhere or again since; deploy it from here (make deploy target=k8s)")
 
+    chosen = policies if policies is not None else deployed.rule_set or "policies"
     try:
-        setting = labels.service_setting(labels.schema(policies))
+        rule_set = RuleSet.of(chosen)
+    except policyfiles.RuleSetError as error:
+        raise ReloadError(str(error)) from None
     except labels.LabelSchemaError as error:
-        raise ReloadError(f"the rule set in {policies} cannot be applied; nothing was applied: {error}") from None
+        raise ReloadError(f"the rule set in {policyfiles.rule_set(chosen)} cannot be applied; nothing was applied: {error}") from None
+    policies, setting = rule_set.folder, rule_set.service_setting
     if deployed.label_setting and setting != deployed.label_setting:
         raise ReloadError(f"the rule set in {policies} changes the labels {namespace} was deployed with "
                           f"({', '.join(label['name'] for label in json.loads(setting))}; deployed: "
@@ -241,7 +249,7 @@ def reload_policy(topology: Topology, policies: Path = POLICIES, out=sys.stdout)
                           "services and the Envoys' listeners take the labels when their pods start, which a reload does not "
                           "do; nothing was applied: deploy again (make deploy target=k8s). A local deployment's "
                           "`make reload-policy` adds labels without a restart")
-    renderer = Renderer(deployed.topology, policies)
+    renderer = Renderer(deployed.topology, rule_set)
     try:
         renderer.configure(deployed.points, deployed.point_trust, deployed.set_clusters)
     except (engines.EngineError, policydata.PolicyDataError, bundles.BundleError, RenderError) as error:

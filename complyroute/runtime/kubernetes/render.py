@@ -45,12 +45,11 @@ from pathlib import Path
 
 import yaml
 
-from complyroute import engines
-from complyroute.engines.precompute import QUICK_PATH_DOCUMENT
-from complyroute.policy import bundles, labels as label_schema, policyfiles
+from complyroute.engines import configuration
+from complyroute.policy import bundles, policyfiles
 from complyroute.policy.policyfiles import SYSTEM_POLICIES
+from complyroute.policy.ruleset import RuleSet
 from complyroute.proxy.opa import BundleSource, bundle_config
-from complyroute.proxy.routes import rule_set_routes, split_routes
 from complyroute.runtime.kubernetes import images
 from complyroute.runtime.kubernetes.nodes import NODE_LABEL, ONE_NODE_ROLE, ROLE_LABEL
 from complyroute.topology.manifest import REPO, Instance, Node, Topology
@@ -114,14 +113,14 @@ ROUTES_MOUNT = "/etc/envoy/routes"
 PRIVATE_MOUNT = "/run/complyroute"
 PRIVATE_VOLUME = "private"
 PRIVATE = {"name": PRIVATE_VOLUME, "mountPath": PRIVATE_MOUNT}
+# Where every Envoy reads the route files split out of its bootstrap; its listeners stay in it
+# (their labels change only with a deploy, which rolls the pods), and every route goes to files
+# when the bootstrap would not fit its ConfigMap otherwise (envoy_files).
+LAYOUT = configuration.Layout(routes=lambda point: ROUTES_MOUNT, bootstrap_budget=CONFIGMAP_BUDGET)
 
 
 class RenderError(RuntimeError):
     """A topology cannot be rendered to objects the API server admits; the message says why."""
-
-
-def _compact(document: dict) -> str:
-    return json.dumps(document, separators=(",", ":"))
 
 
 def pack(files: dict[str, str | bytes], budget: int | None = None) -> list[dict[str, str | bytes]]:
@@ -339,14 +338,14 @@ def _configmap_volume(name: str, items: list[tuple[str, str]] | None = None) -> 
 class Renderer:
     """Collects the objects and generated ConfigMaps of one topology."""
 
-    def __init__(self, topology: Topology, policies: Path | None = None, image: str = SERVICE_IMAGE, one_node: bool = False):
+    def __init__(self, topology: Topology, rule_set: RuleSet | None = None, image: str = SERVICE_IMAGE, one_node: bool = False):
         self.topology = topology
         self.image = image_reference(image)  # the kustomization's `images:` entry for the service image
         self.one_node = one_node
         self.namespace = namespace_of(topology)
         self.net = KubernetesNetwork(self.namespace)
         self.plan: Plan = place(topology, self.net)
-        self.policies = policies if policies is not None else policyfiles.rule_set(topology.policy)  # the manifest's by default
+        self.rule_set = rule_set if rule_set is not None else RuleSet.of(topology.policy)  # the manifest's by default
         self.objects: list[dict] = []
         self.files: dict[str, str] = {}  # file name in the kustomization folder -> content
         self.generated: list[dict] = []  # configMapGenerator entries
@@ -356,10 +355,10 @@ class Renderer:
         # routers of all nodes), and each one's mutual TLS settings, once render() ran.
         self.points: list[EnforcementPoint] = []
         self.point_trust: dict[str, identity.PointTrust] = {}
-        # Once configure() ran: by point name, its configuration, its Envoy bootstrap (compact
-        # JSON) and the data of the ConfigMaps its route files fill; the rule set's revision and
-        # every deciding point's bundle, over the ConfigMaps they fill.
-        self.configs: dict[str, engines.PointConfig] = {}
+        # Once configure() ran: what the points run (configuration.generate), by point name its
+        # Envoy bootstrap (compact JSON) and the data of the ConfigMaps its route files fill; the
+        # rule set's revision and every deciding point's bundle, over the ConfigMaps they fill.
+        self.configuration: configuration.Configuration | None = None
         self.bootstraps: dict[str, str] = {}
         self.routes: dict[str, list[dict[str, str]]] = {}
         self.revision: str | None = None
@@ -404,25 +403,21 @@ class Renderer:
 
     def envoy_files(self, point: EnforcementPoint) -> None:
         """The point's Envoy bootstrap, and the route configurations it reads from files at
-        ROUTES_MOUNT (split_routes, version: the revision), spread over as many ConfigMaps as they
+        ROUTES_MOUNT (LAYOUT, version: the revision), spread over as many ConfigMaps as they
         fill: those that hold decisions of the rule set (the compiled engine's matcher trees,
         routes.rule_set_routes), so that a new rule set reaches the running Envoy as an
         update of those ConfigMaps; and every other listener's too when the bootstrap would not
         fit one ConfigMap without them (envoy-opa's central entity or router set at 50 services
         stays well within one)."""
-        envoy = self.configs[point.name].envoy
-        split, routes = split_routes(envoy, ROUTES_MOUNT, self.revision, rule_set_routes(envoy))
-        bootstrap = _compact(split)
-        if len("envoy.json") + len(bootstrap.encode()) > CONFIGMAP_BUDGET:
-            split, routes = split_routes(envoy, ROUTES_MOUNT, self.revision)
-            bootstrap = _compact(split)
-            if len("envoy.json") + len(bootstrap.encode()) > CONFIGMAP_BUDGET:
-                raise RenderError(
-                    f"the Envoy configuration of {point.name} is {len(bootstrap.encode())} bytes without its route configurations, "
-                    f"over the {CONFIGMAP_BUDGET} bytes a ConfigMap of this render holds ({self.topology.engine['kind']}, "
-                    f"{len(self.topology.instances)} services, security {self.topology.security}): render fewer services")
+        configured = self.configuration.points[point.name]
+        bootstrap = configuration.compact(configured.envoy)
+        if len(configuration.BOOTSTRAP_KEY) + len(bootstrap.encode()) > CONFIGMAP_BUDGET:
+            raise RenderError(
+                f"the Envoy configuration of {point.name} is {len(bootstrap.encode())} bytes without its route configurations, "
+                f"over the {CONFIGMAP_BUDGET} bytes a ConfigMap of this render holds ({self.topology.engine['kind']}, "
+                f"{len(self.topology.instances)} services, security {self.topology.security}): render fewer services")
         self.bootstraps[point.name] = bootstrap
-        self.routes[point.name] = pack(routes)
+        self.routes[point.name] = pack(configured.routes)
 
     def rule_set_configmap(self, name: str, files: dict[str, str | bytes]) -> dict:
         """A ConfigMap the rule set fills, named as it is: applying another rule set updates it in
@@ -449,11 +444,6 @@ class Renderer:
             objects += [self.rule_set_configmap(name, files) for name, files in zip(self.route_configmaps(point), packed)]
         return objects
 
-    def set_clusters(self) -> dict[str, tuple[str, ...]]:
-        """By deciding point, the compliant sets its Envoy has a cluster for (once configure() ran)."""
-        return {name: tuple(config.data[QUICK_PATH_DOCUMENT]["set_clusters"]) for name, config in self.configs.items()
-                if config.opa is not None}
-
     def bundle_configmaps(self) -> list[str]:
         return [f"bundles-{n}" for n in range(1, len(self.bundles) + 1)]
 
@@ -471,19 +461,16 @@ class Renderer:
     # ---- the rule set: a deploy and a reload both come here
     def configure(self, points: list[EnforcementPoint], point_trust: dict[str, identity.PointTrust],
                   set_clusters: dict[str, tuple[str, ...]] | None = None) -> None:
-        """Everything that follows from the rule set in self.policies: each point's configuration
-        (engines), its Envoy's bootstrap and route files, every deciding point's bundle. A render
-        calls it with the trust it made; apply.reload_policy with the trust the deployment was
-        given and the compliant sets its Envoys have clusters for (engines.configure)."""
-        engine = self.topology.engine
+        """Everything that follows from self.rule_set (configuration.generate): each point's
+        Envoy bootstrap and route files, every deciding point's bundle, over the ConfigMaps they
+        fill. A render calls it with the trust it made; apply.reload_policy with the trust the
+        deployment was given and the compliant sets its Envoys have clusters for."""
         self.points, self.point_trust = points, point_trust
-        self.configs = engines.configure(engine["kind"], points, engine, self.policies, point_trust, set_clusters=set_clusters)
-        self.revision = bundles.revision(self.policies)
+        self.configuration = configuration.generate(points, self.topology.engine, self.rule_set, point_trust, LAYOUT, set_clusters)
+        self.revision = self.configuration.revision
         for point in points:
             self.envoy_files(point)
-        rule_set = bundles.rule_set_files(self.policies)
-        self.bundles = pack({bundles.bundle_name(name): bundles.tarball(rule_set, config.data, self.revision)
-                             for name, config in self.configs.items() if config.opa is not None})
+        self.bundles = pack({bundles.bundle_name(name): bundle for name, bundle in self.configuration.bundles.items()})
 
     # ---- containers
     def opa_container(self, point: EnforcementPoint) -> dict:
@@ -535,7 +522,7 @@ class Renderer:
         }
 
     def point_volumes(self, point: EnforcementPoint) -> list[dict]:
-        config = self.configs[point.name]
+        config = self.configuration.points[point.name]
         self.generate(f"envoy-{point.name}", {"envoy.json": self.bootstraps[point.name]})
         volumes = [_configmap_volume(f"envoy-{point.name}"), {"name": PRIVATE_VOLUME, "emptyDir": {"medium": "Memory"}}]
         if self.routes[point.name]:
@@ -598,7 +585,7 @@ class Renderer:
     def service_instance(self, process, sidecar: EnforcementPoint | None) -> None:
         instance = process.instance
         env = process.environment(self.topology.workload, f"{AUDIT_DIR}/{instance.id}.jsonl",
-                                  {"COMPLYROUTE_LABELS": label_schema.service_setting(label_schema.schema(self.policies))})
+                                  {"COMPLYROUTE_LABELS": self.rule_set.service_setting})
         mounts = [{"name": "audit", "mountPath": AUDIT_DIR}]
         volumes = [{"name": "audit", "emptyDir": {}}]
         if self.trust:
@@ -713,7 +700,7 @@ class Renderer:
         rule_of: dict[str, dict] = {}
         for peer, port in peers_by_port:
             rule = self.port_rule(port)
-            key = _compact(rule)
+            key = configuration.compact(rule)
             rule_of[key] = rule
             peers.setdefault(key, set()).add(peer)
         by_peers: dict[tuple, list[dict]] = {}
@@ -846,10 +833,9 @@ def write_private(path: Path, text: str) -> None:
     path.write_text(text)
 
 
-def render(topology: Topology, folder: Path, policies: Path | None = None, image: str = SERVICE_IMAGE,
-           one_node: bool = False) -> str:
-    """Render the topology into a kustomization folder and return the built YAML (one_node: every
-    pod on the node labelled complyroute.io/role=all)."""
-    renderer = Renderer(topology, policies, image, one_node)
+def render(topology: Topology, folder: Path, image: str = SERVICE_IMAGE, one_node: bool = False) -> str:
+    """Render the topology, with the manifest's rule set, into a kustomization folder and return
+    the built YAML (one_node: every pod on the node labelled complyroute.io/role=all)."""
+    renderer = Renderer(topology, image=image, one_node=one_node)
     renderer.render()
     return build(renderer, folder)

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from complyroute.policy import policyfiles
+from complyroute.policy.ruleset import RuleSet
 from complyroute.runtime.kubernetes import apply, render
 from complyroute.runtime.kubernetes.nodes import NODE_LABEL, ONE_NODE_ROLE, ROLE_LABEL
 from complyroute.runtime.target import DeployFailed, Probe, TargetBusy, TargetError, Unsupported, runs_root
@@ -32,7 +32,6 @@ DELETE_TIMEOUT = "180s"  # how long an undeploy waits for the namespace to be go
 PORT_FORWARD_WAIT_S = 30
 # How long reach waits, once the pods are ready, for a record to pass the whole chain.
 PATH_READY_WAIT_S = 60
-POLICIES = "policies"  # the rule set reload-policy applies unless told (a Kubernetes deployment records none)
 
 
 NO_KUBECTL = "--target k8s needs kubectl on PATH (make k8s-setup builds one into bin/)"
@@ -149,7 +148,7 @@ class KubernetesTarget:
         with kubectl_found():
             try:
                 apply.apply(topology, workdir() / f"{topology.name}-{len(topology.instances)}", self.ready_timeout, self.image,
-                            one_node=self.one_node, out=out, policies=None if policies is None else policyfiles.rule_set(policies))
+                            one_node=self.one_node, out=out, rule_set=None if policies is None else RuleSet.of(policies))
             except (RuntimeError, render.RenderError) as error:
                 raise DeployFailed(f"applying {topology.name} to namespace {self.namespace} failed: {error}") from None
         bring_up = round(time.monotonic() - started, 2)
@@ -220,12 +219,13 @@ class KubernetesTarget:
             return apply.status(topology, out=out)
 
     def reload_policy(self, topology: Topology | None, policies: str | None, out=None) -> dict:
-        """The rule set into the bundle and route ConfigMaps of `topology` as deployed here, no pod
-        rolled (apply.reload_policy); it does not wait for the points."""
+        """The rule set `policies` (None: the one it was deployed with) into the bundle and route
+        ConfigMaps of `topology` as deployed here, no pod rolled (apply.reload_policy); it does
+        not wait for the points."""
         if topology is None:
             raise TargetError("reload-policy --target k8s needs --topology: the manifest (name, alias or path) it was deployed with")
         with kubectl_found():
-            return apply.reload_policy(topology, policyfiles.rule_set(policies or POLICIES), out=out)
+            return apply.reload_policy(topology, policies, out=out)
 
     def undeploy_all(self, out=None) -> int:
         with kubectl_found():

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import psutil
 
-from complyroute.policy import policyfiles
+from complyroute.policy.ruleset import RuleSet
 from complyroute.runtime.local import warmup
 from complyroute.runtime.local.rendering import RENDERED, render
 from complyroute.runtime.local.supervision import (GROUP, STOP_GRACE_SECONDS, DeploymentError, alive, healthy, programs_info, refresh_pids,
@@ -117,8 +117,7 @@ def deploy(topology: Topology, policies: Path | None = None, health_timeout: flo
     if read_state():
         stop(out=open(os.devnull, "w"))  # a stale deployment whose processes are gone: forget it
 
-    chosen = policies if policies is not None else topology.policy
-    policies = policyfiles.rule_set(chosen)
+    rule_set = RuleSet.of(policies if policies is not None else topology.policy)
     started = time.monotonic()
     run_dir = new_run_dir(f"{topology.name}-{len(topology.instances)}-{time.strftime('%Y%m%d-%H%M%S')}")
     # The points' private folders (their sockets) under one of this deployment's own, mode
@@ -128,7 +127,7 @@ def deploy(topology: Topology, policies: Path | None = None, health_timeout: flo
     try:
         network = LocalNetwork(private)
         plan = place(topology, network)
-        parts = render(plan, run_dir, policies)
+        parts = render(plan, run_dir, rule_set)
     except BaseException:
         shutil.rmtree(private, ignore_errors=True)
         raise
@@ -142,7 +141,7 @@ def deploy(topology: Topology, policies: Path | None = None, health_timeout: flo
         "decision_logs": topology.engine.get("decision_logs", "off"),
         "manifest": str(topology.source),
         # The rule set as it was chosen (a name or a folder): what reload-policy applies again by default.
-        "policies": str(chosen),
+        "policies": rule_set.chosen,
         "services": len(topology.instances),
         "run_dir": str(run_dir),
         "private": str(private),

@@ -24,6 +24,7 @@ import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 
+from complyroute.engines.configuration import Configuration
 from complyroute.policy import labels
 from complyroute.proxy.envoy import LISTENERS_FILE
 from complyroute.runtime.local import deployment, polling, rendering, supervision
@@ -108,27 +109,26 @@ def envoy_listeners_version(point: EnforcementPoint) -> str | None:
     return stats.get("listener_manager.lds.version_text") if stats.get("listener_manager.total_listeners_warming") == 0 else None
 
 
-def apply(state: dict, rendered: rendering.Rendered, schema: tuple[labels.Label, ...], configs: dict, out,
-                       timeout: float = TIMEOUT) -> dict[str, float]:
-    """Have the labels `schema` adds (check allowed it) reach the running parts
+def apply(state: dict, rendered: rendering.Rendered, generated: Configuration, out, timeout: float = TIMEOUT) -> dict[str, float]:
+    """Have the labels the generated configuration's schema adds (check allowed it) reach the running parts
     before any rule reads them: the services first (each sends on and logs the new labels; none
     requires one yet: finish), then every point's listeners (label bound and token
     claims: their files rewritten, Envoy updates them in place). Waits until each part reports
     the new setting; the seconds each step took ({} when the labels are those deployed). On a
     step that does not take, what was written is put back and LabelChangeError says so."""
+    schema = generated.schema
     if schema == rendered.label_schema:
         return {}
     run_dir = Path(state["run_dir"])
     listeners = {}  # point -> (its folder, its listener files, their version)
     for point in rendered.plan.points:
         folder = run_dir / "points" / point.name
-        bootstrap, _ = rendering.point_routes(configs[point.name].envoy, folder, rendered.revision)
-        bootstrap, files, version = rendering.point_listeners(point, bootstrap, folder)
-        if json.loads((folder / "envoy.json").read_text()) != bootstrap:
+        configured = generated.points[point.name]
+        if json.loads((folder / "envoy.json").read_text()) != configured.envoy:
             raise LabelChangeError(f"point {point.name}: the new labels change its Envoy's bootstrap beyond its listeners, "
                                          "which a reload does not apply: deploy again")
-        if files:
-            listeners[point.name] = (folder / rendering.LISTENERS, files, version)
+        if configured.listeners:
+            listeners[point.name] = (folder / rendering.LISTENERS, configured.listeners, configured.listeners_version)
     before_setting = (run_dir / rendering.LABEL_SETTING).read_text()
     before_listeners = {name: {file: (folder / file).read_text() for file in files} for name, (folder, files, _) in listeners.items()}
     seconds = {}

@@ -53,9 +53,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from complyroute import engines
-from complyroute.engines import precompute
+from complyroute.engines import configuration
+from complyroute.engines.configuration import Configuration, Versions
 from complyroute.files import write_whole
 from complyroute.policy import bundles, labels, policydata, policyfiles
+from complyroute.policy.ruleset import RuleSet
 from complyroute.runtime.local import deployment, labelchange, polling, rendering, warmup
 from complyroute.runtime.target import ReloadError
 from complyroute.topology import localhttp
@@ -75,7 +77,7 @@ def opa_state(point: EnforcementPoint) -> tuple[str | None, str | None]:
     """(revision, table digest) the point's OPA decides with (None, None: no bundle loaded, or
     unreachable)."""
     answer = _get_json(f"{point.opa_http.url}/v1/data/complyroute/revision")
-    digest = _get_json(f"{point.opa_http.url}/v1/data/{precompute.QUICK_PATH_DOCUMENT}/digest")
+    digest = _get_json(f"{point.opa_http.url}/v1/data/{configuration.TABLE_DIGEST_PATH}")
     return (answer or {}).get("result"), (digest or {}).get("result")
 
 
@@ -90,19 +92,11 @@ def envoy_revisions(point: EnforcementPoint) -> set[str]:
     return {stat["value"] for stat in answer["stats"] if "value" in stat}
 
 
-@dataclass(frozen=True)
-class Expected:
-    """What a point runs once it has taken a step: its OPA's revision and table digest (None:
-    no OPA), its Envoy's route version (None: no routes from files)."""
-
-    revision: str | None
-    table_digest: str | None
-    routes: str | None
-
-    def taken(self, point: EnforcementPoint) -> bool:
-        if self.routes is not None and envoy_revisions(point) != {self.routes}:
-            return False
-        return self.revision is None or opa_state(point) == (self.revision, self.table_digest)
+def taken(point: EnforcementPoint, versions: Versions) -> bool:
+    """Whether the point runs `versions`: its Envoy's routes, its OPA's revision and table."""
+    if versions.routes is not None and envoy_revisions(point) != {versions.routes}:
+        return False
+    return versions.revision is None or opa_state(point) == (versions.revision, versions.table_digest)
 
 
 @dataclass
@@ -112,7 +106,7 @@ class Running:
 
     bundles: dict[Path, bytes]
     routes: dict[str, dict[str, str]]  # point -> route file -> content
-    expected: dict[str, Expected]
+    expected: dict[str, Versions]
 
     @classmethod
     def of(cls, run_dir: Path, points: list[EnforcementPoint]) -> Running:
@@ -123,11 +117,8 @@ class Running:
             routes[point.name] = {path.name: path.read_text() for path in folder.glob("*") if not path.name.startswith(".")}
             versions = {json.loads(content)["version_info"] for content in routes[point.name].values()}
             bundle = bundles_now.get(run_dir / rendering.BUNDLES / bundles.bundle_name(point.name))
-            document = bundles.data_of(bundle) if bundle is not None else None
-            expected[point.name] = Expected(
-                document["complyroute"]["revision"] if document else None,
-                document.get(precompute.QUICK_PATH_DOCUMENT, {}).get("digest") if document else None,
-                versions.pop() if len(versions) == 1 else None)
+            revision, digest = configuration.bundle_versions(bundle) if bundle is not None else (None, None)
+            expected[point.name] = Versions(revision, digest, versions.pop() if len(versions) == 1 else None)
         return cls(bundles_now, routes, expected)
 
     def restore(self, run_dir: Path) -> None:
@@ -137,28 +128,16 @@ class Running:
             rendering.write_watched_files(run_dir / "points" / point / rendering.ROUTES, routes)
 
 
-def write_step(run_dir: Path, points: list[EnforcementPoint], configs: dict[str, engines.PointConfig], policies: Path,
-               revision: str | None, routes_version: str | None) -> tuple[str, dict[str, Expected]]:
-    """Write every point's bundle and route files; the revision, and what each point runs once
-    it has taken them. `routes_version`: the route files' version (None: the revision)."""
-    revision = bundles.write(run_dir / rendering.BUNDLES,
-                             {name: config.data for name, config in configs.items() if config.opa is not None}, policies,
-                             revision_name=revision, archive=run_dir / bundles.REVISIONS)
-    expected = {}
-    for point in points:
-        folder = run_dir / "points" / point.name
-        _, routes = rendering.point_routes(configs[point.name].envoy, folder, routes_version or revision)
-        rendering.write_watched_files(folder / rendering.ROUTES, routes)
-        data = configs[point.name].data if configs[point.name].opa is not None else None
-        expected[point.name] = Expected(revision if data is not None else None,
-                                        data[precompute.QUICK_PATH_DOCUMENT]["digest"] if data is not None else None,
-                                        (routes_version or revision) if routes else None)
-    return revision, expected
+def write_step(run_dir: Path, generated: Configuration) -> None:
+    """Write every point's bundle and route files (what a step of the reload gives the points)."""
+    bundles.write(run_dir / rendering.BUNDLES, generated.bundles, generated.revision, archive=run_dir / bundles.REVISIONS)
+    for name, point in generated.points.items():
+        rendering.write_watched_files(run_dir / "points" / name / rendering.ROUTES, point.routes)
 
 
-def wait_for(points: list[EnforcementPoint], expected: dict[str, Expected], started: float, timeout: float) -> dict[str, float | None]:
+def wait_for(points: list[EnforcementPoint], expected: dict[str, Versions], started: float, timeout: float) -> dict[str, float | None]:
     """Seconds from `started` until each point has taken what `expected` says (None: not within `timeout`)."""
-    return polling.until({point.name: functools.partial(expected[point.name].taken, point) for point in points}, started, timeout)
+    return polling.until({point.name: functools.partial(taken, point, expected[point.name]) for point in points}, started, timeout)
 
 
 def behind(seconds: dict[str, float | None]) -> list[str]:
@@ -187,17 +166,18 @@ def reload_policy(policies: Path | None = None, out=sys.stdout, timeout: float =
     if not state:
         raise ReloadError("nothing is deployed here: `make deploy` first (a deployment on Kubernetes takes a new rule set by `make deploy target=k8s` again, which rolls its pods)")
     run_dir = Path(state["run_dir"])
+    chosen = policies if policies is not None else state.get("policies", "policies")
     try:
-        policies = policyfiles.rule_set(policies if policies is not None else state.get("policies", "policies"))
+        rule_set = RuleSet.of(chosen)
     except policyfiles.RuleSetError as error:
         raise ReloadError(str(error)) from None
+    except labels.LabelSchemaError as error:
+        raise ReloadError(f"the rule set in {policyfiles.rule_set(chosen)} cannot be applied; nothing was changed: {error}") from None
+    policies, schema, revision = rule_set.folder, rule_set.schema, rule_set.revision
     rendered = load_rendered(state)
     plan = rendered.plan
     engine = plan.topology.engine
-    try:
-        schema = labels.schema(policies)
-    except labels.LabelSchemaError as error:
-        raise ReloadError(f"the rule set in {policies} cannot be applied; nothing was changed: {error}") from None
+    layout = rendering.layout(run_dir / "points")
     try:
         labelchange.check(run_dir, rendered, schema)
     except labelchange.LabelChangeError as error:
@@ -209,18 +189,17 @@ def reload_policy(policies: Path | None = None, out=sys.stdout, timeout: float =
 
     # Step 1: the rule set, every hop decided in full; labels it adds reach the services and listeners first.
     try:
-        in_full = engines.configure(engine["kind"], plan.points, engine, policies, rendered.point_trust, ahead=False,
-                                    set_clusters=deployed_sets)
-        label_seconds = labelchange.apply(state, rendered, schema, in_full, out)
+        in_full = configuration.generate(plan.points, engine, rule_set, rendered.point_trust, layout, deployed_sets, ahead=False)
+        label_seconds = labelchange.apply(state, rendered, in_full, out)
     except (*configure_errors, labelchange.LabelChangeError) as error:
         raise ReloadError(f"the rule set in {policies} cannot be applied; nothing was changed: {error}") from None
     if label_seconds:  # what the services and listeners run now, whatever becomes of the rules
         rendering.update_rendered(run_dir, rendered, rendered.revision, schema)
     running = Running.of(run_dir, plan.points)
-    revision, expected = write_step(run_dir, plan.points, in_full, policies, None, None)
+    write_step(run_dir, in_full)
     written = time.monotonic() - started
     print(f"reload-policy: revision {revision} written for {len(plan.points)} enforcement points in {written:.2f} s", file=out)
-    seconds = wait_for(plan.points, expected, started, timeout)
+    seconds = wait_for(plan.points, in_full.versions, started, timeout)
     if late := behind(seconds):
         raise ReloadError(f"after {timeout:.0f} s these points do not decide with revision {revision} yet: {', '.join(late)} "
                           f"(their logs are in {run_dir / 'logs'})")
@@ -230,15 +209,16 @@ def reload_policy(policies: Path | None = None, out=sys.stdout, timeout: float =
 
     # Step 2: the rule set's answers over the decision space, guarded, then the tables and routes holding them.
     try:
-        ahead = engines.configure(engine["kind"], plan.points, engine, policies, rendered.point_trust, set_clusters=deployed_sets)
+        ahead = configuration.generate(plan.points, engine, rule_set, rendered.point_trust, layout, deployed_sets,
+                                       routes_version=f"{revision}+precomputed")
     except configure_errors as error:
         running.restore(run_dir)
         back = wait_for(plan.points, running.expected, time.monotonic(), timeout)
         again = f"decides with revision {rendered.revision} again" if not behind(back) else f"is being given revision {rendered.revision} back"
         raise ReloadError(f"the rule set in {policies} was taken back after {time.monotonic() - started:.1f} s (it decided every hop "
                           f"in full meanwhile) and the deployment {again}: {error}") from None
-    _, expected = write_step(run_dir, plan.points, ahead, policies, revision, f"{revision}+precomputed")
-    done = wait_for(plan.points, expected, started, timeout)
+    write_step(run_dir, ahead)
+    done = wait_for(plan.points, ahead.versions, started, timeout)
     if late := behind(done):
         raise ReloadError(f"after {timeout:.0f} s these points decide with revision {revision} in full but do not hold its "
                           f"precomputed answers yet: {', '.join(late)} (their logs are in {run_dir / 'logs'})")

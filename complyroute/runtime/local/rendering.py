@@ -17,14 +17,13 @@ from pathlib import Path
 
 import yaml
 
-from complyroute import engines
-from complyroute.engines.precompute import QUICK_PATH_DOCUMENT
+from complyroute.engines import configuration
 from complyroute.files import write_whole
 from complyroute.policy import bundles, labels, policyfiles
 from complyroute.policy.policyfiles import OPA, POLICIES, SYSTEM_POLICIES
-from complyroute.proxy.envoy import LISTENERS_FILE, split_listeners
+from complyroute.policy.ruleset import RuleSet
+from complyroute.proxy.envoy import LISTENERS_FILE
 from complyroute.proxy.opa import BundleSource, bundle_config, write_data
-from complyroute.proxy.routes import rule_set_routes, split_routes
 from complyroute.topology.manifest import REPO
 from complyroute.topology.plan import Endpoint, EnforcementPoint, LocalNetwork, Plan, ServiceProcess
 from complyroute.trust import identity, pki
@@ -106,19 +105,12 @@ def write_watched_files(folder: Path, files: dict[str, str]) -> list[str]:
     return changed
 
 
-def point_routes(envoy: dict, folder: Path, revision: str) -> tuple[dict, dict[str, str]]:
-    """A point's bootstrap and the route files a reload rewrites (routes.rule_set_routes:
-    the compiled engine's; under envoy-opa none, OPA's bundle carries every change)."""
-    return split_routes(envoy, str(folder / ROUTES), revision, rule_set_routes(envoy))
-
-
-def point_listeners(point: EnforcementPoint, bootstrap: dict, folder: Path) -> tuple[dict, dict[str, str], str | None]:
-    """A point's bootstrap and the listener file a reload that changes the labels rewrites, with
-    its version (envoy.split_listeners): for a point with deciding listeners, whose filters
-    follow the label schema; a point without keeps its listeners in the bootstrap (None)."""
-    if not point.deciding:
-        return bootstrap, {}, None
-    return split_listeners(bootstrap, str(folder / LISTENERS))
+def layout(points: Path) -> configuration.Layout:
+    """Where the points' Envoys read what a reload rewrites, each in its folder under `points`:
+    the route files (routes.rule_set_routes: the compiled engine's; under envoy-opa none, OPA's
+    bundle carries every change) and, at a point with deciding listeners, whose filters follow
+    the label schema, the listeners file (envoy.split_listeners)."""
+    return configuration.Layout(routes=lambda point: str(points / point / ROUTES), listeners=lambda point: str(points / point / LISTENERS))
 
 
 def envoy_listeners(folder: Path) -> list[dict]:
@@ -136,9 +128,10 @@ def write_label_setting(run_dir: Path, setting: str) -> bool:
     return bool(write_watched_files(run_dir, {LABEL_SETTING: setting}))
 
 
-def point_parts(point: EnforcementPoint, config: engines.PointConfig, folder: Path, logs: Path, revision: str,
+def point_parts(point: EnforcementPoint, config: configuration.PointConfiguration, folder: Path, logs: Path,
                 bundle_source: BundleSource, opa_disk_data: dict) -> list[Part]:
-    """Write one enforcement point's configuration into `folder`; its OPA (if any) and its Envoy.
+    """Write one enforcement point's configuration into `folder` (generated for layout(its
+    parent)); its OPA (if any) and its Envoy.
 
     Envoy reads the routes that hold decisions from files under `folder`/routes (so a reload
     can replace them); OPA takes its rule set and index from its bundle (bundles.py), and loads
@@ -148,12 +141,10 @@ def point_parts(point: EnforcementPoint, config: engines.PointConfig, folder: Pa
     for private in point.private:  # where its sockets go: for its own processes only
         Path(private).mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(private, 0o700)
-    bootstrap, routes = point_routes(config.envoy, folder, revision)
-    write_watched_files(folder / ROUTES, routes)
-    bootstrap, listeners, _ = point_listeners(point, bootstrap, folder)
-    write_watched_files(folder / LISTENERS, listeners)
+    write_watched_files(folder / ROUTES, config.routes)
+    write_watched_files(folder / LISTENERS, config.listeners)
     # JSON, not YAML: a compiled route configuration can be large, and Envoy parses JSON faster.
-    (folder / "envoy.json").write_text(json.dumps(bootstrap, indent=1))
+    (folder / "envoy.json").write_text(json.dumps(config.envoy, indent=1))
     parts = []
     if config.opa is not None:
         data_dir = folder / DISK_DATA
@@ -248,7 +239,7 @@ class Rendered:
     set_clusters: dict[str, tuple[str, ...]] | None = None
 
 
-def render(plan: Plan, run_dir: Path, policies: Path = POLICIES) -> list[Part]:
+def render(plan: Plan, run_dir: Path, rule_set: RuleSet) -> list[Part]:
     """Write every configuration into the run folder and return the processes to start.
 
     With mutual TLS (identity.py), a new CA issues every part's credential into pki/ first.
@@ -263,16 +254,14 @@ def render(plan: Plan, run_dir: Path, policies: Path = POLICIES) -> list[Part]:
         credentials = identity.Credentials.issue(trust, run_dir.name, bundle_endpoint.reach)
         files = credentials.write(run_dir / PKI)
         point_trust = {p.name: trust.point(p, files[identity.point_identity(p)], credentials.token_jwks) for p in plan.points}
-    configs = engines.configure(engine["kind"], plan.points, engine, policies, point_trust)
-    schema = labels.schema(policies)
-    write_label_setting(run_dir, labels.service_setting(schema))
-    revision = bundles.write(run_dir / BUNDLES, {name: config.data for name, config in configs.items() if config.opa is not None},
-                             policies, archive=run_dir / bundles.REVISIONS)
+    generated = configuration.generate(plan.points, engine, rule_set, point_trust, layout(run_dir / "points"))
+    write_label_setting(run_dir, rule_set.service_setting)
+    bundles.write(run_dir / BUNDLES, generated.bundles, rule_set.revision, archive=run_dir / bundles.REVISIONS)
     logs, audit = run_dir / "logs", run_dir / "audit"
     audit.mkdir(parents=True, exist_ok=True)
     logs.mkdir(parents=True, exist_ok=True)
     parts: list[Part] = []
-    if any(config.opa is not None for config in configs.values()):
+    if generated.bundles:
         parts.append(bundle_server_part(run_dir / BUNDLES, bundle_endpoint, plan.topology.gateway.name, logs,
                                         files[pki.BUNDLE_SERVER] if trust else None, files[pki.CONTROL] if trust else None))
     for point in plan.points:
@@ -282,15 +271,14 @@ def render(plan: Plan, run_dir: Path, policies: Path = POLICIES) -> list[Part]:
             *((point_files.ca, point_files.cert, point_files.key) if trust else ()),
         )
         disk_data = credentials.with_token_key(trust, point, {}) if trust else {}
-        parts += point_parts(point, configs[point.name], run_dir / "points" / point.name, logs, revision, source, disk_data)
+        parts += point_parts(point, generated.points[point.name], run_dir / "points" / point.name, logs, source, disk_data)
     for service in plan.services:
         service_trust = trust.service(service, files[identity.service_identity(service)]) if trust else None
         parts.append(service_part(service, plan.topology.workload, audit / f"{service.instance.id}.jsonl", logs,
                                   {"COMPLYROUTE_LABELS_FILE": str(run_dir / LABEL_SETTING)},
                                   service_trust, files[pki.CONTROL] if trust else None))
-    set_clusters = {name: tuple(config.data[QUICK_PATH_DOCUMENT]["set_clusters"]) for name, config in configs.items()
-                    if config.opa is not None}
-    update_rendered(run_dir, Rendered(plan, point_trust, revision, schema, set_clusters), revision)
+    rendered = Rendered(plan, point_trust, rule_set.revision, rule_set.schema, generated.set_clusters)
+    update_rendered(run_dir, rendered, rule_set.revision)
     return parts
 
 

@@ -3,6 +3,7 @@
 
 from complyroute import engines
 from complyroute.policy.policyfiles import POLICIES
+from complyroute.policy.ruleset import RuleSet
 from complyroute.topology import manifest
 from complyroute.topology.plan import place
 
@@ -10,7 +11,7 @@ from complyroute.topology.plan import place
 def test_compiled_listener_sends_what_its_tree_misses_to_opa_denied():
     topology = manifest.load("central-entity", services=str(manifest.REPO / "topologies/examples/mixed-regions.yaml"), engine="envoy-compiled")
     plan = place(topology)
-    configs = engines.configure("envoy-compiled", plan.points, topology.engine, POLICIES)
+    configs = engines.configure("envoy-compiled", plan.points, topology.engine, RuleSet.of(POLICIES))
     listeners = {l["name"]: l for l in configs["central-entity"].envoy["static_resources"]["listeners"]}
     host = lambda name: listeners[name]["filter_chains"][0]["filters"][0]["typed_config"]["route_config"]["virtual_hosts"][0]
     # The entry takes records from clients: no tree, every record asks OPA.

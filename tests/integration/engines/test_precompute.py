@@ -10,6 +10,7 @@ from complyroute import engines
 from complyroute.authoring import policydiff
 from complyroute.engines import envoy_compiled, envoy_opa, precompute
 from complyroute.policy.policyfiles import POLICIES
+from complyroute.policy.ruleset import RuleSet
 from complyroute.topology import manifest
 from complyroute.topology.plan import place
 from tests.walkthrough import rule_set_with_rule
@@ -82,7 +83,7 @@ def test_an_added_rule_leaves_its_twin_alone_denied(shipped, swiss):
 def test_the_compiled_routes_follow_an_added_rule_allowed(walkthrough, swiss):
     topology, points = walkthrough
     policies, _ = swiss
-    configs = engines.configure("envoy-compiled", points, {**topology.engine, "kind": "envoy-compiled"}, policies)
+    configs = engines.configure("envoy-compiled", points, {**topology.engine, "kind": "envoy-compiled"}, RuleSet.of(policies))
     sidecar = next(point for point in points if point.name == "sidecar-ingest-us")
     listener = envoy_compiled.compiled_listeners(sidecar)[0]
     routes = {l["name"]: l for l in configs[sidecar.name].envoy["static_resources"]["listeners"]}
@@ -156,7 +157,7 @@ def test_the_guard_refuses_divergent_compiled_routes_denied(walkthrough, monkeyp
 
     monkeypatch.setattr(envoy_compiled, "listener_matcher", drops_a_destination)
     with pytest.raises(engines.EngineError, match=r"the compiled route differs .* labels category=personal consent=\S+ region=EU"):
-        engines.configure("envoy-compiled", points, {**topology.engine, "kind": "envoy-compiled"}, POLICIES)
+        engines.configure("envoy-compiled", points, {**topology.engine, "kind": "envoy-compiled"}, RuleSet.of(POLICIES))
 
 
 def compiled_tree(configs, point, listener):
@@ -170,7 +171,7 @@ def test_a_reloads_first_step_holds_no_answer_ahead_of_time(walkthrough, ahead):
     routes that route no record themselves; its twin, a deploy's (or the second step's)
     configuration, holds both."""
     topology, points = walkthrough
-    configs = engines.configure("envoy-compiled", points, {**topology.engine, "kind": "envoy-compiled"}, POLICIES, ahead=ahead)
+    configs = engines.configure("envoy-compiled", points, {**topology.engine, "kind": "envoy-compiled"}, RuleSet.of(POLICIES), ahead=ahead)
     deciding = [config.data[precompute.QUICK_PATH_DOCUMENT] for config in configs.values() if config.opa is not None]
     sidecar = next(point for point in points if point.name == "sidecar-ingest-us")
     tree = compiled_tree(configs, sidecar, envoy_compiled.compiled_listeners(sidecar)[0])
@@ -192,7 +193,7 @@ def test_the_compliant_sets_follow_the_clusters_a_point_has(walkthrough, deploye
     there; a reload cannot add clusters to a running Envoy, so a set without one (here, all: the
     deployment had none) goes to the first instance of its first tier, inside the set still."""
     topology, points = walkthrough
-    configs = engines.configure("envoy-compiled", points, {**topology.engine, "kind": "envoy-compiled"}, POLICIES, set_clusters=deployed)
+    configs = engines.configure("envoy-compiled", points, {**topology.engine, "kind": "envoy-compiled"}, RuleSet.of(POLICIES), set_clusters=deployed)
     sidecar = next(point for point in points if point.name == "sidecar-ingest-us")
     tree = compiled_tree(configs, sidecar, envoy_compiled.compiled_listeners(sidecar)[0])
     headers = {":method": "POST", ":path": "/process", "content-length": "2", "x-data-category": "personal",

@@ -53,7 +53,12 @@ def test_revision_of_a_changed_rule_set_names_its_content_denied(tmp_path):
     us, ch = modified_copy(tmp_path, "us", "US"), modified_copy(tmp_path, "ch", "XX")
     again = modified_copy(tmp_path, "us-again", "US")
     commit = bundles.revision().split("-dirty.")[0]
-    assert bundles.revision(us).startswith(f"{commit}-dirty.")
+    # Inside the repository, a rule set other than its policies/ as committed: the commit, dirty.
+    classification = policyfiles.rule_set("classification")
+    assert bundles.revision(classification, source=policyfiles.source_of("classification")) == (
+        f"{commit}-dirty.{policyfiles.content_digest(bundles.rule_set_files(classification))[:12]}")
+    # Outside it (tmp_path is), no commit of the repository holds it: its content alone.
+    assert bundles.revision(us) == f"content.{policyfiles.content_digest(bundles.rule_set_files(us))[:12]}"
     assert bundles.revision(us) != bundles.revision(ch)  # two edits, two revisions
     assert bundles.revision(us) == bundles.revision(again)  # the same content, the same revision
 
@@ -101,9 +106,14 @@ def test_a_package_outside_complyroute_is_refused_denied(tmp_path):
         bundles.tarball(bundles.rule_set_files(copy), INDEX, "r-1")
 
 
+def bundle(data: dict, revision: str) -> bytes:
+    """A point's bundle of the shipped rule set, as configuration.generate makes it."""
+    return bundles.tarball(bundles.rule_set_files(), data, revision)
+
+
 def test_write_replaces_each_bundle_whole(tmp_path):
-    revision = bundles.write(tmp_path, {"a": INDEX, "b": {}}, revision_name="r-2")
-    assert revision == "r-2" and sorted(p.name for p in tmp_path.iterdir()) == ["a.tar.gz", "b.tar.gz"]
+    bundles.write(tmp_path, {"a": bundle(INDEX, "r-2"), "b": bundle({}, "r-2")}, "r-2")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.tar.gz", "b.tar.gz"]
     assert json.loads(members((tmp_path / "b.tar.gz").read_bytes())["data.json"]) == {"complyroute": {"revision": "r-2"}}
 
 
@@ -123,7 +133,7 @@ def server(tmp_path_factory):
         (keys / f"{stem}.pem").write_bytes(credential.cert_pem)
         (keys / f"{stem}.key").write_bytes(credential.key_pem)
         files[identity_name] = identity.TlsFiles(str(keys / f"{stem}.pem"), str(keys / f"{stem}.key"), str(keys / "ca.pem"))
-    bundles.write(folder, {"a": INDEX}, revision_name="r-1")
+    bundles.write(folder, {"a": bundle(INDEX, "r-1")}, "r-1")
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -177,7 +187,7 @@ def test_long_poll_answers_when_the_bundle_changes_allowed(server):
     started = time.monotonic()
     waiting.start()
     time.sleep(0.3)
-    bundles.write(folder, {"a": INDEX}, revision_name="r-2")
+    bundles.write(folder, {"a": bundle(INDEX, "r-2")}, "r-2")
     waiting.join(20)
     status, new_headers, body = answers[0]
     assert status == 200 and time.monotonic() - started < 5
@@ -200,7 +210,7 @@ def test_a_quiet_folder_is_not_read_and_a_rename_into_it_is_seen_allowed(tmp_pat
     monkeypatch.setattr(bundleserver, "FULL_SCAN_INTERVAL", 3600.0)
     folder = tmp_path / "bundles"
     folder.mkdir()
-    bundles.write(folder, {"a": INDEX}, revision_name="r-1")
+    bundles.write(folder, {"a": bundle(INDEX, "r-1")}, "r-1")
     served = bundleserver.Bundles(folder)
     before = served.get("a", None, 0)
     reads = []
@@ -209,6 +219,6 @@ def test_a_quiet_folder_is_not_read_and_a_rename_into_it_is_seen_allowed(tmp_pat
     threading.Thread(target=served.watch, daemon=True).start()
     time.sleep(20 * bundleserver.WATCH_INTERVAL)
     assert len(reads) == 1  # the first look, which has no folder mtime to compare with
-    bundles.write(folder, {"a": INDEX}, revision_name="r-2")
+    bundles.write(folder, {"a": bundle(INDEX, "r-2")}, "r-2")
     after = served.get("a", before[0], 5)
     assert after is not None and json.loads(members(after[1])[".manifest"])["revision"] == "r-2"

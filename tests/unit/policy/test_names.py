@@ -8,6 +8,7 @@ import pytest
 from complyroute import engines
 from complyroute.policy import names
 from complyroute.policy.policyfiles import POLICIES
+from complyroute.policy.ruleset import RuleSet
 from complyroute.topology import manifest
 from complyroute.topology.plan import place
 
@@ -59,4 +60,4 @@ def test_a_rule_reading_what_nothing_provides_denied(tmp_path, condition, named)
 def test_deploy_and_reload_refuse_it_denied(tmp_path):
     points = place(manifest.load("central-entity", services="2")).points
     with pytest.raises(engines.EngineError, match="compliance.rego:[0-9]+ reads label tenant"):
-        engines.configure("envoy-opa", points, {}, with_rule(tmp_path, 'label.tenant == "acme"'), ahead=False)
+        engines.configure("envoy-opa", points, {}, RuleSet.of(with_rule(tmp_path, 'label.tenant == "acme"')), ahead=False)

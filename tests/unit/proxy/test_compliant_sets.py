@@ -11,6 +11,7 @@ import pytest
 from complyroute import engines
 from complyroute.engines import precompute
 from complyroute.policy.policyfiles import POLICIES
+from complyroute.policy.ruleset import RuleSet
 from complyroute.proxy.clusters import SOCKET_MATCH
 from complyroute.proxy.contract import is_instance, set_tiers
 from complyroute.proxy.replies import INGRESS_DOWN, SET_DOWN, UNDELIVERED_HEADER, local_replies
@@ -43,7 +44,7 @@ def configured(tmp_path, topology: str, engine: str = "envoy-opa", secured: bool
         credentials = identity.Credentials.issue(trust, "test")
         files = credentials.write(tmp_path / "pki")
         point_trust = {p.name: trust.point(p, files[identity.point_identity(p)], credentials.token_jwks) for p in plan.points}
-    return plan, engines.configure(engine, plan.points, loaded.engine, POLICIES, point_trust)
+    return plan, engines.configure(engine, plan.points, loaded.engine, RuleSet.of(POLICIES), point_trust)
 
 
 def clusters_of(config) -> dict[str, dict]:

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from complyroute import engines
+from complyroute.engines import configuration
 from complyroute.policy import labels
 from complyroute.policy.policyfiles import POLICIES
 from complyroute.proxy.contract import MAX_FORWARDED_HEADERS, MAX_LABEL_BYTES, MAX_LABEL_VALUES, MAX_RECORD_BYTES, MAX_REQUEST_HEADERS, receive_timeouts
@@ -27,6 +28,7 @@ from complyroute.proxy.routes import A_RECORD, REQUEST_FORMS, ROUTE_CONFIGURATIO
 from complyroute.runtime.local import rendering
 from complyroute.topology import localhttp, manifest
 from complyroute.topology.plan import LocalNetwork, place
+from complyroute.policy.ruleset import RuleSet
 from complyroute.trust import identity
 
 TOPOLOGIES = ["sidecar", "central-entity", "dynamic-router-3", "dynamic-router-6", "baseline"]
@@ -36,9 +38,10 @@ MIXED_REGIONS = str(manifest.REPO / "topologies" / "examples" / "mixed-regions.y
 SCHEMA = labels.schema(manifest.REPO / "policies")  # the shipped rule set's labels
 
 
-def configured(topology: str, engine: str, credentials_dir=None, net=None):
+def configured(topology: str, engine: str, credentials_dir=None, net=None, points_folder=None):
     """Every point's configuration; with mutual TLS and label tokens when `credentials_dir` is
-    given (the credentials are written there, where Envoy reads them)."""
+    given (the credentials are written there, where Envoy reads them). With `points_folder`, as
+    a deployment writes it there (configuration.generate, each point in its folder: rendering.layout)."""
     loaded = manifest.load(topology, services=MIXED_REGIONS, engine=engine)
     plan = place(loaded, net)
     trust = identity.Trust.of(plan) if credentials_dir else None
@@ -47,7 +50,10 @@ def configured(topology: str, engine: str, credentials_dir=None, net=None):
         credentials = identity.Credentials.issue(trust, "test")
         files = credentials.write(credentials_dir)
         point_trust = {p.name: trust.point(p, files[identity.point_identity(p)], credentials.token_jwks) for p in plan.points}
-    return plan, engines.configure(engine, plan.points, loaded.engine, POLICIES, point_trust)
+    if points_folder is not None:
+        generated = configuration.generate(plan.points, loaded.engine, RuleSet.of(POLICIES), point_trust, rendering.layout(points_folder))
+        return plan, generated.points
+    return plan, engines.configure(engine, plan.points, loaded.engine, RuleSet.of(POLICIES), point_trust)
 
 
 def managers(envoy: dict) -> dict[str, dict]:
@@ -91,12 +97,12 @@ def test_envoy_accepts_every_rendered_configuration_allowed(topology, engine, se
     """What a deployment writes for each point (rendering.point_parts: the bootstrap, its route
     files, credentials) passes `envoy --mode validate`, and so do the route files' contents. One
     Envoy per file, as many at once as there are cores."""
-    plan, configs = configured(topology, engine, tmp_path / "pki" if secured else None)
+    plan, configs = configured(topology, engine, tmp_path / "pki" if secured else None, points_folder=tmp_path)
     source = BundleSource("http://127.0.0.1:1")
     files = []
     for point in plan.points:
         folder = tmp_path / point.name
-        rendering.point_parts(point, configs[point.name], folder, tmp_path, "r1", source, {})
+        rendering.point_parts(point, configs[point.name], folder, tmp_path, source, {})
         files.append(folder / "envoy.json")
         bootstrap = json.loads(files[-1].read_text())
         inline = with_routes_inline(bootstrap)
@@ -113,16 +119,17 @@ def test_envoy_accepts_every_rendered_configuration_allowed(topology, engine, se
 def test_route_files_are_checked_by_their_content_denied(tmp_path):
     """Envoy's validate mode passes a bootstrap whose route file is nonsense; with_routes_inline
     is what catches it."""
-    plan, configs = configured("central-entity", "envoy-compiled")
+    plan, configs = configured("central-entity", "envoy-compiled", points_folder=tmp_path)
     (point,) = plan.points
-    rendering.point_parts(point, configs[point.name], tmp_path, tmp_path, "r1", BundleSource("http://127.0.0.1:1"), {})
-    route_file = next((tmp_path / rendering.ROUTES).glob("*.json"))
+    folder = tmp_path / point.name
+    rendering.point_parts(point, configs[point.name], folder, tmp_path, BundleSource("http://127.0.0.1:1"), {})
+    route_file = next((folder / rendering.ROUTES).glob("*.json"))
     response = json.loads(route_file.read_text())
     response["resources"][0]["virtual_hosts"][0]["no_such_field"] = 1
     route_file.write_text(json.dumps(response))
-    assert validate(tmp_path / "envoy.json").returncode == 0
-    (tmp_path / "inline.json").write_text(json.dumps(with_routes_inline(json.loads((tmp_path / "envoy.json").read_text()))))
-    assert validate(tmp_path / "inline.json").returncode != 0
+    assert validate(folder / "envoy.json").returncode == 0
+    (folder / "inline.json").write_text(json.dumps(with_routes_inline(json.loads((folder / "envoy.json").read_text()))))
+    assert validate(folder / "inline.json").returncode != 0
 
 
 def test_envoy_refuses_a_configuration_it_cannot_load_denied(tmp_path):
@@ -170,10 +177,10 @@ def test_a_deployments_private_sockets_fit_a_unix_socket_path():
 
 
 def test_opa_runs_with_a_read_only_api_and_a_diagnostic_address(tmp_path):
-    plan, configs = configured("central-entity", "envoy-opa", net=LocalNetwork(tmp_path / "private"))
+    plan, configs = configured("central-entity", "envoy-opa", net=LocalNetwork(tmp_path / "private"), points_folder=tmp_path)
     point = plan.points[0]
     source = BundleSource("http://127.0.0.1:1")
-    opa, envoy = rendering.point_parts(point, configs[point.name], tmp_path / "point", tmp_path, "r1", source, {})
+    opa, envoy = rendering.point_parts(point, configs[point.name], tmp_path / point.name, tmp_path, source, {})
     command = opa.command
     assert f"--addr=unix://{point.opa_http.path}" in command
     assert f"--diagnostic-addr=unix://{point.opa_diagnostic.path}" in command
@@ -181,7 +188,7 @@ def test_opa_runs_with_a_read_only_api_and_a_diagnostic_address(tmp_path):
     assert Path(point.opa_grpc.path).parent.stat().st_mode & 0o777 == 0o700  # the point's private folder
     assert opa.health_url == point.opa_health_url and envoy.health_url == point.envoy_ready_url
     # The authorization policy OPA asks is loaded from disk with it; the rule set comes from its bundle.
-    assert command[-2:] == [str(POLICIES / "system"), str(tmp_path / "point" / "data")]
+    assert command[-2:] == [str(POLICIES / "system"), str(tmp_path / point.name / "data")]
     assert (POLICIES / "system" / "authz" / "authz.rego").read_text().count("package system.authz") == 1
 
 

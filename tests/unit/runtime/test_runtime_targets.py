@@ -35,9 +35,9 @@ def cluster_side(monkeypatch, kubectl, tmp_path):
     """apply.apply, the namespace's deletion and the port-forward standing in; what each was asked."""
     asked = {"apply": [], "kubectl": [], "forward": []}
 
-    def fake_apply(topology, folder, timeout, image, one_node, out, policies):
+    def fake_apply(topology, folder, timeout, image, one_node, out, rule_set):
         asked["apply"].append({"topology": topology.name, "folder": folder, "one_node": one_node, "image": image, "timeout": timeout,
-                               "policies": policies})
+                               "rule_set": rule_set})
         kubectl.namespaces.add(render.namespace_of(topology))
         print("$ kubectl apply ...", file=out)
         return 0
@@ -173,7 +173,7 @@ def test_k8s_applies_forwards_and_deletes_its_namespace_allowed(cluster_side, ku
     log = io.StringIO()
     state = target.deploy(topology, log)
     assert cluster_side["apply"] == [{"topology": "sidecar", "folder": kubernetes_target.workdir() / "sidecar-5", "one_node": True,
-                                      "image": render.SERVICE_IMAGE, "timeout": kubernetes_target.READY_TIMEOUT, "policies": None}]
+                                      "image": render.SERVICE_IMAGE, "timeout": kubernetes_target.READY_TIMEOUT, "rule_set": None}]
     assert (state["parts"], state["nodes"], state["namespace"]) == (7, ["complyroute-node"], "complyroute-sidecar")
     assert state["cpu_parts"] is None and state["memory_mib"] == {"total": None}  # pods: not sampled here
     assert cluster_side["forward"] == []  # deploying reaches nothing: the command line's deploy leaves it at that
@@ -193,7 +193,8 @@ def test_k8s_applies_forwards_and_deletes_its_namespace_allowed(cluster_side, ku
 def test_k8s_deploys_the_rule_set_given_allowed(cluster_side):
     targets.make("k8s", image="registry.example/service:2").deploy(manifest.load("sidecar", services="5"), io.StringIO(),
                                                                      policies="classification")
-    assert cluster_side["apply"][0]["policies"] == policyfiles.rule_set("classification")  # assembled with the platform's parts
+    given = cluster_side["apply"][0]["rule_set"]
+    assert given.chosen == "classification" and given.folder == policyfiles.rule_set("classification")  # assembled with the platform's parts
     assert cluster_side["apply"][0]["image"] == "registry.example/service:2"
 
 
@@ -232,7 +233,7 @@ def test_a_namespace_already_there_is_busy_denied_and_another_is_free_allowed(cl
 
 
 def test_a_failed_apply_fails_the_deploy_and_leaves_the_namespace_to_undeploy_denied(cluster_side, monkeypatch):
-    def failing(topology, folder, timeout, image, one_node, out, policies):
+    def failing(topology, folder, timeout, image, one_node, out, rule_set):
         raise RuntimeError("kubectl -n complyroute-sidecar wait ... failed with exit code 1")
 
     monkeypatch.setattr(apply, "apply", failing)
@@ -255,8 +256,8 @@ def test_k8s_verbs_go_to_apply_allowed(monkeypatch):
     target.reload_policy(manifest.load("sidecar"), None)
     target.reload_policy(manifest.load("sidecar"), "classification")
     assert target.undeploy_all() == 0
-    assert asked == [("status", None), ("status", "sidecar"), ("reload", "sidecar", policyfiles.POLICIES),
-                     ("reload", "sidecar", policyfiles.rule_set("classification")),
+    # None: apply.reload_policy applies the rule set the deployment recorded.
+    assert asked == [("status", None), ("status", "sidecar"), ("reload", "sidecar", None), ("reload", "sidecar", "classification"),
                      ("delete",)]
 
 

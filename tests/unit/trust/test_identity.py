@@ -7,6 +7,7 @@ from cryptography import x509
 
 from complyroute import engines
 from complyroute.policy.policyfiles import POLICIES
+from complyroute.policy.ruleset import RuleSet
 from complyroute.topology import manifest
 from complyroute.topology.plan import place
 from complyroute.trust import identity, pki
@@ -108,7 +109,7 @@ def test_envoy_checks_tokens_after_the_entry_and_issues_them_at_it(engine, tmp_p
     credentials = identity.Credentials.issue(trust, "test")
     files = credentials.write(tmp_path)
     point = trust.plan.points[0]
-    config = engines.configure(engine, [point], trust.plan.topology.engine, POLICIES,
+    config = engines.configure(engine, [point], trust.plan.topology.engine, RuleSet.of(POLICIES),
                                {point.name: trust.point(point, files[identity.point_identity(point)], credentials.token_jwks)})
     for listener in config[point.name].envoy["static_resources"]["listeners"]:
         manager = listener["filter_chains"][0]["filters"][0]["typed_config"]

@@ -19,6 +19,7 @@ import yaml
 
 from complyroute.engines import precompute
 from complyroute.policy import bundles
+from complyroute.policy.ruleset import RuleSet
 from complyroute.runtime.kubernetes import render
 from complyroute.runtime.kubernetes.nodes import NODE_LABEL
 from complyroute.topology import manifest
@@ -191,7 +192,7 @@ def test_the_rendered_bundle_server_runs_on_the_standard_library_alone_and_takes
             https_get(port, f"{render.BUNDLE_SERVER}.elsewhere.svc.cluster.local", credential, f"/bundles/{point}.tar.gz")
 
         # A reload: the same points and trust, another rule set; the kubelet swaps the volume.
-        reloaded = render.Renderer(renderer.topology, us_adequate)
+        reloaded = render.Renderer(renderer.topology, RuleSet.of(us_adequate))
         reloaded.configure(renderer.points, renderer.point_trust)
         [new] = reloaded.bundles
         answers = []

@@ -12,7 +12,9 @@ import urllib.request
 
 import pytest
 
+from complyroute import engines
 from complyroute.policy import bundles
+from complyroute.policy.ruleset import RuleSet
 from complyroute.runtime.kubernetes import render
 from complyroute.runtime.local import rendering
 from complyroute.topology import manifest
@@ -88,7 +90,8 @@ def split_central_entity(tmp_path_factory):
     objects = objects_of(render.build(renderer, tmp_path_factory.mktemp("render") / "kustomization"))
     pod = pods(objects)["central-entity"]
     container = next(c for c in pod["containers"] if c["name"] == "envoy")
-    return mounted_files(objects, pod, container), container["args"][container["args"].index("-c") + 1], renderer.configs["central-entity"].envoy
+    whole = engines.configure("envoy-compiled", renderer.points, renderer.topology.engine, renderer.rule_set, renderer.point_trust)
+    return mounted_files(objects, pod, container), container["args"][container["args"].index("-c") + 1], whole["central-entity"].envoy
 
 
 def test_envoy_loads_every_route_file_of_a_split_configuration_as_it_loads_them_inline_allowed(split_central_entity, tmp_path):
@@ -143,7 +146,7 @@ def test_envoy_rereads_its_route_files_when_the_kubelet_swaps_their_configmap_al
     routes = tmp_path / "pod" / render.ROUTES_MOUNT.lstrip("/")
     shutil.rmtree(routes)
     kubelet_volume(routes, {path.rsplit("/", 1)[1]: content for path, content in files.items() if path.startswith(render.ROUTES_MOUNT)})
-    reloaded = render.Renderer(renderer.topology, us_adequate)
+    reloaded = render.Renderer(renderer.topology, RuleSet.of(us_adequate))
     reloaded.configure(renderer.points, renderer.point_trust)
     assert reloaded.bootstraps == renderer.bootstraps and reloaded.routes != renderer.routes
     [new] = reloaded.routes["central-entity"]

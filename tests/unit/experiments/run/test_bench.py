@@ -59,8 +59,8 @@ def test_a_bench_point_is_configured_by_the_shipped_rule_set_whatever_its_bundle
     point.catalog = central.catalog
     configured, started = [], []
     configure = engines.configure
-    monkeypatch.setattr(engines, "configure", lambda kind, points, settings, policies, *rest: configured.append(policies) or
-                        configure(kind, points, settings, policies, *rest))
+    monkeypatch.setattr(engines, "configure", lambda kind, points, settings, rule_set, *rest: configured.append(rule_set.folder) or
+                        configure(kind, points, settings, rule_set, *rest))
     monkeypatch.setattr(bench_, "start", lambda part: started.append(part.name))
     bench_.point(point, "envoy-opa", {}, *([allow_all] if given else []))
     assert configured == [policyfiles.POLICIES]

@@ -9,8 +9,10 @@ import json
 
 import pytest
 
+from complyroute.engines import configuration
 from complyroute.policy import labels
 from complyroute.policy.policyfiles import POLICIES
+from complyroute.policy.ruleset import RuleSet
 from complyroute.proxy.envoy import LISTENER, LISTENERS_FILE, envoy_config
 from complyroute.runtime.local import labelchange, polling, rendering
 from complyroute.topology import manifest
@@ -34,18 +36,25 @@ def point(p, name):
     return next(x for x in p.points if x.name == name)
 
 
+def split(point, envoy, points_folder):
+    """A point's bootstrap, its listener files and their version, as a deploy writes them
+    (configuration.split, in the point's folder under `points_folder`: rendering.layout)."""
+    bootstrap, _, files, version = configuration.split(point, envoy, rendering.layout(points_folder), "r1")
+    return bootstrap, files, version
+
+
 def listener_file(sidecar, schema, folder):
-    """A point's bootstrap, its listener files and their version, as a deploy writes them."""
-    return rendering.point_listeners(sidecar, envoy_config(sidecar, {}, labels=schema), folder)
+    return split(sidecar, envoy_config(sidecar, {}, labels=schema), folder)
 
 
 def test_a_deciding_point_s_listeners_go_to_a_file_its_bootstrap_names_allowed(tmp_path):
     sidecar = point(plan(), "sidecar-ingest-eu-1")
     config = envoy_config(sidecar, {}, labels=SHIPPED)
-    bootstrap, files, version = rendering.point_listeners(sidecar, config, tmp_path)
+    bootstrap, files, version = split(sidecar, config, tmp_path)
     assert "listeners" not in bootstrap["static_resources"] and bootstrap["static_resources"]["clusters"] == config["static_resources"]["clusters"]
     lds = bootstrap["dynamic_resources"]["lds_config"]["path_config_source"]
-    assert lds == {"path": f"{tmp_path / rendering.LISTENERS}/{LISTENERS_FILE}", "watched_directory": {"path": str(tmp_path / rendering.LISTENERS)}}
+    folder = tmp_path / sidecar.name / rendering.LISTENERS
+    assert lds == {"path": f"{folder}/{LISTENERS_FILE}", "watched_directory": {"path": str(folder)}}
     response = json.loads(files[LISTENERS_FILE])
     assert response["version_info"] == version
     # Every listener, the readiness one too (ready only once the file was taken), as they were.
@@ -57,7 +66,7 @@ def test_a_deciding_point_s_listeners_go_to_a_file_its_bootstrap_names_allowed(t
 def test_a_point_that_decides_nothing_keeps_its_listeners_in_its_bootstrap_denied(tmp_path):
     store = point(plan(), "sidecar-store-eu-1")
     config = envoy_config(store, {}, labels=SHIPPED)
-    assert rendering.point_listeners(store, config, tmp_path) == (config, {}, None)
+    assert split(store, config, tmp_path) == (config, {}, None)
 
 
 def test_an_added_label_changes_the_deciding_listener_and_the_version_allowed(tmp_path, with_sensitivity):
@@ -143,24 +152,30 @@ class FakeServices:
         return {"labels": "sha256:" + hashlib.sha256(self.setting.encode()).hexdigest()} if self.setting else {}
 
 
+def configured(p, schema, run_dir) -> configuration.Configuration:
+    """What the generator gives the points of plan `p` under `schema` in `run_dir`, of their
+    Envoys alone (what a label change reads: no rule set is asked)."""
+    points = {}
+    for x in p.points:
+        bootstrap, routes, files, version = configuration.split(x, envoy_config(x, {}, labels=schema), rendering.layout(run_dir / "points"), "r1")
+        points[x.name] = configuration.PointConfiguration(bootstrap, routes, files, version, None, None, (),
+                                                          configuration.Versions(None, None, None))
+    return configuration.Configuration(RuleSet("policies", POLICIES, "r1", schema), points)
+
+
 def label_run(tmp_path):
     p = plan()
     rendering.write_label_setting(tmp_path, labels.service_setting(SHIPPED))
-    configs = {}
-    for x in p.points:
-        folder = tmp_path / "points" / x.name
-        envoy = envoy_config(x, {}, labels=SHIPPED)
-        configs[x.name] = type("Config", (), {"envoy": envoy})
-        bootstrap, routes = rendering.point_routes(envoy, folder, "r1")
-        bootstrap, files, _ = rendering.point_listeners(x, bootstrap, folder)
-        rendering.write_watched_files(folder / rendering.LISTENERS, files)
-        (folder / "envoy.json").write_text(json.dumps(bootstrap))
+    for name, x in configured(p, SHIPPED, tmp_path).points.items():
+        folder = tmp_path / "points" / name
+        rendering.write_watched_files(folder / rendering.LISTENERS, x.listeners)
+        (folder / "envoy.json").write_text(json.dumps(x.envoy))
     state = {"run_dir": str(tmp_path), "parts": [{"name": s.instance.id, "kind": "service", "health_url": s.health_url} for s in p.services]}
     return state, rendering.Rendered(p, {}, "r1", SHIPPED)
 
 
-def configs_for(rendered, schema):
-    return {x.name: type("Config", (), {"envoy": envoy_config(x, {}, labels=schema)}) for x in rendered.plan.points}
+def configs_for(rendered, schema, run_dir):
+    return configured(rendered.plan, schema, run_dir)
 
 
 def test_apply_gives_the_services_the_labels_then_the_listeners_allowed(tmp_path, monkeypatch, with_sensitivity):
@@ -179,7 +194,7 @@ def test_apply_gives_the_services_the_labels_then_the_listeners_allowed(tmp_path
     real_wait = labelchange._wait
     monkeypatch.setattr(labelchange, "_wait", listeners_taken)
     out = io.StringIO()
-    seconds = labelchange.apply(state, rendered, with_sensitivity, configs_for(rendered, with_sensitivity), out)
+    seconds = labelchange.apply(state, rendered, configs_for(rendered, with_sensitivity, tmp_path), out)
     assert set(seconds) == {"services", "listeners"}
     assert {signal for _, signal in services.signalled} == {"HUP"} and len(services.signalled) == len(state["parts"])
     assert [label["name"] for label in json.loads((tmp_path / rendering.LABEL_SETTING).read_text())] == ["category", "consent", "region", "sensitivity"]
@@ -187,7 +202,8 @@ def test_apply_gives_the_services_the_labels_then_the_listeners_allowed(tmp_path
     assert f"labels sensitivity: taken by {len(state['parts'])} services" in out.getvalue()
     # Its twin: the labels deployed are the labels given, nothing is written or signalled.
     services.signalled.clear()
-    assert labelchange.apply(state, dataclasses.replace(rendered, label_schema=with_sensitivity), with_sensitivity, {}, out) == {}
+    assert labelchange.apply(state, dataclasses.replace(rendered, label_schema=with_sensitivity),
+                             configs_for(rendered, with_sensitivity, tmp_path), out) == {}
     assert services.signalled == []
 
 
@@ -198,7 +214,7 @@ def test_apply_puts_back_what_it_wrote_when_a_part_does_not_take_it_denied(tmp_p
     monkeypatch.setattr(labelchange, "envoy_listeners_version", lambda point: None)  # no Envoy takes its new listeners
     with pytest.raises(labelchange.LabelChangeError, match=r"after 0 s these parts do not serve the new listeners \(their logs .*\): entry, sidecar-.*"
                                                             r"the labels the deployment had were written back"):
-        labelchange.apply(state, rendered, with_sensitivity, configs_for(rendered, with_sensitivity), io.StringIO(), timeout=0.2)
+        labelchange.apply(state, rendered, configs_for(rendered, with_sensitivity, tmp_path), io.StringIO(), timeout=0.2)
     assert {path: path.read_text() for path in tmp_path.rglob("*.json")} == before
 
 
@@ -222,7 +238,7 @@ def test_finish_has_the_services_require_a_new_required_label_once_the_rules_do_
     monkeypatch.setattr(labelchange, "envoy_listeners_version", lambda point: json.loads(
         (tmp_path / "points" / point.name / rendering.LISTENERS / LISTENERS_FILE).read_text())["version_info"])
     required = with_sensitivity[:-1] + (dataclasses.replace(with_sensitivity[-1], required=True),)
-    labelchange.apply(state, rendered, required, configs_for(rendered, required), io.StringIO())
+    labelchange.apply(state, rendered, configs_for(rendered, required, tmp_path), io.StringIO())
     setting = lambda: {label["name"]: label["required"] for label in json.loads((tmp_path / rendering.LABEL_SETTING).read_text())}
     assert setting()["sensitivity"] is False  # on the way: sent on and logged, not yet required
     out = io.StringIO()
