@@ -14,6 +14,7 @@ import pytest
 
 from complyroute.policy import bundles
 from complyroute.policy.policyfiles import POLICIES
+from complyroute.policy.ruleset import RuleSet
 from complyroute.runtime.kubernetes import apply, render
 from complyroute.runtime.target import ReloadError
 from complyroute.topology import manifest
@@ -81,6 +82,19 @@ def test_reload_with_the_deployed_rule_set_applies_the_same_configmaps_and_chang
     [applied] = api.applied
     rendered_configmaps = by_kind(objects, "ConfigMap")
     assert all(o == rendered_configmaps[o["metadata"]["name"]] for o in applied)  # byte for byte what the deploy applied
+
+
+def test_reload_without_a_rule_set_applies_the_one_deployed_allowed(tmp_path, monkeypatch):
+    """A deploy with a rule set of its own records it (Deployed.rule_set); a reload told none
+    applies that one again, as a local reload does, not policies/."""
+    renderer = render.Renderer(manifest.load("central-entity", services=3, engine="envoy-compiled"), RuleSet.of("classification"))
+    renderer.render()
+    objects = objects_of(render.build(renderer, tmp_path / "kustomization"))
+    apply.Deployed.of(renderer).write()
+    monkeypatch.setattr(apply, "kubectl_output", FakeApiServer(objects))
+    result = apply.reload_policy(renderer.topology, out=io.StringIO())
+    assert result["revision"] == renderer.revision == RuleSet.of("classification").revision != bundles.revision()
+    assert result["changed"] == []
 
 
 def test_reload_with_another_rule_set_applies_only_the_bundle_and_route_configmaps_allowed(deployed_central_entity, us_adequate):
