@@ -17,12 +17,11 @@ with) carry the three labels of the first rule set: LEGACY.
 from __future__ import annotations
 
 import difflib
-import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import jsonschema
+from complyroute.topology import fields
 
 REFERENCE_SCHEMA = Path(__file__).with_name("reference.schema.json")
 
@@ -62,19 +61,10 @@ def schema(policies: Path) -> tuple[Label, ...]:
     return schema_of(reference_of(policies))
 
 
-@functools.cache
-def reference_validator() -> jsonschema.protocols.Validator:
-    """REFERENCE_SCHEMA's validator, the schema checked once against its meta-schema."""
-    schema = json.loads(REFERENCE_SCHEMA.read_text())
-    validator = jsonschema.validators.validator_for(schema)
-    validator.check_schema(schema)
-    return validator(schema)
-
-
 def refusal(reference: dict) -> str | None:
     """Why REFERENCE_SCHEMA refuses `reference`, by the path of the first part it refuses and
     that part's x-refusal (an unknown field of a label: the nearest known one); None if it does not."""
-    errors = sorted(reference_validator().iter_errors(reference), key=lambda error: (len(error.absolute_path), list(map(str, error.absolute_path))))
+    errors = sorted(fields.validator_of(REFERENCE_SCHEMA).iter_errors(reference), key=lambda error: (len(error.absolute_path), list(map(str, error.absolute_path))))
     if not errors:
         return None
     error = errors[0]

@@ -16,12 +16,18 @@ SCHEMA = Path(__file__).resolve().parents[2] / "topologies" / "topology.schema.j
 
 
 @functools.cache
-def schema_validator() -> jsonschema.protocols.Validator:
-    """The manifests' JSON Schema (SCHEMA), checked once against its meta-schema."""
-    schema = json.loads(SCHEMA.read_text())
+def validator_of(path: Path) -> jsonschema.protocols.Validator:
+    """The JSON Schema in the file `path` as a validator, the schema checked once against its
+    meta-schema (the manifests', and the reference data's: policy/labels.py)."""
+    schema = json.loads(path.read_text())
     validator = jsonschema.validators.validator_for(schema)
     validator.check_schema(schema)
     return validator(schema)
+
+
+def schema_validator() -> jsonschema.protocols.Validator:
+    """The manifests' JSON Schema (SCHEMA)."""
+    return validator_of(SCHEMA)
 
 
 def _subschema(schema: dict, path: list) -> dict:

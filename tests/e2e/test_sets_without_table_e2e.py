@@ -7,13 +7,14 @@ set and with the same rules plus one that reads the body (a record that holds `q
 goes nowhere; the records balanced hold none)."""
 
 import io
-import shutil
 from collections import Counter
 
 import pytest
 
 from complyroute.policy.policyfiles import POLICIES
 from complyroute.runtime.local import deployment
+
+from tests.rulesets import shipped_with
 
 from .helpers import EU_PERSONAL, RECORD, deploy_mixed_regions, post
 
@@ -37,11 +38,7 @@ exclusions contains exclusion(rego.metadata.rule(), id, "quarantined") if {
 
 
 def body_reading(folder):
-    policies = folder / "policies"
-    shutil.copytree(POLICIES, policies)
-    compliance = policies / "complyroute" / "compliance" / "compliance.rego"
-    compliance.write_text(compliance.read_text() + BODY_RULE)
-    return policies
+    return shipped_with(folder, BODY_RULE)
 
 
 @pytest.fixture(scope="module", params=["tabled", "body-reading"])

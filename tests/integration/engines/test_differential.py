@@ -4,7 +4,6 @@ enumerate, and passes honest ones. Real OPA over a central entity of two service
 reads the body or the clock is tabled here only when OPA's partial evaluation is made to say it
 may be (the analysis stood in for by one that misses it), as a hidden form of a rule would be."""
 
-import shutil
 
 import pytest
 
@@ -12,6 +11,8 @@ from complyroute.engines import EngineError, differential, envoy_opa, independen
 from complyroute.policy.policyfiles import POLICIES
 from complyroute.topology import manifest
 from complyroute.topology.plan import place
+
+from tests.rulesets import shipped_with
 
 HIDDEN = '''
 # METADATA
@@ -36,11 +37,7 @@ CONDITIONS = {
 
 
 def with_rule(tmp_path, condition: str):
-    policies = tmp_path / "policies"
-    shutil.copytree(POLICIES, policies)
-    compliance = policies / "complyroute" / "compliance" / "compliance.rego"
-    compliance.write_text(compliance.read_text() + HIDDEN.format(condition=condition))
-    return policies
+    return shipped_with(tmp_path, HIDDEN.format(condition=condition))
 
 
 def points():

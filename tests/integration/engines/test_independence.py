@@ -3,14 +3,14 @@ that reads the record, the request id, the clock or another non-deterministic bu
 any form, leaves its labellings to OPA in full; the same form over a constant does not. Real OPA
 over a central entity of two services (256 allowed labellings)."""
 
-import shutil
 
 import pytest
 
 from complyroute.engines import envoy_opa, precompute
-from complyroute.policy.policyfiles import POLICIES
 from complyroute.topology import manifest
 from complyroute.topology.plan import place
+
+from tests.rulesets import shipped_with
 
 # An exclusion of every candidate whenever `condition` holds: if the table were built without
 # seeing the condition, it would route records the rules deny.
@@ -53,11 +53,7 @@ CONSTANTS = {
 
 
 def decided(tmp_path, condition: str | None):
-    policies = tmp_path / "policies"
-    shutil.copytree(POLICIES, policies)
-    if condition:
-        compliance = policies / "complyroute" / "compliance" / "compliance.rego"
-        compliance.write_text(compliance.read_text() + HIDDEN.format(condition=condition))
+    policies = shipped_with(tmp_path, HIDDEN.format(condition=condition) if condition else "")
     points = place(manifest.load("central-entity", services="2")).points
     _, precomputed = envoy_opa.decided_data(points, policies)
     return precomputed

@@ -2,7 +2,6 @@
 keeps every fast path to them. Real OPA over the walkthrough's decision space."""
 
 import copy
-import shutil
 
 import pytest
 
@@ -13,6 +12,8 @@ from complyroute.policy.policyfiles import POLICIES
 from complyroute.policy.ruleset import RuleSet
 from complyroute.topology import manifest
 from complyroute.topology.plan import place
+
+from tests.rulesets import shipped_with
 from tests.walkthrough import rule_set_with_rule
 
 # A rule that reads the record's body: no table can enumerate it.
@@ -32,11 +33,7 @@ exclusions contains exclusion(rego.metadata.rule(), id, "minor") if {
 
 
 def with_rule(folder, rule: str):
-    policies = folder / "policies"
-    shutil.copytree(POLICIES, policies)
-    compliance = policies / "complyroute" / "compliance" / "compliance.rego"
-    compliance.write_text(compliance.read_text() + rule)
-    return policies
+    return shipped_with(folder, rule)
 
 
 @pytest.fixture(scope="module")

@@ -2,12 +2,13 @@
 reading the clock is asked at the time the line records, so a run gets one verdict whenever it is
 audited; a rule reading the record's content leaves its lines not re-checkable. Real OPA."""
 
-import shutil
 from datetime import datetime, timezone
 
 from complyroute.evidence import audit
 from complyroute.policy import policydata
 from complyroute.policy.policyfiles import POLICIES
+
+from tests.rulesets import shipped_with
 from tests.integration.evidence.test_recheck import CATALOG, EU_PERSONAL, hop
 
 RULE = '''
@@ -27,11 +28,7 @@ DIAGNOSIS = 'object.filter(input.record, {"diagnosis"}).diagnosis'
 
 
 def with_rule(tmp_path, condition):
-    policies = tmp_path / "policies"
-    shutil.copytree(POLICIES, policies)
-    compliance = policies / "complyroute" / "compliance" / "compliance.rego"
-    compliance.write_text(compliance.read_text() + RULE.format(condition=condition))
-    return policies
+    return shipped_with(tmp_path, RULE.format(condition=condition))
 
 
 def ns(year: int) -> int:

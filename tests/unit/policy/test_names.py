@@ -1,16 +1,16 @@
 """A rule reading a label, a reference document or a candidate's index field the rule set lacks is refused, by name
 (complyroute/policy/names.py), at policy-test, deploy and reload (engines.configure)."""
 
-import shutil
 
 import pytest
 
 from complyroute import engines
 from complyroute.policy import names
-from complyroute.policy.policyfiles import POLICIES
 from complyroute.policy.ruleset import RuleSet
 from complyroute.topology import manifest
 from complyroute.topology.plan import place
+
+from tests.rulesets import shipped_with
 
 RULE = '''
 # METADATA
@@ -27,11 +27,7 @@ exclusions contains exclusion(rego.metadata.rule(), id, "tenant") if {{
 
 
 def with_rule(tmp_path, condition: str):
-    policies = tmp_path / "policies"
-    shutil.copytree(POLICIES, policies)
-    compliance = policies / "complyroute" / "compliance" / "compliance.rego"
-    compliance.write_text(compliance.read_text() + RULE.format(condition=condition))
-    return policies
+    return shipped_with(tmp_path, RULE.format(condition=condition))
 
 
 @pytest.mark.parametrize("condition", ['label.region == "US"', 'input.labels["category"] == "health"',
