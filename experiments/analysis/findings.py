@@ -167,8 +167,13 @@ def agreement(w_avg: pd.DataFrame, reference: dict) -> pd.DataFrame:
 
 
 def order_text(topologies, values) -> list[str]:
-    """The topologies fastest first (ties keep the experiments' order)."""
-    return [t for _, t in sorted(zip(values, topologies), key=lambda pair: pair[0])]
+    """The topologies that held, fastest first (ties keep the experiments' order); a saturated one
+    (an infinite value) has no place in it: saturated() names them."""
+    return [t for value, t in sorted(zip(values, topologies), key=lambda pair: pair[0]) if np.isfinite(value)]
+
+
+def saturated(topologies, values) -> list[str]:
+    return [t for t, value in zip(topologies, values) if not np.isfinite(value)]
 
 
 # ---- the model's order on the paper's testbed ----------------------------------------------
@@ -181,8 +186,10 @@ class ModelOrder:
 
     engine: str
     rate: int
-    ours: list[str]
+    ours: list[str]  # held, fastest first
+    ours_saturated: list[str]
     model: list[str]
+    model_saturated: list[str]
     paper: list[str]
     tau_model_ours: float
     tau_model_paper: float
@@ -229,9 +236,9 @@ def model_orders(run_dir, cells: pd.DataFrame, table: pd.DataFrame, meta: dict, 
             tau_ours = kendall(model_values, our_values)
             tau_paper = kendall(model_values[known], papers[known])
             loads = {t: (load_here(t, engine, rate), load_there(t, engine, rate)) for t in topologies}
-            orders.append(ModelOrder(engine, rate, order_text(topologies, our_values), order_text(topologies, model_values),
-                                     order_text([t for t, k in zip(topologies, known) if k], papers[known]), tau_ours, tau_paper,
-                                     reason(tau_ours, tau_paper, loads, rate, cores, longest)))
+            orders.append(ModelOrder(engine, rate, order_text(topologies, our_values), saturated(topologies, our_values),
+                                     order_text(topologies, model_values), saturated(topologies, model_values), order_text([t for t, k in zip(topologies, known) if k], papers[known]), tau_ours, tau_paper,
+                                     reason(tau_ours, tau_paper, loads, cores, longest)))
     return orders
 
 
@@ -241,18 +248,27 @@ def kendall(first: np.ndarray, second: np.ndarray) -> float:
     return float(scipy_stats.kendalltau(first, second).statistic)
 
 
-def reason(tau_ours: float, tau_paper: float, loads: dict, rate: int, cores: int, longest: int) -> str:
+def part_text(bottleneck: str, cores: int) -> str:
+    """The model's bottleneck as a reader names it: a process, or a node's cores ("node machine": this machine's)."""
+    if bottleneck == f"node {ONE_NODE}":
+        return f"this machine's {cores} cores"
+    return f"the {bottleneck.removeprefix('node ')} node's cores" if bottleneck.startswith("node ") else bottleneck
+
+
+def reason(tau_ours: float, tau_paper: float, loads: dict, cores: int, longest: int) -> str:
     """Why the model's order on the paper's testbed is or is not ours, from its numbers: the most
     loaded topology here and there (the share of its bottleneck's capacity at this rate)."""
     here = max(loads, key=lambda t: loads[t][0][0])
     (share_here, bottleneck_here), (share_there, bottleneck_there) = loads[here]
-    load = (f"here {PAPER_NAMES.get(here, here)}'s {bottleneck_here} is at {share_here:.0%} of its capacity at {longest} services "
-            f"(every process on {cores} cores), on the paper's nodes its {bottleneck_there} at {share_there:.0%}")
-    if math.isnan(tau_ours) or math.isnan(tau_paper):
-        return f"too few architectures ranked to compare orders; {load}"
-    if tau_paper > tau_ours:
-        return f"the testbed: moved to the paper's nodes, our parts' costs give an order closer to the paper's (τ {tau_paper:+.2f} against ours {tau_ours:+.2f}); {load}"
-    if tau_ours >= 1 - 1e-9 or tau_ours > tau_paper:
-        return (f"our parts' costs, not the machine: on the paper's nodes the model keeps our order (τ {tau_ours:+.2f} with ours, "
-                f"{tau_paper:+.2f} with the paper's); {load}")
-    return f"neither alone: τ {tau_ours:+.2f} with ours and {tau_paper:+.2f} with the paper's; {load}"
+    load = (f"the most loaded here, {PAPER_NAMES.get(here, here)} at {longest} services, uses {share_here:.0%} of what "
+            f"{part_text(bottleneck_here, cores)} can carry (every process shares {cores} cores), on the paper's nodes {share_there:.0%} "
+            f"of {part_text(bottleneck_there, cores)}")
+    with_ours = "" if math.isnan(tau_ours) else f", τ {tau_ours:+.2f} with ours"
+    if math.isnan(tau_paper):
+        return f"too few architectures ranked to compare the orders; {load}"
+    if tau_paper <= 0:
+        return (f"our parts' costs, not the machine: even on the paper's nodes the model orders the architectures unlike the paper "
+                f"(τ {tau_paper:+.2f} with the paper's{with_ours}); {load}")
+    if math.isnan(tau_ours) or tau_paper > tau_ours:
+        return f"the machine: on the paper's nodes the model's order comes near the paper's (τ {tau_paper:+.2f}{with_ours}); {load}"
+    return f"both agree in part: τ {tau_paper:+.2f} with the paper's{with_ours}; {load}"

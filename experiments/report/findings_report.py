@@ -80,24 +80,26 @@ def price_items(prices: list[findings.Price], capacity_given: bool) -> list[str]
     return items
 
 
-def order_line(topologies: list[str]) -> str:
-    return " < ".join(PAPER_NAMES.get(t, t) for t in topologies)
+def order_line(topologies: list[str], saturated: list[str] = ()) -> str:
+    """"SA < DR_6", then the saturated ones, which have no place in an order of held cases."""
+    held = " < ".join(PAPER_NAMES.get(t, t) for t in topologies) or "none held"
+    return held + (f", then saturated ({', '.join(arch(t) for t in saturated)})" if saturated else "")
 
 
 def agreement_items(agreement: pd.DataFrame) -> list[str]:
     items = []
     for row in agreement.itertuples():
         tau = "undefined" if math.isnan(row.tau) else f"{row.tau:+.2f}"
-        saturated = f" ({', '.join(arch(t) for t in row.saturated)} saturated: ranked last)" if row.saturated else ""
-        items.append(f"**{row.rate} req/s, {ENGINE_NAMES[row.engine]}**: ours {order_line(row.ours)}{saturated}; the paper's "
+        items.append(f"**{row.rate} req/s, {ENGINE_NAMES[row.engine]}**: ours {order_line(row.ours, row.saturated)}; the paper's "
                      f"{order_line(row.paper)}; Kendall's τ = {tau} over {row.architectures} architectures "
-                     "(+1: the same order, −1: reversed).")
+                     "(+1: the same order, −1: reversed; the saturated ranked last, tied).")
     return items
 
 
 def model_items(orders: list[findings.ModelOrder]) -> list[str]:
-    return [f"**{order.rate} req/s, {ENGINE_NAMES[order.engine]}**: the model on the paper's testbed {order_line(order.model)}; "
-            f"measured here {order_line(order.ours)}; the paper {order_line(order.paper)}. Why: {order.reason}." for order in orders]
+    return [f"**{order.rate} req/s, {ENGINE_NAMES[order.engine]}**: the model on the paper's testbed {order_line(order.model, order.model_saturated)}; "
+            f"measured here {order_line(order.ours, order.ours_saturated)}; the paper {order_line(order.paper)}. Why: {order.reason}."
+            for order in orders]
 
 
 def blocks(run_dir: Path, cells: pd.DataFrame, table: pd.DataFrame, requests: pd.DataFrame, cpu: pd.DataFrame, meta: dict, reference: dict,

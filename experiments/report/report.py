@@ -177,7 +177,8 @@ def build(run_dir: Path, capacity: pd.DataFrame | None = None) -> dict:
                            if run.prime else "; ")
                         + 
                         f"record mix `{run.mix}`; load: **{run.load_label}** ({load_settings(run)}). "
-                        f"Raw data: `{run_dir / 'raw'}`; tables: `{tables_dir}`; figures: `{figures_dir}`."))
+                        f"In the run's folder (`{run_dir.name}`, this report's parent): raw data in `raw/`, tables in `report/tables/`, "
+                        "figures in `report/figures/`."))
     blocks.extend(("p", paragraph) for paragraph in run_paragraphs(meta))
     expected = len(run.cells())
     bench = bench_blocks(run_dir, meta, figures_dir)
@@ -314,8 +315,9 @@ def build(run_dir: Path, capacity: pd.DataFrame | None = None) -> dict:
                             "with the sender's lateness first, they add up to the record's RTT. Means per case, repetitions pooled "
                             "(`tables/hops.csv`)."))
         blocks.append(("figure", hop_figure(hops, table, figures_dir, run.load_label),
-                       f"Mean time per delivered record, hop by hop (white lines part the hops, numbered): the sender late, then each "
-                       f"hop's way in, its service and the answer's way back. {SATURATED_MARK}: saturated.",
+                       f"Where a delivered record's time goes, hop by hop, as shares of the mean RTT (written at each bar's end; white "
+                       f"lines part the hops, numbered): the sender late, then each hop's way in, its service and the answer's way back. "
+                       f"{SATURATED_MARK}: saturated.",
                        "Horizontal stacked bars, one per topology and engine and one panel per rate and chain length, each bar split "
                        "into the hops of a record in turn."))
 

@@ -307,8 +307,10 @@ LATE_COLOR = "#CC79A7"
 
 def hop_figure(hops: pd.DataFrame, table: pd.DataFrame, figures_dir: Path, load: str) -> Path:
     """Where a record's time goes, hop by hop: per rate and chain length, a horizontal bar per
-    topology and engine, the sender's lateness then each hop's in, service and out times in turn
-    (means, which add up to the mean RTT), hops parted by white lines and numbered."""
+    topology and engine, the sender's lateness then each hop's in, service and out times in turn,
+    as shares of the mean RTT (means add up to it; shares keep a saturated case's seconds from
+    flattening the others' milliseconds), the mean RTT written at the end; hops parted by white
+    lines and numbered."""
     saturated_cases = {(r.topology, r.engine, r.rate, r.services) for r in table.itertuples() if r.saturated}
     cells = sorted(set(zip(hops["rate"], hops["services"])))
     pairs = series_of(hops)
@@ -321,21 +323,25 @@ def hop_figure(hops: pd.DataFrame, table: pd.DataFrame, figures_dir: Path, load:
             labels.append(marked(case_name(topology, engine), (topology, engine, rate, services) in saturated_cases))
             if case.empty:
                 continue
-            left = max(0.0, float(case["send_lag_ms"].iloc[0]))
+            rtt = float(case["rtt_ms"].iloc[0])
+            left = max(0.0, float(case["send_lag_ms"].iloc[0])) / rtt * 100
             ax.barh(position, left, 0.7, color=LATE_COLOR, edgecolor="none")
             for hop in case.itertuples():
                 start = left
                 for column in HOP_COLUMNS:
-                    width = max(0.0, getattr(hop, column))
+                    width = max(0.0, getattr(hop, column)) / rtt * 100
                     ax.barh(position, width, 0.7, left=left, color=HOP_COLORS[column], edgecolor="none")
                     left += width
                 ax.plot([left, left], [position - 0.35, position + 0.35], color="white", linewidth=1.2)
-                if len(case) <= 12:
-                    ax.text((start + left) / 2, position, str(hop.hop), ha="center", va="center", fontsize=6, color="white")
+                if len(case) <= 12 and left - start > 3:
+                    ax.text((start + left) / 2, position, str(hop.hop), ha="center", va="center", fontsize=6, color="black")
+            ax.text(101, position, f"{rtt:,.0f} ms" if rtt >= 100 else f"{rtt:.3g} ms", va="center", fontsize=7)
         ax.set_yticks(range(len(pairs)), labels, fontsize=7)
         ax.invert_yaxis()
+        ax.set_xlim(0, 118)
+        ax.set_xticks(range(0, 101, 25))
         ax.set_title(f"{rate} req/s, {services} services", fontsize=10)
-        ax.set_xlabel("mean time per delivered record (ms)")
+        ax.set_xlabel("share of the mean RTT (%); at the end: the mean RTT")
         ax.grid(axis="x", alpha=0.3)
     legend_below(figure, [Patch(facecolor=LATE_COLOR, label="sender late")]
                  + [Patch(facecolor=HOP_COLORS[c], label=HOP_LABELS[c]) for c in HOP_COLUMNS])

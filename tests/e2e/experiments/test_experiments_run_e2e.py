@@ -4,6 +4,7 @@ measurement and the report's section of it are tests/e2e/test_bench_run.py's, wh
 runs beside the deployments."""
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -54,6 +55,12 @@ def test_one_topology_under_both_engines_five_services_100_per_second_for_5_seco
         assert (delivered["hops"] == 5).all()
         parts = delivered[["service_ms", "forward_ms", "back_ms", "entry_ms", "exit_ms"]].sum(axis=1)
         assert (parts - delivered["service_time_ms"]).abs().max() < 0.01  # the split adds up to the time from the actual send
+        # each hop's times, kept per hop, add up with the sender's lateness to each record's RTT (within 5%; 3 decimals a value)
+        hop_sums = sum(delivered[part].str.split(" ", expand=True).astype(float).sum(axis=1)
+                       for part in ("hop_in_ms", "hop_service_ms", "hop_out_ms"))
+        assert (delivered["hop_in_ms"].str.split(" ").str.len() == 5).all()
+        lateness = delivered["t_send_ms"] - delivered["t_intended_ms"]
+        assert ((hop_sums + lateness - delivered["rtt_ms"]).abs() <= 0.05 * delivered["rtt_ms"]).all()
     meta = json.loads((run_dir / "metadata.json").read_text())
     assert meta["versions"]["locust"] == "2.47.0" and meta["machine"]["cores"] >= 1
     assert meta["parameters"]["engines"] == ["envoy-opa", "envoy-compiled"]
@@ -82,6 +89,10 @@ def test_one_topology_under_both_engines_five_services_100_per_second_for_5_seco
     assert "### SA" in markdown and "What each part of a hop costs, beside its floor" not in markdown  # no bench, no section
     assert "load: **open loop, constant arrivals**" in markdown and "The load is an open loop" in markdown
     assert (run_dir / "report" / "report.html").exists()
+    assert "## Findings" in markdown and re.search(r"\*\*100 req/s, 5 services\*\*: (1=?\. SA \(|no case held)", markdown)  # on a busy machine both may saturate
+    hops = pd.read_csv(run_dir / "report" / "tables" / "hops.csv")
+    assert list(hops["hop"]) == [1, 2, 3, 4, 5] * 2
+    assert (run_dir / "report" / "figures" / "hops.png").exists() and (run_dir / "report" / "figures" / "rtt_percentiles.png").exists()
     assert str(run_dir / "report" / "report.html") in run.stdout
 
 

@@ -77,7 +77,7 @@ def test_tau_is_one_for_the_papers_order_and_minus_one_for_its_reverse():
 def test_a_saturated_architecture_ranks_last_whatever_its_median():
     """Its median is of the records it carried, not of the load it was offered."""
     row = findings.agreement(w_avg([40, 9, 6, 0.1], saturated=("sidecar",)), REFERENCE).iloc[0]
-    assert row["ours"][-1] == "sidecar" and row["saturated"] == ["sidecar"]
+    assert row["ours"] == ["dynamic-router-6", "dynamic-router-3", "central-entity"] and row["saturated"] == ["sidecar"]
     assert row["tau"] == pytest.approx(0)  # SA first in the paper, last here; the other three in its order
 
 
@@ -97,3 +97,21 @@ def test_the_price_per_engine_against_the_baseline():
     assert (compiled.ratio_median, compiled.extra_ms_median, compiled.capacity_share) == (2.25, 1.25, None)
     capacity = pd.DataFrame({"engine": ["envoy-compiled", "envoy-compiled", "none"], "share_of_baseline": [0.5, 0.8, 1.0]})
     assert findings.price(cpu, capacity)[1].capacity_share == (0.5, 0.8)
+
+
+LOADS = {"sidecar": ((0.9, "node machine"), (0.05, "sidecar-svc-01/envoy")), "central-entity": ((0.3, "central-entity/opa"), (0.2, "node gateway"))}
+
+
+def test_the_models_reason_names_the_machine_when_the_papers_nodes_bring_the_papers_order():
+    text = findings.reason(-1.0, 0.67, LOADS, cores=2, longest=10)
+    assert text.startswith("the machine: on the paper's nodes the model's order comes near the paper's (τ +0.67, τ -1.00 with ours)")
+    assert "SA at 10 services, uses 90% of what this machine's 2 cores can carry" in text and "5% of sidecar-svc-01/envoy" in text
+
+
+def test_the_models_reason_names_our_costs_when_the_papers_nodes_keep_an_order_unlike_the_papers():
+    text = findings.reason(1.0, -0.67, LOADS, cores=2, longest=10)
+    assert text.startswith("our parts' costs, not the machine: even on the paper's nodes the model orders the architectures unlike the paper")
+
+
+def test_the_models_reason_without_enough_ranked_architectures_says_so():
+    assert findings.reason(math.nan, math.nan, LOADS, cores=2, longest=10).startswith("too few architectures ranked")
