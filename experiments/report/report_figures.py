@@ -69,12 +69,13 @@ def box_figure(table: pd.DataFrame, requests: pd.DataFrame, figures_dir: Path, l
                     patch.set_hatch(hatch(engine))
                     if (topology, engine, rate, n) in saturated_cases:
                         patch.set(**SATURATED_EDGE)
-                        mark_saturated(ax, s_index + (p_index - (len(pairs) - 1) / 2) * width, box["whishi"])
+                        mark_saturated(ax, s_index + (p_index - (len(pairs) - 1) / 2) * width)
         positive = timed[timed["rate"] == rate]["rtt_ms"]
         positive = positive[positive > 0]
         if len(positive) and positive.max() / positive.min() > 100:
             log_scale(ax)
         ax.set_xticks(range(len(services)), [f"{n} services" for n in services])
+        ax.set_xlim(-0.5, len(services) - 0.5)  # every panel alike, whichever of its cases finished
         ax.set_ylabel("RTT (ms)")
         ax.set_title(f"{rate} requests/s (offered)")
         ax.grid(axis="y", alpha=0.3, which="both")

@@ -145,10 +145,12 @@ SATURATED_EDGE = {"edgecolor": "#B00000", "linewidth": 2.2}
 SATURATED_PATCH = Patch(facecolor="white", label=f"{SATURATED_MARK} saturated (red outline)", **SATURATED_EDGE)
 
 
-def mark_saturated(ax, x: float, top: float) -> None:
-    """The saturated mark above a box or bar whose top is at `top` (data coordinates)."""
-    ax.annotate(SATURATED_MARK, (x, top), xytext=(0, 2), textcoords="offset points", ha="center", va="bottom",
-                fontsize=10, fontweight="bold", color="#B00000")
+def mark_saturated(ax, x: float, top: float | None = None) -> None:
+    """The saturated mark above a bar whose top is at `top` (data coordinates), or, for a box
+    (whose outliers may reach anywhere above it), along the panel's top edge."""
+    where = {"xy": (x, top)} if top is not None else {"xy": (x, 1.0), "xycoords": ("data", "axes fraction")}
+    ax.annotate(SATURATED_MARK, **where, xytext=(0, 2 if top is not None else -2), textcoords="offset points", ha="center",
+                va="bottom" if top is not None else "top", fontsize=10, fontweight="bold", color="#B00000")
 
 
 def panels(count: int, width: float, height: float, columns: int = 2, **options):
