@@ -245,7 +245,7 @@ def build(run_dir: Path, capacity: pd.DataFrame | None = None) -> dict:
     blocks.append(("table", table_one(table, w_avg)))
     blocks.append(("figure", box_figure(table, requests, figures_dir, run.load_label),
                    f"RTT distributions (as the paper's Fig. 2): boxes Q1–Q3 with the median, whiskers to 1.5 IQR, at most {MAX_FLIERS} outliers "
-                   f"drawn per box (chosen at random); a topology's colour, lighter and dotted under the compiled engine; {SATURATED_MARK} above "
+                   f"drawn per box (chosen at random); a topology's colour, lighter and striped under the compiled engine; {SATURATED_MARK} above "
                    "a red outline: saturated.",
                    "Box plots of the RTT of every topology under each engine and of the baseline, one panel per offered rate, grouped by "
                    "chain length."))

@@ -42,11 +42,12 @@ PALETTE = ("#D55E00", "#0072B2", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F
 
 COLORS = {**dict(zip(ENFORCING, PALETTE)), BASELINE: "#999999"}
 
-# The compiled engine's boxes and bars: its topology's colour this much lighter and dotted
-# (ENGINE_HATCH), drawn right after the same topology's envoy-opa ones, so each pair reads as one
-# topology and the engine shows without colour too; in line plots, by marker and line style.
+# The compiled engine's boxes and bars: its topology's colour this much lighter and striped
+# (ENGINE_HATCH; a dotted hatch made each SVG megabytes), drawn right after the same topology's
+# envoy-opa ones, so each pair reads as one topology and the engine shows without colour too; in
+# line plots, by marker and line style.
 COMPILED_LIGHTER = 0.45
-ENGINE_HATCH = {COMPILED_ENGINE: "...."}
+ENGINE_HATCH = {COMPILED_ENGINE: "//"}
 ENGINE_MARKER = {COMPILED_ENGINE: "s", stats.NO_ENGINE: "D"}  # envoy-opa: "o"
 ENGINE_LINE = {COMPILED_ENGINE: "--", stats.NO_ENGINE: ":"}  # envoy-opa: "-"
 
