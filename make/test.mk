@@ -13,7 +13,7 @@ DEPLOYMENTS_LOOPBACK := 127.0.6
 EXPERIMENTS_LOOPBACK := 127.0.7
 
 .PHONY: test
-test: setup ## Run every test but the Kubernetes ones: policy (every rule set), services, unit, integration (tests/integration/) and end-to-end against real processes
+test: setup browser ## Run every test but the Kubernetes ones: policy (every rule set), services, unit, integration (tests/integration/) and end-to-end against real processes
 	@# Four streams side by side, their output shown when all are done; each pytest run names its 25 slowest.
 	@# - The pooled end-to-end tests (the pool marker: tests/e2e/conftest.py), on 127.0.0.1:8080, one
 	@#   deployment at a time; then the experiments' end-to-end tests (tests/e2e/experiments/) on a
