@@ -265,6 +265,8 @@ def reason(tau_ours: float, tau_paper: float, loads: dict, cores: int, longest: 
             f"of {part_text(bottleneck_there, cores)}")
     with_ours = "" if math.isnan(tau_ours) else f", τ {tau_ours:+.2f} with ours"
     if math.isnan(tau_paper):
+        if not math.isnan(tau_ours):
+            return f"the paper has no order here to compare; τ between the model's order and ours {tau_ours:+.2f}; {load}"
         return f"too few architectures ranked to compare the orders; {load}"
     if tau_paper <= 0:
         return (f"our parts' costs, not the machine: even on the paper's nodes the model orders the architectures unlike the paper "

@@ -98,7 +98,8 @@ def agreement_items(agreement: pd.DataFrame) -> list[str]:
 
 def model_items(orders: list[findings.ModelOrder]) -> list[str]:
     return [f"**{order.rate} req/s, {ENGINE_NAMES[order.engine]}**: the model on the paper's testbed {order_line(order.model, order.model_saturated)}; "
-            f"measured here {order_line(order.ours, order.ours_saturated)}; the paper {order_line(order.paper)}. Why: {order.reason}."
+            f"measured here {order_line(order.ours, order.ours_saturated)}; the paper "
+            f"{order_line(order.paper) if order.paper else 'published no W Avg at this rate'}. Why: {order.reason}."
             for order in orders]
 
 

@@ -115,3 +115,8 @@ def test_the_models_reason_names_our_costs_when_the_papers_nodes_keep_an_order_u
 
 def test_the_models_reason_without_enough_ranked_architectures_says_so():
     assert findings.reason(math.nan, math.nan, LOADS, cores=2, longest=10).startswith("too few architectures ranked")
+
+
+def test_the_models_reason_at_a_rate_the_paper_did_not_run_compares_with_ours_alone():
+    assert findings.reason(0.33, math.nan, LOADS, cores=2, longest=5).startswith(
+        "the paper has no order here to compare; τ between the model's order and ours +0.33")
