@@ -112,28 +112,30 @@ def split(point: EnforcementPoint, envoy: dict, layout: Layout, version: str) ->
 
 
 def generate(points: list[EnforcementPoint], engine: dict, rule_set: RuleSet, trust: dict[str, identity.PointTrust] | None,
-             layout: Layout, set_clusters: dict[str, tuple[str, ...]] | None = None, ahead: bool = True,
+             layout: Layout, signing_key: bytes, set_clusters: dict[str, tuple[str, ...]] | None = None, ahead: bool = True,
              routes_version: str | None = None, bundled: Path | None = None) -> Configuration:
     """What every point runs (engines.configure by the engine `engine["kind"]`), split and bundled.
 
-    `set_clusters`: at a reload, by point, the compliant sets its running Envoy has a cluster for
-    (None: a deploy, a cluster for every set the answers give). `ahead` False: the rule set
-    without its precomputed answers (engines.configure). `routes_version`: the route files'
-    version (None: the revision). `bundled`: the folder of other rules for the bundles to carry,
-    under their own revision, the points configured by `rule_set` all the same (the bench's
-    allow-all floor, configured as the point it is the floor of)."""
+    `signing_key`: the deployment's bundle signing key (bundles.new_signing_key), which every
+    bundle is signed with. `set_clusters`: at a reload, by point, the compliant sets its running
+    Envoy has a cluster for (None: a deploy, a cluster for every set the answers give). `ahead`
+    False: the rule set without its precomputed answers (engines.configure). `routes_version`: the
+    route files' version (None: the revision). `bundled`: the folder of other rules for the bundles
+    to carry, under their own revision, the points configured by `rule_set` all the same (the
+    bench's allow-all floor, configured as the point it is the floor of)."""
     configs = engines.configure(engine["kind"], points, engine, rule_set, trust, ahead, set_clusters)
     files = bundles.rule_set_files(bundled or rule_set.folder)
     revision = bundles.revision(bundled) if bundled is not None else rule_set.revision
     version = routes_version or revision
+    built = bundles.build(files, {point.name: configs[point.name].data for point in points if configs[point.name].opa is not None},
+                          revision, signing_key)
     generated = {}
     for point in points:
         config = configs[point.name]
         bootstrap, routes, listeners, listeners_version = split(point, config.envoy, layout, version)
         deciding = config.opa is not None
         generated[point.name] = PointConfiguration(
-            bootstrap, routes, listeners, listeners_version, config.opa,
-            bundles.tarball(files, config.data, revision) if deciding else None, config.set_clusters,
+            bootstrap, routes, listeners, listeners_version, config.opa, built.get(point.name), config.set_clusters,
             Versions(revision if deciding else None, config.table_digest, version if routes else None))
     return Configuration(rule_set, generated)
 

@@ -8,6 +8,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from complyroute.policy.bundles import SIGNING_ALGORITHM, SIGNING_KEY_ID
 from complyroute.topology.plan import EnforcementPoint
 
 POLICY_QUERY = "complyroute/envoy/response"
@@ -24,10 +25,12 @@ def write_data(data_dir: Path, document: dict) -> None:
 
 @dataclass(frozen=True)
 class BundleSource:
-    """Where a point's OPA fetches its bundle (complyroute/policy/bundleserver.py), and, with mutual
-    TLS, the CA that server's certificate is checked against and the point's own credential."""
+    """Where a point's OPA fetches its bundle (complyroute/policy/bundleserver.py), the public key
+    its bundles are signed for (policy/bundles.py verification_key, PEM), and, with mutual TLS, the
+    CA that server's certificate is checked against and the point's own credential."""
 
     url: str  # http(s)://host:port of the bundle server
+    verification_key: str
     ca: str | None = None
     cert: str | None = None
     key: str | None = None
@@ -40,7 +43,10 @@ LONG_POLLING_SECONDS = 30
 
 
 def bundle_config(point: EnforcementPoint, source: BundleSource) -> dict:
-    """OPA's `services` and `bundles`: the point's bundle, long-polled from the bundle server."""
+    """OPA's `services`, `bundles` and `keys`: the point's bundle, long-polled from the bundle
+    server, activated only once its signature verifies against the deployment's key; and the
+    status plugin's Prometheus metrics, where a refused bundle shows with OPA's reason
+    (bundle_failed_load_counter) on the diagnostic address's /metrics."""
     service = {"url": source.url}
     if source.ca:
         service["tls"] = {"ca_cert": source.ca}
@@ -53,8 +59,14 @@ def bundle_config(point: EnforcementPoint, source: BundleSource) -> dict:
                 "resource": f"bundles/{point.name}.tar.gz",
                 # Between failed fetches (the server unreachable); long polling otherwise.
                 "polling": {"min_delay_seconds": 1, "max_delay_seconds": 2, "long_polling_timeout_seconds": LONG_POLLING_SECONDS},
+                # A key id, not an empty block: OPA before 1.21.3 required the signature only
+                # when the block names one (GHSA-g2pf-6v5v-qcc8).
+                "signing": {"keyid": SIGNING_KEY_ID},
             }
         },
+        "keys": {SIGNING_KEY_ID: {"algorithm": SIGNING_ALGORITHM, "key": source.verification_key}},
+        # Prometheus only: without it (or console logs), OPA would send status to its one service.
+        "status": {"prometheus": True},
     }
 
 

@@ -89,6 +89,7 @@ class Bench:
         self.credentials: dict[str, identity.TlsFiles] = {}
         self.clients: dict[str, ssl.SSLContext] = {}
         self.bundles: BundleSource | None = None  # the bench's bundle server, once a point needs it
+        self.signing_key = bundles.new_signing_key()  # the bench's own bundle signing key, as a deployment's
         self.health_urls: dict[str, str] = {}  # OPAs: healthy once their bundle is loaded
 
     def endpoint(self) -> Endpoint:
@@ -107,7 +108,7 @@ class Bench:
         if self.bundles is None:
             endpoint = self.endpoint()
             self.start(rendering.bundle_server_part(self.folder / rendering.BUNDLES, endpoint, "bench", self.folder, None, None))
-            self.bundles = BundleSource(endpoint.url)
+            self.bundles = BundleSource(endpoint.url, bundles.verification_key(self.signing_key))
         return self.bundles
 
     def node_app(self, name: str, script: Path, env: dict) -> Endpoint:
@@ -166,7 +167,7 @@ class Bench:
         allow-all floor's rules (ALLOW_ALL_POLICY) have no label schema or index to configure
         from, and its Envoy is to be the envoy-opa point's, of which it is the floor. None: the shipped rules."""
         generated = configuration.generate([point], {**settings, "kind": kind}, shipped(), {point.name: trust} if trust else None,
-                                           rendering.layout(self.folder), bundled=bundled).points[point.name]
+                                           rendering.layout(self.folder), self.signing_key, bundled=bundled).points[point.name]
         if generated.bundle is not None:
             bundles.write(self.folder / rendering.BUNDLES, {point.name: generated.bundle}, generated.versions.revision)
         for part in rendering.point_parts(point, generated, self.folder / point.name, self.folder, self.bundle_source(), {}):

@@ -283,13 +283,16 @@ def engine_parts(plan, kind: str, policies: Path, folder: Path) -> tuple[renderi
     # Only the deciding side of each point: a sidecar's ingress would take the sink's
     # addresses (its service's, which the sink stands in for).
     points = [replace(point, forwarding=[]) for point in plan.points if point.deciding]
-    generated = configuration.generate(points, {**plan.topology.engine, "kind": kind}, RuleSet.of(policies), None, rendering.layout(folder))
-    # Their OPAs' bundles, served in plain HTTP on loopback as a deployment without mTLS does.
+    signing_key = bundles.new_signing_key()
+    generated = configuration.generate(points, {**plan.topology.engine, "kind": kind}, RuleSet.of(policies), None, rendering.layout(folder),
+                                       signing_key)
+    # Their OPAs' bundles, signed and served in plain HTTP on loopback as a deployment without mTLS does.
     bundles.write(folder / rendering.BUNDLES, generated.bundles, generated.revision)
     server = rendering.bundle_server_part(folder / rendering.BUNDLES, BUNDLE_SERVER, "test", logs, None, None)
     parts = []
     for point in points:
-        parts += rendering.point_parts(point, generated.points[point.name], folder / point.name, logs, BundleSource(BUNDLE_SERVER.url), {})
+        parts += rendering.point_parts(point, generated.points[point.name], folder / point.name, logs,
+                                        BundleSource(BUNDLE_SERVER.url, bundles.verification_key(signing_key)), {})
     # Most answers here are OPA's full evaluation, thousands a minute: collecting garbage less
     # often (a larger heap, for processes that live a minute) spent a tenth less of OPA's time.
     return server, [replace(part, env={**part.env, "GOGC": "400"}) if part.kind == "opa" else part for part in parts]

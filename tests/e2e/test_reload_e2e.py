@@ -8,6 +8,7 @@ running deployment and reroutes the records it names, while records flow and non
 
 import io
 import shutil
+import tarfile
 import threading
 import time
 from collections import Counter
@@ -25,7 +26,7 @@ from experiments.design.changeability import add_us_to_adequacy, changed_rule_se
 from tests.relabel import rule_set_with_label
 from tests.walkthrough import rule_set_with_rule
 
-from .helpers import ENFORCING, ENGINES, EU_PERSONAL, RECORD, audit_lines, deploy_mixed_regions, entries, wait_for_audit
+from .helpers import ENFORCING, ENGINES, EU_PERSONAL, RECORD, audit_lines, deploy_mixed_regions, entries, entry_of, wait_for_audit
 
 
 # Paths by the example's entries (path_of): either EU replica of a step is in an EU record's set.
@@ -191,7 +192,21 @@ def test_reload_moves_paths_while_records_flow_and_loses_none_allowed(topology, 
         deployment.stop(out=open("/dev/null", "w"))
 
 
-def test_a_rule_set_that_does_not_compile_is_not_applied_denied(tmp_path, monkeypatch):
+def repacked(content: bytes, change) -> bytes:
+    """A bundle's members, `change`d ({name: bytes} -> {name: bytes}), in a tarball of their own:
+    what an attacker writing into the bundle folder could put there."""
+    with tarfile.open(fileobj=io.BytesIO(content), mode="r:gz") as tar:
+        members = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for name, data in change(members).items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def test_a_rule_set_that_does_not_compile_is_not_applied_denied(tmp_path, monkeypatch, us_adequate_policies):
     state, _ = deploy_mixed_regions("sidecar", engine="envoy-compiled")
     try:
         # A fast path that would differ from the rules (compiled routes sending EU records to
@@ -222,6 +237,31 @@ def test_a_rule_set_that_does_not_compile_is_not_applied_denied(tmp_path, monkey
         assert not (Path(state["run_dir"]) / "reloads.jsonl").exists()
         assert {p.name for p in Path(state["run_dir"], rendering.BUNDLES).iterdir()} == {
             f"{p['name']}.tar.gz" for p in state["points"] if p["senders"]}
+
+        # Bundles changed after the control plane signed them, before the bundle server serves
+        # them: one point's data altered (the revision it would decide with), another's the same
+        # bundle unsigned. Their OPAs refuse them and keep deciding with the revision they verified;
+        # every other point takes the new one (the US adequate); the reload names both and OPA's reasons.
+        old_revision = state["revision"]
+        changes = {"sidecar-ingest-us": lambda m: {**m, "/data.json": m["/data.json"].replace(b"content.", b"forged.")},
+                   "sidecar-analyse-us": lambda m: {n: c for n, c in m.items() if n != "/.signatures.json"}}
+        honest_write = bundles.write
+        with monkeypatch.context() as tampering:
+            tampering.setattr(bundles, "write", lambda folder, point_bundles, *args, **kwargs: honest_write(
+                folder, {point: repacked(content, changes[point]) if point in changes else content for point, content in point_bundles.items()},
+                *args, **kwargs))
+            with pytest.raises(reload.ReloadError, match=r"the OPA of sidecar-analyse-us, sidecar-ingest-us refused the bundle of revision "
+                                                         rf"\S+ and keeps deciding with the last one it verified \({old_revision}\).*"
+                                                         r"sidecar-analyse-us: bundle missing .signatures.json file; "
+                                                         r"sidecar-ingest-us: data.json: digest mismatch"):
+                reload.reload_policy(us_adequate_policies, out=open("/dev/null", "w"))
+        # An EU record now goes to ingest-us (the entry took the new rules); the hop out of
+        # ingest-us is still decided by the old ones, which keep it in the EU.
+        answer = send(state["entry_url"], EU_PERSONAL, RECORD)
+        assert answer.status == 200, answer.text
+        new_revision = bundles.revision(us_adequate_policies)
+        assert [(entry_of(hop["instance"]), hop["revision"]) for hop in answer.body["path"]] == [
+            ("ingest-us", new_revision), ("analyse-eu", old_revision), ("store-eu", new_revision)]
     finally:
         deployment.stop(out=open("/dev/null", "w"))
 

@@ -64,7 +64,9 @@ def kubectl_json(*args: str) -> dict | None:
 class Deployed:
     """What `make reload-policy target=k8s` needs of a topology `deploy --target k8s` applied (apply): how
     its points were configured, and what of that was applied. No private key: a point's trust
-    names files in its Secret and holds the label tokens' public key only."""
+    names files in its Secret and holds the label tokens' public key only. The bundle signing key,
+    which a reload signs the new bundles with, is a file of its own beside it (signing_key_path,
+    readable by the deploying user only)."""
 
     topology: Topology
     render_id: str  # the namespace's RENDER_ANNOTATION
@@ -105,9 +107,15 @@ class Deployed:
             return None
         return deployed
 
-    def write(self) -> None:
+    @staticmethod
+    def signing_key_path(namespace: str) -> Path:
+        return deployed_dir() / f"{namespace}.bundle-signing.key"
+
+    def write(self, signing_key: bytes) -> None:
         deployed_dir().mkdir(parents=True, exist_ok=True)
-        write_whole(self.path(namespace_of(self.topology)), pickle.dumps(self))
+        namespace = namespace_of(self.topology)
+        write_whole(self.signing_key_path(namespace), signing_key, 0o600)
+        write_whole(self.path(namespace), pickle.dumps(self))
 
 
 def _digests(texts: dict[str, str]) -> dict[str, str]:
@@ -145,7 +153,7 @@ def apply(topology: Topology, folder: Path, timeout: str = "300s", image: str = 
     kubectl("apply", "--server-side", "-f", str(namespace_file), out=out)
     kubectl("-n", namespace, "apply", "--server-side", "--prune", f"--applyset={APPLYSET}", "-f", str(output), env={"KUBECTL_APPLYSET": "true"},
             out=out)
-    Deployed.of(renderer).write()
+    Deployed.of(renderer).write(renderer.signing_key)
     kubectl("-n", namespace, "wait", "--for=condition=Available", "deployment", "--all", f"--timeout={timeout}", out=out)
     for daemonset in [o["metadata"]["name"] for o in renderer.objects if o["kind"] == "DaemonSet"]:
         kubectl("-n", namespace, "rollout", "status", f"daemonset/{daemonset}", f"--timeout={timeout}", out=out)
@@ -249,7 +257,12 @@ def reload_policy(topology: Topology, policies: str | Path | None = None, out=sy
                           "services and the Envoys' listeners take the labels when their pods start, which a reload does not "
                           "do; nothing was applied: deploy again (make deploy target=k8s). A local deployment's "
                           "`make reload-policy` adds labels without a restart")
+    key = Deployed.signing_key_path(namespace)
+    if not key.exists():
+        raise ReloadError(f"{key} is missing: the bundles of {namespace} are signed with the key its deploy recorded there; "
+                          f"deploy again (make deploy target=k8s topology={topology.name}), then reload")
     renderer = Renderer(deployed.topology, rule_set)
+    renderer.signing_key = key.read_bytes()
     try:
         renderer.configure(deployed.points, deployed.point_trust, deployed.set_clusters)
     except (engines.EngineError, policydata.PolicyDataError, bundles.BundleError, RenderError) as error:
@@ -288,7 +301,7 @@ def reload_policy(topology: Topology, policies: str | Path | None = None, out=sy
         raise ReloadError(f"kubectl apply of {applied} failed (exit code {result.returncode}): {result.stderr.strip()}")
     after = versions()
     changed = [name for name in names if before[name] != after[name]]
-    replace(deployed, revision=renderer.revision).write()
+    replace(deployed, revision=renderer.revision).write(renderer.signing_key)
     print(f"reload-policy: revision {renderer.revision} applied to namespace {namespace}: "
           + (", ".join(changed) + " changed" if changed else "no ConfigMap changed")
           + (f"; {', '.join(n for n in names if n not in changed)} unchanged" if len(changed) < len(names) else ""), file=out)

@@ -367,6 +367,9 @@ class Renderer:
         self.trust: kubetrust.ClusterTrust | None = None
         self.tokens: dict[str, dict[str, str]] = {}  # the label-token Secret's files, by the point that signs
         self.render_id: str | None = None  # new for every render (RENDER_ANNOTATION)
+        # The deployment's bundle signing key (bundles.new_signing_key): new for every render; a
+        # reload signs with the one the deploy recorded (apply.Deployed.signing_key_path).
+        self.signing_key: bytes | None = None
         clash = {i.id for i in topology.instances} & {BUNDLE_SERVER}
         if clash:
             raise RenderError(f"instance {', '.join(clash)}: the name is the bundle server's on Kubernetes; rename the instance")
@@ -456,7 +459,7 @@ class Renderer:
         endpoint = self.net.bundle_server()
         url = f"{'https' if self.trust else 'http'}://{endpoint.reach}:{endpoint.port}"
         files = kubetrust.FILES
-        return BundleSource(url, *((files.ca, files.cert, files.key) if self.trust else ()))
+        return BundleSource(url, bundles.verification_key(self.signing_key), *((files.ca, files.cert, files.key) if self.trust else ()))
 
     # ---- the rule set: a deploy and a reload both come here
     def configure(self, points: list[EnforcementPoint], point_trust: dict[str, identity.PointTrust],
@@ -465,8 +468,11 @@ class Renderer:
         Envoy bootstrap and route files, every deciding point's bundle, over the ConfigMaps they
         fill. A render calls it with the trust it made; apply.reload_policy with the trust the
         deployment was given and the compliant sets its Envoys have clusters for."""
+        if self.signing_key is None:
+            raise RenderError("no bundle signing key: a render makes one (render()); a reload names the deploy's (apply.reload_policy)")
         self.points, self.point_trust = points, point_trust
-        self.configuration = configuration.generate(points, self.topology.engine, self.rule_set, point_trust, LAYOUT, set_clusters)
+        self.configuration = configuration.generate(points, self.topology.engine, self.rule_set, point_trust, LAYOUT, self.signing_key,
+                                                    set_clusters)
         self.revision = self.configuration.revision
         for point in points:
             self.envoy_files(point)
@@ -761,6 +767,7 @@ class Renderer:
         points = [*sidecars.values(), *shared, *routers]
         # A new CA for every render: who admits whom is read off the plan (kubetrust.py).
         self.render_id = secrets.token_hex(8)
+        self.signing_key = bundles.new_signing_key()
         self.trust = kubetrust.ClusterTrust.of(self.plan, points, self.namespace, self.net.bundle_server().reach)
         point_trust = {p.name: self.trust.point(p.name) for p in points} if self.trust else {}
         self.tokens = {p.name: files for p in points if self.trust and (files := self.trust.token_files(p.name))}

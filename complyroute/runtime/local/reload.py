@@ -45,10 +45,12 @@ from __future__ import annotations
 import functools
 import json
 import pickle
+import re
 import sys
 import threading
 import time
 import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,6 +81,30 @@ def opa_state(point: EnforcementPoint) -> tuple[str | None, str | None]:
     answer = _get_json(f"{point.opa_http.url}/v1/data/complyroute/revision")
     digest = _get_json(f"{point.opa_http.url}/v1/data/{configuration.TABLE_DIGEST_PATH}")
     return (answer or {}).get("result"), (digest or {}).get("result")
+
+
+# OPA's count of the bundles it refused, by its reason (the status plugin's Prometheus metrics,
+# proxy/opa.py bundle_config): a signature that does not verify, a bundle without one.
+REFUSED_BUNDLES = re.compile(r'^bundle_failed_load_counter\{(?P<labels>.*)\} (?P<count>\S+)$', re.MULTILINE)
+MESSAGE_LABEL = re.compile(r'message="((?:[^"\\]|\\.)*)"')
+
+
+def bundle_refusals(point: EnforcementPoint) -> dict[str, float]:
+    """How often the point's OPA refused a bundle, by OPA's reason ({} without an OPA, or unreachable)."""
+    if not point.deciding:
+        return {}
+    try:
+        status, body = localhttp.request(point.opa_metrics_url, timeout=2)
+    except OSError:
+        return {}
+    if status != 200:
+        return {}
+    refusals = {}
+    for match in REFUSED_BUNDLES.finditer(body.decode(errors="replace")):
+        reason = MESSAGE_LABEL.search(match["labels"])
+        # Prometheus's text format escapes a label value's quotes and backslashes.
+        refusals[reason[1].replace('\\"', '"').replace("\\\\", "\\") if reason else "(no reason given)"] = float(match["count"])
+    return refusals
 
 
 def envoy_revisions(point: EnforcementPoint) -> set[str]:
@@ -135,9 +161,46 @@ def write_step(run_dir: Path, generated: Configuration) -> None:
         rendering.write_watched_files(run_dir / "points" / name / rendering.ROUTES, point.routes)
 
 
-def wait_for(points: list[EnforcementPoint], expected: dict[str, Versions], started: float, timeout: float) -> dict[str, float | None]:
-    """Seconds from `started` until each point has taken what `expected` says (None: not within `timeout`)."""
-    return polling.until({point.name: functools.partial(taken, point, expected[point.name]) for point in points}, started, timeout)
+class Refusals:
+    """The bundles the points' OPAs refuse during a step: a point whose OPA counts a refusal it did
+    not count before the step's bundles were written (`before`, bundle_refusals) has refused its
+    bundle, and keeps deciding with the last one it verified."""
+
+    LOOK_EVERY = 0.5  # s between two reads of a point's metrics: polling them as fast as the revision would load the machine
+
+    def __init__(self, points: list[EnforcementPoint]):
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            self.before = dict(zip((point.name for point in points), pool.map(bundle_refusals, points)))
+        self.refused: dict[str, str] = {}  # point -> OPA's reason
+        self.looked: dict[str, float] = {}
+
+    def refused_now(self, point: EnforcementPoint) -> bool:
+        if time.monotonic() - self.looked.get(point.name, 0.0) < self.LOOK_EVERY:
+            return False
+        self.looked[point.name] = time.monotonic()
+        before = self.before.get(point.name, {})
+        new = [reason for reason, count in bundle_refusals(point).items() if count > before.get(reason, 0)]
+        if new:
+            self.refused[point.name] = "; ".join(new)
+        return bool(new)
+
+    def error(self, revision: str, running: str) -> ReloadError:
+        refused = "; ".join(f"{name}: {reason}" for name, reason in sorted(self.refused.items()))
+        return ReloadError(f"the OPA of {', '.join(sorted(self.refused))} refused the bundle of revision {revision} and keeps deciding "
+                           f"with the last one it verified ({running}); every other point took it. OPA's reasons: {refused}. "
+                           "A bundle the control plane wrote is signed with the deployment's key: one that does not verify was "
+                           "altered, or replaced, after it was written")
+
+
+def wait_for(points: list[EnforcementPoint], expected: dict[str, Versions], started: float, timeout: float,
+             refusals: Refusals | None = None) -> dict[str, float | None]:
+    """Seconds from `started` until each point has taken what `expected` says (None: not within
+    `timeout`); with `refusals`, a point whose OPA refuses its bundle is waited for no longer (None)."""
+    def taken_or_refused(point: EnforcementPoint) -> bool:
+        return taken(point, expected[point.name]) or (refusals is not None and refusals.refused_now(point))
+
+    seconds = polling.until({point.name: functools.partial(taken_or_refused, point) for point in points}, started, timeout)
+    return {name: None if refusals is not None and name in refusals.refused else when for name, when in seconds.items()}
 
 
 def behind(seconds: dict[str, float | None]) -> list[str]:
@@ -178,6 +241,7 @@ def reload_policy(policies: Path | None = None, out=sys.stdout, timeout: float =
     plan = rendered.plan
     engine = plan.topology.engine
     layout = rendering.layout(run_dir / "points")
+    signing_key = (run_dir / rendering.BUNDLE_SIGNING_KEY).read_bytes()  # the deployment's (rendering.render)
     try:
         labelchange.check(run_dir, rendered, schema)
     except labelchange.LabelChangeError as error:
@@ -189,17 +253,20 @@ def reload_policy(policies: Path | None = None, out=sys.stdout, timeout: float =
 
     # Step 1: the rule set, every hop decided in full; labels it adds reach the services and listeners first.
     try:
-        in_full = configuration.generate(plan.points, engine, rule_set, rendered.point_trust, layout, deployed_sets, ahead=False)
+        in_full = configuration.generate(plan.points, engine, rule_set, rendered.point_trust, layout, signing_key, deployed_sets, ahead=False)
         label_seconds = labelchange.apply(state, rendered, in_full, out)
     except (*configure_errors, labelchange.LabelChangeError) as error:
         raise ReloadError(f"the rule set in {policies} cannot be applied; nothing was changed: {error}") from None
     if label_seconds:  # what the services and listeners run now, whatever becomes of the rules
         rendering.update_rendered(run_dir, rendered, rendered.revision, schema)
     running = Running.of(run_dir, plan.points)
+    refusals = Refusals(plan.points)
     write_step(run_dir, in_full)
     written = time.monotonic() - started
     print(f"reload-policy: revision {revision} written for {len(plan.points)} enforcement points in {written:.2f} s", file=out)
-    seconds = wait_for(plan.points, in_full.versions, started, timeout)
+    seconds = wait_for(plan.points, in_full.versions, started, timeout, refusals)
+    if refusals.refused:
+        raise refusals.error(revision, rendered.revision)
     if late := behind(seconds):
         raise ReloadError(f"after {timeout:.0f} s these points do not decide with revision {revision} yet: {', '.join(late)} "
                           f"(their logs are in {run_dir / 'logs'})")
@@ -209,7 +276,7 @@ def reload_policy(policies: Path | None = None, out=sys.stdout, timeout: float =
 
     # Step 2: the rule set's answers over the decision space, guarded, then the tables and routes holding them.
     try:
-        ahead = configuration.generate(plan.points, engine, rule_set, rendered.point_trust, layout, deployed_sets,
+        ahead = configuration.generate(plan.points, engine, rule_set, rendered.point_trust, layout, signing_key, deployed_sets,
                                        routes_version=f"{revision}+precomputed")
     except configure_errors as error:
         running.restore(run_dir)
@@ -217,8 +284,11 @@ def reload_policy(policies: Path | None = None, out=sys.stdout, timeout: float =
         again = f"decides with revision {rendered.revision} again" if not behind(back) else f"is being given revision {rendered.revision} back"
         raise ReloadError(f"the rule set in {policies} was taken back after {time.monotonic() - started:.1f} s (it decided every hop "
                           f"in full meanwhile) and the deployment {again}: {error}") from None
+    refusals = Refusals(plan.points)
     write_step(run_dir, ahead)
-    done = wait_for(plan.points, ahead.versions, started, timeout)
+    done = wait_for(plan.points, ahead.versions, started, timeout, refusals)
+    if refusals.refused:
+        raise refusals.error(revision, f"revision {revision}, decided in full")
     if late := behind(done):
         raise ReloadError(f"after {timeout:.0f} s these points decide with revision {revision} in full but do not hold its "
                           f"precomputed answers yet: {', '.join(late)} (their logs are in {run_dir / 'logs'})")

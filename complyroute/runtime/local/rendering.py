@@ -48,6 +48,9 @@ LISTENERS = "listeners"
 LABEL_SETTING = "labels.json"
 RENDERED = "rendered.pickle"
 PKI = "pki"  # every part's credential (identity.Credentials.write)
+# The deployment's bundle signing key (bundles.new_signing_key), which the control plane signs
+# every bundle of a deploy and its reloads with; readable by the deploying user only.
+BUNDLE_SIGNING_KEY = "bundle-signing.key"
 # In a point's folder: what its OPA loads from disk beside its bundle (proxy/opa.py write_data
 # names the file): at the entry, the label-token key.
 DISK_DATA = "data"
@@ -254,7 +257,9 @@ def render(plan: Plan, run_dir: Path, rule_set: RuleSet) -> list[Part]:
         credentials = identity.Credentials.issue(trust, run_dir.name, bundle_endpoint.reach)
         files = credentials.write(run_dir / PKI)
         point_trust = {p.name: trust.point(p, files[identity.point_identity(p)], credentials.token_jwks) for p in plan.points}
-    generated = configuration.generate(plan.points, engine, rule_set, point_trust, layout(run_dir / "points"))
+    signing_key = bundles.new_signing_key()
+    write_whole(run_dir / BUNDLE_SIGNING_KEY, signing_key, 0o600)
+    generated = configuration.generate(plan.points, engine, rule_set, point_trust, layout(run_dir / "points"), signing_key)
     write_label_setting(run_dir, rule_set.service_setting)
     bundles.write(run_dir / BUNDLES, generated.bundles, rule_set.revision, archive=run_dir / bundles.REVISIONS)
     logs, audit = run_dir / "logs", run_dir / "audit"
@@ -267,7 +272,7 @@ def render(plan: Plan, run_dir: Path, rule_set: RuleSet) -> list[Part]:
     for point in plan.points:
         point_files = files[identity.point_identity(point)] if trust else None
         source = BundleSource(
-            f"{'https' if trust else 'http'}://{bundle_endpoint.reach}:{bundle_endpoint.port}",
+            f"{'https' if trust else 'http'}://{bundle_endpoint.reach}:{bundle_endpoint.port}", bundles.verification_key(signing_key),
             *((point_files.ca, point_files.cert, point_files.key) if trust else ()),
         )
         disk_data = credentials.with_token_key(trust, point, {}) if trust else {}

@@ -1,7 +1,7 @@
 """The rule set as bundles (complyroute/policy/bundles.py) and the server that hands them out
-(complyroute/policy/bundleserver.py): real OPA reading the bundles, a real server over mutual TLS."""
+(complyroute/policy/bundleserver.py): real OPA building, signing, verifying and reading the
+bundles, a real server over mutual TLS."""
 
-import gzip
 import io
 import json
 import shutil
@@ -23,6 +23,8 @@ from complyroute.trust import identity, pki
 
 OPA = str(REPO / "bin" / "opa")
 INDEX = {"complyroute": {"index": {"steps": {}}}}
+KEY = bundles.new_signing_key()  # a deployment's bundle signing key
+REFERENCE = json.loads((policyfiles.POLICIES / "complyroute" / "reference" / "data.json").read_text())
 
 
 def modified_copy(tmp_path, name, region):
@@ -63,36 +65,93 @@ def test_revision_of_a_changed_rule_set_names_its_content_denied(tmp_path):
     assert bundles.revision(us) == bundles.revision(again)  # the same content, the same revision
 
 
+def verified(path, key=KEY) -> subprocess.CompletedProcess:
+    """OPA's own verification of the bundle at `path` against `key`'s public key (opa build reads a
+    bundle it is given verifying its signature, as a point's OPA does before it activates one)."""
+    public = path.with_suffix(".pub.pem")
+    public.write_text(bundles.verification_key(key))
+    return subprocess.run([OPA, "build", "--bundle", str(path), "--verification-key", str(public), "--verification-key-id",
+                           bundles.SIGNING_KEY_ID, "--signing-alg", bundles.SIGNING_ALGORITHM, "--output", str(path.with_suffix(".out"))],
+                          capture_output=True, text=True)
+
+
 def test_bundle_carries_the_rule_set_the_index_and_the_revision_allowed(tmp_path):
-    content = members(bundles.tarball(bundles.rule_set_files(), INDEX, "r-1"))
+    content = members(bundle(INDEX, "r-1"))
     manifest = json.loads(content[".manifest"])
     assert manifest["revision"] == "r-1"
     assert manifest["roots"] == ["complyroute/compliance", "complyroute/envoy", "complyroute/index", "complyroute/indexing",
                                  "complyroute/record", "complyroute/reference", "complyroute/revision"]
-    assert json.loads(content["data.json"]) == {"complyroute": {"index": {"steps": {}}, "revision": "r-1"}}
-    assert "complyroute/envoy/envoy.rego" in content and "complyroute/reference/data.json" in content
+    # opa build merges the rule set's reference data into the bundle's data.json.
+    assert json.loads(content["data.json"]) == {"complyroute": {"index": {"steps": {}}, "revision": "r-1", "reference": REFERENCE}}
+    assert "complyroute/envoy/envoy.rego" in content and ".signatures.json" in content
     # Real OPA reads it: the revision where the policy looks for it.
     path = tmp_path / "point.tar.gz"
-    path.write_bytes(bundles.tarball(bundles.rule_set_files(), INDEX, "r-1"))
+    path.write_bytes(bundle(INDEX, "r-1"))
     result = subprocess.run([OPA, "eval", "--format", "raw", "--bundle", str(path), "data.complyroute.envoy.revision"],
                             capture_output=True, text=True)
     assert result.returncode == 0 and result.stdout.strip() == "r-1", result.stderr
 
 
-def test_the_same_bundle_made_at_another_time_is_the_same_bytes_allowed(monkeypatch):
-    """Its ETag, and on Kubernetes its ConfigMap, stay the same for the same content: a reload of an
-    unchanged rule set changes nothing (gzip would otherwise stamp the current second in)."""
-    first = bundles.tarball(bundles.rule_set_files(), INDEX, "r-1")
-    monkeypatch.setattr(gzip.time, "time", lambda: 2_000_000_000.0)
-    assert bundles.tarball(bundles.rule_set_files(), INDEX, "r-1") == first
+def test_the_same_bundle_made_at_another_time_is_the_same_bytes_allowed():
+    """Its ETag, and on Kubernetes its ConfigMap, stay the same for the same content under one key:
+    a reload of an unchanged rule set changes nothing (RS256 signs without a nonce; opa build
+    stamps no time)."""
+    first = bundle(INDEX, "r-1")
+    time.sleep(1.1)
+    assert bundle(INDEX, "r-1") == first
 
 
 def test_another_revision_is_another_bundle_denied():
-    assert bundles.tarball(bundles.rule_set_files(), INDEX, "r-2") != bundles.tarball(bundles.rule_set_files(), INDEX, "r-1")
+    assert bundle(INDEX, "r-2") != bundle(INDEX, "r-1")
+
+
+def test_a_bundle_verifies_against_its_deployments_key_allowed(tmp_path):
+    path = tmp_path / "point.tar.gz"
+    path.write_bytes(bundle(INDEX, "r-1"))
+    result = verified(path)
+    assert result.returncode == 0, result.stderr
+
+
+def test_an_altered_unsigned_or_foreign_bundle_does_not_verify_denied(tmp_path):
+    """What a point's OPA refuses: a byte of the data changed after signing, a bundle without
+    signatures, one signed by another deployment's key."""
+    signed = members(bundle(INDEX, "r-1"))
+    altered = {**signed, "data.json": signed["data.json"].replace(b'"r-1"', b'"r-9"')}
+    unsigned = {name: content for name, content in signed.items() if name != ".signatures.json"}
+    for name, (content, reason) in {"altered": (altered, "digest mismatch"), "unsigned": (unsigned, "missing .signatures.json")}.items():
+        path = tmp_path / f"{name}.tar.gz"
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+            for member, data in content.items():
+                info = tarfile.TarInfo(f"/{member}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        path.write_bytes(buffer.getvalue())
+        result = verified(path)
+        assert result.returncode != 0 and reason in result.stdout + result.stderr, (name, result.stdout, result.stderr)
+    foreign = tmp_path / "foreign.tar.gz"
+    foreign.write_bytes(bundles.tarball(bundles.rule_set_files(), INDEX, "r-1", bundles.new_signing_key()))
+    result = verified(foreign)
+    assert result.returncode != 0 and "verification error" in result.stdout + result.stderr
+
+
+def test_unpack_gives_back_the_rule_set_as_policies_holds_it_allowed(tmp_path):
+    """The audit re-checks with an archived bundle's rules: its reference data back in a file of
+    its own, the point's document returned as it was bundled, without the reference data, which
+    OPA loading both would not merge (a body-reading rule's audit asks OPA so: independence.reads_record)."""
+    document = bundles.unpack(bundle(INDEX, "r-1"), tmp_path / "rules")
+    assert document == {"complyroute": {"index": {"steps": {}}, "revision": "r-1"}}
+    assert json.loads((tmp_path / "rules" / "complyroute" / "reference" / "data.json").read_text()) == REFERENCE
+    assert bundles.rule_set_files(tmp_path / "rules").keys() == bundles.rule_set_files().keys()
+    assert not (tmp_path / "rules" / "complyroute" / "index").exists()
+    (tmp_path / "point.json").write_text(json.dumps(document))
+    result = subprocess.run([OPA, "eval", "--format", "raw", "--data", str(tmp_path / "rules"), "--data", str(tmp_path / "point.json"),
+                             "data.complyroute.reference.adequacy[0]"], capture_output=True, text=True)
+    assert result.returncode == 0 and result.stdout.strip() == json.dumps(REFERENCE["adequacy"][0]).strip('"'), result.stderr
 
 
 def test_bundle_leaves_out_tests_system_policies_and_examples_denied():
-    content = members(bundles.tarball(bundles.rule_set_files(), INDEX, "r-1"))
+    content = members(bundle(INDEX, "r-1"))
     assert not [name for name in content if name.endswith("_test.rego") or name.startswith(("system/", "examples/"))]
     # The roots leave data.complyroute.token to what OPA loads from disk (the entry's key).
     assert not any("complyroute/token".startswith(root) for root in json.loads(content[".manifest"])["roots"])
@@ -103,18 +162,18 @@ def test_a_package_outside_complyroute_is_refused_denied(tmp_path):
     shutil.copytree(policyfiles.POLICIES, copy)
     (copy / "complyroute" / "stray.rego").write_text("package stray\n\nallow := true\n")
     with pytest.raises(bundles.BundleError, match="stray.rego: its package is not complyroute"):
-        bundles.tarball(bundles.rule_set_files(copy), INDEX, "r-1")
+        bundles.tarball(bundles.rule_set_files(copy), INDEX, "r-1", KEY)
 
 
 def bundle(data: dict, revision: str) -> bytes:
     """A point's bundle of the shipped rule set, as configuration.generate makes it."""
-    return bundles.tarball(bundles.rule_set_files(), data, revision)
+    return bundles.tarball(bundles.rule_set_files(), data, revision, KEY)
 
 
 def test_write_replaces_each_bundle_whole(tmp_path):
     bundles.write(tmp_path, {"a": bundle(INDEX, "r-2"), "b": bundle({}, "r-2")}, "r-2")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.tar.gz", "b.tar.gz"]
-    assert json.loads(members((tmp_path / "b.tar.gz").read_bytes())["data.json"]) == {"complyroute": {"revision": "r-2"}}
+    assert json.loads(members((tmp_path / "b.tar.gz").read_bytes())["data.json"]) == {"complyroute": {"revision": "r-2", "reference": REFERENCE}}
 
 
 # ---- the bundle server, over mutual TLS ----------------------------------------------------

@@ -18,7 +18,7 @@ import pytest
 
 from complyroute import engines
 from complyroute.engines import configuration
-from complyroute.policy import labels
+from complyroute.policy import bundles, labels
 from complyroute.policy.policyfiles import POLICIES
 from complyroute.proxy.contract import MAX_FORWARDED_HEADERS, MAX_LABEL_BYTES, MAX_LABEL_VALUES, MAX_RECORD_BYTES, MAX_REQUEST_HEADERS, receive_timeouts
 from complyroute.proxy.envoy import HEADER_COUNT, LISTENER, label_bound
@@ -36,6 +36,7 @@ MIXED_REGIONS = str(manifest.REPO / "topologies" / "examples" / "mixed-regions.y
 
 
 SCHEMA = labels.schema(manifest.REPO / "policies")  # the shipped rule set's labels
+SIGNING_KEY = bundles.new_signing_key()  # a deployment's bundle signing key
 
 
 def configured(topology: str, engine: str, credentials_dir=None, net=None, points_folder=None):
@@ -51,7 +52,8 @@ def configured(topology: str, engine: str, credentials_dir=None, net=None, point
         files = credentials.write(credentials_dir)
         point_trust = {p.name: trust.point(p, files[identity.point_identity(p)], credentials.token_jwks) for p in plan.points}
     if points_folder is not None:
-        generated = configuration.generate(plan.points, loaded.engine, RuleSet.of(POLICIES), point_trust, rendering.layout(points_folder))
+        generated = configuration.generate(plan.points, loaded.engine, RuleSet.of(POLICIES), point_trust, rendering.layout(points_folder),
+                                           SIGNING_KEY)
         return plan, generated.points
     return plan, engines.configure(engine, plan.points, loaded.engine, RuleSet.of(POLICIES), point_trust)
 
@@ -98,7 +100,7 @@ def test_envoy_accepts_every_rendered_configuration_allowed(topology, engine, se
     files, credentials) passes `envoy --mode validate`, and so do the route files' contents. One
     Envoy per file, as many at once as there are cores."""
     plan, configs = configured(topology, engine, tmp_path / "pki" if secured else None, points_folder=tmp_path)
-    source = BundleSource("http://127.0.0.1:1")
+    source = BundleSource("http://127.0.0.1:1", bundles.verification_key(SIGNING_KEY))
     files = []
     for point in plan.points:
         folder = tmp_path / point.name
@@ -122,7 +124,7 @@ def test_route_files_are_checked_by_their_content_denied(tmp_path):
     plan, configs = configured("central-entity", "envoy-compiled", points_folder=tmp_path)
     (point,) = plan.points
     folder = tmp_path / point.name
-    rendering.point_parts(point, configs[point.name], folder, tmp_path, BundleSource("http://127.0.0.1:1"), {})
+    rendering.point_parts(point, configs[point.name], folder, tmp_path, BundleSource("http://127.0.0.1:1", bundles.verification_key(SIGNING_KEY)), {})
     route_file = next((folder / rendering.ROUTES).glob("*.json"))
     response = json.loads(route_file.read_text())
     response["resources"][0]["virtual_hosts"][0]["no_such_field"] = 1
@@ -179,7 +181,7 @@ def test_a_deployments_private_sockets_fit_a_unix_socket_path():
 def test_opa_runs_with_a_read_only_api_and_a_diagnostic_address(tmp_path):
     plan, configs = configured("central-entity", "envoy-opa", net=LocalNetwork(tmp_path / "private"), points_folder=tmp_path)
     point = plan.points[0]
-    source = BundleSource("http://127.0.0.1:1")
+    source = BundleSource("http://127.0.0.1:1", bundles.verification_key(SIGNING_KEY))
     opa, envoy = rendering.point_parts(point, configs[point.name], tmp_path / point.name, tmp_path, source, {})
     command = opa.command
     assert f"--addr=unix://{point.opa_http.path}" in command

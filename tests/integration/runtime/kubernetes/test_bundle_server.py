@@ -63,7 +63,8 @@ def test_the_bundle_server_serves_every_deciding_points_bundle_from_configmaps_n
         assert json.loads(content[".manifest"])["revision"] == revision
         document = json.loads(content["data.json"])
         assert set(document) == {"complyroute", precompute.QUICK_PATH_DOCUMENT}, name
-        assert set(document["complyroute"]) == {"index", "revision"} and document["complyroute"]["revision"] == revision, name
+        # The point's index and revision, beside the rule set's reference data (opa build merges the data files).
+        assert set(document["complyroute"]) == {"index", "revision", "reference"} and document["complyroute"]["revision"] == revision, name
         assert set(document[precompute.QUICK_PATH_DOCUMENT]) == {"table", "digest", "set_clusters"}, name
     # Every ConfigMap the rule set fills says which revision it holds; no other one changes with it.
     rule_set = [o for o in configmaps.values() if o["metadata"].get("labels", {}).get("component") == "rule-set"]
@@ -193,6 +194,7 @@ def test_the_rendered_bundle_server_runs_on_the_standard_library_alone_and_takes
 
         # A reload: the same points and trust, another rule set; the kubelet swaps the volume.
         reloaded = render.Renderer(renderer.topology, RuleSet.of(us_adequate))
+        reloaded.signing_key = renderer.signing_key  # a reload signs with the deploy's key, as apply.reload_policy does
         reloaded.configure(renderer.points, renderer.point_trust)
         [new] = reloaded.bundles
         answers = []

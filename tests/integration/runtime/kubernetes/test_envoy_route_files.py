@@ -147,6 +147,7 @@ def test_envoy_rereads_its_route_files_when_the_kubelet_swaps_their_configmap_al
     shutil.rmtree(routes)
     kubelet_volume(routes, {path.rsplit("/", 1)[1]: content for path, content in files.items() if path.startswith(render.ROUTES_MOUNT)})
     reloaded = render.Renderer(renderer.topology, RuleSet.of(us_adequate))
+    reloaded.signing_key = renderer.signing_key  # a reload signs with the deploy's key, as apply.reload_policy does
     reloaded.configure(renderer.points, renderer.point_trust)
     assert reloaded.bootstraps == renderer.bootstraps and reloaded.routes != renderer.routes
     [new] = reloaded.routes["central-entity"]

@@ -60,14 +60,15 @@ def deployed_central_entity(tmp_path, monkeypatch):
     """The compiled central entity (5 services unless told) as `deploy --target k8s` applies and records
     it, against a fake API server; its ConfigMaps' budget as given to the factory at deploy time."""
 
-    def deploy(budget=None, services=5):
+    def deploy(budget=None, services=5, security=None):
         with monkeypatch.context() as during:
             if budget:
                 during.setattr(render, "CONFIGMAP_BUDGET", budget)
-            renderer = render.Renderer(manifest.load("central-entity", services=services, engine="envoy-compiled"))
+            overrides = {"security": security} if security else None
+            renderer = render.Renderer(manifest.load("central-entity", services=services, engine="envoy-compiled", overrides=overrides))
             renderer.render()
             objects = objects_of(render.build(renderer, tmp_path / "kustomization"))
-        apply.Deployed.of(renderer).write()
+        apply.Deployed.of(renderer).write(renderer.signing_key)
         api = FakeApiServer(objects)
         monkeypatch.setattr(apply, "kubectl_output", api)
         return renderer, objects, api
@@ -90,7 +91,7 @@ def test_reload_without_a_rule_set_applies_the_one_deployed_allowed(tmp_path, mo
     renderer = render.Renderer(manifest.load("central-entity", services=3, engine="envoy-compiled"), RuleSet.of("classification"))
     renderer.render()
     objects = objects_of(render.build(renderer, tmp_path / "kustomization"))
-    apply.Deployed.of(renderer).write()
+    apply.Deployed.of(renderer).write(renderer.signing_key)
     monkeypatch.setattr(apply, "kubectl_output", FakeApiServer(objects))
     result = apply.reload_policy(renderer.topology, out=io.StringIO())
     assert result["revision"] == renderer.revision == RuleSet.of("classification").revision != bundles.revision()
@@ -108,7 +109,7 @@ def test_reload_with_another_rule_set_applies_only_the_bundle_and_route_configma
     assert {o["kind"] for o in applied} == {"ConfigMap"}  # no Deployment, so no pod template changes
     assert all(o["metadata"]["annotations"] == {render.REVISION_ANNOTATION: revision} for o in applied)
     bundle = bundle_members(bundle_files(applied)["central-entity.tar.gz"])
-    assert json.loads(bundle["complyroute/reference/data.json"])["adequacy"][-1] == "US"
+    assert json.loads(bundle["data.json"])["complyroute"]["reference"]["adequacy"][-1] == "US"
     assert json.loads(bundle["data.json"])["complyroute"]["revision"] == revision
     assert f"revision {revision} applied to namespace complyroute-central-entity" in out.getvalue()
     assert "does not wait" in out.getvalue() and "names the revision that decided it" in out.getvalue()
@@ -158,19 +159,21 @@ def test_reload_refuses_a_record_another_version_wrote_and_says_deploy_again_den
     assert api.applied == []
 
 
-# A ConfigMap budget that the compiled central entity's bootstrap at 20 services fits (about
-# 212 kB) and its route files (about 240 kB: each listener's allowed labellings) do not: they
-# take two. (At 5 services the route files, 48 kB, are smaller than the bootstrap, 55 kB.)
-SMALL_BUDGET = 225_000
+# A ConfigMap budget that the compiled central entity's bootstrap at 20 services in plain HTTP
+# fits (204 kB) and its route files (228 kB: each listener's allowed labellings) do not: they
+# take two. (With mutual TLS and label tokens the bootstrap, 236 kB, is the larger; at 5 services
+# the route files, 48 kB, are smaller than the bootstrap, 55 kB.)
+SMALL_BUDGET = 215_000
 
 
 SMALL_BUDGET_SERVICES = 20
+SMALL_BUDGET_SECURITY = {"mtls": False, "label_tokens": False}
 
 
 def test_reload_keeps_the_configmaps_the_pods_mount_allowed(deployed_central_entity, us_adequate):
     """Deployed with the route files over two ConfigMaps (SMALL_BUDGET), a rule set whose files
     fill one leaves the second mounted, empty."""
-    renderer, _, api = deployed_central_entity(budget=SMALL_BUDGET, services=SMALL_BUDGET_SERVICES)
+    renderer, _, api = deployed_central_entity(budget=SMALL_BUDGET, services=SMALL_BUDGET_SERVICES, security=SMALL_BUDGET_SECURITY)
     assert renderer.route_configmaps("central-entity") == ["routes-central-entity-1", "routes-central-entity-2"]
     result = apply.reload_policy(renderer.topology, us_adequate, out=io.StringIO())
     assert result["applied"] == ["bundles-1", "routes-central-entity-1", "routes-central-entity-2"]
@@ -185,14 +188,14 @@ def test_reload_of_the_baseline_says_there_is_no_rule_set_to_reload_denied(tmp_p
     renderer.render()
     api = FakeApiServer(objects_of(render.build(renderer, tmp_path / "kustomization")))
     monkeypatch.setattr(apply, "kubectl_output", api)
-    apply.Deployed.of(renderer).write()
+    apply.Deployed.of(renderer).write(renderer.signing_key)
     with pytest.raises(ReloadError, match="baseline runs no OPA"):
         apply.reload_policy(renderer.topology, out=io.StringIO())
     assert api.applied == []
 
 
 def test_reload_refuses_files_that_would_need_configmaps_the_pods_do_not_mount_denied(deployed_central_entity, us_adequate, monkeypatch):
-    renderer, _, api = deployed_central_entity(services=SMALL_BUDGET_SERVICES)
+    renderer, _, api = deployed_central_entity(services=SMALL_BUDGET_SERVICES, security=SMALL_BUDGET_SECURITY)
     monkeypatch.setattr(render, "CONFIGMAP_BUDGET", SMALL_BUDGET)
     with pytest.raises(ReloadError, match=r"fills ConfigMaps the pods do not mount \(routes-central-entity-2\)"):
         apply.reload_policy(renderer.topology, us_adequate, out=io.StringIO())
