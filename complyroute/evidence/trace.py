@@ -2,6 +2,11 @@
 
 Joins, by the record's id, what a local run folder holds about it:
 
+- the access logs: each point's Envoy writes a JSON line per request into logs/<point>.access.log
+  (proxy/envoy.py ACCESS_LOG_FIELDS): at a deciding listener, the sender and step it serves, the
+  answer's status, which check answered (details), the compliant set and the instance the record
+  was sent to, the revision of an allowed hop, a denial's code and revision, the time it took.
+  Every hop a point took has one, whatever decided it (OPA, a compiled route, Envoy's own checks);
 - the decision logs (engine.decision_logs "file"): each point's OPA writes every decision as a
   JSON line ("msg": "Decision Log") into its log, logs/<point>.opa.log, masked so the record
   and its label token never land there (policies/system/log). The input names the sender
@@ -12,10 +17,12 @@ Joins, by the record's id, what a local run folder holds about it:
   from whom, decided by which point under which revision.
 
 A hop the compiled engine decided ahead of time (an Envoy route standing for OPA's answer) has
-no decision log line: its audit line says which point decided it and under which revision.
+no decision log line: its access log line and its audit line say which point decided it and
+under which revision. Without decision logs, trace shows what the access and audit lines hold
+(no labels as the point read them, no reasons of a denial).
 
-On Kubernetes the OPAs write their decision logs to their containers' output (kubectl logs);
-trace reads local runs only.
+On Kubernetes the Envoys write their access logs, and the OPAs their decision logs, to their
+containers' output (kubectl logs); trace reads local runs only.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from datetime import datetime
 from pathlib import Path
 
 from complyroute.runtime.local import deployment, rendering
+from complyroute.topology.plan import ACCESS_LOG_SUFFIX
 
 # Where a decision's input carries the record's id: the entry's x-request-id, which every
 # later hop carries on (x-complyroute-record-id beside it).
@@ -35,6 +43,8 @@ RECORD_ID_HEADERS = ("x-request-id", "x-complyroute-record-id")
 BUNDLE = "complyroute"  # the bundle each point's OPA loads the rule set from (bundles.py)
 ENVOY_DENIAL_STATUS = {403: 451}  # ext_authz has no 451: the policy answers 403, Envoy's mapper restores 451
 TURN_ON = "set engine.decision_logs: file in the manifest and deploy again"
+# An access log line's `details` when the next hop answered (the point let the record through).
+VIA_UPSTREAM = "via_upstream"
 
 
 class TraceError(RuntimeError):
@@ -56,8 +66,9 @@ class Decision:
 
 @dataclass
 class Hop:
-    """One hop of the record: the decision that let it go (or stopped it), if one was logged,
-    and the audit line of the instance that received it, if any did."""
+    """One hop of the record: the access log line of the listener that took it, the decision
+    that let it go (or stopped it), if one was logged, and the audit line of the instance that
+    received it, if any did."""
 
     point: str | None
     sender: str | None
@@ -65,6 +76,17 @@ class Hop:
     at: float
     decision: Decision | None = None
     received: dict | None = None
+    passage: dict | None = None
+
+    @property
+    def let_through(self) -> bool:
+        """Whether the hop was allowed: by its decision, else by its access line (it was routed to an
+        instance), else by the audit line of the instance that received it."""
+        if self.decision:
+            return bool(self.decision.result.get("allowed"))
+        if self.passage:
+            return bool(self.passage.get("destination"))
+        return self.received is not None
 
 
 def epoch_seconds(timestamp: str) -> float:
@@ -135,6 +157,23 @@ def decisions_of(run_dir: Path, request_id: str) -> list[Decision]:
     return found
 
 
+def passages_of(run_dir: Path, request_id: str) -> list[dict]:
+    """Every deciding listener's access log line about the record (a line naming a sender), with
+    its time as seconds since the epoch (`at`)."""
+    found = []
+    for log in sorted((run_dir / "logs").glob(f"*{ACCESS_LOG_SUFFIX}")):
+        for raw in log.read_text(errors="replace").splitlines():
+            if request_id not in raw:  # cheap before parsing
+                continue
+            try:
+                line = json.loads(raw)
+            except json.JSONDecodeError:
+                continue  # a line cut off by a stopped Envoy
+            if line.get("record_id") == request_id and line.get("sender") and line.get("time"):
+                found.append({**line, "at": epoch_seconds(line["time"])})
+    return found
+
+
 def audit_lines_of(run_dir: Path, request_id: str) -> list[dict]:
     """Every instance's audit line about the record."""
     lines = []
@@ -151,20 +190,32 @@ def audit_lines_of(run_dir: Path, request_id: str) -> list[dict]:
     return lines
 
 
-def hops_of(decisions: list[Decision], lines: list[dict]) -> list[Hop]:
-    """The record's hops in the order they happened: each decision with the audit line of the
-    instance it let the record into (same point, sender and step, received after it), and
-    each audit line no logged decision accounts for as a hop of its own."""
-    unclaimed = sorted(lines, key=lambda line: line.get("ts", 0))
+def _take(candidates: list, matches) -> object | None:
+    """The first of `candidates` that `matches`, removed from them; None if none does."""
+    found = next((candidate for candidate in candidates if matches(candidate)), None)
+    if found is not None:
+        candidates.remove(found)
+    return found
+
+
+def hops_of(decisions: list[Decision], lines: list[dict], passages: list[dict] = ()) -> list[Hop]:
+    """The record's hops in the order they happened: each access log line of a deciding listener
+    with the decision of the same point, sender and step, and each logged decision no access line
+    accounts for as a hop of its own; each allowed hop with the audit line of the instance it let
+    the record into (same point, sender and step), and each audit line no hop accounts for as a
+    hop of its own."""
+    unclaimed_decisions = sorted(decisions, key=lambda d: d.at)
     hops = []
-    for decision in sorted(decisions, key=lambda d: d.at):
-        hop = Hop(decision.point, decision.sender, decision.step, decision.at, decision)
-        if decision.result.get("allowed"):
-            hop.received = next((line for line in unclaimed if line.get("decided_by") == decision.point
-                                 and line.get("sender") == decision.sender and line.get("step") == decision.step), None)
-            if hop.received:
-                unclaimed.remove(hop.received)
+    for passage in sorted(passages, key=lambda p: p["at"]):
+        hop = Hop(passage["point"], passage.get("sender"), passage.get("step"), passage["at"], passage=passage)
+        hop.decision = _take(unclaimed_decisions, lambda d: (d.point, d.sender, d.step) == (hop.point, hop.sender, hop.step))
         hops.append(hop)
+    hops += [Hop(decision.point, decision.sender, decision.step, decision.at, decision) for decision in unclaimed_decisions]
+    unclaimed = sorted(lines, key=lambda line: line.get("ts", 0))
+    for hop in sorted(hops, key=lambda hop: hop.at):
+        if hop.let_through:
+            hop.received = _take(unclaimed, lambda line: (line.get("decided_by"), line.get("sender"), line.get("step"))
+                                 == (hop.point, hop.sender, hop.step))
     hops += [Hop(line.get("decided_by"), line.get("sender"), line.get("step"), line.get("ts", 0) / 1000, received=line)
              for line in unclaimed]
     return sorted(hops, key=lambda hop: hop.at)
@@ -188,25 +239,49 @@ def labels_text(labels: dict) -> str:
     return ", ".join(f"{name} {value if value is not None else '(none)'}" for name, value in sorted(labels.items()))
 
 
-def print_hop(number: int, hop: Hop, engine: str, out) -> None:
+def describe_passage(passage: dict) -> str:
+    """What a listener's access log line says of its answer, when no decision log line does."""
+    status = passage.get("status")
+    if passage.get("destination"):
+        return f"allowed -> {passage['destination']}"
+    if passage.get("denial_code"):
+        return f"denied {status} {passage['denial_code']} (its reasons are in the decision log)"
+    return f"refused {status} by the point's Envoy ({passage.get('details')})"
+
+
+def print_hop(number: int, hop: Hop, engine: str, out, decision_logs: bool = True) -> None:
     print(f"hop {number}: {hop.point} decides {hop.sender} -> {hop.step}", file=out)
+    passage = hop.passage or {}
     if hop.decision:
         print(f"  labels    {labels_text(hop.decision.labels)}", file=out)
         first, *reasons = describe_decision(hop.decision.result)
         print(f"  decision  {first}", file=out)
         for reason in reasons:
             print(f"            {reason}", file=out)
-        print(f"  revision  {hop.decision.revision or '(not named)'}", file=out)
+        revision = hop.decision.revision
     else:
-        how = (f"decided ahead of time by {hop.point}: a route of the compiled engine, no decision log line"
-               if engine == "envoy-compiled" else f"by {hop.point}, which logged no decision for it")
-        print(f"  decision  allowed -> {hop.received.get('instance')}, {how}", file=out)
-        print(f"  revision  {hop.received.get('revision')} (the audit line's)", file=out)
+        decided = describe_passage(passage) if passage else f"allowed -> {hop.received.get('instance')}"
+        if not hop.let_through:
+            how = ""
+        elif not decision_logs:
+            how = ", decision logs off (engine.decision_logs): no labels as the point read them"
+        elif engine == "envoy-compiled":
+            how = f", decided ahead of time by {hop.point}: a route of the compiled engine, no decision log line"
+        else:
+            how = f", by {hop.point}, which logged no decision for it"
+        print(f"  decision  {decided}{how}", file=out)
+        revision = passage.get("revision") or passage.get("denial_revision")
+        if not revision and hop.received:
+            revision = f"{hop.received.get('revision')} (the audit line's)"
+    if passage.get("instance"):
+        print(f"  sent to   {passage['instance']}: {passage.get('status')} {passage.get('details')}, "
+              f"{passage.get('duration_ms')} ms at the point", file=out)
+    print(f"  revision  {revision or '(not named)'}", file=out)
     if hop.received:
         line = hop.received
         print(f"  received  by {line.get('instance')} ({line.get('step')}): {labels_text(line.get('labels') or {})}, "
               f"digest {line.get('digest')}, revision {line.get('revision')}", file=out)
-    elif hop.decision and hop.decision.result.get("allowed"):
+    elif hop.let_through:
         print("  received  no audit line of the destination", file=out)
 
 
@@ -214,16 +289,19 @@ def trace(run_dir: Path, request_id: str, out=sys.stdout) -> int:
     state = deployment.read_state(run_dir)
     if state is None:
         raise TraceError(f"{run_dir} is not a run folder (no state.json): name one under runs/ with --run")
-    if state.get("decision_logs", "off") != "file":
-        raise TraceError(f"run {run_dir.name} has no decision logs (engine.decision_logs is off): {TURN_ON}")
-    hops = hops_of(decisions_of(run_dir, request_id), audit_lines_of(run_dir, request_id))
+    decision_logs = state.get("decision_logs", "off") == "file"
+    if not decision_logs and not any((run_dir / "logs").glob(f"*{ACCESS_LOG_SUFFIX}")):
+        raise TraceError(f"run {run_dir.name} has no decision logs (engine.decision_logs is off) and no access logs "
+                         f"(deployed before points wrote them): {TURN_ON}")
+    hops = hops_of(decisions_of(run_dir, request_id) if decision_logs else [], audit_lines_of(run_dir, request_id),
+                   passages_of(run_dir, request_id))
     if not hops:
         raise TraceError(f"no decision and no audit line of record {request_id} in run {run_dir.name}: "
                          f"its id is the x-request-id of the entry's answer")
     engine = state.get("engine", "?")
     print(f"record {request_id} in run {run_dir.name} ({state.get('topology')}, engine {engine})", file=out)
     for number, hop in enumerate(hops, 1):
-        print_hop(number, hop, engine, out)
+        print_hop(number, hop, engine, out, decision_logs)
     return 0
 
 

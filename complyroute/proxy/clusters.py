@@ -40,7 +40,8 @@ def cluster(name: str, endpoint: Endpoint, http2: bool = False, trust: PointTrus
         "connect_timeout": "1s",
         "load_assignment": {
             "cluster_name": name,
-            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": _address(endpoint)}}]}],
+            # Named, so that the access log names where a record went (%UPSTREAM_HOST_NAME%).
+            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": _address(endpoint), "hostname": name}}]}],
         },
         **_cluster_limits(http2),
     }
@@ -111,7 +112,7 @@ def set_cluster(name: str, point: EnforcementPoint, trust: PointTrust | None) ->
             "endpoints": [{
                 "priority": priority,
                 "lb_endpoints": [{
-                    "endpoint": {"address": _address(point.destinations[instance])},
+                    "endpoint": {"address": _address(point.destinations[instance]), "hostname": instance},
                     "metadata": {"filter_metadata": {SOCKET_MATCH: {"instance": instance}}},
                 } for instance in tier],
             } for priority, tier in enumerate(tiers)],

@@ -28,9 +28,10 @@ import hashlib
 import json
 
 from complyroute.policy.labels import Label
+from complyroute.proxy.accesslog import access_log
 from complyroute.proxy.clusters import cluster, set_cluster, socket
 from complyroute.proxy.contract import (DIGEST_HEADER, LABEL_TOKEN_HEADER, MAX_LABEL_BYTES, MAX_LABEL_VALUES, MAX_FORWARDED_HEADERS, MAX_RECORD_BYTES, MAX_REQUEST_HEADERS,
-                                        RECORD_ID_HEADER, RECORD_PATH, ROUTING_HEADER, hop_timeout_of,
+                                        RECORD_ID_HEADER, RECORD_PATH, REVISION_HEADER, ROUTING_HEADER, hop_timeout_of,
                                         receive_timeouts)
 from complyroute.proxy.replies import OVER_BOUND_HEADER, UNDELIVERED_HEADER, local_replies
 from complyroute.proxy.routes import EXT_AUTHZ_PER_ROUTE, decision_route, record_route, refusal_route, refusal_routes, retry_unsent
@@ -48,7 +49,7 @@ ENTRY_FORGETS_REQUEST_ID = {
 
 
 def _connection_manager(stat_prefix: str, http_filters: list, virtual_host: dict, settings: dict, from_client: bool = False,
-                        deciding: bool = False) -> dict:
+                        deciding: bool = False, logs: list[dict] = ()) -> dict:
     headers_timeout, request_timeout = receive_timeouts(settings)
     # A listener that asks no decision bounds the headers in its codec; a deciding one keeps Envoy's
     # bound, above its own (HEADER_COUNT), for the headers a decision adds.
@@ -73,6 +74,7 @@ def _connection_manager(stat_prefix: str, http_filters: list, virtual_host: dict
                 {"name": "envoy.filters.http.router", "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}
             ],
             "local_reply_config": local_replies(deciding),
+            **({"access_log": list(logs)} if logs else {}),
         },
     }
 
@@ -184,8 +186,13 @@ def _label_token_check(trust: PointTrust, listener: str, labels: tuple[Label, ..
     }
 
 
+# What only a decision sets on a request (the routing header; the revision, which the access log
+# and the receiving service read): a sender's values are removed before anything reads them.
+DECIDED_HEADERS = (ROUTING_HEADER, REVISION_HEADER)
+
+
 def _deciding_listener(listener: DecidingListener, settings: dict, matcher: dict | None, point: str, trust: PointTrust | None,
-                       labels: tuple[Label, ...], behind_ingress: bool = False) -> dict:
+                       labels: tuple[Label, ...], behind_ingress: bool = False, log_path: str = "/dev/stdout") -> dict:
     if not labels:
         raise ValueError(f"point {point}: a deciding listener needs the rule set's labels (complyroute/policy/labels.py)")
     decision_timeout = settings.get("decision_timeout", "2s")
@@ -197,12 +204,12 @@ def _deciding_listener(listener: DecidingListener, settings: dict, matcher: dict
         # The entry's OPA signs the labels it allows (data.complyroute.token holds its key); a
         # client's token or digest is dropped first, so only OPA's answer can set them.
         context["label_token"] = "issue"
-        checks = [_removing([ROUTING_HEADER, LABEL_TOKEN_HEADER, DIGEST_HEADER, OVER_BOUND_HEADER]), label_bound(labels)]
+        checks = [_removing([*DECIDED_HEADERS, LABEL_TOKEN_HEADER, DIGEST_HEADER, OVER_BOUND_HEADER]), label_bound(labels)]
     elif tokens:
         # The labels come from the verified token, which the entry issued for bounded labels only.
-        checks = [_removing([ROUTING_HEADER, *(header for header, _ in token_claims(labels))]), _label_token_check(trust, listener.name, labels)]
+        checks = [_removing([*DECIDED_HEADERS, *(header for header, _ in token_claims(labels))]), _label_token_check(trust, listener.name, labels)]
     else:
-        checks = [_removing([ROUTING_HEADER, OVER_BOUND_HEADER]), label_bound(labels)]
+        checks = [_removing([*DECIDED_HEADERS, OVER_BOUND_HEADER]), label_bound(labels)]
     filters = [
         HEADER_COUNT,
         *checks,
@@ -252,7 +259,8 @@ def _deciding_listener(listener: DecidingListener, settings: dict, matcher: dict
     return {
         "name": listener.name,
         "address": socket(listener.endpoint),
-        "filter_chains": [filter_chain([_connection_manager(listener.name, filters, virtual_host, settings, listener.from_client, deciding=True)],
+        "filter_chains": [filter_chain([_connection_manager(listener.name, filters, virtual_host, settings, listener.from_client, deciding=True,
+                                                            logs=[access_log(log_path, point, listener.name, listener.sender, listener.step)])],
                                       trust, listener.name)],
     }
 
@@ -266,7 +274,8 @@ WHOLE_RECORD = {
 }
 
 
-def _forwarding_listener(listener: ForwardingListener, settings: dict, trust: PointTrust | None = None) -> dict:
+def _forwarding_listener(listener: ForwardingListener, settings: dict, trust: PointTrust | None = None, point: str = "",
+                         log_path: str = "/dev/stdout") -> dict:
     forward = record_route({"route": {"cluster": f"upstream-{listener.name}", "timeout": hop_timeout_of(settings)}})
     virtual_host = {"name": listener.name, "domains": ["*"], "routes": [forward, *refusal_routes(deciding=False)],
                     # The service cannot claim its record undelivered: only this listener's own reply can.
@@ -274,7 +283,8 @@ def _forwarding_listener(listener: ForwardingListener, settings: dict, trust: Po
     return {
         "name": listener.name,
         "address": socket(listener.endpoint),
-        "filter_chains": [filter_chain([_connection_manager(listener.name, [WHOLE_RECORD], virtual_host, settings)], trust, listener.name)],
+        "filter_chains": [filter_chain([_connection_manager(listener.name, [WHOLE_RECORD], virtual_host, settings,
+                                                            logs=[access_log(log_path, point, listener.name)])], trust, listener.name)],
     }
 
 
@@ -314,9 +324,10 @@ def envoy_config(point: EnforcementPoint, engine: dict, matchers: dict[str, dict
     clusters += [cluster(instance, endpoint, trust=trust) for instance, endpoint in sorted(point.destinations.items())]
     clusters += [set_cluster(name, point, trust) for name in sorted(set_clusters)]
     clusters += [cluster(f"upstream-{f.name}", f.upstream, trust=trust) for f in point.forwarding]
-    listeners = [_deciding_listener(d, engine, (matchers or {}).get(d.name), point.name, trust, labels, point.destinations_behind_ingress)
+    listeners = [_deciding_listener(d, engine, (matchers or {}).get(d.name), point.name, trust, labels, point.destinations_behind_ingress,
+                                    point.access_log)
                  for d in point.deciding]
-    listeners += [_forwarding_listener(f, engine, trust) for f in point.forwarding]
+    listeners += [_forwarding_listener(f, engine, trust, point.name, point.access_log) for f in point.forwarding]
     listeners.append(_ready_listener(point, engine))
     return {
         "node": {"id": point.name, "cluster": point.node},

@@ -112,6 +112,9 @@ class EnforcementPoint:
     # instance of the set; a service itself could claim as much, so no other point believes it.
     destinations_behind_ingress: bool = False
     catalog: dict = field(default_factory=dict)  # the catalog slice it decides with (its OPA loads it indexed: policydata)
+    # Where its Envoy writes a JSON line per request (proxy/envoy.py access_log): a file of the
+    # run's logs locally (LocalNetwork), the container's output on Kubernetes.
+    access_log: str = "/dev/stdout"
 
     def __post_init__(self):
         if self.role not in ROLES:
@@ -143,6 +146,7 @@ ADMIN_SOCKET, DECISION_SOCKET, API_SOCKET, DIAGNOSTIC_SOCKET = "envoy-admin.sock
 
 
 LOOPBACK_VARIABLE = "COMPLYROUTE_LOOPBACK"
+ACCESS_LOG_SUFFIX = ".access.log"  # a point's access log in a local run's logs/ (trace reads them)
 
 
 class LocalNetwork:
@@ -163,11 +167,13 @@ class LocalNetwork:
     BUNDLE_SERVER = 29000
     ENTRY_PORT = 8080
 
-    def __init__(self, private: Path | None = None, loopback: str | None = None):
+    def __init__(self, private: Path | None = None, loopback: str | None = None, logs: Path | None = None):
         # Where each point's private folder goes (<private>/<point>/, mode 0700, made by the
         # deployment): a short path of its own, since a unix socket's path has at most 107
         # bytes. A plan that is only rendered, never started, names the default.
         self.private = private or Path(tempfile.gettempdir()) / "complyroute"
+        # Where each point's Envoy writes its access log (<logs>/<point>.access.log); None: its output.
+        self.logs = logs
         loopback = loopback if loopback is not None else os.environ.get(LOOPBACK_VARIABLE) or None
         if loopback is not None and not (loopback.startswith("127.") and loopback.count(".") == 2):
             raise ValueError(f"loopback {loopback!r} is not a loopback network's first three bytes (127.x.y)")
@@ -196,6 +202,7 @@ class LocalNetwork:
             opa_http=Endpoint.unix(folder / API_SOCKET),
             opa_diagnostic=Endpoint.unix(folder / DIAGNOSTIC_SOCKET),
             concurrency=concurrency,
+            **({"access_log": str(self.logs / f"{name}{ACCESS_LOG_SUFFIX}")} if self.logs else {}),
         )
 
     def service(self, instance: Instance, beside: bool = False) -> Endpoint:

@@ -74,6 +74,18 @@ def wait_for_audit(state, request_id, count, timeout=5.0):
     return [line for line in audit_lines(state) if line["request_id"] == request_id]
 
 
+def access_lines(state, request_id, count, timeout=5.0) -> list[dict]:
+    """The deciding listeners' access log lines about the record (those naming a sender), once
+    `count` have landed (Envoy flushes its access logs every second: ENVOY_FLAGS), by time."""
+    deadline = time.monotonic() + timeout
+    while True:
+        seen = [line for log in Path(state["run_dir"], "logs").glob("*.access.log")
+                for line in map(json.loads, log.read_text().splitlines()) if line["record_id"] == request_id and line.get("sender")]
+        if len(seen) >= count or time.monotonic() > deadline:
+            return sorted(seen, key=lambda line: line["time"])
+        time.sleep(0.1)
+
+
 def instances_reached(state, request_id) -> set[str]:
     return {line["instance"] for line in audit_lines(state) if line["request_id"] == request_id}
 

@@ -18,7 +18,7 @@ from complyroute.evidence import audit
 from complyroute.runtime.local import deployment, supervision
 from complyroute.topology.plan import GATEWAY_SENDER
 
-from .helpers import (ENFORCING, ENGINES, EU_PERSONAL, audit_lines, entries, entries_reached, instances_reached, post, replicas,
+from .helpers import (ENFORCING, ENGINES, EU_PERSONAL, access_lines, audit_lines, entries, entries_reached, instances_reached, post, replicas,
                       send_as, wait_for_audit)
 
 # Phase 1 of the pool's deployments (tests/e2e/conftest.py): before the error contract and the
@@ -49,6 +49,12 @@ def test_eu_personal_record_travels_only_through_eu_instances_allowed(deployed):
     for hop in answer.body["path"]:
         assert hop["t_in"] <= hop["t_out"]
     assert instances_reached(state, request_id) == set(path)
+    # One access log line per hop, at the listener that decided it: from whom, into which step,
+    # to which instance, under which revision.
+    lines = access_lines(state, request_id, 3)
+    assert [(line["sender"], line["step"], line["instance"], line["status"]) for line in lines] == [
+        ("gateway", "ingest", path[0], 200), (path[0], "analyse", path[1], 200), (path[1], "store", path[2], 200)]
+    assert {line["revision"] for line in lines} == {state["revision"]} and not any(line["denial_code"] for line in lines)
 
 
 def test_eu_personal_record_without_consent_to_last_step_denied(deployed):
@@ -60,6 +66,10 @@ def test_eu_personal_record_without_consent_to_last_step_denied(deployed):
     assert [r["instance"] for r in answer.body["reasons"]] == sorted(replicas("store-eu"))
     wait_for_audit(state, request_id, 2)
     assert entries_reached(state, request_id) == ["analyse-eu", "ingest-eu"]
+    *passed, denial = access_lines(state, request_id, 3)
+    assert [line["status"] for line in passed] == [451, 451] and all(line["instance"] for line in passed)
+    assert (denial["step"], denial["status"], denial["instance"]) == ("store", 451, None)
+    assert (denial["denial_code"], denial["denial_revision"]) == ("PURPOSE_NOT_CONSENTED", state["revision"])
 
 
 def test_us_personal_record_may_use_us_instances_allowed(deployed):

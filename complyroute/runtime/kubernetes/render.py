@@ -49,6 +49,7 @@ from complyroute.engines import configuration
 from complyroute.policy import bundles, policyfiles
 from complyroute.policy.policyfiles import SYSTEM_POLICIES
 from complyroute.policy.ruleset import RuleSet
+from complyroute.proxy.accesslog import ENVOY_FLAGS
 from complyroute.proxy.opa import BundleSource, bundle_config
 from complyroute.runtime.kubernetes import images
 from complyroute.runtime.kubernetes.nodes import NODE_LABEL, ONE_NODE_ROLE, ROLE_LABEL
@@ -517,7 +518,7 @@ class Renderer:
         return {
             "name": "envoy",
             "image": ENVOY_IMAGE,
-            "args": ["-c", "/config/envoy.json", "--concurrency", str(point.concurrency), "--log-level", "warn"],
+            "args": ["-c", "/config/envoy.json", "--concurrency", str(point.concurrency), *ENVOY_FLAGS],
             # Envoy's own port names would clash across 50 listeners: numbers only.
             "ports": [{"containerPort": port} for port in sorted(set(listener_ports))] + [{"name": "envoy-ready", "containerPort": self.net.ENVOY_READY}],
             "readinessProbe": _probe(READY_PATH, self.net.ENVOY_READY),

@@ -125,7 +125,7 @@ def deploy(topology: Topology, policies: Path | None = None, health_timeout: flo
     # longer. Removed by undeploy.
     private = Path(tempfile.mkdtemp(prefix="complyroute-"))
     try:
-        network = LocalNetwork(private)
+        network = LocalNetwork(private, logs=run_dir / "logs")
         plan = place(topology, network)
         parts = render(plan, run_dir, rule_set)
     except BaseException:

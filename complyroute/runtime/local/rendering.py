@@ -22,6 +22,7 @@ from complyroute.files import write_whole
 from complyroute.policy import bundles, labels, policyfiles
 from complyroute.policy.policyfiles import OPA, POLICIES, SYSTEM_POLICIES
 from complyroute.policy.ruleset import RuleSet
+from complyroute.proxy.accesslog import ENVOY_FLAGS
 from complyroute.proxy.envoy import LISTENERS_FILE
 from complyroute.proxy.opa import BundleSource, bundle_config, write_data
 from complyroute.topology.manifest import REPO
@@ -174,7 +175,7 @@ def point_parts(point: EnforcementPoint, config: configuration.PointConfiguratio
             command=[
                 envoy_binary(), "-c", str(folder / "envoy.json"), "--concurrency", str(point.concurrency),
                 # No hot restart, so no shared memory: many Envoys coexist without --base-id.
-                "--disable-hot-restart", "--log-level", "warn",
+                "--disable-hot-restart", *ENVOY_FLAGS,
                 # A listener replaced through its file (a reload adding a label) closes each
                 # connection opened before after its next answer, not gradually over minutes.
                 "--drain-strategy", "immediate",

@@ -318,10 +318,14 @@ quick_response(present, removed, decided) := {"allowed": true, "headers": object
 	count(removed) == 0
 } else := {"allowed": true, "headers": object.union(present, decided), "request_headers_to_remove": removed}
 
+# The denial's code and revision go to Envoy as dynamic metadata too, which its access log
+# line and its counters name (complyroute/proxy/envoy.py ACCESS_LOG_FIELDS): Envoy does not
+# read the body.
 denial_response(refusal, id) := {
 	"allowed": false,
 	"http_status": wire_status(refusal.status),
 	"headers": {"content-type": "application/json"},
+	"dynamic_metadata": {"code": refusal.code, "revision": revision},
 	"body": json.marshal({
 		"code": refusal.code,
 		"message": refusal.message,

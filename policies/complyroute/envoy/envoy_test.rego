@@ -88,7 +88,7 @@ denied_failures(cases) := {concat(" / ", [name, twin_name]): got |
 }
 
 denied_as([got], want) if {
-	object.keys(got) == {"allowed", "http_status", "headers", "body"}
+	object.keys(got) == {"allowed", "http_status", "headers", "body", "dynamic_metadata"}
 	got.allowed == false
 
 	# 451 travels to Envoy as 403 (see wire_status in envoy.rego); every other status as is.
@@ -98,6 +98,9 @@ denied_as([got], want) if {
 	object.keys(body) == {"code", "message", "request_id", "revision", "reasons"}
 	body.code == want.code
 	body.revision == revision_under_test
+
+	# What Envoy's access log and counters name of the denial, as the body does.
+	got.dynamic_metadata == {"code": body.code, "revision": body.revision}
 	body.request_id == object.get(want, "request_id", "r-42")
 	is_string(body.message)
 	[reason.code | some reason in body.reasons] == want.reasons

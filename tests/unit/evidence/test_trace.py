@@ -1,5 +1,5 @@
-"""trace: decision log lines joined to audit lines by the record's id, on small run folders
-written as OPA and the services write them (the real ones: tests/e2e/test_trace_e2e.py)."""
+"""trace: access log and decision log lines joined to audit lines by the record's id, on small run
+folders written as Envoy, OPA and the services write them (the real ones: tests/e2e/test_trace_e2e.py)."""
 
 import io
 import json
@@ -47,6 +47,19 @@ def decision_line(timestamp, sender, step, result, request_id=RID, bundles={"com
     return json.dumps(entry)
 
 
+def access_line(time, point, sender, step, status=200, destination=None, instance=None, revision=REVISION, denial_code=None,
+                details="via_upstream", request_id=RID):
+    """One line as a deciding listener's Envoy writes it (proxy/envoy.py ACCESS_LOG_FIELDS)."""
+    denied = denial_code is not None
+    return json.dumps({
+        "denial_code": denial_code, "denial_revision": revision if denied else None, "destination": destination,
+        "details": "ext_authz_denied" if denied else details, "duration_ms": 7, "flags": "UAEX" if denied else "-",
+        "instance": instance, "listener": "egress", "method": "POST", "path": "/process", "peer": None, "point": point,
+        "record_id": request_id, "revision": None if denied else revision, "sender": sender, "status": status, "step": step,
+        "time": time,
+    })
+
+
 def audit_line(ts_ms, instance, step, sender, decided_by, request_id=RID, revision=REVISION):
     return json.dumps({"ts": ts_ms, "instance": instance, "step": step, "request_id": request_id, "labels": LABELS,
                        "digest": DIGEST, "sender": sender, "decided_by": decided_by, "revision": revision, "prev": "0" * 64})
@@ -57,13 +70,16 @@ def at(seconds_after):
     return 1795352144_000 + seconds_after * 1000
 
 
-def run_folder(tmp_path, logs: dict[str, list[str]], audit: dict[str, list[str]], engine="envoy-opa", decision_logs="file"):
+def run_folder(tmp_path, logs: dict[str, list[str]], audit: dict[str, list[str]], engine="envoy-opa", decision_logs="file",
+               access: dict[str, list[str]] | None = None):
     run = tmp_path / "mixed-regions-5-20261122-125542"
     (run / "logs").mkdir(parents=True)
     (run / "audit").mkdir()
     (run / "state.json").write_text(json.dumps({"topology": "mixed-regions", "engine": engine, "decision_logs": decision_logs}))
     for point, lines in logs.items():
         (run / "logs" / f"{point}.opa.log").write_text("".join(line + "\n" for line in lines))
+    for point, lines in (access or {}).items():
+        (run / "logs" / f"{point}.access.log").write_text("".join(line + "\n" for line in lines))
     for instance, lines in audit.items():
         (run / "audit" / f"{instance}.jsonl").write_text("".join(line + "\n" for line in lines))
     return run
@@ -184,9 +200,73 @@ def test_an_unknown_id_is_an_error_denied(tmp_path):
         trace.trace(walkthrough_envoy_opa(tmp_path), "nope")
 
 
-def test_a_run_without_decision_logs_says_how_to_turn_them_on_denied(tmp_path):
+def walkthrough_access_lines(last_status=200, last_code=None):
+    """The walkthrough's EU record as the deciding listeners' access lines tell it; another
+    record's line and a forwarding listener's (no sender) beside them."""
+    last = ({"destination": "store-eu", "instance": "store-eu"} if last_code is None else {"denial_code": last_code})
+    return {
+        "entry": [access_line("2026-11-22T12:55:44.100Z", "entry", "gateway", "ingest", destination="ingest-eu-1,ingest-eu-2",
+                              instance="ingest-eu-2")],
+        "sidecar-ingest-eu": [access_line("2026-11-22T12:55:44.150Z", "sidecar-ingest-eu", "ingest-eu", "analyse",
+                                          destination="analyse-eu", instance="analyse-eu"),
+                              access_line("2026-11-22T12:55:44.160Z", "sidecar-ingest-eu", "ingest-eu", "analyse",
+                                          destination="analyse-eu", instance="analyse-eu", request_id=OTHER),
+                              json.dumps({"point": "sidecar-ingest-eu", "listener": "ingress", "record_id": RID, "status": 200,
+                                          "time": "2026-11-22T12:55:44.105Z"})],
+        "sidecar-analyse-eu": [access_line("2026-11-22T12:55:44.200Z", "sidecar-analyse-eu", "analyse-eu", "store", status=last_status,
+                                           **last)],
+    }
+
+
+def test_without_decision_logs_the_access_lines_tell_each_hop_allowed(tmp_path):
+    run = run_folder(tmp_path, {}, {
+        "ingest-eu-2": [audit_line(at(0.11), "ingest-eu-2", "ingest", "gateway", "entry")],
+        "analyse-eu": [audit_line(at(0.155), "analyse-eu", "analyse", "ingest-eu", "sidecar-ingest-eu")],
+        "store-eu": [audit_line(at(0.21), "store-eu", "store", "analyse-eu", "sidecar-analyse-eu")],
+    }, decision_logs="off", access=walkthrough_access_lines())
+    _, first, second, third = traced(run)
+    assert first.splitlines() == [
+        "1: entry decides gateway -> ingest",
+        "  decision  allowed -> ingest-eu-1,ingest-eu-2, decision logs off (engine.decision_logs): no labels as the point read them",
+        "  sent to   ingest-eu-2: 200 via_upstream, 7 ms at the point",
+        f"  revision  {REVISION}",
+        f"  received  by ingest-eu-2 (ingest): category personal, consent billing,care, region EU, digest {DIGEST}, revision {REVISION}",
+    ]
+    assert second.startswith("2: sidecar-ingest-eu decides ingest-eu -> analyse") and "received  by analyse-eu" in second
+    assert third.startswith("3: sidecar-analyse-eu decides analyse-eu -> store") and "received  by store-eu" in third
+
+
+def test_without_decision_logs_a_denial_is_told_by_its_code_and_revision_denied(tmp_path):
+    run = run_folder(tmp_path, {}, {}, decision_logs="off", access=walkthrough_access_lines(451, "CERTIFICATION_MISSING"))
+    *_, last = traced(run)
+    assert last.splitlines() == [
+        "3: sidecar-analyse-eu decides analyse-eu -> store",
+        "  decision  denied 451 CERTIFICATION_MISSING (its reasons are in the decision log)",
+        f"  revision  {REVISION}",
+    ]
+
+
+def test_a_refusal_by_the_points_envoy_names_its_check_denied(tmp_path):
+    refused = access_line("2026-11-22T12:55:44.100Z", "entry", "gateway", "ingest", status=431, revision=None, details="lua_response")
+    run = run_folder(tmp_path, {}, {}, decision_logs="off", access={"entry": [refused]})
+    _, hop = traced(run)
+    assert "  decision  refused 431 by the point's Envoy (lua_response)\n" in hop and "received" not in hop
+
+
+def test_access_and_decision_lines_of_one_hop_are_one_hop_allowed(tmp_path):
+    run = walkthrough_envoy_opa(tmp_path)
+    for point, lines in walkthrough_access_lines().items():
+        (run / "logs" / f"{point}.access.log").write_text("".join(line + "\n" for line in lines))
+    _, first, *rest = traced(run)
+    assert len(rest) == 2
+    assert "  labels    category personal, consent care,billing, region EU\n" in first
+    assert "  decision  allowed -> ingest-eu\n" in first  # the decision log's answer
+    assert "  sent to   ingest-eu-2: 200 via_upstream, 7 ms at the point\n" in first
+
+
+def test_a_run_without_decision_logs_or_access_logs_says_how_to_turn_them_on_denied(tmp_path):
     run = run_folder(tmp_path, {}, {"ingest-eu": [audit_line(at(0.1), "ingest-eu", "ingest", "gateway", "entry")]}, decision_logs="off")
-    with pytest.raises(trace.TraceError, match="has no decision logs .*set engine.decision_logs: file in the manifest"):
+    with pytest.raises(trace.TraceError, match="has no decision logs .* and no access logs .*set engine.decision_logs: file in the manifest"):
         trace.trace(run, RID)
 
 

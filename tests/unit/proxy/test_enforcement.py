@@ -161,7 +161,7 @@ def test_admin_decisions_and_opa_api_listen_on_private_sockets_and_health_checks
         if point.deciding:
             [opa] = [c for c in envoy["static_resources"]["clusters"] if c["name"] == "opa"]
             assert opa["type"] == "STATIC"
-            assert opa["load_assignment"]["endpoints"] == [{"lb_endpoints": [{"endpoint": {"address": {"pipe": {"path": point.opa_grpc.path}}}}]}]
+            assert opa["load_assignment"]["endpoints"] == [{"lb_endpoints": [{"endpoint": {"address": {"pipe": {"path": point.opa_grpc.path}}, "hostname": "opa"}}]}]
             assert configs[point.name].opa["plugins"]["envoy_ext_authz_grpc"]["addr"] == f"unix://{point.opa_grpc.path}"
         assert point.envoy_ready_url == f"{point.ready.url}/ready"
         assert point.opa_health_url == f"{localhttp.url(point.opa_diagnostic.path)}/health?plugins"
