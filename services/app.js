@@ -12,6 +12,7 @@ import { createAuditLog } from './src/audit.js'
 import { answerError, clientErrorHandler } from './src/errors.js'
 import { createForwarder } from './src/forwarder.js'
 import { labelsInEffect } from './src/labels.js'
+import { createMetrics } from './src/metrics.js'
 import { routes } from './src/routes.js'
 import { BODY_LIMIT, errorSchema, isValidRequestId } from './src/schemas.js'
 
@@ -26,11 +27,13 @@ export function defaultClock () {
  * @param {{write(entry: object): Promise<void>}} opts.audit
  * @param {(request: {body: string, headers: Record<string, string>}) => Promise<{status: number, body: string}>} [opts.forward] required when config.nextStep is set
  * @param {() => number} [opts.now] clock, ms since the epoch (fractional)
+ * @param {object} [opts.metrics] what GET /metrics tells (src/metrics.js createMetrics; one of the instance's own by default)
  */
 export async function app (fastify, opts) {
   const { config, audit } = opts
   const forward = opts.forward
   const now = opts.now ?? defaultClock
+  const metrics = opts.metrics ?? createMetrics(config)
   if (!config) throw new Error('app: opts.config is required')
   if (!audit || typeof audit.write !== 'function') throw new Error('app: opts.audit with write(entry) is required')
   if (config.nextStep && typeof forward !== 'function') throw new Error('app: opts.forward is required when NEXT_STEP is set')
@@ -52,7 +55,7 @@ export async function app (fastify, opts) {
     done(null, payload)
   })
 
-  routes(fastify, { config, audit, forward, now, labels: () => inEffect })
+  routes(fastify, { config, audit, forward, now, metrics, labels: () => inEffect })
 }
 
 // Apply to the instance it is registered on (no encapsulation), as

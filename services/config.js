@@ -314,11 +314,13 @@ export function parseConfig (env = process.env) {
   const tls = tlsCredentials(env)
   const recordPeers = spiffeList(env, 'RECORD_PEERS')
   const controlPeers = spiffeList(env, 'CONTROL_PEERS')
+  const monitoringPeers = spiffeList(env, 'MONITORING_PEERS')
   const egressIdentity = spiffeId(env, 'EGRESS_IDENTITY')
   if (tls === null) {
     // Without TLS there is no peer identity to check: a list given anyway would be ignored
     // silently, so it is refused.
-    for (const [name, given] of [['RECORD_PEERS', recordPeers.length > 0], ['CONTROL_PEERS', controlPeers.length > 0], ['EGRESS_IDENTITY', egressIdentity !== null]]) {
+    for (const [name, given] of [['RECORD_PEERS', recordPeers.length > 0], ['CONTROL_PEERS', controlPeers.length > 0],
+      ['MONITORING_PEERS', monitoringPeers.length > 0], ['EGRESS_IDENTITY', egressIdentity !== null]]) {
       if (given) throw new ConfigError(name, 'is set but mutual TLS is off: set TLS_CERT, TLS_KEY and TLS_CA, or unset it')
     }
   } else {
@@ -364,6 +366,7 @@ export function parseConfig (env = process.env) {
     tls,
     recordPeers,
     controlPeers,
+    monitoringPeers,
     egressIdentity,
     labelTokens
   })

@@ -20,8 +20,6 @@ ACCESS_LOG_FIELDS = {
     "time": "%START_TIME%",
     "record_id": "%REQ(X-REQUEST-ID)%",
     "peer": "%DOWNSTREAM_PEER_URI_SAN%",
-    "method": "%REQ(:METHOD)%",
-    "path": "%REQ(:PATH)%",
     "status": "%RESPONSE_CODE%",
     "details": "%RESPONSE_CODE_DETAILS%",
     "flags": "%RESPONSE_FLAGS%",

@@ -30,6 +30,7 @@ import json
 from complyroute.policy.labels import Label
 from complyroute.proxy.accesslog import access_log
 from complyroute.proxy.clusters import cluster, set_cluster, socket
+from complyroute.proxy.metrics import hop_stats, metrics_clusters, metrics_listener
 from complyroute.proxy.contract import (DIGEST_HEADER, LABEL_TOKEN_HEADER, MAX_LABEL_BYTES, MAX_LABEL_VALUES, MAX_FORWARDED_HEADERS, MAX_RECORD_BYTES, MAX_REQUEST_HEADERS,
                                         RECORD_ID_HEADER, RECORD_PATH, REVISION_HEADER, ROUTING_HEADER, hop_timeout_of,
                                         receive_timeouts)
@@ -260,7 +261,8 @@ def _deciding_listener(listener: DecidingListener, settings: dict, matcher: dict
         "name": listener.name,
         "address": socket(listener.endpoint),
         "filter_chains": [filter_chain([_connection_manager(listener.name, filters, virtual_host, settings, listener.from_client, deciding=True,
-                                                            logs=[access_log(log_path, point, listener.name, listener.sender, listener.step)])],
+                                                            logs=[access_log(log_path, point, listener.name, listener.sender, listener.step),
+                                                                  hop_stats(listener.name)])],
                                       trust, listener.name)],
     }
 
@@ -324,11 +326,14 @@ def envoy_config(point: EnforcementPoint, engine: dict, matchers: dict[str, dict
     clusters += [cluster(instance, endpoint, trust=trust) for instance, endpoint in sorted(point.destinations.items())]
     clusters += [set_cluster(name, point, trust) for name in sorted(set_clusters)]
     clusters += [cluster(f"upstream-{f.name}", f.upstream, trust=trust) for f in point.forwarding]
+    clusters += metrics_clusters(point)
     listeners = [_deciding_listener(d, engine, (matchers or {}).get(d.name), point.name, trust, labels, point.destinations_behind_ingress,
                                     point.access_log)
                  for d in point.deciding]
     listeners += [_forwarding_listener(f, engine, trust, point.name, point.access_log) for f in point.forwarding]
     listeners.append(_ready_listener(point, engine))
+    if point.metrics is not None:
+        listeners.append(metrics_listener(point, trust))
     return {
         "node": {"id": point.name, "cluster": point.node},
         "admin": {"address": socket(point.admin)},

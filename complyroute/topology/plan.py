@@ -112,9 +112,12 @@ class EnforcementPoint:
     # instance of the set; a service itself could claim as much, so no other point believes it.
     destinations_behind_ingress: bool = False
     catalog: dict = field(default_factory=dict)  # the catalog slice it decides with (its OPA loads it indexed: policydata)
-    # Where its Envoy writes a JSON line per request (proxy/envoy.py access_log): a file of the
-    # run's logs locally (LocalNetwork), the container's output on Kubernetes.
+    # Where its Envoy writes a JSON line per request (proxy/accesslog.py): a file of the run's
+    # logs locally (LocalNetwork), the container's output on Kubernetes.
     access_log: str = "/dev/stdout"
+    # Its metrics listener (proxy/metrics.py): GET /metrics (Envoy's statistics) and /metrics/opa
+    # (its OPA's), for the scraper only (the monitoring identity under mutual TLS); None: none.
+    metrics: Endpoint | None = None
 
     def __post_init__(self):
         if self.role not in ROLES:
@@ -141,6 +144,7 @@ class EnforcementPoint:
 
 
 GATEWAY_SENDER = "gateway"
+METRICS_LISTENER = "metrics"  # the name of a point's metrics listener (EnforcementPoint.metrics)
 # The sockets in a point's private folder, wherever it runs (runtime/kubernetes/render.py too).
 ADMIN_SOCKET, DECISION_SOCKET, API_SOCKET, DIAGNOSTIC_SOCKET = "envoy-admin.sock", "opa-decision.sock", "opa-api.sock", "opa-diagnostic.sock"
 
@@ -163,7 +167,7 @@ class LocalNetwork:
     beside another one takes it (runtime/local/deployment.py).
     """
 
-    SERVICE, INGRESS, EGRESS, ENVOY_READY = 20000, 21000, 22000, 27000
+    SERVICE, INGRESS, EGRESS, ENVOY_READY, METRICS = 20000, 21000, 22000, 27000, 28000
     BUNDLE_SERVER = 29000
     ENTRY_PORT = 8080
 
@@ -201,6 +205,7 @@ class LocalNetwork:
             opa_grpc=Endpoint.unix(folder / DECISION_SOCKET),
             opa_http=Endpoint.unix(folder / API_SOCKET),
             opa_diagnostic=Endpoint.unix(folder / DIAGNOSTIC_SOCKET),
+            metrics=Endpoint(self.address(node), self.METRICS + index),
             concurrency=concurrency,
             **({"access_log": str(self.logs / f"{name}{ACCESS_LOG_SUFFIX}")} if self.logs else {}),
         )

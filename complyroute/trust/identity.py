@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from complyroute.files import write_whole
-from complyroute.topology.plan import Endpoint, EnforcementPoint, Plan, ServiceProcess
+from complyroute.topology.plan import METRICS_LISTENER, Endpoint, EnforcementPoint, Plan, ServiceProcess
 from complyroute.trust import pki
 
 # The issuer a label token names (`iss`): the entry's OPA signs it, every later deciding listener
@@ -65,6 +65,7 @@ class ServiceTrust:
     control_peers: tuple[str, ...]
     egress_identity: str | None
     label_tokens: bool
+    monitoring_peers: tuple[str, ...] = ()  # who may read GET /metrics
 
     def environment(self, egress_url: str | None) -> dict[str, str]:
         """The service's TLS configuration (services/config.js reads it); its egress over TLS."""
@@ -74,6 +75,7 @@ class ServiceTrust:
             "TLS_CA": self.files.ca,
             "RECORD_PEERS": ",".join(self.record_peers),
             "CONTROL_PEERS": ",".join(self.control_peers),
+            "MONITORING_PEERS": ",".join(self.monitoring_peers),
         }
         if self.egress_identity:
             env["EGRESS_IDENTITY"] = self.egress_identity
@@ -169,6 +171,8 @@ class Trust:
         # forwarding one, which nothing in the plan sends to): plain HTTP, no peers.
         listener_peers = {listener.name: () if getattr(listener, "from_client", False) else self.peers(listener.endpoint)
                           for listener in [*point.deciding, *point.forwarding]}
+        if point.metrics is not None:  # its metrics listener admits the scraper only
+            listener_peers[METRICS_LISTENER] = (pki.MONITORING,)
         upstreams = [*point.destinations.values(), *(f.upstream for f in point.forwarding)]
         return PointTrust(
             files=files,
@@ -186,6 +190,7 @@ class Trust:
             files=files,
             record_peers=self.peers(service.endpoint),
             control_peers=(pki.CONTROL,),
+            monitoring_peers=(pki.MONITORING,),
             egress_identity=self.owner[_url_key(service.egress_url)] if service.egress_url else None,
             label_tokens=self.label_tokens,
         )
@@ -204,7 +209,8 @@ class Credentials:
     def issue(cls, trust: Trust, name: str, bundle_server_host: str = "127.0.0.1") -> Credentials:
         """Every part's credential; the bundle server's also names the host OPAs reach it by."""
         ca = pki.CertificateAuthority(name)
-        identities = [point_identity(p) for p in trust.plan.points] + [service_identity(s) for s in trust.plan.services] + [pki.CONTROL]
+        identities = [point_identity(p) for p in trust.plan.points] + [service_identity(s) for s in trust.plan.services] + [pki.CONTROL,
+                                                                                                                       pki.MONITORING]
         jwk, jwks = pki.signing_key()
         parts = {identity: ca.issue(identity) for identity in identities}
         parts[pki.BUNDLE_SERVER] = ca.issue(pki.BUNDLE_SERVER, hosts=(bundle_server_host,))

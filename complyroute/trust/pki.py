@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, utils
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from complyroute.trust.spiffe import BUNDLE_SERVER, CONTROL, TRUST_DOMAIN, spiffe_id
+from complyroute.trust.spiffe import BUNDLE_SERVER, CONTROL, MONITORING, TRUST_DOMAIN, spiffe_id
 
 # Long enough for any experiment; a deployment is re-keyed every time it is deployed.
 VALIDITY = datetime.timedelta(days=30)

@@ -16,3 +16,6 @@ def spiffe_id(kind: str, name: str) -> str:
 CONTROL = spiffe_id("control", "")
 # The bundle server (complyroute/policy/bundleserver.py), which serves the points' OPAs their rule set.
 BUNDLE_SERVER = spiffe_id("control", "bundles")
+# What scrapes the parts' metrics (Prometheus, with the scrape configuration a deploy writes): it
+# reads GET /metrics of every point's metrics listener and every service, and nothing else.
+MONITORING = spiffe_id("monitoring", "")

@@ -94,6 +94,7 @@ export function peerAllowed (config, method, url, peerId) {
   if (peerId === null) return false
   if (method === 'POST' && url === '/process') return config.recordPeers.includes(peerId)
   if ((method === 'GET' || method === 'HEAD') && (url === '/health' || url === '/stats')) return config.controlPeers.includes(peerId)
+  if ((method === 'GET' || method === 'HEAD') && url === '/metrics') return config.monitoringPeers.includes(peerId)
   return config.recordPeers.includes(peerId) || config.controlPeers.includes(peerId)
 }
 

@@ -1,15 +1,17 @@
 // The routes of a service instance: POST /process (a record: its checks, its work, its audit
-// line, and sending it on or answering it), GET /health, GET /stats, and the answer to a request
-// no route takes. Under mutual TLS each route admits only the peers that need it.
+// line, and sending it on or answering it), GET /health, GET /stats, GET /metrics (Prometheus's
+// text, src/metrics.js), and the answer to a request no route takes. Under mutual TLS each route
+// admits only the peers that need it.
 
 import { createHash } from 'node:crypto'
+import { performance } from 'node:perf_hooks'
 import { deliveredAnswer, downstreamPathEntries, pathEntryJson, pathEntryPrefix, relayableError } from './answers.js'
 import { sha256Hex } from './audit.js'
 import { AppError, answerError } from './errors.js'
 import { peerAllowed, peerIdentity } from './identity.js'
 import { LABEL_TOKEN_HEADERS, labelTokenCheck } from './label-tokens.js'
 import { loggedLabels, missingLabelError } from './labels.js'
-import { STAT_NAMES, healthSchema, processSchema, statsSchema } from './schemas.js'
+import { STAT_NAMES, healthSchema, metricsSchema, processSchema, statsSchema } from './schemas.js'
 
 // Set by the enforcement point that decided the hop into this instance, overwriting any
 // value a sender chose (complyroute/proxy/envoy.py _deciding_listener); absent when no
@@ -27,6 +29,16 @@ const kLabels = Symbol('complyroute.labels')
 
 const JSON_CONTENT_TYPE = 'application/json; charset=utf-8'
 
+/** The code of a refusal's answer ({code, message, ...} as text, src/errors.js), read only for refusals. */
+function refusalCode (payload) {
+  try {
+    const code = JSON.parse(payload).code
+    return typeof code === 'string' ? code : 'UNKNOWN'
+  } catch {
+    return 'UNKNOWN'
+  }
+}
+
 /** The fixed work per record: `iterations` chained SHA-256 rounds over the body. */
 export function doWork (body, iterations) {
   let digest = Buffer.alloc(0)
@@ -41,8 +53,9 @@ export function doWork (body, iterations) {
  * @param {import('fastify').FastifyInstance} fastify
  * @param {object} opts the app plugin's (config, audit, forward, now)
  * @param {() => {labels: object[], digest: string, requiredHeaders: string[]}} labels the labels in effect (src/labels.js)
+ * @param {ReturnType<import('./metrics.js').createMetrics>} metrics what GET /metrics tells (src/metrics.js)
  */
-export function routes (fastify, { config, audit, forward, now, labels }) {
+export function routes (fastify, { config, audit, forward, now, labels, metrics }) {
   const stats = Object.fromEntries(STAT_NAMES.map((name) => [name, 0]))
 
   // The audit line of an accepted record (src/audit.js adds the chain link): the labels as
@@ -124,6 +137,11 @@ export function routes (fastify, { config, audit, forward, now, labels }) {
     return { ...stats }
   })
 
+  fastify.get('/metrics', { schema: metricsSchema, onRequest: mtls ? peerCheck('GET', '/metrics') : undefined }, async function (request, reply) {
+    reply.header('content-type', metrics.contentType)
+    return metrics.text()
+  })
+
   function nextHopFailed (request, reply, message) {
     request[kOutcome] = 'downstream_failed'
     request.log.warn({ next_step: config.nextStep }, message)
@@ -138,6 +156,7 @@ export function routes (fastify, { config, audit, forward, now, labels }) {
       request[kTIn] = now()
       request[kLabels] = labels()
       stats.received++
+      metrics.received()
       done()
     }, ...(mtls ? [peerCheck('POST', '/process')] : [])],
     // Before the schema's checks: a missing label is answered before an invalid request id, as
@@ -155,6 +174,7 @@ export function routes (fastify, { config, audit, forward, now, labels }) {
       // (the error handler cleared it) a refusal or an internal error.
       const outcome = request[kOutcome] ?? (reply.statusCode >= 500 ? 'internal_errors' : 'rejected')
       stats[outcome]++
+      if (request[kOutcome] === null) metrics.refused(refusalCode(payload))
       done(null, payload)
     }
   }, async function processRecord (request, reply) {
@@ -170,7 +190,9 @@ export function routes (fastify, { config, audit, forward, now, labels }) {
     doWork(body, config.workIterations)
 
     try {
+      const writing = performance.now()
       await audit.write(auditEntry(tIn, requestId, recordLabels, headers, digest))
+      metrics.auditWritten((performance.now() - writing) / 1000)
     } catch (err) {
       request.log.error({ err }, 'audit log write failed')
       throw new AppError(500, 'AUDIT_FAILED', 'the audit log could not be written')
@@ -199,6 +221,7 @@ export function routes (fastify, { config, audit, forward, now, labels }) {
     if (checkLabelToken !== null) outgoing[LABEL_TOKEN_HEADERS.token] = headers[LABEL_TOKEN_HEADERS.token]
 
     stats.forwarded++
+    metrics.forwarded()
     const tOut = now()
     let answer
     try {

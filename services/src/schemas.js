@@ -109,6 +109,12 @@ export const STAT_NAMES = Object.freeze([
   'received', 'answered', 'forwarded', 'downstream_denied', 'downstream_failed', 'rejected', 'internal_errors'
 ])
 
+// Prometheus's text: a string, whatever the registry writes; no query string.
+export const metricsSchema = {
+  querystring: noQuery,
+  response: { 200: { type: 'string' }, ...errorResponses }
+}
+
 export const statsSchema = {
   querystring: noQuery,
   response: {

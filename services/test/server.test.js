@@ -87,6 +87,7 @@ test('a second signal while closing, or a failed close, exits 1', async () => {
 
 const POINT = 'spiffe://complyroute/point/central-entity'
 const CONTROL = 'spiffe://complyroute/control'
+const MONITORING = 'spiffe://complyroute/monitoring'
 const id = (name) => `spiffe://complyroute/service/${name}`
 const LABELS = { 'content-type': 'application/json', 'x-data-region': 'EU', 'x-data-category': 'personal' }
 
@@ -115,7 +116,8 @@ async function call (origin, connect, { method = 'GET', path, headers, body } = 
   try {
     const res = await client.request({ method, path, headers, body })
     const text = await res.body.text()
-    return { status: res.statusCode, body: text === '' ? null : JSON.parse(text) }
+    const json = (res.headers['content-type'] ?? '').startsWith('application/json')
+    return { status: res.statusCode, body: text === '' ? null : json ? JSON.parse(text) : text }
   } finally {
     await client.close().catch(() => {})
   }
@@ -126,8 +128,9 @@ test('mutual TLS: each route answers its allowed peer; another peer gets 403 PEE
   const own = pki.issue('svc-01', id('svc-01'))
   const point = tlsClient(pki.issue('point', POINT))
   const control = tlsClient(pki.issue('control', CONTROL))
+  const monitoring = tlsClient(pki.issue('monitoring', MONITORING))
   const stranger = tlsClient(pki.issue('svc-99', id('svc-99')))
-  const { origin, lines } = await startService(t, own, { RECORD_PEERS: POINT, CONTROL_PEERS: CONTROL })
+  const { origin, lines } = await startService(t, own, { RECORD_PEERS: POINT, CONTROL_PEERS: CONTROL, MONITORING_PEERS: MONITORING })
   const record = { method: 'POST', path: '/process', headers: LABELS, body: '{"subject":"alice"}' }
 
   const accepted = await call(origin, point, record)
@@ -167,6 +170,17 @@ test('mutual TLS: each route answers its allowed peer; another peer gets 403 PEE
   assert.equal(stats.answered, 1)
   assert.equal(stats.rejected, 2)
   assert.equal(lines.length, 1)
+
+  // GET /metrics is the scraper's only: it sends no record and reads nothing else.
+  assert.equal((await call(origin, monitoring, record)).body.code, 'PEER_NOT_ALLOWED')
+  assert.equal((await call(origin, monitoring, { path: '/stats' })).body.code, 'PEER_NOT_ALLOWED')
+  for (const peer of [control, point, stranger]) assert.equal((await call(origin, peer, { path: '/metrics' })).body.code, 'PEER_NOT_ALLOWED')
+  const scraped = await call(origin, monitoring, { path: '/metrics' })
+  assert.equal(scraped.status, 200)
+  const series = (name) => Number(scraped.body.match(new RegExp(`^${name} (\\S+)$`, 'm'))?.[1])
+  assert.equal(series('complyroute_records_received_total\\{instance="svc-01",step="[a-z]+"\\}'), 4)
+  assert.equal(series('complyroute_records_refused_total\\{code="PEER_NOT_ALLOWED",instance="svc-01",step="[a-z]+"\\}'), 3)
+  assert.equal(series('complyroute_audit_write_seconds_count\\{instance="svc-01",step="[a-z]+"\\}'), 1)
 })
 
 test('mutual TLS chain: a step sends on only to a next hop presenting EGRESS_IDENTITY, which takes it only from its RECORD_PEERS', { skip: NO_OPENSSL }, async (t) => {

@@ -30,6 +30,7 @@ import pytest
 from complyroute.proxy.contract import MAX_RECORD_BYTES, receive_timeouts
 from complyroute.runtime.local import rendering, supervision
 from complyroute.topology import localhttp
+from complyroute.topology.plan import METRICS_LISTENER
 
 from .helpers import ENFORCING, ENGINES, POOL_RECEIVE_TIMEOUT, as_part, as_service, egress_url, entries, label_token, opa_api
 
@@ -78,12 +79,13 @@ ENTRY_LISTENER = Listener(None, ("127.0.0.1", 8080))
 
 
 def listeners(state) -> dict[str, Listener]:
-    """Every listener of the deployment's Envoys (but the readiness ones), by point/name, with
-    the credential of the first part each admits."""
+    """Every listener of the deployment's Envoys that takes records (not the readiness ones, nor
+    the metrics listeners: tests/e2e/test_metrics_e2e.py), by point/name, with the credential of
+    the first part each admits."""
     found = {}
     for config in sorted(Path(state["run_dir"], "points").glob("*/envoy.json")):
         for listener in rendering.envoy_listeners(config.parent):
-            if listener["name"] != "ready":
+            if listener["name"] not in ("ready", METRICS_LISTENER):
                 address = listener["address"]["socket_address"]
                 tls = listener["filter_chains"][0].get("transport_socket")
                 context = None

@@ -50,6 +50,7 @@ from complyroute.policy import bundles, policyfiles
 from complyroute.policy.policyfiles import SYSTEM_POLICIES
 from complyroute.policy.ruleset import RuleSet
 from complyroute.proxy.accesslog import ENVOY_FLAGS
+from complyroute.proxy.metrics import ENVOY_PATH, OPA_PATH
 from complyroute.proxy.opa import BundleSource, bundle_config
 from complyroute.runtime.kubernetes import images
 from complyroute.runtime.kubernetes.nodes import NODE_LABEL, ONE_NODE_ROLE, ROLE_LABEL
@@ -81,6 +82,10 @@ BUNDLES_MOUNT = "/bundles"
 REVISION_ANNOTATION = "complyroute.io/revision"
 # On the namespace: which render it runs, so a reload applies to the deployment it was recorded for.
 RENDER_ANNOTATION = "complyroute.io/render"
+# The pods' metrics (Renderer.monitoring): the namespaces whose Prometheus may scrape them carry this
+# label; a pod with an OPA names its OPA's metrics path beside the usual prometheus.io/path.
+MONITORING_NAMESPACE_LABEL, MONITORING_NAMESPACE_VALUE = "complyroute.io/monitoring", "scrape"
+OPA_METRICS_ANNOTATION = "complyroute.io/opa-metrics-path"
 AUDIT_DIR = "/var/log/complyroute"
 
 # Every pod runs under the restricted Pod Security Standard (its namespace enforces it): one
@@ -147,7 +152,7 @@ class KubernetesNetwork:
     """Addresses in a cluster: each pod its own IP, fixed ports, Services by DNS name."""
 
     SERVICE, INGRESS, EGRESS, ENTRY, HOPS = 3000, 15001, 15002, 8080, 22000
-    OPA_DIAGNOSTIC, ENVOY_READY, BUNDLES = 8282, 9902, 8443
+    OPA_DIAGNOSTIC, ENVOY_READY, BUNDLES, METRICS = 8282, 9902, 8443, 9102
 
     def __init__(self, namespace: str):
         self.namespace = namespace
@@ -173,6 +178,8 @@ class KubernetesNetwork:
             opa_grpc=Endpoint.unix(f"{PRIVATE_MOUNT}/{DECISION_SOCKET}"),
             opa_http=Endpoint.unix(f"{PRIVATE_MOUNT}/{API_SOCKET}"),
             opa_diagnostic=Endpoint("0.0.0.0", self.OPA_DIAGNOSTIC),
+            # Scraped by Prometheus from the namespace labelled for monitoring only (monitoring_policy).
+            metrics=Endpoint("0.0.0.0", self.METRICS),
             concurrency=concurrency,
         )
 
@@ -520,7 +527,8 @@ class Renderer:
             "image": ENVOY_IMAGE,
             "args": ["-c", "/config/envoy.json", "--concurrency", str(point.concurrency), *ENVOY_FLAGS],
             # Envoy's own port names would clash across 50 listeners: numbers only.
-            "ports": [{"containerPort": port} for port in sorted(set(listener_ports))] + [{"name": "envoy-ready", "containerPort": self.net.ENVOY_READY}],
+            "ports": [{"containerPort": port} for port in sorted(set(listener_ports))] + [{"name": "envoy-ready", "containerPort": self.net.ENVOY_READY},
+                                                                                          {"name": "metrics", "containerPort": self.net.METRICS}],
             "readinessProbe": _probe(READY_PATH, self.net.ENVOY_READY),
             "livenessProbe": _probe(READY_PATH, self.net.ENVOY_READY),
             "resources": RESOURCES["envoy"],
@@ -755,6 +763,37 @@ class Renderer:
                 if policy["spec"]["podSelector"]["matchLabels"]["component"] in with_opa:
                     policy["spec"]["egress"].append(to_bundles)
             self.objects.append(self.network_policy(BUNDLE_SERVER, BUNDLE_SERVER, [{"ports": bundles_port, "from": _component_selector(with_opa)}], []))
+        self.monitoring()
+
+    def monitoring(self) -> None:
+        """What Prometheus scrapes: every pod with an Envoy its point's metrics listener (GET /metrics,
+        and /metrics/opa beside an OPA: proxy/metrics.py), every service pod without one its service's
+        GET /metrics, as the usual annotations say (prometheus.io/scrape, port, path, scheme; and
+        complyroute.io/opa-metrics-path); the NetworkPolicies admit those ports from the namespaces
+        labelled MONITORING_NAMESPACE_LABEL only, and under mutual TLS each admits the monitoring
+        identity only, whose credential is the Secret tls-monitoring (for the operator to give their
+        Prometheus). A service beside a sidecar listens on its pod's loopback: it is not scraped."""
+        scheme = "https" if self.trust else "http"
+        for workload in [o for o in self.objects if o["kind"] in ("Deployment", "DaemonSet")]:
+            names = {c["name"] for c in containers_of(workload)}
+            if "envoy" in names:
+                port, extra = self.net.METRICS, {OPA_METRICS_ANNOTATION: OPA_PATH} if "opa" in names else {}
+            elif "service" in names:
+                port, extra = self.net.SERVICE, {}
+            else:
+                continue
+            template = workload["spec"]["template"]["metadata"]
+            template["annotations"] = {**template.get("annotations", {}), "prometheus.io/scrape": "true", "prometheus.io/port": str(port),
+                                       "prometheus.io/path": ENVOY_PATH, "prometheus.io/scheme": scheme, **extra}
+        scraper = [{"namespaceSelector": {"matchLabels": {MONITORING_NAMESPACE_LABEL: MONITORING_NAMESPACE_VALUE}}}]
+        for policy in [o for o in self.objects if o["kind"] == "NetworkPolicy"]:
+            component = policy["spec"]["podSelector"]["matchLabels"]["component"]
+            if component == BUNDLE_SERVER:
+                continue
+            ports = [self.net.METRICS, *([self.net.SERVICE] if component == "service" else [])]
+            policy["spec"]["ingress"].append({"from": scraper, "ports": [{"protocol": "TCP", "port": port} for port in ports]})
+        if self.trust:
+            self.generate(kubetrust.tls_secret_name("monitoring"), self.trust.tls_files(pki.MONITORING), "kubernetes.io/tls")
 
     # ---- all of it
     def render(self) -> None:

@@ -36,8 +36,8 @@ from pathlib import Path
 import psutil
 
 from complyroute.policy.ruleset import RuleSet
-from complyroute.runtime.local import warmup
-from complyroute.runtime.local.rendering import RENDERED, render
+from complyroute.runtime.local import scrape, warmup
+from complyroute.runtime.local.rendering import PKI, RENDERED, render
 from complyroute.runtime.local.supervision import (GROUP, STOP_GRACE_SECONDS, DeploymentError, alive, healthy, programs_info, refresh_pids,
                                                   restarts, start_supervisor, supervisor, tail)
 from complyroute.runtime.target import runs_root
@@ -132,6 +132,8 @@ def deploy(topology: Topology, policies: Path | None = None, health_timeout: flo
         shutil.rmtree(private, ignore_errors=True)
         raise
     rendered = pickle.loads((run_dir / RENDERED).read_bytes())
+    # The credentials are the run's under mutual TLS (render wrote them), the scraper's among them.
+    scrape_config = scrape.write(run_dir, plan, run_dir / PKI if rendered.point_trust else None)
     state = {
         "topology": topology.name,
         "kind": topology.kind,
@@ -146,6 +148,7 @@ def deploy(topology: Topology, policies: Path | None = None, health_timeout: flo
         "run_dir": str(run_dir),
         "private": str(private),
         "entry_url": f"{plan.entry.url}/process",
+        "scrape_config": str(scrape_config),
         # The rule set's revision the points decide with (reload.py updates it).
         "revision": rendered.revision,
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -214,6 +217,7 @@ def deploy(topology: Topology, policies: Path | None = None, health_timeout: flo
     print(f"deploy: memory (PSS) {describe_memory(state['memory_mib'])}", file=out)
     for line in node_lines(topology, network, state["parts"]):
         print(line, file=out)
+    print(f"deploy: Prometheus scrape configuration {scrape_config} (every point's metrics listener, every service's /metrics)", file=out)
     print(f"deploy: entry {state['entry_url']}   run folder {run_dir}   supervisord pid {state['supervisor']['pid']}", file=out)
     return state
 

@@ -19,7 +19,7 @@ from complyroute.proxy.routes import RETRY_UNSENT, retry_unsent
 from complyroute.runtime.local import rendering
 from complyroute.topology import manifest
 from complyroute.topology.manifest import ManifestError
-from complyroute.topology.plan import place
+from complyroute.topology.plan import METRICS_LISTENER, place
 from complyroute.trust import identity
 
 REPLICATED = """
@@ -53,7 +53,7 @@ def clusters_of(config) -> dict[str, dict]:
 
 def vhosts(config) -> dict[str, dict]:
     return {l["name"]: l["filter_chains"][0]["filters"][0]["typed_config"]["route_config"]["virtual_hosts"][0]
-            for l in config.envoy["static_resources"]["listeners"] if l["name"] != "ready"}
+            for l in config.envoy["static_resources"]["listeners"] if l["name"] not in ("ready", METRICS_LISTENER)}
 
 
 def test_set_names_hold_their_tiers_allowed():

@@ -27,9 +27,9 @@ from complyroute.proxy.replies import LOCAL_REPLIES, OVER_BOUND, OVER_BOUND_HEAD
 from complyroute.proxy.routes import A_RECORD, REQUEST_FORMS, ROUTE_CONFIGURATION
 from complyroute.runtime.local import rendering
 from complyroute.topology import localhttp, manifest
-from complyroute.topology.plan import LocalNetwork, place
+from complyroute.topology.plan import METRICS_LISTENER, LocalNetwork, place
 from complyroute.policy.ruleset import RuleSet
-from complyroute.trust import identity
+from complyroute.trust import identity, pki
 
 TOPOLOGIES = ["sidecar", "central-entity", "dynamic-router-3", "dynamic-router-6", "baseline"]
 MIXED_REGIONS = str(manifest.REPO / "topologies" / "examples" / "mixed-regions.yaml")
@@ -59,7 +59,10 @@ def configured(topology: str, engine: str, credentials_dir=None, net=None, point
 
 
 def managers(envoy: dict) -> dict[str, dict]:
-    return {l["name"]: l["filter_chains"][0]["filters"][0]["typed_config"] for l in envoy["static_resources"]["listeners"]}
+    """The connection managers of the listeners that take records, and the readiness listener's
+    (the metrics listener's are test_metrics_listener's)."""
+    return {l["name"]: l["filter_chains"][0]["filters"][0]["typed_config"] for l in envoy["static_resources"]["listeners"]
+            if l["name"] != METRICS_LISTENER}
 
 
 def validate(config_file) -> subprocess.CompletedProcess:
@@ -165,9 +168,9 @@ def test_admin_decisions_and_opa_api_listen_on_private_sockets_and_health_checks
             assert configs[point.name].opa["plugins"]["envoy_ext_authz_grpc"]["addr"] == f"unix://{point.opa_grpc.path}"
         assert point.envoy_ready_url == f"{point.ready.url}/ready"
         assert point.opa_health_url == f"{localhttp.url(point.opa_diagnostic.path)}/health?plugins"
-        # Only what a peer sends records to, and the readiness listener, listen on TCP.
+        # Only what a peer sends records to, the readiness listener and the metrics listener listen on TCP.
         tcp = [l["address"]["socket_address"] for l in envoy["static_resources"]["listeners"]]
-        assert len(tcp) == len(point.deciding) + len(point.forwarding) + 1
+        assert len(tcp) == len(point.deciding) + len(point.forwarding) + 2
 
 
 def test_a_deployments_private_sockets_fit_a_unix_socket_path():
@@ -311,3 +314,34 @@ def test_the_services_body_limit_is_the_enforcement_points():
     source = (manifest.REPO / "services" / "src" / "schemas.js").read_text()
     limit = re.search(r"export const BODY_LIMIT = ([0-9 *]+)\n", source).group(1)
     assert eval(limit) == MAX_RECORD_BYTES  # noqa: S307 (digits and * only, by the pattern)
+
+
+def test_metrics_listener_serves_envoys_and_opas_metrics_to_the_monitoring_identity_only(tmp_path):
+    """GET /metrics is Envoy's /stats/prometheus, GET /metrics/opa OPA's /metrics, both read from the
+    point's own sockets; everything else is a 404 of Envoy's; under mutual TLS the scraper's
+    certificate is the only one that completes the handshake."""
+    plan, configs = configured("sidecar", "envoy-opa", tmp_path / "pki")
+    for point in plan.points:
+        envoy = configs[point.name].envoy
+        [listener] = [l for l in envoy["static_resources"]["listeners"] if l["name"] == METRICS_LISTENER]
+        assert listener["address"]["socket_address"] == {"address": point.metrics.address, "port_value": point.metrics.port}
+        chain = listener["filter_chains"][0]
+        peers = chain["transport_socket"]["typed_config"]["common_tls_context"]["validation_context"]["match_typed_subject_alt_names"]
+        assert [p["matcher"]["exact"] for p in peers] == [pki.MONITORING]
+        routes = chain["filters"][0]["typed_config"]["route_config"]["virtual_hosts"][0]["routes"]
+        served = {r["match"]["path"]: (r["route"]["cluster"], r["route"]["prefix_rewrite"]) for r in routes if "route" in r}
+        assert all(r["match"]["headers"] == [{"name": ":method", "string_match": {"exact": "GET"}}] for r in routes if "route" in r)
+        expected = {"/metrics": ("envoy-admin", "/stats/prometheus")}
+        if point.deciding:
+            expected["/metrics/opa"] = ("opa-diagnostic", "/metrics")
+        assert served == expected, point.name
+        assert routes[-1] == {"name": "not-metrics", "match": {"prefix": "/"}, "direct_response": {"status": 404}}
+        clusters = {c["name"]: c["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"] for c in envoy["static_resources"]["clusters"]}
+        assert clusters["envoy-admin"] == {"pipe": {"path": point.admin.path}}
+        assert ("opa-diagnostic" in clusters) == bool(point.deciding)
+        # Every deciding listener counts and times its hops (the stats access logger) beside its access log.
+        for name, manager in managers(envoy).items():
+            loggers = [log["name"] for log in manager.get("access_log", [])]
+            deciding = any(f["name"] == "envoy.filters.http.ext_authz" for f in manager["http_filters"])
+            assert loggers == (["envoy.access_loggers.file", "envoy.access_loggers.stats"] if deciding else
+                               [] if name == "ready" else ["envoy.access_loggers.file"]), name

@@ -9,7 +9,8 @@ from complyroute import engines
 from complyroute.policy.policyfiles import POLICIES
 from complyroute.policy.ruleset import RuleSet
 from complyroute.topology import manifest
-from complyroute.topology.plan import place
+from complyroute.proxy.metrics import metrics_clusters
+from complyroute.topology.plan import METRICS_LISTENER, place
 from complyroute.trust import identity, pki
 
 MIXED_REGIONS = str(manifest.REPO / "topologies" / "examples" / "mixed-regions.yaml")
@@ -117,14 +118,18 @@ def test_envoy_checks_tokens_after_the_entry_and_issues_them_at_it(engine, tmp_p
         tls = "transport_socket" in listener["filter_chains"][0]
         if listener["name"] in ("entry", "ready"):
             assert "envoy.filters.http.jwt_authn" not in filters and not tls
+        elif listener["name"] == METRICS_LISTENER:  # no record: no token; the scraper's certificate only
+            assert "envoy.filters.http.jwt_authn" not in filters and tls
         else:
             assert filters.index("envoy.filters.http.jwt_authn") < filters.index("envoy.filters.http.ext_authz") and tls
     entry = next(l for l in config[point.name].envoy["static_resources"]["listeners"] if l["name"] == "entry")
     context = entry["filter_chains"][0]["filters"][0]["typed_config"]["route_config"]["virtual_hosts"][0]["typed_per_filter_config"]
     assert context["envoy.filters.http.ext_authz"]["check_settings"]["context_extensions"]["label_token"] == "issue"
     clusters = {c["name"]: c for c in config[point.name].envoy["static_resources"]["clusters"]}
-    assert "transport_socket" not in clusters["opa"]  # OPA stays inside the point
-    instances = {name: c for name, c in clusters.items() if name != "opa" and "transport_socket_matches" not in c}
+    # OPA, and what the metrics listener reads (its Envoy's admin, its OPA's diagnostics), stay inside the point.
+    inside = {"opa", *(c["name"] for c in metrics_clusters(point))}
+    assert inside == {"opa", "envoy-admin", "opa-diagnostic"} and not any("transport_socket" in clusters[name] for name in inside)
+    instances = {name: c for name, c in clusters.items() if name not in inside and "transport_socket_matches" not in c}
     assert all("transport_socket" in c for c in instances.values())
     # A compliant set's cluster verifies each endpoint against its own instance's identity.
     for name, cluster in clusters.items():

@@ -110,7 +110,7 @@ def test_envoy_loads_every_route_file_of_a_split_configuration_as_it_loads_them_
         read = loaded()
     with running_envoy(inline) as loaded:
         expected = loaded()
-    assert sorted(read["dynamic"]) == sorted(names) and sorted(read["static"]) == ["entry", "ready"]
+    assert sorted(read["dynamic"]) == sorted(names) and sorted(read["static"]) == ["entry", "metrics", "ready"]
     assert expected["dynamic"] == {} and {**read["static"], **read["dynamic"]} == expected["static"]
 
 

@@ -27,6 +27,7 @@ def test_every_part_has_its_own_tls_secret_issued_by_one_ca_allowed(topology, tm
     expected |= {f"tls-{i.id}": pki.spiffe_id("service", i.id) for i in manifest.load(topology, services=5).instances}
     if topology != "baseline":  # nothing decides in the baseline: no bundle to serve
         expected[f"tls-{render.BUNDLE_SERVER}"] = pki.BUNDLE_SERVER
+    expected["tls-monitoring"] = pki.MONITORING  # the scraper's, for the operator's Prometheus (Renderer.monitoring)
     assert {name for name in found if name.startswith("tls-")} == set(expected)
     authorities = set()
     for name, part in expected.items():
@@ -223,7 +224,8 @@ def test_each_secret_is_mounted_by_its_own_parts_containers_only_denied(topology
             assert found == {kubetrust.MOUNT: f"tls-{part}", **token}, (workload, container["name"], found)
             for secret in found.values():
                 mounted.setdefault(secret, set()).add((workload, container["name"]))
-    assert set(mounted) == set(names.values())  # none left unmounted
+    # None left unmounted but the scraper's, which the operator gives their Prometheus (Renderer.monitoring).
+    assert set(mounted) == set(names.values()) - {"tls-monitoring"}
     if topology != "baseline":
         assert mounted[f"tls-{render.BUNDLE_SERVER}"] == {(render.BUNDLE_SERVER, render.BUNDLE_SERVER)}
         assert mounted[f"token-{ENTRY[topology]}"] == {(ENTRY[topology], "opa")}

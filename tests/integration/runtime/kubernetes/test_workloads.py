@@ -284,3 +284,36 @@ def test_a_one_node_rendering_puts_every_pod_on_the_node_labelled_for_all_roles(
     if topology == "dynamic-router-6":  # one router pod per slot, carrying every node's routers, still node-local
         routers = {o["metadata"]["name"]: o for o in one if o["kind"] == "Service" and o["metadata"]["name"].startswith("router-")}
         assert sorted(routers) == ["router-1", "router-2"] and all(r["spec"]["internalTrafficPolicy"] == "Local" for r in routers.values())
+
+
+@pytest.mark.parametrize("topology", ["sidecar", "central-entity"])
+def test_pods_are_annotated_for_prometheus_and_only_the_monitoring_namespace_reaches_their_metrics_allowed(topology, tmp_path):
+    """Every pod with an Envoy says where its point's metrics listener is (its OPA's path beside it),
+    every service pod without one its service's /metrics; each NetworkPolicy admits those ports from
+    the namespaces labelled for monitoring, and no other rule names a namespace: the scraper's
+    credential is a Secret of its own."""
+    path, objects = rendered(topology, 3, tmp_path)
+    assert validate.validate(path) == []
+    for name, workload in {**by_kind(objects, "Deployment"), **by_kind(objects, "DaemonSet")}.items():
+        names = {c["name"] for c in containers(workload["spec"]["template"]["spec"])}
+        annotations = workload["spec"]["template"]["metadata"].get("annotations", {})
+        if name == render.BUNDLE_SERVER:
+            assert "prometheus.io/scrape" not in annotations
+            continue
+        port = render.KubernetesNetwork.METRICS if "envoy" in names else render.KubernetesNetwork.SERVICE
+        assert {key: annotations.get(key) for key in ("prometheus.io/scrape", "prometheus.io/port", "prometheus.io/path", "prometheus.io/scheme")} == {
+            "prometheus.io/scrape": "true", "prometheus.io/port": str(port), "prometheus.io/path": "/metrics", "prometheus.io/scheme": "https"}, name
+        assert annotations.get(render.OPA_METRICS_ANNOTATION) == ("/metrics/opa" if "opa" in names else None), name
+        if "envoy" in names:
+            envoy = next(c for c in containers(workload["spec"]["template"]["spec"]) if c["name"] == "envoy")
+            assert {"name": "metrics", "containerPort": render.KubernetesNetwork.METRICS} in envoy["ports"]
+    scraper = {"namespaceSelector": {"matchLabels": {render.MONITORING_NAMESPACE_LABEL: render.MONITORING_NAMESPACE_VALUE}}}
+    for name, policy in by_kind(objects, "NetworkPolicy").items():
+        from_namespaces = [rule for rule in policy["spec"]["ingress"] if any("namespaceSelector" in peer for peer in rule.get("from", []))]
+        if name == render.BUNDLE_SERVER:
+            assert from_namespaces == []
+            continue
+        [rule] = from_namespaces
+        assert rule["from"] == [scraper], name
+        assert render.KubernetesNetwork.METRICS in {port["port"] for port in rule["ports"]}, name
+    assert "tls-monitoring" in secrets(objects)
