@@ -18,7 +18,7 @@ from complyroute.topology import manifest
 from experiments.design import matrix, targets
 from experiments.load.mixes import MIXES
 from experiments.load.openloop import ARRIVALS
-from experiments.run.runner import RESULTS, Runner, new_run_id
+from experiments.run.runner import RESULTS, Runner, dry_run, new_run_id
 
 
 def run_folder(results: Path, run_id: str) -> Path:
@@ -58,6 +58,9 @@ def cmd_run(args) -> int:
         run_dir = args.results / (args.run_id or new_run_id(parameters.profile))
     for name in parameters.topologies:  # a manifest its schema refuses stops the run before any cell starts
         manifest.load(name)
+    if args.dry_run:
+        dry_run(parameters, sys.stdout)
+        return 0
     return Runner(run_dir, parameters, target=targets.make(args.target, args.one_node, args.entry_url)).run()
 
 
@@ -258,6 +261,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m experiments") -> 
                      help=f"records per part and round of the bench each session takes before its cells (default {matrix.BENCH_RECORDS})")
     run.add_argument("--bench-rounds", type=int, metavar="N", help=f"rounds of that bench (default {matrix.BENCH_ROUNDS}; 0: no bench)")
     run.add_argument("--run-id", help="resume this run (finished cells are skipped), or name a new one")
+    run.add_argument("--dry-run", action="store_true",
+                     help="print the matrix, how long the run would take here and the disk it would need, and start nothing")
     add_target_options(run)
     run.set_defaults(handler=cmd_run)
 

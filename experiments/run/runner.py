@@ -25,7 +25,7 @@ from complyroute.topology import manifest
 from complyroute.topology.manifest import REPO
 
 from experiments.analysis import stats
-from experiments.design.matrix import BENCH_CSV, Cell, Parameters
+from experiments.design.matrix import BENCH_CSV, Cell, Parameters, case_name
 from experiments.design.targets import unmeasured
 from experiments.run import metadata
 from experiments.run.loader import RUN_TIME_MARGIN_S, SETTLE_S, CellFailed, Loader, compress
@@ -51,6 +51,43 @@ def overhead_estimate(cell: Cell) -> float:
 def cell_estimate(cell: Cell, parameters: Parameters) -> float:
     priming = parameters.prime_seconds(cell.rate) + RUN_TIME_MARGIN_S + SETTLE_S if parameters.prime else 0
     return overhead_estimate(cell) + priming + parameters.warmup + parameters.duration + RUN_TIME_MARGIN_S
+
+
+# What a cell leaves on disk, measured on local run folders here (mixed regions, 8 services): a
+# run folder's configuration, credentials and bundles, about 0.14 MB a service; per record and
+# service, its audit line (about 450 bytes) and the access log lines of the points its hop
+# crossed (about 480 bytes each; a sidecar topology's hop crosses two listeners, counted for every
+# topology); and the cell's raw results, about 150 bytes a record (experiments/sample: 1.7 MB).
+RUN_FOLDER_BYTES_PER_SERVICE = 140_000
+HOP_BYTES = 450 + 2 * 480
+RECORD_BYTES = 150
+# The bench's time: about a minute a round of 1500 records here (make bench: 3 rounds, about 3 minutes).
+BENCH_SECONDS_PER_RECORD_ROUND = 60 / 1500
+
+
+def cell_disk_estimate(cell: Cell, parameters: Parameters) -> int:
+    """Bytes a cell writes (its deployment's run folder and its raw results), estimated."""
+    records = cell.rate * (parameters.warmup + parameters.duration) + (parameters.prime if parameters.prime else 0)
+    return cell.services * RUN_FOLDER_BYTES_PER_SERVICE + records * (cell.services * HOP_BYTES + RECORD_BYTES)
+
+
+def dry_run(parameters: Parameters, out) -> None:
+    """What a run of `parameters` would do, without doing it: its matrix, how long it would take
+    here and what it would write, estimated as the progress bar estimates a cell."""
+    cells = parameters.cells()
+    seconds = sum(cell_estimate(cell, parameters) for cell in cells)
+    bench_seconds = BENCH_SECONDS_PER_RECORD_ROUND * parameters.bench_records * parameters.bench_rounds
+    disk = sum(cell_disk_estimate(cell, parameters) for cell in cells)
+    cases = list(dict.fromkeys(case_name(cell.topology, cell.engine) for cell in cells))
+    print(f"dry run of profile {parameters.profile}: nothing is deployed or written", file=out)
+    print(f"  cases ({len(cases)}): {', '.join(cases)}", file=out)
+    print(f"  rates {' '.join(map(str, parameters.rates))} req/s; chain lengths {' '.join(map(str, parameters.services))} services; "
+          f"{parameters.repetitions} repetition(s); {parameters.warmup} s warm-up + {parameters.duration} s measured a cell; "
+          f"{parameters.load_label}, mix {parameters.mix}, rule set {parameters.policy}", file=out)
+    print(f"  {len(cells)} cells, about {seconds / 3600:.1f} h here, and the bench first "
+          f"({parameters.bench_rounds} rounds of {parameters.bench_records} records: about {bench_seconds / 60:.0f} min)", file=out)
+    print(f"  disk: at most about {disk / 1e9:.1f} GB (run folders under runs/ and raw results; a saturated cell delivers fewer "
+          f"records), the largest cell {max(cell_disk_estimate(cell, parameters) for cell in cells) / 1e9:.2f} GB", file=out)
 
 
 def finished(cell_dir: Path) -> bool:
