@@ -36,6 +36,30 @@ base ?=
 input ?= policies/examples/eu-personal-allowed.json
 catalog ?= policies/examples/catalog.json
 
+# ---- which target takes which parameter ------------------------------------------
+# A target refuses a parameter it does not read (make experiment topology=nosuch ran the whole matrix
+# and said nothing): a parameter given on the command line that no goal of the command takes stops make
+# before anything runs. A goal not named here takes none (setup, test, check, experiment, bench, ...).
+PARAMETERS := topology services target engine image runs real_node one_node watch restart policy base input catalog upgrade
+takes.deploy := topology services target engine image one_node watch restart policy
+takes.reload-policy := target topology policy
+takes.watch-policy := policy
+takes.undeploy := target
+takes.status := target topology
+takes.audit := target runs
+takes.render := topology services engine image one_node
+takes.k8s-e2e := real_node
+takes.policy-test := policy
+takes.decide := policy input catalog
+takes.policy-diff := base topology services policy
+takes.lock := upgrade
+goals := $(or $(MAKECMDGOALS),help)
+given := $(foreach p,$(PARAMETERS),$(if $(filter command line,$(origin $(p))),$(p)))
+untaken := $(filter-out $(foreach goal,$(goals),$(takes.$(goal))),$(given))
+$(if $(untaken),$(error make $(goals) takes no $(foreach p,$(untaken),$(p)=) \
+  ($(foreach goal,$(goals),$(goal): $(or $(foreach p,$(takes.$(goal)),$(p)=),no parameter)$(if $(filter-out $(lastword $(goals)),$(goal)),;))): \
+  leave it out, or see make help$(if $(filter experiment experiment-classification,$(goals)),; a matrix of your own: python -m experiments run --profile quick --topologies ... --dry-run)))
+
 # Short names a user may type for a topology manifest: each manifest lists its own (aliases: [sa]).
 # `aliases` prints "<alias>=<manifest name>" for each.
 aliases = $(shell awk '$$1 == "aliases:" { sub(/\#.*/, ""); gsub(/[][,]/, " "); n = FILENAME; sub(/.*\//, "", n); sub(/\.yaml$$/, "", n); for (i = 2; i <= NF; i++) print $$i "=" n }' topologies/*.yaml)
