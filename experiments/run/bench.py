@@ -18,6 +18,12 @@ threads) its process used for a fixed number of sequential records, divided by t
   behind the same ext_authz, shows what the plugin costs before any rule runs.
 - compiled engine (envoy-compiled): the same listener and record; Envoy against the bare
   Envoy. Its OPA must receive no call (checked on Envoy's ext_authz counter).
+- access log and hop counters (issue 41): every deciding point writes a JSON access log line per
+  record into a file and counts and times the hop (Envoy's stats access logger), as a deployment's
+  does; the envoy-opa and compiled points' Envoys are then given their listeners without them and
+  with them again, alternately (bench_parts.unobserved, Bench.observe), and the difference is
+  shown as a share of the hop's enforcement CPU (Envoy + OPA; under the compiled engine Envoy
+  alone), target at most 5 % more (observability).
 - mutual TLS (issue 9), every part a certificate of the bench's own CA (complyroute.trust.pki),
   identities as a deployment names them (complyroute.trust.identity): the forwarding listener with
   mTLS on both sides (its listener requires the sender's client certificate, its cluster
@@ -71,6 +77,7 @@ from pathlib import Path
 from complyroute.authoring import policybench
 from complyroute.proxy.contract import DIGEST_HEADER, LABEL_TOKEN_HEADER
 from complyroute.proxy.opa import write_data
+from complyroute.runtime.local import labelchange, rendering
 from complyroute.topology import localhttp, manifest
 from complyroute.runtime.target import runs_root
 from complyroute.topology.plan import Endpoint, place
@@ -241,6 +248,84 @@ def entry_signing(jwk: dict, jwks: dict, scratch: Path) -> dict[str, float]:
             for name, request in requests.items()}
 
 
+def unobserved(listeners_file: str) -> str:
+    """A deciding point's listeners file without the access log and hop counters of its listeners
+    (proxy/accesslog.py, proxy/metrics.py hop_stats), under a version of its own: their floor."""
+    response = json.loads(listeners_file)
+    for chain in (chain for listener in response["resources"] for chain in listener["filter_chains"]):
+        for network_filter in chain["filters"]:
+            network_filter["typed_config"].pop("access_log", None)
+    return json.dumps({**response, "version_info": f"{response['version_info']}-unobserved"}, separators=(",", ":"))
+
+
+def observe(bench: Bench, name: str, observed: bool, timeout: float = 30) -> None:
+    """Give point `name`'s Envoy its listeners with their access log and hop counters (as deployed)
+    or without (unobserved) through its listeners file, and wait until it serves them."""
+    point, generated = bench.points[name]
+    [(file_name, content)] = generated.listeners.items()
+    content = content if observed else unobserved(content)
+    rendering.write_watched_files(Path(rendering.layout(bench.folder).listeners(name)), {file_name: content})
+    version = json.loads(content)["version_info"]
+    deadline = time.monotonic() + timeout
+    while labelchange.envoy_listeners_version(point) != version:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"bench: {name}'s Envoy did not take its listeners {'with' if observed else 'without'} access log "
+                               f"and hop counters within {timeout:.0f} s")
+        time.sleep(0.05)
+
+
+def warm_up(url: str, timeout: float = 10) -> None:
+    """Records until one is answered 200: a listener Envoy has just replaced opens its gRPC
+    connection to OPA on its first record, which a busy machine may answer 503 (as after a deploy,
+    docs/architecture.md "Ready means deciding")."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            send(url, 1)
+            return
+        except (RuntimeError, OSError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+# What the access log and the hop counters may cost a hop: a twentieth of its enforcement CPU.
+OBSERVABILITY_TARGET = 1.05
+
+
+def observability(bench: Bench, points: dict[str, str], records: int, rounds: int, out=sys.stdout) -> list[Row]:
+    """What a deciding point's access log and hop counters cost a hop, as a share of the hop's
+    enforcement CPU: the same point's Envoy given its listeners without them and with them
+    (observe), alternately, `rounds` times each, measured over `records` records; its
+    OPA's CPU (which Envoy's logging does not reach) counted on both sides as its median over
+    every round. Two Envoys of one configuration differ by more than this cost (0.02 to 0.05 ms
+    of CPU a record here), so it is measured in one. `points`: point name -> what it is (a row's
+    name); a point whose OPA answers no allowed hop (the compiled engine) is Envoy alone."""
+    samples = {name: {"with": [], "without": [], "opa": []} for name in points}
+    for round_number in range(1, rounds + 1):
+        for name in points:
+            for observed in (False, True):
+                observe(bench, name, observed)
+                warm_up(bench.urls[name])
+                before = {process: bench.cpu_seconds(f"{name}/{process}") for process in ("envoy", "opa")}
+                send(bench.urls[name], records)
+                spent = {process: (bench.cpu_seconds(f"{name}/{process}") - before[process]) * 1000 / records for process in before}
+                samples[name]["with" if observed else "without"].append(spent["envoy"])
+                samples[name]["opa"].append(spent["opa"])
+        print(f"bench: observability round {round_number}/{rounds} measured", file=out, flush=True)
+    rows = []
+    for name, what in points.items():
+        opa = statistics.median(samples[name]["opa"])
+        asks_opa = opa >= 0.01  # the compiled engine's OPA answers none of these records
+        opa = opa if asks_opa else 0.0
+        without, with_ = statistics.median(samples[name]["without"]), statistics.median(samples[name]["with"])
+        rows.append(Row(f"{what}: Envoy without its access log and hop counters", f"{name}/envoy", without))
+        rows.append(Row(f"access log and hop counters ({what}): the hop's enforcement CPU, Envoy{' + OPA' if asks_opa else ''}",
+                        f"{name}/envoy" + (f" + {name}/opa" if asks_opa else ""), with_ + opa,
+                        "the same, its Envoy alternately without them", without + opa, OBSERVABILITY_TARGET))
+    return rows
+
+
 def run(out_file: Path | None = None, records: int = 1500, rounds: int = 3, out=sys.stdout,
         policy_sizes: Sequence[int] = policybench.SIZES, policy_topologies: Sequence[str] | None = None) -> list[Row]:
     """Measure everything once; print the table, write the CSV, return the rows. `policy_sizes`,
@@ -257,6 +342,7 @@ def run(out_file: Path | None = None, records: int = 1500, rounds: int = 3, out=
             pairs, context = start_parts(bench, scratch)
             bench.wait_until_listening()
             medians = measure(bench, pairs, records, rounds, out)
+            observed = observability(bench, context["observed"], records, rounds, out)
             handler_ms = plugin_handler_ms(context["opas"]["envoy-opa"])
             for name in context["compiled"]:
                 compiled_asked = envoy_counter(context["admins"][name], f"http.{context['listener']}.ext_authz.ok")
@@ -285,6 +371,7 @@ def run(out_file: Path | None = None, records: int = 1500, rounds: int = 3, out=
         Row(plain_entry, "opa bench", signing["plain"], unit="ms/evaluation"),
         Row("policy at the entry, issuing the label token (opa bench)", "opa bench", signing["issue"], plain_entry, signing["plain"], unit="ms/evaluation"),
     ]
+    rows += observed
     print("bench: the policy, this rule set against commit d2d81e4 (opa bench, medians)", file=out, flush=True)
     for case in policybench.compare(out=out, sizes=policy_sizes, benched=policy_topologies):
         # The target is the allowed hop's, the common case; a denial evaluates every rule to explain itself.

@@ -90,6 +90,7 @@ class Bench:
         self.clients: dict[str, ssl.SSLContext] = {}
         self.bundles: BundleSource | None = None  # the bench's bundle server, once a point needs it
         self.signing_key = bundles.new_signing_key()  # the bench's own bundle signing key, as a deployment's
+        self.points: dict[str, tuple[EnforcementPoint, configuration.PointConfiguration]] = {}  # each point and what it was given
         self.health_urls: dict[str, str] = {}  # OPAs: healthy once their bundle is loaded
 
     def endpoint(self) -> Endpoint:
@@ -156,9 +157,11 @@ class Bench:
     def enforcement_point(self, name: str) -> EnforcementPoint:
         # A point that stands alone between a sender and a sink, as a router does between services;
         # what only it uses on sockets in its private folder, as in a deployment (plan.LocalNetwork).
+        # Its access log into a file, as a deployment's (its cost is measured: observability_rows).
         return EnforcementPoint(name, "bench", admin=self.socket(name, ADMIN_SOCKET), ready=self.endpoint(),
                                 opa_grpc=self.socket(name, DECISION_SOCKET), opa_http=self.socket(name, API_SOCKET),
-                                opa_diagnostic=self.socket(name, DIAGNOSTIC_SOCKET), role="router")
+                                opa_diagnostic=self.socket(name, DIAGNOSTIC_SOCKET), role="router",
+                                access_log=str(self.folder / f"{name}.access.log"))
 
     def point(self, point: EnforcementPoint, kind: str, settings: dict, bundled: Path | None = None,
               trust: identity.PointTrust | None = None) -> None:
@@ -168,6 +171,7 @@ class Bench:
         from, and its Envoy is to be the envoy-opa point's, of which it is the floor. None: the shipped rules."""
         generated = configuration.generate([point], {**settings, "kind": kind}, shipped(), {point.name: trust} if trust else None,
                                            rendering.layout(self.folder), self.signing_key, bundled=bundled).points[point.name]
+        self.points[point.name] = (point, generated)
         if generated.bundle is not None:
             bundles.write(self.folder / rendering.BUNDLES, {point.name: generated.bundle}, generated.versions.revision)
         for part in rendering.point_parts(point, generated, self.folder / point.name, self.folder, self.bundle_source(), {}):
@@ -370,7 +374,7 @@ def start_parts(bench: Bench, scratch: Path) -> tuple[list[Pair], dict]:
         Pair("compiled engine, mTLS and label token check: Envoy deciding the hop", "envoy-compiled-token/envoy", bench.urls["envoy-compiled-token"],
              compiled_mtls, client=as_sender, token="shared"),
     ]
-    context = {"admins": admins, "opas": opas, "concurrency": central.concurrency, "listener": hop.name, "point": central, "sender": hop.sender, "step": hop.step,
+    context = {"admins": admins, "opas": opas, "observed": {"envoy-opa": "decision through ext_authz", "envoy-compiled": "compiled engine"}, "concurrency": central.concurrency, "listener": hop.name, "point": central, "sender": hop.sender, "step": hop.step,
                "labels": RECORD_LABELS, "opa_alone": opa_alone,
                "compiled": [name for name, kind, *_ in deciding if kind == "envoy-compiled"],
                "token_checked": [name for name, *_, security in deciding if security == "token"]}

@@ -32,6 +32,10 @@ def test_the_bench_measures_every_part_against_its_floor_and_the_report_shows_it
     measured = pd.read_csv(csv_file)
     assert list(measured["part"]) == [row.part for row in rows]
     assert "compiled engine: Envoy deciding the hop" in set(measured["part"]) and (measured["value"] >= 0).all()
+    # What the access log and hop counters cost a hop, under each engine, beside the same points without them.
+    observability = measured[measured["part"].str.startswith("access log and hop counters")]
+    assert len(observability) == 2 and (observability["target"] == bench.OBSERVABILITY_TARGET).all()
+    assert observability["floor"].str.contains("alternately without them").all()
     # This rule set against the baseline commit's, an allowed and a denied record, in the central entity.
     policy = [part for part in measured["part"] if part.startswith("policy: ")]
     assert policy == ["policy: central-entity-5 allowed", "policy: central-entity-5 denied"], policy
