@@ -1,5 +1,5 @@
 """`complyroute experiments run ...` (or `python -m experiments run ...`), `... report <run-id>`, `... bench`,
-`... reload`, `... soak`, `... capacity`, `... model [run]` and `... compare <run> <run>`; see README.md."""
+`... reload`, `... soak`, `... capacity`, `... profile`, `... model [run]` and `... compare <run> <run>`; see README.md."""
 
 from __future__ import annotations
 
@@ -158,6 +158,14 @@ def cmd_bench(args) -> int:
     return 0 if all(row.verdict != "NOT MET" for row in rows) else 1
 
 
+def cmd_profile(args) -> int:
+    from complyroute.runtime.target import runs_root
+    from experiments.run import profile
+
+    folder = args.out or runs_root() / "profile" / time.strftime("%Y%m%d-%H%M%S")
+    return profile.run(matrix.topology_name(args.topology), args.engine, args.services, args.rate, args.seconds, args.warmup, folder)
+
+
 def cmd_soak(args) -> int:
     from experiments.run import soak
 
@@ -277,6 +285,18 @@ def main(argv: list[str] | None = None, prog: str = "python -m experiments") -> 
     bench.add_argument("--records", type=int, default=1500, help="sequential records per part and round (default 1500)")
     bench.add_argument("--rounds", type=int, default=3, help="rounds; every figure is the median over them (default 3)")
     bench.set_defaults(handler=cmd_bench)
+
+    profiling = commands.add_parser("profile", help="where the OPAs' CPU goes, part by part, in a deployment under the experiment's load",
+                                    description="Deploys one cell, loads it with Locust at its rate and takes a CPU profile of every "
+                                                "point's OPA (pprof) over a window after the warm-up; prints ms of CPU per decision by part.")
+    profiling.add_argument("--topology", default="central-entity", help="name or alias (default central-entity)")
+    profiling.add_argument("--engine", default="envoy-compiled", choices=matrix.ENGINES, help="default envoy-compiled")
+    profiling.add_argument("--services", type=int, default=5, help="chain length (default 5)")
+    profiling.add_argument("--rate", type=int, default=100, help="offered records/s (default 100)")
+    profiling.add_argument("--seconds", type=int, default=30, help="seconds profiled (default 30)")
+    profiling.add_argument("--warmup", type=int, default=10, help="seconds of load before the profile (default 10)")
+    profiling.add_argument("--out", type=Path, help="folder for the profiles and the table (default runs/profile/<time>)")
+    profiling.set_defaults(handler=cmd_profile)
 
     modelling = commands.add_parser("model", help="predict RTTs from the parts' CPU costs, here and on the paper's testbed",
                                     description="Writes report/model.md and model.html of the run (default: the newest with a bench).")

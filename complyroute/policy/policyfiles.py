@@ -60,8 +60,10 @@ DIRECT_DECISION = ("data.complyroute.compliance.decision"
 # own user may open (OPA's default, 755, would do: connecting takes write permission; stated).
 SERVER_FLAGS = ("--authorization=basic", "--unix-socket-perm=600")
 # A point's OPA reads its index on every decision and never writes it: held as OPA's own
-# values rather than as JSON, a decision's lookups convert nothing.
-RUN_FLAGS = ("--optimize-store-for-read-speed",)
+# values rather than as JSON, a decision's lookups convert nothing. --pprof: Go's profiles on the
+# REST API's socket, which only the deployment's user opens (`python -m experiments profile`
+# reads where a decision's CPU goes there; a profile holds OPA's code paths, no data).
+RUN_FLAGS = ("--optimize-store-for-read-speed", "--pprof")
 
 
 class RuleSetError(ValueError):
