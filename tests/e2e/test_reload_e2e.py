@@ -213,7 +213,7 @@ def test_a_rule_set_that_does_not_compile_is_not_applied_denied(tmp_path, monkey
         # the US twins) is refused by the guard, naming the point and the labelling; the points
         # are given back what they ran (the reload's first step had given them the rule set
         # without precomputed answers).
-        points = reload.load_rendered(state).plan.points
+        points = rendering.deployed_record(Path(state["run_dir"])).points
         routes_before = {point.name: reload.envoy_revisions(point) for point in points}
         honest = envoy_compiled.listener_matcher
         with monkeypatch.context() as divergent:

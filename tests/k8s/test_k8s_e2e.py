@@ -196,7 +196,7 @@ def test_reload_policy_updates_the_bundle_and_route_configmaps_and_rolls_no_pod_
         assert all(json.loads(route)["version_info"] == revision for route in stored["routes-central-entity-1"]["data"].values())
     finally:
         cluster.kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=180s", quiet=True, check=False)
-        apply.Deployed.path(namespace).unlink(missing_ok=True)
+        apply.record_path(namespace).unlink(missing_ok=True)
 
 
 def test_make_deploy_and_undeploy_target_k8s_drive_the_current_context(cluster):
@@ -266,7 +266,7 @@ def test_deploying_5_services_after_50_prunes_what_only_the_50_had_allowed(clust
         assert apply.APPLYSET_MEMBER not in after[("ConfigMap", "operator-notes")]["metadata"].get("labels", {})
     finally:
         cluster.kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=180s", quiet=True, check=False)
-        apply.Deployed.path(namespace).unlink(missing_ok=True)
+        apply.record_path(namespace).unlink(missing_ok=True)
         shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -288,5 +288,5 @@ def test_deploying_again_prunes_nothing_of_another_topology_denied(cluster, monk
     finally:
         for namespace in namespaces:
             cluster.kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=180s", quiet=True, check=False)
-            apply.Deployed.path(namespace).unlink(missing_ok=True)
+            apply.record_path(namespace).unlink(missing_ok=True)
         shutil.rmtree(folder, ignore_errors=True)

@@ -8,11 +8,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import pickle
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -23,12 +22,10 @@ from complyroute.policy import bundles, labels, policydata, policyfiles
 from complyroute.policy.ruleset import RuleSet
 from complyroute.runtime.kubernetes.render import (PART_OF, RENDER_ANNOTATION, SERVICE_IMAGE, KubernetesNetwork, RenderError, Renderer, build,
                                                   component_of, namespace_of, write_private)
+from complyroute.runtime.deployed import Deployed
 from complyroute.runtime.target import ReloadError, runs_root
 from complyroute.topology.manifest import Topology
-from complyroute.topology.plan import EnforcementPoint, Plan
-from complyroute.trust import identity
-
-# What `deploy --target k8s` applied, by namespace (Deployed): what `make reload-policy target=k8s` reads.
+from complyroute.topology.plan import Plan
 
 
 def deployed_dir() -> Path:
@@ -61,61 +58,37 @@ def kubectl_json(*args: str) -> dict | None:
 
 
 @dataclass(frozen=True)
-class Deployed:
-    """What `make reload-policy target=k8s` needs of a topology `deploy --target k8s` applied (apply): how
-    its points were configured, and what of that was applied. No private key: a point's trust
-    names files in its Secret and holds the label tokens' public key only. The bundle signing key,
-    which a reload signs the new bundles with, is a file of its own beside it (signing_key_path,
-    readable by the deploying user only)."""
+class Applied:
+    """What `deploy --target k8s` applied beside the points' configuration, which its reload checks
+    (the record's `placed`: runtime/deployed.py)."""
 
-    topology: Topology
-    render_id: str  # the namespace's RENDER_ANNOTATION
-    points: list[EnforcementPoint]  # as their pods run them
-    point_trust: dict[str, identity.PointTrust]
-    bootstraps: dict[str, str]  # SHA-256 of each point's Envoy bootstrap as applied
-    configmaps: list[str]  # the rule-set ConfigMaps as applied (rule_set_configmaps)
-    revision: str
-    # The labels as the services were told them (labels.service_setting; "" in a record written
-    # before it was kept): what the pods took at start.
-    label_setting: str = ""
-    # The compliant sets each point's Envoy has a cluster for (its bootstrap's; None in a record
-    # written before sets had clusters): a reload routes to those and no other.
-    set_clusters: dict[str, tuple[str, ...]] | None = None
-    # The rule set as it was chosen (RuleSet.chosen; "" in a record written before it was kept):
-    # what a reload applies again unless told.
-    rule_set: str = ""
+    render_id: str  # the namespace's RENDER_ANNOTATION: a reload refuses a namespace deployed since from elsewhere
+    bootstraps: dict[str, str]  # SHA-256 of each point's Envoy bootstrap as applied: a reload changes none
+    configmaps: list[str]  # the rule-set ConfigMaps as applied (rule_set_configmaps): the pods mount these and no other
 
-    @classmethod
-    def of(cls, renderer: Renderer) -> Deployed:
-        return cls(renderer.topology, renderer.render_id, renderer.points, renderer.point_trust, _digests(renderer.bootstraps),
-                   [o["metadata"]["name"] for o in renderer.rule_set_configmaps()], renderer.revision,
-                   renderer.rule_set.service_setting, renderer.configuration.set_clusters, renderer.rule_set.chosen)
 
-    @staticmethod
-    def path(namespace: str) -> Path:
-        return deployed_dir() / f"{namespace}.pickle"
+def record_path(namespace: str) -> Path:
+    """The record of the deployment in `namespace` (Deployed), which its reload reads."""
+    return deployed_dir() / f"{namespace}.pickle"
 
-    @staticmethod
-    def read(record: Path) -> Deployed | None:
-        """The record at `record`; None when an older or newer complyroute wrote it (its classes
-        moved or changed since: the module split, the points' roles)."""
-        try:
-            deployed = pickle.loads(record.read_bytes())
-        except (pickle.UnpicklingError, AttributeError, ImportError, EOFError, TypeError, ValueError):
-            return None
-        if not isinstance(deployed, Deployed) or any(not hasattr(deployed, name) for name in Deployed.__dataclass_fields__):
-            return None
-        return deployed
 
-    @staticmethod
-    def signing_key_path(namespace: str) -> Path:
-        return deployed_dir() / f"{namespace}.bundle-signing.key"
+def signing_key_path(namespace: str) -> Path:
+    """The bundle signing key of the deployment in `namespace`, which its reload signs with;
+    readable by the deploying user only, as the record (which holds no private key)."""
+    return deployed_dir() / f"{namespace}.bundle-signing.key"
 
-    def write(self, signing_key: bytes) -> None:
-        deployed_dir().mkdir(parents=True, exist_ok=True)
-        namespace = namespace_of(self.topology)
-        write_whole(self.signing_key_path(namespace), signing_key, 0o600)
-        write_whole(self.path(namespace), pickle.dumps(self))
+
+def deployed_of(renderer: Renderer) -> Deployed:
+    """The record of what `renderer` configured, and of what of it a deploy applies."""
+    return Deployed.of(renderer.plan, renderer.points, renderer.point_trust, renderer.configuration,
+                       Applied(renderer.render_id, _digests(renderer.bootstraps), [o["metadata"]["name"] for o in renderer.rule_set_configmaps()]))
+
+
+def write_record(deployed: Deployed, signing_key: bytes) -> None:
+    deployed_dir().mkdir(parents=True, exist_ok=True)
+    namespace = namespace_of(deployed.plan.topology)
+    write_whole(signing_key_path(namespace), signing_key, 0o600)
+    deployed.write(record_path(namespace))
 
 
 def _digests(texts: dict[str, str]) -> dict[str, str]:
@@ -138,7 +111,7 @@ def apply(topology: Topology, folder: Path, timeout: str = "300s", image: str = 
     """Apply the rendered topology, with `rule_set` (None: the manifest's), in its own
     namespace, pruning what an earlier apply there left that this one does not hold, and wait
     until every workload is ready. What a reload needs of it is recorded once the API server
-    took it (Deployed). kubectl's commands and output go to `out` (an open file), or to standard
+    took it (deployed_of). kubectl's commands and output go to `out` (an open file), or to standard
     output."""
     renderer = Renderer(topology, rule_set, image=image, one_node=one_node)
     renderer.render()
@@ -153,7 +126,7 @@ def apply(topology: Topology, folder: Path, timeout: str = "300s", image: str = 
     kubectl("apply", "--server-side", "-f", str(namespace_file), out=out)
     kubectl("-n", namespace, "apply", "--server-side", "--prune", f"--applyset={APPLYSET}", "-f", str(output), env={"KUBECTL_APPLYSET": "true"},
             out=out)
-    Deployed.of(renderer).write(renderer.signing_key)
+    write_record(deployed_of(renderer), renderer.signing_key)
     kubectl("-n", namespace, "wait", "--for=condition=Available", "deployment", "--all", f"--timeout={timeout}", out=out)
     for daemonset in [o["metadata"]["name"] for o in renderer.objects if o["kind"] == "DaemonSet"]:
         kubectl("-n", namespace, "rollout", "status", f"daemonset/{daemonset}", f"--timeout={timeout}", out=out)
@@ -212,7 +185,7 @@ def reload_policy(topology: Topology, policies: str | Path | None = None, out=sy
     whose content changed]}.
 
     Every point is configured again from what the deploy recorded (Deployed: its points and
-    their trust, so the same CA and keys) and the rule set, by the code a render runs. Refused,
+    their trust, so the same CA and keys; Applied) and the rule set, by the code a render runs. Refused,
     with nothing applied, when the rule set does not compile, when it would change anything
     else (an Envoy bootstrap), or when its files would need more ConfigMaps than were deployed
     (the pods mount a fixed list): then deploy again.
@@ -224,59 +197,59 @@ def reload_policy(topology: Topology, policies: str | Path | None = None, out=sy
     decides with.
     """
     namespace = namespace_of(topology)
-    record = Deployed.path(namespace)
+    record = record_path(namespace)
+    deploy_again = f"make deploy target=k8s topology={topology.name}"
     if not record.exists():
-        raise ReloadError(f"{topology.name} was not deployed to Kubernetes from here ({record} is missing): "
-                          f"make deploy target=k8s topology={topology.name} first")
-    deployed = Deployed.read(record)
-    if deployed is None:
-        raise ReloadError(f"{record} was written by another version of complyroute and cannot be read: "
-                          f"deploy again (make deploy target=k8s topology={topology.name}), then reload")
-    if not deployed.configmaps:
+        raise ReloadError(f"{topology.name} was not deployed to Kubernetes from here ({record} is missing): {deploy_again} first")
+    deployed = Deployed.read(record, deploy_again)
+    applied = deployed.placed
+    if not isinstance(applied, Applied):
+        raise ReloadError(f"{record} records no Kubernetes deployment: deploy again ({deploy_again}), then reload")
+    if not applied.configmaps:
         raise ReloadError(f"{topology.name} runs no OPA (nothing in it decides): there is no rule set to reload")
     found = kubectl_json("get", "namespace", namespace)
     if found is None:
         raise ReloadError(f"namespace {namespace} is not in the current kubectl context: deploy it there first (make deploy target=k8s)")
     running = found["metadata"].get("annotations", {}).get(RENDER_ANNOTATION)
-    if running != deployed.render_id:
-        raise ReloadError(f"namespace {namespace} runs render {running}, not {deployed.render_id} which {record} records: "
+    if running != applied.render_id:
+        raise ReloadError(f"namespace {namespace} runs render {running}, not {applied.render_id} which {record} records: "
                           "it was deployed from elsewhere or again since; deploy it from here (make deploy target=k8s)")
 
-    chosen = policies if policies is not None else deployed.rule_set or "policies"
+    chosen = policies if policies is not None else deployed.rule_set
     try:
         rule_set = RuleSet.of(chosen)
     except policyfiles.RuleSetError as error:
         raise ReloadError(str(error)) from None
     except labels.LabelSchemaError as error:
         raise ReloadError(f"the rule set in {policyfiles.rule_set(chosen)} cannot be applied; nothing was applied: {error}") from None
-    policies, setting = rule_set.folder, rule_set.service_setting
-    if deployed.label_setting and setting != deployed.label_setting:
+    policies = rule_set.folder
+    if rule_set.service_setting != labels.service_setting(deployed.schema):
         raise ReloadError(f"the rule set in {policies} changes the labels {namespace} was deployed with "
-                          f"({', '.join(label['name'] for label in json.loads(setting))}; deployed: "
-                          f"{', '.join(label['name'] for label in json.loads(deployed.label_setting))}): on Kubernetes the "
+                          f"({', '.join(label.name for label in rule_set.schema)}; deployed: "
+                          f"{', '.join(label.name for label in deployed.schema)}): on Kubernetes the "
                           "services and the Envoys' listeners take the labels when their pods start, which a reload does not "
                           "do; nothing was applied: deploy again (make deploy target=k8s). A local deployment's "
                           "`make reload-policy` adds labels without a restart")
-    key = Deployed.signing_key_path(namespace)
+    key = signing_key_path(namespace)
     if not key.exists():
         raise ReloadError(f"{key} is missing: the bundles of {namespace} are signed with the key its deploy recorded there; "
                           f"deploy again (make deploy target=k8s topology={topology.name}), then reload")
-    renderer = Renderer(deployed.topology, rule_set)
+    renderer = Renderer(deployed.plan.topology, rule_set)
     renderer.signing_key = key.read_bytes()
     try:
         renderer.configure(deployed.points, deployed.point_trust, deployed.set_clusters)
     except (engines.EngineError, policydata.PolicyDataError, bundles.BundleError, RenderError) as error:
         raise ReloadError(f"the rule set in {policies} cannot be applied; nothing was applied: {error}") from None
-    changed_bootstraps = sorted(name for name, digest in _digests(renderer.bootstraps).items() if deployed.bootstraps.get(name) != digest)
+    changed_bootstraps = sorted(name for name, digest in _digests(renderer.bootstraps).items() if applied.bootstraps.get(name) != digest)
     if changed_bootstraps:
         raise ReloadError(f"the rule set in {policies} changes the Envoy configuration of {', '.join(changed_bootstraps)} beyond its "
                           "route files, which a reload does not apply; nothing was applied: deploy again (make deploy target=k8s)")
     configmaps = {o["metadata"]["name"]: o for o in renderer.rule_set_configmaps()}
-    beyond = sorted(set(configmaps) - set(deployed.configmaps))
+    beyond = sorted(set(configmaps) - set(applied.configmaps))
     if beyond:
         raise ReloadError(f"the rule set in {policies} fills ConfigMaps the pods do not mount ({', '.join(beyond)}); "
                           "nothing was applied: deploy again (make deploy target=k8s)")
-    for name in deployed.configmaps:  # a ConfigMap the new rule set leaves empty stays mounted, empty
+    for name in applied.configmaps:  # a ConfigMap the new rule set leaves empty stays mounted, empty
         configmaps.setdefault(name, renderer.rule_set_configmap(name, {}))
     names = sorted(configmaps)
     for configmap in configmaps.values():
@@ -301,7 +274,7 @@ def reload_policy(topology: Topology, policies: str | Path | None = None, out=sy
         raise ReloadError(f"kubectl apply of {applied} failed (exit code {result.returncode}): {result.stderr.strip()}")
     after = versions()
     changed = [name for name in names if before[name] != after[name]]
-    replace(deployed, revision=renderer.revision).write(renderer.signing_key)
+    deployed.reloaded(renderer.revision).write(record)
     print(f"reload-policy: revision {renderer.revision} applied to namespace {namespace}: "
           + (", ".join(changed) + " changed" if changed else "no ConfigMap changed")
           + (f"; {', '.join(n for n in names if n not in changed)} unchanged" if len(changed) < len(names) else ""), file=out)

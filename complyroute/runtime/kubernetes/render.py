@@ -376,7 +376,7 @@ class Renderer:
         self.tokens: dict[str, dict[str, str]] = {}  # the label-token Secret's files, by the point that signs
         self.render_id: str | None = None  # new for every render (RENDER_ANNOTATION)
         # The deployment's bundle signing key (bundles.new_signing_key): new for every render; a
-        # reload signs with the one the deploy recorded (apply.Deployed.signing_key_path).
+        # reload signs with the one the deploy recorded (apply.signing_key_path).
         self.signing_key: bytes | None = None
         clash = {i.id for i in topology.instances} & {BUNDLE_SERVER}
         if clash:

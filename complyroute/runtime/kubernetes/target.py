@@ -208,7 +208,7 @@ class KubernetesTarget:
             return
         apply.kubectl("delete", "namespace", self.namespace, "--ignore-not-found", "--wait=true", f"--timeout={DELETE_TIMEOUT}",
                       check=False, out=out)
-        apply.Deployed.path(self.namespace).unlink(missing_ok=True)
+        apply.record_path(self.namespace).unlink(missing_ok=True)
         self.namespace = None
 
     def left_over(self) -> list[int]:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import pickle
 import re
 import shutil
 import signal
@@ -37,7 +36,7 @@ import psutil
 
 from complyroute.policy.ruleset import RuleSet
 from complyroute.runtime.local import scrape, warmup
-from complyroute.runtime.local.rendering import PKI, RENDERED, render
+from complyroute.runtime.local.rendering import PKI, render
 from complyroute.runtime.local.supervision import (GROUP, STOP_GRACE_SECONDS, DeploymentError, alive, healthy, programs_info, refresh_pids,
                                                   restarts, start_supervisor, supervisor, tail)
 from complyroute.runtime.target import runs_root
@@ -127,13 +126,12 @@ def deploy(topology: Topology, policies: Path | None = None, health_timeout: flo
     try:
         network = LocalNetwork(private, logs=run_dir / "logs")
         plan = place(topology, network)
-        parts = render(plan, run_dir, rule_set)
+        parts, deployed = render(plan, run_dir, rule_set)
     except BaseException:
         shutil.rmtree(private, ignore_errors=True)
         raise
-    rendered = pickle.loads((run_dir / RENDERED).read_bytes())
     # The credentials are the run's under mutual TLS (render wrote them), the scraper's among them.
-    scrape_config = scrape.write(run_dir, plan, run_dir / PKI if rendered.point_trust else None)
+    scrape_config = scrape.write(run_dir, plan, run_dir / PKI if deployed.point_trust else None)
     state = {
         "topology": topology.name,
         "kind": topology.kind,
@@ -142,15 +140,13 @@ def deploy(topology: Topology, policies: Path | None = None, health_timeout: flo
         "engine": topology.engine["kind"],
         "decision_logs": topology.engine.get("decision_logs", "off"),
         "manifest": str(topology.source),
-        # The rule set as it was chosen (a name or a folder): what reload-policy applies again by default.
-        "policies": rule_set.chosen,
         "services": len(topology.instances),
         "run_dir": str(run_dir),
         "private": str(private),
         "entry_url": f"{plan.entry.url}/process",
         "scrape_config": str(scrape_config),
         # The rule set's revision the points decide with (reload.py updates it).
-        "revision": rendered.revision,
+        "revision": deployed.revision,
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         # Which point decides the hops of which sender: what a reader (or a test) needs to
         # know which records a failing point affects.
@@ -202,9 +198,9 @@ def deploy(topology: Topology, policies: Path | None = None, health_timeout: flo
             time.sleep(0.2)
 
     # Healthy is not yet deciding: every deciding listener decides a warm-up record first (warmup.py).
-    listeners = warmup.listeners(plan, rendered.point_trust, run_dir)
+    listeners = warmup.listeners(plan, deployed.point_trust, run_dir)
     try:
-        state["warm_up"] = warmup.wait(listeners, warmup.token_key(run_dir, plan), rendered.revision, timeout, point_logs(state))
+        state["warm_up"] = warmup.wait(listeners, warmup.token_key(run_dir, plan), deployed.revision, timeout, point_logs(state))
     except warmup.WarmUpError as error:
         stop(out=open(os.devnull, "w"))
         raise DeploymentError(f"deploy: {error}") from None

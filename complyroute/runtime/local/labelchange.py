@@ -6,7 +6,7 @@ file of the run folder: every service (its labels file, `labels.json`, named by
 COMPLYROUTE_LABELS_FILE: read again on SIGHUP, its digest reported on GET /health), every
 point's Envoy with deciding listeners (its listeners file, LDS from the filesystem:
 envoy.split_listeners; the label bound and the label token's claims), and the run's own record
-(rendered.pickle, which trace and the audit read). A reload that adds labels gives them to the
+(deployed.pickle, which trace and the audit read). A reload that adds labels gives them to the
 services, then the listeners, before any bundle whose rules read them (apply), and has the
 services require those the schema requires only once every point holds those rules (finish):
 no record is refused by a service for a label the rules it passed did not ask for, and no rule
@@ -27,6 +27,7 @@ from pathlib import Path
 from complyroute.engines.configuration import Configuration
 from complyroute.policy import labels
 from complyroute.proxy.envoy import LISTENERS_FILE
+from complyroute.runtime.deployed import Deployed
 from complyroute.runtime.local import deployment, polling, rendering, supervision
 from complyroute.topology import localhttp
 from complyroute.topology.plan import EnforcementPoint
@@ -39,26 +40,25 @@ class LabelChangeError(RuntimeError):
     written was put back); the message says what to do."""
 
 
-def check(run_dir: Path, rendered: rendering.Rendered, schema: tuple[labels.Label, ...]) -> None:
+def check(run_dir: Path, deployed: Deployed, schema: tuple[labels.Label, ...]) -> None:
     """Refuse, before anything is written, a change of the labels a reload cannot apply: one that
     removes a label or gives one another header (a service would stop sending on, and a listener
     stop bounding, a header that records in flight carry and rules in force read), or any change
     to a deployment whose listeners are not read from files (started before they were)."""
-    if schema == rendered.label_schema:
+    if schema == deployed.schema:
         return
-    deployed = {label.name: label for label in rendered.label_schema}
-    removed = sorted(set(deployed) - {label.name for label in schema})
-    moved = sorted(label.name for label in schema if label.name in deployed and label.header != deployed[label.name].header)
+    given = {label.name: label for label in deployed.schema}
+    removed = sorted(set(given) - {label.name for label in schema})
+    moved = sorted(label.name for label in schema if label.name in given and label.header != given[label.name].header)
     unsafe = []
     if removed:
         unsafe.append(f"removes {', '.join(removed)}")
     if moved:
         unsafe.append(f"changes the header of {', '.join(moved)}")
-    if unsafe or not rendered.label_schema:
-        raise LabelChangeError(f"{' and '.join(unsafe) or 'changes the labels of a deployment that does not record them'}: "
-                               "a reload adds labels (or changes what the rules know of one), it does not take one away or move it; "
-                               "nothing was changed, deploy again to apply it")
-    static = [point.name for point in rendered.plan.points if point.deciding
+    if unsafe:
+        raise LabelChangeError(f"{' and '.join(unsafe)}: a reload adds labels (or changes what the rules know of one), it does not "
+                               "take one away or move it; nothing was changed, deploy again to apply it")
+    static = [point.name for point in deployed.points if point.deciding
               and not (run_dir / "points" / point.name / rendering.LISTENERS / LISTENERS_FILE).exists()]
     if static:
         raise LabelChangeError(f"changes the labels, and the Envoys of {', '.join(static)} were started with their listeners "
@@ -109,7 +109,7 @@ def envoy_listeners_version(point: EnforcementPoint) -> str | None:
     return stats.get("listener_manager.lds.version_text") if stats.get("listener_manager.total_listeners_warming") == 0 else None
 
 
-def apply(state: dict, rendered: rendering.Rendered, generated: Configuration, out, timeout: float = TIMEOUT) -> dict[str, float]:
+def apply(state: dict, deployed: Deployed, generated: Configuration, out, timeout: float = TIMEOUT) -> dict[str, float]:
     """Have the labels the generated configuration's schema adds (check allowed it) reach the running parts
     before any rule reads them: the services first (each sends on and logs the new labels; none
     requires one yet: finish), then every point's listeners (label bound and token
@@ -117,11 +117,11 @@ def apply(state: dict, rendered: rendering.Rendered, generated: Configuration, o
     the new setting; the seconds each step took ({} when the labels are those deployed). On a
     step that does not take, what was written is put back and LabelChangeError says so."""
     schema = generated.schema
-    if schema == rendered.label_schema:
+    if schema == deployed.schema:
         return {}
     run_dir = Path(state["run_dir"])
     listeners = {}  # point -> (its folder, its listener files, their version)
-    for point in rendered.plan.points:
+    for point in deployed.points:
         folder = run_dir / "points" / point.name
         configured = generated.points[point.name]
         if json.loads((folder / "envoy.json").read_text()) != configured.envoy:
@@ -133,8 +133,8 @@ def apply(state: dict, rendered: rendering.Rendered, generated: Configuration, o
     before_listeners = {name: {file: (folder / file).read_text() for file in files} for name, (folder, files, _) in listeners.items()}
     seconds = {}
     try:
-        seconds["services"] = round(_give_services(state, _setting(schema, rendered.label_schema), timeout), 3)
-        points = {point.name: point for point in rendered.plan.points}
+        seconds["services"] = round(_give_services(state, _setting(schema, deployed.schema), timeout), 3)
+        points = {point.name: point for point in deployed.points}
         for folder, files, _ in listeners.values():
             rendering.write_watched_files(folder, files)
         seconds["listeners"] = round(_wait({name: lambda name=name, version=version: envoy_listeners_version(points[name]) == version
@@ -148,7 +148,7 @@ def apply(state: dict, rendered: rendering.Rendered, generated: Configuration, o
         except LabelChangeError as back:
             raise LabelChangeError(f"{error}; the labels the deployment had were written back, but {back}") from None
         raise LabelChangeError(f"{error}; the labels the deployment had were written back") from None
-    added = sorted({label.name for label in schema} - {label.name for label in rendered.label_schema})
+    added = sorted({label.name for label in schema} - {label.name for label in deployed.schema})
     print(f"reload-policy: labels {', '.join(added) or '(changed)'}: taken by {sum(p['kind'] == 'service' for p in state['parts'])} services "
           f"in {seconds['services']:.2f} s, by the listeners of {len(listeners)} points in {seconds['listeners']:.2f} s", file=out)
     return seconds

@@ -1,7 +1,7 @@
 """Apply a rule set to the running deployment, restarting nothing: `make reload-policy`.
 
-A reload configures every enforcement point again from the plan the deployment was rendered
-from (run folder: rendered.pickle) and the rule set in `policies`, exactly as a deploy would,
+A reload configures every enforcement point again from the deployment's record (run folder:
+deployed.pickle, runtime/deployed.py) and the rule set in `policies`, exactly as a deploy would,
 and hands the result to the running processes the way each takes it:
 
 - every OPA gets a new bundle (bundles.py): rule set, index, revision, allowed table. The
@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import functools
 import json
-import pickle
 import re
 import sys
 import threading
@@ -207,13 +206,6 @@ def behind(seconds: dict[str, float | None]) -> list[str]:
     return sorted(name for name, taken in seconds.items() if taken is None)
 
 
-def load_rendered(state: dict) -> rendering.Rendered:
-    path = Path(state["run_dir"]) / rendering.RENDERED
-    if not path.exists():
-        raise ReloadError(f"{path} is missing: the deployment was started before reloads existed; deploy it again")
-    return pickle.loads(path.read_bytes())
-
-
 def reload_policy(policies: Path | None = None, out=sys.stdout, timeout: float = 120.0) -> dict:
     """Apply the rule set in `policies` (None: the one the deployment was started with, as it
     is now) to the current deployment, in the two steps above; returns once every enforcement
@@ -229,7 +221,8 @@ def reload_policy(policies: Path | None = None, out=sys.stdout, timeout: float =
     if not state:
         raise ReloadError("nothing is deployed here: `make deploy` first (a deployment on Kubernetes takes a new rule set by `make deploy target=k8s` again, which rolls its pods)")
     run_dir = Path(state["run_dir"])
-    chosen = policies if policies is not None else state.get("policies", "policies")
+    deployed = rendering.deployed_record(run_dir)
+    chosen = policies if policies is not None else deployed.rule_set
     try:
         rule_set = RuleSet.of(chosen)
     except policyfiles.RuleSetError as error:
@@ -237,28 +230,28 @@ def reload_policy(policies: Path | None = None, out=sys.stdout, timeout: float =
     except labels.LabelSchemaError as error:
         raise ReloadError(f"the rule set in {policyfiles.rule_set(chosen)} cannot be applied; nothing was changed: {error}") from None
     policies, schema, revision = rule_set.folder, rule_set.schema, rule_set.revision
-    rendered = load_rendered(state)
-    plan = rendered.plan
+    plan = deployed.plan
     engine = plan.topology.engine
     layout = rendering.layout(run_dir / "points")
     signing_key = (run_dir / rendering.BUNDLE_SIGNING_KEY).read_bytes()  # the deployment's (rendering.render)
     try:
-        labelchange.check(run_dir, rendered, schema)
+        labelchange.check(run_dir, deployed, schema)
     except labelchange.LabelChangeError as error:
         raise ReloadError(f"the rule set in {policies} {error}") from None
     configure_errors = (engines.EngineError, policydata.PolicyDataError, bundles.BundleError)
     # The Envoys keep the clusters they were deployed with: the rules route to those sets only
     # (a set without one goes to its first instance; a deploy makes a cluster for every set).
-    deployed_sets = rendered.set_clusters or {}
 
     # Step 1: the rule set, every hop decided in full; labels it adds reach the services and listeners first.
     try:
-        in_full = configuration.generate(plan.points, engine, rule_set, rendered.point_trust, layout, signing_key, deployed_sets, ahead=False)
-        label_seconds = labelchange.apply(state, rendered, in_full, out)
+        in_full = configuration.generate(plan.points, engine, rule_set, deployed.point_trust, layout, signing_key, deployed.set_clusters,
+                                         ahead=False)
+        label_seconds = labelchange.apply(state, deployed, in_full, out)
     except (*configure_errors, labelchange.LabelChangeError) as error:
         raise ReloadError(f"the rule set in {policies} cannot be applied; nothing was changed: {error}") from None
     if label_seconds:  # what the services and listeners run now, whatever becomes of the rules
-        rendering.update_rendered(run_dir, rendered, rendered.revision, schema)
+        deployed = deployed.reloaded(deployed.revision, schema)
+        deployed.write(run_dir / rendering.DEPLOYED)
     running = Running.of(run_dir, plan.points)
     refusals = Refusals(plan.points)
     write_step(run_dir, in_full)
@@ -266,7 +259,7 @@ def reload_policy(policies: Path | None = None, out=sys.stdout, timeout: float =
     print(f"reload-policy: revision {revision} written for {len(plan.points)} enforcement points in {written:.2f} s", file=out)
     seconds = wait_for(plan.points, in_full.versions, started, timeout, refusals)
     if refusals.refused:
-        raise refusals.error(revision, rendered.revision)
+        raise refusals.error(revision, deployed.revision)
     if late := behind(seconds):
         raise ReloadError(f"after {timeout:.0f} s these points do not decide with revision {revision} yet: {', '.join(late)} "
                           f"(their logs are in {run_dir / 'logs'})")
@@ -276,12 +269,12 @@ def reload_policy(policies: Path | None = None, out=sys.stdout, timeout: float =
 
     # Step 2: the rule set's answers over the decision space, guarded, then the tables and routes holding them.
     try:
-        ahead = configuration.generate(plan.points, engine, rule_set, rendered.point_trust, layout, signing_key, deployed_sets,
+        ahead = configuration.generate(plan.points, engine, rule_set, deployed.point_trust, layout, signing_key, deployed.set_clusters,
                                        routes_version=f"{revision}+precomputed")
     except configure_errors as error:
         running.restore(run_dir)
         back = wait_for(plan.points, running.expected, time.monotonic(), timeout)
-        again = f"decides with revision {rendered.revision} again" if not behind(back) else f"is being given revision {rendered.revision} back"
+        again = f"decides with revision {deployed.revision} again" if not behind(back) else f"is being given revision {deployed.revision} back"
         raise ReloadError(f"the rule set in {policies} was taken back after {time.monotonic() - started:.1f} s (it decided every hop "
                           f"in full meanwhile) and the deployment {again}: {error}") from None
     refusals = Refusals(plan.points)
@@ -295,7 +288,7 @@ def reload_policy(policies: Path | None = None, out=sys.stdout, timeout: float =
     # Holding the rules is not yet deciding with them: each OPA prepares its query again on the
     # first decision after it activates a bundle (warmup.py).
     try:
-        warm_up = warmup.wait(warmup.listeners(plan, rendered.point_trust, run_dir), warmup.token_key(run_dir, plan), revision,
+        warm_up = warmup.wait(warmup.listeners(plan, deployed.point_trust, run_dir), warmup.token_key(run_dir, plan), revision,
                               timeout, deployment.point_logs(state))
     except warmup.WarmUpError as error:
         raise ReloadError(f"every point holds revision {revision}, but {error}") from None
@@ -310,7 +303,7 @@ def reload_policy(policies: Path | None = None, out=sys.stdout, timeout: float =
               **({"labels": label_seconds} if label_seconds else {})}
     with (run_dir / "reloads.jsonl").open("a") as log:
         log.write(json.dumps({"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "policies": str(policies), **result}) + "\n")
-    rendering.update_rendered(run_dir, rendered, revision, schema)
+    deployed.reloaded(revision, schema).write(run_dir / rendering.DEPLOYED)
     deployment.write_state(run_dir, {**deployment.read_state(run_dir), "revision": revision})
     print(f"reload-policy: every enforcement point holds the precomputed answers of {revision} after "
           f"{result['precomputed_seconds']:.3f} s; every deciding listener decided a warm-up record with it "
@@ -324,7 +317,7 @@ def watch(policies: str | Path | None = None, interval: float = 0.5, out=sys.std
     the rule set as chosen (None: the deployment's); its source folder is watched."""
     if policies is None:
         state = deployment.running()
-        policies = state.get("policies", "policies") if state else "policies"
+        policies = rendering.deployed_record(Path(state["run_dir"])).rule_set if state else "policies"
     try:
         policies = policyfiles.source_of(policies)
     except policyfiles.RuleSetError as error:

@@ -1,7 +1,8 @@
 """What a local deployment runs, from its plan: every part's configuration written into the run
 folder (the points' Envoy and OPA configurations and route files, the bundles, the credentials)
 and the process that runs it (Part): each point's OPA and Envoy, the bundle server, each
-service. What a reload needs of it is kept in the run folder (Rendered, rendered.pickle)."""
+service. What a reload needs of it is kept in the run folder (the deployment's record,
+runtime/deployed.py: deployed.pickle)."""
 
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import pickle
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -25,6 +25,8 @@ from complyroute.policy.ruleset import RuleSet
 from complyroute.proxy.accesslog import ENVOY_FLAGS
 from complyroute.proxy.envoy import LISTENERS_FILE
 from complyroute.proxy.opa import BundleSource, bundle_config, write_data
+from complyroute.runtime.deployed import Deployed
+from complyroute.runtime.target import ReloadError
 from complyroute.topology.manifest import REPO
 from complyroute.topology.plan import Endpoint, EnforcementPoint, LocalNetwork, Plan, ServiceProcess
 from complyroute.trust import identity, pki
@@ -47,7 +49,7 @@ BUNDLES = "bundles"
 ROUTES = "routes"
 LISTENERS = "listeners"
 LABEL_SETTING = "labels.json"
-RENDERED = "rendered.pickle"
+DEPLOYED = "deployed.pickle"  # the deployment's record (Deployed)
 PKI = "pki"  # every part's credential (identity.Credentials.write)
 # The deployment's bundle signing key (bundles.new_signing_key), which the control plane signs
 # every bundle of a deploy and its reloads with; readable by the deploying user only.
@@ -229,26 +231,13 @@ def service_part(service: ServiceProcess, workload: dict, audit_log: Path, logs:
     )
 
 
-@dataclass(frozen=True)
-class Rendered:
-    """What a reload needs of a deployment (reload.py): how its points were configured."""
-
-    plan: Plan
-    point_trust: dict[str, identity.PointTrust]
-    revision: str
-    label_schema: tuple[labels.Label, ...] = ()  # the rule set's labels, which services and listeners were given
-    # By deciding point, the compliant sets its Envoy has a cluster for (its bootstrap's, which a
-    # reload leaves as it is: it routes to those sets and no other); None in a deployment started
-    # before sets had clusters.
-    set_clusters: dict[str, tuple[str, ...]] | None = None
-
-
-def render(plan: Plan, run_dir: Path, rule_set: RuleSet) -> list[Part]:
-    """Write every configuration into the run folder and return the processes to start.
+def render(plan: Plan, run_dir: Path, rule_set: RuleSet) -> tuple[list[Part], Deployed]:
+    """Write every configuration into the run folder; the processes to start, and the
+    deployment's record.
 
     With mutual TLS (identity.py), a new CA issues every part's credential into pki/ first.
-    The points' bundles go to bundles/, which the bundle server serves; what a reload needs
-    to configure the points again goes to rendered.pickle.
+    The points' bundles go to bundles/, which the bundle server serves; the record, which a
+    reload configures the points again from, to deployed.pickle.
     """
     engine = plan.topology.engine
     trust = identity.Trust.of(plan)
@@ -283,26 +272,25 @@ def render(plan: Plan, run_dir: Path, rule_set: RuleSet) -> list[Part]:
         parts.append(service_part(service, plan.topology.workload, audit / f"{service.instance.id}.jsonl", logs,
                                   {"COMPLYROUTE_LABELS_FILE": str(run_dir / LABEL_SETTING)},
                                   service_trust, files[pki.CONTROL] if trust else None))
-    rendered = Rendered(plan, point_trust, rule_set.revision, rule_set.schema, generated.set_clusters)
-    update_rendered(run_dir, rendered, rule_set.revision)
-    return parts
+    deployed = Deployed.of(plan, plan.points, point_trust, generated)
+    deployed.write(run_dir / DEPLOYED)
+    return parts, deployed
+
+
+def deployed_record(run_dir: Path) -> Deployed:
+    """The record of the deployment in `run_dir` (Deployed.read: refused, saying to deploy again,
+    when it is missing or another version of complyroute wrote it)."""
+    return Deployed.read(run_dir / DEPLOYED, "make deploy")
 
 
 def run_labels(run_dir: Path) -> tuple[labels.Label, ...]:
-    """The labels a run's parts were given (rendered.pickle); the shipped rule set's for a run
-    that does not say (started before labels were data, or not a local deployment)."""
+    """The labels a run's parts were given (its record); the shipped rule set's for a run whose
+    record cannot be read (started before labels were data or records were kept, or not a local
+    deployment)."""
     try:
-        schema = pickle.loads((run_dir / RENDERED).read_bytes()).label_schema
-    except (OSError, pickle.UnpicklingError, AttributeError, EOFError):
-        schema = ()
-    return schema or labels.schema(POLICIES)
-
-
-def update_rendered(run_dir: Path, rendered: Rendered, revision: str, schema: tuple[labels.Label, ...] | None = None) -> None:
-    """Record the revision a reload applied (and the labels, when it changed them), for the next
-    reload and the run's trace and audit."""
-    updated = dataclasses.replace(rendered, revision=revision, label_schema=schema or rendered.label_schema)
-    write_whole(run_dir / RENDERED, pickle.dumps(updated), 0o600)
+        return deployed_record(run_dir).schema
+    except ReloadError:
+        return labels.schema(POLICIES)
 
 
 def start(part: Part) -> int:

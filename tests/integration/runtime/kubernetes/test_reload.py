@@ -16,6 +16,7 @@ from complyroute.policy import bundles
 from complyroute.policy.policyfiles import POLICIES
 from complyroute.policy.ruleset import RuleSet
 from complyroute.runtime.kubernetes import apply, render
+from complyroute.runtime.deployed import Deployed
 from complyroute.runtime.target import ReloadError
 from complyroute.topology import manifest
 
@@ -68,7 +69,7 @@ def deployed_central_entity(tmp_path, monkeypatch):
             renderer = render.Renderer(manifest.load("central-entity", services=services, engine="envoy-compiled", overrides=overrides))
             renderer.render()
             objects = objects_of(render.build(renderer, tmp_path / "kustomization"))
-        apply.Deployed.of(renderer).write(renderer.signing_key)
+        apply.write_record(apply.deployed_of(renderer), renderer.signing_key)
         api = FakeApiServer(objects)
         monkeypatch.setattr(apply, "kubectl_output", api)
         return renderer, objects, api
@@ -91,7 +92,7 @@ def test_reload_without_a_rule_set_applies_the_one_deployed_allowed(tmp_path, mo
     renderer = render.Renderer(manifest.load("central-entity", services=3, engine="envoy-compiled"), RuleSet.of("classification"))
     renderer.render()
     objects = objects_of(render.build(renderer, tmp_path / "kustomization"))
-    apply.Deployed.of(renderer).write(renderer.signing_key)
+    apply.write_record(apply.deployed_of(renderer), renderer.signing_key)
     monkeypatch.setattr(apply, "kubectl_output", FakeApiServer(objects))
     result = apply.reload_policy(renderer.topology, out=io.StringIO())
     assert result["revision"] == renderer.revision == RuleSet.of("classification").revision != bundles.revision()
@@ -114,7 +115,7 @@ def test_reload_with_another_rule_set_applies_only_the_bundle_and_route_configma
     assert f"revision {revision} applied to namespace complyroute-central-entity" in out.getvalue()
     assert "does not wait" in out.getvalue() and "names the revision that decided it" in out.getvalue()
     # The record names the revision now applied; a second reload of it changes nothing.
-    assert pickle.loads(apply.Deployed.path("complyroute-central-entity").read_bytes()).revision == revision
+    assert pickle.loads(apply.record_path("complyroute-central-entity").read_bytes()).revision == revision
     assert apply.reload_policy(renderer.topology, us_adequate, out=io.StringIO())["changed"] == []
 
 
@@ -150,10 +151,10 @@ def test_reload_of_a_rule_set_with_another_label_applies_nothing_and_says_deploy
 
 
 @pytest.mark.parametrize("written", [b"not a pickle", pickle.dumps({"topology": "an older record"}),
-                                     pickle.dumps(object.__new__(apply.Deployed))])  # no fields: a record from before a field
+                                     pickle.dumps(object.__new__(Deployed))])  # no fields: a record from before a field
 def test_reload_refuses_a_record_another_version_wrote_and_says_deploy_again_denied(deployed_central_entity, written):
     renderer, _, api = deployed_central_entity()
-    apply.Deployed.path(render.namespace_of(renderer.topology)).write_bytes(written)
+    apply.record_path(render.namespace_of(renderer.topology)).write_bytes(written)
     with pytest.raises(ReloadError, match="written by another version of complyroute and cannot be read: deploy again"):
         apply.reload_policy(renderer.topology, out=io.StringIO())
     assert api.applied == []
@@ -188,7 +189,7 @@ def test_reload_of_the_baseline_says_there_is_no_rule_set_to_reload_denied(tmp_p
     renderer.render()
     api = FakeApiServer(objects_of(render.build(renderer, tmp_path / "kustomization")))
     monkeypatch.setattr(apply, "kubectl_output", api)
-    apply.Deployed.of(renderer).write(renderer.signing_key)
+    apply.write_record(apply.deployed_of(renderer), renderer.signing_key)
     with pytest.raises(ReloadError, match="baseline runs no OPA"):
         apply.reload_policy(renderer.topology, out=io.StringIO())
     assert api.applied == []
@@ -204,9 +205,10 @@ def test_reload_refuses_files_that_would_need_configmaps_the_pods_do_not_mount_d
 
 def test_reload_refuses_a_rule_set_that_changes_an_envoy_bootstrap_denied(deployed_central_entity):
     renderer, _, api = deployed_central_entity()
-    path = apply.Deployed.path("complyroute-central-entity")
+    path = apply.record_path("complyroute-central-entity")
     record = pickle.loads(path.read_bytes())
-    path.write_bytes(pickle.dumps(replace(record, bootstraps={"central-entity": "0" * 64})))  # as if deployed with another bootstrap
+    as_if = replace(record, placed=replace(record.placed, bootstraps={"central-entity": "0" * 64}))  # as if deployed with another bootstrap
+    path.write_bytes(pickle.dumps(as_if))
     with pytest.raises(ReloadError, match="changes the Envoy configuration of central-entity beyond its route files"):
         apply.reload_policy(renderer.topology, out=io.StringIO())
     assert api.applied == []

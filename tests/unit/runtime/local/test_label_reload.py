@@ -14,6 +14,7 @@ from complyroute.policy import labels
 from complyroute.policy.policyfiles import POLICIES
 from complyroute.policy.ruleset import RuleSet
 from complyroute.proxy.envoy import LISTENER, LISTENERS_FILE, envoy_config
+from complyroute.runtime.deployed import Deployed
 from complyroute.runtime.local import labelchange, polling, rendering
 from complyroute.topology import manifest
 from complyroute.topology.plan import place
@@ -83,14 +84,14 @@ def test_an_added_label_changes_the_deciding_listener_and_the_version_allowed(tm
     assert bootstrap == listener_file(sidecar, SHIPPED, tmp_path)[0]  # the bootstrap does not depend on the labels
 
 
-def deployed(tmp_path, schema=SHIPPED, lds=True) -> rendering.Rendered:
+def deployed(tmp_path, schema=SHIPPED, lds=True) -> Deployed:
     p = plan()
     if lds:
         for x in p.points:
             if x.deciding:
                 (tmp_path / "points" / x.name / rendering.LISTENERS).mkdir(parents=True)
                 (tmp_path / "points" / x.name / rendering.LISTENERS / LISTENERS_FILE).write_text("{}")
-    return rendering.Rendered(p, {}, "r1", schema)
+    return Deployed(p, p.points, {}, "policies", "r1", schema, {})
 
 
 def relabelled(**changes):
@@ -120,8 +121,6 @@ def test_a_reload_that_removes_a_label_or_moves_its_header_is_refused_denied(tmp
 def test_a_label_change_for_a_deployment_started_with_static_listeners_is_refused_denied(tmp_path, with_sensitivity):
     with pytest.raises(labelchange.LabelChangeError, match=r"the Envoys of entry, sidecar-.* were started with their listeners in their bootstrap.*deploy again"):
         labelchange.check(tmp_path, deployed(tmp_path, lds=False), with_sensitivity)
-    with pytest.raises(labelchange.LabelChangeError, match="a deployment that does not record them"):
-        labelchange.check(tmp_path, deployed(tmp_path, schema=()), with_sensitivity)
     labelchange.check(tmp_path, deployed(tmp_path / "other", lds=False), SHIPPED)  # no change, no refusal
 
 
@@ -171,7 +170,7 @@ def label_run(tmp_path):
         rendering.write_watched_files(folder / rendering.LISTENERS, x.listeners)
         (folder / "envoy.json").write_text(json.dumps(x.envoy))
     state = {"run_dir": str(tmp_path), "parts": [{"name": s.instance.id, "kind": "service", "health_url": s.health_url} for s in p.services]}
-    return state, rendering.Rendered(p, {}, "r1", SHIPPED)
+    return state, Deployed(p, p.points, {}, "policies", "r1", SHIPPED, {})
 
 
 def configs_for(rendered, schema, run_dir):
@@ -202,7 +201,7 @@ def test_apply_gives_the_services_the_labels_then_the_listeners_allowed(tmp_path
     assert f"labels sensitivity: taken by {len(state['parts'])} services" in out.getvalue()
     # Its twin: the labels deployed are the labels given, nothing is written or signalled.
     services.signalled.clear()
-    assert labelchange.apply(state, dataclasses.replace(rendered, label_schema=with_sensitivity),
+    assert labelchange.apply(state, dataclasses.replace(rendered, schema=with_sensitivity),
                              configs_for(rendered, with_sensitivity, tmp_path), out) == {}
     assert services.signalled == []
 

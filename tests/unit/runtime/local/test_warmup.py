@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from complyroute.runtime.deployed import Deployed
 from complyroute.runtime.local import deployment, rendering, warmup
 from complyroute.topology import manifest
 from complyroute.topology.plan import LocalNetwork, place
@@ -140,9 +141,8 @@ def test_a_deploy_whose_point_never_decides_fails_and_stops_denied(tmp_path, mon
     deploy stops what it started and fails naming that listener."""
     monkeypatch.setenv("COMPLYROUTE_RUNS", str(tmp_path / "runs"))
 
-    def render(plan, run_dir, policies):
-        rendering.update_rendered(run_dir, rendering.Rendered(plan, {}, REVISION), REVISION)
-        return []
+    def render(plan, run_dir, rule_set):
+        return [], Deployed(plan, plan.points, {}, "policies", REVISION, (), {})
 
     stopped = []
     monkeypatch.setattr(deployment, "render", render)
