@@ -16,7 +16,9 @@ A run's verdict:
 - forbidden receptions: the rule set, asked again (recheck.rego, one `opa eval` per revision
   for a run's distinct hops, with the rule set and the data each point decided with under the
   revision the line names), does not allow that hop into that instance. A rule that reads the
-  clock reads the time the line records (its ts, when the instance received the record), so a
+  clock reads the time the line records: decided_at, when the deciding point took the hop (its
+  Envoy's start of the request, on its clock; its OPA read the clock after it, within the
+  decision timeout), or ts (when the instance received the record) on a line without it; so a
   run gets one verdict whenever it is audited.
 - not re-checkable: lines of a hop whose decision depends on the record's content (or the
   request id), as OPA's partial evaluation finds (engines/independence.py): a line holds the
@@ -122,14 +124,21 @@ def allowed_hops(hops: list[dict], point_data: dict[str, dict], policies: Path =
     return set(allowed or [])
 
 
+def milliseconds(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def hop_of(line: Line) -> dict:
     entry = line.entry
     labels = entry.get("labels") if isinstance(entry.get("labels"), dict) else {}
-    ts = entry.get("ts")  # when the instance received the record: ms since the epoch
+    # The time a rule that reads the clock is asked at (ms since the epoch): when the deciding
+    # point took the hop (decided_at, its clock), else, for a line written before points
+    # recorded it, when the instance received the record (ts).
+    at = entry.get("decided_at") if milliseconds(entry.get("decided_at")) else entry.get("ts")
     return {
         "point": entry["decided_by"], "sender": entry["sender"], "step": entry.get("step"), "instance": line.instance,
         "labels": dict(sorted(labels.items())),  # by name, as the rule set's label schema names them
-        "time_ns": int(ts * 1_000_000) if isinstance(ts, (int, float)) and not isinstance(ts, bool) else None,
+        "time_ns": int(at * 1_000_000) if milliseconds(at) else None,
     }
 
 

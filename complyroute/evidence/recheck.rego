@@ -13,9 +13,10 @@
 #     points  {point: <the point's OPA data document, as deployed>}
 #     hops    [{"point", "sender", "step", "instance", "labels", "time_ns"}]
 #             labels as the audit line holds them (consent null when absent);
-#             time_ns when the line's instance received the record (its ts), the
-#             clock the rules read (null: the audit's own), so that a rule reading
-#             the clock gets one verdict whenever the audit runs
+#             time_ns when the deciding point took the hop (the line's decided_at;
+#             its ts, when the instance received the record, on a line without it),
+#             the clock the rules read (null: the audit's own), so that a rule
+#             reading the clock gets one verdict whenever the audit runs
 package complyroute_audit.recheck
 
 import data.complyroute.compliance

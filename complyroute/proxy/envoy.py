@@ -97,6 +97,13 @@ def _removing(headers: list[str]) -> dict:
 RECORD_CLAIMS = [(RECORD_ID_HEADER, "rid"), (DIGEST_HEADER, "digest")]
 # A record goes on under the id its token names (the entry's), whatever x-request-id its
 # sender sent; the sender's stays on anything refused before, so the refusal names it.
+# When the deciding point took the hop: its Envoy's start of the request, in milliseconds since
+# the epoch, on the point's clock. Its OPA reads the clock for the decision after it, within the
+# decision timeout (the ext_authz call); the receiving service's own time (its audit line's ts)
+# comes later still, after the hop was forwarded, and on Kubernetes from another node's clock.
+DECIDED_AT_HEADER = "x-complyroute-decided-at"
+DECIDED_AT = "%START_TIME(%s%3f)%"
+
 RECORD_ID_FROM_TOKEN = {"header": {"key": "x-request-id", "value": f"%REQ({RECORD_ID_HEADER})%"},
                         "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}
 
@@ -237,9 +244,10 @@ def _deciding_listener(listener: DecidingListener, settings: dict, matcher: dict
                 "check_settings": {"context_extensions": context},
             }
         },
-        # Every record this listener passes says who sent it and which point decided its hop;
-        # the receiving service writes them into its audit line (complyroute/evidence/audit.py checks
-        # them). Overwritten: a sender cannot choose them. The revision of the rule set that
+        # Every record this listener passes says who sent it, which point decided its hop and
+        # when; the receiving service writes them into its audit line (complyroute/evidence/audit.py
+        # checks them, and asks a rule that reads the clock at that time: this point's, not the
+        # receiver's). Overwritten: a sender cannot choose them. The revision of the rule set that
         # decided (REVISION_HEADER) is the decision's own: OPA's answer sets it, or the
         # compiled route that stands for one.
         "request_headers_to_add": [
@@ -247,6 +255,7 @@ def _deciding_listener(listener: DecidingListener, settings: dict, matcher: dict
             for key, value in [
                 ("x-complyroute-sender", listener.sender),
                 ("x-complyroute-decided-by", point),
+                (DECIDED_AT_HEADER, DECIDED_AT),
             ]
         ] + ([RECORD_ID_FROM_TOKEN] if tokens and not listener.from_client else []),
         "retry_policy": retry_unsent(behind_ingress),

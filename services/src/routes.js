@@ -19,8 +19,15 @@ import { STAT_NAMES, healthSchema, metricsSchema, processSchema, statsSchema } f
 const DECISION_HEADERS = Object.freeze({
   sender: 'x-complyroute-sender',
   decided_by: 'x-complyroute-decided-by',
+  decided_at: 'x-complyroute-decided-at',
   revision: 'x-complyroute-revision'
 })
+
+/** When the deciding point took the hop (ms since the epoch, its clock), null without a number. */
+function decidedAt (headers) {
+  const value = headers[DECISION_HEADERS.decided_at]
+  return typeof value === 'string' && /^[0-9]{1,16}$/.test(value) ? Number(value) : null
+}
 
 const kTIn = Symbol('complyroute.t_in')
 const kOutcome = Symbol('complyroute.outcome')
@@ -60,7 +67,7 @@ export function routes (fastify, { config, audit, forward, now, labels, metrics 
 
   // The audit line of an accepted record (src/audit.js adds the chain link): the labels as
   // they arrived, which are canonical when an enforcement point allowed the hop (it rewrites
-  // them); the digest of the exact text sent on; who decided the hop, with which rule set.
+  // them); the digest of the exact text sent on; who decided the hop, when, with which rule set.
   function auditEntry (tIn, requestId, recordLabels, headers, digest) {
     return {
       ts: tIn,
@@ -71,6 +78,7 @@ export function routes (fastify, { config, audit, forward, now, labels, metrics 
       digest,
       sender: headers[DECISION_HEADERS.sender] ?? null,
       decided_by: headers[DECISION_HEADERS.decided_by] ?? null,
+      decided_at: decidedAt(headers),
       revision: headers[DECISION_HEADERS.revision] ?? null
     }
   }

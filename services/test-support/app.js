@@ -25,6 +25,7 @@ export const RECORD = Object.freeze({ subject: 'alice', amount: 12 })
 export const DECIDED = Object.freeze({
   'x-complyroute-sender': 'ingest-eu',
   'x-complyroute-decided-by': 'router-1',
+  'x-complyroute-decided-at': '1795326065162',
   'x-complyroute-revision': '0123abc'
 })
 

@@ -8,7 +8,7 @@ import { dirname, join } from 'node:path'
 import { GENESIS, createAuditLog } from '../src/audit.js'
 import { DECIDED, LABELS, LAST, MIDDLE, fakeClock, post, setup, stats, without } from '../test-support/app.js'
 
-test('an accepted record writes one audit line: labels, digest of the bytes received, id, who decided and with which rules', async (t) => {
+test('an accepted record writes one audit line: labels, digest of the bytes received, id, who decided, when and with which rules', async (t) => {
   const { app, lines } = setup(t, MIDDLE, { now: fakeClock(5000) })
   const payload = '{ "subject": "alice",  "amount": 12 }' // as sent, spaces and all
   const res = await post(app, { headers: { ...LABELS, ...DECIDED, 'x-request-id': 'r-8' }, payload })
@@ -22,6 +22,7 @@ test('an accepted record writes one audit line: labels, digest of the bytes rece
     digest: `sha256:${createHash('sha256').update(payload).digest('hex')}`,
     sender: 'ingest-eu',
     decided_by: 'router-1',
+    decided_at: 1795326065162,
     revision: '0123abc'
   }])
 })
@@ -31,7 +32,14 @@ test('audit line twin: a record no enforcement point decided says so (null), one
   await post(app, { headers: without(LABELS, 'x-data-consent'), payload: '{"subject":"bob"}' })
   assert.deepEqual(lines[0].labels, { region: 'EU', category: 'personal', consent: null })
   assert.equal(lines[0].digest, `sha256:${createHash('sha256').update('{"subject":"bob"}').digest('hex')}`)
-  assert.deepEqual([lines[0].sender, lines[0].decided_by, lines[0].revision], [null, null, null])
+  assert.deepEqual([lines[0].sender, lines[0].decided_by, lines[0].decided_at, lines[0].revision], [null, null, null, null])
+})
+
+test('audit line twin: a decision time that is no number of milliseconds is written as none (null)', async (t) => {
+  const { app, lines } = setup(t, MIDDLE)
+  for (const value of ['-', '1.5e12', '', '12345678901234567'])
+    await post(app, { headers: { ...LABELS, ...DECIDED, 'x-complyroute-decided-at': value } })
+  assert.deepEqual(lines.map((line) => line.decided_at), [null, null, null, null])
 })
 
 test('audit lines through the real log: one chained line per accepted record, none for a refused one', async (t) => {

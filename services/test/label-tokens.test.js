@@ -38,7 +38,7 @@ test('label tokens: a record matching its token\'s digest is accepted, audited w
   assert.equal(calls[0].body, PAYLOAD)
   assert.equal(lines.length, 1)
   assert.equal(lines[0].digest, sha256(PAYLOAD))
-  assert.deepEqual(Object.keys(lines[0]), ['ts', 'instance', 'step', 'request_id', 'labels', 'digest', 'sender', 'decided_by', 'revision'])
+  assert.deepEqual(Object.keys(lines[0]), ['ts', 'instance', 'step', 'request_id', 'labels', 'digest', 'sender', 'decided_by', 'decided_at', 'revision'])
   // The last step answers it too.
   const last = setup(t, TOKEN_LAST)
   assert.equal((await post(last.app, vouched('r-t1'))).statusCode, 200)

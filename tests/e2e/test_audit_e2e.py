@@ -43,8 +43,9 @@ def audit(state):
 @pytest.mark.pool(phase=0, untouched=True)
 def test_allowed_records_leave_lines_the_audit_finds_clean_allowed(deployed):
     state = deployed
-    # Consent as a client may write it: the lines hold it as the deciding point rewrote it.
-    request_id, answer = post(state, {**EU_PERSONAL, "consent": " care , billing"})
+    # Consent as a client may write it: the lines hold it as the deciding point rewrote it. And a
+    # decision time of the client's own: each deciding point writes its own over it.
+    request_id, answer = post(state, {**EU_PERSONAL, "consent": " care , billing"}, headers={"x-complyroute-decided-at": "1"})
     assert answer.status == 200, answer.text
     assert post(state, US_PERSONAL)[1].status == 200
     denied_id, denied = post(state, {**EU_PERSONAL, "consent": "care"})  # reaches an analyse-eu replica, no store-eu one
@@ -64,6 +65,7 @@ def test_allowed_records_leave_lines_the_audit_finds_clean_allowed(deployed):
         assert line["labels"] == {"region": "EU", "category": "personal", "consent": "billing,care"}
         assert line["digest"] == "sha256:" + hashlib.sha256(json.dumps(RECORD).encode()).hexdigest()
         assert line["revision"] == bundles.revision()
+        assert isinstance(line["decided_at"], int) and line["decided_at"] != 1, line
 
     result = audit(state)
     assert result.returncode == 0, result.stdout + result.stderr
