@@ -158,7 +158,7 @@ def bench(rule_set: RuleSet, data_dir: Path, request: dict, scratch: Path, concu
     input_file.write_text(json.dumps(request))
     env = cpus = None
     if concurrency is not None:
-        env = {**os.environ, "GOMAXPROCS": str(concurrency)}
+        env = {**os.environ, **policyfiles.server_env(concurrency)}  # its Go runtime as a point runs it
         cpus = set(sorted(os.sched_getaffinity(0))[-concurrency:])
     figures = json.loads(opa("bench", "--format", "json", *rule_set.flags, *loading(rule_set, data_dir), "--input", str(input_file),
                              QUERY, env=env, cpus=cpus))

@@ -172,6 +172,20 @@ def system_policy_files() -> list[Path]:
             if path.is_file() and path.suffix in (".rego", ".json") and not is_test(path)]
 
 
+# The Go runtime of an enforcement point's OPA. Each check leaves about 100 kB of garbage, and the
+# live heap is small (about 10 MB at a central entity of 5 services), so at Go's default GOGC=100 a
+# collection ran every few dozen checks, whose marking took 11 % of the entry's CPU (docs/cost.md);
+# at 400, 4 %. GOMEMLIMIT keeps the larger heap this allows under a pod's limit
+# (RESOURCES["opa"] in runtime/kubernetes/render.py, 128 Mi): Go collects sooner as it nears it.
+GO_RUNTIME = {"GOGC": "400", "GOMEMLIMIT": "96MiB"}
+
+
+def server_env(concurrency: int) -> dict[str, str]:
+    """The environment of an enforcement point's `opa run`: as many threads running Go as its
+    Envoy has workers (GOMAXPROCS), and GO_RUNTIME."""
+    return {"GOMAXPROCS": str(concurrency), **GO_RUNTIME}
+
+
 def server_args(http: Endpoint, diagnostic: Endpoint, config_file: str, paths: Sequence[str],
                 ignore: Sequence[str] = IGNORED) -> list[str]:
     """The arguments of an enforcement point's `opa run`, on this machine or in a pod: its REST

@@ -164,7 +164,7 @@ def point_parts(point: EnforcementPoint, config: configuration.PointConfiguratio
                 node=point.node,
                 command=[str(OPA), *policyfiles.server_args(point.opa_http, point.opa_diagnostic, str(folder / "opa.yaml"),
                                                             [str(SYSTEM_POLICIES), str(data_dir)])],
-                env={"GOMAXPROCS": str(point.concurrency)},
+                env=policyfiles.server_env(point.concurrency),
                 health_url=point.opa_health_url,
                 log=str(logs / f"{point.name}.opa.log"),
             )

@@ -3,6 +3,7 @@ each replica of a service), their probes, resources and images, the restricted P
 Standard, the private sockets of Envoy and OPA, and where pods go (one node or several)."""
 
 import json
+import re
 import socket
 
 import pytest
@@ -28,6 +29,31 @@ def test_every_container_has_probes_and_resources(tmp_path):
             for container in pod["containers"] + pod.get("initContainers", []):
                 assert {"readinessProbe", "livenessProbe", "resources"} <= set(container), (topology, container["name"])
                 assert container["resources"]["limits"] and container["resources"]["requests"]
+
+
+def mebibytes(quantity: str) -> float:
+    """A memory quantity as Kubernetes ("128Mi") or Go's GOMEMLIMIT ("96MiB") write it, in MiB."""
+    number, unit = re.fullmatch(r"([0-9.]+)([KMG])iB?", quantity).groups()
+    return float(number) * {"K": 1 / 1024, "M": 1, "G": 1024}[unit]
+
+
+def test_every_opa_collects_sooner_before_its_memory_limit_allowed(tmp_path):
+    """GOGC=400 lets an OPA's heap grow to five times what it holds live (fewer collections a
+    check); its GOMEMLIMIT, under its container's memory limit, has Go collect sooner as the heap
+    nears it, so the larger heap never reaches the limit."""
+    for topology in (t for t in TOPOLOGIES if t != "baseline"):  # the baseline decides nothing: no OPA
+        _, objects = rendered(topology, 5, tmp_path / topology)
+        opas = [c for pod in pods(objects).values() for c in containers(pod) if c["name"] == "opa"]
+        assert opas, topology
+        for container in opas:
+            env = env_of(container)
+            assert env["GOGC"] == "400" and env["GOMAXPROCS"]
+            assert mebibytes(env["GOMEMLIMIT"]) < mebibytes(container["resources"]["limits"]["memory"]), topology
+
+
+def test_a_memory_limit_under_the_heap_ceiling_is_told_apart_denied():
+    assert not mebibytes("96MiB") < mebibytes("64Mi")
+    assert mebibytes("96MiB") < mebibytes("128Mi") and mebibytes("1Gi") == 1024
 
 
 def test_policy_configmap_holds_the_system_policies_only_and_each_bundle_the_rule_set_denied(tmp_path):
