@@ -300,10 +300,19 @@ def cached(query: str, document: dict, policies: Path, compute) -> list:
         answers = compute()
         write_whole(cached, gzip.compress(json.dumps(answers).encode(), compresslevel=1))
     # The least recently used go, with their locks (one waiting on an evicted lock asks again, no worse).
-    for old in sorted(CACHE.glob("*.json.gz"), key=lambda path: path.stat().st_mtime)[:-CACHE_ENTRIES]:
+    for old in sorted(CACHE.glob("*.json.gz"), key=last_use)[:-CACHE_ENTRIES]:
         old.unlink(missing_ok=True)
         old.with_name(old.name.removesuffix(".json.gz") + ".lock").unlink(missing_ok=True)
     return answers
+
+
+def last_use(entry: Path) -> float:
+    """When a cache entry was last used; one another process evicted since it was listed counts as
+    the oldest (two workers evicting at once: make check's, seen as FileNotFoundError)."""
+    try:
+        return entry.stat().st_mtime
+    except FileNotFoundError:
+        return 0.0
 
 
 def _evaluate_halves(query: str, space: dict, policies: Path) -> list:

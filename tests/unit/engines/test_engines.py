@@ -100,6 +100,23 @@ def test_the_answers_cache_keeps_what_was_used_last_and_evicts_the_least_recentl
     assert sorted(path.name.split(".", 1)[1] for path in (tmp_path / "cache").iterdir()) == ["json.gz", "json.gz", "lock", "lock"]
 
 
+def test_an_entry_another_process_evicted_while_this_one_evicts_is_no_error_allowed(tmp_path, monkeypatch):
+    class Listing(type(tmp_path)):
+        def glob(self, pattern):  # another process evicts an entry between the listing and the reading of its time
+            yield from super().glob(pattern)
+            yield self / "evicted-meanwhile.json.gz"
+
+    monkeypatch.setattr(precompute, "CACHE", Listing(tmp_path / "cache"))
+    monkeypatch.setattr(precompute, "CACHE_ENTRIES", 1)
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    assert precompute.cached("query", {"n": 1}, rules, lambda: [1]) == [1]
+    time.sleep(0.02)  # apart by more than a tick of the file system's clock
+    assert precompute.cached("query", {"n": 2}, rules, lambda: [2]) == [2]
+    # Its denied twin: an entry still there past the bound is evicted as before.
+    assert len(list((tmp_path / "cache").glob("*.json.gz"))) == 1
+
+
 def test_processes_asking_for_the_same_answers_at_once_ask_opa_once_allowed(tmp_path, monkeypatch):
     monkeypatch.setattr(precompute, "CACHE", tmp_path / "cache")
     asked, started = [], threading.Event()
