@@ -58,12 +58,12 @@ DIRECT_DECISION = ("data.complyroute.compliance.decision"
 # system.authz policy (policies/system/authz) about every request, which refuses writes. Its
 # REST API and diagnostics listen on unix sockets (plan.Endpoint.unix) that only OPA's
 # own user may open (OPA's default, 755, would do: connecting takes write permission; stated).
-SERVER_FLAGS = ("--authorization=basic", "--unix-socket-perm=600")
+# --pprof: Go's profiles on that REST API socket (`python -m experiments profile` reads where a
+# decision's CPU goes there; a profile holds OPA's code paths, no data).
+SERVER_FLAGS = ("--authorization=basic", "--unix-socket-perm=600", "--pprof")
 # A point's OPA reads its index on every decision and never writes it: held as OPA's own
-# values rather than as JSON, a decision's lookups convert nothing. --pprof: Go's profiles on the
-# REST API's socket, which only the deployment's user opens (`python -m experiments profile`
-# reads where a decision's CPU goes there; a profile holds OPA's code paths, no data).
-RUN_FLAGS = ("--optimize-store-for-read-speed", "--pprof")
+# values rather than as JSON, a decision's lookups convert nothing (also under `opa bench`).
+RUN_FLAGS = ("--optimize-store-for-read-speed",)
 
 
 class RuleSetError(ValueError):
