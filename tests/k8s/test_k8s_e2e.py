@@ -78,14 +78,16 @@ def test_topology_is_accepted_scheduled_and_shaped_as_designed(cluster, topology
                 assert sidecars == ({"envoy": "Always"} if last else {"opa": "Always", "envoy": "Always"})
 
         # Mutual TLS (on by default): the API server holds one kubernetes.io/tls Secret per
-        # part (each service, each point's workload, the bundle server where anything decides)
-        # and the entry's signing key; every pod's Secret volumes name Secrets that exist; no
-        # ConfigMap holds a private key.
+        # part (each service, each point's workload, the bundle server where anything decides),
+        # the monitoring credential (tls-monitoring, for the operator's Prometheus) and the
+        # entry's signing key; every pod's Secret volumes name Secrets that exist; no ConfigMap
+        # holds a private key.
         stored = {s["metadata"]["name"]: s for s in get(cluster, "secrets", namespace)}
         configmaps = get(cluster, "configmaps", namespace)
         points = [c for c in configmaps if c["metadata"]["name"].startswith("envoy-")]
         deciding = topology.kind != "baseline"
-        assert sum(s["type"] == "kubernetes.io/tls" for s in stored.values()) == services + len(points) + deciding
+        assert sum(s["type"] == "kubernetes.io/tls" for s in stored.values()) == services + len(points) + deciding + 1
+        assert [s["type"] for n, s in stored.items() if n.startswith("tls-monitoring-")] == ["kubernetes.io/tls"]
         assert len([n for n in stored if n.startswith("token-")]) == (0 if topology.kind == "baseline" else 1)
         assert not any("PRIVATE KEY" in value for c in configmaps for value in c.get("data", {}).values())
         for pod in pods:
@@ -125,6 +127,33 @@ def test_topology_is_accepted_scheduled_and_shaped_as_designed(cluster, topology
             assert not {port["port"] for rule in spec["ingress"] for port in rule["ports"]} & closed, name
         assert set(policies["services"]["policyTypes"]) == {"Ingress", "Egress"}
         assert ("routers" in policies) == (topology.kind == "dynamic-router")
+
+        # Metrics: every pod with an Envoy is annotated for Prometheus at its point's metrics port
+        # (and its OPA's path beside an OPA), a service pod without one at its service's port,
+        # the bundle server not at all; only namespaces labelled for monitoring reach those ports.
+        scraped = set()
+        for pod in pods:
+            annotations = pod["metadata"].get("annotations", {})
+            containers = {c["name"] for c in pod["spec"]["containers"] + pod["spec"].get("initContainers", [])}
+            if "envoy" in containers:
+                expected = {"prometheus.io/port": str(net.METRICS), "prometheus.io/scheme": "https"}
+                assert (render.OPA_METRICS_ANNOTATION in annotations) == ("opa" in containers), pod["metadata"]["name"]
+            elif "service" in containers:
+                expected = {"prometheus.io/port": str(net.SERVICE), "prometheus.io/scheme": "https"}
+            else:
+                assert "prometheus.io/scrape" not in annotations, pod["metadata"]["name"]
+                continue
+            assert {key: annotations.get(key) for key in [*expected, "prometheus.io/scrape"]} == {**expected, "prometheus.io/scrape": "true"}, pod["metadata"]["name"]
+            scraped.add(pod["metadata"]["labels"]["component"])
+        assert scraped and "service" in scraped
+        monitoring = [{"namespaceSelector": {"matchLabels": {render.MONITORING_NAMESPACE_LABEL: render.MONITORING_NAMESPACE_VALUE}}}]
+        for name, spec in policies.items():
+            metrics_rules = [rule for rule in spec["ingress"] if net.METRICS in {port["port"] for port in rule["ports"]}]
+            component = spec["podSelector"]["matchLabels"]["component"]
+            if component == render.BUNDLE_SERVER:
+                assert not metrics_rules, name
+            else:
+                assert [rule["from"] for rule in metrics_rules] == [monitoring], name
     finally:
         cluster.kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=180s", quiet=True)
     assert cluster.kubectl("get", "namespace", namespace, check=False, quiet=True).returncode != 0
@@ -191,7 +220,8 @@ def test_reload_policy_updates_the_bundle_and_route_configmaps_and_rolls_no_pod_
         bundle = base64.b64decode(stored["bundles-1"]["binaryData"]["central-entity.tar.gz"])
         with tarfile.open(fileobj=io.BytesIO(bundle), mode="r:gz") as tar:
             members = {m.name.lstrip("/"): tar.extractfile(m).read() for m in tar.getmembers()}
-        assert json.loads(members["complyroute/reference/data.json"])["adequacy"][-1] == "US"
+        # opa build merges the rule set's reference data into the bundle's data.json.
+        assert json.loads(members["data.json"])["complyroute"]["reference"]["adequacy"][-1] == "US"
         assert json.loads(members[".manifest"])["revision"] == revision
         assert all(json.loads(route)["version_info"] == revision for route in stored["routes-central-entity-1"]["data"].values())
     finally:

@@ -275,8 +275,15 @@ def _component_selector(components: list[str]) -> list[dict]:
     return [{"podSelector": {"matchExpressions": [{"key": "component", "operator": "In", "values": sorted(components)}]}}]
 
 
+# The kubelet's default timeout for an HTTP probe is 1 s. On a loaded node (k8s-e2e, load average
+# 23) the entry's OPA and Envoy answered /health and /ready later than that three times running:
+# the kubelet restarted a healthy OPA, and the records it would have decided got 503
+# DECISION_UNAVAILABLE. A hung part still fails three probes of 5 s within 30 s.
+HTTP_PROBE_TIMEOUT_S = 5
+
+
 def _probe(path: str, port: int) -> dict:
-    return {"httpGet": {"path": path, "port": port}, "periodSeconds": 5, "failureThreshold": 3}
+    return {"httpGet": {"path": path, "port": port}, "periodSeconds": 5, "failureThreshold": 3, "timeoutSeconds": HTTP_PROBE_TIMEOUT_S}
 
 
 # A probe run inside the container starts a Node.js process each time, which on a loaded node
