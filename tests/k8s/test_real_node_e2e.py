@@ -73,14 +73,19 @@ class Running:
 
     def state(self) -> str:
         """What a failed test's report shows (tests/k8s/conftest.py; a CI run keeps no folder):
-        each pod's readiness and restarts, the Service ports kube-proxy has not programmed, and
-        the namespace's last events."""
-        lines = [f"{p['metadata']['name']}: {p['status']['phase']}, "
-                 + ", ".join(f"{s['name']} ready={s['ready']} restarts={s['restartCount']}" for s in p["status"].get("containerStatuses", []))
+        each pod's readiness and restarts (with how its container last ended: OOMKilled, or
+        the exit code a liveness probe's kill leaves), the Service ports kube-proxy has not
+        programmed, and the namespace's last events."""
+        def container(s: dict) -> str:
+            ended = s.get("lastState", {}).get("terminated")
+            last = f" (last ended {ended.get('reason')}, exit {ended.get('exitCode')}, at {ended.get('finishedAt')})" if ended else ""
+            return f"{s['name']} ready={s['ready']} restarts={s['restartCount']}{last}"
+
+        lines = [f"{p['metadata']['name']}: {p['status']['phase']}, " + ", ".join(container(s) for s in p["status"].get("containerStatuses", []))
                  for p in self.pods()]
         lines.append(f"not programmed by kube-proxy: {sorted(self.cluster.real_node.unprogrammed(self.namespace, service_ports(self.renderer)))}")
         events = self.cluster.kubectl("-n", self.namespace, "get", "events", "--sort-by=.lastTimestamp", quiet=True, check=False).stdout
-        return "\n".join(lines + events.splitlines()[-12:])
+        return "\n".join(lines + events.splitlines()[-30:])
 
     def pods(self) -> list[dict]:
         return json.loads(self.cluster.kubectl("-n", self.namespace, "get", "pods", "-o", "json", quiet=True).stdout)["items"]
