@@ -17,7 +17,8 @@ from pathlib import Path
 from complyroute.authoring import newruleset, policybench, policydiff, policytest
 from complyroute.client import send
 from complyroute.evidence import audit, trace
-from complyroute.policy import policyfiles
+from complyroute.policy import labels, policyfiles
+from complyroute.policy.ruleset import RuleSet
 from complyroute.runtime import targets
 from complyroute.runtime.local import deployment, reload, supervision
 from complyroute.runtime.target import DeployFailed, ReloadError, Target, TargetError
@@ -37,12 +38,22 @@ RULE_SET_HELP = "the rule set: policies, the name of one in rule-sets/, or a fol
 
 
 def rule_set_choice(value: str) -> str:
-    """A --policies value, as chosen: checked here, assembled where it is used (policyfiles.rule_set)."""
+    """A --policies value, as chosen: checked here, made into a RuleSet by the verb (rule_set_of)."""
     try:
         policyfiles.source_of(value)
     except policyfiles.RuleSetError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
     return value
+
+
+def rule_set_of(chosen: str | Path) -> RuleSet:
+    """The rule set `chosen` names, made once here (completed, dated, its labels read) and handed to
+    whatever configures points with it: deploy, render, reload-policy. One whose labels are
+    unusable is refused here, before anything is deployed or changed."""
+    try:
+        return RuleSet.of(chosen)
+    except labels.LabelSchemaError as error:
+        raise policyfiles.RuleSetError(f"the rule set {chosen} cannot be used; nothing was deployed or changed: {error}") from None
 
 
 def add_target(command: argparse.ArgumentParser) -> None:
@@ -63,7 +74,8 @@ def topology_of(args) -> manifest.Topology | None:
 def cmd_deploy(args) -> int:
     target = target_of(args, restart=False if args.no_restart else None, image=args.image, one_node=args.one_node or None,
                        ready_timeout=args.timeout)
-    target.deploy(manifest.load(args.topology, args.services, engine=args.engine), policies=args.policies)
+    topology = manifest.load(args.topology, args.services, engine=args.engine)
+    target.deploy(topology, rule_set_of(args.policies or topology.policy))
     return 0
 
 
@@ -75,7 +87,7 @@ def cmd_render(args) -> int:
     output = folder.with_suffix(".yaml")
     output.parent.mkdir(parents=True, exist_ok=True)
     try:
-        text = render.render(topology, folder, image=args.image or render.SERVICE_IMAGE, one_node=args.one_node)
+        text = render.render(topology, folder, rule_set_of(topology.policy), image=args.image or render.SERVICE_IMAGE, one_node=args.one_node)
     except render.RenderError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -89,7 +101,8 @@ def cmd_status(args) -> int:
 
 
 def cmd_reload_policy(args) -> int:
-    target_of(args, reload_timeout=args.timeout).reload_policy(topology_of(args), args.policies)
+    target, topology = target_of(args, reload_timeout=args.timeout), topology_of(args)
+    target.reload_policy(topology, rule_set_of(args.policies or target.deployed_rule_set(topology)))
     return 0
 
 
@@ -111,7 +124,8 @@ def cmd_demo(args) -> int:
     if not state or state["manifest"] != str(manifest.resolve(DEMO_MANIFEST)):
         if state:
             deployment.stop()
-        deployment.deploy(manifest.load(DEMO_MANIFEST))
+        topology = manifest.load(DEMO_MANIFEST)
+        deployment.deploy(topology, rule_set_of(topology.policy))
         state = deployment.read_state()
     print(f"\nSending records to {state['entry_url']}:\n")
     for title, labels in DEMO_RECORDS:
@@ -305,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.run(args)
     except (manifest.ManifestError, supervision.DeploymentError, audit.AuditError, ReloadError, policydiff.PolicyDiffError, trace.TraceError,
-            TargetError, DeployFailed) as error:
+            TargetError, DeployFailed, policyfiles.RuleSetError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
 

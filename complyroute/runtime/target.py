@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 from typing import Callable, Protocol
 
+from complyroute.policy.ruleset import RuleSet
 from complyroute.topology.manifest import REPO, Topology
 
 
@@ -69,9 +70,10 @@ class Target(Protocol):
     def check_free(self, topology: Topology | None) -> None:
         """Raise TargetBusy when another deployment is where `topology` would go (None: any topology)."""
 
-    def deploy(self, topology: Topology, out=None, policies: str | Path | None = None) -> dict:
-        """Deploy `topology` with the rule set `policies` (None: the manifest's) and wait until
-        every part is ready; what it runs prints to `out` (an open file; None: standard output).
+    def deploy(self, topology: Topology, rule_set: RuleSet, out=None) -> dict:
+        """Deploy `topology` with `rule_set` (made once where it was chosen: the command line, an
+        experiment's run) and wait until every part is ready; what it runs prints to `out` (an
+        open file; None: standard output).
         Returns engine, parts (how many), bring_up_seconds, memory_mib ({"total": MiB or None})
         and cpu_parts ([(pid, kind)] to sample, None when they cannot be). Raises DeployFailed."""
 
@@ -89,8 +91,12 @@ class Target(Protocol):
         """Print the deployed parts (of `topology` only, where several can be deployed); 0 when
         every one is ready, 1 otherwise or when nothing is deployed."""
 
-    def reload_policy(self, topology: Topology | None, policies: str | None, out=None) -> dict:
-        """Apply the rule set `policies` to the deployed `topology` without restarting anything."""
+    def deployed_rule_set(self, topology: Topology | None) -> str:
+        """The rule set the deployed `topology` was deployed with, as it was chosen (its record):
+        what a reload applies again unless told; ReloadError when nothing is deployed there."""
+
+    def reload_policy(self, topology: Topology | None, rule_set: RuleSet, out=None) -> dict:
+        """Apply `rule_set` to the deployed `topology` without restarting anything."""
 
     def undeploy_all(self, out=None) -> int:
         """Remove every complyroute deployment there (the command line's undeploy); an exit code."""

@@ -17,6 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from complyroute.client import send
+from complyroute.policy.ruleset import RuleSet
 from complyroute.runtime.local import deployment, reload
 from complyroute.topology import manifest
 
@@ -48,11 +49,12 @@ def steady_records(url: str, rate: float, stop: threading.Event, started: float)
     return sorted(outcomes, key=lambda o: o["t"])
 
 
-def run_cell(topology: str, engine: str, services: int, changed: Path, raw: Path, out=sys.stdout) -> dict:
+def run_cell(topology: str, engine: str, services: int, shipped: RuleSet, changed: RuleSet, raw: Path, out=sys.stdout) -> dict:
+    """Deploy with `shipped`, reload `changed` while records flow; the cell's summary row."""
     name = f"{topology}_{engine}_n{services}"
     if deployment.read_state():
         deployment.stop(out=open("/dev/null", "w"))
-    state = deployment.deploy(manifest.load(topology, services=services, engine=engine), out=open("/dev/null", "w"))
+    state = deployment.deploy(manifest.load(topology, services=services, engine=engine), shipped, out=open("/dev/null", "w"))
     rate = HOPS_PER_SECOND / services
     try:
         old_revision = state["revision"]
@@ -83,10 +85,10 @@ def run(run_dir: Path, services: list[int], topologies=TOPOLOGIES, engines=ENGIN
     raw.mkdir(parents=True, exist_ok=True)
     cells = [(t, e, n) for n in services for t in topologies for e in engines]
     with tempfile.TemporaryDirectory(prefix="complyroute-changeability-") as scratch:
-        changed = changed_rule_set(Path(scratch))
+        shipped, changed = RuleSet.of("policies"), RuleSet.of(changed_rule_set(Path(scratch)))  # made once for every cell
         for number, (topology, engine, count) in enumerate(cells, 1):
             print(f"reload: cell {number}/{len(cells)}", file=out)
-            run_cell(topology, engine, count, changed, raw, out)
+            run_cell(topology, engine, count, shipped, changed, raw, out)
     frame = table(raw)
     tables = run_dir / "report" / "tables"
     tables.mkdir(parents=True, exist_ok=True)

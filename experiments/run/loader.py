@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 import psutil
 
 from complyroute.client import send
-from complyroute.policy import policyfiles
+from complyroute.policy.ruleset import RuleSet
 from complyroute.runtime.local.target import LocalTarget
 from complyroute.runtime.target import Target, TargetBusy
 from complyroute.topology import manifest
@@ -112,6 +112,8 @@ class Loader:
         self.run_dir = run_dir
         self.raw = run_dir / "raw"
         self.parameters = parameters
+        # The rule set every cell deploys, made once for the run (completed, dated, its labels read).
+        self.rule_set = RuleSet.of(parameters.policy)
         self.out = out
         self.target = target or LocalTarget()
         # What Ctrl-C has to stop: the Locust process, and the deployment the target started.
@@ -168,13 +170,13 @@ class Loader:
         chain works before it is loaded."""
         topology = self.manifest_of(cell)
         self.target.check_free(topology)
-        state = self.target.deploy(topology, log)
+        state = self.target.deploy(topology, self.rule_set, log)
         state |= self.target.reach(topology, chain_probe(cell.services), log)
         self.cpu_parts = state["cpu_parts"]
         if cell.engine and state["engine"] != cell.engine:
             raise CellFailed(f"deployed with engine {state['engine']} instead of {cell.engine}")
         answer = send(state["entry_url"], check_record(self.parameters.mix), BODY, request_id=f"experiment-check-{cell.key}", timeout=30,
-                      policies=policyfiles.source_of(self.parameters.policy))
+                      policies=self.rule_set.folder)
         hops = len(answer.body["path"]) if answer.status == 200 and answer.body else 0
         if hops != cell.services:
             raise CellFailed(f"the check record did not go through the {cell.services} services: {answer.summary()}")

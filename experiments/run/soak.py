@@ -51,6 +51,7 @@ from urllib.parse import urlsplit
 
 from complyroute.client import send
 from complyroute.evidence import audit
+from complyroute.policy.ruleset import RuleSet
 from complyroute.runtime.local import deployment, faults, supervision
 from complyroute.runtime.local.target import LocalTarget
 from complyroute.topology import manifest
@@ -134,7 +135,8 @@ def run_topology(topology: str, folder: Path, parameters: Parameters, out=sys.st
     with (folder / "deploy.log").open("w") as log:
         try:
             topology_manifest = sets.load_manifest(topology, parameters.services, parameters.engine, parameters.replicas)
-            state = deployment.deploy(topology_manifest, out=log, restart=parameters.restart)
+            rule_set = RuleSet.of(topology_manifest.policy)  # what it deploys, and what a reload fault applies again
+            state = deployment.deploy(topology_manifest, rule_set, out=log, restart=parameters.restart)
             answer = send(state["entry_url"], ALLOWED_LABELS, BODY, request_id="soak-check", timeout=30)
             if answer.status != 200 or len(answer.body["path"]) != parameters.services:
                 raise SoakError(f"the check record did not go through the {parameters.services} services: {answer.summary()}")
@@ -147,7 +149,7 @@ def run_topology(topology: str, folder: Path, parameters: Parameters, out=sys.st
                                           stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
                 started = time.time()
                 (folder / "faults.jsonl").unlink(missing_ok=True)
-                records = faults.run(deployment.read_state(), schedule, log=folder / "faults.jsonl", out=out)
+                records = faults.run(deployment.read_state(), schedule, rule_set=rule_set, log=folder / "faults.jsonl", out=out)
                 try:
                     locust.wait(timeout=parameters.warmup + parameters.duration + STOP_TIMEOUT_S + 90)
                 except subprocess.TimeoutExpired:

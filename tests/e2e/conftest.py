@@ -30,6 +30,8 @@ import pytest
 
 from complyroute.runtime.local import deployment
 
+from tests.rulesets import of_manifest
+
 from .helpers import ENFORCING, ENGINES, POOL_RECEIVE_TIMEOUT, mixed_regions
 
 KEYS = [(topology, engine) for engine in ENGINES for topology in ENFORCING]
@@ -62,7 +64,7 @@ class Pool:
                 deployment.stop()
             loaded = mixed_regions(topology, engine)
             loaded.engine["receive_timeout"] = f"{POOL_RECEIVE_TIMEOUT:g}s"
-            self.state, self.loaded, self.key = deployment.deploy(loaded), loaded, key
+            self.state, self.loaded, self.key = deployment.deploy(loaded, of_manifest(loaded)), loaded, key
             self.used, self.spent = 0, False
             self.deployed += 1
         self.used += 1

@@ -12,9 +12,11 @@ import yaml
 
 from complyroute.client import send
 from complyroute.policy import policyfiles
+from complyroute.policy.ruleset import RuleSet
 from complyroute.runtime.local import deployment, rendering
 from complyroute.topology import localhttp, manifest
 from complyroute.trust import pki
+from tests.rulesets import of_manifest
 
 MIXED_REGIONS = manifest.REPO / "topologies" / "examples" / "mixed-regions.yaml"
 ENFORCING = ["sidecar", "central-entity", "dynamic-router-3", "dynamic-router-6"]
@@ -53,7 +55,7 @@ def deploy_mixed_regions(topology: str, policies: Path = policyfiles.POLICIES, e
     if deployment.read_state():
         deployment.stop()
     loaded = mixed_regions(topology, engine)
-    return deployment.deploy(loaded, policies=policies), loaded
+    return deployment.deploy(loaded, RuleSet.of(policies) if policies is not None else of_manifest(loaded)), loaded
 
 
 def audit_lines(state) -> list[dict]:

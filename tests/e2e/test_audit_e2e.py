@@ -20,6 +20,8 @@ from complyroute.policy import bundles
 from complyroute.runtime.local import deployment
 from complyroute.topology import manifest
 
+from tests.rulesets import of_manifest
+
 from .helpers import ENGINES, EU_PERSONAL, MIXED_REGIONS, RECORD, entry_of, post, wait_for_audit
 
 
@@ -78,7 +80,7 @@ def without_mtls():
     if deployment.read_state():
         deployment.stop()
     loaded = manifest.load("sidecar", services=str(MIXED_REGIONS), overrides={"security": {"mtls": False, "label_tokens": False}})
-    yield deployment.deploy(loaded)
+    yield deployment.deploy(loaded, of_manifest(loaded))
     deployment.stop()
 
 

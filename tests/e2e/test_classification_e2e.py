@@ -23,6 +23,8 @@ from complyroute.policy import policyfiles
 from complyroute.runtime.local import deployment
 from complyroute.topology import manifest
 
+from tests.rulesets import of_manifest
+
 from .helpers import ENFORCING, ENGINES, post, wait_for_audit
 
 
@@ -40,7 +42,8 @@ def deployed(request):
     loaded = manifest.load(topology, services=str(CLASSIFICATION), engine=engine)
     assert loaded.policy == "classification"  # borrowed with the services
     # Decision logs on: trace names each hop's decision.
-    state = deployment.deploy(dataclasses.replace(loaded, engine={**loaded.engine, "decision_logs": "file"}), out=io.StringIO())
+    state = deployment.deploy(dataclasses.replace(loaded, engine={**loaded.engine, "decision_logs": "file"}), of_manifest(loaded),
+                              out=io.StringIO())
     yield state
     deployment.stop(out=io.StringIO())
 

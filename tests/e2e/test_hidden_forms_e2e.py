@@ -36,6 +36,7 @@ import pytest
 from complyroute.engines import envoy_opa, precompute
 from complyroute.policy import labels as label_schema
 from complyroute.policy.policyfiles import POLICIES
+from complyroute.policy.ruleset import RuleSet
 from complyroute.runtime.local import deployment, rendering
 from complyroute.topology import manifest
 from complyroute.topology.plan import GATEWAY_SENDER, catalog, place
@@ -185,7 +186,7 @@ def delivered(request, hidden) -> tuple[tuple[str, str], dict, dict]:
     topology, engine = request.param
     if deployment.read_state():
         deployment.stop(out=io.StringIO())
-    state = deployment.deploy(topology_of(topology, engine), policies=hidden, out=io.StringIO())
+    state = deployment.deploy(topology_of(topology, engine), RuleSet.of(hidden), out=io.StringIO())
     try:
         answers = {name: post(state, labels, record)[1] for name, labels, record, _ in CASES}
         yield request.param, answers, tables(state)

@@ -6,6 +6,7 @@ import io
 import pytest
 
 from complyroute.authoring import newruleset
+from complyroute.policy.ruleset import RuleSet
 from complyroute.runtime.local import deployment
 from complyroute.topology import manifest
 
@@ -17,7 +18,7 @@ def deployed(request, tmp_path_factory):
     folder = newruleset.scaffold("geo", tmp_path_factory.mktemp("rule-sets"))
     if deployment.read_state():
         deployment.stop(out=io.StringIO())
-    state = deployment.deploy(manifest.load("sidecar", services="3", engine=request.param), policies=folder, out=io.StringIO())
+    state = deployment.deploy(manifest.load("sidecar", services="3", engine=request.param), RuleSet.of(folder), out=io.StringIO())
     yield state, folder
     deployment.stop(out=io.StringIO())
 

@@ -4,6 +4,8 @@ rules deny."""
 
 from complyroute.runtime.local import deployment, supervision
 
+from tests.rulesets import of_manifest
+
 from .helpers import instances_reached, post, wait_for_audit
 
 
@@ -13,7 +15,7 @@ ALL_PURPOSES = {"region": "EU", "category": "personal", "consent": "billing,anal
 def test_a_topology_written_in_the_test_carries_a_record_allowed_and_its_denied_twin_denied(hub_topology):
     if deployment.read_state():
         deployment.stop()
-    state = deployment.deploy(hub_topology)
+    state = deployment.deploy(hub_topology, of_manifest(hub_topology))
     try:
         assert state["enforces"]
         _, answer = post(state, ALL_PURPOSES)

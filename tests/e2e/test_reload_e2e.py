@@ -20,6 +20,7 @@ from complyroute.client import send
 from complyroute.engines import envoy_compiled
 from complyroute.evidence import audit
 from complyroute.policy import bundles, policyfiles
+from complyroute.policy.ruleset import RuleSet
 from complyroute.runtime.local import deployment, reload, rendering, supervision
 from experiments.design.changeability import add_us_to_adequacy, changed_rule_set
 
@@ -101,7 +102,7 @@ def test_reload_moves_paths_while_records_flow_and_loses_none_allowed(topology, 
         old_revision = bundles.revision()
         with Flow(state) as flow:
             time.sleep(0.5)
-            result = reload.reload_policy(us_adequate_policies, out=open("/dev/null", "w"))
+            result = reload.reload_policy(RuleSet.of(us_adequate_policies), out=open("/dev/null", "w"))
             reloaded_at = len(flow.answers)
             time.sleep(0.5)
         answers = flow.answers
@@ -153,7 +154,7 @@ def test_reload_moves_paths_while_records_flow_and_loses_none_allowed(topology, 
         # leaves the US replicas; a US one, its allowed twin, keeps them.
         for labels, path in ((CH_PERSONAL, US_PATH), (US_PERSONAL, US_PATH)):
             assert path_of(send(state["entry_url"], labels, RECORD)) == path
-        reload.reload_policy(swiss_policies, out=open("/dev/null", "w"))
+        reload.reload_policy(RuleSet.of(swiss_policies), out=open("/dev/null", "w"))
         assert path_of(send(state["entry_url"], CH_PERSONAL, RECORD)) == BEFORE
         assert path_of(send(state["entry_url"], US_PERSONAL, RECORD)) == US_PATH
         assert path_of(send(state["entry_url"], EU_PERSONAL, RECORD)) == BEFORE  # the US is no longer adequate
@@ -163,7 +164,7 @@ def test_reload_moves_paths_while_records_flow_and_loses_none_allowed(topology, 
         assert path_of(send(state["entry_url"], high, RECORD, policies=sensitivity_policies)) == US_PATH
         with Flow(state) as flow:
             time.sleep(0.3)
-            result = reload.reload_policy(sensitivity_policies, out=open("/dev/null", "w"))
+            result = reload.reload_policy(RuleSet.of(sensitivity_policies), out=open("/dev/null", "w"))
             time.sleep(0.3)
         # Records flowed while the services and the listeners took the label: none lost, none moved.
         assert len(flow.answers) > 5 and all(not isinstance(a, Exception) and a.status == 200 and path_of(a) == BEFORE
@@ -186,7 +187,7 @@ def test_reload_moves_paths_while_records_flow_and_loses_none_allowed(topology, 
         assert (verdict.forbidden, verdict.undecided, verdict.broken_chains) == (0, 0, 0), verdict.problems[:3]
         # Its refused twin: a rule set without the label (the Swiss one again) is not applied, nothing changes.
         with pytest.raises(reload.ReloadError, match="removes sensitivity: .*nothing was changed, deploy again"):
-            reload.reload_policy(swiss_policies, out=open("/dev/null", "w"))
+            reload.reload_policy(RuleSet.of(swiss_policies), out=open("/dev/null", "w"))
         assert path_of(send(state["entry_url"], high, RECORD, policies=sensitivity_policies)) == BEFORE
     finally:
         deployment.stop(out=open("/dev/null", "w"))
@@ -222,7 +223,7 @@ def test_a_rule_set_that_does_not_compile_is_not_applied_denied(tmp_path, monkey
                 timeout, headers))
             with pytest.raises(reload.ReloadError, match=r"taken back .* decides with revision \S+ again: .*point sidecar-[a-z]+-[a-z]+(-[0-9])?: "
                                                          r"the compiled route differs"):
-                reload.reload_policy(out=open("/dev/null", "w"))
+                reload.reload_policy(RuleSet.of(reload.deployed_rule_set()), out=open("/dev/null", "w"))
         assert path_of(send(state["entry_url"], EU_PERSONAL, RECORD)) == BEFORE
         assert {point.name: reload.envoy_revisions(point) for point in points} == routes_before  # the compiled routes are back
         broken = tmp_path / "policies"
@@ -231,7 +232,7 @@ def test_a_rule_set_that_does_not_compile_is_not_applied_denied(tmp_path, monkey
         with Flow(state) as flow:
             time.sleep(0.3)
             with pytest.raises(reload.ReloadError, match="cannot be applied; nothing was changed"):
-                reload.reload_policy(broken, out=open("/dev/null", "w"))
+                reload.reload_policy(RuleSet.of(broken), out=open("/dev/null", "w"))
             time.sleep(0.3)
         assert all(not isinstance(a, Exception) and a.status == 200 and path_of(a) == BEFORE for a in flow.answers)
         assert not (Path(state["run_dir"]) / "reloads.jsonl").exists()
@@ -254,7 +255,7 @@ def test_a_rule_set_that_does_not_compile_is_not_applied_denied(tmp_path, monkey
                                                          rf"\S+ and keeps deciding with the last one it verified \({old_revision}\).*"
                                                          r"sidecar-analyse-us: bundle missing .signatures.json file; "
                                                          r"sidecar-ingest-us: data.json: digest mismatch"):
-                reload.reload_policy(us_adequate_policies, out=open("/dev/null", "w"))
+                reload.reload_policy(RuleSet.of(us_adequate_policies), out=open("/dev/null", "w"))
         # An EU record now goes to ingest-us (the entry took the new rules); the hop out of
         # ingest-us is still decided by the old ones, which keep it in the EU.
         answer = send(state["entry_url"], EU_PERSONAL, RECORD)
@@ -270,7 +271,9 @@ def test_reload_without_a_deployment_says_what_to_do_denied():
     if deployment.read_state():
         deployment.stop(out=open("/dev/null", "w"))
     with pytest.raises(reload.ReloadError, match="nothing is deployed here"):
-        reload.reload_policy(out=open("/dev/null", "w"))
+        reload.deployed_rule_set()
+    with pytest.raises(reload.ReloadError, match="nothing is deployed here"):
+        reload.reload_policy(RuleSet.of("policies"), out=open("/dev/null", "w"))
 
 
 def test_watch_reloads_on_save_and_reports_a_broken_save_denied(tmp_path):

@@ -18,6 +18,8 @@ import pytest
 from complyroute.evidence import audit
 from complyroute.runtime.local import deployment, faults, supervision
 
+from tests.rulesets import of_manifest
+
 from .helpers import EU_PERSONAL, audit_lines, entries, entries_reached, instances_reached, mixed_regions, post, replicas
 
 
@@ -27,7 +29,8 @@ RESTART_WITHIN_S = 2.0
 def deploy(restart: bool):
     if deployment.read_state():
         deployment.stop()
-    return deployment.deploy(mixed_regions("dynamic-router-3"), restart=restart)
+    loaded = mixed_regions("dynamic-router-3")
+    return deployment.deploy(loaded, of_manifest(loaded), restart=restart)
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,8 @@ from complyroute.client import send
 from complyroute.runtime.local import deployment, supervision
 from complyroute.topology import manifest
 
+from tests.rulesets import of_manifest
+
 from .helpers import ENFORCING, ENGINES, deploy_mixed_regions, mixed_regions
 
 
@@ -22,7 +24,7 @@ def test_second_deployment_is_refused_while_one_runs():
     state, _ = deploy_mixed_regions("sidecar")
     try:
         with pytest.raises(supervision.DeploymentError, match="already running"):
-            deployment.deploy(mixed_regions("central-entity"))
+            deployment.deploy(other := mixed_regions("central-entity"), of_manifest(other))
         assert deployment.read_state()["run_dir"] == state["run_dir"]
         assert deployment.status(out=open("/dev/null", "w")) == 0  # the first one is untouched
     finally:
@@ -39,7 +41,8 @@ FIFTY = [("baseline", None)] + [(topology, ENGINES[n % len(ENGINES)]) for n, top
 def test_fifty_services_deploy_and_carry_a_record_through_all_of_them(topology, engine):
     if deployment.read_state():
         deployment.stop()
-    state = deployment.deploy(manifest.load(topology, services=50, engine=engine))
+    loaded = manifest.load(topology, services=50, engine=engine)
+    state = deployment.deploy(loaded, of_manifest(loaded))
     try:
         consent = "billing,analytics,care"  # the purposes generated instances process for
         path = path_of(state, {"region": "EU", "category": "personal", "consent": consent})

@@ -15,6 +15,8 @@ from complyroute.client import send
 from complyroute.runtime.local import deployment
 from complyroute.topology import manifest
 
+from tests.rulesets import of_manifest
+
 from .helpers import ENGINES, EU_PERSONAL, MIXED_REGIONS, access_lines, entries
 
 
@@ -33,7 +35,7 @@ def test_trace_names_every_hop_its_decision_revision_and_audit_line_allowed(engi
         deployment.stop(out=open("/dev/null", "w"))
     topology = manifest.load(str(MIXED_REGIONS), engine=engine)
     topology = dataclasses.replace(topology, engine={**topology.engine, "decision_logs": "file"})
-    state = deployment.deploy(topology, out=open("/dev/null", "w"))
+    state = deployment.deploy(topology, of_manifest(topology), out=open("/dev/null", "w"))
     try:
         allowed = send(state["entry_url"], EU_PERSONAL, {"subject": MARKER})
         denied = send(state["entry_url"], EU_HEALTH, {"subject": MARKER})
@@ -81,7 +83,7 @@ def test_trace_of_an_unknown_record_says_so_and_without_decision_logs_reads_the_
     if deployment.read_state():
         deployment.stop(out=open("/dev/null", "w"))
     topology = manifest.load(str(MIXED_REGIONS))
-    state = deployment.deploy(topology, out=open("/dev/null", "w"))
+    state = deployment.deploy(topology, of_manifest(topology), out=open("/dev/null", "w"))
     try:
         shown = trace("no-such-record")
         assert shown.returncode == 2 and "no decision and no audit line of record no-such-record" in shown.stderr

@@ -20,9 +20,11 @@ import pytest
 import yaml
 
 from complyroute.policy import bundles, policyfiles
+from complyroute.policy.ruleset import RuleSet
 from complyroute.runtime.kubernetes import apply, render
 from complyroute.topology import manifest
 from complyroute.topology.manifest import REPO
+from tests.rulesets import of_manifest
 
 
 TOPOLOGIES = ["sidecar", "central-entity", "dynamic-router-3", "dynamic-router-6", "baseline"]
@@ -43,7 +45,7 @@ def test_topology_is_accepted_scheduled_and_shaped_as_designed(cluster, topology
     namespace = render.namespace_of(topology)
     net = render.KubernetesNetwork
     rendered = tmp_path / "rendered.yaml"
-    rendered.write_text(render.render(topology, tmp_path / "kustomization"))
+    rendered.write_text(render.render(topology, tmp_path / "kustomization", of_manifest(topology)))
     objects = [line for line in rendered.read_text().split("\n---\n") if line.strip()]
 
     # The API server accepts every object (server-side apply validates against its schemas).
@@ -199,7 +201,7 @@ def test_reload_policy_updates_the_bundle_and_route_configmaps_and_rolls_no_pod_
     namespace = render.namespace_of(topology)
     changing = ["bundles-1", "routes-central-entity-1"]
     try:
-        assert apply.apply(topology, REPO / "runs" / "k8s" / "central-entity-5", "180s") == 0
+        assert apply.apply(topology, REPO / "runs" / "k8s" / "central-entity-5", of_manifest(topology), "180s") == 0
         deployed = snapshot(cluster, namespace)
         assert set(changing) <= set(deployed["configmaps"]) and deployed["replicasets"]
 
@@ -208,7 +210,7 @@ def test_reload_policy_updates_the_bundle_and_route_configmaps_and_rolls_no_pod_
         assert f"revision {bundles.revision()} applied to namespace {namespace}: no ConfigMap changed" in same.stdout
         assert snapshot(cluster, namespace) == deployed
 
-        result = apply.reload_policy(topology, us_adequate, out=io.StringIO())
+        result = apply.reload_policy(topology, RuleSet.of(us_adequate), out=io.StringIO())
         revision = bundles.revision(us_adequate)
         assert result["changed"] == changing and result["revision"] == revision != bundles.revision()
         reloaded = snapshot(cluster, namespace)
@@ -272,12 +274,12 @@ def test_deploying_5_services_after_50_prunes_what_only_the_50_had_allowed(clust
     folder = REPO / "runs" / "k8s-e2e-prune"
     gone = sorted({i.id for i in big.instances} - {i.id for i in small.instances})
     try:
-        assert apply.apply(big, folder / "central-entity-50", "180s") == 0
+        assert apply.apply(big, folder / "central-entity-50", of_manifest(big), "180s") == 0
         before = inventory(cluster, namespace)
         assert len(gone) == 45 and all(("Deployment", name) in before and ("Service", name) in before for name in gone)
         cluster.kubectl("-n", namespace, "create", "configmap", "operator-notes", "--from-literal=note=kept", quiet=True)
 
-        assert apply.apply(small, folder / "central-entity-5", "180s") == 0
+        assert apply.apply(small, folder / "central-entity-5", of_manifest(small), "180s") == 0
         after = inventory(cluster, namespace)
         rendered = {(o["kind"], o["metadata"]["name"]) for o in yaml.safe_load_all((folder / "central-entity-5.yaml").read_text()) if o}
         # Beside the render: the ApplySet's parent, the operator's ConfigMap, the CA bundle Kubernetes puts in every namespace.
@@ -308,10 +310,10 @@ def test_deploying_again_prunes_nothing_of_another_topology_denied(cluster, monk
     folder = REPO / "runs" / "k8s-e2e-prune-other"
     namespaces = [render.namespace_of(other), render.namespace_of(this)]
     try:
-        assert apply.apply(other, folder / "baseline-5", "180s") == 0
+        assert apply.apply(other, folder / "baseline-5", of_manifest(other), "180s") == 0
         before = inventory(cluster, namespaces[0])
-        assert apply.apply(this, folder / "sidecar-5", "180s") == 0
-        assert apply.apply(manifest.load("sidecar", services=3), folder / "sidecar-3", "180s") == 0
+        assert apply.apply(this, folder / "sidecar-5", of_manifest(this), "180s") == 0
+        assert apply.apply(three := manifest.load("sidecar", services=3), folder / "sidecar-3", of_manifest(three), "180s") == 0
         assert len([key for key in inventory(cluster, namespaces[1]) if key[0] == "Deployment"]) == 3 + 1 + 1  # pruned: 2 services
         after = inventory(cluster, namespaces[0])
         assert {key: o["metadata"]["uid"] for key, o in after.items()} == {key: o["metadata"]["uid"] for key, o in before.items()}

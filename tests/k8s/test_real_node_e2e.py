@@ -29,6 +29,7 @@ from complyroute.runtime.kubernetes.images import IMAGES
 from complyroute.topology.plan import ADMIN_SOCKET
 from complyroute.topology import manifest
 from tests.k8s.harness import realnode
+from tests.rulesets import of_manifest
 
 
 MIXED_REGIONS = manifest.REPO / "topologies" / "examples" / "mixed-regions.yaml"
@@ -176,7 +177,7 @@ def running(cluster, request, tmp_path_factory):
         pytest.skip("the cluster runs without a real node (COMPLYROUTE_REAL_NODE=0)")
     folder = tmp_path_factory.mktemp(request.param)
     topology = manifest.load(request.param, services=str(replicated(folder)))
-    renderer = render.Renderer(topology, one_node=True)
+    renderer = render.Renderer(topology, of_manifest(topology), one_node=True)
     renderer.render()
     rendered = folder / "rendered.yaml"
     rendered.write_text(render.build(renderer, folder / "kustomization"))

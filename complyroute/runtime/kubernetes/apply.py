@@ -18,7 +18,7 @@ import yaml
 
 from complyroute import engines
 from complyroute.files import write_whole
-from complyroute.policy import bundles, labels, policydata, policyfiles
+from complyroute.policy import bundles, labels, policydata
 from complyroute.policy.ruleset import RuleSet
 from complyroute.runtime.kubernetes.render import (PART_OF, RENDER_ANNOTATION, SERVICE_IMAGE, KubernetesNetwork, RenderError, Renderer, build,
                                                   component_of, namespace_of, write_private)
@@ -106,10 +106,9 @@ APPLYSET = "complyroute"  # the parent: Secret `complyroute` in the topology's n
 APPLYSET_MEMBER = "applyset.kubernetes.io/part-of"
 
 
-def apply(topology: Topology, folder: Path, timeout: str = "300s", image: str = SERVICE_IMAGE,
-          one_node: bool = False, out=None, rule_set: RuleSet | None = None) -> int:
-    """Apply the rendered topology, with `rule_set` (None: the manifest's), in its own
-    namespace, pruning what an earlier apply there left that this one does not hold, and wait
+def apply(topology: Topology, folder: Path, rule_set: RuleSet, timeout: str = "300s", image: str = SERVICE_IMAGE,
+          one_node: bool = False, out=None) -> int:
+    """Apply the rendered topology, with `rule_set`, in its own namespace, pruning what an earlier apply there left that this one does not hold, and wait
     until every workload is ready. What a reload needs of it is recorded once the API server
     took it (deployed_of). kubectl's commands and output go to `out` (an open file), or to standard
     output."""
@@ -176,9 +175,26 @@ def status(topology: Topology | None = None, out=sys.stdout) -> int:
     return 1 if unready else 0
 
 
-def reload_policy(topology: Topology, policies: str | Path | None = None, out=sys.stdout) -> dict:
-    """Apply the rule set `policies` (None: the one it was deployed with, as it is now) to
-    `topology` as `deploy --target k8s` applied it to the current context
+def _record(topology: Topology) -> tuple[Path, Deployed, Applied]:
+    """Where the record of `topology`'s deployment here is, the record and what it applied;
+    ReloadError, saying to deploy again, when there is none this version reads."""
+    record = record_path(namespace_of(topology))
+    deploy_again = f"make deploy target=k8s topology={topology.name}"
+    if not record.exists():
+        raise ReloadError(f"{topology.name} was not deployed to Kubernetes from here ({record} is missing): {deploy_again} first")
+    deployed = Deployed.read(record, deploy_again)
+    if not isinstance(deployed.placed, Applied):
+        raise ReloadError(f"{record} records no Kubernetes deployment: deploy again ({deploy_again}), then reload")
+    return record, deployed, deployed.placed
+
+
+def deployed_rule_set(topology: Topology) -> str:
+    """The rule set `topology` was deployed with here, as it was chosen (its record)."""
+    return _record(topology)[1].rule_set
+
+
+def reload_policy(topology: Topology, rule_set: RuleSet, out=sys.stdout) -> dict:
+    """Apply `rule_set` to `topology` as `deploy --target k8s` applied it to the current context
     (its namespace's record: the services it was deployed with, whatever `topology` holds),
     as its rule-set ConfigMaps only (bundles-<n>, routes-<point>-<n>): no pod template changes,
     so no pod is rolled. Returns {"revision", "namespace", "applied": [names], "changed": [names
@@ -187,7 +203,7 @@ def reload_policy(topology: Topology, policies: str | Path | None = None, out=sy
     Every point is configured again from what the deploy recorded (Deployed: its points and
     their trust, so the same CA and keys; Applied) and the rule set, by the code a render runs. Refused,
     with nothing applied, when the rule set does not compile, when it would change anything
-    else (an Envoy bootstrap), or when its files would need more ConfigMaps than were deployed
+    else (an Envoy bootstrap, the labels), or when its files would need more ConfigMaps than were deployed
     (the pods mount a fixed list): then deploy again.
 
     It does not wait for the points to take the new revision: the kubelet swaps an updated
@@ -197,14 +213,7 @@ def reload_policy(topology: Topology, policies: str | Path | None = None, out=sy
     decides with.
     """
     namespace = namespace_of(topology)
-    record = record_path(namespace)
-    deploy_again = f"make deploy target=k8s topology={topology.name}"
-    if not record.exists():
-        raise ReloadError(f"{topology.name} was not deployed to Kubernetes from here ({record} is missing): {deploy_again} first")
-    deployed = Deployed.read(record, deploy_again)
-    applied = deployed.placed
-    if not isinstance(applied, Applied):
-        raise ReloadError(f"{record} records no Kubernetes deployment: deploy again ({deploy_again}), then reload")
+    record, deployed, applied = _record(topology)
     if not applied.configmaps:
         raise ReloadError(f"{topology.name} runs no OPA (nothing in it decides): there is no rule set to reload")
     found = kubectl_json("get", "namespace", namespace)
@@ -215,13 +224,6 @@ def reload_policy(topology: Topology, policies: str | Path | None = None, out=sy
         raise ReloadError(f"namespace {namespace} runs render {running}, not {applied.render_id} which {record} records: "
                           "it was deployed from elsewhere or again since; deploy it from here (make deploy target=k8s)")
 
-    chosen = policies if policies is not None else deployed.rule_set
-    try:
-        rule_set = RuleSet.of(chosen)
-    except policyfiles.RuleSetError as error:
-        raise ReloadError(str(error)) from None
-    except labels.LabelSchemaError as error:
-        raise ReloadError(f"the rule set in {policyfiles.rule_set(chosen)} cannot be applied; nothing was applied: {error}") from None
     policies = rule_set.folder
     if rule_set.service_setting != labels.service_setting(deployed.schema):
         raise ReloadError(f"the rule set in {policies} changes the labels {namespace} was deployed with "

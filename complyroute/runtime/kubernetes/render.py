@@ -353,14 +353,14 @@ def _configmap_volume(name: str, items: list[tuple[str, str]] | None = None) -> 
 class Renderer:
     """Collects the objects and generated ConfigMaps of one topology."""
 
-    def __init__(self, topology: Topology, rule_set: RuleSet | None = None, image: str = SERVICE_IMAGE, one_node: bool = False):
+    def __init__(self, topology: Topology, rule_set: RuleSet, image: str = SERVICE_IMAGE, one_node: bool = False):
         self.topology = topology
         self.image = image_reference(image)  # the kustomization's `images:` entry for the service image
         self.one_node = one_node
         self.namespace = namespace_of(topology)
         self.net = KubernetesNetwork(self.namespace)
         self.plan: Plan = place(topology, self.net)
-        self.rule_set = rule_set if rule_set is not None else RuleSet.of(topology.policy)  # the manifest's by default
+        self.rule_set = rule_set
         self.objects: list[dict] = []
         self.files: dict[str, str] = {}  # file name in the kustomization folder -> content
         self.generated: list[dict] = []  # configMapGenerator entries
@@ -887,9 +887,9 @@ def write_private(path: Path, text: str) -> None:
     path.write_text(text)
 
 
-def render(topology: Topology, folder: Path, image: str = SERVICE_IMAGE, one_node: bool = False) -> str:
-    """Render the topology, with the manifest's rule set, into a kustomization folder and return
-    the built YAML (one_node: every pod on the node labelled complyroute.io/role=all)."""
-    renderer = Renderer(topology, image=image, one_node=one_node)
+def render(topology: Topology, folder: Path, rule_set: RuleSet, image: str = SERVICE_IMAGE, one_node: bool = False) -> str:
+    """Render the topology, with `rule_set`, into a kustomization folder and return the built
+    YAML (one_node: every pod on the node labelled complyroute.io/role=all)."""
+    renderer = Renderer(topology, rule_set, image=image, one_node=one_node)
     renderer.render()
     return build(renderer, folder)

@@ -139,7 +139,7 @@ class KubernetesTarget:
             raise TargetBusy(f"namespace {namespace} already exists in context {self.describe()['context']}: another deployment of "
                              f"{topology.name} is there, or one still being deleted (`make undeploy target=k8s`)")
 
-    def deploy(self, topology: Topology, out=None, policies: str | Path | None = None) -> dict:
+    def deploy(self, topology: Topology, rule_set: RuleSet, out=None) -> dict:
         """Applied in the topology's namespace, pruning what an earlier apply there left (apply.apply);
         returns once every workload is ready. The engine is the rendered manifest's: the pods run
         what the render configured."""
@@ -147,8 +147,8 @@ class KubernetesTarget:
         started = time.monotonic()
         with kubectl_found():
             try:
-                apply.apply(topology, workdir() / f"{topology.name}-{len(topology.instances)}", self.ready_timeout, self.image,
-                            one_node=self.one_node, out=out, rule_set=None if policies is None else RuleSet.of(policies))
+                apply.apply(topology, workdir() / f"{topology.name}-{len(topology.instances)}", rule_set, self.ready_timeout, self.image,
+                            one_node=self.one_node, out=out)
             except (RuntimeError, render.RenderError) as error:
                 raise DeployFailed(f"applying {topology.name} to namespace {self.namespace} failed: {error}") from None
         bring_up = round(time.monotonic() - started, 2)
@@ -218,14 +218,21 @@ class KubernetesTarget:
         with kubectl_found():
             return apply.status(topology, out=out)
 
-    def reload_policy(self, topology: Topology | None, policies: str | None, out=None) -> dict:
-        """The rule set `policies` (None: the one it was deployed with) into the bundle and route
-        ConfigMaps of `topology` as deployed here, no pod rolled (apply.reload_policy); it does
-        not wait for the points."""
+    @staticmethod
+    def refuse_no_topology(topology: Topology | None) -> Topology:
         if topology is None:
             raise TargetError("reload-policy --target k8s needs --topology: the manifest (name, alias or path) it was deployed with")
+        return topology
+
+    def deployed_rule_set(self, topology: Topology | None) -> str:
+        return apply.deployed_rule_set(self.refuse_no_topology(topology))
+
+    def reload_policy(self, topology: Topology | None, rule_set: RuleSet, out=None) -> dict:
+        """`rule_set` into the bundle and route ConfigMaps of `topology` as deployed here, no pod
+        rolled (apply.reload_policy); it does not wait for the points."""
+        topology = self.refuse_no_topology(topology)
         with kubectl_found():
-            return apply.reload_policy(topology, policies, out=out)
+            return apply.reload_policy(topology, rule_set, out=out)
 
     def undeploy_all(self, out=None) -> int:
         with kubectl_found():

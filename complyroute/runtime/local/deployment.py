@@ -99,12 +99,12 @@ def new_run_dir(name: str) -> Path:
     raise DeploymentError(f"no free run folder name for {name} under {runs_root()}")
 
 
-def deploy(topology: Topology, policies: Path | None = None, health_timeout: float | None = None, out=sys.stdout,
+def deploy(topology: Topology, rule_set: RuleSet, health_timeout: float | None = None, out=sys.stdout,
            restart: bool = True) -> dict:
     """Start every part of the topology under supervisord and wait until each answers its health check.
 
-    `policies` is the rule set every enforcement point loads (tests pass a modified copy);
-    None: the manifest's (`policy`, policies/ unless it names another).
+    `rule_set` is what every enforcement point decides with, made where it was chosen (the command
+    line: the manifest's `policy` unless another is given; a test: a modified copy).
     `restart` False: a part that dies stays down (supervisord still runs and stops them all).
     """
     current = running()
@@ -116,7 +116,6 @@ def deploy(topology: Topology, policies: Path | None = None, health_timeout: flo
     if read_state():
         stop(out=open(os.devnull, "w"))  # a stale deployment whose processes are gone: forget it
 
-    rule_set = RuleSet.of(policies if policies is not None else topology.policy)
     started = time.monotonic()
     run_dir = new_run_dir(f"{topology.name}-{len(topology.instances)}-{time.strftime('%Y%m%d-%H%M%S')}")
     # The points' private folders (their sockets) under one of this deployment's own, mode

@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from complyroute.policy import policyfiles
+from complyroute.policy.ruleset import RuleSet
 from complyroute.runtime.local import supervision
 
 KINDS = ("kill", "pause", "reload")
@@ -149,14 +149,17 @@ def _kill(pid: int, timeout: float) -> float | None:
 
 
 def inject(state: dict, fault: Fault, start: float, recovery_timeout: float = 30.0,
-           policies: Path = policyfiles.POLICIES, out=sys.stdout) -> FaultRecord:
-    """Inject one fault now and wait for its target to recover; its record."""
+           rule_set: RuleSet | None = None, out=sys.stdout) -> FaultRecord:
+    """Inject one fault now and wait for its target to recover; its record. `rule_set`: what a
+    reload fault applies (the deployed one, made once by whoever deployed it)."""
     if fault.kind == "reload":
         from complyroute.runtime.local import reload
 
+        if rule_set is None:
+            raise ValueError("a reload fault needs the rule set it applies")
         record = FaultRecord("reload", POLICY, "policy", round(fault.at, 3), time.time())
         try:
-            result = reload.reload_policy(policies, out=open(os.devnull, "w"), timeout=recovery_timeout)
+            result = reload.reload_policy(rule_set, out=open(os.devnull, "w"), timeout=recovery_timeout)
             record.recovery_s = result["seconds"]
             record.healthy_at = time.time()
             record.detail = {"revision": result["revision"]}
@@ -201,10 +204,11 @@ def inject(state: dict, fault: Fault, start: float, recovery_timeout: float = 30
     return record
 
 
-def run(state: dict, faults: list[Fault], recovery_timeout: float = 30.0, policies: Path = policyfiles.POLICIES,
+def run(state: dict, faults: list[Fault], recovery_timeout: float = 30.0, rule_set: RuleSet | None = None,
         log: Path | None = None, stop: threading.Event | None = None, out=sys.stdout) -> list[FaultRecord]:
     """Inject every fault at its time (a fault falls due no earlier than the previous one's
-    recovery); one JSON line per fault into `log` as it is recorded. `stop` ends the schedule early."""
+    recovery); one JSON line per fault into `log` as it is recorded. `stop` ends the schedule
+    early; `rule_set`: what a reload fault applies."""
     start = time.monotonic()
     records = []
     for fault in faults:
@@ -214,7 +218,7 @@ def run(state: dict, faults: list[Fault], recovery_timeout: float = 30.0, polici
                 break
         elif wait > 0:
             time.sleep(wait)
-        record = inject(state, fault, start, recovery_timeout, policies, out)
+        record = inject(state, fault, start, recovery_timeout, rule_set, out)
         records.append(record)
         recovered = f"recovered in {record.recovery_s:.2f} s" if record.recovery_s is not None else f"NOT RECOVERED: {record.error}"
         print(f"faults: t={time.monotonic() - start:6.1f} s {record.kind:<6} {record.target:<28} {recovered}", file=out, flush=True)

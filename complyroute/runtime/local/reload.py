@@ -206,9 +206,20 @@ def behind(seconds: dict[str, float | None]) -> list[str]:
     return sorted(name for name, taken in seconds.items() if taken is None)
 
 
-def reload_policy(policies: Path | None = None, out=sys.stdout, timeout: float = 120.0) -> dict:
-    """Apply the rule set in `policies` (None: the one the deployment was started with, as it
-    is now) to the current deployment, in the two steps above; returns once every enforcement
+NOTHING_DEPLOYED = ("nothing is deployed here: `make deploy` first (a deployment on Kubernetes takes a new rule set by "
+                    "`make reload-policy target=k8s topology=<t>`)")
+
+
+def deployed_rule_set() -> str:
+    """The rule set the running deployment was deployed with, as it was chosen (its record)."""
+    state = deployment.running()
+    if not state:
+        raise ReloadError(NOTHING_DEPLOYED)
+    return rendering.deployed_record(Path(state["run_dir"])).rule_set
+
+
+def reload_policy(rule_set: RuleSet, out=sys.stdout, timeout: float = 120.0) -> dict:
+    """Apply `rule_set` to the current deployment, in the two steps above; returns once every enforcement
     point decides with its revision and holds its precomputed answers, and every deciding listener
     has decided a warm-up record with it (warmup.py): {"revision", "seconds"
     (from the call until the last point decided with the new revision), "written_seconds" (of
@@ -219,16 +230,9 @@ def reload_policy(policies: Path | None = None, out=sys.stdout, timeout: float =
     started = time.monotonic()
     state = deployment.running()
     if not state:
-        raise ReloadError("nothing is deployed here: `make deploy` first (a deployment on Kubernetes takes a new rule set by `make deploy target=k8s` again, which rolls its pods)")
+        raise ReloadError(NOTHING_DEPLOYED)
     run_dir = Path(state["run_dir"])
     deployed = rendering.deployed_record(run_dir)
-    chosen = policies if policies is not None else deployed.rule_set
-    try:
-        rule_set = RuleSet.of(chosen)
-    except policyfiles.RuleSetError as error:
-        raise ReloadError(str(error)) from None
-    except labels.LabelSchemaError as error:
-        raise ReloadError(f"the rule set in {policyfiles.rule_set(chosen)} cannot be applied; nothing was changed: {error}") from None
     policies, schema, revision = rule_set.folder, rule_set.schema, rule_set.revision
     plan = deployed.plan
     engine = plan.topology.engine
@@ -314,10 +318,10 @@ def reload_policy(policies: Path | None = None, out=sys.stdout, timeout: float =
 def watch(policies: str | Path | None = None, interval: float = 0.5, out=sys.stdout, stop: threading.Event | None = None) -> None:
     """Reload whenever the rule set's files change (until interrupted, or `stop` is set); a rule
     set that cannot be applied is reported and the deployment keeps the one it has. `policies`:
-    the rule set as chosen (None: the deployment's); its source folder is watched."""
+    the rule set as chosen (None: the deployment's); its source folder is watched, and made into
+    a RuleSet again at every change, whose revision is its content's."""
     if policies is None:
-        state = deployment.running()
-        policies = rendering.deployed_record(Path(state["run_dir"])).rule_set if state else "policies"
+        policies = deployed_rule_set() if deployment.running() else "policies"
     try:
         policies = policyfiles.source_of(policies)
     except policyfiles.RuleSetError as error:
@@ -337,6 +341,8 @@ def watch(policies: str | Path | None = None, interval: float = 0.5, out=sys.std
             continue
         seen = now
         try:
-            reload_policy(policies, out=out)
-        except ReloadError as error:
+            reload_policy(RuleSet.of(policies), out=out)
+        except labels.LabelSchemaError as error:
+            print(f"watch-policy: the rule set in {policies} cannot be applied; nothing was changed: {error}", file=out)
+        except (ReloadError, policyfiles.RuleSetError) as error:
             print(f"watch-policy: {error}", file=out)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from complyroute.policy.ruleset import RuleSet
 from complyroute.runtime.local import deployment, reload, supervision
 from complyroute.runtime.target import DeployFailed, Probe, TargetBusy, TargetError
 from complyroute.topology.manifest import Topology
@@ -41,10 +42,10 @@ class LocalTarget:
             raise TargetBusy(f"another deployment is running ({running['topology']}, run folder {running['run_dir']}); "
                              "stop it (`make undeploy`)")
 
-    def deploy(self, topology: Topology, out=None, policies: str | Path | None = None) -> dict:
+    def deploy(self, topology: Topology, rule_set: RuleSet, out=None) -> dict:
         self.deploying = True
         try:
-            state = deployment.deploy(topology, policies, out=out, restart=self.restart)
+            state = deployment.deploy(topology, rule_set, out=out, restart=self.restart)
         except supervision.DeploymentError as error:
             raise DeployFailed(str(error)) from None
         self.run_dir = state["run_dir"]
@@ -80,11 +81,15 @@ class LocalTarget:
         self.refuse_topology(topology)
         return deployment.status(out=out)
 
-    def reload_policy(self, topology: Topology | None, policies: str | None, out=None) -> dict:
-        """The running deployment's rule set replaced by `policies` (None: the one it runs,
-        read again); returns once every point decides with it (reload.py)."""
+    def deployed_rule_set(self, topology: Topology | None) -> str:
         self.refuse_topology(topology)
-        return reload.reload_policy(policies, out=out, timeout=self.reload_timeout)
+        return reload.deployed_rule_set()
+
+    def reload_policy(self, topology: Topology | None, rule_set: RuleSet, out=None) -> dict:
+        """The running deployment's rule set replaced by `rule_set`; returns once every point
+        decides with it (reload.py)."""
+        self.refuse_topology(topology)
+        return reload.reload_policy(rule_set, out=out, timeout=self.reload_timeout)
 
     def undeploy_all(self, out=None) -> int:
         deployment.stop(out=out)

@@ -4,21 +4,25 @@ an option of the other target and a verb the target cannot do with one line and 
 The allowed cases ask a recording target; the refusals go through the real ones (nothing they
 refuse reaches a deployment or a cluster)."""
 
+import shutil
+
 import pytest
 
 from complyroute import __main__ as cli
+from complyroute.policy import policyfiles
 from complyroute.runtime import targets
 
 TARGET_NAMES = ("local", "k8s")
 # Each verb, its arguments beside --target, and what it asks the target.
 VERBS = {
-    "deploy": (["--topology", "sidecar"], "deploy"),
-    "status": ([], "status"),
-    "reload-policy": ([], "reload_policy"),
-    "undeploy": ([], "undeploy_all"),
-    "audit": ([], "run_folders"),
-    "trace": (["some-record-id"], "run_folders"),
+    "deploy": (["--topology", "sidecar"], ["deploy"]),
+    "status": ([], ["status"]),
+    "reload-policy": ([], ["deployed_rule_set", "reload_policy"]),  # told no rule set: the one deployed
+    "undeploy": ([], ["undeploy_all"]),
+    "audit": ([], ["run_folders"]),
+    "trace": (["some-record-id"], ["run_folders"]),
 }
+RECORDED = "classification"  # the rule set the recording target says it was deployed with
 
 
 class RecordingTarget:
@@ -27,16 +31,20 @@ class RecordingTarget:
     def __init__(self, name, options, folder):
         self.name, self.options, self.folder, self.asked = name, options, folder, []
 
-    def deploy(self, topology, out=None, policies=None):
-        self.asked.append(("deploy", topology.name, policies))
+    def deploy(self, topology, rule_set, out=None):
+        self.asked.append(("deploy", topology.name, rule_set.chosen))
         return {}
 
     def status(self, topology, out=None):
         self.asked.append(("status", topology and topology.name))
         return 0
 
-    def reload_policy(self, topology, policies, out=None):
-        self.asked.append(("reload_policy", topology and topology.name, policies))
+    def deployed_rule_set(self, topology):
+        self.asked.append(("deployed_rule_set", topology and topology.name))
+        return RECORDED
+
+    def reload_policy(self, topology, rule_set, out=None):
+        self.asked.append(("reload_policy", topology and topology.name, rule_set.chosen))
         return {}
 
     def undeploy_all(self, out=None):
@@ -77,7 +85,7 @@ def test_each_verb_asks_the_target_named_allowed(made, verb, name):
     arguments, asked = VERBS[verb]
     assert cli.main([verb, "--target", name, *arguments]) == 0
     assert [(target.name, target.options) for target in made] == [(name, {})]
-    assert [entry[0] for entry in made[0].asked] == [asked]
+    assert [entry[0] for entry in made[0].asked] == asked
 
 
 @pytest.mark.parametrize("verb", VERBS)
@@ -112,6 +120,7 @@ def test_deploy_hands_each_target_its_options_allowed(made):
     assert [(target.name, target.options) for target in made] == [
         ("k8s", {"image": "registry.example/service:2", "one_node": True, "ready_timeout": "60s"}), ("local", {"restart": False})]
     assert made[0].asked == [("deploy", "sidecar", "classification")]
+    assert made[1].asked == [("deploy", "sidecar", "policies")]  # told none: the manifest's
 
 
 def test_deploy_refuses_an_option_of_the_other_target_denied(capsys):
@@ -126,7 +135,19 @@ def test_reload_policy_hands_each_target_its_options_allowed(made):
     assert cli.main(["reload-policy", "--timeout", "5"]) == 0
     assert cli.main(["reload-policy", "--target", "k8s", "--topology", "sidecar", "--policies", "classification"]) == 0
     assert [(target.name, target.options) for target in made] == [("local", {"reload_timeout": 5.0}), ("k8s", {})]
-    assert made[1].asked == [("reload_policy", "sidecar", "classification")]
+    assert made[0].asked == [("deployed_rule_set", None), ("reload_policy", None, RECORDED)]  # told none: the one deployed
+    assert made[1].asked == [("reload_policy", "sidecar", "classification")]  # told one: the record is not asked
+
+
+def test_a_rule_set_whose_labels_are_unusable_is_refused_before_any_target_is_asked_denied(made, capsys, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(policyfiles.POLICIES, broken)
+    reference = broken / "complyroute" / "reference" / "data.json"
+    reference.write_text(reference.read_text().replace('"header": "x-data-region"', '"header": "x-complyroute-region"'))
+    for argv in (["deploy", "--topology", "sidecar", "--policies", str(broken)], ["reload-policy", "--policies", str(broken)]):
+        error = refused(capsys, argv)
+        assert f"the rule set {broken} cannot be used; nothing was deployed or changed: " in error and "labels.region.header" in error
+    assert all(target.asked == [] for target in made)
 
 
 def test_reload_policy_refuses_what_its_target_does_not_take_denied(capsys):

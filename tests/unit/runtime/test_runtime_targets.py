@@ -9,6 +9,7 @@ import io
 import pytest
 
 from complyroute.policy import policyfiles
+from complyroute.policy.ruleset import RuleSet
 from complyroute.runtime import targets
 from complyroute.runtime.kubernetes import apply, render
 from complyroute.runtime.kubernetes import target as kubernetes_target
@@ -30,12 +31,16 @@ def kubectl(monkeypatch):
     return fake
 
 
+SHIPPED = RuleSet.of("policies")
+CLASSIFICATION = RuleSet.of("classification")
+
+
 @pytest.fixture
 def cluster_side(monkeypatch, kubectl, tmp_path):
     """apply.apply, the namespace's deletion and the port-forward standing in; what each was asked."""
     asked = {"apply": [], "kubectl": [], "forward": []}
 
-    def fake_apply(topology, folder, timeout, image, one_node, out, rule_set):
+    def fake_apply(topology, folder, rule_set, timeout, image, one_node, out):
         asked["apply"].append({"topology": topology.name, "folder": folder, "one_node": one_node, "image": image, "timeout": timeout,
                                "rule_set": rule_set})
         kubectl.namespaces.add(render.namespace_of(topology))
@@ -171,9 +176,9 @@ def test_k8s_applies_forwards_and_deletes_its_namespace_allowed(cluster_side, ku
     target = targets.make("k8s", one_node=True)
     topology = manifest.load("sidecar", services="5")
     log = io.StringIO()
-    state = target.deploy(topology, log)
+    state = target.deploy(topology, SHIPPED, log)
     assert cluster_side["apply"] == [{"topology": "sidecar", "folder": kubernetes_target.workdir() / "sidecar-5", "one_node": True,
-                                      "image": render.SERVICE_IMAGE, "timeout": kubernetes_target.READY_TIMEOUT, "rule_set": None}]
+                                      "image": render.SERVICE_IMAGE, "timeout": kubernetes_target.READY_TIMEOUT, "rule_set": SHIPPED}]
     assert (state["parts"], state["nodes"], state["namespace"]) == (7, ["complyroute-node"], "complyroute-sidecar")
     assert state["cpu_parts"] is None and state["memory_mib"] == {"total": None}  # pods: not sampled here
     assert cluster_side["forward"] == []  # deploying reaches nothing: the command line's deploy leaves it at that
@@ -191,8 +196,8 @@ def test_k8s_applies_forwards_and_deletes_its_namespace_allowed(cluster_side, ku
 
 
 def test_k8s_deploys_the_rule_set_given_allowed(cluster_side):
-    targets.make("k8s", image="registry.example/service:2").deploy(manifest.load("sidecar", services="5"), io.StringIO(),
-                                                                     policies="classification")
+    targets.make("k8s", image="registry.example/service:2").deploy(manifest.load("sidecar", services="5"), CLASSIFICATION,
+                                                                     io.StringIO())
     given = cluster_side["apply"][0]["rule_set"]
     assert given.chosen == "classification" and given.folder == policyfiles.rule_set("classification")  # assembled with the platform's parts
     assert cluster_side["apply"][0]["image"] == "registry.example/service:2"
@@ -203,7 +208,7 @@ def test_k8s_reach_waits_until_a_record_passes_its_chain_allowed(cluster_side, m
     sent = []
     monkeypatch.setattr(kubernetes_target.time, "sleep", lambda s: None)
     target, topology, log = targets.make("k8s", one_node=True), manifest.load("sidecar", services="5"), io.StringIO()
-    target.deploy(topology, log)
+    target.deploy(topology, SHIPPED, log)
     target.reach(topology, lambda url: sent.append(url) or answers[len(sent) - 1], log)
     assert sent == ["http://127.0.0.1:40123/process"] * 3
     assert "path: a record passed the 5 services after" in log.getvalue()
@@ -212,14 +217,14 @@ def test_k8s_reach_waits_until_a_record_passes_its_chain_allowed(cluster_side, m
 def test_k8s_reach_whose_chain_never_passes_is_left_to_the_caller_denied(cluster_side, monkeypatch):
     monkeypatch.setattr(kubernetes_target, "PATH_READY_WAIT_S", 0)
     target, topology, log = targets.make("k8s", one_node=True), manifest.load("sidecar", services="5"), io.StringIO()
-    target.deploy(topology, log)
+    target.deploy(topology, SHIPPED, log)
     assert target.reach(topology, lambda url: "502 NEXT_HOP_FAILED: refused", log)["entry_url"]
     assert "path: no record passed after" in log.getvalue() and "502 NEXT_HOP_FAILED: refused" in log.getvalue()
 
 
 def test_k8s_with_an_entry_url_is_not_forwarded_allowed(cluster_side):
     target, topology = targets.make("k8s", one_node=True, entry_url="http://10.0.0.5:30080"), manifest.load("baseline", services="5")
-    target.deploy(topology, io.StringIO())
+    target.deploy(topology, SHIPPED, io.StringIO())
     assert target.reach(topology, passes, io.StringIO())["entry_url"] == "http://10.0.0.5:30080/process"
     assert cluster_side["forward"] == [] and not target.port_forwarded
 
@@ -233,13 +238,13 @@ def test_a_namespace_already_there_is_busy_denied_and_another_is_free_allowed(cl
 
 
 def test_a_failed_apply_fails_the_deploy_and_leaves_the_namespace_to_undeploy_denied(cluster_side, monkeypatch):
-    def failing(topology, folder, timeout, image, one_node, out, rule_set):
+    def failing(topology, folder, rule_set, timeout, image, one_node, out):
         raise RuntimeError("kubectl -n complyroute-sidecar wait ... failed with exit code 1")
 
     monkeypatch.setattr(apply, "apply", failing)
     target = targets.make("k8s", one_node=True)
     with pytest.raises(DeployFailed, match="applying sidecar to namespace complyroute-sidecar failed: kubectl .* wait"):
-        target.deploy(manifest.load("sidecar", services="5"), io.StringIO())
+        target.deploy(manifest.load("sidecar", services="5"), SHIPPED, io.StringIO())
     target.undeploy(io.StringIO())  # what an experiment does with a failed cell: the half-applied namespace goes
     assert cluster_side["kubectl"][0][:3] == ("delete", "namespace", "complyroute-sidecar")
 
@@ -249,21 +254,24 @@ def test_a_failed_apply_fails_the_deploy_and_leaves_the_namespace_to_undeploy_de
 def test_k8s_verbs_go_to_apply_allowed(monkeypatch):
     asked = []
     monkeypatch.setattr(apply, "status", lambda topology, out: asked.append(("status", topology and topology.name)) or 0)
-    monkeypatch.setattr(apply, "reload_policy", lambda topology, policies, out: asked.append(("reload", topology.name, policies)) or {})
+    monkeypatch.setattr(apply, "deployed_rule_set", lambda topology: asked.append(("recorded", topology.name)) or "classification")
+    monkeypatch.setattr(apply, "reload_policy", lambda topology, rule_set, out: asked.append(("reload", topology.name, rule_set.chosen)) or {})
     monkeypatch.setattr(apply, "delete", lambda out: asked.append(("delete",)) or 0)
     target = targets.make("k8s")
     assert target.status(None) == 0 and target.status(manifest.load("sidecar")) == 0
-    target.reload_policy(manifest.load("sidecar"), None)
-    target.reload_policy(manifest.load("sidecar"), "classification")
+    assert target.deployed_rule_set(manifest.load("sidecar")) == "classification"
+    target.reload_policy(manifest.load("sidecar"), SHIPPED)
+    target.reload_policy(manifest.load("sidecar"), CLASSIFICATION)
     assert target.undeploy_all() == 0
-    # None: apply.reload_policy applies the rule set the deployment recorded.
-    assert asked == [("status", None), ("status", "sidecar"), ("reload", "sidecar", None), ("reload", "sidecar", "classification"),
-                     ("delete",)]
+    assert asked == [("status", None), ("status", "sidecar"), ("recorded", "sidecar"), ("reload", "sidecar", "policies"),
+                     ("reload", "sidecar", "classification"), ("delete",)]
 
 
 def test_k8s_reload_needs_the_topology_denied():
     with pytest.raises(TargetError, match="reload-policy --target k8s needs --topology"):
-        targets.make("k8s").reload_policy(None, None)
+        targets.make("k8s").reload_policy(None, SHIPPED)
+    with pytest.raises(TargetError, match="reload-policy --target k8s needs --topology"):
+        targets.make("k8s").deployed_rule_set(None)
 
 
 def test_k8s_keeps_no_evidence_here_denied():
@@ -273,21 +281,23 @@ def test_k8s_keeps_no_evidence_here_denied():
 
 def test_local_verbs_go_to_the_deployment_allowed(monkeypatch):
     asked = []
-    monkeypatch.setattr(deployment, "deploy", lambda topology, policies, out, restart: asked.append(("deploy", policies, restart)) or {
+    monkeypatch.setattr(deployment, "deploy", lambda topology, rule_set, out, restart: asked.append(("deploy", rule_set.chosen, restart)) or {
         "run_dir": "runs/x", "entry_url": "http://127.0.0.1:8080/process", "parts": [{"pid": 1, "kind": "envoy"}], "engine": "envoy-opa",
         "bring_up_seconds": 1.0, "memory_mib": {"total": 1.0}})
     monkeypatch.setattr(deployment, "status", lambda out: asked.append(("status",)) or 0)
     monkeypatch.setattr(deployment, "stop", lambda out: asked.append(("stop",)) or 3)
-    monkeypatch.setattr(reload, "reload_policy", lambda policies, out, timeout: asked.append(("reload", policies, timeout)) or {})
+    monkeypatch.setattr(reload, "deployed_rule_set", lambda: asked.append(("recorded",)) or "classification")
+    monkeypatch.setattr(reload, "reload_policy", lambda rule_set, out, timeout: asked.append(("reload", rule_set.chosen, timeout)) or {})
     target = targets.make("local", restart=False, reload_timeout=5.0)
     topology = manifest.load("sidecar")
-    assert target.deploy(topology, policies="classification")["cpu_parts"] == [(1, "envoy")]
+    assert target.deploy(topology, CLASSIFICATION)["cpu_parts"] == [(1, "envoy")]
     assert target.reach(topology, passes) == {"entry_url": "http://127.0.0.1:8080/process"}
     assert target.status(None) == 0
-    target.reload_policy(None, None)
+    assert target.deployed_rule_set(None) == "classification"
+    target.reload_policy(None, SHIPPED)
     assert target.undeploy_all() == 0
     assert target.run_folders("audit") == deployment.runs_root()
-    assert asked == [("deploy", "classification", False), ("status",), ("reload", None, 5.0), ("stop",)]
+    assert asked == [("deploy", "classification", False), ("status",), ("recorded",), ("reload", "policies", 5.0), ("stop",)]
     assert targets.make("local").reload_timeout == local_target.RELOAD_TIMEOUT_S
 
 
@@ -295,4 +305,6 @@ def test_local_takes_no_topology_to_show_or_reload_denied():
     with pytest.raises(TargetError, match="--topology applies to --target k8s only"):
         targets.make("local").status(manifest.load("sidecar"))
     with pytest.raises(TargetError, match="--topology applies to --target k8s only"):
-        targets.make("local").reload_policy(manifest.load("sidecar"), None)
+        targets.make("local").reload_policy(manifest.load("sidecar"), SHIPPED)
+    with pytest.raises(TargetError, match="--topology applies to --target k8s only"):
+        targets.make("local").deployed_rule_set(manifest.load("sidecar"))

@@ -10,6 +10,7 @@ from complyroute.proxy.envoy import envoy_config
 from complyroute.runtime.kubernetes import render, validate
 from complyroute.topology import manifest
 from complyroute.topology.plan import ROLES, LocalNetwork, place
+from tests.rulesets import of_manifest
 
 
 def plan():
@@ -195,7 +196,7 @@ def test_a_topology_outside_the_repository_is_its_folder_and_its_manifest_allowe
     assert [(x.name, x.role) for x in p.points] == [("entry", "entry"), ("hub", "router")] and p.enforces
     assert {s.egress_url for s in p.services if s.next_step} == {listener.endpoint.url for listener in point(p, "hub").deciding}
     path = tmp_path / "hub.k8s.yaml"
-    path.write_text(render.render(hub_topology, tmp_path / "kustomization"))
+    path.write_text(render.render(hub_topology, tmp_path / "kustomization", of_manifest(hub_topology)))
     assert validate.validate(path) == []
     rendered = [o for o in yaml.safe_load_all(path.read_text()) if o]
     assert {(o["kind"], o["metadata"]["name"]) for o in rendered if o["kind"] in ("Deployment", "DaemonSet")} == {

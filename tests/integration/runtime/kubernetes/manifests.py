@@ -19,6 +19,7 @@ from cryptography import x509
 from complyroute.policy import bundles
 from complyroute.runtime.kubernetes import render
 from complyroute.topology import manifest
+from tests.rulesets import of_manifest
 
 
 TOPOLOGIES = ["sidecar", "central-entity", "dynamic-router-3", "dynamic-router-6", "baseline"]
@@ -58,7 +59,8 @@ def rendered(topology, services, tmp_path, engine=None, overrides=None):
 
 
 def render_anew(topology, services, tmp_path, engine=None, overrides=None) -> str:
-    return render.render(manifest.load(topology, services=services, engine=engine, overrides=overrides), tmp_path / "kustomization")
+    loaded = manifest.load(topology, services=services, engine=engine, overrides=overrides)
+    return render.render(loaded, tmp_path / "kustomization", of_manifest(loaded))
 
 
 def by_kind(objects, kind):

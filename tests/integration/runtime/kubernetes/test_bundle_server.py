@@ -151,7 +151,7 @@ def test_the_rendered_bundle_server_runs_on_the_standard_library_alone_and_takes
     under a Python without site-packages (so without `cryptography` and the rest of
     complyroute): it serves a point's OPA its own bundle, over mutual TLS, under the Service's
     name; and when the kubelet swaps the bundles' ConfigMap, a long poll gets the new bundle."""
-    renderer = render.Renderer(manifest.load("sidecar", services=3))
+    renderer = render.Renderer(manifest.load("sidecar", services=3), RuleSet.of("policies"))
     renderer.render()
     objects = objects_of(render.build(renderer, tmp_path / "kustomization"))
     pod = pods(objects)[render.BUNDLE_SERVER]

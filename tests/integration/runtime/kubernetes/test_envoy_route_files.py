@@ -85,7 +85,7 @@ def running_envoy(bootstrap: str):
 def split_central_entity(tmp_path_factory):
     """The compiled central entity at 50 services, mutual TLS on: its Envoy container's files as
     the pod mounts them, its bootstrap's path, and the configuration before the split."""
-    renderer = render.Renderer(manifest.load("central-entity", services=50, engine="envoy-compiled"))
+    renderer = render.Renderer(manifest.load("central-entity", services=50, engine="envoy-compiled"), RuleSet.of("policies"))
     renderer.render()
     objects = objects_of(render.build(renderer, tmp_path_factory.mktemp("render") / "kustomization"))
     pod = pods(objects)["central-entity"]
@@ -136,7 +136,7 @@ def test_envoy_rereads_its_route_files_when_the_kubelet_swaps_their_configmap_al
     as the kubelet does: when the kubelet swaps in the route files a reload renders (the same
     points and trust, the US adequate), Envoy serves them, named by the new revision, without a
     restart; its bootstrap is the same for both rule sets."""
-    renderer = render.Renderer(manifest.load("central-entity", services=5, engine="envoy-compiled"))
+    renderer = render.Renderer(manifest.load("central-entity", services=5, engine="envoy-compiled"), RuleSet.of("policies"))
     renderer.render()
     objects = objects_of(render.build(renderer, tmp_path / "kustomization"))
     pod = pods(objects)["central-entity"]

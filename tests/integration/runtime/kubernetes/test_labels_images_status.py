@@ -8,6 +8,7 @@ import re
 import pytest
 import yaml
 
+from complyroute.policy.ruleset import RuleSet
 from complyroute.runtime.kubernetes import apply, render
 from complyroute.topology import manifest
 
@@ -96,7 +97,7 @@ def test_the_service_image_is_the_kustomizations_by_default_its_own_version_allo
     ("ghcr.io/x/service:2@sha256:" + "b" * 64, {"newName": "ghcr.io/x/service", "newTag": "2", "digest": "sha256:" + "b" * 64}),
 ], ids=["registry-port-tag", "no-tag", "digest", "tag-and-digest"])
 def test_an_image_given_replaces_the_service_image_everywhere_allowed(image, entry, tmp_path):
-    text = render.render(manifest.load("sidecar", services=3), tmp_path / "kustomization", image=image)
+    text = render.render(manifest.load("sidecar", services=3), tmp_path / "kustomization", RuleSet.of("policies"), image=image)
     objects = objects_of(text)
     assert service_images(objects) == {image}
     assert yaml.safe_load((tmp_path / "kustomization" / "kustomization.yaml").read_text())["images"] == [{"name": "complyroute/service", **entry}]
@@ -108,7 +109,7 @@ def test_an_image_given_replaces_the_service_image_everywhere_allowed(image, ent
 @pytest.mark.parametrize("image", ["", "Complyroute/Service:1", "complyroute/service:1 --x", "a/b@sha256:short", "a/b:"])
 def test_an_image_that_is_no_image_reference_is_refused_denied(image, tmp_path):
     with pytest.raises(render.RenderError, match="is not an image reference"):
-        render.render(manifest.load("sidecar", services=3), tmp_path / "kustomization", image=image)
+        render.render(manifest.load("sidecar", services=3), tmp_path / "kustomization", RuleSet.of("policies"), image=image)
     assert not (tmp_path / "kustomization").exists()
 
 

@@ -21,6 +21,8 @@ from complyroute.runtime.target import ReloadError
 from complyroute.topology import manifest
 
 from tests.relabel import rule_set_with_label
+
+SHIPPED = RuleSet.of("policies")
 from tests.integration.runtime.kubernetes.manifests import bundle_files, bundle_members, by_kind, objects_of
 
 
@@ -66,7 +68,8 @@ def deployed_central_entity(tmp_path, monkeypatch):
             if budget:
                 during.setattr(render, "CONFIGMAP_BUDGET", budget)
             overrides = {"security": security} if security else None
-            renderer = render.Renderer(manifest.load("central-entity", services=services, engine="envoy-compiled", overrides=overrides))
+            renderer = render.Renderer(manifest.load("central-entity", services=services, engine="envoy-compiled", overrides=overrides),
+                                       RuleSet.of("policies"))
             renderer.render()
             objects = objects_of(render.build(renderer, tmp_path / "kustomization"))
         apply.write_record(apply.deployed_of(renderer), renderer.signing_key)
@@ -78,7 +81,7 @@ def deployed_central_entity(tmp_path, monkeypatch):
 
 def test_reload_with_the_deployed_rule_set_applies_the_same_configmaps_and_changes_nothing_denied(deployed_central_entity):
     renderer, objects, api = deployed_central_entity()
-    result = apply.reload_policy(renderer.topology, out=io.StringIO())
+    result = apply.reload_policy(renderer.topology, SHIPPED, out=io.StringIO())
     assert result["applied"] == ["bundles-1", "routes-central-entity-1"] and result["changed"] == []
     assert result["revision"] == renderer.revision == bundles.revision()
     [applied] = api.applied
@@ -94,7 +97,8 @@ def test_reload_without_a_rule_set_applies_the_one_deployed_allowed(tmp_path, mo
     objects = objects_of(render.build(renderer, tmp_path / "kustomization"))
     apply.write_record(apply.deployed_of(renderer), renderer.signing_key)
     monkeypatch.setattr(apply, "kubectl_output", FakeApiServer(objects))
-    result = apply.reload_policy(renderer.topology, out=io.StringIO())
+    assert apply.deployed_rule_set(renderer.topology) == "classification"
+    result = apply.reload_policy(renderer.topology, RuleSet.of(apply.deployed_rule_set(renderer.topology)), out=io.StringIO())
     assert result["revision"] == renderer.revision == RuleSet.of("classification").revision != bundles.revision()
     assert result["changed"] == []
 
@@ -102,7 +106,7 @@ def test_reload_without_a_rule_set_applies_the_one_deployed_allowed(tmp_path, mo
 def test_reload_with_another_rule_set_applies_only_the_bundle_and_route_configmaps_allowed(deployed_central_entity, us_adequate):
     renderer, objects, api = deployed_central_entity()
     out = io.StringIO()
-    result = apply.reload_policy(renderer.topology, us_adequate, out=out)
+    result = apply.reload_policy(renderer.topology, RuleSet.of(us_adequate), out=out)
     revision = bundles.revision(us_adequate)
     assert result == {"revision": revision, "namespace": "complyroute-central-entity",
                       "applied": ["bundles-1", "routes-central-entity-1"], "changed": ["bundles-1", "routes-central-entity-1"]}
@@ -116,7 +120,7 @@ def test_reload_with_another_rule_set_applies_only_the_bundle_and_route_configma
     assert "does not wait" in out.getvalue() and "names the revision that decided it" in out.getvalue()
     # The record names the revision now applied; a second reload of it changes nothing.
     assert pickle.loads(apply.record_path("complyroute-central-entity").read_bytes()).revision == revision
-    assert apply.reload_policy(renderer.topology, us_adequate, out=io.StringIO())["changed"] == []
+    assert apply.reload_policy(renderer.topology, RuleSet.of(us_adequate), out=io.StringIO())["changed"] == []
 
 
 def test_reload_of_a_rule_set_that_does_not_compile_applies_nothing_denied(deployed_central_entity, tmp_path):
@@ -125,20 +129,20 @@ def test_reload_of_a_rule_set_that_does_not_compile_applies_nothing_denied(deplo
     shutil.copytree(POLICIES, broken)
     (broken / "complyroute" / "compliance" / "compliance.rego").write_text("package complyroute.compliance\n\nallow if {\n")
     with pytest.raises(ReloadError, match="cannot be applied; nothing was applied"):
-        apply.reload_policy(renderer.topology, broken, out=io.StringIO())
+        apply.reload_policy(renderer.topology, RuleSet.of(broken), out=io.StringIO())
     assert api.applied == []
 
 
 def test_reload_refuses_a_namespace_it_has_no_record_of_or_one_deployed_again_since_denied(deployed_central_entity):
     renderer, _, api = deployed_central_entity()
     with pytest.raises(ReloadError, match="was not deployed to Kubernetes from here"):
-        apply.reload_policy(manifest.load("sidecar"), out=io.StringIO())
+        apply.reload_policy(manifest.load("sidecar"), SHIPPED, out=io.StringIO())
     api.objects[("Namespace", "complyroute-central-entity")]["metadata"]["annotations"][render.RENDER_ANNOTATION] = "another"
     with pytest.raises(ReloadError, match="runs render another, not"):
-        apply.reload_policy(renderer.topology, out=io.StringIO())
+        apply.reload_policy(renderer.topology, SHIPPED, out=io.StringIO())
     del api.objects[("Namespace", "complyroute-central-entity")]
     with pytest.raises(ReloadError, match="not in the current kubectl context"):
-        apply.reload_policy(renderer.topology, out=io.StringIO())
+        apply.reload_policy(renderer.topology, SHIPPED, out=io.StringIO())
     assert api.applied == []
 
 
@@ -146,7 +150,7 @@ def test_reload_of_a_rule_set_with_another_label_applies_nothing_and_says_deploy
     renderer, _, api = deployed_central_entity()
     with pytest.raises(ReloadError, match=r"changes the labels complyroute-central-entity was deployed with \(category, consent, region, "
                                           r"sensitivity; deployed: category, consent, region\): .*nothing was applied: deploy again"):
-        apply.reload_policy(renderer.topology, rule_set_with_label(tmp_path), out=io.StringIO())
+        apply.reload_policy(renderer.topology, RuleSet.of(rule_set_with_label(tmp_path)), out=io.StringIO())
     assert api.applied == []
 
 
@@ -156,7 +160,7 @@ def test_reload_refuses_a_record_another_version_wrote_and_says_deploy_again_den
     renderer, _, api = deployed_central_entity()
     apply.record_path(render.namespace_of(renderer.topology)).write_bytes(written)
     with pytest.raises(ReloadError, match="written by another version of complyroute and cannot be read: deploy again"):
-        apply.reload_policy(renderer.topology, out=io.StringIO())
+        apply.reload_policy(renderer.topology, SHIPPED, out=io.StringIO())
     assert api.applied == []
 
 
@@ -176,7 +180,7 @@ def test_reload_keeps_the_configmaps_the_pods_mount_allowed(deployed_central_ent
     fill one leaves the second mounted, empty."""
     renderer, _, api = deployed_central_entity(budget=SMALL_BUDGET, services=SMALL_BUDGET_SERVICES, security=SMALL_BUDGET_SECURITY)
     assert renderer.route_configmaps("central-entity") == ["routes-central-entity-1", "routes-central-entity-2"]
-    result = apply.reload_policy(renderer.topology, us_adequate, out=io.StringIO())
+    result = apply.reload_policy(renderer.topology, RuleSet.of(us_adequate), out=io.StringIO())
     assert result["applied"] == ["bundles-1", "routes-central-entity-1", "routes-central-entity-2"]
     emptied = by_kind(api.applied[0], "ConfigMap")["routes-central-entity-2"]
     assert "data" not in emptied and "binaryData" not in emptied
@@ -185,13 +189,13 @@ def test_reload_keeps_the_configmaps_the_pods_mount_allowed(deployed_central_ent
 
 
 def test_reload_of_the_baseline_says_there_is_no_rule_set_to_reload_denied(tmp_path, monkeypatch):
-    renderer = render.Renderer(manifest.load("baseline", services=3))
+    renderer = render.Renderer(manifest.load("baseline", services=3), RuleSet.of("policies"))
     renderer.render()
     api = FakeApiServer(objects_of(render.build(renderer, tmp_path / "kustomization")))
     monkeypatch.setattr(apply, "kubectl_output", api)
     apply.write_record(apply.deployed_of(renderer), renderer.signing_key)
     with pytest.raises(ReloadError, match="baseline runs no OPA"):
-        apply.reload_policy(renderer.topology, out=io.StringIO())
+        apply.reload_policy(renderer.topology, SHIPPED, out=io.StringIO())
     assert api.applied == []
 
 
@@ -199,7 +203,7 @@ def test_reload_refuses_files_that_would_need_configmaps_the_pods_do_not_mount_d
     renderer, _, api = deployed_central_entity(services=SMALL_BUDGET_SERVICES, security=SMALL_BUDGET_SECURITY)
     monkeypatch.setattr(render, "CONFIGMAP_BUDGET", SMALL_BUDGET)
     with pytest.raises(ReloadError, match=r"fills ConfigMaps the pods do not mount \(routes-central-entity-2\)"):
-        apply.reload_policy(renderer.topology, us_adequate, out=io.StringIO())
+        apply.reload_policy(renderer.topology, RuleSet.of(us_adequate), out=io.StringIO())
     assert api.applied == []
 
 
@@ -210,7 +214,7 @@ def test_reload_refuses_a_rule_set_that_changes_an_envoy_bootstrap_denied(deploy
     as_if = replace(record, placed=replace(record.placed, bootstraps={"central-entity": "0" * 64}))  # as if deployed with another bootstrap
     path.write_bytes(pickle.dumps(as_if))
     with pytest.raises(ReloadError, match="changes the Envoy configuration of central-entity beyond its route files"):
-        apply.reload_policy(renderer.topology, out=io.StringIO())
+        apply.reload_policy(renderer.topology, SHIPPED, out=io.StringIO())
     assert api.applied == []
 
 
@@ -221,7 +225,7 @@ def test_reload_keeps_each_configmap_in_the_deploys_applyset_allowed(deployed_ce
     renderer, objects, api = deployed_central_entity()
     for key in [("ConfigMap", "bundles-1"), ("ConfigMap", "routes-central-entity-1")]:
         api.objects[key]["metadata"]["labels"] = {**api.objects[key]["metadata"]["labels"], apply.APPLYSET_MEMBER: "applyset-abc-v1"}
-    apply.reload_policy(renderer.topology, us_adequate, out=io.StringIO())
+    apply.reload_policy(renderer.topology, RuleSet.of(us_adequate), out=io.StringIO())
     [applied] = api.applied
     assert {o["metadata"]["name"]: o["metadata"]["labels"][apply.APPLYSET_MEMBER] for o in applied} == {
         "bundles-1": "applyset-abc-v1", "routes-central-entity-1": "applyset-abc-v1"}
@@ -230,6 +234,6 @@ def test_reload_keeps_each_configmap_in_the_deploys_applyset_allowed(deployed_ce
 
 def test_reload_adds_no_applyset_label_where_the_deploy_had_none_denied(deployed_central_entity, us_adequate):
     renderer, objects, api = deployed_central_entity()
-    apply.reload_policy(renderer.topology, us_adequate, out=io.StringIO())
+    apply.reload_policy(renderer.topology, RuleSet.of(us_adequate), out=io.StringIO())
     [applied] = api.applied
     assert not [o["metadata"]["name"] for o in applied if apply.APPLYSET_MEMBER in o["metadata"]["labels"]]

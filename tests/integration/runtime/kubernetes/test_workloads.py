@@ -15,6 +15,7 @@ from complyroute.runtime.kubernetes.nodes import NODE_LABEL, ROLE_LABEL
 from complyroute.topology import manifest
 from complyroute.topology.plan import ADMIN_SOCKET, API_SOCKET, DECISION_SOCKET
 from complyroute.trust import pki
+from tests.rulesets import of_manifest
 
 from tests.integration.runtime.kubernetes.manifests import (
     PLAIN, TOPOLOGIES, admitted, bundle_files, bundle_members, by_kind, containers, decoded, env_of, envoy_config, objects_of, pods,
@@ -301,8 +302,8 @@ def test_every_container_runs_an_image_make_images_builds_never_pulled(topology,
 @pytest.mark.parametrize("topology", ["sidecar", "dynamic-router-6", "baseline"])
 def test_a_one_node_rendering_puts_every_pod_on_the_node_labelled_for_all_roles(topology, tmp_path):
     loaded = manifest.load(topology, services=5)
-    spread = objects_of(render.render(loaded, tmp_path / "spread"))
-    one = objects_of(render.render(loaded, tmp_path / "one", one_node=True))
+    spread = objects_of(render.render(loaded, tmp_path / "spread", of_manifest(loaded)))
+    one = objects_of(render.render(loaded, tmp_path / "one", of_manifest(loaded), one_node=True))
     assert {name: pod["nodeSelector"] for name, pod in pods(one).items()} == {name: {ROLE_LABEL: "all"} for name in pods(spread)}
     # The same workloads, Services and policies; only where the pods go differs.
     assert sorted((o["kind"], o["metadata"]["name"]) for o in one if o["kind"] not in ("ConfigMap", "Secret")) == \

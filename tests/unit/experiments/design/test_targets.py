@@ -39,7 +39,7 @@ def cluster_side(monkeypatch, kubectl, tmp_path):
     """apply.apply and the port-forward standing in, the chain probe passing; the namespaces applied."""
     applied = []
 
-    def fake_apply(topology, folder, timeout, image, one_node, out, rule_set):
+    def fake_apply(topology, folder, rule_set, timeout, image, one_node, out):
         applied.append(render.namespace_of(topology))
         kubectl.namespaces.add(render.namespace_of(topology))
 

@@ -43,7 +43,7 @@ def deployments(monkeypatch):
     """deployment.deploy and the check record, standing in for real processes; records each topology deployed."""
     deployed = []
 
-    def deploy(topology, policies, out, restart):
+    def deploy(topology, rule_set, out, restart):
         deployed.append(topology)
         return {"run_dir": f"runs/{topology.name}", "parts": [], "engine": deployed_engine.get(topology.name, topology.engine["kind"]),
                 "entry_url": "http://127.0.0.1:8080/process", "bring_up_seconds": 1.0, "memory_mib": {"total": 100}}

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from complyroute.policy.ruleset import RuleSet
 from complyroute.runtime.deployed import Deployed
 from complyroute.runtime.local import deployment, rendering, warmup
 from complyroute.topology import manifest
@@ -152,7 +153,7 @@ def test_a_deploy_whose_point_never_decides_fails_and_stops_denied(tmp_path, mon
     loaded = manifest.load("sidecar", services=MIXED_REGIONS, overrides={"security": {"mtls": False, "label_tokens": False}})
     with pytest.raises(deployment.DeploymentError, match=r"deploy: 7 of 7 deciding listeners did not decide a warm-up record .* "
                                                          r"entry \(listener entry, 127\.0\.0\.1:8080\) last answered 503"):
-        deployment.deploy(loaded, health_timeout=0.3, out=open(os.devnull, "w"))
+        deployment.deploy(loaded, RuleSet.of(loaded.policy), health_timeout=0.3, out=open(os.devnull, "w"))
     assert stopped == [True]
     state = json.loads(Path(deployment.current_link(), "state.json").read_text())
     shutil.rmtree(state["private"])  # the points' socket folder, which the real stop removes
