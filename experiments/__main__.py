@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from complyroute.policy.ruleset import RuleSet
 from complyroute.runtime import targets as runtime_targets
 from complyroute.runtime.kubernetes.nodes import ONE_NODE_ROLE, ROLE_LABEL
 from complyroute.runtime.target import TargetError
@@ -154,7 +155,7 @@ def cmd_reload(args) -> int:
 def cmd_bench(args) -> int:
     from experiments.run import bench
 
-    rows = bench.run(args.out, records=args.records, rounds=args.rounds)
+    rows = bench.run(RuleSet.of("policies"), args.out, records=args.records, rounds=args.rounds)
     return 0 if all(row.verdict != "NOT MET" for row in rows) else 1
 
 

@@ -75,6 +75,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from complyroute.authoring import policybench
+from complyroute.policy.ruleset import RuleSet
 from complyroute.proxy.contract import DIGEST_HEADER, LABEL_TOKEN_HEADER
 from complyroute.proxy.opa import write_data
 from complyroute.runtime.local import labelchange, rendering
@@ -84,9 +85,8 @@ from complyroute.topology.plan import Endpoint, place
 from complyroute.trust import identity, pki
 from complyroute.trust.identity import TOKEN_ISSUER
 
-from experiments.run.bench_parts import RECORD_LABELS, SCHEMA, TOKEN_AUDIENCE, TOKEN_LIFETIME, Bench, Pair, start_parts
+from experiments.run.bench_parts import RECORD_LABELS, TOKEN_AUDIENCE, TOKEN_LIFETIME, Bench, Pair, start_parts
 
-LABELS = {label.header: RECORD_LABELS[label.name] for label in SCHEMA if label.name in RECORD_LABELS}
 BODY = json.dumps({"subject": "alice", "amount": 12}).encode()
 CSV_FIELDS = ["part", "process", "value", "unit", "floor", "floor_value", "ratio", "target", "verdict"]
 
@@ -120,19 +120,18 @@ class Row:
         }
 
 
-def send(url: str, records: int, context: ssl.SSLContext | None = None, headers: dict | Callable[[], dict] | None = None) -> None:
+def send(url: str, records: int, labels: dict[str, str], context: ssl.SSLContext | None = None, headers: dict | Callable[[], dict] | None = None) -> None:
     """`records` sequential POSTs over one keep-alive connection; each must be answered 200.
 
-    An https `url` is reached over TLS with `context` (the bench's certificate as a part);
-    `headers` are sent with the labels: a dict, or a function giving each record's.
-    """
+    An https `url` is reached over TLS with `context` (the bench's certificate as a part); `labels`: the
+    record's (Bench.record_headers); `headers` are sent with them: a dict, or a function giving each record's."""
     scheme, address = url.split("://", 1)
     host, port = address.split(":")
     if scheme == "https":
         connection = http.client.HTTPSConnection(host, int(port), timeout=30, context=context)
     else:
         connection = http.client.HTTPConnection(host, int(port), timeout=30)
-    common = {"content-type": "application/json", **LABELS}
+    common = {"content-type": "application/json", **labels}
     fixed = {**common, **(headers or {})} if not callable(headers) else None
     try:
         for _ in range(records):
@@ -200,7 +199,8 @@ def measure(bench: Bench, pairs: list[Pair], records: int, rounds: int, out=sys.
     for url, group in by_url.items():
         if len({(pair.client, pair.token) for pair in group}) > 1:
             raise ValueError(f"bench: the pairs measured at {url} send differently")
-        sending[url] = {"context": bench.client(group[0].client), "headers": {"": None, "shared": shared, "per-record": per_record}[group[0].token]}
+        token = {"": None, "shared": shared, "per-record": per_record}[group[0].token]
+        sending[url] = {"labels": bench.record_headers, "context": bench.client(group[0].client), "headers": token}
         send(url, 200, **sending[url])  # warm every path up: connections, JIT, caches
     for round_number in range(1, rounds + 1):
         for url, group in by_url.items():
@@ -274,14 +274,14 @@ def observe(bench: Bench, name: str, observed: bool, timeout: float = 30) -> Non
         time.sleep(0.05)
 
 
-def warm_up(url: str, timeout: float = 10) -> None:
+def warm_up(url: str, labels: dict[str, str], timeout: float = 10) -> None:
     """Records until one is answered 200: a listener Envoy has just replaced opens its gRPC
     connection to OPA on its first record, which a busy machine may answer 503 (as after a deploy,
     docs/architecture.md "Ready means deciding")."""
     deadline = time.monotonic() + timeout
     while True:
         try:
-            send(url, 1)
+            send(url, 1, labels)
             return
         except (RuntimeError, OSError):
             if time.monotonic() > deadline:
@@ -306,9 +306,9 @@ def observability(bench: Bench, points: dict[str, str], records: int, rounds: in
         for name in points:
             for observed in (False, True):
                 observe(bench, name, observed)
-                warm_up(bench.urls[name])
+                warm_up(bench.urls[name], bench.record_headers)
                 before = {process: bench.cpu_seconds(f"{name}/{process}") for process in ("envoy", "opa")}
-                send(bench.urls[name], records)
+                send(bench.urls[name], records, bench.record_headers)
                 spent = {process: (bench.cpu_seconds(f"{name}/{process}") - before[process]) * 1000 / records for process in before}
                 samples[name]["with" if observed else "without"].append(spent["envoy"])
                 samples[name]["opa"].append(spent["opa"])
@@ -326,9 +326,9 @@ def observability(bench: Bench, points: dict[str, str], records: int, rounds: in
     return rows
 
 
-def run(out_file: Path | None = None, records: int = 1500, rounds: int = 3, out=sys.stdout,
+def run(rule_set: RuleSet, out_file: Path | None = None, records: int = 1500, rounds: int = 3, out=sys.stdout,
         policy_sizes: Sequence[int] = policybench.SIZES, policy_topologies: Sequence[str] | None = None) -> list[Row]:
-    """Measure everything once; print the table, write the CSV, return the rows. `policy_sizes`,
+    """Measure everything once, the points configured by `rule_set`; print the table, write the CSV, return the rows. `policy_sizes`,
     `policy_topologies`: the deployments' numbers of services and the topologies (None: every
     deciding one) the policy's rows are measured at (policybench.compare)."""
     out_file = out_file or runs_root() / "bench" / time.strftime("%Y%m%d-%H%M%S") / "bench.csv"
@@ -336,7 +336,7 @@ def run(out_file: Path | None = None, records: int = 1500, rounds: int = 3, out=
     print(f"bench: {rounds} rounds of {records} sequential records per part; CSV: {out_file}", file=out, flush=True)
     with tempfile.TemporaryDirectory() as scratch_name:
         scratch = Path(scratch_name)
-        bench = Bench(out_file.parent / "processes", scratch)
+        bench = Bench(out_file.parent / "processes", rule_set, scratch)
         bench.folder.mkdir(parents=True, exist_ok=True)
         try:
             pairs, context = start_parts(bench, scratch)

@@ -8,7 +8,6 @@ says what runs and against what; bench.py says how it is measured and reported.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import signal
@@ -21,7 +20,7 @@ import psutil
 
 from complyroute.authoring import policybench
 from complyroute.engines import configuration
-from complyroute.policy import bundles, labels, policyfiles
+from complyroute.policy import bundles
 from complyroute.policy.ruleset import RuleSet
 from complyroute.proxy.opa import BundleSource
 from complyroute.runtime.local import rendering, supervision
@@ -40,12 +39,6 @@ BASE_PORT = 28000
 # The bench's record: canonical labels (one value each, consent sorted), as an entry hands them
 # on, by name; the headers they travel in are the rule set's (its label schema).
 RECORD_LABELS = policybench.record_labels(["analytics", "billing", "care"])
-SCHEMA = labels.schema(policyfiles.POLICIES)
-LABEL_SETTING = {"COMPLYROUTE_LABELS": labels.service_setting(SCHEMA)}  # what a forwarding service is told
-@functools.cache
-def shipped() -> RuleSet:
-    """The shipped rule set, which configures every bench point: made once, on first use."""
-    return RuleSet.of("policies")
 
 
 LONG_PATH = 49  # path entries a next hop answers at the head of a 50-service chain
@@ -74,8 +67,9 @@ class Pair:
 class Bench:
     """The processes of one bench run: started together, measured in turns, stopped together."""
 
-    def __init__(self, folder: Path, scratch: Path | None = None):
+    def __init__(self, folder: Path, rule_set: RuleSet, scratch: Path | None = None):
         self.folder = folder
+        self.rule_set = rule_set  # what configures every bench point (its label headers, index, table), made by the caller
         self.keys = (scratch or folder) / "pki"  # where credentials are written: the run's scratch folder
         # The points' private folders (their sockets): the scratch folder's path is short.
         self.private = (scratch or folder) / "private"
@@ -92,6 +86,16 @@ class Bench:
         self.signing_key = bundles.new_signing_key()  # the bench's own bundle signing key, as a deployment's
         self.points: dict[str, tuple[EnforcementPoint, configuration.PointConfiguration]] = {}  # each point and what it was given
         self.health_urls: dict[str, str] = {}  # OPAs: healthy once their bundle is loaded
+
+    @property
+    def label_setting(self) -> dict[str, str]:
+        """What a forwarding service is told of the rule set's labels (its environment)."""
+        return {"COMPLYROUTE_LABELS": self.rule_set.service_setting}
+
+    @property
+    def record_headers(self) -> dict[str, str]:
+        """The bench's record's labels in the headers the rule set's label schema names."""
+        return {label.header: RECORD_LABELS[label.name] for label in self.rule_set.schema if label.name in RECORD_LABELS}
 
     def endpoint(self) -> Endpoint:
         self.last_port += 1
@@ -165,11 +169,11 @@ class Bench:
 
     def point(self, point: EnforcementPoint, kind: str, settings: dict, bundled: Path | None = None,
               trust: identity.PointTrust | None = None) -> None:
-        """Start the point's Envoy and OPA, configured by the shipped rule set (its label headers,
+        """Start the point's Envoy and OPA, configured by the bench's rule set (its label headers,
         the catalog's index, the allowed table) whatever rules its bundle holds (`bundled`): the
         allow-all floor's rules (ALLOW_ALL_POLICY) have no label schema or index to configure
-        from, and its Envoy is to be the envoy-opa point's, of which it is the floor. None: the shipped rules."""
-        generated = configuration.generate([point], {**settings, "kind": kind}, shipped(), {point.name: trust} if trust else None,
+        from, and its Envoy is to be the envoy-opa point's, of which it is the floor. None: the bench's rules."""
+        generated = configuration.generate([point], {**settings, "kind": kind}, self.rule_set, {point.name: trust} if trust else None,
                                            rendering.layout(self.folder), self.signing_key, bundled=bundled).points[point.name]
         self.points[point.name] = (point, generated)
         if generated.bundle is not None:
@@ -267,14 +271,14 @@ def start_parts(bench: Bench, scratch: Path) -> tuple[list[Pair], dict]:
     sink = bench.node_app("sink", FLOOR_APP, {})
     tls_sink = bench.node_app("sink-tls", FLOOR_APP, bench.tls_env(as_destination))
     long_sink = bench.node_app("sink-49", FLOOR_APP, {"ANSWER_PATH_LENGTH": str(LONG_PATH)})
-    bench.node_app("floor-forwarder", FLOOR_APP, {"EGRESS_URL": sink.url, **LABEL_SETTING})
-    bench.node_app("floor-forwarder-49", FLOOR_APP, {"EGRESS_URL": long_sink.url, **LABEL_SETTING})
+    bench.node_app("floor-forwarder", FLOOR_APP, {"EGRESS_URL": sink.url, **bench.label_setting})
+    bench.node_app("floor-forwarder-49", FLOOR_APP, {"EGRESS_URL": long_sink.url, **bench.label_setting})
     sender = next(s for s in plan.services if s.instance.id == hop.sender)
     for name, work, upstream in (("service", 0, sink), ("service-work", None, sink), ("service-49", 0, long_sink)):
         endpoint = bench.endpoint()
         process = replace(sender, endpoint=endpoint, egress_url=upstream.url)
         part = rendering.service_part(process, {} if work is None else {"work_iterations": work}, scratch / f"{name}.audit.jsonl", bench.folder,
-                                       LABEL_SETTING)
+                                       bench.label_setting)
         bench.start(replace(part, name=name))
         bench.urls[name] = endpoint.url
     # The service and the floor with mutual TLS on both sides: they admit the point deciding
@@ -282,18 +286,18 @@ def start_parts(bench: Bench, scratch: Path) -> tuple[list[Pair], dict]:
     as_point = identity.point_identity(central)
     as_service = identity.service_identity(sender)
     bench.node_app("floor-forwarder-mtls", FLOOR_APP,
-                   {**bench.tls_env(as_service), "EGRESS_URL": https(tls_sink), "EGRESS_IDENTITY": as_destination, **LABEL_SETTING})
+                   {**bench.tls_env(as_service), "EGRESS_URL": https(tls_sink), "EGRESS_IDENTITY": as_destination, **bench.label_setting})
     endpoint = bench.endpoint()
     trust = identity.ServiceTrust(bench.tls_files(as_service), record_peers=(as_point,), control_peers=(pki.CONTROL,),
                                   egress_identity=as_destination, label_tokens=False)
     part = rendering.service_part(replace(sender, endpoint=endpoint, egress_url=tls_sink.url), {"work_iterations": 0},
-                                   scratch / "service-mtls.audit.jsonl", bench.folder, LABEL_SETTING, trust,
+                                   scratch / "service-mtls.audit.jsonl", bench.folder, bench.label_setting, trust,
                                    bench.tls_files(pki.CONTROL))
     bench.start(replace(part, name="service-mtls"))
     bench.urls["service-mtls"] = https(endpoint)
     endpoint = bench.endpoint()
     part = rendering.service_part(replace(sender, endpoint=endpoint, egress_url=tls_sink.url), {"work_iterations": 0},
-                                   scratch / "service-token.audit.jsonl", bench.folder, LABEL_SETTING,
+                                   scratch / "service-token.audit.jsonl", bench.folder, bench.label_setting,
                                    replace(trust, label_tokens=True), bench.tls_files(pki.CONTROL))
     bench.start(replace(part, name="service-token"))
     bench.urls["service-token"] = https(endpoint)
@@ -320,7 +324,7 @@ def start_parts(bench: Bench, scratch: Path) -> tuple[list[Pair], dict]:
     (allow_all / "complyroute" / "envoy").mkdir(parents=True)
     (allow_all / "complyroute" / "envoy" / "response.rego").write_text(ALLOW_ALL_POLICY % destination)
     admins, opas = {}, {}
-    # name, engine, the rules its bundle holds (None: the shipped ones), security: "" plain HTTP, "mtls", "token" (mTLS and the label token check)
+    # name, engine, the rules its bundle holds (None: the bench's), security: "" plain HTTP, "mtls", "token" (mTLS and the label token check)
     deciding = [("envoy-opa", "envoy-opa", None, ""), ("allow-all", "envoy-opa", allow_all, ""),
                 ("envoy-compiled", "envoy-compiled", None, ""),
                 ("envoy-compiled-mtls", "envoy-compiled", None, "mtls"), ("envoy-compiled-token", "envoy-compiled", None, "token"),

@@ -18,6 +18,8 @@ import io
 import pandas as pd
 import pytest
 
+from complyroute.policy.ruleset import RuleSet
+
 from experiments.report.report import bench_blocks
 from experiments.run import bench
 
@@ -27,7 +29,8 @@ pytestmark = pytest.mark.own_network
 def test_the_bench_measures_every_part_against_its_floor_and_the_report_shows_it(tmp_path):
     csv_file = tmp_path / "raw" / "bench.csv"
     log = io.StringIO()
-    rows = bench.run(out_file=csv_file, records=100, rounds=1, out=log, policy_sizes=(5,), policy_topologies=("central-entity",))
+    rows = bench.run(RuleSet.of("policies"), out_file=csv_file, records=100, rounds=1, out=log, policy_sizes=(5,),
+                     policy_topologies=("central-entity",))
     assert "bench: round 1/1 measured" in log.getvalue()
     measured = pd.read_csv(csv_file)
     assert list(measured["part"]) == [row.part for row in rows]

@@ -2,6 +2,7 @@
 how records are sent (over mutual TLS with the bench's own CA, with its label token) and measured."""
 
 import base64
+import dataclasses
 import hashlib
 import json
 import socketserver
@@ -18,11 +19,14 @@ from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 
 from complyroute import engines
 from complyroute.policy import bundles, policyfiles
+from complyroute.policy.ruleset import RuleSet
 from complyroute.runtime.local import rendering
 from complyroute.topology import manifest
 from complyroute.topology.plan import DecidingListener, Endpoint, place
 from complyroute.trust import pki
 from experiments.run import bench, bench_parts
+
+SHIPPED = RuleSet.of("policies")
 
 
 def test_row_within_its_target_is_met_allowed():
@@ -47,7 +51,7 @@ def test_a_bench_point_is_configured_by_the_shipped_rule_set_whatever_its_bundle
     """Bench.point: the allow-all floor's point is configured as the envoy-opa point it is the
     floor of (the shipped rule set's label headers, index and table); its bundle holds the rules
     given, the shipped point's the shipped ones. Its processes stand in."""
-    bench_ = bench_parts.Bench(tmp_path / "processes", tmp_path)
+    bench_ = bench_parts.Bench(tmp_path / "processes", SHIPPED, tmp_path)
     central = place(manifest.load("central-entity", services=5)).points[0]
     hop = next(listener for listener in central.deciding if listener.sender == "svc-04")
     allow_all = tmp_path / "allow-all"
@@ -72,6 +76,18 @@ def test_a_bench_point_is_configured_by_the_shipped_rule_set_whatever_its_bundle
         name: content for name, content in rules.items() if name.endswith(".rego")}
     assert json.loads(held[".manifest"])["revision"] == bundles.revision(allow_all if given else policyfiles.POLICIES)
     assert started == ["control/bundles", "floor/opa", "floor/envoy"]
+
+
+def test_the_bench_record_travels_in_the_headers_of_the_rule_set_it_was_given_allowed(tmp_path):
+    """Bench.record_headers and label_setting follow the bench's rule set: the shipped headers, and
+    another header where a rule set moves a label (its twin)."""
+    shipped = bench_parts.Bench(tmp_path / "processes", SHIPPED, tmp_path)
+    assert shipped.record_headers == {"x-data-region": "EU", "x-data-category": "personal", "x-data-consent": "analytics,billing,care"}
+    assert shipped.label_setting == {"COMPLYROUTE_LABELS": SHIPPED.service_setting}
+    moved = tuple(dataclasses.replace(label, header="x-subject-region") if label.name == "region" else label for label in SHIPPED.schema)
+    other = bench_parts.Bench(tmp_path / "other", dataclasses.replace(SHIPPED, schema=moved), tmp_path / "other")
+    assert other.record_headers["x-subject-region"] == "EU" and "x-data-region" not in other.record_headers
+    assert "x-subject-region" in other.label_setting["COMPLYROUTE_LABELS"] != shipped.label_setting["COMPLYROUTE_LABELS"]
 
 
 def serving(text: str, socket_path):
@@ -180,6 +196,7 @@ class FakeBench:
 
     def __init__(self):
         self.token_jwk, self.token_jwks = pki.signing_key()
+        self.record_headers = {"x-data-region": "EU"}
 
     def cpu_seconds(self, name):
         return 0.0
@@ -225,10 +242,10 @@ def requiring_client_certificates(bench_: bench_parts.Bench) -> ssl.SSLContext:
 
 
 def test_bench_sends_over_mutual_tls_with_its_own_ca_allowed(tmp_path):
-    bench_ = bench_parts.Bench(tmp_path / "processes", tmp_path)
+    bench_ = bench_parts.Bench(tmp_path / "processes", SHIPPED, tmp_path)
     server = counting_server(requiring_client_certificates(bench_))
     try:
-        bench.send(f"https://127.0.0.1:{server.server_port}", 3, bench_.client(pki.spiffe_id("service", "svc-04")))
+        bench.send(f"https://127.0.0.1:{server.server_port}", 3, bench_.record_headers, bench_.client(pki.spiffe_id("service", "svc-04")))
         assert len(server.seen) == 3
         assert (tmp_path / "pki" / "ca.pem").exists() and not (tmp_path / "processes").exists()  # keys in scratch only
     finally:
@@ -236,12 +253,12 @@ def test_bench_sends_over_mutual_tls_with_its_own_ca_allowed(tmp_path):
 
 
 def test_bench_without_a_certificate_of_its_ca_is_refused_denied(tmp_path):
-    bench_ = bench_parts.Bench(tmp_path / "processes", tmp_path)
-    stranger = bench_parts.Bench(tmp_path / "other", tmp_path / "other")  # another CA
+    bench_ = bench_parts.Bench(tmp_path / "processes", SHIPPED, tmp_path)
+    stranger = bench_parts.Bench(tmp_path / "other", SHIPPED, tmp_path / "other")  # another CA
     server = counting_server(requiring_client_certificates(bench_))
     try:
         with pytest.raises((ssl.SSLError, ConnectionError)):
-            bench.send(f"https://127.0.0.1:{server.server_port}", 1, stranger.client(pki.spiffe_id("service", "svc-04")))
+            bench.send(f"https://127.0.0.1:{server.server_port}", 1, stranger.record_headers, stranger.client(pki.spiffe_id("service", "svc-04")))
         assert server.seen == []
     finally:
         server.shutdown()

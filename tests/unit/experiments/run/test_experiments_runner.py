@@ -100,7 +100,8 @@ def bench(monkeypatch):
     """experiments.run.bench standing in: writes a one-line CSV, or raises what `failure` holds."""
     calls, failure = [], []
 
-    def run(out_file, records, rounds, out):
+    def run(rule_set, out_file, records, rounds, out):
+        assert rule_set.chosen == "policies"  # the bench measures the shipped rule set, whatever the cells deploy
         calls.append({"out_file": out_file, "records": records, "rounds": rounds})
         print("bench: measuring", file=out)
         if failure:
