@@ -18,6 +18,9 @@ threads) its process used for a fixed number of sequential records, divided by t
   behind the same ext_authz, shows what the plugin costs before any rule runs.
 - compiled engine (envoy-compiled): the same listener and record; Envoy against the bare
   Envoy. Its OPA must receive no call (checked on Envoy's ext_authz counter).
+- the entry (issue 39): the central entity's client listener under envoy-compiled with a
+  deployment's token key: its decision and label token, OPA against the allow-all OPA; and with
+  `decision_logs: file` against that.
 - access log and hop counters (issue 41): every deciding point writes a JSON access log line per
   record into a file and counts and times the hop (Envoy's stats access logger), as a deployment's
   does; the envoy-opa and compiled points' Envoys are then given their listeners without them and
@@ -56,6 +59,8 @@ Where a point's Envoy and OPA are both measured, they are measured over the same
   (complyroute.authoring.policybench.compare).
 
 Prints a table and writes it as CSV (default runs/bench/<time>/bench.csv).
+
+Over 400 lines: every row's measurement, judgement and printing, beside the list of what it measures.
 """
 
 from __future__ import annotations

@@ -4,6 +4,9 @@ key, and the pairs (a part, the row it is compared with) measured over them.
 
 The bench's ports start at BASE_PORT; its points' sockets are in a scratch folder. start_parts
 says what runs and against what; bench.py says how it is measured and reported.
+
+Over 400 lines: start_parts starts every part and floor and names the pairs measured over them;
+split, a pair would be read apart from the processes it compares.
 """
 
 from __future__ import annotations
@@ -168,17 +171,18 @@ class Bench:
                                 access_log=str(self.folder / f"{name}.access.log"))
 
     def point(self, point: EnforcementPoint, kind: str, settings: dict, bundled: Path | None = None,
-              trust: identity.PointTrust | None = None) -> None:
+              trust: identity.PointTrust | None = None, disk_data: dict | None = None) -> None:
         """Start the point's Envoy and OPA, configured by the bench's rule set (its label headers,
         the catalog's index, the allowed table) whatever rules its bundle holds (`bundled`): the
         allow-all floor's rules (ALLOW_ALL_POLICY) have no label schema or index to configure
-        from, and its Envoy is to be the envoy-opa point's, of which it is the floor. None: the bench's rules."""
+        from, and its Envoy is to be the envoy-opa point's, of which it is the floor. None: the bench's rules.
+        `disk_data`: what its OPA loads from disk beside its bundle (the entry's label-token key)."""
         generated = configuration.generate([point], {**settings, "kind": kind}, self.rule_set, {point.name: trust} if trust else None,
                                            rendering.layout(self.folder), self.signing_key, bundled=bundled).points[point.name]
         self.points[point.name] = (point, generated)
         if generated.bundle is not None:
             bundles.write(self.folder / rendering.BUNDLES, {point.name: generated.bundle}, generated.versions.revision)
-        for part in rendering.point_parts(point, generated, self.folder / point.name, self.folder, self.bundle_source(), {}):
+        for part in rendering.point_parts(point, generated, self.folder / point.name, self.folder, self.bundle_source(), disk_data or {}):
             self.start(part)
 
     def wait_until_listening(self, timeout: float = 60) -> None:
@@ -252,6 +256,9 @@ ALLOW_ALL_POLICY = """package complyroute.envoy
 # make bench: a decision through ext_authz without any rule, the floor of the plugin's own cost.
 response := {"allowed": true, "headers": {"x-complyroute-destination": "%s"}}
 """
+
+
+ENTRY_OPA = "the entry's decision and label token through ext_authz (envoy-compiled): OPA"
 
 
 def start_parts(bench: Bench, scratch: Path) -> tuple[list[Pair], dict]:
@@ -340,6 +347,20 @@ def start_parts(bench: Bench, scratch: Path) -> tuple[list[Pair], dict]:
         admins[name] = point.admin
         opas[name] = point.opa_metrics_url
 
+    # The central entity's entry under envoy-compiled, whose OPA decides nothing else: its decision,
+    # the token it signs (key and audience as a deployment's), and again with its decision log.
+    # Clients reach it in plain HTTP; it sends on over mTLS, as a deployment's entry does.
+    entry = next(listener for listener in central.deciding if listener.from_client)
+    token_data = identity.Credentials(b"", {}, bench.token_jwk, bench.token_jwks).with_token_key(identity.Trust.of(plan), central, {})
+    for name, decision_logs in (("entry", "off"), ("entry-logged", "file")):
+        point = bench.enforcement_point(name)
+        point.deciding.append(DecidingListener(entry.name, bench.endpoint(), sender=entry.sender, step=entry.step, from_client=True))
+        point.destinations, point.catalog = {next(i.id for i in topology.instances if i.step == entry.step): tls_sink}, central.catalog
+        trust = identity.PointTrust(bench.tls_files(identity.point_identity(point)), {entry.name: ()}, {(tls_sink.reach, tls_sink.port): as_destination},
+                                    label_tokens=True, jwks=json.dumps(bench.token_jwks, sort_keys=True), token_lifetime_seconds=TOKEN_LIFETIME)
+        bench.point(point, "envoy-compiled", {**settings, "decision_logs": decision_logs}, None, trust, token_data)
+        bench.urls[name], opas[name] = point.deciding[0].endpoint.url, point.opa_metrics_url
+
     bare = "Envoy, router filter only"
     opa_alone = "policy evaluation alone (opa bench, same query)"
     traversal = "Envoy traversal (forwarding listener)"
@@ -366,6 +387,9 @@ def start_parts(bench: Bench, scratch: Path) -> tuple[list[Pair], dict]:
         Pair(opa_envoy, "envoy-opa/envoy", bench.urls["envoy-opa"], bare),
         Pair(opa_opa, "envoy-opa/opa", bench.urls["envoy-opa"], opa_alone),
         Pair("OPA allowing everything, through ext_authz", "allow-all/opa", bench.urls["allow-all"], opa_alone),
+        Pair(ENTRY_OPA, "entry/opa", bench.urls["entry"], "OPA allowing everything, through ext_authz"),
+        Pair("the entry's decision and label token through ext_authz (envoy-compiled): Envoy", "entry/envoy", bench.urls["entry"], bare),
+        Pair("the entry's decision and label token, with its decision log: OPA", "entry-logged/opa", bench.urls["entry-logged"], ENTRY_OPA),
         Pair(opa_envoy_mtls, "envoy-opa-mtls/envoy", bench.urls["envoy-opa-mtls"], opa_envoy, client=as_sender),
         Pair(opa_opa_mtls, "envoy-opa-mtls/opa", bench.urls["envoy-opa-mtls"], opa_opa, client=as_sender),
         Pair("decision through ext_authz, mTLS and label token check: Envoy", "envoy-opa-token/envoy", bench.urls["envoy-opa-token"], opa_envoy_mtls,

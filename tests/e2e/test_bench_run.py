@@ -21,7 +21,7 @@ import pytest
 from complyroute.policy.ruleset import RuleSet
 
 from experiments.report.report import bench_blocks
-from experiments.run import bench
+from experiments.run import bench, bench_parts
 
 pytestmark = pytest.mark.own_network
 
@@ -35,6 +35,10 @@ def test_the_bench_measures_every_part_against_its_floor_and_the_report_shows_it
     measured = pd.read_csv(csv_file)
     assert list(measured["part"]) == [row.part for row in rows]
     assert "compiled engine: Envoy deciding the hop" in set(measured["part"]) and (measured["value"] >= 0).all()
+    # The entry's full decision and label token through ext_authz beside the plugin's floor, and its decision log beside that.
+    entry = measured.set_index("part").loc[[bench_parts.ENTRY_OPA, "the entry's decision and label token, with its decision log: OPA"]]
+    assert list(entry["floor"]) == ["OPA allowing everything, through ext_authz", bench_parts.ENTRY_OPA]
+    assert (entry["value"] > 0).all() and entry["floor_value"].notna().all()
     # What the access log and hop counters cost a hop, under each engine, beside the same points without them.
     observability = measured[measured["part"].str.startswith("access log and hop counters")]
     assert len(observability) == 2 and (observability["target"] == bench.OBSERVABILITY_TARGET).all()
