@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from complyroute.topology import manifest
+from complyroute.topology.plan import LOOPBACK_VARIABLE
 
 # A topology no one wrote into the repository: the entry decides the first hop, and one hub on
 # the first service node decides every later one. Its folder holds only its placement.
@@ -59,9 +60,12 @@ def runs_of_its_own(request, monkeypatch):
     """A unit or integration test gets a runs/ of its own (COMPLYROUTE_RUNS, read at each use:
     runtime/target.py runs_root), never the checkout's: an end-to-end test beside it in make
     test points the checkout's runs/current at its deployment, and a test reading it saw that.
-    The end-to-end tiers keep the runs/ make test gives each stream."""
+    The end-to-end tiers keep the runs/ make test gives each stream. Nor do they take the loopback
+    network of the shell that runs them (COMPLYROUTE_LOOPBACK, read at each plan): they assert
+    the addresses a plan makes by default, and with it exported placement tests saw 127.0.9.x."""
     if request.node.path.relative_to(TESTS).parts[0] in ("unit", "integration"):
         monkeypatch.setenv("COMPLYROUTE_RUNS", str(request.getfixturevalue("tmp_path") / "runs"))
+        monkeypatch.delenv(LOOPBACK_VARIABLE, raising=False)
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
