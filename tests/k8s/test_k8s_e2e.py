@@ -313,7 +313,8 @@ def test_deploying_again_prunes_nothing_of_another_topology_denied(cluster, monk
         assert apply.apply(other, folder / "baseline-5", of_manifest(other), "180s") == 0
         before = inventory(cluster, namespaces[0])
         assert apply.apply(this, folder / "sidecar-5", of_manifest(this), "180s") == 0
-        assert apply.apply(three := manifest.load("sidecar", services=3), folder / "sidecar-3", of_manifest(three), "180s") == 0
+        three = manifest.load("sidecar", services=3)  # bound before the assert: pytest's rewrite of it saw a walrus's name unbound
+        assert apply.apply(three, folder / "sidecar-3", of_manifest(three), "180s") == 0
         assert len([key for key in inventory(cluster, namespaces[1]) if key[0] == "Deployment"]) == 3 + 1 + 1  # pruned: 2 services
         after = inventory(cluster, namespaces[0])
         assert {key: o["metadata"]["uid"] for key, o in after.items()} == {key: o["metadata"]["uid"] for key, o in before.items()}
