@@ -79,6 +79,9 @@ class Costs:
             raise ModelError(f"no bench at {path}: the model needs a run measured with its bench (--bench-rounds > 0)")
         bench = pd.read_csv(path)
         cpu = bench[bench["unit"] == CPU_UNIT].set_index("process")["value"]
+        # A process's first CPU row is its part's own; later rows of the same process compare it
+        # with something toggled in that one process (its access log and hop counters off).
+        cpu = cpu[~cpu.index.duplicated(keep="first")]
         missing = [process for process in BENCH_PROCESSES.values() if process not in cpu.index]
         if missing:
             raise ModelError(f"{path} has no row for {', '.join(missing)}")

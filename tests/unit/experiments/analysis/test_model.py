@@ -106,6 +106,9 @@ def test_costs_from_a_bench_and_a_bench_without_a_row(tmp_path):
             for (name, process), value in zip(model.BENCH_PROCESSES.items(), [1.0, 0.25, 0.6, 0.9, 0.3])]
     rows.append({"part": "decision through ext_authz: inside the plugin (wall time)", "process": "envoy-opa/opa", "value": 0.4,
                  "unit": "ms/decision"})
+    # The same Envoy again, without its access log and hop counters: a comparison, not the part's cost.
+    rows.append({"part": "decision through ext_authz: Envoy without its access log and hop counters", "process": "envoy-opa/envoy",
+                 "value": 5.0, "unit": model.CPU_UNIT})
     pd.DataFrame(rows).to_csv(tmp_path / "bench.csv", index=False)
     assert model.Costs.from_bench(tmp_path / "bench.csv") == COSTS  # the wall-time row of the same process is not CPU
     pd.DataFrame(rows[1:]).to_csv(tmp_path / "bench.csv", index=False)
