@@ -124,7 +124,7 @@ def allowed_hops(hops: list[dict], point_data: dict[str, dict], policies: Path =
     return set(allowed or [])
 
 
-def milliseconds(value) -> bool:
+def is_milliseconds(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
@@ -134,11 +134,11 @@ def hop_of(line: Line) -> dict:
     # The time a rule that reads the clock is asked at (ms since the epoch): when the deciding
     # point took the hop (decided_at, its clock), else, for a line written before points
     # recorded it, when the instance received the record (ts).
-    at = entry.get("decided_at") if milliseconds(entry.get("decided_at")) else entry.get("ts")
+    at = entry.get("decided_at") if is_milliseconds(entry.get("decided_at")) else entry.get("ts")
     return {
         "point": entry["decided_by"], "sender": entry["sender"], "step": entry.get("step"), "instance": line.instance,
         "labels": dict(sorted(labels.items())),  # by name, as the rule set's label schema names them
-        "time_ns": int(at * 1_000_000) if milliseconds(at) else None,
+        "time_ns": int(at * 1_000_000) if is_milliseconds(at) else None,
     }
 
 

@@ -95,8 +95,6 @@ def _removing(headers: list[str]) -> dict:
 # came from a verified token only: a claim the token lacks (consent, for a record without
 # consent values) stays absent.
 RECORD_CLAIMS = [(RECORD_ID_HEADER, "rid"), (DIGEST_HEADER, "digest")]
-# A record goes on under the id its token names (the entry's), whatever x-request-id its
-# sender sent; the sender's stays on anything refused before, so the refusal names it.
 # When the deciding point took the hop: its Envoy's start of the request, in milliseconds since
 # the epoch, on the point's clock. Its OPA reads the clock for the decision after it, within the
 # decision timeout (the ext_authz call); the receiving service's own time (its audit line's ts)
@@ -104,6 +102,8 @@ RECORD_CLAIMS = [(RECORD_ID_HEADER, "rid"), (DIGEST_HEADER, "digest")]
 DECIDED_AT_HEADER = "x-complyroute-decided-at"
 DECIDED_AT = "%START_TIME(%s%3f)%"
 
+# A record goes on under the id its token names (the entry's), whatever x-request-id its
+# sender sent; the sender's stays on anything refused before, so the refusal names it.
 RECORD_ID_FROM_TOKEN = {"header": {"key": "x-request-id", "value": f"%REQ({RECORD_ID_HEADER})%"},
                         "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}
 
