@@ -2,9 +2,16 @@
 runs) at 1280 x 800, driven over its DevTools protocol. The sample report (experiments/sample/)
 must not overflow the page sideways, every image must load, every table-of-contents anchor must
 resolve, and the console must stay free of errors; a page with each of those faults is its
-denied twin, each fault told apart."""
+denied twin, each fault told apart. Opened at an anchor, as a reader following a link would, the
+sample shows that section, painted.
+
+A screenshot of a section is taken as here, over DevTools (Page.navigate to the page#anchor, then
+Page.captureScreenshot). `chromium --headless --screenshot page.html#anchor` comes out blank for
+any anchor below the first screen, even of a page without style or images: it captures the
+document from its top while only the tiles around the scrolled-to position are rastered."""
 
 import base64
+import io
 import json
 import shutil
 import socket
@@ -15,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import websocket
+from PIL import Image
 
 from complyroute.topology.manifest import REPO
 
@@ -30,6 +38,8 @@ INSPECT = """JSON.stringify({
   unresolved: Array.from(document.querySelectorAll('nav.contents a'))
     .filter(a => !document.getElementById(decodeURIComponent(a.getAttribute('href').slice(1)))).map(a => a.getAttribute('href')),
   captions: Array.from(document.querySelectorAll('figure')).filter(f => !f.querySelector('figcaption')).length,
+  scrollY: window.scrollY,
+  anchorTop: location.hash ? document.getElementById(decodeURIComponent(location.hash.slice(1))).getBoundingClientRect().top : null,
 })"""
 
 
@@ -81,14 +91,17 @@ class Chromium:
         while not any(e.get("method") == event for e in self.events):
             self.events.append(json.loads(self.socket.recv()))
 
-    def open(self, page: Path) -> dict:
-        """Load a page at 1280 x 800; what INSPECT reads of it, and the console's errors."""
-        self.events.clear()
+    def open(self, page: Path, anchor: str = "") -> dict:
+        """Load a page at 1280 x 800, at the anchor if one is given; what INSPECT reads of it, and
+        the console's errors."""
         for domain in ("Page", "Runtime", "Log"):
             self.call(f"{domain}.enable")
         self.call("Emulation.setDeviceMetricsOverride", width=WIDTH, height=HEIGHT, deviceScaleFactor=1, mobile=False)
-        self.call("Page.navigate", url=page.resolve().as_uri())
-        self.wait_for("Page.loadEventFired")
+        # From a blank page each time: the same page at another anchor would only scroll, and fire no load event.
+        for url in ("about:blank", page.resolve().as_uri() + (f"#{anchor}" if anchor else "")):
+            self.events.clear()
+            self.call("Page.navigate", url=url)
+            self.wait_for("Page.loadEventFired")
         inspected = json.loads(self.call("Runtime.evaluate", expression=INSPECT, returnByValue=True)["result"]["value"])
         errors = [e["params"] for e in self.events
                   if e.get("method") == "Runtime.exceptionThrown"
@@ -96,8 +109,10 @@ class Chromium:
                   or (e.get("method") == "Log.entryAdded" and e["params"]["entry"]["level"] == "error")]
         return {**inspected, "errors": errors}
 
-    def screenshot(self, path: Path) -> None:
+    def screenshot(self, path: Path) -> Image.Image:
+        """The viewport as it is painted, saved as a PNG."""
         path.write_bytes(base64.b64decode(self.call("Page.captureScreenshot", format="png")["data"]))
+        return Image.open(io.BytesIO(path.read_bytes())).convert("RGB")
 
     def close(self) -> None:
         self.socket.close()
@@ -120,6 +135,37 @@ def test_the_sample_report_fits_1280_by_800_loads_every_image_resolves_its_conte
     assert all(image["alt"] for image in page["images"]) and page["captions"] == 0
     assert len(page["anchors"]) >= 10 and "#findings" in page["anchors"] and page["unresolved"] == []
     assert page["errors"] == []
+
+
+def blank(image: Image.Image) -> bool:
+    """One colour from corner to corner: nothing painted but the background."""
+    return all(low == high for low, high in image.getextrema())
+
+
+@pytest.mark.parametrize("anchor", ["findings", "hop-by-hop"])
+def test_the_sample_opened_at_an_anchor_shows_that_section_painted(browser, tmp_path, anchor):
+    """#hop-by-hop lies some 12,000 px down the page, below the tallest figures."""
+    page = browser.open(SAMPLE_PAGE, anchor)
+    shot = browser.screenshot(tmp_path / f"{anchor}.png")
+    assert page["scrollY"] > 0 and abs(page["anchorTop"]) <= 1, "the anchor's heading is not at the top of the window"
+    assert not blank(shot) and page["errors"] == []
+
+
+FAR = """<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>far</title></head><body>
+<div style="height: 3000px">the first screens</div>
+<h2 id="far" style="visibility: hidden">A section never painted</h2><p style="visibility: hidden">its text</p>
+<div style="height: 3000px"></div>
+</body></html>"""
+
+
+def test_a_section_that_is_not_painted_is_blank_where_its_anchor_lands(browser, tmp_path):
+    far = tmp_path / "far.html"
+    far.write_text(FAR)
+    page = browser.open(far, "far")
+    assert page["scrollY"] > 0 and abs(page["anchorTop"]) <= 1  # it lands there, as the sample's anchors do
+    assert blank(browser.screenshot(tmp_path / "far.png"))
+    top = browser.open(far)
+    assert top["scrollY"] == 0 and not blank(browser.screenshot(tmp_path / "top.png"))  # its first screen is painted
 
 
 BROKEN = """<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>broken</title></head><body>
