@@ -29,12 +29,18 @@ from complyroute.proxy.opa import BundleSource
 from complyroute.runtime.local import rendering, supervision
 from complyroute.topology import manifest
 from complyroute.topology.manifest import REPO
-from complyroute.topology.plan import (ADMIN_SOCKET, API_SOCKET, DECISION_SOCKET, DIAGNOSTIC_SOCKET, DecidingListener, Endpoint, EnforcementPoint,
-                                      ForwardingListener, place)
+from complyroute.topology.plan import (ADMIN_SOCKET, API_SOCKET, DECISION_SOCKET, DIAGNOSTIC_SOCKET, LOOPBACK_VARIABLE, DecidingListener, Endpoint,
+                                      EnforcementPoint, ForwardingListener, place)
 from complyroute.trust import identity, pki
 
 FLOOR_APP = REPO / "services" / "bench" / "floor.js"
+# The bench's address when no loopback network is named; with COMPLYROUTE_LOOPBACK set, the
+# bench takes BENCH_HOST_BYTE on that network instead (bench_host), so that benches of sessions
+# on networks of their own run side by side (on one address their listeners, which Envoy opens
+# with SO_REUSEPORT, shared a port and each took the other's records). No node of a deployment
+# takes that byte (nodes are numbered from 1, the entry is .254).
 HOST = "127.0.0.1"
+BENCH_HOST_BYTE = 253
 # Clear of deployments (8080, 20000-27999), of the local Kubernetes cluster (30257 and up) and
 # below Linux's ephemeral ports (32768-60999), where a connection of anything else running on
 # the machine (or its TIME_WAIT) can hold a port the bench would listen on.
@@ -49,6 +55,12 @@ TOKEN_LIFETIME = 3600  # s: outlives any bench run
 # The audience the bench's tokens name and its token-checking listeners require, as a later
 # step's listeners do in a deployment (identity.Trust.audience).
 TOKEN_AUDIENCE = identity.TOKEN_STEP + "bench"
+
+
+def bench_host() -> str:
+    """Where the bench's parts listen: HOST, or on the loopback network COMPLYROUTE_LOOPBACK names."""
+    loopback = os.environ.get(LOOPBACK_VARIABLE)
+    return f"{loopback}.{BENCH_HOST_BYTE}" if loopback else HOST
 
 
 @dataclass(frozen=True)
@@ -79,6 +91,7 @@ class Bench:
         self.pids: dict[str, int] = {}
         self.logs: dict[str, str] = {}  # each part's log, whose end a part that did not start shows
         self.urls: dict[str, str] = {}
+        self.host = bench_host()
         self.last_port = BASE_PORT
         # The bench's own CA and label-token key: its parts trust nothing else.
         self.ca = pki.CertificateAuthority("bench")
@@ -102,7 +115,7 @@ class Bench:
 
     def endpoint(self) -> Endpoint:
         self.last_port += 1
-        return Endpoint(HOST, self.last_port)
+        return Endpoint(self.host, self.last_port)
 
     def start(self, part: rendering.Part) -> None:
         self.pids[part.name] = rendering.start(part)

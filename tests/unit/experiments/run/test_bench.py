@@ -285,3 +285,14 @@ def test_per_record_tokens_name_each_record_once_allowed():
             assert claims["rid"] == seen["x-request-id"] and claims["digest"] == seen["x-complyroute-digest"]
     finally:
         server.shutdown()
+
+
+def test_bench_listens_on_the_loopback_network_it_is_given_allowed(tmp_path, monkeypatch):
+    monkeypatch.setenv("COMPLYROUTE_LOOPBACK", "127.0.9")
+    endpoint = bench_parts.Bench(tmp_path, SHIPPED).endpoint()
+    assert endpoint.address == "127.0.9.253" and endpoint.port == bench_parts.BASE_PORT + 1
+
+
+def test_bench_without_a_loopback_network_listens_on_127_0_0_1_denied(tmp_path, monkeypatch):
+    monkeypatch.delenv("COMPLYROUTE_LOOPBACK", raising=False)
+    assert bench_parts.Bench(tmp_path, SHIPPED).endpoint().address == "127.0.0.1"
