@@ -62,7 +62,21 @@ def cmd_run(args) -> int:
     if args.dry_run:
         dry_run(parameters, sys.stdout)
         return 0
+    if args.capacity and keep_capacity(run_dir, args):  # a folder that is not a capacity run: refused before any cell starts
+        return 2
     return Runner(run_dir, parameters, target=targets.make(args.target, args.one_node, args.entry_url)).run()
+
+
+def keep_capacity(run_dir: Path, args) -> int:
+    """Keep the capacity runs of --capacity in the run's folder; 2 if one is not a capacity run."""
+    from experiments.report import capacity_report
+
+    try:
+        capacity_report.keep_capacity(run_dir, [run_folder(args.results, run_id) for run_id in args.capacity])
+    except FileNotFoundError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def cmd_report(args) -> int:
@@ -72,15 +86,9 @@ def cmd_report(args) -> int:
     if not (run_dir / "metadata.json").exists():
         print(f"error: no run at {run_dir} (no metadata.json)", file=sys.stderr)
         return 2
-    capacity = None
-    if args.capacity:
-        from experiments.report.capacity_report import capacity_of_runs
-        try:
-            capacity = capacity_of_runs([run_folder(args.results, run_id) for run_id in args.capacity])
-        except FileNotFoundError as error:
-            print(f"error: {error}", file=sys.stderr)
-            return 2
-    paths = build(run_dir, capacity)
+    if args.capacity and keep_capacity(run_dir, args) != 0:
+        return 2
+    paths = build(run_dir)
     print(f"report: {paths['html']}\nreport: {paths['markdown']}")
     return 0
 
@@ -272,13 +280,15 @@ def main(argv: list[str] | None = None, prog: str = "python -m experiments") -> 
     run.add_argument("--run-id", help="resume this run (finished cells are skipped), or name a new one")
     run.add_argument("--dry-run", action="store_true",
                      help="print the matrix, how long the run would take here and the disk it would need, and start nothing")
+    run.add_argument("--capacity", nargs="+", metavar="CAPACITY_RUN", help="as report's --capacity, kept before the first cell")
     add_target_options(run)
     run.set_defaults(handler=cmd_run)
 
     report = commands.add_parser("report", help="write report.md and report.html of a run")
     report.add_argument("run_id", help="a run id under the results folder, or a run folder's path")
     report.add_argument("--capacity", nargs="+", metavar="CAPACITY_RUN",
-                        help="capacity runs whose searches give the price of enforcement as a share of the baseline's capacity")
+                        help="capacity runs whose searches give the price of enforcement as a share of the baseline's capacity; kept "
+                             "in the run's raw/capacity/ (replacing those kept before), so that a later report keeps the share")
     report.set_defaults(handler=cmd_report)
 
     bench = commands.add_parser("bench", help="CPU per request of each part of a hop beside its floor (make bench)")

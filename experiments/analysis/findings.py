@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -20,7 +21,7 @@ from scipy import stats as scipy_stats
 from experiments.analysis import stats
 from experiments.analysis.model import ONE_NODE, Costs, capacity, costs_under_load, idle_on_one_node, on_one_node, record_path
 from experiments.analysis.model_predict import THIS_MACHINE_SECONDS, RunLoad, calibrate, paper_testbed, predicted_w_avg
-from experiments.design.matrix import BASELINE, BENCH_CSV, ENGINES, PAPER_NAMES
+from experiments.design.matrix import BASELINE, BENCH_CSV, BENCH_DECISION_LOG, BENCH_OBSERVABILITY, ENGINES, PAPER_NAMES
 
 CONFIDENCE = 0.95
 RESAMPLES = 999
@@ -110,6 +111,28 @@ class Price:
     extra_ms_median: float  # CPU per record beyond the baseline's, median over the cases
     per_hop_ms_median: float
     capacity_share: tuple[float, float] | None  # (lowest, highest) share of the baseline's searched capacity, where searched
+    capacity_at: tuple[tuple, tuple] | None = None  # (topology, services) of the lowest and the highest share
+    baseline_capped: bool = False  # a baseline's search held every step: its capacity is a floor, the shares at most
+    held_nothing: tuple = ()  # (topology, services) of the searches that held no step: below any share
+
+
+@dataclass(frozen=True)
+class EvidenceCost:
+    what: str  # the row's part: the deciding hop it is of, or the entry's decision
+    ratio: float  # CPU with the evidence / the same process's without it
+    target: float | None
+
+
+def evidence_costs(bench_csv: Path) -> list[EvidenceCost]:
+    """What the run's bench measured of the evidence a deployment keeps, each against the same
+    process without it: a deciding hop's access log and hop counters (per engine), the entry's
+    decision log. None for a run without a bench, or with a bench from before those rows."""
+    if not bench_csv.exists():
+        return []
+    bench = pd.read_csv(bench_csv)
+    rows = bench[(bench["part"].str.startswith(f"{BENCH_OBSERVABILITY} (") | (bench["part"] == BENCH_DECISION_LOG))
+                 & bench["ratio"].notna()]
+    return [EvidenceCost(row.part, float(row.ratio), None if pd.isna(row.target) else float(row.target)) for row in rows.itertuples()]
 
 
 def price(cpu: pd.DataFrame, capacity: pd.DataFrame | None = None) -> list[Price]:
@@ -123,15 +146,23 @@ def price(cpu: pd.DataFrame, capacity: pd.DataFrame | None = None) -> list[Price
             continue
         ratio = rows["total_ms"] / rows["baseline_total_ms"]
         low_at, high_at = rows.loc[ratio.idxmin()], rows.loc[ratio.idxmax()]
-        share = None
+        share, share_at, baseline_capped, held_nothing = None, None, False, ()
         if capacity is not None and not capacity.empty:
-            shares = capacity[(capacity["engine"] == engine)]["share_of_baseline"].dropna()
-            share = (float(shares.min()), float(shares.max())) if len(shares) else None
+            of_engine = capacity[capacity["engine"] == engine]
+            held_nothing = tuple((row.topology, int(row.services)) for row in of_engine[of_engine["capacity"].isna()].itertuples())
+            searched = capacity[(capacity["engine"] == engine) & capacity["share_of_baseline"].notna()]
+            if len(searched):
+                shares = searched["share_of_baseline"].astype(float)
+                share = (float(shares.min()), float(shares.max()))
+                share_at = tuple((searched.loc[at, "topology"], int(searched.loc[at, "services"])) for at in (shares.idxmin(), shares.idxmax()))
+                if "capped" in capacity:
+                    baselines = capacity[(capacity["topology"] == BASELINE) & capacity["services"].isin(searched["services"])]
+                    baseline_capped = bool(baselines["capped"].any())
         prices.append(Price(engine, len(rows), float(ratio.median()), float(ratio.min()), float(ratio.max()),
                             (low_at["topology"], int(low_at["rate"]), int(low_at["services"])),
                             (high_at["topology"], int(high_at["rate"]), int(high_at["services"])),
                             float((rows["total_ms"] - rows["baseline_total_ms"]).median()),
-                            float(rows["enforcement_per_hop_ms"].median()), share))
+                            float(rows["enforcement_per_hop_ms"].median()), share, share_at, baseline_capped, held_nothing))
     return prices
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 from complyroute.topology import manifest
@@ -37,6 +38,10 @@ HALVINGS = 3  # a first step that fails: halve the rate at most this often to fi
 MAX_STEPS = 16  # steps of one search at most, whatever the step function does
 ENFORCING = matrix.ENFORCING
 STEPS_CSV = "steps.csv"
+# Where an experiment run keeps the capacity runs its report prices enforcement with (`report RUN
+# --capacity`, `run --capacity`): of each, its metadata.json and raw/steps.csv, all its table is made
+# of, so that the run's report is rebuilt from the run's folder alone and a later `report RUN` keeps the share.
+KEPT_CAPACITY = Path("raw") / "capacity"
 MAX_WORK_ITERATIONS = 1_000_000  # what a service takes (services/config.js MAX_WORK_ITERATIONS)
 STEP_COLUMNS = ("topology", "engine", "services", "step", "offered_rate", "scheduled", "sent", "achieved_rate", "achieved_share",
                 "errors", "missed", "loss_share", "p50_ms", "p95_ms", "p99_ms", "held", "why_not", "cpu_machine", "cpu_locust",
@@ -208,6 +213,20 @@ class Parameters:
         each engine, then the baseline (engine None)."""
         return [(topology, engine, services) for services in self.services for topology in self.topologies
                 for engine in ([None] if topology == BASELINE else self.engines)]
+
+
+def command_for(run: matrix.Parameters) -> str:
+    """The capacity search that gives a run's report its price in capacity: the run's topologies,
+    engines and chain lengths, each option left out where it is the search's default."""
+    words = ["python -m experiments capacity"]
+    enforcing = [t for t in run.topologies if t != BASELINE]
+    if sorted(enforcing) != sorted(ENFORCING):
+        words.append("--topologies " + " ".join(enforcing))
+    if sorted(run.engines) != sorted(ENGINES):
+        words.append("--engines " + " ".join(run.engines))
+    if sorted(run.services) != sorted(SERVICES):
+        words.append("--services " + " ".join(map(str, run.services)))
+    return " ".join(words)
 
 
 def search_key(topology: str, engine: str | None, services: int) -> str:

@@ -36,6 +36,11 @@ ENGINE_OF_OLDER_RUNS = REFERENCE_ENGINE
 BENCH_RECORDS = 1000
 BENCH_ROUNDS = 3
 BENCH_CSV = "bench.csv"  # in a run's raw/: the latest session's bench
+# The bench's rows that price what a deployment adds for its evidence, each against the same
+# process without it (the report's Findings quote them): "access log and hop counters (<engine's
+# deciding hop>): ...", one row per engine, and the entry's decision log.
+BENCH_OBSERVABILITY = "access log and hop counters"
+BENCH_DECISION_LOG = "the entry's decision and label token, with its decision log: OPA"
 
 PROFILES = {
     # The paper's matrix (III-e, III-f): 5 topologies x 3 rates x 4 service counts x 5 repetitions.

@@ -5,6 +5,7 @@ capacity table (report/tables/capacity.csv) and the latency-against-offered-rate
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -13,7 +14,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter
 
 from experiments.analysis import stats
-from experiments.design.capacity import STEPS_CSV, as_bool, result_of_steps
+from experiments.design.capacity import KEPT_CAPACITY, STEPS_CSV, as_bool, result_of_steps
 from experiments.design.matrix import BASELINE, ENGINE_NAMES, MAX_ERROR_RATE, MIN_ACHIEVED_SHARE, PAPER_NAMES, PRIME_SHARE, case_name, load_label
 from experiments.design.targets import run_paragraphs
 from experiments.report.reporting import color, panels, render_html, render_markdown, save, series_of
@@ -39,6 +40,25 @@ def capacity_of_runs(run_dirs: list[Path]) -> pd.DataFrame:
         gap = json.loads((run_dir / "metadata.json").read_text())["parameters"]["gap"]
         tables.append(capacity_table(read_steps(run_dir), gap).assign(run=run_dir.name))
     return pd.concat(tables, ignore_index=True)
+
+
+def keep_capacity(run_dir: Path, capacity_dirs: list[Path]) -> None:
+    """Make these capacity runs the ones the run's report reads (replacing any it kept before),
+    copied into its raw/capacity/<name>/; a folder that is not a capacity run is refused
+    (FileNotFoundError) before anything changes."""
+    capacity_of_runs(capacity_dirs)
+    kept = run_dir / KEPT_CAPACITY
+    shutil.rmtree(kept, ignore_errors=True)
+    for capacity_dir in capacity_dirs:
+        (kept / capacity_dir.name / "raw").mkdir(parents=True)
+        shutil.copy2(capacity_dir / "metadata.json", kept / capacity_dir.name / "metadata.json")
+        shutil.copy2(capacity_dir / "raw" / STEPS_CSV, kept / capacity_dir.name / "raw" / STEPS_CSV)
+
+
+def kept_capacity(run_dir: Path) -> pd.DataFrame | None:
+    """The searches of the capacity runs the run keeps (capacity_of_runs), or None if it keeps none."""
+    kept = sorted(path.parent.parent for path in (run_dir / KEPT_CAPACITY).glob(f"*/raw/{STEPS_CSV}"))
+    return capacity_of_runs(kept) if kept else None
 
 
 def capacity_table(steps: pd.DataFrame, gap: float) -> pd.DataFrame:

@@ -12,9 +12,19 @@ import pandas as pd
 
 from experiments.analysis import findings, stats
 from experiments.analysis.model import ModelError
-from experiments.design.matrix import BASELINE, ENGINE_NAMES, MAX_ERROR_RATE, MIN_ACHIEVED_SHARE, P99_BOUND_MS, PAPER_NAMES, case_name
+from experiments.design.capacity import command_for
+from experiments.design.matrix import (BASELINE, BENCH_CSV, BENCH_DECISION_LOG, BENCH_OBSERVABILITY, ENGINE_NAMES, MAX_ERROR_RATE,
+                                       MIN_ACHIEVED_SHARE, P99_BOUND_MS, PAPER_NAMES, Parameters, case_name)
 from experiments.report.reporting import SATURATED_MARK, arch, percent
 
+
+
+def capacity_command(run_dir: Path, meta: dict) -> str:
+    """What would give a run's report the capacity share: the capacity search of its topologies,
+    engines and chain lengths, then its report again with that search kept."""
+    run = Parameters.from_json(meta["parameters"])
+    return (f"`{command_for(run)}`, then `python -m experiments report {run_dir.name} --capacity CAPACITY_RUN` "
+            "(the search's run id, which it prints)")
 
 
 def citation(reference: dict) -> str:
@@ -39,14 +49,22 @@ def why_saturated(row) -> str:
 
 def ranking_items(ranked: pd.DataFrame, cases: pd.DataFrame) -> list[str]:
     """One line per rate and chain length: the held cases fastest first with their rank (= where
-    tied), the baseline's median beside them, the saturated ones named with why."""
+    tied), the baseline's median beside them, the saturated ones named with why. Overlap is not
+    transitive: a case whose interval overlaps one of another rank (A overlaps B, B overlaps C, A
+    clear of C) names it, so no tie goes unsaid."""
     baseline = {(r.rate, r.services): r for r in cases[cases["topology"] == BASELINE].itertuples()}
     items = []
     for (rate, services), group in ranked.groupby(["rate", "services"], sort=True):
         held = group[group["rank"].notna()].sort_values(["rank", "median"])
         shared = held["rank"].value_counts()
-        entries = [f"{int(row.rank)}{'=' if shared[row.rank] > 1 else ''}. {case_name(row.topology, row.engine)} {interval_text(row)}"
-                   for row in held.itertuples()]
+        rank_of = {(row.topology, row.engine): row.rank for row in held.itertuples()}
+
+        def entry(row) -> str:
+            text = f"{int(row.rank)}{'=' if shared[row.rank] > 1 else ''}. {case_name(row.topology, row.engine)} {interval_text(row)}"
+            across = [case_name(*other) for other in row.tied_with if rank_of[other] != row.rank]
+            return text + (f" (overlaps {', '.join(across)})" if across else "")
+
+        entries = [entry(row) for row in held.itertuples()]
         text = f"**{rate} req/s, {services} services**: " + ("; ".join(entries) if entries else "no case held")
         floor = baseline.get((rate, services))
         if floor is not None:
@@ -59,7 +77,9 @@ def ranking_items(ranked: pd.DataFrame, cases: pd.DataFrame) -> list[str]:
     return items
 
 
-def price_items(prices: list[findings.Price], capacity_given: bool) -> list[str]:
+def price_items(prices: list[findings.Price], capacity: pd.DataFrame | None, capacity_command: str) -> list[str]:
+    """One sentence per engine; `capacity_command`: the commands that would give the capacity share
+    when the run keeps no capacity run."""
     items = []
     for price in prices:
         low_t, low_r, low_n = price.lowest
@@ -69,15 +89,42 @@ def price_items(prices: list[findings.Price], capacity_given: bool) -> list[str]
                 f"{price.ratio_low:.2f}× ({arch(low_t)}, {low_r} req/s, {low_n} services) to {price.ratio_high:.2f}× "
                 f"({arch(high_t)}, {high_r} req/s, {high_n} services)")
         if price.capacity_share is not None:
-            text += (f"; its searched capacity is {percent(price.capacity_share[0])} to {percent(price.capacity_share[1])} of the "
-                     "baseline's at the same chain length")
-        elif not capacity_given:
-            text += ("; no capacity run was given, so its share of the baseline's capacity is not measured here "
-                     "(`experiments capacity`, then `experiments report RUN --capacity CAPACITY_RUN`)")
+            (low_at, low_at_n), (high_at, high_at_n) = price.capacity_at
+            runs = ", ".join(f"`{name}`" for name in sorted(capacity["run"].unique()))
+            text += (f"; its searched capacity is {percent(price.capacity_share[0])} ({arch(low_at)}, {low_at_n} services) to "
+                     f"{percent(price.capacity_share[1])} ({arch(high_at)}, {high_at_n} services) of the baseline's at the same chain "
+                     f"length (capacity run {runs})")
+            if price.baseline_capped:
+                text += ", at most: the baseline held every rate its search offered, so its capacity is higher than the one found"
+            if price.capacity_share[1] > 1:
+                text += ("; a share over 100%, which enforcement cannot earn, says the searches found the machine unequally busy "
+                         "(the capacity report's \"other processes\" per step)")
+        elif capacity is None:
+            text += f"; its share of the baseline's capacity needs a capacity run, and none is kept with this run: {capacity_command}"
         else:
-            text += "; the capacity runs given searched no case of this engine with a baseline"
+            text += "; the capacity runs kept with this run found no capacity of this engine to set beside a baseline's"
+        if price.held_nothing:
+            text += ("; held not even its search's lowest rate: "
+                     + ", ".join(f"{arch(topology)} at {services} services" for topology, services in price.held_nothing))
         items.append(text + ".")
     return items
+
+
+def evidence_text(costs: list[findings.EvidenceCost]) -> str:
+    """The bench's price of the evidence, in one paragraph; "" for a run whose bench has none."""
+    hops = [cost for cost in costs if cost.what.startswith(BENCH_OBSERVABILITY)]
+    logs = [cost for cost in costs if cost.what == BENCH_DECISION_LOG]
+    parts = []
+    if hops:
+        targets = sorted({cost.target for cost in hops if cost.target})
+        parts.append("a deciding hop's access log and hop counters: " + ", ".join(
+            f"{cost.ratio:.2f}× its enforcement CPU without them ({cost.what[len(BENCH_OBSERVABILITY) + 2:cost.what.index(')')]})"
+            for cost in hops) + (f", against a target of at most {targets[0]:.2f}×" if len(targets) == 1 else ""))
+    parts += [f"the entry's decision log: {cost.ratio:.2f}× its OPA's CPU for the decision and label token without it" for cost in logs]
+    if not parts:
+        return ""
+    return ("**Of that price, the evidence** a deployment keeps, as this run's bench measured it (`raw/bench.csv`: the same process "
+            "with and without it, outside any deployment, so a ratio, not a share of the cells' CPU): " + "; ".join(parts) + ".")
 
 
 def order_line(topologies: list[str], saturated: list[str] = ()) -> str:
@@ -123,7 +170,9 @@ def blocks(run_dir: Path, cells: pd.DataFrame, table: pd.DataFrame, requests: pd
         ("list", ranking_items(ranked, cases)),
         ("p", "**The price of enforcement**, per engine: the CPU the whole deployment spends per delivered record against the "
               "baseline's at the same rate and chain length (CPU hardly depends on queueing, so saturated cases count too)."),
-        ("list", price_items(findings.price(cpu, capacity), capacity is not None) or ["This run has no baseline: no price to compute."]),
+        ("list", price_items(findings.price(cpu, capacity), capacity, capacity_command(run_dir, meta))
+         or ["This run has no baseline: no price to compute."]),
+        *([("p", evidence)] if (evidence := evidence_text(findings.evidence_costs(run_dir / "raw" / BENCH_CSV))) else []),
         ("p", "**Against the paper's order** of the architectures by W Avg at each rate (" + citation(reference) + "). Ours is over "
               "this run's chain lengths, theirs over 5, 10, 25 and 50 services."),
         ("list", agreement_items(agreement) or ["No architecture of this run has a published W Avg at its rates."]),

@@ -18,6 +18,7 @@ from experiments.design.matrix import (BASELINE, BENCH_CSV, ENGINE_NAMES, MAX_ER
                                        PRIME_MIN_SECONDS, PROFILES, Parameters, case_name)
 from experiments.design.targets import run_paragraphs
 from experiments.report import changeability_report, findings_report
+from experiments.report.capacity_report import kept_capacity
 from experiments.report.report_figures import (CURVE_PERCENTILES, MAX_FLIERS, bench_figure, box_figure, cost_figure, cpu_figure, engines_figure,
                                                hop_figure, load_figure, percentile_figure, split_figure, w_avg_figure)
 from experiments.report.report_tables import (CV_FLAG, bench_view, cost_view, cpu_view, engines_view, load_view, split_view, spread_view, table_one,
@@ -153,9 +154,9 @@ def bench_blocks(run_dir: Path, meta: dict, figures_dir: Path) -> list[tuple]:
     return blocks
 
 
-def build(run_dir: Path, capacity: pd.DataFrame | None = None) -> dict:
-    """Write report/ (tables, figures, report.md, report.html) for a run; return their paths.
-    capacity: capacity searches' results (capacity_report.capacity_table), for the price of enforcement."""
+def build(run_dir: Path) -> dict:
+    """Write report/ (tables, figures, report.md, report.html) for a run; return their paths. The
+    capacity runs the run keeps (capacity_report.keep_capacity) price enforcement in capacity."""
     meta = json.loads((run_dir / "metadata.json").read_text())
     cells, requests, failed = stats.load_run(run_dir)
     report_dir = run_dir / "report"
@@ -206,7 +207,7 @@ def build(run_dir: Path, capacity: pd.DataFrame | None = None) -> dict:
 
     machine, versions = meta["machine"], meta["versions"]
     saturated = cells[cells["saturated"]]
-    blocks.extend(findings_report.blocks(run_dir, cells, table, requests, cpu, meta, reference, tables_dir, capacity))
+    blocks.extend(findings_report.blocks(run_dir, cells, table, requests, cpu, meta, reference, tables_dir, kept_capacity(run_dir)))
     blocks.append(("h2", "Read this first"))
     blocks.append(("list", [
         f"{len(cells)} of {expected} cells finished" + (f", {len(failed)} failed (listed at the end)" if failed else "") + ".",
@@ -260,7 +261,7 @@ def build(run_dir: Path, capacity: pd.DataFrame | None = None) -> dict:
                         "stand beside both of ours, the envoy-opa row being the one to compare with it."))
     blocks.append(("table", w_avg_view(comparison)))
     blocks.append(("figure", w_avg_figure(comparison, figures_dir, run.load_label),
-                   "W Avg per architecture, engine and offered rate: ours (filled; lighter: compiled) beside the paper's published value "
+                   "W Avg per architecture, engine and offered rate: ours (filled; lighter and striped: compiled) beside the paper's published value "
                    f"(crossed; experiments/paper_reference.json, doi:{reference['doi']}). Log scale."))
     blocks.append(("p", "The paper's W Avg averages over 5, 10, 25 and 50 services and its testbed had about 50 times the cores; ours averages "
                         "over the service counts this run has. Compare the order of the architectures and how W Avg grows with the rate."))
@@ -293,7 +294,7 @@ def build(run_dir: Path, capacity: pd.DataFrame | None = None) -> dict:
                                         for r in baseline_rows.itertuples()) + "."))
         blocks.append(("table", cost_view(cost)))
         blocks.append(("figure", cost_figure(cost, figures_dir, run.load_label),
-                       "(median RTT − the baseline's median RTT) / hops, same rate and services, same run; lighter: compiled engine."))
+                       "(median RTT − the baseline's median RTT) / hops, same rate and services, same run; lighter and striped: compiled engine."))
 
     blocks.append(("h2", "Where the time goes"))
     if split["transit_ms"].isna().all():

@@ -90,6 +90,7 @@ from complyroute.topology.plan import Endpoint, place
 from complyroute.trust import identity, pki
 from complyroute.trust.identity import TOKEN_ISSUER
 
+from experiments.design.matrix import BENCH_OBSERVABILITY
 from experiments.run.bench_parts import RECORD_LABELS, TOKEN_AUDIENCE, TOKEN_LIFETIME, Bench, Pair, start_parts
 
 BODY = json.dumps({"subject": "alice", "amount": 12}).encode()
@@ -325,7 +326,7 @@ def observability(bench: Bench, points: dict[str, str], records: int, rounds: in
         opa = opa if asks_opa else 0.0
         without, with_ = statistics.median(samples[name]["without"]), statistics.median(samples[name]["with"])
         rows.append(Row(f"{what}: Envoy without its access log and hop counters", f"{name}/envoy", without))
-        rows.append(Row(f"access log and hop counters ({what}): the hop's enforcement CPU, Envoy{' + OPA' if asks_opa else ''}",
+        rows.append(Row(f"{BENCH_OBSERVABILITY} ({what}): the hop's enforcement CPU, Envoy{' + OPA' if asks_opa else ''}",
                         f"{name}/envoy" + (f" + {name}/opa" if asks_opa else ""), with_ + opa,
                         "the same, its Envoy alternately without them", without + opa, OBSERVABILITY_TARGET))
     return rows

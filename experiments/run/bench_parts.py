@@ -33,6 +33,8 @@ from complyroute.topology.plan import (ADMIN_SOCKET, API_SOCKET, DECISION_SOCKET
                                       EnforcementPoint, ForwardingListener, place)
 from complyroute.trust import identity, pki
 
+from experiments.design.matrix import BENCH_DECISION_LOG
+
 FLOOR_APP = REPO / "services" / "bench" / "floor.js"
 # The bench's address when no loopback network is named; with COMPLYROUTE_LOOPBACK set, the
 # bench takes BENCH_HOST_BYTE on that network instead (bench_host), so that benches of sessions
@@ -402,7 +404,7 @@ def start_parts(bench: Bench, scratch: Path) -> tuple[list[Pair], dict]:
         Pair("OPA allowing everything, through ext_authz", "allow-all/opa", bench.urls["allow-all"], opa_alone),
         Pair(ENTRY_OPA, "entry/opa", bench.urls["entry"], "OPA allowing everything, through ext_authz"),
         Pair("the entry's decision and label token through ext_authz (envoy-compiled): Envoy", "entry/envoy", bench.urls["entry"], bare),
-        Pair("the entry's decision and label token, with its decision log: OPA", "entry-logged/opa", bench.urls["entry-logged"], ENTRY_OPA),
+        Pair(BENCH_DECISION_LOG, "entry-logged/opa", bench.urls["entry-logged"], ENTRY_OPA),
         Pair(opa_envoy_mtls, "envoy-opa-mtls/envoy", bench.urls["envoy-opa-mtls"], opa_envoy, client=as_sender),
         Pair(opa_opa_mtls, "envoy-opa-mtls/opa", bench.urls["envoy-opa-mtls"], opa_opa, client=as_sender),
         Pair("decision through ext_authz, mTLS and label token check: Envoy", "envoy-opa-token/envoy", bench.urls["envoy-opa-token"], opa_envoy_mtls,

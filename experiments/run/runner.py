@@ -26,6 +26,7 @@ from complyroute.topology import manifest
 from complyroute.topology.manifest import REPO
 
 from experiments.analysis import stats
+from experiments.design.capacity import KEPT_CAPACITY, command_for
 from experiments.design.matrix import BENCH_CSV, Cell, Parameters, case_name
 from experiments.design.targets import unmeasured
 from experiments.run import metadata
@@ -178,6 +179,10 @@ class Runner(Loader):
 
         paths = build(self.run_dir)
         print(f"experiments: report: {paths['html']}\nexperiments: report: {paths['markdown']}", file=self.out)
+        if not (self.run_dir / KEPT_CAPACITY).is_dir():
+            print("experiments: the price of enforcement as a share of the baseline's capacity needs a capacity run: "
+                  f"python -m experiments{results} {command_for(self.parameters).removeprefix('python -m experiments ')}, then "
+                  f"python -m experiments{results} report {self.run_dir.name} --capacity CAPACITY_RUN", file=self.out)
         return 0
 
     def measure_bench(self) -> None:

@@ -54,6 +54,20 @@ def test_overlapping_intervals_share_a_rank_and_apart_ones_do_not():
     assert ranked.loc["sidecar", "tied_with"] == []
 
 
+def test_an_overlap_across_ranks_is_named_in_the_report_and_one_within_a_rank_is_not():
+    """Overlap is not transitive: CE overlaps SA, SA overlaps DR_3, DR_3 lies clear below CE."""
+    from experiments.report.findings_report import ranking_items
+
+    rows = cases(("dynamic-router-3", "envoy-compiled", 15.0, 14.2, 17.0, False),
+                 ("sidecar", "envoy-compiled", 17.1, 15.9, 18.2, False),
+                 ("central-entity", "envoy-compiled", 20.7, 18.0, 25.9, False))
+    ranked = findings.ranking(rows)
+    assert list(ranked.set_index("topology").loc[["dynamic-router-3", "sidecar", "central-entity"], "rank"]) == [1, 1, 2]
+    line = ranking_items(ranked, rows)[0]
+    assert "2. CE (compiled) 20.70 ms [18.00, 25.90] (overlaps SA (compiled))" in line
+    assert "1=. DR_3 (compiled) 15.00 ms [14.20, 17.00];" in line  # its tie with SA is said by the shared rank
+
+
 def test_a_saturated_case_is_never_ranked_but_its_held_twin_is():
     saturated = findings.ranking(cases(("sidecar", "envoy-opa", 1.0, 0.9, 1.1, True), ("central-entity", "envoy-opa", 3.0, 2.9, 3.1, False)))
     held = findings.ranking(cases(("sidecar", "envoy-opa", 1.0, 0.9, 1.1, False), ("central-entity", "envoy-opa", 3.0, 2.9, 3.1, False)))
@@ -95,11 +109,49 @@ def test_the_price_per_engine_against_the_baseline():
     assert (opa.engine, opa.ratio_median, opa.ratio_low, opa.ratio_high, opa.lowest, opa.highest) == (
         "envoy-opa", 4.5, 3.0, 6.0, ("central-entity", 100, 5), ("sidecar", 100, 5))
     assert (compiled.ratio_median, compiled.extra_ms_median, compiled.capacity_share) == (2.25, 1.25, None)
-    capacity = pd.DataFrame({"engine": ["envoy-compiled", "envoy-compiled", "none"], "share_of_baseline": [0.5, 0.8, 1.0]})
-    assert findings.price(cpu, capacity)[1].capacity_share == (0.5, 0.8)
+    capacity = pd.DataFrame({"topology": ["sidecar", "central-entity", "baseline"], "engine": ["envoy-compiled", "envoy-compiled", "none"],
+                             "services": 5, "capacity": [100, 160, 200], "capped": False, "share_of_baseline": [0.5, 0.8, 1.0]})
+    priced = findings.price(cpu, capacity)[1]
+    assert (priced.capacity_share, priced.capacity_at, priced.baseline_capped) == ((0.5, 0.8), (("sidecar", 5), ("central-entity", 5)), False)
+    assert priced.held_nothing == ()
+    # a search that held no step has no share: named apart, below the lowest
+    nothing = pd.concat([capacity, pd.DataFrame({"topology": ["dynamic-router-3"], "engine": ["envoy-compiled"], "services": [5],
+                                                 "capacity": [None], "capped": [False], "share_of_baseline": [None]})], ignore_index=True)
+    assert findings.price(cpu, nothing)[1].held_nothing == (("dynamic-router-3", 5),)
+    assert findings.price(cpu, nothing)[1].capacity_share == (0.5, 0.8)
+    # a baseline that held every step it was offered: its capacity is a floor, so the shares are at most
+    capped = capacity.assign(capped=[False, False, True])
+    assert findings.price(cpu, capped)[1].baseline_capped and findings.price(cpu, capped)[0].capacity_share is None
 
 
 LOADS = {"sidecar": ((0.9, "node machine"), (0.05, "sidecar-svc-01/envoy")), "central-entity": ((0.3, "central-entity/opa"), (0.2, "node gateway"))}
+
+
+BENCH_HEADER = "part,process,value,unit,floor,floor_value,ratio,target,verdict\n"
+EVIDENCE_ROWS = (
+    '"access log and hop counters (decision through ext_authz): the hop\'s enforcement CPU, Envoy + OPA",envoy-opa/envoy + envoy-opa/opa,'
+    '0.75,ms CPU/request,"the same, its Envoy alternately without them",0.6833,1.098,1.05,NOT MET\n'
+    '"access log and hop counters (compiled engine): the hop\'s enforcement CPU, Envoy",envoy-compiled/envoy,0.2,ms CPU/request,'
+    '"the same, its Envoy alternately without them",0.1333,1.5,1.05,NOT MET\n'
+    '"the entry\'s decision and label token, with its decision log: OPA",entry-logged/opa,0.9,ms CPU/request,'
+    '"the entry\'s decision and label token through ext_authz (envoy-compiled): OPA",0.6,1.5,,\n')
+
+
+def test_the_evidence_costs_are_the_benchs_rows_with_and_without_it(tmp_path):
+    from experiments.report.findings_report import evidence_text
+
+    bench = tmp_path / "bench.csv"
+    bench.write_text(BENCH_HEADER + '"Envoy, router filter only",bare-envoy,0.2,ms CPU/request,,,,,\n' + EVIDENCE_ROWS)
+    costs = findings.evidence_costs(bench)
+    assert [(cost.ratio, cost.target) for cost in costs] == [(1.098, 1.05), (1.5, 1.05), (1.5, None)]
+    text = evidence_text(costs)
+    assert ("a deciding hop's access log and hop counters: 1.10× its enforcement CPU without them (decision through ext_authz), "
+            "1.50× its enforcement CPU without them (compiled engine), against a target of at most 1.05×") in text
+    assert "the entry's decision log: 1.50× its OPA's CPU" in text
+    # a bench from before those rows, or none: no sentence
+    bench.write_text(BENCH_HEADER + '"Envoy, router filter only",bare-envoy,0.2,ms CPU/request,,,,,\n')
+    assert findings.evidence_costs(bench) == [] and evidence_text([]) == ""
+    assert findings.evidence_costs(tmp_path / "none.csv") == []
 
 
 def test_the_models_reason_names_the_machine_when_the_papers_nodes_bring_the_papers_order():

@@ -12,13 +12,15 @@ import random
 import shutil
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from experiments import __main__ as cli
 from experiments.design import capacity
 from experiments.design import targets as experiments_targets
 from experiments.design.capacity import GAP, MAX_STEPS, Parameters, judge, result_of_steps, search
-from experiments.design.matrix import ParameterError
+from experiments.design.matrix import Parameters as RunParameters
+from experiments.design.matrix import ParameterError, resolve
 from experiments.load.timing import DURATIONS
 from experiments.report import capacity_report
 from experiments.run import capacity_run
@@ -362,13 +364,66 @@ def test_a_runs_report_prices_enforcement_in_the_baselines_capacity_from_capacit
     searched = synthetic_run(tmp_path)
     run_dir = tmp_path / "two-engines"
     shutil.copytree(Path(__file__).resolve().parents[1] / "fixtures" / "two-engines", run_dir)
-    shares = capacity_report.capacity_of_runs([searched]).set_index(["engine", "services"])["share_of_baseline"]
+    table = capacity_report.capacity_of_runs([searched])
     assert cli.main(["report", str(run_dir), "--capacity", str(searched)]) == 0
     markdown = compact((run_dir / "report" / "report.md").read_text())
     for engine, name in (("envoy-opa", "envoy-opa"), ("envoy-compiled", "compiled")):
-        low, high = shares.loc[engine].min(), shares.loc[engine].max()
+        shares = table[table["engine"] == engine].set_index("services")["share_of_baseline"]
+        low, high = shares.min(), shares.max()
         assert f"**{name}**: the deployment's CPU per record" in markdown
-        assert f"its searched capacity is {low:.1%} to {high:.1%} of the baseline's at the same chain length" in markdown
-    # a folder that is not a capacity run is refused, and the report left as it was
+        # CE's share at 10 services is the lowest: the baseline held every step there, 2000 req/s
+        assert (f"its searched capacity is {low:.1%} (CE, {shares.idxmin()} services) to {high:.1%} (CE, {shares.idxmax()} services) "
+                "of the baseline's at the same chain length (capacity run `capacity-synthetic`), at most: the baseline held every "
+                "rate its search offered") in markdown
+    assert "which enforcement cannot earn" not in markdown  # every share at most 100%
+    # kept in the run's folder: a later report without --capacity, as the sample's test makes, has the share too
+    kept = run_dir / capacity.KEPT_CAPACITY / searched.name
+    assert sorted(path.relative_to(kept).as_posix() for path in kept.rglob("*") if path.is_file()) == ["metadata.json", "raw/steps.csv"]
+    assert cli.main(["report", str(run_dir)]) == 0
+    assert compact((run_dir / "report" / "report.md").read_text()) == markdown
+    # a folder that is not a capacity run is refused, and the run keeps what it kept
     assert cli.main(["report", str(run_dir), "--capacity", str(run_dir)]) == 2
     assert "is not a capacity run with steps" in capsys.readouterr().err
+    assert kept.is_dir()
+
+
+def test_a_share_over_the_baselines_capacity_is_called_what_it_is(tmp_path):
+    """An enforcing topology cannot hold more than the baseline, which does the same work without enforcing: a
+    share over 100% is the machine's load between the searches."""
+    from experiments.report.findings_report import price_items
+    from experiments.analysis import findings as run_findings
+
+    table = capacity_report.capacity_of_runs([synthetic_run(tmp_path)])
+    table.loc[table["topology"] == "baseline", "capacity"] = 50  # the baseline searched while the machine was busy
+    table["share_of_baseline"] = table["capacity"] / table["services"].map(table[table["topology"] == "baseline"].set_index("services")["capacity"])
+    cpu = pd.DataFrame({"topology": ["central-entity"], "engine": ["envoy-opa"], "rate": 100, "services": 5, "total_ms": [3.0],
+                        "baseline_total_ms": [1.0], "enforcement_per_hop_ms": [0.4]})
+    text = price_items(run_findings.price(cpu, table), table, "")[0]
+    assert "a share over 100%, which enforcement cannot earn, says the searches found the machine unequally busy" in text
+
+
+def test_a_report_without_a_capacity_run_names_the_commands_that_would_give_the_share(tmp_path):
+    run_dir = tmp_path / "two-engines"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "fixtures" / "two-engines", run_dir)
+    assert cli.main(["report", str(run_dir)]) == 0
+    markdown = compact((run_dir / "report" / "report.md").read_text())
+    run = json.loads((run_dir / "metadata.json").read_text())["parameters"]
+    command = capacity.command_for(RunParameters.from_json(run))
+    assert "its searched capacity is" not in markdown
+    assert ("its share of the baseline's capacity needs a capacity run, and none is kept with this run: "
+            f"`{command}`") in markdown
+    assert "then `python -m experiments report two-engines --capacity CAPACITY_RUN`" in markdown
+
+
+def test_the_capacity_command_for_a_run_names_what_differs_from_the_searchs_defaults():
+    assert capacity.command_for(resolve("quick")) == "python -m experiments capacity"  # make experiment's: 5 and 10 services
+    narrow = resolve("quick", topologies=["ce", "baseline"], engines=["envoy-compiled"], services=[5])
+    assert capacity.command_for(narrow) == ("python -m experiments capacity --topologies central-entity --engines envoy-compiled "
+                                            "--services 5")
+
+
+def test_run_refuses_a_capacity_run_that_is_not_one_before_any_cell_starts(tmp_path, capsys):
+    code = cli.main(["--results", str(tmp_path), "run", "--profile", "quick", "--topologies", "ce", "--rates", "20", "--services", "5",
+                     "--run-id", "refused", "--capacity", str(tmp_path / "nothing")])
+    assert code == 2 and "is not a capacity run with steps" in capsys.readouterr().err
+    assert not (tmp_path / "refused" / "metadata.json").exists()  # no session started, no cell

@@ -54,6 +54,11 @@ def test_the_sample_opens_with_the_findings():
     assert "the deployment's CPU per record is" in section and "Kendall's τ =" in section
     assert "the model on the paper's testbed" in section and "Why: " in section
     assert "doi:10.1109/SCC.2019.00044" in section
+    # the price per engine in CPU and in the baseline's capacity (raw/capacity/ keeps the search), and what the evidence costs
+    for engine in ("envoy-opa", "compiled"):
+        price = next(line for line in section.splitlines() if line.startswith(f"- **{engine}**: the deployment's CPU per record"))
+        assert "its searched capacity is" in price and "(capacity run `capacity-sample`)" in price, price
+    assert "a deciding hop's access log and hop counters:" in section and "the entry's decision log:" in section
 
 
 def test_each_records_hop_times_add_up_to_its_rtt():

@@ -297,3 +297,34 @@ def test_a_run_recorded_before_priming_resumes_unprimed():
     recorded = resolve("quick").to_json()
     del recorded["prime"]
     assert runner.Parameters.from_json(recorded).prime == 0
+
+
+TWO_ENGINES = Path(__file__).resolve().parents[1] / "fixtures" / "two-engines"
+
+
+def finished_run(tmp_path) -> runner.Runner:
+    """The two-engines fixture resumed: every cell finished, so run() only writes the report."""
+    run_dir = tmp_path / "results" / "two-engines"
+    shutil.copytree(TWO_ENGINES, run_dir)
+    parameters = runner.Parameters.from_json(json.loads((run_dir / "metadata.json").read_text())["parameters"])
+    return runner.Runner(run_dir, parameters, out=io.StringIO())
+
+
+def test_a_finished_run_without_a_capacity_run_says_which_commands_would_price_it_in_capacity(tmp_path):
+    run = finished_run(tmp_path)
+    assert run.run() == 0
+    results = tmp_path / "results"
+    # its chain lengths and engines are the search's defaults, its topologies not
+    assert (f"needs a capacity run: python -m experiments --results {results} capacity --topologies central-entity sidecar, "
+            f"then python -m experiments --results {results} report two-engines --capacity CAPACITY_RUN") in run.out.getvalue()
+
+
+def test_a_finished_run_that_keeps_a_capacity_run_says_no_more_of_it(tmp_path):
+    from experiments.report.capacity_report import keep_capacity
+    from tests.unit.experiments.design.test_capacity import synthetic_run
+
+    run = finished_run(tmp_path)
+    keep_capacity(run.run_dir, [synthetic_run(tmp_path)])
+    assert run.run() == 0
+    assert "needs a capacity run" not in run.out.getvalue()
+    assert "its searched capacity is" in (run.run_dir / "report" / "report.md").read_text()
