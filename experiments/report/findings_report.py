@@ -97,8 +97,10 @@ def price_items(prices: list[findings.Price], capacity: pd.DataFrame | None, cap
             if price.baseline_capped:
                 text += ", at most: the baseline held every rate its search offered, so its capacity is higher than the one found"
             if price.capacity_share[1] > 1:
-                text += ("; a share over 100%, which enforcement cannot earn, says the searches found the machine unequally busy "
-                         "(the capacity report's \"other processes\" per step)")
+                text += "; a share over 100%, which enforcement cannot earn, says the searches found the machine unequally busy"
+                others = capacity["first_failed_other_cores"].dropna()
+                if len(others):
+                    text += f" (other processes at each search's first failed step: {others.min():.2f} to {others.max():.2f} cores)"
         elif capacity is None:
             text += f"; its share of the baseline's capacity needs a capacity run, and none is kept with this run: {capacity_command}"
         else:

@@ -399,7 +399,8 @@ def test_a_share_over_the_baselines_capacity_is_called_what_it_is(tmp_path):
     cpu = pd.DataFrame({"topology": ["central-entity"], "engine": ["envoy-opa"], "rate": 100, "services": 5, "total_ms": [3.0],
                         "baseline_total_ms": [1.0], "enforcement_per_hop_ms": [0.4]})
     text = price_items(run_findings.price(cpu, table), table, "")[0]
-    assert "a share over 100%, which enforcement cannot earn, says the searches found the machine unequally busy" in text
+    assert ("a share over 100%, which enforcement cannot earn, says the searches found the machine unequally busy (other processes at "
+            "each search's first failed step: 0.10 to 0.10 cores)") in text  # steps of 1.2 cores busy: Locust 0.1, the deployment 1.0
 
 
 def test_a_report_without_a_capacity_run_names_the_commands_that_would_give_the_share(tmp_path):
