@@ -428,3 +428,13 @@ def test_run_refuses_a_capacity_run_that_is_not_one_before_any_cell_starts(tmp_p
                      "--run-id", "refused", "--capacity", str(tmp_path / "nothing")])
     assert code == 2 and "is not a capacity run with steps" in capsys.readouterr().err
     assert not (tmp_path / "refused" / "metadata.json").exists()  # no session started, no cell
+
+
+def test_run_keeps_a_capacity_run_and_its_report_prices_enforcement_with_it(tmp_path):
+    """The allowed twin: `run --capacity` (make experiment capacity=...) on a run whose cells are all finished."""
+    searched = synthetic_run(tmp_path)
+    run_dir = tmp_path / "two-engines"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "fixtures" / "two-engines", run_dir)
+    assert cli.main(["--results", str(tmp_path), "run", "--run-id", "two-engines", "--capacity", str(searched)]) == 0
+    assert (run_dir / capacity.KEPT_CAPACITY / searched.name / "raw" / "steps.csv").exists()
+    assert "(capacity run `capacity-synthetic`)" in (run_dir / "report" / "report.md").read_text()
