@@ -5,7 +5,8 @@
 #   the point's allowed table) answers over its decision space, for
 #   complyroute/engines/precompute.py to compare with the rule set's own
 #   answers before the point takes the table. Input: decision_space.rego's,
-#   each point's data holding its table (data.complyroute_quick_path.table). A module of
+#   each point's data holding its table and its keys (data.complyroute_quick_path.table,
+#   .keys, which must be the adapter's table_keys). A module of
 #   its own: policy-diff loads decision_space.rego with older rule sets, whose
 #   adapter has no quick_answer_of.
 package complyroute_engines.quick_path # regal ignore:directory-package-mismatch
@@ -24,7 +25,11 @@ quick contains [point_name, listener_name, labelling, destination, revision] if 
 	request := decision_space.check_request(listener, labelling)
 
 	table := point.data.complyroute_quick_path.table
-	response := envoy.quick_answer_of(request.attributes, listener.sender, table, envoy.table_keys, point.data.complyroute.revision)
+
+	# The keys the point's quick path reads beside its table: only the adapter's own (table_keys).
+	keys := point.data.complyroute_quick_path.keys
+	keys == envoy.table_keys
+	response := envoy.quick_answer_of(request.attributes, listener.sender, table, keys, point.data.complyroute.revision)
 	[destination, revision] := quick_outcome(request, response)
 }
 

@@ -275,8 +275,9 @@ answer := quick_answer if {
 # description: |
 #   The answer the compliance policy gave ahead of time, looked up in
 #   data.complyroute_quick_path.table: sender -> step -> the value of each label header
-#   in label_header_order (NUL for an absent one, see table_keys), one level each ->
-#   {"destination"}. The control plane writes the table at deploy and at reload
+#   in label_header_order (NUL for an absent one), one level each -> {"destination"},
+#   keyed as data.complyroute_quick_path.keys says (table_keys, written beside it).
+#   The control plane writes the table at deploy and at reload
 #   by evaluating this adapter's full path, and so the compliance entrypoint,
 #   over the point's decision space (complyroute/engines/precompute.py): only
 #   labellings the rule set allows without rewriting a label, and only when no
@@ -288,8 +289,11 @@ answer := quick_answer if {
 #   as the table has them (canonical: the form every point that allowed a hop
 #   writes), the body is a JSON object, the route pins the step and the sender
 #   is known (the verified peer, else the route's, see `sender`); a point
-#   without a table never takes it.
-quick_answer := quick_answer_of(input.attributes, sender, data.complyroute_quick_path.table, table_keys, revision)
+#   without a table or its keys never takes it.
+quick_answer := quick_answer_of(
+	input.attributes, sender,
+	data.complyroute_quick_path.table, data.complyroute_quick_path.keys, revision,
+)
 
 # The quick path as a function of the check request's attributes, the sender, the table, how
 # it is keyed (table_keys) and the revision, so that the control plane's check of it
@@ -311,7 +315,11 @@ quick_answer_of(attributes, from, table, keys, revision_of_rules) := response if
 
 # How the table is keyed: a level per label header in label_header_order, and for an absent
 # header NUL, which no HTTP header value can hold (Envoy refuses it), so that a header sent
-# empty is never taken for an absent one.
+# empty is never taken for an absent one. The control plane writes it beside the table
+# (data.complyroute_quick_path.keys), where quick_answer reads it: derived here from the label
+# schema on every decision, it took about 30 of the 72 µs of an allowed hop's (opa bench). Its
+# check of the quick path takes a point's table only with these keys (quick_path.rego); a
+# point without keys in its data never takes the quick path.
 table_keys := {"headers": label_header_order, "absent": "\u0000"}
 
 quick_response(present, removed, decided) := {"allowed": true, "headers": object.union(present, decided)} if {

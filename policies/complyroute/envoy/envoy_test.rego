@@ -482,6 +482,7 @@ answer(scenario) := response if {
 	response := envoy.response with input as scenario.request
 		with data.complyroute.index as scenario.index
 		with data.complyroute_quick_path.table as table_for(scenario)
+		with data.complyroute_quick_path.keys as envoy.table_keys
 }
 
 explained(scenario) := response if {
@@ -494,6 +495,7 @@ quick(scenario) if {
 	response := envoy.response with input as scenario.request
 		with data.complyroute.index as scenario.index
 		with data.complyroute_quick_path.table as table_for(scenario)
+		with data.complyroute_quick_path.keys as envoy.table_keys
 		with compliance.decision as {"allowed": false, "status": 400, "code": "NOT_ASKED"}
 	response.allowed == true
 }
@@ -549,6 +551,7 @@ test_quick_path_checks_the_record_denied if {
 	response := envoy.response with input as not_an_object
 		with data.complyroute.index as scenario.index
 		with data.complyroute_quick_path.table as table_for(scenario)
+		with data.complyroute_quick_path.keys as envoy.table_keys
 	response.http_status == 400
 	json.unmarshal(response.body).code == "RECORD_MALFORMED"
 }
@@ -556,6 +559,16 @@ test_quick_path_checks_the_record_denied if {
 test_quick_path_checks_the_record_allowed if {
 	scenario := scenarios.allowed["routing: EU sender: the EU replicas first, then the other allowed"]
 	envoy.quick_answer with input as scenario.request
+		with data.complyroute.index as scenario.index
+		with data.complyroute_quick_path.table as table_for(scenario)
+		with data.complyroute_quick_path.keys as envoy.table_keys
+}
+
+# The keys come with the table (the control plane writes both, precompute.py): a table
+# without them is never taken, and the compliance policy answers.
+test_quick_path_without_its_keys_denied if {
+	scenario := scenarios.allowed["routing: EU sender: the EU replicas first, then the other allowed"]
+	not envoy.quick_answer with input as scenario.request
 		with data.complyroute.index as scenario.index
 		with data.complyroute_quick_path.table as table_for(scenario)
 }
@@ -649,6 +662,7 @@ issued_with(request, index, table, "absent") := result if {
 	result := envoy.response with input as request
 		with data.complyroute.index as index
 		with data.complyroute_quick_path.table as table
+		with data.complyroute_quick_path.keys as envoy.table_keys
 		with data.complyroute.revision as revision_under_test
 		with time.now_ns as now_ns
 }
@@ -661,6 +675,7 @@ issued_with(request, index, table, token) := result if {
 		with input as request
 		with data.complyroute.index as index
 		with data.complyroute_quick_path.table as table
+		with data.complyroute_quick_path.keys as envoy.table_keys
 		with data.complyroute.revision as revision_under_test
 		with time.now_ns as now_ns
 }

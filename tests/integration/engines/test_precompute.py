@@ -143,6 +143,23 @@ def test_the_guard_lets_the_tables_the_rule_set_gave_through_allowed(shipped):
     precompute.check_quick_path(precomputed, {point: document[precompute.QUICK_PATH_DOCUMENT]["table"] for point, document in data.items()})
 
 
+def test_every_point_holds_its_tables_keys_beside_it_allowed(shipped):
+    data, precomputed = shipped
+    keys = {"headers": ["x-data-category", "x-data-consent", "x-data-region"], "absent": precompute.ABSENT}  # the shipped schema's order
+    assert all(document[precompute.QUICK_PATH_DOCUMENT]["keys"] == keys for document in data.values())
+
+
+def test_the_guard_refuses_tables_keyed_otherwise_than_the_adapter_says_denied(shipped, monkeypatch):
+    # The quick path reads its keys from data (envoy.rego quick_answer): keys in another order
+    # than the adapter's table_keys would look labellings up under the wrong labels.
+    data, precomputed = shipped
+    tables = {point: document[precompute.QUICK_PATH_DOCUMENT]["table"] for point, document in data.items()}
+    monkeypatch.setattr(precompute.Precomputed, "table_keys",
+                        lambda self: {"headers": ["x-data-region", "x-data-consent", "x-data-category"], "absent": precompute.ABSENT})
+    with pytest.raises(engines.EngineError, match="the quick path would not answer as the rule set does"):
+        precompute.check_quick_path(precomputed, tables)
+
+
 def test_the_guard_refuses_divergent_compiled_routes_denied(walkthrough, monkeypatch):
     topology, points = walkthrough
     honest = envoy_compiled.listener_matcher

@@ -65,7 +65,7 @@ def test_the_bundle_server_serves_every_deciding_points_bundle_from_configmaps_n
         assert set(document) == {"complyroute", precompute.QUICK_PATH_DOCUMENT}, name
         # The point's index and revision, beside the rule set's reference data (opa build merges the data files).
         assert set(document["complyroute"]) == {"index", "revision", "reference"} and document["complyroute"]["revision"] == revision, name
-        assert set(document[precompute.QUICK_PATH_DOCUMENT]) == {"table", "digest", "set_clusters"}, name
+        assert set(document[precompute.QUICK_PATH_DOCUMENT]) == {"table", "keys", "digest", "set_clusters"}, name
     # Every ConfigMap the rule set fills says which revision it holds; no other one changes with it.
     rule_set = [o for o in configmaps.values() if o["metadata"].get("labels", {}).get("component") == "rule-set"]
     assert {o["metadata"]["name"] for o in rule_set} == {n for n in configmaps if n.startswith(("bundles-", "routes-"))}
