@@ -9,7 +9,9 @@ Envoy plugin's grpc_request_duration_seconds_count on the diagnostic socket), ov
 window. `go tool pprof -traces` lists the profile's samples with their stacks; each sample counts
 for the first part in PARTS one of whose functions is on its stack, and each part's share of the
 sampled CPU is applied to the process's CPU per decision: the table is ratios within one window,
-in ms of that window's CPU. Nothing is compared across runs.
+in ms of that window's CPU. Nothing is compared across runs. Beside it, the whole deployment's CPU
+per delivered record by kind of process (services, Envoys, OPAs, control plane) over the same
+window, from the load's own CPU samples (cpu.csv): what the OPAs' part is of the enforcement.
 """
 
 from __future__ import annotations
@@ -156,6 +158,35 @@ def cpu_seconds(pid: int) -> float:
     return times.user + times.system
 
 
+# The processes a cell's cpu.csv sums by kind (loader.CpuSampler), in the order the table shows them.
+KINDS = (("service_s", "services"), ("envoy_s", "Envoys"), ("opa_s", "OPAs"), ("control_s", "control plane (bundle server)"))
+
+
+def cpu_by_kind(cpu_rows: list[dict], request_rows: list[dict], start_ms: float, end_ms: float) -> tuple[dict[str, float], int]:
+    """ms of CPU per delivered record of each kind of process (KINDS) over the samples of
+    cpu.csv (loader.CpuSampler's cumulative seconds) that span [start_ms, end_ms] most closely
+    from inside, and the records delivered (status 200) that Locust sent between those two
+    samples: the whole deployment's CPU beside the OPAs' parts, over the same window."""
+    inside = [row for row in cpu_rows if start_ms <= float(row["t_ms"]) <= end_ms]
+    if len(inside) < 2:
+        raise ValueError(f"profile: fewer than two CPU samples between {start_ms:.0f} and {end_ms:.0f} ms")
+    first, last = inside[0], inside[-1]
+    low, high = float(first["t_ms"]), float(last["t_ms"])
+    delivered = sum(1 for row in request_rows if row["status"] == "200" and low <= float(row["t_send_ms"]) < high)
+    if not delivered:
+        raise ValueError("profile: no record delivered between the CPU samples of the window")
+    return {name: (float(last[column]) - float(first[column])) * 1000 / delivered for column, name in KINDS}, delivered
+
+
+def kinds_table(per_record: dict[str, float], delivered: int) -> str:
+    """Markdown: ms of CPU per delivered record of each kind of process and their sum."""
+    lines = ["| processes | ms of CPU per delivered record |", "|---|---:|"]
+    lines += [f"| {name} | {ms:.3f} |" for name, ms in per_record.items()]
+    lines.append(f"| **the deployment** | **{sum(per_record.values()):.3f}** |")
+    lines.append(f"| records delivered between the samples | {delivered} |")
+    return "\n".join(lines)
+
+
 def table(windows: list[OpaWindow]) -> str:
     """Markdown: a row per part, per OPA its ms of CPU per decision and its share of the sampled CPU."""
     names = [name for name, _ in PARTS] + [OTHER]
@@ -189,7 +220,9 @@ def run(topology: str, engine: str, services: int, rate: int, seconds: int, warm
                 loading = threading.Thread(target=lambda: result.update(load=loader.load(cell, folder, state, lambda _: None)))
                 loading.start()
                 time.sleep(warmup)
+                result["start_ms"] = time.time() * 1000
                 result["windows"] = profile_opas(deployment.read_state(), seconds, folder)
+                result["end_ms"] = time.time() * 1000
                 loading.join()
             finally:  # a failure leaves neither Locust nor the deployment running
                 loader.stop_locust()
@@ -200,13 +233,17 @@ def run(topology: str, engine: str, services: int, rate: int, seconds: int, warm
         return code
     windows = result["windows"]
     with (folder / "requests.csv").open() as requests:  # Locust's row per scheduled record
-        statuses = Counter(row["status"] for row in csv.DictReader(requests))
+        request_rows = list(csv.DictReader(requests))
+    statuses = Counter(row["status"] for row in request_rows)
+    with (folder / "cpu.csv").open() as cpu:
+        per_kind, delivered = cpu_by_kind(list(csv.DictReader(cpu)), request_rows, result["start_ms"], result["end_ms"])
     answered = ", ".join(f"{count} {status if status != '0' else 'unanswered'}" for status, count in statuses.most_common())
     text = (f"Records over the whole load (warm-up included): {answered}. A machine too busy to carry the rate "
             f"shows here as 503s and unanswered records.\n\n"
             f"OPA CPU by part, {cell.label}: {seconds} s after {warmup} s of load at {rate} records/s offered "
             f"(a point's decisions in the window are its checks answered; under envoy-compiled only the entry's OPA decides, once a record):"
-            f"\n\n{table(windows)}\n")
+            f"\n\n{table(windows)}\n\nThe whole deployment's CPU over the same window (the load's cpu.csv), per record delivered:\n\n"
+            f"{kinds_table(per_kind, delivered)}\n")
     (folder / "opa-parts.md").write_text(text)
     print(text, file=out)
     print(f"profile: profiles and table in {folder}", file=out)

@@ -55,3 +55,29 @@ def test_a_part_is_its_share_of_the_sampled_cpu_per_decision():
     table = profile.table([window])
     assert f"| {SIGNING} | 0.600 | 50.0% |" in table
     assert "| **total (process CPU, psutil)** | **1.200** |  |" in table
+
+
+CPU_ROWS = [  # loader.CpuSampler's cumulative seconds, one row a second
+    {"t_ms": "1000", "service_s": "1.0", "envoy_s": "0.5", "opa_s": "0.2", "control_s": "0.01"},
+    {"t_ms": "2000", "service_s": "1.3", "envoy_s": "0.7", "opa_s": "0.3", "control_s": "0.01"},
+    {"t_ms": "3000", "service_s": "1.6", "envoy_s": "0.9", "opa_s": "0.4", "control_s": "0.02"},
+]
+
+
+def requests_at(*sends: tuple[float, str]) -> list[dict]:
+    return [{"t_send_ms": str(t), "status": status} for t, status in sends]
+
+
+def test_the_deployments_cpu_is_per_record_delivered_between_the_windows_samples_allowed():
+    # 100 records delivered between the samples at 1,000 and 3,000 ms; one before, one after and a 503 do not count.
+    sent = requests_at(*[(1000 + 20 * i, "200") for i in range(100)], (900, "200"), (3000, "200"), (1500, "503"))
+    per_record, delivered = profile.cpu_by_kind(CPU_ROWS, sent, 950, 3050)
+    assert delivered == 100
+    assert per_record == pytest.approx({"services": 6.0, "Envoys": 4.0, "OPAs": 2.0, "control plane (bundle server)": 0.1})
+    table = profile.kinds_table(per_record, delivered)
+    assert "| Envoys | 4.000 |" in table and "| **the deployment** | **12.100** |" in table
+
+
+def test_a_window_without_two_cpu_samples_is_an_error_denied():
+    with pytest.raises(ValueError, match="fewer than two CPU samples"):
+        profile.cpu_by_kind(CPU_ROWS, requests_at((1500, "200")), 1500, 2500)
