@@ -138,7 +138,10 @@ def order_line(topologies: list[str], saturated: list[str] = ()) -> str:
 def agreement_items(agreement: pd.DataFrame) -> list[str]:
     items = []
     for row in agreement.itertuples():
-        tau = "undefined" if math.isnan(row.tau) else f"{row.tau:+.2f}"
+        tau = f"{row.tau:+.2f}"
+        if math.isnan(row.tau):  # the reason, so that a reader knows what run would give it
+            tau = ("undefined (every architecture saturated, so ours has no order: a rate the machine carries would give one)"
+                   if len(row.saturated) == row.architectures else "undefined")
         items.append(f"**{row.rate} req/s, {ENGINE_NAMES[row.engine]}**: ours {order_line(row.ours, row.saturated)}; the paper's "
                      f"{order_line(row.paper)}; Kendall's τ = {tau} over {row.architectures} architectures "
                      "(+1: the same order, −1: reversed; the saturated ranked last, tied).")

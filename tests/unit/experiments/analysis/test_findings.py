@@ -172,3 +172,13 @@ def test_the_models_reason_without_enough_ranked_architectures_says_so():
 def test_the_models_reason_at_a_rate_the_paper_did_not_run_compares_with_ours_alone():
     assert findings.reason(0.33, math.nan, LOADS, cores=2, longest=5).startswith(
         "the paper has no order here to compare; τ between the model's order and ours +0.33")
+
+
+def test_an_undefined_tau_says_why_when_every_architecture_saturated_and_only_then():
+    from experiments.report.findings_report import agreement_items
+
+    all_saturated = findings.agreement(w_avg([40, 9, 6, 5], saturated=("central-entity", "dynamic-router-3", "dynamic-router-6", "sidecar")),
+                                       REFERENCE)
+    assert "Kendall's τ = undefined (every architecture saturated, so ours has no order" in agreement_items(all_saturated)[0]
+    one = findings.agreement(w_avg([40, 9, 6, 5]).head(1), REFERENCE)  # one architecture: no order to compare, none saturated
+    assert "Kendall's τ = undefined over 1 architectures" in agreement_items(one)[0]
