@@ -163,8 +163,7 @@ def cmd_reload(args) -> int:
 def cmd_bench(args) -> int:
     from experiments.run import bench
 
-    rows = bench.run(RuleSet.of("policies"), args.out, records=args.records, rounds=args.rounds)
-    return 0 if all(row.verdict != "NOT MET" for row in rows) else 1
+    return bench.command(RuleSet.of("policies"), args.out, records=args.records, rounds=args.rounds)
 
 
 def cmd_profile(args) -> int:

@@ -5,9 +5,12 @@ import base64
 import dataclasses
 import hashlib
 import json
+import os
+import signal
 import socketserver
 import ssl
 import tarfile
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from threading import Thread
 
@@ -296,3 +299,28 @@ def test_bench_listens_on_the_loopback_network_it_is_given_allowed(tmp_path, mon
 def test_bench_without_a_loopback_network_listens_on_127_0_0_1_denied(tmp_path, monkeypatch):
     monkeypatch.delenv("COMPLYROUTE_LOOPBACK", raising=False)
     assert bench_parts.Bench(tmp_path, SHIPPED).endpoint().address == "127.0.0.1"
+
+
+def test_sigterm_stops_the_bench_through_its_own_stop_allowed(monkeypatch):
+    # A SIGTERM in the middle of bench.run unwinds it (its `finally` stops the parts it started)
+    # and the command answers 130, as a Ctrl-C would.
+    unwound = []
+
+    def measuring(*args, **kwargs):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler interrupts this
+        finally:
+            unwound.append(True)
+        return []
+
+    monkeypatch.setattr(bench, "run", measuring)
+    assert bench.command(SHIPPED, None, records=1, rounds=1) == 130
+    assert unwound == [True]
+
+
+def test_after_the_bench_sigterm_is_what_it_was_denied(monkeypatch):
+    before = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(bench, "run", lambda *args, **kwargs: [])
+    assert bench.command(SHIPPED, None, records=1, rounds=1) == 0
+    assert signal.getsignal(signal.SIGTERM) is before
