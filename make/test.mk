@@ -30,9 +30,10 @@ test: setup browser ## Run every test but the Kubernetes ones: policy (every rul
 	@#   after the pool they were the run's tail (156 s, against 332 s for these); split, both streams
 	@#   end sooner.
 	@# - Beside them, one after another: the policy tests of every rule set, the services' tests and the
-	@#   tests that start no deployment (unit and tests/integration/), those in two workers as make
-	@#   check runs them (in one, they took 589 s for about 430 CPU-s: a core left idle at the end,
-	@#   when only this stream and the other deployments' were left).
+	@#   tests that start no deployment (unit and tests/integration/), in one pytest worker: two
+	@#   (7f951f4) kept both cores busy from start to end and made the whole run slower, 802 s on a
+	@#   fresh clone with nothing else running against 626 s before (the CPU-bound streams' work
+	@#   grows with their contention: polling, cache misses).
 	@# - Apart, at the lowest CPU priority: the end-to-end tests on addresses of their own and with no
 	@#   deployment (own_network: the engines' differential test, the bench).
 	@# make test is CPU-bound on two cores; the deployments' streams mostly wait on their processes, and
@@ -44,7 +45,7 @@ test: setup browser ## Run every test but the Kubernetes ones: policy (every rul
 	  $(MAKE) --no-print-directory policy-test || rest=1; \
 	  $(foreach rules,$(notdir $(wildcard rule-sets/*)),$(MAKE) --no-print-directory policy-test policy=$(rules) || rest=1;) \
 	  (cd services && npm test) || rest=1; \
-	  $(PY) -m pytest $(NO_DEPLOYMENT) -n 2 --dist loadfile --no-loadscope-reorder -p no:cacheprovider --durations=25 || rest=1; \
+	  $(PY) -m pytest $(NO_DEPLOYMENT) -p no:cacheprovider --durations=25 || rest=1; \
 	  exit $$rest ) >$$beside 2>&1 & pid=$$!; \
 	( export COMPLYROUTE_LOOPBACK=$(DEPLOYMENTS_LOOPBACK) COMPLYROUTE_RUNS=$$others_runs; failed=0; \
 	  $(PY) -m pytest $(E2E) --ignore=$(E2E_EXPERIMENTS) $(addprefix --ignore=,$(E2E_AFTER_POOL)) -m "not own_network and not pool" -p no:cacheprovider --durations=25 || failed=1; \

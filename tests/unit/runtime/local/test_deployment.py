@@ -1,5 +1,6 @@
 """Unit tests of the local deployment's bookkeeping (no part is started; a few idle children are)."""
 
+import contextlib
 import io
 import os
 import subprocess
@@ -74,8 +75,18 @@ def test_socket_path_too_long_for_a_unix_socket_moves_to_a_private_folder_allowe
 # ---- processes, as psutil sees them (the deployment's own bookkeeping: alive, memory, what is left behind)
 def sleeper(tmp_path, *args, env=None, own_group=False):
     """A child that does nothing for a minute; `args` end up in its command line; `own_group`:
-    the leader of a process group of its own, as every part and the bench's parts are."""
-    return subprocess.Popen([sys.executable, "-c", "import time, sys; time.sleep(60)", *args], env=env, start_new_session=own_group)
+    the leader of a process group of its own, as every part and the bench's parts are. Returned
+    once /proc shows its command line: Popen returns when the exec has begun, and the kernel
+    fills in the new program's command line and environment a moment later, a moment a loaded
+    machine can stretch (make test at load 30 read one sleeper's environment empty)."""
+    child = subprocess.Popen([sys.executable, "-c", "import time, sys; time.sleep(60)", *args], env=env, start_new_session=own_group)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with contextlib.suppress(psutil.Error):
+            if psutil.Process(child.pid).cmdline():
+                break
+        time.sleep(0.01)
+    return child
 
 
 def test_alive_while_a_process_runs_allowed(tmp_path):
