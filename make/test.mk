@@ -8,11 +8,6 @@ E2E := tests/e2e
 E2E_EXPERIMENTS := tests/e2e/experiments
 # The experiments' test that runs after the other deployments' tests, not after the pool's (below).
 E2E_CAPACITY := $(E2E_EXPERIMENTS)/test_capacity_e2e.py
-# End-to-end tests with deployments of their own that run after the pool's and the experiments'
-# tests, in their stream, rather than in the stream of the other deployments: that stream was
-# make test's tail (its tests 521 CPU-s and 561 s, against 200 CPU-s and 431 s for the pool's and
-# the experiments' on a fresh clone of a6a4d64), and these two files about 60 CPU-s of it.
-E2E_AFTER_POOL := $(E2E)/test_classification_e2e.py $(E2E)/test_hidden_forms_e2e.py
 # The loopback networks (three bytes) of the deployments make test runs beside the pool's (127.0.0.x).
 DEPLOYMENTS_LOOPBACK := 127.0.6
 EXPERIMENTS_LOOPBACK := 127.0.7
@@ -23,17 +18,14 @@ test: setup browser ## Run every test but the Kubernetes ones: policy (every rul
 	@# - The pooled end-to-end tests (the pool marker: tests/e2e/conftest.py), on 127.0.0.1:8080, one
 	@#   deployment at a time; then the experiments' end-to-end tests (tests/e2e/experiments/) on a
 	@#   loopback network and in a runs/ of their own (COMPLYROUTE_LOOPBACK, COMPLYROUTE_RUNS:
-	@#   runtime/local/deployment.py); then E2E_AFTER_POOL's tests, on the pool's network.
+	@#   runtime/local/deployment.py).
 	@# - Beside them, the other end-to-end tests with a deployment, each their own, one at a time, on a
 	@#   network and in a runs/ of their own too; then, there, the experiments' capacity test. The
 	@#   experiments' tests last as long as their load does, whatever the machine's load, so that
 	@#   after the pool they were the run's tail (156 s, against 332 s for these); split, both streams
 	@#   end sooner.
 	@# - Beside them, one after another: the policy tests of every rule set, the services' tests and the
-	@#   tests that start no deployment (unit and tests/integration/), in one pytest worker: two
-	@#   (7f951f4) kept both cores busy from start to end and made the whole run slower, 802 s on a
-	@#   fresh clone with nothing else running against 626 s before (the CPU-bound streams' work
-	@#   grows with their contention: polling, cache misses).
+	@#   tests that start no deployment (unit and tests/integration/).
 	@# - Apart, at the lowest CPU priority: the end-to-end tests on addresses of their own and with no
 	@#   deployment (own_network: the engines' differential test, the bench).
 	@# make test is CPU-bound on two cores; the deployments' streams mostly wait on their processes, and
@@ -48,14 +40,13 @@ test: setup browser ## Run every test but the Kubernetes ones: policy (every rul
 	  $(PY) -m pytest $(NO_DEPLOYMENT) -p no:cacheprovider --durations=25 || rest=1; \
 	  exit $$rest ) >$$beside 2>&1 & pid=$$!; \
 	( export COMPLYROUTE_LOOPBACK=$(DEPLOYMENTS_LOOPBACK) COMPLYROUTE_RUNS=$$others_runs; failed=0; \
-	  $(PY) -m pytest $(E2E) --ignore=$(E2E_EXPERIMENTS) $(addprefix --ignore=,$(E2E_AFTER_POOL)) -m "not own_network and not pool" -p no:cacheprovider --durations=25 || failed=1; \
+	  $(PY) -m pytest $(E2E) --ignore=$(E2E_EXPERIMENTS) -m "not own_network and not pool" -p no:cacheprovider --durations=25 || failed=1; \
 	  $(PY) -m pytest $(E2E_CAPACITY) -p no:cacheprovider --durations=25 || failed=1; \
 	  exit $$failed ) >$$others 2>&1 & others_pid=$$!; \
 	nice -n 19 $(PY) -m pytest $(E2E) -m own_network -p no:cacheprovider --durations=25 >$$apart 2>&1 & own_pid=$$!; \
-	echo "$(PY) -m pytest $(E2E) --ignore=$(E2E_EXPERIMENTS) -m pool --durations=25, then pytest $(E2E_EXPERIMENTS) --ignore=$(E2E_CAPACITY) on $(EXPERIMENTS_LOOPBACK).x, then pytest $(E2E_AFTER_POOL)  (beside them: pytest $(E2E) -m 'not own_network and not pool', then pytest $(E2E_CAPACITY), on $(DEPLOYMENTS_LOOPBACK).x; policy tests, npm test, pytest $(NO_DEPLOYMENT); apart: nice pytest $(E2E) -m own_network)"; \
+	echo "$(PY) -m pytest $(E2E) --ignore=$(E2E_EXPERIMENTS) -m pool --durations=25, then pytest $(E2E_EXPERIMENTS) --ignore=$(E2E_CAPACITY) on $(EXPERIMENTS_LOOPBACK).x  (beside them: pytest $(E2E) -m 'not own_network and not pool', then pytest $(E2E_CAPACITY), on $(DEPLOYMENTS_LOOPBACK).x; policy tests, npm test, pytest $(NO_DEPLOYMENT); apart: nice pytest $(E2E) -m own_network)"; \
 	e2e=0; $(PY) -m pytest $(E2E) --ignore=$(E2E_EXPERIMENTS) -m pool -p no:cacheprovider --durations=25 || e2e=$$?; \
 	COMPLYROUTE_LOOPBACK=$(EXPERIMENTS_LOOPBACK) COMPLYROUTE_RUNS=$$runs $(PY) -m pytest $(E2E_EXPERIMENTS) --ignore=$(E2E_CAPACITY) -p no:cacheprovider --durations=25 || e2e=1; \
-	$(PY) -m pytest $(E2E_AFTER_POOL) -m "not own_network and not pool" -p no:cacheprovider --durations=25 || e2e=1; \
 	others_e2e=0; wait $$others_pid || others_e2e=$$?; rest=0; wait $$pid || rest=$$?; own=0; wait $$own_pid || own=$$?; \
 	echo "--- the other end-to-end tests with a deployment, then the capacity test, run beside them on $(DEPLOYMENTS_LOOPBACK).x:"; cat $$others; \
 	echo "--- the policy, services' tests and the tests without a deployment, run beside them:"; cat $$beside; \
