@@ -79,11 +79,12 @@ def sleeper(tmp_path, *args, env=None, own_group=False):
     once /proc shows its command line: Popen returns when the exec has begun, and the kernel
     fills in the new program's command line and environment a moment later, a moment a loaded
     machine can stretch (make test at load 30 read one sleeper's environment empty)."""
-    child = subprocess.Popen([sys.executable, "-c", "import time, sys; time.sleep(60)", *args], env=env, start_new_session=own_group)
+    command = [sys.executable, "-c", "import time, sys; time.sleep(60)", *args]
+    child = subprocess.Popen(command, env=env, start_new_session=own_group)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         with contextlib.suppress(psutil.Error):
-            if psutil.Process(child.pid).cmdline():
+            if psutil.Process(child.pid).cmdline() == command:
                 break
         time.sleep(0.01)
     return child
