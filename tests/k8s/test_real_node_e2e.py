@@ -347,17 +347,22 @@ def back(running: Running, sender: Sender, instance: str, serving, timeout: floa
     return ready
 
 
-def set_cluster_stats(running: Running) -> dict[str, int]:
-    """The counters of the set cluster of both analyse replicas at the point that decides
-    ingest-eu's hops, read through its Envoy's admin socket (in its pod's private emptyDir)."""
+def set_cluster_admin(running: Running, path: str) -> str:
+    """`path` of the admin API of the Envoy at the point that decides ingest-eu's hops (whose set
+    cluster holds both analyse replicas), read through its admin socket (in its pod's private
+    emptyDir)."""
     (point,) = [p for p in running.renderer.points
                 if any(d.sender == "ingest-eu" for d in p.deciding) and ANALYSE_EU <= set(p.destinations)]
     private = running.volume(running.pod_of(point.group), render.PRIVATE_VOLUME)
     # A memory volume, mounted in the node's mount namespace only; asked from its folder, as the
     # socket's full path is longer than a socket address may be.
-    url = "http://admin/stats?filter=" + urllib.parse.quote(",".join(sorted(ANALYSE_EU)))
-    stats = realnode.run("nsenter", f"--target={running.cluster.real_node.holder.pid}", "--mount", "--", "sh", "-c",
-                         f"cd '{private}' && curl -sS --unix-socket {ADMIN_SOCKET} '{url}'").stdout
+    return realnode.run("nsenter", f"--target={running.cluster.real_node.holder.pid}", "--mount", "--", "sh", "-c",
+                        f"cd '{private}' && curl -sS --unix-socket {ADMIN_SOCKET} 'http://admin{path}'").stdout
+
+
+def set_cluster_stats(running: Running) -> dict[str, int]:
+    """The counters of the set cluster of both analyse replicas (set_cluster_admin's Envoy)."""
+    stats = set_cluster_admin(running, "/stats?filter=" + urllib.parse.quote(",".join(sorted(ANALYSE_EU))))
     prefix = f"cluster.{','.join(sorted(ANALYSE_EU))}."
     counters = {}
     for line in stats.splitlines():
@@ -365,6 +370,41 @@ def set_cluster_stats(running: Running) -> dict[str, int]:
         if name.startswith(prefix) and value.strip().isdigit():
             counters[name.removeprefix(prefix)] = int(value)
     return counters
+
+
+def set_hosts(running: Running) -> dict[str, dict[str, str]]:
+    """Each instance of the set cluster of both analyse replicas as its Envoy sees it
+    (set_cluster_admin's, /clusters): its health flags ("healthy", or why not, as
+    /failed_outlier_check for an ejected one) and its connection and request counters."""
+    cluster = ",".join(sorted(ANALYSE_EU))
+    hosts: dict[str, dict[str, str]] = {}
+    address_of: dict[str, str] = {}
+    lines = [line.split("::") for line in set_cluster_admin(running, "/clusters").splitlines()]
+    for fields in lines:  # cluster::address::hostname::name, then the address's counters
+        if len(fields) == 4 and fields[0] == cluster and fields[2] == "hostname":
+            address_of[fields[1]] = fields[3]
+    for fields in lines:
+        if len(fields) == 4 and fields[0] == cluster and fields[1] in address_of and fields[2] in HOST_FIGURES:
+            hosts.setdefault(address_of[fields[1]], {})[fields[2]] = fields[3]
+    return hosts
+
+
+HOST_FIGURES = ("health_flags", "cx_connect_fail", "rq_error", "rq_success", "rq_timeout")
+
+
+def eligible_twins(running: Running, timeout: float = 30) -> dict[str, dict[str, str]]:
+    """Waits until the set cluster holds both analyse replicas as healthy (neither ejected by
+    outlier detection), and returns set_hosts then. A record that reached a restarted instance
+    says it took records again, not that its last ejection is over: Envoy ejects an instance
+    whose connections failed twice in a row for up to 2 s (clusters.set_cluster), and a fault
+    of its twin inside that time is a fault of both, which no retry can ride out."""
+    deadline = time.monotonic() + timeout
+    while True:
+        hosts = set_hosts(running)
+        if set(hosts) == ANALYSE_EU and all(h.get("health_flags") == "healthy" for h in hosts.values()):
+            return hosts
+        assert time.monotonic() < deadline, f"the set cluster did not hold both replicas as healthy within {timeout:.0f} s: {hosts}"
+        time.sleep(0.2)
 
 
 def test_a_killed_replica_loses_no_record_its_twin_takes_them_allowed(running, tmp_path):
@@ -378,8 +418,9 @@ def test_a_killed_replica_loses_no_record_its_twin_takes_them_allowed(running, t
     While two users send EU records one after another: (1) analyse-eu-1's service container is
     SIGKILLed through containerd (the pod, its address and its emptyDir stay; the kubelet starts
     it again; in the sidecar topology its sidecar's ingress stays up and answers that it could
-    not deliver), then (2) analyse-eu-2's pod is deleted (`kubectl delete pod`: a new pod, a
-    new address behind the same Service). Each time every record is answered 200 through the
+    not deliver), then (2), once the point's Envoy holds both replicas as healthy again
+    (eligible_twins), analyse-eu-2's pod is deleted (`kubectl delete pod`: a new pod, a new
+    address behind the same Service). Each time every record is answered 200 through the
     other replica, but those inside the instance when it died: the point had sent them, so
     nothing retries them (Envoy's reset after the request went out, 503 HOP_UNAVAILABLE
     connection_termination), at most one per user per fault. The set cluster shows the
@@ -404,6 +445,7 @@ def test_a_killed_replica_loses_no_record_its_twin_takes_them_allowed(running, t
                      service_status(pod)["containerID"].removeprefix("containerd://"))
         restarted_at = back(running, sender, first, lambda pod: service_status(pod).get("restartCount", 0) > restarts)
 
+        twins = eligible_twins(running)
         pod = running.pod_of(second)
         chain = kept / f"{second}.{pod['metadata']['uid']}.jsonl"
         chain.hardlink_to(running.volume(pod, "audit") / f"{second}.jsonl")
@@ -414,6 +456,7 @@ def test_a_killed_replica_loses_no_record_its_twin_takes_them_allowed(running, t
     finally:
         sender.stop()
     after = set_cluster_stats(running)
+    hosts = set_hosts(running)
 
     answers = sender.answers
     # Inside the instance when it died: the point had sent the record, and the connection ended
@@ -429,7 +472,8 @@ def test_a_killed_replica_loses_no_record_its_twin_takes_them_allowed(running, t
     retried = {k: after.get(k, 0) - before.get(k, 0) for k in ("upstream_rq_retry", "upstream_cx_connect_fail", "upstream_cx_connect_timeout",
                                                                 "outlier_detection.ejections_enforced_total", "upstream_rq_retry_limit_exceeded")}
     print(f"\n{running.topology.name}: {len(answers)} records in {time.monotonic() - started:.0f} s, {len(died)} inside a killed "
-          f"instance, {len(lost)} lost; {figures}; set cluster {retried}; service restarts "
+          f"instance, {len(lost)} lost; {figures}; set cluster {retried}; its instances before the deletion {twins}, at the end "
+          f"{hosts}; service restarts "
           f"{ {p['metadata']['name']: service_status(p).get('restartCount') for p in running.pods() if p['metadata']['labels']['component'] == 'service'} }")
     assert not lost, f"{len(lost)} of {len(answers)} records answered otherwise than 200: {list(lost.items())[:3]}"
     assert len(died) <= len(windows) * len(sender.threads), sorted(died)
