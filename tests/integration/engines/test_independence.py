@@ -33,6 +33,11 @@ READS = {
     "walk": 'walk(input.record, [["diagnosis"], _])',
     "json.filter": 'json.filter(input.record, ["diagnosis"]) != {}',
     "object.get": 'object.get(input, ["record", "diagnosis"], null) != null',
+    # The record reached through a variable over input's keys: OPA 1.14's partial evaluation bound
+    # the variable to the keys it knew (labels, sender, step) and evaluated these completely.
+    "input[key]": 'some key\n\tinput[key].diagnosis',
+    "some key, value in input": 'some key, value in input\n\tkey == "record"\n\tvalue.diagnosis',
+    "input's keys": 'count({key | some key; input[key]}) > 4',  # labels, sender, step, record, request_id
     "request id": 'startswith(input.request_id, "x")',
     # Each false when the table is built (a condition true then would deny every labelling, and leave
     # nothing to table), and all but the first true some day at run time: a table that froze the
@@ -48,6 +53,7 @@ CONSTANTS = {
     "object.filter": 'object.filter({"a": 1}, {"diagnosis"}).diagnosis',
     "comprehension": 'count([key | some key, _ in {"a": 1}; key == "diagnosis"]) > 0',
     "walk": 'walk({"a": 1}, [["diagnosis"], _])',
+    "input[key]": 'some key\n\t{"a": {"b": 1}}[key].b == 2',
     "time.date": 'time.date([0, "UTC"])[0] >= 2100',
 }
 

@@ -7,6 +7,7 @@ import shutil
 import pytest
 
 from complyroute.__main__ import main
+from complyroute.authoring import policytest
 from complyroute.policy import policyfiles
 
 EXAMPLES = policyfiles.POLICIES / policyfiles.EXAMPLES
@@ -81,3 +82,11 @@ def test_policy_test_fails_on_a_fast_path_that_disagrees_denied(capfd, monkeypat
         {values: ("analyse-ch", revision) for values, (_, revision) in outcomes.items()}, timeout, headers))
     assert check_fast_paths([str(policyfiles.POLICIES)]) == 1
     assert "the fast paths disagree with the rules over" in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("spans, runs", [
+    ([(5, 5), (5, 5), (6, 6)], [(5, 6)]),  # OPA's column spans, a rule's head and body apart, read as one run
+    ([(5, 5), (8, 9)], [(5, 5), (8, 9)]),  # a covered line between them: two runs
+])
+def test_uncovered_spans_are_named_as_runs_of_lines_allowed(spans, runs):
+    assert policytest.line_runs([{"start": {"row": first, "col": 1}, "end": {"row": last, "col": 9}} for first, last in spans]) == runs
