@@ -30,7 +30,7 @@ need() { # need <command> <minimum major.minor or ""> <how to install>
     echo "setup: '$cmd' $have is too old, $min or newer is needed. Install it: $how" >&2; missing=1
   fi
 }
-need go 1.25 "https://go.dev/doc/install (or: apt-get install golang-go, if new enough)"
+need go 1.26 "https://go.dev/doc/install (or: apt-get install golang-go, if new enough)"
 # Node.js itself (24, the LTS line) comes from the npm registry into tools/node (make setup);
 # any npm that reads lockfile version 3, on any Node.js, fetches it.
 need npm 7.0 "apt-get install nodejs npm"
