@@ -13,6 +13,7 @@ The lowest layer (tests/unit/test_layers.py): trust, policy and both runtimes wr
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -31,3 +32,54 @@ def write_whole(path: Path, data: bytes | str, mode: int = 0o644) -> None:
     except BaseException:
         os.unlink(handle.name)
         raise
+
+
+# A folder of files written whole together (write_folder): each name a link through DATA_LINK
+# into a hidden folder of one version, as the kubelet lays out a ConfigMap volume.
+DATA_LINK = "..data"
+
+
+def write_folder(folder: Path, files: dict[str, str]) -> list[str]:
+    """Give the files of `folder` the contents `files` (name -> text) in one rename, and return
+    the names whose content changed; the folder's other files keep theirs. Nothing is written
+    when nothing changed.
+
+    Envoy reads a watched route or listener file again whenever a file is moved into its
+    folder, and every subscription watching the folder reads its own file again on each move:
+    written one by one (write_whole), n files that change cost n x n reads (a central entity
+    of 50 services under the compiled engine: 49 route files, 4,802 reads in a reload and 10.6
+    s before every listener had its new routes). So, as the kubelet updates a ConfigMap
+    volume, every name is a symbolic link through DATA_LINK into a hidden folder that holds one
+    version of all of them, and the new version takes DATA_LINK's place in one rename: one
+    move, each file read once, and a reader sees the old version of every file or the new."""
+    folder.mkdir(parents=True, exist_ok=True)
+    link = folder / DATA_LINK
+    current = {path.name: path.read_text() for path in folder.iterdir() if not path.name.startswith(".") and path.is_file()}
+    changed = [name for name, content in files.items() if current.get(name) != content]
+    if not changed:
+        return []
+    version = Path(tempfile.mkdtemp(dir=folder, prefix="..version-"))
+    os.chmod(version, 0o755)
+    for name, content in {**current, **files}.items():
+        (version / name).write_text(content)
+    for name in files:  # a new name, or a file written whole before: a link to its version (through DATA_LINK)
+        entry = folder / name
+        if not entry.is_symlink():
+            temporary = folder / f".{name}.link"
+            temporary.unlink(missing_ok=True)
+            temporary.symlink_to(Path(DATA_LINK) / name)
+            if not link.is_symlink():  # the first version: DATA_LINK names it before any link through it is read
+                _swap_link(folder, version)
+            os.replace(temporary, entry)
+    previous = os.readlink(link) if link.is_symlink() else None
+    _swap_link(folder, version)
+    if previous and previous != version.name:
+        shutil.rmtree(folder / previous, ignore_errors=True)
+    return changed
+
+
+def _swap_link(folder: Path, version: Path) -> None:
+    temporary = folder / f"{DATA_LINK}.new"
+    temporary.unlink(missing_ok=True)
+    temporary.symlink_to(version.name)
+    os.replace(temporary, folder / DATA_LINK)

@@ -112,12 +112,13 @@ def split_routes(envoy: dict, folder: str, version: str = "1", listeners: set[st
     `<listener>.json` each, as compact JSON discovery responses of `version`. `envoy` itself
     is left as it is.
 
-    Envoy watches `folder` and reads a route configuration again when a file is moved into it
-    (a rename: reload.py's rewrite, or Kubernetes swapping a ConfigMap volume's contents), so
-    a listener's routes change without a restart and without a dropped request. Each file
-    costs its Envoy an inotify instance, of the 128 a user holds by default
-    (fs.inotify.max_user_instances): a deployment moves only the routes that change with the
-    rule set (rule_set_routes).
+    Envoy watches `folder` and reads a route configuration again when a file is moved into it,
+    so a listener's routes change without a restart and without a dropped request. It reads
+    every file of the folder again on any move there: the runtimes move a point's files
+    together, in one rename (files.write_folder locally, the kubelet's swap of a ConfigMap
+    volume on Kubernetes), not one by one. Each file costs its Envoy an inotify instance, of
+    the 128 a user holds by default (fs.inotify.max_user_instances): a deployment splits out
+    only the routes that change with the rule set (rule_set_routes).
     """
     bootstrap = copy.deepcopy(envoy)
     files: dict[str, str] = {}

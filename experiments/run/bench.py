@@ -80,6 +80,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from complyroute.files import write_folder
 from complyroute.authoring import policybench
 from complyroute.policy.ruleset import RuleSet
 from complyroute.proxy.contract import DIGEST_HEADER, LABEL_TOKEN_HEADER
@@ -271,7 +272,7 @@ def observe(bench: Bench, name: str, observed: bool, timeout: float = 30) -> Non
     point, generated = bench.points[name]
     [(file_name, content)] = generated.listeners.items()
     content = content if observed else unobserved(content)
-    rendering.write_watched_files(Path(rendering.layout(bench.folder).listeners(name)), {file_name: content})
+    write_folder(Path(rendering.layout(bench.folder).listeners(name)), {file_name: content})
     version = json.loads(content)["version_info"]
     deadline = time.monotonic() + timeout
     while labelchange.envoy_listeners_version(point) != version:

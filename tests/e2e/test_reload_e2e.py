@@ -7,10 +7,12 @@ added through the schema, with a rule reading it, reaches the services and the l
 running deployment and reroutes the records it names, while records flow and none is lost."""
 
 import io
+import json
 import shutil
 import tarfile
 import threading
 import time
+import urllib.parse
 from collections import Counter
 from pathlib import Path
 
@@ -22,6 +24,7 @@ from complyroute.evidence import audit
 from complyroute.policy import bundles, policyfiles
 from complyroute.policy.ruleset import RuleSet
 from complyroute.runtime.local import deployment, reload, rendering, supervision
+from complyroute.topology import localhttp
 from experiments.design.changeability import add_us_to_adequacy, changed_rule_set
 
 from tests.relabel import rule_set_with_label
@@ -88,6 +91,19 @@ class Flow:
         self.thread.join(15)
 
 
+def route_reads(state) -> dict[str, int]:
+    """How many times each deciding point's Envoy has read each of its route files (RDS from the
+    filesystem: http.<listener>.rds.<route>.update_attempt), through its admin socket."""
+    reads = {}
+    query = urllib.parse.urlencode({"filter": r"\.rds\..*\.update_attempt$", "format": "json"})
+    for point in rendering.deployed_record(Path(state["run_dir"])).plan.points:
+        if point.deciding:
+            status, body = localhttp.request(f"{point.admin.url}/stats?{query}", timeout=5)
+            assert status == 200, body
+            reads |= {f"{point.name} {stat['name']}": stat["value"] for stat in json.loads(body)["stats"]}
+    return reads
+
+
 def path_of(answer):
     """The entries of the instances a record went through: ingest-eu for ingest-eu-1 or -2."""
     return tuple(entries(hop["instance"] for hop in answer.body["path"]))
@@ -100,11 +116,17 @@ def test_reload_moves_paths_while_records_flow_and_loses_none_allowed(topology, 
     state, _ = deploy_mixed_regions(topology, engine=engine)
     try:
         old_revision = bundles.revision()
+        reads_before = route_reads(state)
         with Flow(state) as flow:
             time.sleep(0.5)
             result = reload.reload_policy(RuleSet.of(us_adequate_policies), out=open("/dev/null", "w"))
             reloaded_at = len(flow.answers)
             time.sleep(0.5)
+        # Each route file is read once in each of the reload's two steps, however many change: a
+        # point's files are moved together (files.write_folder), and Envoy reads every file of
+        # the folder again on each move (one by one, n files cost n x n reads).
+        reads = {name: count - reads_before.get(name, 0) for name, count in route_reads(state).items()}
+        assert engine == "envoy-opa" or (len(reads) >= 2 and set(reads.values()) == {2}), reads
         answers = flow.answers
         lost = [a if isinstance(a, Exception) else f"{a.status} {a.text[:200]}" for a in answers
                 if isinstance(a, Exception) or a.status != 200]

@@ -24,6 +24,7 @@ import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 
+from complyroute.files import write_folder
 from complyroute.engines.configuration import Configuration
 from complyroute.policy import labels
 from complyroute.proxy.envoy import LISTENERS_FILE
@@ -136,13 +137,13 @@ def apply(state: dict, deployed: Deployed, generated: Configuration, out, timeou
         seconds["services"] = round(_give_services(state, _setting(schema, deployed.schema), timeout), 3)
         points = {point.name: point for point in deployed.points}
         for folder, files, _ in listeners.values():
-            rendering.write_watched_files(folder, files)
+            write_folder(folder, files)
         seconds["listeners"] = round(_wait({name: lambda name=name, version=version: envoy_listeners_version(points[name]) == version
                                             for name, (_, _, version) in listeners.items()}, timeout,
                                            f"serve the new listeners (their logs are in {run_dir / 'logs'})"), 3)
     except LabelChangeError as error:
         for name, files in before_listeners.items():
-            rendering.write_watched_files(listeners[name][0], files)
+            write_folder(listeners[name][0], files)
         try:
             _give_services(state, before_setting, timeout)
         except LabelChangeError as back:

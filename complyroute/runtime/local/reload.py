@@ -56,7 +56,7 @@ from pathlib import Path
 from complyroute import engines
 from complyroute.engines import configuration
 from complyroute.engines.configuration import Configuration, Versions
-from complyroute.files import write_whole
+from complyroute.files import write_folder, write_whole
 from complyroute.policy import bundles, labels, policydata, policyfiles
 from complyroute.policy.ruleset import RuleSet
 from complyroute.runtime.local import deployment, labelchange, polling, rendering, warmup
@@ -150,14 +150,14 @@ class Running:
         for path, content in self.bundles.items():
             write_whole(path, content)
         for point, routes in self.routes.items():
-            rendering.write_watched_files(run_dir / "points" / point / rendering.ROUTES, routes)
+            write_folder(run_dir / "points" / point / rendering.ROUTES, routes)
 
 
 def write_step(run_dir: Path, generated: Configuration) -> None:
     """Write every point's bundle and route files (what a step of the reload gives the points)."""
     bundles.write(run_dir / rendering.BUNDLES, generated.bundles, generated.revision, archive=run_dir / bundles.REVISIONS)
     for name, point in generated.points.items():
-        rendering.write_watched_files(run_dir / "points" / name / rendering.ROUTES, point.routes)
+        write_folder(run_dir / "points" / name / rendering.ROUTES, point.routes)
 
 
 class Refusals:

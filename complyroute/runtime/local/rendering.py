@@ -18,7 +18,7 @@ from pathlib import Path
 import yaml
 
 from complyroute.engines import configuration
-from complyroute.files import write_whole
+from complyroute.files import write_folder, write_whole
 from complyroute.policy import bundles, labels, policyfiles
 from complyroute.policy.policyfiles import OPA, POLICIES, SYSTEM_POLICIES
 from complyroute.policy.ruleset import RuleSet
@@ -95,22 +95,6 @@ def node_binary() -> str:
     return str(NODE) if NODE.exists() else "node"
 
 
-def write_watched_files(folder: Path, files: dict[str, str]) -> list[str]:
-    """Write files that running parts read whole into `folder`, each by a rename: a point's
-    route configurations (routes.split_routes) or listeners (point_listeners), which Envoy reads
-    when one is moved into the folder it watches, and the services' label setting; the names of
-    those that changed."""
-    folder.mkdir(parents=True, exist_ok=True)
-    changed = []
-    for name, content in files.items():
-        target = folder / name
-        if target.exists() and target.read_text() == content:
-            continue
-        write_whole(target, content)
-        changed.append(name)
-    return changed
-
-
 def layout(points: Path) -> configuration.Layout:
     """Where the points' Envoys read what a reload rewrites, each in its folder under `points`:
     the route files (routes.rule_set_routes: the compiled engine's; under envoy-opa none, OPA's
@@ -131,7 +115,11 @@ def envoy_listeners(folder: Path) -> list[dict]:
 def write_label_setting(run_dir: Path, setting: str) -> bool:
     """The labels every service of the run takes (labels.service_setting) into its file, by a
     rename; whether it changed."""
-    return bool(write_watched_files(run_dir, {LABEL_SETTING: setting}))
+    target = run_dir / LABEL_SETTING
+    if target.exists() and target.read_text() == setting:
+        return False
+    write_whole(target, setting)
+    return True
 
 
 def point_parts(point: EnforcementPoint, config: configuration.PointConfiguration, folder: Path, logs: Path,
@@ -147,8 +135,8 @@ def point_parts(point: EnforcementPoint, config: configuration.PointConfiguratio
     for private in point.private:  # where its sockets go: for its own processes only
         Path(private).mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(private, 0o700)
-    write_watched_files(folder / ROUTES, config.routes)
-    write_watched_files(folder / LISTENERS, config.listeners)
+    write_folder(folder / ROUTES, config.routes)  # Envoy watches both folders: each written whole (files.write_folder)
+    write_folder(folder / LISTENERS, config.listeners)
     # JSON, not YAML: a compiled route configuration can be large, and Envoy parses JSON faster.
     (folder / "envoy.json").write_text(json.dumps(config.envoy, indent=1))
     parts = []

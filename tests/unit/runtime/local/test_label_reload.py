@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from complyroute.files import write_folder
 from complyroute.engines import configuration
 from complyroute.policy import labels
 from complyroute.policy.policyfiles import POLICIES
@@ -167,10 +168,17 @@ def label_run(tmp_path):
     rendering.write_label_setting(tmp_path, labels.service_setting(SHIPPED))
     for name, x in configured(p, SHIPPED, tmp_path).points.items():
         folder = tmp_path / "points" / name
-        rendering.write_watched_files(folder / rendering.LISTENERS, x.listeners)
+        write_folder(folder / rendering.LISTENERS, x.listeners)
         (folder / "envoy.json").write_text(json.dumps(x.envoy))
     state = {"run_dir": str(tmp_path), "parts": [{"name": s.instance.id, "kind": "service", "health_url": s.health_url} for s in p.services]}
     return state, Deployed(p, p.points, {}, "policies", "r1", SHIPPED, {})
+
+
+def visible_json(run_dir):
+    """Every JSON file of the run as its readers name it: not the hidden folders of the versions a
+    folder written whole keeps them in (files.write_folder)."""
+    return {path: path.read_text() for path in run_dir.rglob("*.json")
+            if not any(part.startswith(".") for part in path.relative_to(run_dir).parts)}
 
 
 def configs_for(rendered, schema, run_dir):
@@ -208,13 +216,13 @@ def test_apply_gives_the_services_the_labels_then_the_listeners_allowed(tmp_path
 
 def test_apply_puts_back_what_it_wrote_when_a_part_does_not_take_it_denied(tmp_path, monkeypatch, with_sensitivity):
     state, rendered = label_run(tmp_path)
-    before = {path: path.read_text() for path in tmp_path.rglob("*.json")}
+    before = visible_json(tmp_path)
     FakeServices(tmp_path, monkeypatch)
     monkeypatch.setattr(labelchange, "envoy_listeners_version", lambda point: None)  # no Envoy takes its new listeners
     with pytest.raises(labelchange.LabelChangeError, match=r"after 0 s these parts do not serve the new listeners \(their logs .*\): entry, sidecar-.*"
                                                             r"the labels the deployment had were written back"):
         labelchange.apply(state, rendered, configs_for(rendered, with_sensitivity, tmp_path), io.StringIO(), timeout=0.2)
-    assert {path: path.read_text() for path in tmp_path.rglob("*.json")} == before
+    assert visible_json(tmp_path) == before
 
 
 def test_envoy_listeners_version_is_the_lds_version_once_nothing_warms(monkeypatch):
