@@ -14,5 +14,5 @@ policy-diff: check-base check-topology $(OPA) $(VENV)/.installed ## Every decisi
 	$(CONTROL) policy-diff --base='$(base)' --policies $(policy) $(if $(filter command line,$(origin topology)),--topology $(topology_file)) $(if $(services),--services $(services))
 
 .PHONY: policy-bench
-policy-bench: setup ## What one decision costs at each topology's enforcement points, allowed and denied, against commit d2d81e4's rule set (opa bench, about a minute)
+policy-bench: setup ## What one decision costs at each topology's enforcement points, allowed and denied, against commit d2d81e4's rule set (opa bench: about a minute once the cases' allowed tables are built and cached; a fresh clone builds them first, 5 to 7 minutes here beside other work)
 	$(CONTROL) policy-bench
