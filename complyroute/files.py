@@ -62,18 +62,18 @@ def write_folder(folder: Path, files: dict[str, str]) -> list[str]:
     os.chmod(version, 0o755)
     for name, content in {**current, **files}.items():
         (version / name).write_text(content)
+    previous = os.readlink(link) if link.is_symlink() else None
+    if previous is None:  # the first version: DATA_LINK names it before any link through it is read
+        _swap_link(folder, version)
     for name in files:  # a new name, or a file written whole before: a link to its version (through DATA_LINK)
         entry = folder / name
         if not entry.is_symlink():
             temporary = folder / f".{name}.link"
             temporary.unlink(missing_ok=True)
             temporary.symlink_to(Path(DATA_LINK) / name)
-            if not link.is_symlink():  # the first version: DATA_LINK names it before any link through it is read
-                _swap_link(folder, version)
             os.replace(temporary, entry)
-    previous = os.readlink(link) if link.is_symlink() else None
-    _swap_link(folder, version)
-    if previous and previous != version.name:
+    if previous is not None:
+        _swap_link(folder, version)
         shutil.rmtree(folder / previous, ignore_errors=True)
     return changed
 

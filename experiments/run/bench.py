@@ -80,8 +80,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from complyroute.files import write_folder
 from complyroute.authoring import policybench
+from complyroute.files import write_folder
 from complyroute.policy.ruleset import RuleSet
 from complyroute.proxy.contract import DIGEST_HEADER, LABEL_TOKEN_HEADER
 from complyroute.proxy.opa import write_data

@@ -372,6 +372,9 @@ def set_cluster_stats(running: Running) -> dict[str, int]:
     return counters
 
 
+HOST_FIGURES = ("health_flags", "cx_connect_fail", "rq_error", "rq_success", "rq_timeout")
+
+
 def set_hosts(running: Running) -> dict[str, dict[str, str]]:
     """Each instance of the set cluster of both analyse replicas as its Envoy sees it
     (set_cluster_admin's, /clusters): its health flags ("healthy", or why not, as
@@ -387,9 +390,6 @@ def set_hosts(running: Running) -> dict[str, dict[str, str]]:
         if len(fields) == 4 and fields[0] == cluster and fields[1] in address_of and fields[2] in HOST_FIGURES:
             hosts.setdefault(address_of[fields[1]], {})[fields[2]] = fields[3]
     return hosts
-
-
-HOST_FIGURES = ("health_flags", "cx_connect_fail", "rq_error", "rq_success", "rq_timeout")
 
 
 def eligible_twins(running: Running, timeout: float = 30) -> dict[str, dict[str, str]]:

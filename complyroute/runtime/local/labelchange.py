@@ -24,8 +24,8 @@ import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 
-from complyroute.files import write_folder
 from complyroute.engines.configuration import Configuration
+from complyroute.files import write_folder
 from complyroute.policy import labels
 from complyroute.proxy.envoy import LISTENERS_FILE
 from complyroute.runtime.deployed import Deployed
