@@ -8,19 +8,24 @@ E2E := tests/e2e
 E2E_EXPERIMENTS := tests/e2e/experiments
 # The experiments' test that runs after the other deployments' tests, not after the pool's (below).
 E2E_CAPACITY := $(E2E_EXPERIMENTS)/test_capacity_e2e.py
-# The loopback networks (three bytes) of the deployments make test runs beside the pool's (127.0.0.x).
-DEPLOYMENTS_LOOPBACK := 127.0.6
-EXPERIMENTS_LOOPBACK := 127.0.7
+# make test's streams each deploy on a loopback network (three bytes) of their own, chosen when it
+# starts among those no socket is bound on and no other make test holds (tests/loopbacks.py), and
+# in a runs/ of their own: never the checkout's runs/ nor the default 127.0.0.1 and 127.0.1.x, so
+# that a deployment of the user's keeps running beside it, and two make tests beside each other.
+TEST_NETWORKS := 4
 
-.PHONY: test
+.PHONY: test test-streams
 test: setup browser ## Run every test but the Kubernetes ones: policy (every rule set), services, unit, integration (tests/integration/) and end-to-end against real processes
+	@$(PY) -m tests.loopbacks $(TEST_NETWORKS) -- $(MAKE) --no-print-directory test-streams
+
+test-streams: # make test's work, on the networks it holds (TEST_LOOPBACKS)
 	@# Four streams side by side, their output shown when all are done; each pytest run names its 25 slowest.
-	@# - The pooled end-to-end tests (the pool marker: tests/e2e/conftest.py), on 127.0.0.1:8080, one
-	@#   deployment at a time; then the experiments' end-to-end tests (tests/e2e/experiments/) on a
-	@#   loopback network and in a runs/ of their own (COMPLYROUTE_LOOPBACK, COMPLYROUTE_RUNS:
-	@#   runtime/local/deployment.py).
-	@# - Beside them, the other end-to-end tests with a deployment, each their own, one at a time, on a
-	@#   network and in a runs/ of their own too; then, there, the experiments' capacity test. The
+	@# Each on a loopback network and in a runs/ of its own (COMPLYROUTE_LOOPBACK, COMPLYROUTE_RUNS:
+	@# runtime/local/deployment.py):
+	@# - The pooled end-to-end tests (the pool marker: tests/e2e/conftest.py), one deployment at a
+	@#   time; then the experiments' end-to-end tests (tests/e2e/experiments/).
+	@# - Beside them, the other end-to-end tests with a deployment, each their own, one at a time;
+	@#   then, there, the experiments' capacity test. The
 	@#   experiments' tests last as long as their load does, whatever the machine's load, so that
 	@#   after the pool they were the run's tail (156 s, against 332 s for these); split, both streams
 	@#   end sooner.
@@ -32,26 +37,28 @@ test: setup browser ## Run every test but the Kubernetes ones: policy (every rul
 	@# the lowest priority lets them have a core when they need one while the differential test and the
 	@# bench (waiting for nothing) take what is left; the experiments' tests, which count their sends on
 	@# time, run at the normal priority, after the pool, when fewer streams are left.
-	@beside=$$(mktemp); others=$$(mktemp); apart=$$(mktemp); others_runs=$$(mktemp -d); runs=$$(mktemp -d); \
+	@test -n "$${TEST_LOOPBACKS:-}" || { echo "test-streams: run make test, which holds the loopback networks it runs on" >&2; exit 2; }; \
+	set -- $$TEST_LOOPBACKS; pool_net=$$1; experiments_net=$$2; deployments_net=$$3; apart_net=$$4; \
+	beside=$$(mktemp); others=$$(mktemp); apart=$$(mktemp); pool_runs=$$(mktemp -d); others_runs=$$(mktemp -d); runs=$$(mktemp -d); apart_runs=$$(mktemp -d); \
 	( rest=0; \
 	  $(MAKE) --no-print-directory policy-test || rest=1; \
 	  $(foreach rules,$(notdir $(wildcard rule-sets/*)),$(MAKE) --no-print-directory policy-test policy=$(rules) || rest=1;) \
 	  (cd services && npm test) || rest=1; \
 	  $(PY) -m pytest $(NO_DEPLOYMENT) -p no:cacheprovider --durations=25 || rest=1; \
 	  exit $$rest ) >$$beside 2>&1 & pid=$$!; \
-	( export COMPLYROUTE_LOOPBACK=$(DEPLOYMENTS_LOOPBACK) COMPLYROUTE_RUNS=$$others_runs; failed=0; \
+	( export COMPLYROUTE_LOOPBACK=$$deployments_net COMPLYROUTE_RUNS=$$others_runs; failed=0; \
 	  $(PY) -m pytest $(E2E) --ignore=$(E2E_EXPERIMENTS) -m "not own_network and not pool" -p no:cacheprovider --durations=25 || failed=1; \
 	  $(PY) -m pytest $(E2E_CAPACITY) -p no:cacheprovider --durations=25 || failed=1; \
 	  exit $$failed ) >$$others 2>&1 & others_pid=$$!; \
-	nice -n 19 $(PY) -m pytest $(E2E) -m own_network -p no:cacheprovider --durations=25 >$$apart 2>&1 & own_pid=$$!; \
-	echo "$(PY) -m pytest $(E2E) --ignore=$(E2E_EXPERIMENTS) -m pool --durations=25, then pytest $(E2E_EXPERIMENTS) --ignore=$(E2E_CAPACITY) on $(EXPERIMENTS_LOOPBACK).x  (beside them: pytest $(E2E) -m 'not own_network and not pool', then pytest $(E2E_CAPACITY), on $(DEPLOYMENTS_LOOPBACK).x; policy tests, npm test, pytest $(NO_DEPLOYMENT); apart: nice pytest $(E2E) -m own_network)"; \
-	e2e=0; $(PY) -m pytest $(E2E) --ignore=$(E2E_EXPERIMENTS) -m pool -p no:cacheprovider --durations=25 || e2e=$$?; \
-	COMPLYROUTE_LOOPBACK=$(EXPERIMENTS_LOOPBACK) COMPLYROUTE_RUNS=$$runs $(PY) -m pytest $(E2E_EXPERIMENTS) --ignore=$(E2E_CAPACITY) -p no:cacheprovider --durations=25 || e2e=1; \
+	COMPLYROUTE_LOOPBACK=$$apart_net COMPLYROUTE_RUNS=$$apart_runs nice -n 19 $(PY) -m pytest $(E2E) -m own_network -p no:cacheprovider --durations=25 >$$apart 2>&1 & own_pid=$$!; \
+	echo "$(PY) -m pytest $(E2E) --ignore=$(E2E_EXPERIMENTS) -m pool --durations=25 on $$pool_net.x, then pytest $(E2E_EXPERIMENTS) --ignore=$(E2E_CAPACITY) on $$experiments_net.x  (beside them: pytest $(E2E) -m 'not own_network and not pool', then pytest $(E2E_CAPACITY), on $$deployments_net.x; policy tests, npm test, pytest $(NO_DEPLOYMENT); apart: nice pytest $(E2E) -m own_network on $$apart_net.x)"; \
+	e2e=0; COMPLYROUTE_LOOPBACK=$$pool_net COMPLYROUTE_RUNS=$$pool_runs $(PY) -m pytest $(E2E) --ignore=$(E2E_EXPERIMENTS) -m pool -p no:cacheprovider --durations=25 || e2e=$$?; \
+	COMPLYROUTE_LOOPBACK=$$experiments_net COMPLYROUTE_RUNS=$$runs $(PY) -m pytest $(E2E_EXPERIMENTS) --ignore=$(E2E_CAPACITY) -p no:cacheprovider --durations=25 || e2e=1; \
 	others_e2e=0; wait $$others_pid || others_e2e=$$?; rest=0; wait $$pid || rest=$$?; own=0; wait $$own_pid || own=$$?; \
-	echo "--- the other end-to-end tests with a deployment, then the capacity test, run beside them on $(DEPLOYMENTS_LOOPBACK).x:"; cat $$others; \
+	echo "--- the other end-to-end tests with a deployment, then the capacity test, run beside them on $$deployments_net.x:"; cat $$others; \
 	echo "--- the policy, services' tests and the tests without a deployment, run beside them:"; cat $$beside; \
 	echo "--- the end-to-end tests on addresses of their own, run beside them:"; cat $$apart; \
-	rm -rf $$beside $$others $$apart $$others_runs $$runs; \
+	rm -rf $$beside $$others $$apart $$pool_runs $$others_runs $$runs $$apart_runs; \
 	test $$e2e -eq 0 -a $$others_e2e -eq 0 -a $$rest -eq 0 -a $$own -eq 0
 
 .PHONY: check

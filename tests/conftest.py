@@ -49,8 +49,8 @@ def hub_topology(tmp_path) -> manifest.Topology:
 # ---- tiers -----------------------------------------------------------------------------------
 # A test's tier is the folder it lives in, and its marker comes from there: tests/unit/ (no
 # marker: fast, no deployment), tests/integration/ (`integration`: no deployment, but real OPA,
-# Envoy or kubernetes-validate over whole topologies), tests/e2e/ (`e2e`: deploys on
-# 127.0.0.1:8080) and tests/k8s/ (`k8s`: needs the control plane `make k8s-setup` builds).
+# Envoy or kubernetes-validate over whole topologies), tests/e2e/ (`e2e`: deploys, on the network
+# and in the runs/ make test gives its stream: make/test.mk) and tests/k8s/ (`k8s`: needs the control plane `make k8s-setup` builds).
 TESTS = Path(__file__).parent
 TIERS = {"unit": None, "integration": pytest.mark.integration, "e2e": pytest.mark.e2e, "k8s": pytest.mark.k8s}
 

@@ -1,6 +1,7 @@
 """The session's pool of mixed-regions deployments, which the suites that only send records share.
 
-The entry port is one (127.0.0.1:8080), so one deployment runs at a time. The enforcement,
+A stream of make test has one entry address (127.0.0.1:8080, or <its network>.254:8080 under
+COMPLYROUTE_LOOPBACK, which make test sets), so one deployment runs at a time. The enforcement,
 error-contract, hostile and audit suites each used to deploy the example in every topology ×
 engine for themselves (26 deployments); they now ask the pool (the `pool` marker), which deploys
 a topology × engine once, when a test first asks for it, and hands the same deployment to every

@@ -67,14 +67,15 @@ from complyroute.policy.ruleset import RuleSet
 from complyroute.proxy.opa import BundleSource
 from complyroute.runtime.local import deployment, rendering, supervision
 from complyroute.topology import manifest
-from complyroute.topology.plan import Endpoint, LocalNetwork, place
+from complyroute.topology.plan import LOOPBACK_VARIABLE, Endpoint, LocalNetwork, place
 
 from .helpers import ENFORCING, MIXED_REGIONS, RECORD, entry_of
 
 # On a loopback network of its own, with no deployment: `make test` runs it beside the
-# end-to-end suite's deployments, which take the same ports on 127.0.0.1 and 127.0.1.x.
+# end-to-end suite's deployments, which take the same ports, and gives it a network it holds
+# (COMPLYROUTE_LOOPBACK: tests/loopbacks.py); run alone, 127.0.9.
 pytestmark = pytest.mark.own_network
-LOOPBACK = "127.0.9"
+LOOPBACK = os.environ.get(LOOPBACK_VARIABLE) or "127.0.9"
 
 CLASSIFICATION = manifest.REPO / "topologies" / "examples" / "classification.yaml"
 SINK_ADMIN, BUNDLE_SERVER = Endpoint(f"{LOOPBACK}.253", 39990), Endpoint(f"{LOOPBACK}.253", 39991)

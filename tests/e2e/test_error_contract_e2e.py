@@ -20,6 +20,7 @@ import socket
 import ssl
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -75,7 +76,10 @@ class Listener:
         return line + b"\r\nx-complyroute-labels: " + token.encode() + b"\r\n" + rest
 
 
-ENTRY_LISTENER = Listener(None, ("127.0.0.1", 8080))
+def entry_of_deployment(state) -> Listener:
+    """The entry's listener, where a client sends: on the deployment's own loopback network."""
+    url = urllib.parse.urlsplit(state["entry_url"])
+    return Listener(None, (url.hostname, url.port))
 
 
 def listeners(state) -> dict[str, Listener]:
@@ -180,7 +184,7 @@ def test_every_listener_refuses_what_is_not_a_record_as_json_denied(deployed):
 def test_a_record_passes_the_entry_and_an_inner_hop_allowed(deployed):
     # The allowed twins of the refusals above, through the listeners a record takes.
     state, _ = deployed
-    assert entries(hop["instance"] for hop in passes(ENTRY_LISTENER)["path"]) == ["ingest-eu", "analyse-eu", "store-eu"]
+    assert entries(hop["instance"] for hop in passes(entry_of_deployment(state))["path"]) == ["ingest-eu", "analyse-eu", "store-eu"]
     assert entries(hop["instance"] for hop in passes(egress_of(state, "ingest-eu-1"))["path"]) == ["analyse-eu", "store-eu"]
 
 
@@ -194,7 +198,8 @@ def test_hostile_bodies_get_no_5xx_allowed(deployed):
         "an array nested 20,000 deep": b"[" * 20000 + b"]" * 20000,
     }
     state, _ = deployed
-    for endpoint in (ENTRY_LISTENER, egress_of(state, "ingest-eu-1")):
+    entry = entry_of_deployment(state)
+    for endpoint in (entry, egress_of(state, "ingest-eu-1")):
         for case, body in bodies.items():
             assert len(body) <= MAX_RECORD_BYTES, case
             status, headers, answer = exchange(endpoint, request(body=body))
@@ -204,7 +209,7 @@ def test_hostile_bodies_get_no_5xx_allowed(deployed):
         # Bad UTF-8 in a label: the policy refuses it as it refuses any unknown label. At an
         # inner hop the sender's label headers are not read: the label token's are.
         status, _, answer = exchange(endpoint, request().replace(b"billing,care", b"billing,care\xff\xfe"))
-        if endpoint is ENTRY_LISTENER:
+        if endpoint is entry:
             assert status == 400 and json.loads(answer)["code"] == "LABEL_UNKNOWN", answer[:300]
         else:
             assert status == 200, answer[:300]
@@ -224,7 +229,7 @@ def test_a_request_too_slow_to_arrive_answers_408_in_time_denied(deployed):
 
     headers_only = b"POST /process HTTP/1.1\r\nhost: complyroute\r\n"
     five_bytes = b"POST /process HTTP/1.1\r\nhost: complyroute\r\n" + LABELS + b"content-length: 100\r\n\r\n" + RECORD[:5]
-    endpoints = [ENTRY_LISTENER, egress_of(state, "ingest-eu-1")]
+    endpoints = [entry_of_deployment(state), egress_of(state, "ingest-eu-1")]
     cases = [(endpoint, data) for endpoint in endpoints for data in (headers_only, five_bytes)]
     with ThreadPoolExecutor(len(cases)) as pool:
         for (endpoint, data), (answer, seconds) in zip(cases, pool.map(slow, cases)):
@@ -237,11 +242,12 @@ def test_a_request_too_slow_to_arrive_answers_408_in_time_denied(deployed):
 def test_the_entry_assigns_the_request_id_and_inner_hops_keep_it_allowed(deployed):
     state, _ = deployed
     client_id = f"client-{uuid.uuid4()}"
-    status, headers, body = exchange(ENTRY_LISTENER, request(extra=f"x-request-id: {client_id}\r\n".encode()))
+    entry = entry_of_deployment(state)
+    status, headers, body = exchange(entry, request(extra=f"x-request-id: {client_id}\r\n".encode()))
     answer = json.loads(body)
     assert status == 200 and answer["request_id"] == headers["x-request-id"] != client_id, answer
     # Sent twice (which a service would refuse as an id): replaced too, and the record decided as usual.
-    status, headers, body = exchange(ENTRY_LISTENER, request(extra=b"x-request-id: a\r\nx-request-id: b\r\n"))
+    status, headers, body = exchange(entry, request(extra=b"x-request-id: a\r\nx-request-id: b\r\n"))
     assert status == 200 and json.loads(body)["request_id"] not in ("a", "b", "a,b"), body[:300]
     # An inner hop keeps the id the entry assigned, which the label token names: a service
     # cannot send the record on under another (x-request-id is overwritten from the token).
@@ -250,7 +256,8 @@ def test_the_entry_assigns_the_request_id_and_inner_hops_keep_it_allowed(deploye
 
 
 def test_a_denial_keeps_the_policys_body_and_a_refusal_its_id_denied(deployed):
-    status, headers, body = exchange(ENTRY_LISTENER, request(extra=b"x-request-id: mine\r\n").replace(b"x-data-category: personal", b"x-data-category: unknown"))
+    state, _ = deployed
+    status, headers, body = exchange(entry_of_deployment(state), request(extra=b"x-request-id: mine\r\n").replace(b"x-data-category: personal", b"x-data-category: unknown"))
     document = json.loads(body)
     assert status == 400 and document["code"] == "LABEL_UNKNOWN" and document["reasons"], document
     assert document["request_id"] == headers["x-request-id"] != "mine"
