@@ -44,7 +44,7 @@ def networks_in_use(tables: tuple[str, ...] = SOCKET_TABLES) -> set[str]:
             continue
         for line in lines:
             address = line.split()[1].split(":")[0]  # local address, hex, in host byte order
-            used.add(socket.inet_ntoa(struct.pack("<I", int(address, 16))).rsplit(".", 1)[0])
+            used.add(socket.inet_ntoa(struct.pack("=I", int(address, 16))).rsplit(".", 1)[0])
     return used
 
 
@@ -58,8 +58,9 @@ def reserve(count: int, folder: Path | None = None, candidates: list[str] | None
     no other holder, tried in random order (two make tests starting at once seldom try the same
     network first)."""
     busy = networks_in_use() if in_use is None else in_use
+    tried = candidates or CANDIDATES
     held: list[tuple[str, int]] = []
-    for network in random.sample(candidates or CANDIDATES, len(candidates or CANDIDATES)):
+    for network in random.sample(tried, len(tried)):
         if len(held) == count:
             break
         if network in busy:
@@ -75,7 +76,7 @@ def reserve(count: int, folder: Path | None = None, candidates: list[str] | None
         for _, descriptor in held:
             os.close(descriptor)
         raise NoFreeNetwork(f"only {len(held)} of the {count} loopback networks make test needs are free "
-                            f"(of {len(candidates or CANDIDATES)} tried): stop a make test or deployment and try again")
+                            f"(of {len(tried)} tried): stop a make test or deployment and try again")
     return held
 
 
