@@ -8,8 +8,8 @@ addresses, and make test failed or stopped it. A network is held by an exclusive
 named after it in the temporary folder, taken here and kept open (inherited) by COMMAND and
 everything it starts: the kernel releases it when the last of them exits, however they end.
 
-What this cannot see: a deployment started on a held network after the choice, which nothing
-asks for a lock (a user choosing COMPLYROUTE_LOOPBACK by hand).
+A deployment started by hand on a held network after the choice is refused
+(complyroute/runtime/local/heldnetworks.py, which names the lock files and the variable).
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ import random
 import socket
 import struct
 import sys
-import tempfile
 from pathlib import Path
+
+from complyroute.runtime.local.heldnetworks import HELD_VARIABLE as VARIABLE, lock_path
 
 # The networks chosen from: above the defaults (127.0.0.1, 127.0.1.x) and the low ones people pick
 # by hand for a deployment of their own (COMPLYROUTE_LOOPBACK=127.0.9 in the docs).
 CANDIDATES = [f"127.0.{third}" for third in range(100, 250)]
-VARIABLE = "TEST_LOOPBACKS"
 SOCKET_TABLES = ("/proc/net/tcp", "/proc/net/udp")
 
 
@@ -46,10 +46,6 @@ def networks_in_use(tables: tuple[str, ...] = SOCKET_TABLES) -> set[str]:
             address = line.split()[1].split(":")[0]  # local address, hex, in host byte order
             used.add(socket.inet_ntoa(struct.pack("=I", int(address, 16))).rsplit(".", 1)[0])
     return used
-
-
-def lock_path(network: str, folder: Path | None = None) -> Path:
-    return (folder or Path(tempfile.gettempdir())) / f"complyroute-loopback-{network}.lock"
 
 
 def reserve(count: int, folder: Path | None = None, candidates: list[str] | None = None,

@@ -1,5 +1,6 @@
 """make test's loopback networks (tests/loopbacks.py): free of sockets, held against a second make
-test for as long as the command it runs, and refused when too few are free."""
+test for as long as the command it runs, and refused when too few are free; a deployment started
+by hand on one it holds is refused (complyroute/runtime/local/heldnetworks.py)."""
 
 import fcntl
 import os
@@ -9,6 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from complyroute.policy.ruleset import RuleSet
+from complyroute.runtime.local import deployment, heldnetworks
+from complyroute.topology import manifest
+from complyroute.topology.plan import LOOPBACK_VARIABLE
 
 from tests import loopbacks
 
@@ -51,6 +57,39 @@ def test_a_network_another_make_test_holds_is_passed_over_denied(tmp_path):
     assert sorted(network for network, _ in taken) == [FIRST, SECOND]
     for _, descriptor in taken:
         os.close(descriptor)
+
+
+def test_a_deployment_on_a_network_another_make_test_holds_is_refused_denied(tmp_path):
+    held = os.open(loopbacks.lock_path(FIRST, tmp_path), os.O_RDWR | os.O_CREAT)
+    fcntl.flock(held, fcntl.LOCK_EX)
+    try:
+        with pytest.raises(heldnetworks.NetworkHeld, match=f"loopback network {FIRST} is held by a running make test"):
+            heldnetworks.refuse_if_held(FIRST, tmp_path, environ={})
+        # make test's own deployments run with the networks it holds named.
+        heldnetworks.refuse_if_held(FIRST, tmp_path, environ={heldnetworks.HELD_VARIABLE: f"{SECOND} {FIRST}"})
+    finally:
+        os.close(held)
+    heldnetworks.refuse_if_held(FIRST, tmp_path, environ={})  # let go of: free again
+
+
+def test_a_deployment_on_a_network_no_make_test_holds_is_allowed(tmp_path):
+    heldnetworks.refuse_if_held(SECOND, tmp_path, environ={})  # never held: no lock file, and none made
+    assert not loopbacks.lock_path(SECOND, tmp_path).exists()
+    heldnetworks.refuse_if_held(None, tmp_path, environ={})  # the default addresses, which make test never takes
+
+
+def test_deploy_refuses_a_network_another_make_test_holds_before_it_writes_anything_denied(tmp_path, monkeypatch):
+    monkeypatch.setattr(heldnetworks.tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv(LOOPBACK_VARIABLE, FIRST)
+    monkeypatch.delenv(heldnetworks.HELD_VARIABLE, raising=False)
+    held = os.open(loopbacks.lock_path(FIRST), os.O_RDWR | os.O_CREAT)
+    fcntl.flock(held, fcntl.LOCK_EX)
+    try:
+        with pytest.raises(deployment.DeploymentError, match=f"loopback network {FIRST} is held by a running make test"):
+            deployment.deploy(manifest.load("central-entity", services=5), RuleSet.of("policies"))
+    finally:
+        os.close(held)
+    assert not list(deployment.runs_root().glob("central-entity-*"))  # no run folder begun
 
 
 def test_the_sockets_table_is_read_as_networks(tmp_path):

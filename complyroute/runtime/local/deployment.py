@@ -35,7 +35,7 @@ from pathlib import Path
 import psutil
 
 from complyroute.policy.ruleset import RuleSet
-from complyroute.runtime.local import scrape, warmup
+from complyroute.runtime.local import heldnetworks, scrape, warmup
 from complyroute.runtime.local.rendering import PKI, render
 from complyroute.runtime.local.supervision import (GROUP, STOP_GRACE_SECONDS, DeploymentError, alive, healthy, programs_info, refresh_pids,
                                                   restarts, start_supervisor, supervisor, tail)
@@ -115,6 +115,10 @@ def deploy(topology: Topology, rule_set: RuleSet, health_timeout: float | None =
         )
     if read_state():
         stop(out=open(os.devnull, "w"))  # a stale deployment whose processes are gone: forget it
+    try:
+        heldnetworks.refuse_if_held(LocalNetwork().loopback)
+    except heldnetworks.NetworkHeld as error:
+        raise DeploymentError(str(error)) from None
 
     started = time.monotonic()
     run_dir = new_run_dir(f"{topology.name}-{len(topology.instances)}-{time.strftime('%Y%m%d-%H%M%S')}")
