@@ -55,7 +55,19 @@ commit() {
   echo "images: $image -> runs/images/$kind.tar ($(du -h "$IMAGES_DIR/$kind.tar" | cut -f1), id $(tar -xOf "$IMAGES_DIR/$kind.tar" manifest.json | "$PY" -c 'import json,sys; print(json.load(sys.stdin)[0]["Config"].split(".")[0][:12])'))"
 }
 
-fresh() { rm -rf "${STAGE:?}/$1"; mkdir -p "$STAGE/$1"; echo "$STAGE/$1"; }
+# What building one image holds on disk at once: its staging root, buildah's copy of it (vfs) and
+# the archive, each up to the largest image's size (service, about 150 MB). Refused before the build
+# rather than half-way through buildah's commit, as "no space left on device".
+NEEDED_MB=1024
+room() {
+  local free_mb
+  free_mb=$(df --output=avail -m "$IMAGES_DIR" | tail -1 | tr -d ' ')
+  if [ "$free_mb" -lt "$NEEDED_MB" ]; then
+    echo "images: $free_mb MB free under $IMAGES_DIR, and building $1 needs about $NEEDED_MB MB (its staging root, buildah's copy of it and the archive): free some space and run it again" >&2
+    return 1
+  fi
+}
+fresh() { room "$1" || return 1; rm -rf "${STAGE:?}/$1"; mkdir -p "$STAGE/$1"; echo "$STAGE/$1"; }
 # Built again only when what goes into it changed: the image's name, this script and the
 # image's inputs (their contents), hashed into runs/images/<kind>.inputs.
 wanted() {
