@@ -7,12 +7,14 @@ deployment: a local one in its run folder (rendering.py), a Kubernetes one in a 
 namespace on this machine (kubernetes/apply.py), beside the bundle signing key either way.
 
 A record that cannot be read (missing, or written by another version of complyroute, whose
-classes differ) is refused with what to do: deploy again.
+classes differ) is refused with what to do: deploy again. So is one that another user owns or
+could have written: reading it unpickles it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,6 +67,12 @@ class Deployed:
         if not path.exists():
             raise ReloadError(f"{path} is missing: the deployment was not made from here, or before its record was kept; "
                               f"deploy again ({deploy_again}), then reload")
+        # Unpickling runs what the file names: a record another user could have written (or replaced)
+        # is not read. A deploy writes it 0600, in a run folder of the deployment's user.
+        status = path.stat()
+        if status.st_uid != os.getuid() or status.st_mode & 0o022:
+            raise ReloadError(f"{path} is not this user's own file, writable by no one else (owner uid {status.st_uid}, mode "
+                              f"{status.st_mode & 0o777:o}), so it is not read: deploy again ({deploy_again}), then reload")
         try:
             deployed = pickle.loads(path.read_bytes())
         except (pickle.UnpicklingError, AttributeError, ImportError, EOFError, TypeError, ValueError):

@@ -1,10 +1,12 @@
 """The record of what was deployed (runtime/deployed.py), which both targets' reloads read: what a
 deploy writes reads back whole, a reload's revision and labels replace the deploy's, and a record
-that is missing or another version's is refused, saying to deploy again."""
+that is missing or another version's, or that another user owns or could write, is refused,
+saying to deploy again."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import pickle
 
 import pytest
@@ -51,4 +53,18 @@ def test_a_record_missing_or_of_another_version_is_refused_saying_deploy_again_d
     if written is not None:
         path.write_bytes(written)
     with pytest.raises(ReloadError, match=rf"{path}.* deploy again \(make deploy\), then reload"):
+        Deployed.read(path, DEPLOY_AGAIN)
+
+
+@pytest.mark.parametrize("change", ["writable by its group", "writable by anyone", "another user's"])
+def test_a_record_another_user_owns_or_could_write_is_refused_unread_denied(tmp_path, monkeypatch, change):
+    path = tmp_path / "deployed.pickle"
+    record().write(path)
+    if change == "another user's":
+        owner = path.stat().st_uid
+        monkeypatch.setattr(os, "getuid", lambda: owner + 1)
+    else:
+        path.chmod(0o620 if change == "writable by its group" else 0o602)
+    monkeypatch.setattr(pickle, "loads", lambda data: pytest.fail("unpickled a record it should not read"))
+    with pytest.raises(ReloadError, match=rf"{path} is not this user's own file, writable by no one else .* deploy again \(make deploy\)"):
         Deployed.read(path, DEPLOY_AGAIN)
