@@ -19,6 +19,8 @@ and hands the result to the running processes the way each takes it:
   So no record is refused by a service for a label the rules it passed
   did not ask for, and no rule reads a label a service would not send on. A rule set that
   removes a label or changes a label's header is refused (deploy again).
+- no Envoy bootstrap: a rule set that would change one (rendering.check_bootstraps) is refused
+  before anything is written (deploy again).
 
 It does so in two steps, so that the new rules are in force before the control plane has asked
 them over the whole decision space, which at 50 services is most of a reload's work:
@@ -242,7 +244,7 @@ def reload_policy(rule_set: RuleSet, out=sys.stdout, timeout: float = 120.0) -> 
         labelchange.check(run_dir, deployed, schema)
     except labelchange.LabelChangeError as error:
         raise ReloadError(f"the rule set in {policies} {error}") from None
-    configure_errors = (engines.EngineError, policydata.PolicyDataError, bundles.BundleError)
+    configure_errors = (engines.EngineError, policydata.PolicyDataError, bundles.BundleError, rendering.BootstrapChanged)
     # The Envoys keep the clusters they were deployed with: the rules route to those sets only
     # (a set without one goes to its first instance; a deploy makes a cluster for every set).
 
@@ -250,6 +252,7 @@ def reload_policy(rule_set: RuleSet, out=sys.stdout, timeout: float = 120.0) -> 
     try:
         in_full = configuration.generate(plan.points, engine, rule_set, deployed.point_trust, layout, signing_key, deployed.set_clusters,
                                          ahead=False)
+        rendering.check_bootstraps(run_dir, in_full)
         label_seconds = labelchange.apply(state, deployed, in_full, out)
     except (*configure_errors, labelchange.LabelChangeError) as error:
         raise ReloadError(f"the rule set in {policies} cannot be applied; nothing was changed: {error}") from None
@@ -275,6 +278,7 @@ def reload_policy(rule_set: RuleSet, out=sys.stdout, timeout: float = 120.0) -> 
     try:
         ahead = configuration.generate(plan.points, engine, rule_set, deployed.point_trust, layout, signing_key, deployed.set_clusters,
                                        routes_version=f"{revision}+precomputed")
+        rendering.check_bootstraps(run_dir, ahead)
     except configure_errors as error:
         running.restore(run_dir)
         back = wait_for(plan.points, running.expected, time.monotonic(), timeout)

@@ -48,6 +48,7 @@ SERVICE_NODE_FLAGS = ["--min-semi-space-size=16"]
 BUNDLES = "bundles"
 ROUTES = "routes"
 LISTENERS = "listeners"
+BOOTSTRAP = "envoy.json"  # a point's Envoy bootstrap, in its folder: written by a deploy, never by a reload
 LABEL_SETTING = "labels.json"
 DEPLOYED = "deployed.pickle"  # the deployment's record (Deployed)
 PKI = "pki"  # every part's credential (identity.Credentials.write)
@@ -105,11 +106,26 @@ def layout(points: Path) -> configuration.Layout:
 
 def envoy_listeners(folder: Path) -> list[dict]:
     """The listeners a point's Envoy was given, from its folder: the bootstrap's and its listener file's."""
-    listeners = json.loads((folder / "envoy.json").read_text())["static_resources"].get("listeners", [])
+    listeners = json.loads((folder / BOOTSTRAP).read_text())["static_resources"].get("listeners", [])
     lds = folder / LISTENERS / LISTENERS_FILE
     if lds.exists():
         listeners += json.loads(lds.read_text())["resources"]
     return listeners
+
+
+class BootstrapChanged(RuntimeError):
+    """A configuration would change a running point's Envoy bootstrap."""
+
+
+def check_bootstraps(run_dir: Path, generated: configuration.Configuration) -> None:
+    """BootstrapChanged unless every point's bootstrap in `generated` is the one its Envoy runs. A
+    reload gives the points bundles, route files and listener files, never a bootstrap: a rule set
+    that would change one (its clusters, its admin, a listener kept in it) is applied by a deploy."""
+    changed = sorted(name for name, point in generated.points.items()
+                     if json.loads((run_dir / "points" / name / BOOTSTRAP).read_text()) != point.envoy)
+    if changed:
+        raise BootstrapChanged(f"it changes the Envoy bootstrap of {', '.join(changed)} beyond its route and listener files, which a "
+                               "reload does not apply: deploy again")
 
 
 def write_label_setting(run_dir: Path, setting: str) -> bool:
@@ -138,7 +154,7 @@ def point_parts(point: EnforcementPoint, config: configuration.PointConfiguratio
     write_folder(folder / ROUTES, config.routes)  # Envoy watches both folders: each written whole (files.write_folder)
     write_folder(folder / LISTENERS, config.listeners)
     # JSON, not YAML: a compiled route configuration can be large, and Envoy parses JSON faster.
-    (folder / "envoy.json").write_text(json.dumps(config.envoy, indent=1))
+    (folder / BOOTSTRAP).write_text(json.dumps(config.envoy, indent=1))
     parts = []
     if config.opa is not None:
         data_dir = folder / DISK_DATA
@@ -163,7 +179,7 @@ def point_parts(point: EnforcementPoint, config: configuration.PointConfiguratio
             kind="envoy",
             node=point.node,
             command=[
-                envoy_binary(), "-c", str(folder / "envoy.json"), "--concurrency", str(point.concurrency),
+                envoy_binary(), "-c", str(folder / BOOTSTRAP), "--concurrency", str(point.concurrency),
                 # No hot restart, so no shared memory: many Envoys coexist without --base-id.
                 "--disable-hot-restart", *ENVOY_FLAGS,
                 # A listener replaced through its file (a reload adding a label) closes each

@@ -255,3 +255,21 @@ def test_finish_has_the_services_require_a_new_required_label_once_the_rules_do_
     # Its twin: the services hold that setting already (as after an optional label): nothing is written or signalled.
     services.signalled.clear()
     assert labelchange.finish(state, required, io.StringIO()) == {} and services.signalled == []
+
+
+def test_a_reload_whose_bootstraps_are_those_running_passes_the_check_allowed(tmp_path, with_sensitivity):
+    _, rendered = label_run(tmp_path)
+    rendering.check_bootstraps(tmp_path, configured(rendered.plan, SHIPPED, tmp_path))
+    rendering.check_bootstraps(tmp_path, configured(rendered.plan, with_sensitivity, tmp_path))  # labels go to listener files
+
+
+def test_a_reload_that_would_change_a_bootstrap_is_refused_naming_the_point_denied(tmp_path):
+    _, rendered = label_run(tmp_path)
+    generated = configured(rendered.plan, SHIPPED, tmp_path)
+    name = sorted(generated.points)[0]
+    point = generated.points[name]
+    clusters = point.envoy["static_resources"]["clusters"]
+    changed = {**point.envoy, "static_resources": {**point.envoy["static_resources"], "clusters": [*clusters, {**clusters[0], "name": "another"}]}}
+    generated = dataclasses.replace(generated, points={**generated.points, name: dataclasses.replace(point, envoy=changed)})
+    with pytest.raises(rendering.BootstrapChanged, match=rf"changes the Envoy bootstrap of {name} beyond its route and listener files"):
+        rendering.check_bootstraps(tmp_path, generated)
