@@ -124,7 +124,7 @@ def apply(state: dict, deployed: Deployed, generated: Configuration, out, timeou
     listeners = {}  # point -> (its folder, its listener files, their version)
     for point in deployed.points:
         folder = run_dir / "points" / point.name
-        configured = generated.points[point.name]  # its bootstrap as it runs (reload.py: rendering.check_bootstraps)
+        configured = generated.points[point.name]  # its bootstrap is the running one: reload.py checked (rendering.check_bootstraps)
         if configured.listeners:
             listeners[point.name] = (folder / rendering.LISTENERS, configured.listeners, configured.listeners_version)
     before_setting = (run_dir / rendering.LABEL_SETTING).read_text()
