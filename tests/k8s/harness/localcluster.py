@@ -232,7 +232,7 @@ class LocalCluster:
 def import_images() -> int:
     """`make images`' last step: into the real node's containerd if a local cluster with one runs;
     otherwise the node imports them when it starts (RealNode.import_images)."""
-    if not realnode.SOCKET.exists():
+    if not realnode.running():  # a killed one's containerd socket may still be there, refusing connections
         print("images: no local cluster with a real node runs; its node imports runs/images/*.tar when it starts")
         return 0
     for kind in images.IMAGES:

@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 BIN = REPO / "bin"
 NAME = "complyroute-node"  # the node's name in the cluster, its network namespace, its cgroup
 NETNS = NAME
+NETNS_HANDLE = Path("/run/netns") / NETNS
 HOST_VETH, NODE_VETH = "crnode-host", "crnode-node"
 HOST_IP, NODE_IP, VETH_PREFIX = "10.250.250.1", "10.250.250.2", 30
 POD_CIDR = "10.245.0.0/24"  # the bridge's pods (kwok's fake pod addresses are in 10.244.0.0/16)
@@ -119,10 +120,7 @@ class RealNode:
         absent = [kind for kind in images.IMAGES if not images.archive(kind).exists()]
         if absent:
             raise RuntimeError(f"no image archive for {', '.join(absent)} in {images.IMAGES_DIR}: run make images")
-        if Path(f"/run/netns/{NETNS}").exists() or (CGROUP_ROOT / "pids" / CGROUP).exists():
-            raise RuntimeError(f"a real node's namespace /run/netns/{NETNS} or cgroup {CGROUP} is there already: is another local "
-                               "cluster with a real node running? Stop it first (python -m tests.k8s.harness.realnode clean removes what a "
-                               "crashed one left)")
+        clear_leftovers()
 
     def make_namespaces(self) -> None:
         """The node's network namespace and veth; its cgroup in every hierarchy."""
@@ -168,7 +166,7 @@ class RealNode:
         # The mount namespace's holder: slave, so the host's mounts still show inside and none
         # made inside shows on the host.
         self.holder = self.cluster.start_process(
-            "node-namespaces", ["unshare", "--mount", "--propagation", "slave", "nsenter", f"--net=/run/netns/{NETNS}", "sleep", "infinity"],
+            "node-namespaces", ["unshare", "--mount", "--propagation", "slave", "nsenter", f"--net={NETNS_HANDLE}", "sleep", "infinity"],
             preexec_fn=join_cgroup)
         self.names.append("node-namespaces")
         deadline = time.monotonic() + 10
@@ -333,6 +331,25 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         self.sysctls.clear()
 
 
+def running() -> bool:
+    """A real node runs: a process lives in its cgroup (every part of it starts there). What a
+    killed run left (its cgroup, namespace, containerd's socket) holds none."""
+    root = CGROUP_ROOT / "pids" / CGROUP
+    return root.exists() and bool(processes_in(root))
+
+
+def clear_leftovers() -> None:
+    """Before a real node starts: refuse if another one runs; remove what a killed one left
+    (a test process killed mid-run never reaches stop()), which would otherwise fail this start
+    and every later one."""
+    if running():
+        raise RuntimeError(f"another local cluster's real node runs (processes in cgroup {CGROUP}): stop it first")
+    left = [str(path) for path in (NETNS_HANDLE, CGROUP_ROOT / "pids" / CGROUP, RUN) if path.exists()]
+    if left:
+        print(f"real node: removing what a killed one left: {', '.join(left)}")
+        clean()
+
+
 def kill_processes(timeout: float = 30) -> None:
     """SIGKILL every process in the node's cgroup until none is left."""
     root = CGROUP_ROOT / "pids" / CGROUP
@@ -367,7 +384,7 @@ def remove_leftovers(before: dict[str, set[str]] | None = None) -> None:
     """The node's network namespace (and with it its bridge, veths and iptables rules); the pod
     network namespace handles and shim sockets it left on /run; its containerd's /run folder;
     pod log links the kubelet made in /var/log/containers."""
-    if Path(f"/run/netns/{NETNS}").exists():
+    if NETNS_HANDLE.exists():
         run("ip", "netns", "delete", NETNS, check=False)
     run("ip", "link", "delete", HOST_VETH, check=False)
     # Without a record of what was there before (clean(), or a start that failed first), only
