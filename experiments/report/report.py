@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from experiments.analysis import stats
+from experiments.analysis import bench_sum, stats
 from experiments.design.matrix import (BASELINE, BENCH_CSV, ENGINE_NAMES, MAX_ERROR_RATE, MAX_REPETITION_CV, MIN_ACHIEVED_SHARE, P99_BOUND_MS,
                                        PRIME_MIN_SECONDS, PROFILES, Parameters, case_name)
 from experiments.design.targets import run_paragraphs
@@ -21,7 +21,7 @@ from experiments.report import changeability_report, findings_report
 from experiments.report.capacity_report import kept_capacity
 from experiments.report.report_figures import (CURVE_PERCENTILES, MAX_FLIERS, bench_figure, box_figure, cost_figure, cpu_figure, engines_figure,
                                                hop_figure, load_figure, percentile_figure, split_figure, w_avg_figure)
-from experiments.report.report_tables import (CV_FLAG, bench_view, cost_view, cpu_view, engines_view, load_view, split_view, spread_view, table_one,
+from experiments.report.report_tables import (CV_FLAG, bench_sum_view, bench_view, cost_view, cpu_view, engines_view, load_view, split_view, spread_view, table_one,
                                               w_avg_comparison, w_avg_view)
 from experiments.report.reporting import SATURATED_MARK, arch, load_paper_reference, marked, ms, names, percent, render_html, render_markdown
 
@@ -152,6 +152,28 @@ def bench_blocks(run_dir: Path, meta: dict, figures_dir: Path) -> list[tuple]:
         blocks.append(("figure", bench_figure(bench, figures_dir),
                        "Each part's CPU per request as a multiple of its floor's, log scale; the black tick is its target."))
     return blocks
+
+
+def bench_sum_blocks(run_dir: Path, cpu: pd.DataFrame, tables_dir: Path) -> list[tuple]:
+    """How much of the central entity's CPU per record the bench's parts explain (bench_sum.py),
+    written to tables/bench_sum.csv; nothing for a run without a bench or such a cell."""
+    path = run_dir / "raw" / BENCH_CSV
+    if not path.exists() or cpu["service_ms"].isna().all():
+        return []
+    summed = bench_sum.bench_sum(pd.read_csv(path, keep_default_na=False, na_values=[""]), cpu)
+    if summed.empty:
+        return []
+    summed.to_csv(tables_dir / "bench_sum.csv", index=False)
+    return [("h3", f"How much of it the bench explains ({arch(bench_sum.TOPOLOGY)}, {bench_sum.SERVICES} services)"),
+            ("p", f"The bench's parts (below) summed the way a record of a {arch(bench_sum.TOPOLOGY)} of {bench_sum.SERVICES} services "
+                  "crosses them: every service with its work, mutual TLS and label tokens; the entry's decision and the token it "
+                  f"signs; {bench_sum.SERVICES - 1} later hops checking the token, each decided by the route (compiled) or by OPA "
+                  "(envoy-opa). Beside them, what this run's cells of that case measured. The bench sends its records one after "
+                  "another, so its processes never wait for one: what a process spends waking for each record at a cell's rate, and on "
+                  "timers and polling between records, is in the measured column alone. Where measured ÷ summed is near 1 the "
+                  f"bench accounts for the case's CPU (within {bench_sum.WITHIN:.0%}: yes); the further above 1, the more of it goes "
+                  "on waiting and waking rather than on records."),
+            ("table", bench_sum_view(summed))]
 
 
 def build(run_dir: Path) -> dict:
@@ -334,6 +356,7 @@ def build(run_dir: Path) -> dict:
         blocks.append(("figure", cpu_figure(cpu, figures_dir, run.load_label),
                        "CPU time per delivered record by kind of process: the services, the Envoys (entry, sidecars, routers or the "
                        "central entity) and the OPAs."))
+    blocks.extend(bench_sum_blocks(run_dir, cpu, tables_dir))
 
     blocks.extend(bench)
 

@@ -8,7 +8,8 @@ import numpy as np
 import pandas as pd
 
 from experiments.analysis import stats
-from experiments.design.matrix import MAX_REPETITION_CV, PAPER_NAMES, case_name
+from experiments.analysis.bench_sum import WITHIN
+from experiments.design.matrix import ENGINE_NAMES, MAX_REPETITION_CV, PAPER_NAMES, case_name
 from experiments.report.reporting import SATURATED_MARK, cores, marked, ms, names, percent, rate_text, ratio_text
 
 
@@ -151,4 +152,15 @@ def bench_view(bench: pd.DataFrame) -> pd.DataFrame:
         "Part": bench["part"], "Process": bench["process"], "CPU": [f"{v:.4g} {unit}" for v, unit in zip(bench["value"], bench["unit"])],
         "Floor": bench["floor"].fillna(""), "Floor's CPU": bench["floor_value"].map(lambda v: "–" if pd.isna(v) else f"{v:.4g}"), "Ratio to the floor": bench["ratio"].map(ratio_text),
         "Target": bench["target"].map(lambda t: "" if pd.isna(t) else f"≤ {t:g}×"), "Verdict": bench["verdict"].fillna(""),
+    })
+
+
+def bench_sum_view(summed: pd.DataFrame) -> pd.DataFrame:
+    kinds = {"services": "services", "envoy": "Envoy", "opa": "OPA", "all": "all three"}
+    return pd.DataFrame({
+        "Engine": [ENGINE_NAMES[engine] for engine in summed["engine"]],
+        "Rate (req/s)": [marked(rate, saturated) for rate, saturated in zip(summed["rate"], summed["saturated"])],
+        "Processes": summed["kind"].map(kinds), "Bench's parts summed (ms)": summed["bench_ms"].map(ms),
+        "Measured (ms)": summed["measured_ms"].map(ms), "Measured ÷ summed": summed["ratio"].map(ratio_text),
+        f"Within {WITHIN:.0%}": ["yes" if abs(r - 1) <= WITHIN else "no" for r in summed["ratio"]],
     })

@@ -1,0 +1,61 @@
+"""The bench's parts summed into a record of the central entity at 5 services, beside what the
+cells measured (experiments/analysis/bench_sum.py), and the report's view of it."""
+
+import pandas as pd
+import pytest
+
+from complyroute.topology.manifest import REPO
+from experiments.analysis.bench_sum import bench_sum, recipe
+from experiments.report.report_tables import bench_sum_view
+
+SAMPLE_BENCH = REPO / "experiments" / "sample" / "raw" / "bench.csv"
+# ms CPU/request of each process the recipe names, chosen so each kind's sum is a round figure.
+PARTS = {"service-token": 0.3, "service-work": 0.5, "service": 0.2, "entry/envoy": 0.4, "entry/opa": 0.6,
+         "envoy-compiled-token/envoy": 0.25, "envoy-opa-token/envoy": 0.5, "envoy-opa-token/opa": 0.4}
+
+
+def bench(parts=PARTS):
+    rows = [{"part": process, "process": process, "value": value, "unit": "ms CPU/request"} for process, value in parts.items()]
+    # opa bench's rows have their own unit: never summed as CPU per request
+    rows.append({"part": "policy evaluation alone", "process": "opa bench", "value": 9.0, "unit": "ms/evaluation"})
+    return pd.DataFrame(rows)
+
+
+def cpu(topology="central-entity", services=5, **measured):
+    return pd.DataFrame([{"topology": topology, "engine": engine, "rate": 100, "services": services, "saturated": False,
+                          "service_ms": 3.0, "envoy_ms": measured.get(engine, 1.4), "opa_ms": 0.6} for engine in ("envoy-compiled", "envoy-opa")])
+
+
+def test_the_recipe_names_only_processes_the_bench_measures_allowed():
+    measured = pd.read_csv(SAMPLE_BENCH, keep_default_na=False, na_values=[""])
+    measured = set(measured[measured["unit"] == "ms CPU/request"]["process"])
+    for engine in ("envoy-compiled", "envoy-opa"):
+        assert {process for kind in recipe(engine).values() for process, _ in kind} <= measured, engine
+
+
+def test_a_record_of_the_central_entity_sums_its_parts_allowed():
+    summed = bench_sum(bench(), cpu()).set_index(["engine", "kind"])
+    # five services: 5 x (0.3 + 0.5 - 0.2); the entry, then 4 later hops
+    assert summed.loc[("envoy-compiled", "services"), "bench_ms"] == pytest.approx(3.0)
+    assert summed.loc[("envoy-compiled", "envoy"), "bench_ms"] == pytest.approx(0.4 + 4 * 0.25)
+    assert summed.loc[("envoy-compiled", "opa"), "bench_ms"] == pytest.approx(0.6)
+    assert summed.loc[("envoy-opa", "envoy"), "bench_ms"] == pytest.approx(0.4 + 4 * 0.5)
+    assert summed.loc[("envoy-opa", "opa"), "bench_ms"] == pytest.approx(0.6 + 4 * 0.4)
+    assert summed.loc[("envoy-compiled", "all"), "bench_ms"] == pytest.approx(5.0)
+    assert summed.loc[("envoy-compiled", "all"), "ratio"] == pytest.approx(1.0)  # measured 3.0 + 1.4 + 0.6
+    assert summed.loc[("envoy-opa", "envoy"), "ratio"] == pytest.approx(1.4 / 2.4)
+
+
+def test_a_bench_without_a_part_or_a_run_without_the_case_sums_nothing_denied():
+    assert bench_sum(bench({k: v for k, v in PARTS.items() if k != "entry/opa"}), cpu()).empty
+    assert bench_sum(bench(), cpu(services=10)).empty
+    assert bench_sum(bench(), cpu(topology="sidecar")).empty
+
+
+def test_the_view_says_within_15_percent_only_within_it_allowed():
+    summed = bench_sum(bench(), cpu(**{"envoy-compiled": 1.4 + 0.7, "envoy-opa": 1.4})).set_index(["engine", "kind"], drop=False)
+    view = bench_sum_view(summed.reset_index(drop=True)).set_index(["Engine", "Processes"])
+    assert view.loc[("compiled", "services"), "Within 15%"] == "yes"  # 3.0 against 3.0
+    assert view.loc[("compiled", "Envoy"), "Within 15%"] == "no"  # 2.1 against 1.4: 1.50x
+    assert view.loc[("compiled", "all three"), "Within 15%"] == "yes"  # 5.7 against 5.0: 1.14x
+    assert view.loc[("envoy-opa", "Envoy"), "Within 15%"] == "no"  # 1.4 against 2.4: 0.58x
