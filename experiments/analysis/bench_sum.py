@@ -7,7 +7,9 @@ record of that central entity crosses them, the parts are a record's CPU as the 
 kind of process. The run's cells of the same central entity measured that CPU under their load.
 What the sum leaves out is what a process spends around a record rather than on it: waking for
 each one at the cells' rates, the timers and polling between them. A bench whose records come
-back to back never pays it.
+back to back never pays it; so the bench also measures those parts with their records paced at
+PACED_RATE a second, all at once (bench.measure_paced), and a cell at that rate is set against
+that sum, a cell at any other rate against the back-to-back one.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import pandas as pd
 TOPOLOGY = "central-entity"
 SERVICES = 5  # the bench's plan
 WITHIN = 0.15  # |measured ÷ sum − 1| the bench should stay within
+PACED_RATE = 100  # records/s: the quick profile's lowest rate, where issue 39 reads CPU per record
+PACED_UNIT = f"ms CPU/request, paced at {PACED_RATE} records/s"
 KINDS = {"services": "service_ms", "envoy": "envoy_ms", "opa": "opa_ms"}  # cpu_per_record's columns
 
 
@@ -39,20 +43,35 @@ def recipe(engine: str, services: int = SERVICES) -> dict[str, list[tuple[str, i
 
 def bench_sum(bench: pd.DataFrame, cpu: pd.DataFrame) -> pd.DataFrame:
     """Per engine and rate the run measured a central entity of SERVICES services at: each kind's
-    (services, envoy, opa, then all three) CPU per record summed from the bench and measured by
-    the cells, and measured ÷ sum. Empty when the bench lacks a part (one older than the recipe)
-    or the run has no such cell."""
-    per_record = bench[bench["unit"] == "ms CPU/request"].drop_duplicates("process").set_index("process")["value"]
+    (services, envoy, opa, then all three) CPU per record summed from the bench, back to back
+    (bench_ms) and paced (paced_ms, NaN for a bench without paced rows), and measured by the
+    cells; `compared` names the sum the cell is set against (paced at PACED_RATE, back to back
+    otherwise), `ratio` is measured ÷ that sum. Empty when the bench lacks a part (one older than
+    the recipe) or the run has no such cell."""
+    def values(unit: str) -> pd.Series:
+        return bench[bench["unit"] == unit].drop_duplicates("process").set_index("process")["value"]
+
+    back_to_back, paced = values("ms CPU/request"), values(PACED_UNIT)
     cells = cpu[(cpu["topology"] == TOPOLOGY) & (cpu["services"] == SERVICES) & cpu["engine"].isin(["envoy-compiled", "envoy-opa"])]
     rows = []
     for _, cell in cells.sort_values(["engine", "rate"]).iterrows():
         parts = recipe(cell["engine"])
-        if any(process not in per_record.index for kind in parts.values() for process, _ in kind):
+        processes = {process for kind in parts.values() for process, _ in kind}
+        if not processes <= set(back_to_back.index):
             return pd.DataFrame()
-        summed = {kind: sum(per_record[process] * times for process, times in kind_parts) for kind, kind_parts in parts.items()}
+        sums = {"back to back": summed(parts, back_to_back)}
+        sums["paced"] = summed(parts, paced) if processes <= set(paced.index) else dict.fromkeys(sums["back to back"], float("nan"))
+        compared = "paced" if cell["rate"] == PACED_RATE and processes <= set(paced.index) else "back to back"
         measured = {kind: cell[column] for kind, column in KINDS.items()}
-        summed["all"], measured["all"] = sum(summed.values()), sum(measured.values())
+        measured["all"] = sum(measured.values())
         for kind in [*KINDS, "all"]:
             rows.append({"engine": cell["engine"], "rate": cell["rate"], "saturated": cell["saturated"], "kind": kind,
-                         "bench_ms": summed[kind], "measured_ms": measured[kind], "ratio": measured[kind] / summed[kind]})
+                         "bench_ms": sums["back to back"][kind], "paced_ms": sums["paced"][kind], "measured_ms": measured[kind],
+                         "compared": compared, "ratio": measured[kind] / sums[compared][kind]})
     return pd.DataFrame(rows)
+
+
+def summed(parts: dict[str, list[tuple[str, int]]], per_record: pd.Series) -> dict[str, float]:
+    """Each kind's ms per record from the bench's per-process figures, and all kinds' ("all")."""
+    kinds = {kind: sum(per_record[process] * times for process, times in kind_parts) for kind, kind_parts in parts.items()}
+    return {**kinds, "all": sum(kinds.values())}

@@ -168,11 +168,13 @@ def bench_sum_blocks(run_dir: Path, cpu: pd.DataFrame, tables_dir: Path) -> list
             ("p", f"The bench's parts (below) summed the way a record of a {arch(bench_sum.TOPOLOGY)} of {bench_sum.SERVICES} services "
                   "crosses them: every service with its work, mutual TLS and label tokens; the entry's decision and the token it "
                   f"signs; {bench_sum.SERVICES - 1} later hops checking the token, each decided by the route (compiled) or by OPA "
-                  "(envoy-opa). Beside them, what this run's cells of that case measured. The bench sends its records one after "
-                  "another, so its processes never wait for one: what a process spends waking for each record at a cell's rate, and on "
-                  "timers and polling between records, is in the measured column alone. Where measured ÷ summed is near 1 the "
-                  f"bench accounts for the case's CPU (within {bench_sum.WITHIN:.0%}: yes); the further above 1, the more of it goes "
-                  "on waiting and waking rather than on records."),
+                  "(envoy-opa). Beside them, what this run's cells of that case measured. Back to back, the bench's records come "
+                  "one after another, so its processes never wait for one; a cell at a modest rate also pays for waking each process "
+                  f"for each record, and timers and polling between records. So the bench measures the same parts again with their "
+                  f"records paced at {bench_sum.PACED_RATE} a second, all at once, as in a deployment: a cell at that rate is set "
+                  "against the paced sum, one at any other rate against the back-to-back sum (in brackets). Near 1 the bench "
+                  f"accounts for the case's CPU (within {bench_sum.WITHIN:.0%}: yes); above 1, the deployment spends more than its "
+                  "parts do alone."),
             ("table", bench_sum_view(summed))]
 
 

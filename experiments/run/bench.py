@@ -57,6 +57,11 @@ Where a point's Envoy and OPA are both measured, they are measured over the same
   issuing costs OPA per record at the entry (the answer of each is checked first).
 - the policy: `opa bench` of the decision, this rule set against the one of commit d2d81e4
   (complyroute.authoring.policybench.compare).
+- paced (issue 39): the parts a record of the central entity crosses (bench_sum.recipe) again,
+  their records paced at bench_sum.PACED_RATE a second instead of back to back, every part
+  sent to at once as in a deployment: at a cell's rate a process waits between records and
+  wakes for each, which back-to-back records never pay (experiments/analysis/bench_sum.py
+  sums both against the cells' CPU per record).
 
 Prints a table and writes it as CSV (default runs/bench/<time>/bench.csv).
 
@@ -77,6 +82,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,10 +98,14 @@ from complyroute.topology.plan import Endpoint, place
 from complyroute.trust import identity, pki
 from complyroute.trust.identity import TOKEN_ISSUER
 
-from experiments.design.matrix import BENCH_OBSERVABILITY
+from experiments.analysis import bench_sum
+from experiments.design.matrix import BENCH_OBSERVABILITY, ENGINE_NAMES
 from experiments.run.bench_parts import RECORD_LABELS, TOKEN_AUDIENCE, TOKEN_LIFETIME, Bench, Pair, start_parts
 
 BODY = json.dumps({"subject": "alice", "amount": 12}).encode()
+# A record's number in its request id, across every measurement of the run: a service in label-token
+# mode takes each id once.
+RECORD_NUMBERS = itertools.count(1)
 CSV_FIELDS = ["part", "process", "value", "unit", "floor", "floor_value", "ratio", "target", "verdict"]
 
 
@@ -128,11 +138,13 @@ class Row:
         }
 
 
-def send(url: str, records: int, labels: dict[str, str], context: ssl.SSLContext | None = None, headers: dict | Callable[[], dict] | None = None) -> None:
+def send(url: str, records: int, labels: dict[str, str], context: ssl.SSLContext | None = None, headers: dict | Callable[[], dict] | None = None,
+         rate: float | None = None) -> None:
     """`records` sequential POSTs over one keep-alive connection; each must be answered 200.
 
     An https `url` is reached over TLS with `context` (the bench's certificate as a part); `labels`: the
-    record's (Bench.record_headers); `headers` are sent with them: a dict, or a function giving each record's."""
+    record's (Bench.record_headers); `headers` are sent with them: a dict, or a function giving each record's.
+    `rate`: records a second, each sent at its time (None: each as soon as the last is answered)."""
     scheme, address = url.split("://", 1)
     host, port = address.split(":")
     if scheme == "https":
@@ -141,8 +153,11 @@ def send(url: str, records: int, labels: dict[str, str], context: ssl.SSLContext
         connection = http.client.HTTPConnection(host, int(port), timeout=30)
     common = {"content-type": "application/json", **labels}
     fixed = {**common, **(headers or {})} if not callable(headers) else None
+    start = time.monotonic()
     try:
-        for _ in range(records):
+        for number in range(records):
+            if rate and (wait := start + number / rate - time.monotonic()) > 0:
+                time.sleep(wait)
             connection.request("POST", "/process", body=BODY, headers=fixed or {**common, **headers()})
             answer = connection.getresponse()
             body = answer.read()
@@ -192,23 +207,8 @@ def measure(bench: Bench, pairs: list[Pair], records: int, rounds: int, out=sys.
     Pairs with the same url (Envoy and OPA of one point) are measured over the same records.
     """
     samples: dict[str, list[float]] = {pair.part: [] for pair in pairs}
-    by_url: dict[str, list[Pair]] = {}
-    for pair in pairs:
-        by_url.setdefault(pair.url, []).append(pair)
-    shared = {LABEL_TOKEN_HEADER: label_token(bench.token_jwk, BODY, "bench-1")}
-    ids = itertools.count(1)
-    digest = "sha256:" + hashlib.sha256(BODY).hexdigest()
-
-    def per_record() -> dict:
-        request_id = f"bench-record-{next(ids)}"
-        return {"x-request-id": request_id, LABEL_TOKEN_HEADER: label_token(bench.token_jwk, BODY, request_id), DIGEST_HEADER: digest}
-
-    sending = {}
-    for url, group in by_url.items():
-        if len({(pair.client, pair.token) for pair in group}) > 1:
-            raise ValueError(f"bench: the pairs measured at {url} send differently")
-        token = {"": None, "shared": shared, "per-record": per_record}[group[0].token]
-        sending[url] = {"labels": bench.record_headers, "context": bench.client(group[0].client), "headers": token}
+    by_url, sending = senders(bench, pairs)
+    for url in by_url:
         send(url, 200, **sending[url])  # warm every path up: connections, JIT, caches
     for round_number in range(1, rounds + 1):
         for url, group in by_url.items():
@@ -218,6 +218,47 @@ def measure(bench: Bench, pairs: list[Pair], records: int, rounds: int, out=sys.
                 samples[pair.part].append((bench.cpu_seconds(pair.process) - before[pair.part]) * 1000 / records)
         print(f"bench: round {round_number}/{rounds} measured", file=out, flush=True)
     return {part: statistics.median(values) for part, values in samples.items()}
+
+
+def measure_paced(bench: Bench, pairs: list[Pair], records: int, rounds: int, out=sys.stdout) -> list[Row]:
+    """The pairs whose process a record of the central entity crosses (bench_sum.recipe), their
+    records paced at bench_sum.PACED_RATE a second, every url sent to at once (a thread each);
+    median ms of CPU per record over `rounds`, as rows of their own unit (bench_sum.PACED_UNIT)."""
+    crossed = {process for engine in ENGINE_NAMES for kind in bench_sum.recipe(engine).values() for process, _ in kind}
+    pairs = [pair for pair in pairs if pair.process in crossed]
+    samples: dict[str, list[float]] = {pair.part: [] for pair in pairs}
+    by_url, sending = senders(bench, pairs)
+    with ThreadPoolExecutor(max_workers=len(by_url)) as pool:
+        for round_number in range(1, rounds + 1):
+            before = {pair.part: bench.cpu_seconds(pair.process) for pair in pairs}
+            list(pool.map(lambda url: send(url, records, **sending[url], rate=bench_sum.PACED_RATE), by_url))
+            for pair in pairs:
+                samples[pair.part].append((bench.cpu_seconds(pair.process) - before[pair.part]) * 1000 / records)
+            print(f"bench: paced round {round_number}/{rounds} measured", file=out, flush=True)
+    return [Row(f"{pair.part}, paced at {bench_sum.PACED_RATE} records/s", pair.process, statistics.median(samples[pair.part]),
+                unit=bench_sum.PACED_UNIT) for pair in pairs]
+
+
+def senders(bench: Bench, pairs: list[Pair]) -> tuple[dict[str, list[Pair]], dict[str, dict]]:
+    """The pairs by the url their records go to (an Envoy and its OPA share one), and how each
+    url is sent to (send's arguments beyond the url and the number of records)."""
+    by_url: dict[str, list[Pair]] = {}
+    for pair in pairs:
+        by_url.setdefault(pair.url, []).append(pair)
+    shared = {LABEL_TOKEN_HEADER: label_token(bench.token_jwk, BODY, "bench-1")}
+    digest = "sha256:" + hashlib.sha256(BODY).hexdigest()
+
+    def per_record() -> dict:
+        request_id = f"bench-record-{next(RECORD_NUMBERS)}"
+        return {"x-request-id": request_id, LABEL_TOKEN_HEADER: label_token(bench.token_jwk, BODY, request_id), DIGEST_HEADER: digest}
+
+    sending = {}
+    for url, group in by_url.items():
+        if len({(pair.client, pair.token) for pair in group}) > 1:
+            raise ValueError(f"bench: the pairs measured at {url} send differently")
+        token = {"": None, "shared": shared, "per-record": per_record}[group[0].token]
+        sending[url] = {"labels": bench.record_headers, "context": bench.client(group[0].client), "headers": token}
+    return by_url, sending
 
 
 def policy_evaluation(context: dict, scratch: Path) -> float:
@@ -350,6 +391,7 @@ def run(rule_set: RuleSet, out_file: Path | None = None, records: int = 1500, ro
             pairs, context = start_parts(bench, scratch)
             bench.wait_until_listening()
             medians = measure(bench, pairs, records, rounds, out)
+            paced = measure_paced(bench, pairs, records, rounds, out)
             observed = observability(bench, context["observed"], records, rounds, out)
             handler_ms = plugin_handler_ms(context["opas"]["envoy-opa"])
             for name in context["compiled"]:
@@ -379,7 +421,7 @@ def run(rule_set: RuleSet, out_file: Path | None = None, records: int = 1500, ro
         Row(plain_entry, "opa bench", signing["plain"], unit="ms/evaluation"),
         Row("policy at the entry, issuing the label token (opa bench)", "opa bench", signing["issue"], plain_entry, signing["plain"], unit="ms/evaluation"),
     ]
-    rows += observed
+    rows += paced + observed
     print("bench: the policy, this rule set against commit d2d81e4 (opa bench, medians)", file=out, flush=True)
     for case in policybench.compare(out=out, sizes=policy_sizes, benched=policy_topologies):
         # The target is the allowed hop's, the common case; a denial evaluates every rule to explain itself.

@@ -20,6 +20,7 @@ import pytest
 
 from complyroute.policy.ruleset import RuleSet
 
+from experiments.analysis import bench_sum
 from experiments.report.report import bench_blocks
 from experiments.run import bench, bench_parts
 
@@ -35,6 +36,12 @@ def test_the_bench_measures_every_part_against_its_floor_and_the_report_shows_it
     measured = pd.read_csv(csv_file)
     assert list(measured["part"]) == [row.part for row in rows]
     assert "compiled engine: Envoy deciding the hop" in set(measured["part"]) and (measured["value"] >= 0).all()
+    # The parts a record of the central entity crosses, again with their records paced as at a cell's rate.
+    assert "bench: paced round 1/1 measured" in log.getvalue()
+    paced = measured[measured["unit"] == bench_sum.PACED_UNIT]
+    assert set(paced["process"]) == {process for engine in ("envoy-compiled", "envoy-opa") for kind in bench_sum.recipe(engine).values()
+                                     for process, _ in kind}
+    assert (paced["value"] > 0).all()
     # The entry's full decision and label token through ext_authz beside the plugin's floor, and its decision log beside that.
     entry = measured.set_index("part").loc[[bench_parts.ENTRY_OPA, "the entry's decision and label token, with its decision log: OPA"]]
     assert list(entry["floor"]) == ["OPA allowing everything, through ext_authz", bench_parts.ENTRY_OPA]

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from complyroute.topology.manifest import REPO
-from experiments.analysis.bench_sum import bench_sum, recipe
+from experiments.analysis.bench_sum import PACED_RATE, PACED_UNIT, bench_sum, recipe
 from experiments.report.report_tables import bench_sum_view
 
 SAMPLE_BENCH = REPO / "experiments" / "sample" / "raw" / "bench.csv"
@@ -59,3 +59,19 @@ def test_the_view_says_within_15_percent_only_within_it_allowed():
     assert view.loc[("compiled", "Envoy"), "Within 15%"] == "no"  # 2.1 against 1.4: 1.50x
     assert view.loc[("compiled", "all three"), "Within 15%"] == "yes"  # 5.7 against 5.0: 1.14x
     assert view.loc[("envoy-opa", "Envoy"), "Within 15%"] == "no"  # 1.4 against 2.4: 0.58x
+
+
+def test_a_cell_at_the_paced_rate_is_set_against_the_paced_sum_allowed():
+    paced = bench()
+    paced = pd.concat([paced, paced[paced["unit"] == "ms CPU/request"].assign(value=lambda rows: rows["value"] * 2, unit=PACED_UNIT)])
+    cells = pd.concat([cpu(), cpu().assign(rate=500)])
+    summed = bench_sum(paced, cells).set_index(["engine", "rate", "kind"])
+    at_rate = summed.loc[("envoy-compiled", PACED_RATE, "all")]
+    assert at_rate["compared"] == "paced" and at_rate["paced_ms"] == pytest.approx(10.0) and at_rate["ratio"] == pytest.approx(0.5)
+    beyond = summed.loc[("envoy-compiled", 500, "all")]
+    assert beyond["compared"] == "back to back" and beyond["ratio"] == pytest.approx(1.0)
+
+
+def test_a_bench_without_paced_rows_sets_every_cell_against_back_to_back_denied():
+    summed = bench_sum(bench(), cpu())
+    assert (summed["compared"] == "back to back").all() and summed["paced_ms"].isna().all()
