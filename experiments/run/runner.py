@@ -63,8 +63,9 @@ def cell_estimate(cell: Cell, parameters: Parameters) -> float:
 RUN_FOLDER_BYTES_PER_SERVICE = 140_000
 HOP_BYTES = 450 + 2 * 480
 RECORD_BYTES = 150
-# The bench's time: about a minute a round of 1500 records here (make bench: 3 rounds, about 3 minutes).
-BENCH_SECONDS_PER_RECORD_ROUND = 60 / 1500
+# The bench's time a record and round, its paced rounds (10 ms a record) and policy rows included:
+# 3 rounds of 1,000 records took 228 s here (benchsum-20261129, a quiet machine).
+BENCH_SECONDS_PER_RECORD_ROUND = 228 / 3000
 
 
 def cell_disk_estimate(cell: Cell, parameters: Parameters) -> int:
