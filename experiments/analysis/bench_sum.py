@@ -22,6 +22,7 @@ WITHIN = 0.15  # |measured ÷ sum − 1| the bench should stay within
 PACED_RATE = 100  # records/s: the quick profile's lowest rate, where issue 39 reads CPU per record
 PACED_UNIT = f"ms CPU/request, paced at {PACED_RATE} records/s"
 KINDS = {"services": "service_ms", "envoy": "envoy_ms", "opa": "opa_ms"}  # cpu_per_record's columns
+ENGINES = ("envoy-compiled", "envoy-opa")
 
 
 def recipe(engine: str, services: int = SERVICES) -> dict[str, list[tuple[str, int]]]:
@@ -41,6 +42,11 @@ def recipe(engine: str, services: int = SERVICES) -> dict[str, list[tuple[str, i
     return parts
 
 
+def processes(engines: tuple[str, ...] = ENGINES) -> set[str]:
+    """The bench's processes the recipe names under any of `engines`: those the bench also paces."""
+    return {process for engine in engines for kind in recipe(engine).values() for process, _ in kind}
+
+
 def bench_sum(bench: pd.DataFrame, cpu: pd.DataFrame) -> pd.DataFrame:
     """Per engine and rate the run measured a central entity of SERVICES services at: each kind's
     (services, envoy, opa, then all three) CPU per record summed from the bench, back to back
@@ -52,16 +58,16 @@ def bench_sum(bench: pd.DataFrame, cpu: pd.DataFrame) -> pd.DataFrame:
         return bench[bench["unit"] == unit].drop_duplicates("process").set_index("process")["value"]
 
     back_to_back, paced = values("ms CPU/request"), values(PACED_UNIT)
-    cells = cpu[(cpu["topology"] == TOPOLOGY) & (cpu["services"] == SERVICES) & cpu["engine"].isin(["envoy-compiled", "envoy-opa"])]
+    cells = cpu[(cpu["topology"] == TOPOLOGY) & (cpu["services"] == SERVICES) & cpu["engine"].isin(ENGINES)]
     rows = []
     for _, cell in cells.sort_values(["engine", "rate"]).iterrows():
-        parts = recipe(cell["engine"])
-        processes = {process for kind in parts.values() for process, _ in kind}
-        if not processes <= set(back_to_back.index):
+        parts, crossed = recipe(cell["engine"]), processes((cell["engine"],))
+        if not crossed <= set(back_to_back.index):
             return pd.DataFrame()
         sums = {"back to back": summed(parts, back_to_back)}
-        sums["paced"] = summed(parts, paced) if processes <= set(paced.index) else dict.fromkeys(sums["back to back"], float("nan"))
-        compared = "paced" if cell["rate"] == PACED_RATE and processes <= set(paced.index) else "back to back"
+        was_paced = crossed <= set(paced.index)
+        sums["paced"] = summed(parts, paced) if was_paced else dict.fromkeys(sums["back to back"], float("nan"))
+        compared = "paced" if cell["rate"] == PACED_RATE and was_paced else "back to back"
         measured = {kind: cell[column] for kind, column in KINDS.items()}
         measured["all"] = sum(measured.values())
         for kind in [*KINDS, "all"]:

@@ -99,7 +99,7 @@ from complyroute.trust import identity, pki
 from complyroute.trust.identity import TOKEN_ISSUER
 
 from experiments.analysis import bench_sum
-from experiments.design.matrix import BENCH_OBSERVABILITY, ENGINE_NAMES
+from experiments.design.matrix import BENCH_OBSERVABILITY
 from experiments.run.bench_parts import RECORD_LABELS, TOKEN_AUDIENCE, TOKEN_LIFETIME, Bench, Pair, start_parts
 
 BODY = json.dumps({"subject": "alice", "amount": 12}).encode()
@@ -224,8 +224,7 @@ def measure_paced(bench: Bench, pairs: list[Pair], records: int, rounds: int, ou
     """The pairs whose process a record of the central entity crosses (bench_sum.recipe), their
     records paced at bench_sum.PACED_RATE a second, every url sent to at once (a thread each);
     median ms of CPU per record over `rounds`, as rows of their own unit (bench_sum.PACED_UNIT)."""
-    crossed = {process for engine in ENGINE_NAMES for kind in bench_sum.recipe(engine).values() for process, _ in kind}
-    pairs = [pair for pair in pairs if pair.process in crossed]
+    pairs = [pair for pair in pairs if pair.process in bench_sum.processes()]
     samples: dict[str, list[float]] = {pair.part: [] for pair in pairs}
     by_url, sending = senders(bench, pairs)
     with ThreadPoolExecutor(max_workers=len(by_url)) as pool:

@@ -39,8 +39,7 @@ def test_the_bench_measures_every_part_against_its_floor_and_the_report_shows_it
     # The parts a record of the central entity crosses, again with their records paced as at a cell's rate.
     assert "bench: paced round 1/1 measured" in log.getvalue()
     paced = measured[measured["unit"] == bench_sum.PACED_UNIT]
-    assert set(paced["process"]) == {process for engine in ("envoy-compiled", "envoy-opa") for kind in bench_sum.recipe(engine).values()
-                                     for process, _ in kind}
+    assert set(paced["process"]) == bench_sum.processes()
     assert (paced["value"] > 0).all()
     # The entry's full decision and label token through ext_authz beside the plugin's floor, and its decision log beside that.
     entry = measured.set_index("part").loc[[bench_parts.ENTRY_OPA, "the entry's decision and label token, with its decision log: OPA"]]
