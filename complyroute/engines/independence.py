@@ -21,6 +21,15 @@ labelling is not tabled: the point's OPA decides it in full, with the body. OPA'
 conservative (a rule whose dependencies mention the record is left over even where it would not
 fire), never the other way round.
 
+Before a labelling is asked, OPA's static view of the decision may answer for all of them at
+once (`beyond_the_space`): its dependency analysis (`opa deps`) lists every base document the
+query can read through every rule it reaches, and its planner (`opa build -t plan`) every
+built-in the query's plan can call. A decision that can read none of the unknowns and call no
+built-in OPA's capabilities mark non-deterministic is completely evaluated at every labelling,
+so none is asked; a decision that can is asked labelling by labelling, as above. The static
+view is coarser, never the other way round: a rule that reads the record for one labelling
+makes every labelling asked, and partial evaluation then tables those it does not read it for.
+
 The record's content is unknown, its shape is not: the quick path takes a record only when its
 body is a JSON object, and the full path denies any other (RECORD_MALFORMED). The platform's
 package of the record's shape (policies/complyroute/record) says whether it is one; here it
@@ -32,10 +41,12 @@ gets no table: what it says of a record would not be what OPA was asked under.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shutil
 import subprocess
+import tarfile
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -48,8 +59,10 @@ from complyroute.topology import localhttp
 # What OPA's partial evaluation treats as unknown: what a hop carries beside its labels, sender and
 # step, and the documents a point may hold that the decision space does not.
 UNKNOWNS = ("input.record", "input.request_id", "data.complyroute_quick_path.table", "data.complyroute.token")
-QUERY = "decision = data.complyroute.compliance.decision; canonical = data.complyroute.compliance.canonical_labels"
-BOUND = {"decision", "canonical"}
+# What is asked, each value bound to a variable: the documents, as OPA's planner names its entrypoints.
+DECIDED = {"decision": "complyroute/compliance/decision", "canonical": "complyroute/compliance/canonical_labels"}
+QUERY = "; ".join(f"{name} = data.{entrypoint.replace('/', '.')}" for name, entrypoint in DECIDED.items())
+BOUND = set(DECIDED)
 # The platform's record package as partial evaluation asks under it: every record an object.
 OBJECT_RECORD = Path(__file__).with_name("object_record.rego")
 START_TIMEOUT_S = 60
@@ -206,9 +219,12 @@ def dependent(space: dict, labellings: list[Labelling], policies: Path) -> list[
 
 def residuals(policies: Path, asks: list[tuple[dict, dict]]) -> list[bool]:
     """For each (a point's data document, a hop: {"labels", "sender", "step"}), whether OPA's
-    partial evaluation of the decision there leaves a residual. Two OPAs side by side (two cores
-    here), each asked half of them."""
+    partial evaluation of the decision there leaves a residual: none anywhere when OPA's static
+    view finds nothing beyond the space the decision could depend on (beyond_the_space), else
+    asked. Two OPAs side by side (two cores here), each asked half of them."""
     copy = asked_copy(policies)  # refuses a record shape of the rule set's own before any OPA starts
+    if not asks or beyond_the_space(copy) is None:
+        return [False] * len(asks)
     numbered = list(enumerate(asks))
     with ThreadPoolExecutor(max_workers=2) as pool:
         halves = list(pool.map(lambda half: _residuals(copy, half), [numbered[0::2], numbered[1::2]]))
@@ -217,6 +233,89 @@ def residuals(policies: Path, asks: list[tuple[dict, dict]]) -> list[bool]:
         for number in half:
             left[number] = True
     return left
+
+
+@functools.cache
+def beyond_the_space(copy: Path) -> str | None:
+    """What OPA's static view of the decision in `copy` (asked_copy's, named by its content) finds
+    it could depend on beyond the decision space: the first document of UNKNOWNS its dependency
+    analysis says it can read, or the non-deterministic built-ins its plan can call, or why OPA
+    could not tell; None when nothing."""
+    with tempfile.TemporaryDirectory(prefix="complyroute-static-") as scratch:
+        deps = subprocess.run([str(OPA), "deps", "--format", "json", "--data", str(copy), *ignore_flags(), QUERY],
+                              capture_output=True, text=True)
+        if deps.returncode != 0:
+            return f"OPA's dependency analysis failed: {(deps.stderr or deps.stdout).strip()[:400]}"
+        for reference in json.loads(deps.stdout).get("base") or []:
+            reached = [unknown for unknown in UNKNOWNS if may_read(reference, unknown)]
+            if reached:
+                return f"it can read {reached[0]}"
+        plan_file = Path(scratch) / "plan.tar.gz"
+        plan = subprocess.run([str(OPA), "build", "--target", "plan", *(f"--entrypoint={entrypoint}" for entrypoint in DECIDED.values()),
+                               *ignore_flags(), "--output", str(plan_file), str(copy)], capture_output=True, text=True)
+        if plan.returncode != 0:
+            return f"OPA's planner failed: {(plan.stderr or plan.stdout).strip()[:400]}"
+        with tarfile.open(plan_file) as bundle:
+            member = next(member for member in bundle.getmembers() if member.name.lstrip("/") == "plan.json")
+            planned = json.load(bundle.extractfile(member))
+    called, dynamic = calls(planned, DECIDED.values())
+    if dynamic:
+        return "its plan calls a function it names at run time"
+    nondeterministic = sorted(called & nondeterministic_builtins())
+    if nondeterministic:
+        return f"it can call {', '.join(nondeterministic)}"
+    return None
+
+
+def may_read(reference: list[dict], unknown: str) -> bool:
+    """Whether a base document reference of OPA's dependency analysis (its JSON AST) may read
+    `unknown` (a dotted path), a part of it or a document holding it: at each position they share,
+    the same name, or a term that is not a constant (a variable: any key)."""
+    for position, (term, name) in enumerate(zip(reference, unknown.split("."))):
+        if (position == 0 or term["type"] in ("string", "number", "boolean", "null")) and term["value"] != name:
+            return False
+    return True
+
+
+def calls(plan: dict, entrypoints) -> tuple[set[str], bool]:
+    """The built-ins OPA's plan (its IR, `opa build -t plan`) can call from `entrypoints`, through
+    every function it can call, and whether it can call a function named at run time."""
+    functions = {function["name"]: function for function in plan["funcs"].get("funcs") or []}
+    pending = [entry for entry in plan["plans"]["plans"] if entry["name"] in set(entrypoints)]
+    seen: set[str] = set()
+    builtins: set[str] = set()
+    dynamic = False
+    while pending:
+        for statement in statements(pending.pop()):
+            if statement["type"] == "CallDynamicStmt":
+                dynamic = True
+            elif statement["type"] == "CallStmt":
+                name = statement["stmt"]["func"]
+                if name not in functions:
+                    builtins.add(name)
+                elif name not in seen:
+                    seen.add(name)
+                    pending.append(functions[name])
+    return builtins, dynamic
+
+
+def statements(node):
+    """Every statement within a node of OPA's IR, however deeply its blocks nest."""
+    if isinstance(node, dict):
+        if isinstance(node.get("type"), str) and "stmt" in node:
+            yield node
+        for value in node.values():
+            yield from statements(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from statements(value)
+
+
+@functools.cache
+def nondeterministic_builtins() -> frozenset[str]:
+    """The built-ins this OPA's capabilities mark non-deterministic (the clock, randomness, the network)."""
+    capabilities = subprocess.run([str(OPA), "capabilities", "--current"], capture_output=True, text=True, check=True)
+    return frozenset(builtin["name"] for builtin in json.loads(capabilities.stdout)["builtins"] if builtin.get("nondeterministic"))
 
 
 def _residuals(copy: Path, asks: list[tuple[int, tuple[dict, dict]]]) -> list[int]:

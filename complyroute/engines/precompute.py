@@ -22,8 +22,9 @@ The labellings the rule set allows without rewriting a label become
 - under envoy-compiled, Envoy routes too (envoy_compiled.listener_matcher).
 Nothing here restates a rule: an author's new rule is in the answers the next deploy or reload asks.
 
-A labelling is tabled only when OPA's partial evaluation finds its answer independent of what
-the space does not hold (independence.py): the record beyond its being a JSON object (the
+A labelling is tabled only when OPA finds its answer independent of what the space does not
+hold (independence.py: its dependency analysis and planner for the whole decision, else its
+partial evaluation labelling by labelling): the record beyond its being a JSON object (the
 quick path checks that much of the body), the request id, the clock or another
 non-deterministic built-in, the point's table or token key. Any other labelling is OPA's to
 decide in full, with the body.

@@ -6,7 +6,8 @@ over a central entity of two services (256 allowed labellings)."""
 
 import pytest
 
-from complyroute.engines import envoy_opa, precompute
+from complyroute.engines import envoy_opa, independence, precompute
+from complyroute.policy.policyfiles import POLICIES
 from complyroute.topology import manifest
 from complyroute.topology.plan import place
 
@@ -55,7 +56,14 @@ CONSTANTS = {
     "walk": 'walk({"a": 1}, [["diagnosis"], _])',
     "input[key]": 'some key\n\t{"a": {"b": 1}}[key].b == 2',
     "time.date": 'time.date([0, "UTC"])[0] >= 2100',
+    # The clock replaced by a constant: OPA's plan calls no clock (partial evaluation leaves any `with` over).
+    "time.now_ns replaced": 'time.now_ns() > 4102444800000000000 with time.now_ns as 0',
 }
+# What OPA's static view (independence.beyond_the_space) names for each form: the unknown it can
+# read, or the non-deterministic built-in it can call.
+REACHED = {form: "input.record" for form in READS} | {
+    "request id": "input.request_id", "time.clock": "time.now_ns", "time.date": "time.now_ns", "time.now_ns": "time.now_ns",
+    "rand.intn": "rand.intn", "the table": "data.complyroute_quick_path.table"}
 
 
 def decided(tmp_path, condition: str | None):
@@ -87,3 +95,31 @@ def test_the_same_form_over_constants_is_tabled_allowed(tmp_path, whole, form):
     destinations = {labelling: destination for labelling, (destination, _) in precomputed.outcomes.items()}
     assert destinations == {labelling: destination for labelling, (destination, _) in whole.outcomes.items()}  # the revision differs
     assert precomputed.skipped == ""
+
+
+@pytest.mark.parametrize("form", READS)
+def test_the_static_view_names_what_a_reading_rule_can_reach_denied(tmp_path, form):
+    policies = shipped_with(tmp_path, HIDDEN.format(condition=READS[form]))
+    assert REACHED[form] in independence.beyond_the_space(independence.asked_copy(policies))
+
+
+@pytest.mark.parametrize("form", CONSTANTS)
+def test_the_static_view_finds_nothing_in_the_same_form_over_constants_allowed(tmp_path, form):
+    policies = shipped_with(tmp_path, HIDDEN.format(condition=CONSTANTS[form]))
+    assert independence.beyond_the_space(independence.asked_copy(policies)) is None
+
+
+ASKS = [({"complyroute": {}}, {"labels": {"region": region}, "sender": "gateway", "step": "step-01"}) for region in ("EU", "US")]
+
+
+def test_the_shipped_rules_have_no_labelling_asked_allowed(monkeypatch):
+    asked = []
+    monkeypatch.setattr(independence, "_residuals", lambda copy, asks: asked.extend(asks) or [])
+    assert independence.residuals(POLICIES, ASKS) == [False, False] and asked == []
+
+
+def test_a_rule_reading_the_record_has_every_labelling_asked_denied(tmp_path, monkeypatch):
+    asked = []
+    monkeypatch.setattr(independence, "_residuals", lambda copy, asks: asked.extend(asks) or [number for number, _ in asks])
+    policies = shipped_with(tmp_path, HIDDEN.format(condition=READS["object.get"]))
+    assert independence.residuals(policies, ASKS) == [True, True] and len(asked) == 2

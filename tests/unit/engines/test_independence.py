@@ -1,5 +1,6 @@
-"""Reading OPA's partial evaluation (independence.completely_evaluated) and the copy it asks
-(asked_copy); what OPA itself answers is tests/integration/engines/test_independence.py's."""
+"""Reading OPA's partial evaluation (independence.completely_evaluated), its dependency analysis
+(may_read) and its plan (calls), and the copy it asks (asked_copy); what OPA itself answers is
+tests/integration/engines/test_independence.py's."""
 
 import shutil
 
@@ -65,3 +66,55 @@ def test_a_rule_set_with_a_record_shape_of_its_own_denied(tmp_path):
                                                "is_json_object if {\n\tis_object(input.record)\n\tinput.record.ok\n}"))
     with pytest.raises(independence.RecordShapeChanged, match="differs from the platform's"):
         independence.asked_copy(policies)
+
+
+def ref(*terms):
+    """A reference as OPA's dependency analysis writes it: the root a variable, then its terms."""
+    return [var(terms[0]), *({"type": "var", "value": term[1:]} if isinstance(term, str) and term.startswith("$")
+                             else const(term) for term in terms[1:])]
+
+
+@pytest.mark.parametrize("reference", [
+    ref("input"),  # the whole input (a builtin over input, `some key, value in input`)
+    ref("input", "record"), ref("input", "record", "diagnosis"),
+    ref("input", "$key"),  # a variable key: input[key]
+    ref("data"), ref("data", "complyroute"), ref("data", "complyroute", "$key", "kid"),
+], ids=["input", "record", "in-record", "input-key", "data", "complyroute", "data-key"])
+def test_a_reference_that_may_reach_an_unknown_reads_it_denied(reference):
+    unknowns = [unknown for unknown in independence.UNKNOWNS if independence.may_read(reference, unknown)]
+    assert unknowns, f"{reference} reads none of {independence.UNKNOWNS}"
+
+
+@pytest.mark.parametrize("reference", [
+    ref("input", "labels"), ref("input", "labels", "$name"), ref("input", "step"), ref("input", 0),
+    ref("data", "complyroute", "index"), ref("data", "complyroute", "reference", "$name"), ref("data", "complyroute_quick_path", "keys"),
+], ids=["labels", "a-label", "step", "number-key", "index", "reference", "keys"])
+def test_a_reference_beside_every_unknown_reads_none_allowed(reference):
+    assert not [unknown for unknown in independence.UNKNOWNS if independence.may_read(reference, unknown)]
+
+
+def call(function):
+    return {"type": "CallStmt", "stmt": {"func": function, "args": [], "result": 1}}
+
+
+def nested(*statements):
+    """Statements inside a block inside a block, as OPA plans a rule's body."""
+    return {"type": "BlockStmt", "stmt": {"blocks": [{"stmts": [{"type": "NotStmt", "stmt": {"block": {"stmts": list(statements)}}}]}]}}
+
+
+def planned(plans: dict, functions: dict) -> dict:
+    return {"plans": {"plans": [{"name": name, "blocks": [{"stmts": body}]} for name, body in plans.items()]},
+            "funcs": {"funcs": [{"name": name, "params": [0, 1], "return": 2, "blocks": [{"stmts": body}]} for name, body in functions.items()]}}
+
+
+def test_a_plan_calls_the_builtins_its_entrypoints_reach_through_functions_allowed():
+    plan = planned({"decision": [call("g0.decide")], "response": [call("g0.sign")]},
+                   {"g0.decide": [nested(call("g0.helper"), call("count"))], "g0.helper": [call("g0.decide"), call("sprintf")],
+                    "g0.sign": [call("time.now_ns")]})
+    assert independence.calls(plan, ["decision"]) == ({"count", "sprintf"}, False)
+
+
+def test_a_plan_that_reaches_a_builtin_or_a_dynamic_call_says_so_denied():
+    plan = planned({"decision": [call("g0.decide")]},
+                   {"g0.decide": [nested(call("g0.sign"))], "g0.sign": [nested(call("time.now_ns"), {"type": "CallDynamicStmt", "stmt": {}})]})
+    assert independence.calls(plan, ["decision"]) == ({"time.now_ns"}, True)
