@@ -27,8 +27,9 @@ query can read through every rule it reaches, and its planner (`opa build -t pla
 built-in the query's plan can call. A decision that can read none of the unknowns and call no
 built-in OPA's capabilities mark non-deterministic is completely evaluated at every labelling,
 so none is asked; a decision that can is asked labelling by labelling, as above. The static
-view is coarser, never the other way round: a rule that reads the record for one labelling
-makes every labelling asked, and partial evaluation then tables those it does not read it for.
+view is coarser (a rule that reads the record for one labelling makes every labelling asked,
+and partial evaluation then tables those it does not read it for), except for a built-in a rule
+replaces with `with`: the plan calls none, where partial evaluation leaves any `with` over.
 
 The record's content is unknown, its shape is not: the quick path takes a record only when its
 body is a JSON object, and the full path denies any other (RECORD_MALFORMED). The platform's
@@ -46,13 +47,13 @@ import json
 import os
 import shutil
 import subprocess
-import tarfile
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from complyroute.engines.contract import EngineError
+from complyroute.policy import bundles
 from complyroute.policy.policyfiles import ASSEMBLED, OPA, POLICIES, RECORD_SHAPE, content_digest, ignore_flags, is_test
 from complyroute.topology import localhttp
 
@@ -255,9 +256,7 @@ def beyond_the_space(copy: Path) -> str | None:
                                *ignore_flags(), "--output", str(plan_file), str(copy)], capture_output=True, text=True)
         if plan.returncode != 0:
             return f"OPA's planner failed: {(plan.stderr or plan.stdout).strip()[:400]}"
-        with tarfile.open(plan_file) as bundle:
-            member = next(member for member in bundle.getmembers() if member.name.lstrip("/") == "plan.json")
-            planned = json.load(bundle.extractfile(member))
+        planned = json.loads(bundles.members(plan_file.read_bytes())["plan.json"])
     called, dynamic = calls(planned, DECIDED.values())
     if dynamic:
         return "its plan calls a function it names at run time"
