@@ -37,6 +37,11 @@ from complyroute.topology.plan import place
 
 WALKTHROUGH = "topologies/examples/mixed-regions.yaml"  # what `make demo` deploys
 QUERY = "data.complyroute_engines.decision_space.decisions"
+# The revision every rule set is asked under. An outcome names none (decision_space.rego), so the
+# answers are those of the rules' content alone, and so is the key they are kept under
+# (precompute.cached): a copy of the checkout's rule set, or the checkout's after a commit, is
+# asked once, not again under its other revision (a commit, a content digest: bundles.revision).
+ASKED_REVISION = "policy-diff"
 
 
 class PolicyDiffError(RuntimeError):
@@ -89,7 +94,7 @@ def decisions(points, policies: Path, name: str, space: dict) -> dict[tuple, dic
     `space`: the labels ([name, header]) and the labellings to try at every deciding listener.
     """
     try:
-        data = envoy_opa.opa_data(points, policies)  # the index as this rule set derives it
+        data = envoy_opa.opa_data(points, policies, ASKED_REVISION)  # the index as this rule set derives it
     except policydata.PolicyDataError as error:
         raise PolicyDiffError(f"the rule set {name}: {one_line(error)}") from None
     document = {

@@ -10,9 +10,13 @@ import pytest
 
 from complyroute import __main__ as cli
 from complyroute.authoring import policydiff
+from complyroute.engines import precompute
 from complyroute.policy import policyfiles
 from complyroute.proxy.contract import set_tiers
 from complyroute.topology import manifest
+from complyroute.topology.plan import place
+
+from tests.walkthrough import rule_set_with_rule
 
 # The walkthrough: 7 deciding listeners (the entry and the sidecars of the three ingest and three
 # analyse instances), 16 regions, 3 categories, consent absent or one of 63 canonical values.
@@ -130,6 +134,34 @@ def test_an_unchanged_rule_set_changes_no_decision_denied(walkthrough, head, tmp
     policydiff.report(result, "HEAD", out=text)
     assert text.getvalue() == (f"policy-diff HEAD -> policies/: {SPACE} decisions compared at 7 deciding listeners, 0 would change\n"
                                f"  {policydiff.RECORD_NOT_COMPARED}\n")
+
+
+def asked_keys(monkeypatch, walkthrough, rule_sets) -> list[str]:
+    """The key each rule set's answers are kept under (precompute.cached), nothing asked of OPA
+    but the points' indexes."""
+    keys = []
+    monkeypatch.setattr(precompute, "evaluate_split", lambda query, document, policies: keys.append(
+        precompute._cache_key(query, document, policies)) or [])
+    points = [point for point in place(walkthrough).points if point.deciding]
+    space = {"labels": [["region", "x-data-region"]], "labellings": [["EU"]]}
+    for rules in rule_sets:
+        policydiff.decisions(points, rules, str(rules), space)
+    return keys
+
+
+def test_the_checkout_s_rule_set_and_a_copy_of_it_are_asked_once_allowed(monkeypatch, walkthrough, tmp_path):
+    # The checkout's policies/ has a commit as its revision, a copy outside git a digest of its
+    # content (bundles.revision); the answers are asked under one revision, so kept under one key.
+    copy = tmp_path / "policies"
+    shutil.copytree(policyfiles.POLICIES, copy)
+    checkout, copied = asked_keys(monkeypatch, walkthrough, [policyfiles.POLICIES, copy])
+    assert checkout == copied
+
+
+def test_a_copy_with_one_rule_changed_is_asked_again_denied(monkeypatch, walkthrough, tmp_path):
+    changed = rule_set_with_rule(tmp_path)  # policies/README.md's walkthrough rule appended
+    checkout, copied = asked_keys(monkeypatch, walkthrough, [policyfiles.POLICIES, changed])
+    assert checkout != copied
 
 
 def test_a_purpose_no_instance_processes_for_is_asked_too(walkthrough, head, tmp_path):
