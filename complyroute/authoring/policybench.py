@@ -86,8 +86,10 @@ def cases(topology_name: str, services: int):
 
 
 @dataclass(frozen=True)
-class RuleSet:
-    """A rule set as its enforcement points run it: its policies, the data it reads, OPA's flags."""
+class BenchedRuleSet:
+    """A rule set as its enforcement points run it, to be benched: its policies, the data it
+    reads, OPA's flags. Not a RuleSet (policy/ruleset.py): d2d81e4's reads its catalog whole and
+    has no label schema or platform to assemble."""
 
     name: str
     policies: Path
@@ -101,8 +103,8 @@ class BaselineUnavailable(RuntimeError):
     """The rule set of BASELINE_COMMIT cannot be had (a shallow clone, an export without .git)."""
 
 
-def current() -> RuleSet:
-    return RuleSet("current", policyfiles.POLICIES, ("complyroute.index", f"{precompute.QUICK_PATH_DOCUMENT}.table"), point_documents, list(policyfiles.RUN_FLAGS))
+def current() -> BenchedRuleSet:
+    return BenchedRuleSet("current", policyfiles.POLICIES, ("complyroute.index", f"{precompute.QUICK_PATH_DOCUMENT}.table"), point_documents, list(policyfiles.RUN_FLAGS))
 
 
 def point_documents(points: dict[str, EnforcementPoint], deployments: dict[str, list[EnforcementPoint]] | None = None) -> dict[str, dict]:
@@ -113,7 +115,7 @@ def point_documents(points: dict[str, EnforcementPoint], deployments: dict[str, 
             for case, point in points.items()}
 
 
-def baseline(scratch: Path) -> RuleSet:
+def baseline(scratch: Path) -> BenchedRuleSet:
     """The rule set of BASELINE_COMMIT, extracted into scratch, with its catalog as it read it."""
     archive = subprocess.run(["git", "-C", str(REPO), "archive", BASELINE_COMMIT, "policies"], capture_output=True)
     if archive.returncode != 0:
@@ -121,7 +123,7 @@ def baseline(scratch: Path) -> RuleSet:
     scratch.mkdir(parents=True, exist_ok=True)
     subprocess.run(["tar", "-x", "-C", str(scratch)], input=archive.stdout, check=True)
     as_catalogs = lambda points, deployments=None: {case: {"complyroute": {"catalog": point.catalog}} for case, point in points.items()}
-    return RuleSet(BASELINE_COMMIT, scratch / "policies", ("complyroute.catalog",), as_catalogs)
+    return BenchedRuleSet(BASELINE_COMMIT, scratch / "policies", ("complyroute.catalog",), as_catalogs)
 
 
 def opa(*args: str, env: dict | None = None, cpus: set[int] | None = None) -> str:
@@ -132,11 +134,11 @@ def opa(*args: str, env: dict | None = None, cpus: set[int] | None = None) -> st
     return result.stdout
 
 
-def loading(rule_set: RuleSet, data_dir: Path) -> list[str]:
+def loading(rule_set: BenchedRuleSet, data_dir: Path) -> list[str]:
     return ["--data", str(rule_set.policies), *policyfiles.ignore_flags(), "--data", str(data_dir)]
 
 
-def decisions(rule_set: RuleSet, asked: dict[str, tuple[dict, dict]], scratch: Path) -> dict[str, dict]:
+def decisions(rule_set: BenchedRuleSet, asked: dict[str, tuple[dict, dict]], scratch: Path) -> dict[str, dict]:
     """{name: the rule set's answer} for every {name: (a point's data document, request)}, in one OPA run."""
     data_dir = scratch / f"{rule_set.name}-decisions"
     write_data(data_dir, {"bench": {name: {"data": document, "request": request} for name, (document, request) in asked.items()}})
@@ -146,7 +148,7 @@ def decisions(rule_set: RuleSet, asked: dict[str, tuple[dict, dict]], scratch: P
     return {result["bindings"]["name"]: result["bindings"]["answer"] for result in results}
 
 
-def bench(rule_set: RuleSet, data_dir: Path, request: dict, scratch: Path, concurrency: int | None = None) -> dict:
+def bench(rule_set: BenchedRuleSet, data_dir: Path, request: dict, scratch: Path, concurrency: int | None = None) -> dict:
     """`opa bench`'s figures for one request: median and p99 in µs, allocations per evaluation.
 
     `concurrency`: the GOMAXPROCS of the point's OPA (EnforcementPoint.concurrency), so that OPA
@@ -186,7 +188,7 @@ def outcome(decision: dict) -> str:
     return f"denied {decision.get('http_status')} {json.loads(decision.get('body', '{}')).get('code')}"
 
 
-def compare(rule_sets: list[RuleSet] | None = None, out=None, sizes: Sequence[int] = SIZES,
+def compare(rule_sets: list[BenchedRuleSet] | None = None, out=None, sizes: Sequence[int] = SIZES,
             benched: Sequence[str] | None = None) -> list[dict]:
     """One row per case and record: {case, topology, services, point, instances, gomaxprocs,
     record, decision, old_us, new_us (medians), old_p99_us, new_p99_us, old_allocs, new_allocs,
