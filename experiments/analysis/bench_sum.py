@@ -14,6 +14,8 @@ that sum, a cell at any other rate against the back-to-back one.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 
 TOPOLOGY = "central-entity"
@@ -23,6 +25,12 @@ PACED_RATE = 100  # records/s: the quick profile's lowest rate, where issue 39 r
 PACED_UNIT = f"ms CPU/request, paced at {PACED_RATE} records/s"
 KINDS = {"services": "service_ms", "envoy": "envoy_ms", "opa": "opa_ms"}  # cpu_per_record's columns
 ENGINES = ("envoy-compiled", "envoy-opa")
+
+
+def read(path: Path) -> pd.DataFrame:
+    """A run's bench (raw/bench.csv, experiments/run/bench.py writes it) as written: only an
+    empty cell is missing, not a text pandas takes for one by default ("NA", "None", "null")."""
+    return pd.read_csv(path, keep_default_na=False, na_values=[""])
 
 
 def recipe(engine: str, services: int = SERVICES) -> dict[str, list[tuple[str, int]]]:

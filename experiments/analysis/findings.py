@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
-from experiments.analysis import stats
+from experiments.analysis import bench_sum, stats
 from experiments.analysis.model import ONE_NODE, Costs, capacity, costs_under_load, idle_on_one_node, on_one_node, record_path
 from experiments.analysis.model_predict import THIS_MACHINE_SECONDS, RunLoad, calibrate, paper_testbed, predicted_w_avg
 from experiments.design.matrix import BASELINE, BENCH_CSV, BENCH_DECISION_LOG, BENCH_OBSERVABILITY, ENGINES, PAPER_NAMES
@@ -129,7 +129,7 @@ def evidence_costs(bench_csv: Path) -> list[EvidenceCost]:
     decision log. None for a run without a bench, or with a bench from before those rows."""
     if not bench_csv.exists():
         return []
-    bench = pd.read_csv(bench_csv)
+    bench = bench_sum.read(bench_csv)
     rows = bench[(bench["part"].str.startswith(f"{BENCH_OBSERVABILITY} (") | (bench["part"] == BENCH_DECISION_LOG))
                  & bench["ratio"].notna()]
     return [EvidenceCost(row.part, float(row.ratio), None if pd.isna(row.target) else float(row.target)) for row in rows.itertuples()]

@@ -36,6 +36,7 @@ from scipy.optimize import nnls
 from complyroute.topology import manifest
 from complyroute.topology.plan import GATEWAY_SENDER, place
 
+from experiments.analysis import bench_sum
 from experiments.design.matrix import BASELINE, COMPILED_ENGINE, MIN_ACHIEVED_SHARE
 
 
@@ -77,7 +78,7 @@ class Costs:
     def from_bench(cls, path: Path) -> "Costs":
         if not path.exists():
             raise ModelError(f"no bench at {path}: the model needs a run measured with its bench (--bench-rounds > 0)")
-        bench = pd.read_csv(path)
+        bench = bench_sum.read(path)
         cpu = bench[bench["unit"] == CPU_UNIT].set_index("process")["value"]
         # A process's first CPU row is its part's own; later rows of the same process compare it
         # with something toggled in that one process (its access log and hop counters off).

@@ -32,7 +32,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from scipy import stats as scipy_stats  # noqa: E402
 
-from experiments.analysis import stats  # noqa: E402
+from experiments.analysis import bench_sum, stats  # noqa: E402
 from experiments.design.matrix import BASELINE, BENCH_CSV  # noqa: E402
 from experiments.report.reporting import names, render_html, render_markdown, save  # noqa: E402
 
@@ -157,7 +157,7 @@ def bench_before_after(run_a: Path, run_b: Path) -> pd.DataFrame:
     paths = [run / "raw" / BENCH_CSV for run in (run_a, run_b)]
     if not all(path.exists() for path in paths):
         return pd.DataFrame()
-    a, b = (pd.read_csv(path)[["part", "value", "unit"]] for path in paths)
+    a, b = (bench_sum.read(path)[["part", "value", "unit"]] for path in paths)
     both = a.merge(b, on=["part", "unit"], suffixes=("_a", "_b"))
     both["change"] = both["value_b"] - both["value_a"]
     both["ratio"] = both["value_b"] / both["value_a"]

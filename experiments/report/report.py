@@ -133,7 +133,7 @@ def bench_blocks(run_dir: Path, meta: dict, figures_dir: Path) -> list[tuple]:
     blocks.extend(("p", f"The bench failed in session {number}: {error.splitlines()[0]}") for number, error in failures)
     if not path.exists():
         return blocks
-    bench = pd.read_csv(path, keep_default_na=False, na_values=[""])
+    bench = bench_sum.read(path)
     measured_by = next(((number, s) for number, s in enumerate(sessions, 1) if s.get("bench", {}).get("csv") == BENCH_CSV), None)
     earlier = [s["bench"]["csv"] for s in sessions if s.get("bench", {}).get("csv", BENCH_CSV) != BENCH_CSV]
     blocks.append(("p", "The CPU time one process spends per request, beside its floor: the least the same job costs, measured in the same "
@@ -160,7 +160,7 @@ def bench_sum_blocks(run_dir: Path, cpu: pd.DataFrame, tables_dir: Path) -> list
     path = run_dir / "raw" / BENCH_CSV
     if not path.exists() or cpu["service_ms"].isna().all():
         return []
-    summed = bench_sum.bench_sum(pd.read_csv(path, keep_default_na=False, na_values=[""]), cpu)
+    summed = bench_sum.bench_sum(bench_sum.read(path), cpu)
     if summed.empty:
         return []
     summed.to_csv(tables_dir / "bench_sum.csv", index=False)

@@ -6,6 +6,7 @@ import pytest
 
 from complyroute.topology.manifest import REPO
 from experiments.analysis.bench_sum import ENGINES, PACED_RATE, PACED_UNIT, bench_sum, processes
+from experiments.analysis.bench_sum import read as read_bench
 from experiments.report.report_tables import bench_sum_view
 
 SAMPLE_BENCH = REPO / "experiments" / "sample" / "raw" / "bench.csv"
@@ -27,7 +28,7 @@ def cpu(topology="central-entity", services=5, **measured):
 
 
 def test_the_recipe_names_only_processes_the_bench_measures_allowed():
-    measured = pd.read_csv(SAMPLE_BENCH, keep_default_na=False, na_values=[""])
+    measured = read_bench(SAMPLE_BENCH)
     measured = set(measured[measured["unit"] == "ms CPU/request"]["process"])
     for engine in ENGINES:
         assert processes((engine,)) <= measured, engine
@@ -75,3 +76,17 @@ def test_a_cell_at_the_paced_rate_is_set_against_the_paced_sum_allowed():
 def test_a_bench_without_paced_rows_sets_every_cell_against_back_to_back_denied():
     summed = bench_sum(bench(), cpu())
     assert (summed["compared"] == "back to back").all() and summed["paced_ms"].isna().all()
+
+
+def test_a_text_pandas_would_take_for_missing_is_read_as_written_allowed(tmp_path):
+    path = tmp_path / "bench.csv"
+    pd.DataFrame([{"part": "NA", "floor": "None", "value": 0.5, "ratio": 1.2}]).to_csv(path, index=False)
+    read = read_bench(path)
+    assert (read.loc[0, "part"], read.loc[0, "floor"], read.loc[0, "ratio"]) == ("NA", "None", 1.2)
+
+
+def test_an_empty_cell_is_read_as_missing_denied(tmp_path):
+    path = tmp_path / "bench.csv"
+    pd.DataFrame([{"part": "service hop floor", "floor": None, "value": 0.5, "ratio": None}]).to_csv(path, index=False)
+    read = read_bench(path)
+    assert pd.isna(read.loc[0, "floor"]) and pd.isna(read.loc[0, "ratio"]) and read.loc[0, "value"] == 0.5
