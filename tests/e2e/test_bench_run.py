@@ -15,7 +15,6 @@ more is spent beside the deployments instead of between them."""
 
 import io
 
-import pandas as pd
 import pytest
 
 from complyroute.policy.ruleset import RuleSet
@@ -33,7 +32,7 @@ def test_the_bench_measures_every_part_against_its_floor_and_the_report_shows_it
     rows = bench.run(RuleSet.of("policies"), out_file=csv_file, records=100, rounds=1, out=log, policy_sizes=(5,),
                      policy_topologies=("central-entity",))
     assert "bench: round 1/1 measured" in log.getvalue()
-    measured = pd.read_csv(csv_file)
+    measured = bench_sum.read(csv_file)
     assert list(measured["part"]) == [row.part for row in rows]
     assert "compiled engine: Envoy deciding the hop" in set(measured["part"]) and (measured["value"] >= 0).all()
     # The parts a record of the central entity crosses, again with their records paced as at a cell's rate.

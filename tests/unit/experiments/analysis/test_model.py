@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from experiments.__main__ import main
-from experiments.analysis import model, model_predict, stats
+from experiments.analysis import bench_sum, model, model_predict, stats
 from experiments.report import model_report
 from tests.unit.experiments.markdown_text import compact
 
@@ -118,7 +118,7 @@ def test_costs_from_a_bench_and_a_bench_without_a_row(tmp_path):
 
 def full_bench(run_dir: Path) -> None:
     """The fixture's bench with the rows the model reads that it lacks."""
-    bench = pd.read_csv(run_dir / "raw" / "bench.csv")
+    bench = bench_sum.read(run_dir / "raw" / "bench.csv")
     extra = [{"part": name, "process": process, "value": value, "unit": model.CPU_UNIT}
              for (name, process), value in zip(model.BENCH_PROCESSES.items(), [1.0, 0.25, 0.6, 0.9, 0.3])
              if process not in set(bench["process"])]
