@@ -80,7 +80,7 @@ def rule_set_at(ref: str, folder: Path, source: str = "policies") -> Path:
 def reference_of(policies: Path, name: str) -> dict:
     try:
         return precompute.reference(policies)
-    except (OSError, json.JSONDecodeError) as error:
+    except (OSError, label_schema.LabelSchemaError) as error:
         raise PolicyDiffError(f"the rule set {name} has no readable reference data (complyroute/reference/data.json): {error}") from None
 
 

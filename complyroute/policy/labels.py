@@ -51,8 +51,13 @@ class Label:
 
 
 def reference_of(policies: Path) -> dict:
-    """The rule set's reference data (data.complyroute.reference)."""
-    return json.loads((policies / "complyroute" / "reference" / "data.json").read_text())
+    """The rule set's reference data (data.complyroute.reference); LabelSchemaError naming the
+    file, line and column when it is not JSON (an editor's save seen half-written, a typo)."""
+    path = policies / "complyroute" / "reference" / "data.json"
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise LabelSchemaError(f"{path}:{error.lineno}:{error.colno}: not JSON: {error.msg}") from None
 
 
 def schema(policies: Path) -> tuple[Label, ...]:

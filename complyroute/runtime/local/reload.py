@@ -320,8 +320,9 @@ def reload_policy(rule_set: RuleSet, out=sys.stdout, timeout: float = 120.0) -> 
 
 
 def watch(policies: str | Path | None = None, interval: float = 0.5, out=sys.stdout, stop: threading.Event | None = None) -> None:
-    """Reload whenever the rule set's files change (until interrupted, or `stop` is set); a rule
-    set that cannot be applied is reported and the deployment keeps the one it has. `policies`:
+    """Reload whenever the rule set's files change and then hold still for `interval` (until
+    interrupted, or `stop` is set); a rule set that cannot be applied is reported and the
+    deployment keeps the one it has. `policies`:
     the rule set as chosen (None: the deployment's); its source folder is watched, and made into
     a RuleSet again at every change, whose revision is its content's."""
     if policies is None:
@@ -342,6 +343,10 @@ def watch(policies: str | Path | None = None, interval: float = 0.5, out=sys.std
     while not stop.wait(interval):
         now = content()
         if now == seen or now is None:
+            continue
+        # A save need not be one write (an editor truncates, then writes): the folder is read
+        # once it has held still for an interval, never a file caught half-written.
+        if stop.wait(interval) or content() != now:
             continue
         seen = now
         try:
