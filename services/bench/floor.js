@@ -8,7 +8,7 @@
 // and relay the answer; the label headers are those of COMPLYROUTE_LABELS, as a service is
 // told them (config.js parseLabels; required with EGRESS_URL, read once at start). Without, it stands for the rest of a chain:
 // it answers as a last service would, {request_id, path}, with ANSWER_PATH_LENGTH entries
-// (default 1) written once at start, so a service measured in front of it pays for the
+// (default 1) written once at start as services write them (last-service.js), so a service measured in front of it pays for the
 // answer of a chain of that length and this process costs next to nothing.
 //
 // Mutual TLS, for the bench's rows with mTLS: with TLS_CERT, TLS_KEY and TLS_CA (PEM files)
@@ -22,6 +22,8 @@ import { readFileSync } from 'node:fs'
 import Fastify from 'fastify'
 import { Pool } from 'undici'
 import { parseLabels } from '../config.js'
+import { deliveredAnswer } from '../src/answers.js'
+import { lastServicesEntries } from './last-service.js'
 
 const {
   HOST = '127.0.0.1', PORT = '3000', EGRESS_URL = '', ANSWER_PATH_LENGTH = '1',
@@ -54,14 +56,10 @@ if (EGRESS_URL) {
     return answer.body.text()
   })
 } else {
-  const t = Date.now()
-  const entries = Array.from({ length: Number(ANSWER_PATH_LENGTH) }, (_, i) => {
-    const n = String(i + 2).padStart(2, '0')
-    return `{"instance":"svc-${n}","step":"step-${n}","region":"EU","node":"node-${(i % 3) + 1}","t_in":${t + i},"t_out":${t + i + 0.5}}`
-  }).join(',')
+  const entries = lastServicesEntries(Number(ANSWER_PATH_LENGTH), Date.now())
   app.post('/process', async (request, reply) => {
     reply.type('application/json')
-    return `{"request_id":${JSON.stringify(request.headers['x-request-id'] ?? 'bench')},"path":[${entries}]}`
+    return deliveredAnswer(request.headers['x-request-id'] ?? 'bench', entries)
   })
 }
 

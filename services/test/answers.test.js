@@ -3,6 +3,7 @@
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { downstreamPathEntries } from '../src/answers.js'
+import { BENCH_REVISION, lastServicesEntries } from '../bench/last-service.js'
 import { LABELS, MIDDLE, fakeClock, post, setup, without } from '../test-support/app.js'
 
 // ---------------------------------------------------------------- delivered paths
@@ -76,6 +77,22 @@ function random (seed) {
     return ((x ^ (x >>> 14)) >>> 0) / 4294967296
   }
 }
+
+test('the bench floor answers as services write: a service copies its 49 entries as they came', () => {
+  // The bench measures a hop in front of the floor's answer (make bench, "next hop answers 49
+  // path entries"): it must take the path a deployment's answers take. A number written as no
+  // serializer writes it (.50) survives a copy, not a parse and rewrite.
+  const entries = lastServicesEntries(49, 1700000000000).replace('"t_out":1700000000000.5,', '"t_out":1700000000000.50,')
+  assert.equal(downstreamPathEntries(`{"request_id":"bench","path":[${entries}]}`), entries)
+  assert.equal(JSON.parse(`[${entries}]`).filter((entry) => entry.revision === BENCH_REVISION).length, 49)
+})
+
+test('an answer whose entries name no revision (the floor before it wrote them as services do) is parsed and rewritten', () => {
+  const entries = lastServicesEntries(49, 1700000000000).replaceAll(`,"revision":"${BENCH_REVISION}"`, '')
+    .replace('"t_out":1700000000000.5', '"t_out":1700000000000.50')
+  const rewritten = downstreamPathEntries(`{"request_id":"bench","path":[${entries}]}`)
+  assert.ok(!rewritten.includes('1700000000000.50') && rewritten.includes('"revision":null'), rewritten.slice(0, 200))
+})
 
 test('hostile next hop: no mangled answer makes this hop write invalid JSON or an entry out of the contract', () => {
   const next = random(8)
