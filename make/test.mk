@@ -6,7 +6,7 @@
 NO_DEPLOYMENT := tests/integration tests/unit
 E2E := tests/e2e
 E2E_EXPERIMENTS := tests/e2e/experiments
-# The experiments' test that runs after the other deployments' tests, not after the pool's (below).
+# The experiments' test that runs beside the other experiments' tests, on the pool's network (below).
 E2E_CAPACITY := $(E2E_EXPERIMENTS)/test_capacity_e2e.py
 # make test's streams each deploy on a loopback network (three bytes) of their own, chosen when it
 # starts among those no socket is bound on and no other make test holds (tests/loopbacks.py), and
@@ -23,12 +23,13 @@ test-streams: # make test's work, on the networks it holds (TEST_LOOPBACKS)
 	@# Each on a loopback network and in a runs/ of its own (COMPLYROUTE_LOOPBACK, COMPLYROUTE_RUNS:
 	@# runtime/local/deployment.py):
 	@# - The pooled end-to-end tests (the pool marker: tests/e2e/conftest.py), one deployment at a
-	@#   time; then the experiments' end-to-end tests (tests/e2e/experiments/).
-	@# - Beside them, the other end-to-end tests with a deployment, each their own, one at a time;
-	@#   then, there, the experiments' capacity test. The
-	@#   experiments' tests last as long as their load does, whatever the machine's load, so that
-	@#   after the pool they were the run's tail (156 s, against 332 s for these); split, both streams
-	@#   end sooner.
+	@#   time; then the experiments' end-to-end tests (tests/e2e/experiments/), and beside them, on
+	@#   the pool's network (its deployment stopped), their capacity test. The experiments' tests
+	@#   last as long as their load does, whatever the machine's load: one after the other they
+	@#   were the run's tail, and run after the other deployments' tests the capacity test was
+	@#   (a fresh clone on 2026-11-30: those ended at 488 s, the capacity test at 532 s, the
+	@#   experiments' at 442 s).
+	@# - Beside them, the other end-to-end tests with a deployment, each their own, one at a time.
 	@# - Beside them, one after another: the policy tests of every rule set, the services' tests and the
 	@#   tests that start no deployment (unit and tests/integration/).
 	@# - Apart, at the lowest CPU priority: the end-to-end tests on addresses of their own and with no
@@ -39,26 +40,26 @@ test-streams: # make test's work, on the networks it holds (TEST_LOOPBACKS)
 	@# time, run at the normal priority, after the pool, when fewer streams are left.
 	@test -n "$${TEST_LOOPBACKS:-}" || { echo "test-streams: run make test, which holds the loopback networks it runs on" >&2; exit 2; }; \
 	set -- $$TEST_LOOPBACKS; pool_net=$$1; experiments_net=$$2; deployments_net=$$3; apart_net=$$4; \
-	beside=$$(mktemp); others=$$(mktemp); apart=$$(mktemp); pool_runs=$$(mktemp -d); others_runs=$$(mktemp -d); runs=$$(mktemp -d); apart_runs=$$(mktemp -d); \
+	beside=$$(mktemp); others=$$(mktemp); apart=$$(mktemp); capacity=$$(mktemp); pool_runs=$$(mktemp -d); others_runs=$$(mktemp -d); runs=$$(mktemp -d); apart_runs=$$(mktemp -d); capacity_runs=$$(mktemp -d); \
 	( rest=0; \
 	  $(MAKE) --no-print-directory policy-test || rest=1; \
 	  $(foreach rules,$(notdir $(wildcard rule-sets/*)),$(MAKE) --no-print-directory policy-test policy=$(rules) || rest=1;) \
 	  (cd services && npm test) || rest=1; \
 	  $(PY) -m pytest $(NO_DEPLOYMENT) -p no:cacheprovider --durations=25 || rest=1; \
 	  exit $$rest ) >$$beside 2>&1 & pid=$$!; \
-	( export COMPLYROUTE_LOOPBACK=$$deployments_net COMPLYROUTE_RUNS=$$others_runs; failed=0; \
-	  $(PY) -m pytest $(E2E) --ignore=$(E2E_EXPERIMENTS) -m "not own_network and not pool" -p no:cacheprovider --durations=25 || failed=1; \
-	  $(PY) -m pytest $(E2E_CAPACITY) -p no:cacheprovider --durations=25 || failed=1; \
-	  exit $$failed ) >$$others 2>&1 & others_pid=$$!; \
+	COMPLYROUTE_LOOPBACK=$$deployments_net COMPLYROUTE_RUNS=$$others_runs \
+	  $(PY) -m pytest $(E2E) --ignore=$(E2E_EXPERIMENTS) -m "not own_network and not pool" -p no:cacheprovider --durations=25 >$$others 2>&1 & others_pid=$$!; \
 	COMPLYROUTE_LOOPBACK=$$apart_net COMPLYROUTE_RUNS=$$apart_runs nice -n 19 $(PY) -m pytest $(E2E) -m own_network -p no:cacheprovider --durations=25 >$$apart 2>&1 & own_pid=$$!; \
-	echo "$(PY) -m pytest $(E2E) --ignore=$(E2E_EXPERIMENTS) -m pool --durations=25 on $$pool_net.x, then pytest $(E2E_EXPERIMENTS) --ignore=$(E2E_CAPACITY) on $$experiments_net.x  (beside them: pytest $(E2E) -m 'not own_network and not pool', then pytest $(E2E_CAPACITY), on $$deployments_net.x; policy tests, npm test, pytest $(NO_DEPLOYMENT); apart: nice pytest $(E2E) -m own_network on $$apart_net.x)"; \
+	echo "$(PY) -m pytest $(E2E) --ignore=$(E2E_EXPERIMENTS) -m pool --durations=25 on $$pool_net.x, then pytest $(E2E_EXPERIMENTS) --ignore=$(E2E_CAPACITY) on $$experiments_net.x and beside it pytest $(E2E_CAPACITY) on $$pool_net.x  (beside them: pytest $(E2E) -m 'not own_network and not pool' on $$deployments_net.x; policy tests, npm test, pytest $(NO_DEPLOYMENT); apart: nice pytest $(E2E) -m own_network on $$apart_net.x)"; \
 	e2e=0; COMPLYROUTE_LOOPBACK=$$pool_net COMPLYROUTE_RUNS=$$pool_runs $(PY) -m pytest $(E2E) --ignore=$(E2E_EXPERIMENTS) -m pool -p no:cacheprovider --durations=25 || e2e=$$?; \
+	COMPLYROUTE_LOOPBACK=$$pool_net COMPLYROUTE_RUNS=$$capacity_runs $(PY) -m pytest $(E2E_CAPACITY) -p no:cacheprovider --durations=25 >$$capacity 2>&1 & capacity_pid=$$!; \
 	COMPLYROUTE_LOOPBACK=$$experiments_net COMPLYROUTE_RUNS=$$runs $(PY) -m pytest $(E2E_EXPERIMENTS) --ignore=$(E2E_CAPACITY) -p no:cacheprovider --durations=25 || e2e=1; \
+	wait $$capacity_pid || e2e=1; echo "--- the experiments' capacity test, run beside them on $$pool_net.x:"; cat $$capacity; \
 	others_e2e=0; wait $$others_pid || others_e2e=$$?; rest=0; wait $$pid || rest=$$?; own=0; wait $$own_pid || own=$$?; \
-	echo "--- the other end-to-end tests with a deployment, then the capacity test, run beside them on $$deployments_net.x:"; cat $$others; \
+	echo "--- the other end-to-end tests with a deployment, run beside them on $$deployments_net.x:"; cat $$others; \
 	echo "--- the policy, services' tests and the tests without a deployment, run beside them:"; cat $$beside; \
 	echo "--- the end-to-end tests on addresses of their own, run beside them:"; cat $$apart; \
-	rm -rf $$beside $$others $$apart $$pool_runs $$others_runs $$runs $$apart_runs; \
+	rm -rf $$beside $$others $$apart $$capacity $$pool_runs $$others_runs $$runs $$apart_runs $$capacity_runs; \
 	test $$e2e -eq 0 -a $$others_e2e -eq 0 -a $$rest -eq 0 -a $$own -eq 0
 
 .PHONY: check
