@@ -32,7 +32,7 @@ REVISION_HEADER = "x-complyroute-revision"
 # content-length matcher and the services' bodyLimit (services/src/schemas.js BODY_LIMIT) agree.
 MAX_RECORD_BYTES = 64 * 1024
 # The most request headers (pseudo-headers counted) a deciding listener takes before ext_authz
-# (proxy/envoy.py HEADER_COUNT); more are refused with 431 (HEADERS_TOO_LARGE). A hop carries
+# (proxy/envoy.py request_bounds); more are refused with 431 (HEADERS_TOO_LARGE). A hop carries
 # about 20; the rest of Envoy's bound of 100 is for the headers a decision adds.
 MAX_REQUEST_HEADERS = 64
 # The most a listener that decides nothing takes (a sidecar's ingress, readiness), in Envoy's
@@ -42,7 +42,7 @@ MAX_FORWARDED_HEADERS = 90
 # The most a label header (each the rule set's label schema names, complyroute/policy/labels.py) may
 # hold where a point reads labels from its sender (the entry; any deciding listener without
 # label tokens): bytes, and values (commas + 1, repeated headers joined by commas). More is
-# refused before OPA is asked (label_bound): the policy answers every unknown value with a
+# refused before OPA is asked (proxy/envoy.py request_bounds): the policy answers every unknown value with a
 # reason of its own, so an unbounded header drew an answer some 55 times its size (3,000
 # purposes, 934 kB).
 MAX_LABEL_BYTES = 1024

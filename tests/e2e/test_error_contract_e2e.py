@@ -161,6 +161,10 @@ CODEC_ERRORS = {
     # Too many headers: 90 extra reached ext_authz under Envoy's default bound and came back 500.
     **{f"{extra} extra headers": (request(extra=b"".join(b"x-extra-%d: a\r\n" % n for n in range(extra))), 431, "HEADERS_TOO_LARGE")
        for extra in (90, 500, 5_000)},
+    # The header a label bound's refusal sets, sent by the client: the refusal is still the count's.
+    "90 extra headers naming a label over its bound": (
+        request(extra=b"x-complyroute-label-over-bound: x-data-region\r\n" + b"".join(b"x-extra-%d: a\r\n" % n for n in range(90))),
+        431, "HEADERS_TOO_LARGE"),
     "a malformed header": (b"POST /process HTTP/1.1\r\nhost complyroute\r\n\r\n", 400, "BAD_REQUEST"),
     "a NUL in a header": (request(extra=b"x-bad: a\x00b\r\n"), 400, "BAD_REQUEST"),
     "bad UTF-8 in the path": (request(path=b"/process\xff"), 400, "BAD_REQUEST"),

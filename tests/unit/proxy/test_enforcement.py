@@ -21,7 +21,7 @@ from complyroute.engines import configuration
 from complyroute.policy import bundles, labels
 from complyroute.policy.policyfiles import POLICIES
 from complyroute.proxy.contract import MAX_FORWARDED_HEADERS, MAX_LABEL_BYTES, MAX_LABEL_VALUES, MAX_RECORD_BYTES, MAX_REQUEST_HEADERS, receive_timeouts
-from complyroute.proxy.envoy import HEADER_COUNT, LISTENER, label_bound
+from complyroute.proxy.envoy import LISTENER, request_bounds
 from complyroute.proxy.opa import BundleSource
 from complyroute.proxy.replies import LOCAL_REPLIES, OVER_BOUND, OVER_BOUND_HEADER, UAEX
 from complyroute.proxy.routes import A_RECORD, REQUEST_FORMS, ROUTE_CONFIGURATION
@@ -265,17 +265,22 @@ def test_labels_are_bounded_before_opa_where_a_sender_gives_them(secured, tmp_pa
             manager = managers(configs[point.name].envoy)[listener.name]
             names = [f["name"] for f in manager["http_filters"]]
             bounded = not secured or listener.from_client
-            assert (label_bound(SCHEMA) in manager["http_filters"]) == bounded, listener.name
-            # Every deciding listener counts the headers first, whatever it then decides by.
-            assert manager["http_filters"][0] == HEADER_COUNT and "common_http_protocol_options" not in manager, listener.name
-            if bounded:
-                assert manager["http_filters"].index(label_bound(SCHEMA)) < names.index("envoy.filters.http.ext_authz")
-                removed = manager["http_filters"][names.index("envoy.filters.http.header_mutation")]["typed_config"]["mutations"]["request_mutations"]
-                assert {"remove": OVER_BOUND_HEADER} in removed  # a sender cannot name a refusal
-    assert f"count > {MAX_REQUEST_HEADERS}" in HEADER_COUNT["typed_config"]["default_source_code"]["inline_string"]
-    lua = label_bound(SCHEMA)["typed_config"]["default_source_code"]["inline_string"]
+            # Every deciding listener first removes what only a decision sets (a sender cannot
+            # name a refusal), then bounds the request in one Lua filter: the headers, and the
+            # labels where the sender gives them; then decides.
+            assert names[:2] == ["envoy.filters.http.header_mutation", "envoy.filters.http.lua"], listener.name
+            assert names.count("envoy.filters.http.lua") == 1 and "common_http_protocol_options" not in manager, listener.name
+            assert manager["http_filters"][1] == request_bounds(SCHEMA if bounded else ()), listener.name
+            removed = manager["http_filters"][0]["typed_config"]["mutations"]["request_mutations"]
+            assert {"remove": OVER_BOUND_HEADER} in removed
+            assert names.index("envoy.filters.http.lua") < names.index("envoy.filters.http.ext_authz")
+    for lua in (request_bounds()["typed_config"]["default_source_code"]["inline_string"],
+                request_bounds(SCHEMA)["typed_config"]["default_source_code"]["inline_string"]):
+        assert f"count > {MAX_REQUEST_HEADERS}" in lua
+    assert "LABEL_HEADERS" not in request_bounds()["typed_config"]["default_source_code"]["inline_string"]
     assert lua.startswith('local LABEL_HEADERS = {"x-data-category", "x-data-consent", "x-data-region"}\n')
     assert f"#value > {MAX_LABEL_BYTES}" in lua and f"commas >= {MAX_LABEL_VALUES}" in lua
+    assert lua.index(f"count > {MAX_REQUEST_HEADERS}") < lua.index(f"#value > {MAX_LABEL_BYTES}")  # the count's refusal first
     # Its 431 is told from the codec's by the header it sets: matched before the codec's mapper.
     mappers = LOCAL_REPLIES["mappers"]
     codes = [m.get("body_format_override", {}).get("json_format", {}).get("code") for m in mappers]

@@ -51,11 +51,10 @@ def test_deciding_listener_fails_closed_and_strips_routing_header():
     egress = next(l for l in config["static_resources"]["listeners"] if l["name"] == "egress")
     manager = egress["filter_chains"][0]["filters"][0]["typed_config"]
     filters = [f["name"] for f in manager["http_filters"]]
-    # The headers counted first (Lua); without label tokens the labels are the sender's: bounded
-    # (Lua) before OPA is asked.
-    assert filters == ["envoy.filters.http.lua", "envoy.filters.http.header_mutation", "envoy.filters.http.lua", "envoy.filters.http.ext_authz",
-                       "envoy.filters.http.router"]
-    authz = manager["http_filters"][3]["typed_config"]
+    # What only a decision sets removed; the headers counted and, without label tokens, the
+    # labels (the sender's) bounded (one Lua filter) before OPA is asked.
+    assert filters == ["envoy.filters.http.header_mutation", "envoy.filters.http.lua", "envoy.filters.http.ext_authz", "envoy.filters.http.router"]
+    authz = manager["http_filters"][2]["typed_config"]
     assert authz["failure_mode_allow"] is False and authz["clear_route_cache"] is True
     route = manager["route_config"]["virtual_hosts"][0]["routes"][0]["route"]
     assert route["cluster_header"] == ROUTING_HEADER
