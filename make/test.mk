@@ -31,7 +31,9 @@ test-streams: # make test's work, on the networks it holds (TEST_LOOPBACKS)
 	@#   experiments' at 442 s).
 	@# - Beside them, the other end-to-end tests with a deployment, each their own, one at a time.
 	@# - Beside them, one after another: the policy tests of every rule set, the services' tests and the
-	@#   tests that start no deployment (unit and tests/integration/).
+	@#   tests that start no deployment (unit and tests/integration/), on a pytest worker per core
+	@#   as make check runs them: one alone was the run's tail, the machine half idle behind it
+	@#   (a fresh clone of 5a90611: the others ended at 462-507 s, this pytest at 585 s).
 	@# - Apart, at the lowest CPU priority: the end-to-end tests on addresses of their own and with no
 	@#   deployment (own_network: the engines' differential test, the bench).
 	@# make test is CPU-bound on two cores; the deployments' streams mostly wait on their processes, and
@@ -45,7 +47,7 @@ test-streams: # make test's work, on the networks it holds (TEST_LOOPBACKS)
 	  $(MAKE) --no-print-directory policy-test || rest=1; \
 	  $(foreach rules,$(notdir $(wildcard rule-sets/*)),$(MAKE) --no-print-directory policy-test policy=$(rules) || rest=1;) \
 	  (cd services && npm test) || rest=1; \
-	  $(PY) -m pytest $(NO_DEPLOYMENT) -p no:cacheprovider --durations=25 || rest=1; \
+	  $(PY) -m pytest $(NO_DEPLOYMENT) -n auto --dist loadfile --no-loadscope-reorder -p no:cacheprovider --durations=25 || rest=1; \
 	  exit $$rest ) >$$beside 2>&1 & pid=$$!; \
 	COMPLYROUTE_LOOPBACK=$$deployments_net COMPLYROUTE_RUNS=$$others_runs \
 	  $(PY) -m pytest $(E2E) --ignore=$(E2E_EXPERIMENTS) -m "not own_network and not pool" -p no:cacheprovider --durations=25 >$$others 2>&1 & others_pid=$$!; \
