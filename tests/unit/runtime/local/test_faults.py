@@ -1,6 +1,7 @@
-"""The fault schedule and the soak's accounting, without processes."""
+"""The fault schedule, a kill's record and the soak's accounting, without a deployment."""
 
 import csv
+import subprocess
 from pathlib import Path
 
 from complyroute.runtime.local import faults
@@ -25,6 +26,36 @@ def test_schedule_hits_every_kind_of_part_and_reloads_allowed():
     assert all(f.seconds == 2.0 for f in schedule if f.kind == "pause")
     assert "control/bundles" not in {f.target for f in schedule}
     assert schedule == faults.schedule(STATE, duration=40, every=2, start=1, seed=3)  # seeded
+
+
+def _killed_part(monkeypatch, restarts: bool):
+    """A real process in a group of its own as a part's; supervisord's view and the health check
+    scripted: after the kill a new pid and a healthy part, or nothing running and no answer."""
+    victim = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    replacement = subprocess.Popen(["sleep", "60"], start_new_session=True) if restarts else None
+    alive = lambda: victim.poll() is None  # noqa: E731 -- read at each call
+    monkeypatch.setattr(faults, "_current_pid", lambda state, name: victim.pid if alive() else (replacement.pid if replacement else None))
+    monkeypatch.setattr(faults, "_healthy", lambda part: replacement is not None and not alive())
+    return victim, replacement
+
+
+def test_a_killed_part_restarted_and_answering_again_is_recovered_allowed(monkeypatch):
+    victim, replacement = _killed_part(monkeypatch, restarts=True)
+    try:
+        record = faults.inject(STATE, faults.Fault(0.0, "kill", "svc-01"), 0.0, recovery_timeout=5)
+    finally:
+        replacement.kill()
+    assert victim.wait(5) == -9 and record.died_at is not None
+    assert record.old_pid == victim.pid and record.new_pid == replacement.pid
+    assert record.error is None and 0 <= record.restart_s <= record.recovery_s
+
+
+def test_a_killed_part_nobody_restarts_is_recorded_not_recovered_denied(monkeypatch):
+    victim, _ = _killed_part(monkeypatch, restarts=False)
+    record = faults.inject(STATE, faults.Fault(0.0, "kill", "svc-01"), 0.0, recovery_timeout=0.3)
+    assert victim.wait(5) == -9
+    assert record.new_pid is None and record.restart_s is None and record.recovery_s is None
+    assert record.error == "not healthy again within 0 s"
 
 
 def test_soak_accounts_every_request_and_attributes_losses_to_faults_allowed(tmp_path):
