@@ -554,7 +554,7 @@ class Renderer:
         if config.opa is not None:
             # Per point: each fetches its own bundle (bundles/<point>.tar.gz).
             opa = {**config.opa, **bundle_config(point, self.bundle_source())}
-            self.generate(f"opa-config-{point.name}", {"opa.yaml": yaml.safe_dump(opa, sort_keys=False)})
+            self.generate(f"opa-config-{point.name}", {"opa.yaml": yaml.dump(opa, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper), sort_keys=False)})
             volumes += [_configmap_volume("policy", self.system_policy_files()), _configmap_volume(f"opa-config-{point.name}")]
         if self.trust:
             volumes.append(self.tls_secret(point.name, self.trust.point_tls_files(point.name)))

@@ -160,7 +160,7 @@ def point_parts(point: EnforcementPoint, config: configuration.PointConfiguratio
         data_dir = folder / DISK_DATA
         write_data(data_dir, opa_disk_data)
         opa = {**config.opa, **bundle_config(point, bundle_source)}
-        (folder / "opa.yaml").write_text(yaml.safe_dump(opa, sort_keys=False))
+        (folder / "opa.yaml").write_text(yaml.dump(opa, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper), sort_keys=False))
         parts.append(
             Part(
                 name=f"{point.name}/opa",
