@@ -1,10 +1,12 @@
 """The Kubernetes manifests the tests of this folder read: each topology rendered from its
-manifest (once a session for each set of arguments), and what they read in them: objects by
+manifest (once a run for each set of arguments, whichever pytest worker asks first), and what they read in them: objects by
 kind, pods and their containers, the files a container's volumes show it, its Envoy's
 configuration, its Secrets and certificates, the bundles, the network policies' rules; and a
 ConfigMap volume laid out as the kubelet lays it out."""
 
 import base64
+import fcntl
+import hashlib
 import io
 import json
 import os
@@ -33,29 +35,38 @@ def objects_of(text: str) -> list[dict]:
     return [o for o in yaml.load_all(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) if o]
 
 
-# Where each render `rendered` was asked for first was written, and what it built, by its arguments.
-RENDERS: dict[tuple, tuple[Path, str]] = {}
-
-
 def rendered(topology, services, tmp_path, engine=None, overrides=None):
     """The topology rendered into tmp_path/kustomization, its built YAML written beside it, and its
     objects. A render costs seconds here (OPA checks every point's quick path, kustomize builds),
     and most tests only read what the same arguments render to: each set of arguments (with the
     ConfigMap budget and the rule set's revision, which a commit or an edit of policies/ during
-    the run changes) is rendered once a session, and every later test gets a copy of that
-    kustomization folder and objects parsed anew, which it may change. What two renders of the
-    same arguments differ in, the CA and keys, is test_every_render_makes_a_new_ca's, which
-    renders anew (render_anew)."""
+    the run changes) is rendered once a run into a folder every pytest worker of the run shares
+    (make check's and make test's run these files on a worker per core, and two files on two
+    workers often ask for the same render), and every test gets a copy of that kustomization
+    folder and objects parsed anew, which it may change. What two renders of the same arguments
+    differ in, the CA and keys, is test_every_render_makes_a_new_ca's, which renders anew
+    (render_anew)."""
     key = (topology, services, engine, json.dumps(overrides, sort_keys=True), render.CONFIGMAP_BUDGET, bundles.revision())
-    if key in RENDERS:
-        first, text = RENDERS[key]
-        shutil.copytree(first, tmp_path / "kustomization")
-    else:
-        text = render_anew(topology, services, tmp_path, engine, overrides)
-        RENDERS[key] = (tmp_path / "kustomization", text)
+    kept = shared_folder(tmp_path) / "renders" / hashlib.sha256(repr(key).encode()).hexdigest()[:16]
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{kept}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a worker asking for the same render meanwhile waits for it; released on close
+        if not (kept / "built.yaml").exists():
+            (kept / "built.yaml.new").parent.mkdir(exist_ok=True)
+            (kept / "built.yaml.new").write_text(render_anew(topology, services, kept, engine, overrides))
+            (kept / "built.yaml.new").rename(kept / "built.yaml")  # written last: a render cut short is rendered again
+    shutil.copytree(kept / "kustomization", tmp_path / "kustomization")
+    text = (kept / "built.yaml").read_text()
     path = tmp_path / f"{topology}-{services}.yaml"
     path.write_text(text)
     return path, objects_of(text)
+
+
+def shared_folder(tmp_path: Path) -> Path:
+    """The temporary folder of this run that all its pytest workers share: under pytest-xdist
+    each worker's base folder (popen-gw<n>) is inside the run's, else the base folder is the run's."""
+    base = tmp_path.parent
+    return base.parent if base.name.startswith("popen-gw") else base
 
 
 def render_anew(topology, services, tmp_path, engine=None, overrides=None) -> str:
