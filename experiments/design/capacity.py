@@ -4,8 +4,10 @@ search, what a step is judged by, and a search's result read back from its steps
 For each (topology, engine, services) the offered rate is stepped inside one deployment
 (run/capacity_run.py runs the steps). The search starts at `start_rate`, doubles while steps hold,
 up to `max_rate`; then it bisects between the last rate held and the first that failed until
-the gap is within `gap` (10%) of the rate held. The baseline is always searched too: the
-reference.
+the gap is within `gap` (10%) of the rate held. The baseline is always searched too, first at
+each chain length: the reference. With `closing_baseline` (the default) it is searched again
+after the enforcing topologies: how far its capacity moved over the run is how far the machine
+did (a shared machine's speed drifts over an hour), which the report sets beside the shares.
 
 A step is *held* when (`judge`): its achieved rate is at least 95% of the offered one; its
 errors and missed sends are at most 1% of the requests its window scheduled; and the p99 of
@@ -13,6 +15,9 @@ its delivered records' RTTs is at most `p99_bound_ms`.
 
 A run's raw/steps.csv (STEP_COLUMNS, one row per step) holds what its report needs
 (report/capacity_report.py): `result_of_steps` derives each search's result from its rows alone.
+The closing baseline searches' steps are in raw/closing-steps.csv (the same columns), apart: every
+share is against the first search, and a reader of steps.csv meets one search per topology,
+engine and chain length.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ HALVINGS = 3  # a first step that fails: halve the rate at most this often to fi
 MAX_STEPS = 16  # steps of one search at most, whatever the step function does
 ENFORCING = matrix.ENFORCING
 STEPS_CSV = "steps.csv"
+CLOSING_STEPS_CSV = "closing-steps.csv"
 # Where an experiment run keeps the capacity runs its report prices enforcement with (`report RUN
 # --capacity`, `run --capacity`): of each, its metadata.json and raw/steps.csv, all its table is made
 # of, so that the run's report is rebuilt from the run's folder alone and a later `report RUN` keeps the share.
@@ -179,13 +185,14 @@ class Parameters:
     late_tolerance_ms: float = matrix.DEFAULT_LATE_TOLERANCE_MS
     replicas: int = 1  # instances of every step, alike (experiments/run/sets.py): what two compliant replicas hold against one
     work_iterations: int | None = None  # the services' work per record (None: the manifest's workload)
+    closing_baseline: bool = True  # the baseline searched again after the enforcing topologies (module docstring)
 
     def __post_init__(self):
         names = [matrix.topology_name(t) for t in self.topologies]
         if len(set(names)) != len(names):
             raise ParameterError(f"topologies {self.topologies} name one twice")
-        # The baseline is always searched, last at each chain length: the reference.
-        self.topologies = [t for t in names if t != BASELINE] + [BASELINE]
+        # The baseline is always searched, first at each chain length: the reference.
+        self.topologies = [BASELINE] + [t for t in names if t != BASELINE]
         for engine in self.engines:
             if engine not in ENGINES:
                 raise ParameterError(f"engine '{engine}' is not one of {list(ENGINES)}")
@@ -208,11 +215,17 @@ class Parameters:
         if not 0 < self.gap < 1:
             raise ParameterError(f"the gap must be between 0 and 1, got {self.gap:g}")
 
-    def searches(self) -> list[tuple[str, str | None, int]]:
-        """(topology, engine, services) in the order run: per chain length every topology under
-        each engine, then the baseline (engine None)."""
-        return [(topology, engine, services) for services in self.services for topology in self.topologies
-                for engine in ([None] if topology == BASELINE else self.engines)]
+    def searches(self) -> list[tuple[str, str | None, int, bool]]:
+        """(topology, engine, services, closing) in the order run: per chain length the baseline
+        (engine None), every other topology under each engine, then (closing_baseline, when there
+        is another topology) the baseline again, closing True."""
+        order = []
+        for services in self.services:
+            order += [(topology, engine, services, False) for topology in self.topologies
+                      for engine in ([None] if topology == BASELINE else self.engines)]
+            if self.closing_baseline and len(self.topologies) > 1:
+                order.append((BASELINE, None, services, True))
+        return order
 
 
 def command_for(run: matrix.Parameters) -> str:
@@ -229,8 +242,8 @@ def command_for(run: matrix.Parameters) -> str:
     return " ".join(words)
 
 
-def search_key(topology: str, engine: str | None, services: int) -> str:
-    return f"{topology}{'_' + engine if engine else ''}_n{services}"
+def search_key(topology: str, engine: str | None, services: int, closing: bool = False) -> str:
+    return f"{topology}{'_' + engine if engine else ''}_n{services}{'_closing' if closing else ''}"
 
 
 def capacity_text(result: SearchResult) -> str:

@@ -1,11 +1,13 @@
 """A capacity run's report: report/capacity.md and capacity.html (self-contained), the
 capacity table (report/tables/capacity.csv) and the latency-against-offered-rate figure
-(report/figures/capacity_latency.png, .svg), built from metadata.json and raw/steps.csv alone."""
+(report/figures/capacity_latency.png, .svg), built from metadata.json and raw/steps.csv alone (and
+raw/closing-steps.csv, the baseline searched again at the end, where the run has one)."""
 
 from __future__ import annotations
 
 import json
 import shutil
+from datetime import datetime
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -14,7 +16,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter
 
 from experiments.analysis import stats
-from experiments.design.capacity import KEPT_CAPACITY, STEPS_CSV, as_bool, result_of_steps
+from experiments.design.capacity import CLOSING_STEPS_CSV, KEPT_CAPACITY, STEPS_CSV, as_bool, result_of_steps
 from experiments.design.matrix import BASELINE, ENGINE_NAMES, MAX_ERROR_RATE, MIN_ACHIEVED_SHARE, PAPER_NAMES, PRIME_SHARE, case_name, load_label
 from experiments.design.targets import run_paragraphs
 from experiments.report.reporting import color, panels, render_html, render_markdown, save, series_of
@@ -24,8 +26,8 @@ CAPACITY_COLUMNS = ("topology", "engine", "services", "capacity", "capped", "low
                     "share_of_baseline", "first_failed", "first_failed_why", "first_failed_other_cores", "steps")
 
 
-def read_steps(run_dir: Path) -> pd.DataFrame:
-    steps = pd.read_csv(run_dir / "raw" / STEPS_CSV, dtype={"engine": str, "why_not": str})
+def read_steps(run_dir: Path, name: str = STEPS_CSV) -> pd.DataFrame:
+    steps = pd.read_csv(run_dir / "raw" / name, dtype={"engine": str, "why_not": str})
     steps["why_not"] = steps["why_not"].fillna("")
     steps["held"] = steps["held"].map(as_bool)
     return steps
@@ -127,6 +129,51 @@ def capacity_view(table: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
         "limited by (first failed step)": [limited(row) for row in table.itertuples()],
         "steps": table["steps"],
     })
+
+
+def baseline_drift(steps: pd.DataFrame, closing: pd.DataFrame, gap: float) -> pd.DataFrame:
+    """Per chain length whose baseline was searched twice: its capacity searched first and
+    searched again after the enforcing topologies, the minutes between their first steps, and the
+    change (closing / first - 1; none where either held nothing or both every step)."""
+    first = capacity_table(steps[steps["topology"] == BASELINE], gap).set_index("services")
+    again = capacity_table(closing, gap).set_index("services")
+
+    def started(frame: pd.DataFrame, services: int) -> datetime:
+        return datetime.strptime(frame[frame["services"] == services].sort_values("step")["started_at"].iloc[0], "%Y-%m-%dT%H:%M:%S%z")
+
+    rows = []
+    for services in again.index:
+        if services not in first.index:
+            continue
+        before, after = first.loc[services], again.loc[services]
+        comparable = pd.notna(before.capacity) and pd.notna(after.capacity) and not (before.capped and after.capped)
+        rows.append({"services": int(services), "first": before.capacity, "closing": after.capacity,
+                     "minutes_between": round((started(closing, services) - started(steps[steps["topology"] == BASELINE], services))
+                                              .total_seconds() / 60, 1),
+                     "change": float(after.capacity / before.capacity - 1) if comparable else None})
+    return pd.DataFrame(rows, columns=["services", "first", "closing", "minutes_between", "change"])
+
+
+def drift_paragraphs(drift: pd.DataFrame, gap: float) -> list[str]:
+    """What the baseline's two searches say of the machine under the run, per chain length."""
+    paragraphs = []
+    for row in drift.itertuples():
+        said = (f"At {row.services} services the baseline held {capacity_said(row.first)} req/s searched first, and "
+                f"{capacity_said(row.closing)} searched again {row.minutes_between:g} min later, after the enforcing topologies")
+        if row.change is None or pd.isna(row.change):
+            paragraphs.append(f"{said}: not comparable (a search that held no rate, or two that held every one).")
+        elif abs(row.change) <= gap:
+            paragraphs.append(f"{said} ({row.change:+.0%}): within the search's resolution ({gap:.0%}), so the machine held its speed "
+                              "over the run as far as a search can tell.")
+        else:
+            paragraphs.append(f"{said} ({row.change:+.0%}): beyond the search's resolution ({gap:.0%}). The machine's speed changed "
+                              "under the run by about as much (a shared machine), and each share above, against the first search, "
+                              "carries that doubt: a topology searched late met the closing machine more than the first.")
+    return paragraphs
+
+
+def capacity_said(capacity) -> str:
+    return "no rate" if capacity is None or pd.isna(capacity) else str(int(capacity))
 
 
 def steps_view(steps: pd.DataFrame) -> pd.DataFrame:
@@ -257,6 +304,15 @@ def build(run_dir: Path) -> dict:
         blocks.append(("figure", latency_figure(steps, bound, figures_dir, load),
                        "RTT against the offered rate, one panel per chain length: p50 (solid) and p99 (dashed) of each step, hollow "
                        "where the step was not held; the dotted line is the p99 bound."))
+        closing = read_steps(run_dir, CLOSING_STEPS_CSV) if (run_dir / "raw" / CLOSING_STEPS_CSV).exists() else pd.DataFrame()
+        if not closing.empty:
+            drift = baseline_drift(steps, closing, parameters["gap"])
+            drift.to_csv(tables_dir / "baseline_drift.csv", index=False)
+            blocks.append(("h2", "The baseline, first and last"))
+            blocks.append(("p", "Every share above is against the baseline searched first at its chain length. It was searched again "
+                                f"after the enforcing topologies (its steps: `{run_dir / 'raw' / CLOSING_STEPS_CSV}`), so that a change "
+                                "of the machine's speed over the run shows."))
+            blocks.extend(("p", paragraph) for paragraph in drift_paragraphs(drift, parameters["gap"]))
         blocks.append(("h2", "Steps"))
         blocks.append(("p", "Every step in the order run within each search. Cores busy over the measured window: the whole machine's, "
                             "the deployment's, and others' (the machine's less the deployment's and Locust's: other users of a shared "

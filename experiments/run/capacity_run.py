@@ -5,8 +5,8 @@ time, sends that cannot be made on time counted as missed), judged by capacity.j
 
 A run lives in <results>/<run-id>/ (capacity-<date>-<time> by default): metadata.json (the
 parameters, commit, versions, machine, each search's outcome), raw/steps.csv (one row per
-step), raw/<search>/step<k>_r<rate>/ (each step's requests.csv.gz, cpu.csv, step.json,
-locust.log) and raw/<search>/deploy.log; report/capacity.md and capacity.html, built from
+step; the closing baseline searches' in raw/closing-steps.csv), raw/<search>/step<k>_r<rate>/ (each
+step's requests.csv.gz, cpu.csv, step.json, locust.log) and raw/<search>/deploy.log; report/capacity.md and capacity.html, built from
 metadata.json and raw/steps.csv alone (report/capacity_report.py; `capacity --report RUN` rebuilds
 them), with tables/capacity.csv and figures/capacity_latency.png (.svg).
 """
@@ -28,7 +28,8 @@ from complyroute.topology import manifest
 
 from experiments.analysis import stats
 from experiments.design import matrix
-from experiments.design.capacity import STEP_COLUMNS, STEPS_CSV, Parameters, capacity_text, judge, search, search_key
+from experiments.design.capacity import (CLOSING_STEPS_CSV, STEP_COLUMNS, STEPS_CSV, Parameters, capacity_text, judge, search,
+                                         search_key)
 from experiments.design.matrix import MAX_ERROR_RATE, MIN_ACHIEVED_SHARE, PRIME_SHARE, ParameterError, case_name
 from experiments.design.targets import unmeasured
 from experiments.run import metadata, sets
@@ -49,6 +50,7 @@ class CapacityRunner(Loader):
         super().__init__(run_dir, load, out, target)
         self.capacity = parameters
         self.steps_csv = self.raw / STEPS_CSV
+        self.closing_steps_csv = self.raw / CLOSING_STEPS_CSV
 
     def start(self) -> None:
         if (self.run_dir / "metadata.json").exists():
@@ -62,8 +64,9 @@ class CapacityRunner(Loader):
             "target": self.target.describe(), "unmeasured": unmeasured(self.target),
             "git": taken["git"], "versions": taken["versions"], "machine": taken["machine"], "locust": self.locust_description(),
             "searches": [], "outcome": "running"})
-        with self.steps_csv.open("w", newline="") as file:
-            csv.writer(file).writerow(STEP_COLUMNS)
+        for steps_csv in (self.steps_csv, self.closing_steps_csv):
+            with steps_csv.open("w", newline="") as file:
+                csv.writer(file).writerow(STEP_COLUMNS)
 
     def manifest_of(self, cell: matrix.Cell) -> manifest.Topology:
         """The cell's manifest with the run's replicas of every step and its services' work."""
@@ -84,8 +87,8 @@ class CapacityRunner(Loader):
               flush=True)
 
         def search_all() -> None:
-            for topology, engine, services in self.capacity.searches():
-                self.run_search(topology, engine, services)
+            for topology, engine, services, closing in self.capacity.searches():
+                self.run_search(topology, engine, services, closing)
 
         def end(outcome: str) -> None:
             self.update_metadata(outcome=outcome, ended_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
@@ -100,11 +103,14 @@ class CapacityRunner(Loader):
         print(f"capacity: report: {paths['html']}\ncapacity: report: {paths['markdown']}", file=self.out)
         return 0
 
-    def run_search(self, topology: str, engine: str | None, services: int) -> None:
-        key = search_key(topology, engine, services)
+    def run_search(self, topology: str, engine: str | None, services: int, closing: bool = False) -> None:
+        """One search in a deployment of its own; `closing`: the baseline's second search at this
+        chain length, its steps in closing-steps.csv."""
+        key = search_key(topology, engine, services, closing)
         folder = self.raw / key
         folder.mkdir(parents=True)
-        name = f"{case_name(topology, engine)} {services} services"
+        name = f"{case_name(topology, engine)} {services} services{' (closing)' if closing else ''}"
+        steps_csv = self.closing_steps_csv if closing else self.steps_csv
         started = time.monotonic()
         index = 0
         with (folder / "deploy.log").open("w") as log:
@@ -118,18 +124,19 @@ class CapacityRunner(Loader):
                     index += 1
                     if index > 1:
                         time.sleep(SETTLE_S)
-                    return self.run_step(topology, engine, services, index, rate, folder, state, name)
+                    return self.run_step(topology, engine, services, index, rate, folder, state, name, steps_csv)
 
                 result = search(step, self.capacity.start_rate, self.capacity.max_rate, self.capacity.gap,
                                 max_steps=self.capacity.max_steps)
             except (DeployFailed, manifest.ManifestError, CellFailed) as error:
                 self.undeploy(log)
-                self.update_metadata(search={"topology": topology, "engine": engine, "services": services, "error": str(error),
-                                             "steps": index})
+                self.update_metadata(search={"topology": topology, "engine": engine, "services": services, "closing": closing,
+                                             "error": str(error), "steps": index})
                 print(f"capacity: {name}: FAILED: {str(error).splitlines()[0]}", file=self.out, flush=True)
                 return
             self.undeploy(log)
-        self.update_metadata(search={"topology": topology, "engine": engine, "services": services, "capacity": result.capacity,
+        self.update_metadata(search={"topology": topology, "engine": engine, "services": services, "closing": closing,
+                                     "capacity": result.capacity,
                                      "capped": result.capped, "lowest_failed": result.lowest_failed,
                                      "first_failed": result.first_failed, "converged": result.converged, "steps": len(result.steps),
                                      "primed_at_rate": primed_at, "deploy_s": deployed_s, "seconds": round(time.monotonic() - started, 1)})
@@ -144,7 +151,7 @@ class CapacityRunner(Loader):
         return rate
 
     def run_step(self, topology: str, engine: str | None, services: int, index: int, rate: int, folder: Path, state: dict,
-                 name: str) -> bool:
+                 name: str, steps_csv: Path) -> bool:
         cell = matrix.Cell(topology, engine, rate, services, index)
         step_dir = folder / f"step{index:02d}_r{rate}"
         step_dir.mkdir()
@@ -171,7 +178,7 @@ class CapacityRunner(Loader):
             "cpu_machine": rounded(cpu["cpu_machine"], 2), "cpu_locust": rounded(cpu["cpu_locust"], 2),
             "cpu_deployment": rounded(cpu["cpu_deployment"], 2), "started_at": started_at,
         }
-        with self.steps_csv.open("a", newline="") as file:
+        with steps_csv.open("a", newline="") as file:
             csv.writer(file).writerow([row[column] for column in STEP_COLUMNS])
         print(f"capacity: {name} step {index}: {rate} req/s: achieved {row['achieved_rate']:.1f} ({row['achieved_share']:.1%}), "
               f"errors+missed {row['loss_share']:.1%}, p50 {summary['median']:.0f} ms, p99 {summary['p99']:.0f} ms, "

@@ -1,5 +1,5 @@
-"""A tiny capacity search end to end (about 40 s): the central entity under envoy-opa and the
-baseline, 5 services, steps of 1 + 3 s from 20 req/s to at most 40 (the max rate) and at most
+"""A tiny capacity search end to end (about 55 s): the central entity under envoy-opa and the
+baseline (searched first and again last), 5 services, steps of 1 + 3 s from 20 req/s to at most 40 (the max rate) and at most
 3 steps per search, against real Envoy, OPA and service processes, through the command line;
 the table and steps.csv. Whether a step holds depends on how busy the shared machine is (a CE
 step at 20 req/s once failed with a p99 of 1.4 s while other tests ran): the test asserts that
@@ -54,9 +54,14 @@ def test_a_tiny_search_of_the_central_entity_and_the_baseline(tmp_path, no_deplo
         assert row["capacity"] == (str(max(held)) if held else "")
     assert table["baseline"]["share_of_baseline"] == "1.0"
     meta = json.loads((run_dir / "metadata.json").read_text())
-    assert meta["outcome"] == "finished" and meta["versions"]["locust"] == "2.47.0" and len(meta["searches"]) == 2
+    assert meta["outcome"] == "finished" and meta["versions"]["locust"] == "2.47.0"
+    assert [(s["topology"], s["closing"]) for s in meta["searches"]] == [("baseline", False), ("central-entity", False), ("baseline", True)]
+    with (run_dir / "raw" / "closing-steps.csv").open() as file:
+        closing = list(csv.DictReader(file))
+    assert closing and {row["topology"] for row in closing} == {"baseline"} and closing[0]["offered_rate"] == "20"
     markdown = (run_dir / "report" / "capacity.md").read_text()
     rows = re.sub(r" {2,}", " ", markdown)  # tabulate pads each column to its widest cell
     assert "## Capacity" in markdown and "| CE | envoy-opa | 5 |" in rows
+    assert "## The baseline, first and last" in markdown and "At 5 services the baseline held" in markdown
     assert (run_dir / "report" / "figures" / "capacity_latency.png").exists()
-    assert run.stdout.count(" step ") == len(steps)  # a progress line per step
+    assert run.stdout.count(" step ") == len(steps) + len(closing)  # a progress line per step

@@ -151,11 +151,18 @@ def test_every_criterion_failing_is_named():
 
 # ---- parameters and the command line ----------------------------------------------------------
 
-def test_parameters_always_add_the_baseline_and_take_aliases():
-    parameters = Parameters(topologies=["ce", "sa"], engines=["envoy-opa"], services=[5])
-    assert parameters.topologies == ["central-entity", "sidecar", "baseline"]
-    assert parameters.searches() == [("central-entity", "envoy-opa", 5), ("sidecar", "envoy-opa", 5), ("baseline", None, 5)]
-    assert Parameters(topologies=["baseline"]).topologies == ["baseline"]
+def test_parameters_always_add_the_baseline_first_and_last_and_take_aliases():
+    parameters = Parameters(topologies=["ce", "sa"], engines=["envoy-opa"], services=[5, 10])
+    assert parameters.topologies == ["baseline", "central-entity", "sidecar"]
+    assert parameters.searches() == [
+        ("baseline", None, 5, False), ("central-entity", "envoy-opa", 5, False), ("sidecar", "envoy-opa", 5, False), ("baseline", None, 5, True),
+        ("baseline", None, 10, False), ("central-entity", "envoy-opa", 10, False), ("sidecar", "envoy-opa", 10, False), ("baseline", None, 10, True)]
+    assert Parameters(topologies=["baseline"]).searches() == [("baseline", None, 5, False), ("baseline", None, 10, False)]
+
+
+def test_without_the_closing_baseline_each_search_runs_once_denied():
+    parameters = Parameters(topologies=["ce"], engines=["envoy-opa"], services=[5], closing_baseline=False)
+    assert parameters.searches() == [("baseline", None, 5, False), ("central-entity", "envoy-opa", 5, False)]
 
 
 @pytest.mark.parametrize("args, words", [
@@ -222,7 +229,8 @@ def test_a_run_steps_each_deployment_writes_steps_csv_metadata_and_the_report(tm
                             step_warmup=1)
     code, run_dir = capacity_run.run(parameters, tmp_path, "cap", out=out)
     assert code == 0, out.getvalue()
-    assert stand_ins == [("central-entity", "envoy-opa", 5), ("baseline", None, 5)]  # one deployment per search
+    # One deployment per search: the baseline first, then the topology, then the baseline again.
+    assert stand_ins == [("baseline", None, 5), ("central-entity", "envoy-opa", 5), ("baseline", None, 5)]
     with (run_dir / "raw" / "steps.csv").open() as file:
         rows = list(csv.DictReader(file))
     assert [r["offered_rate"] for r in rows if r["topology"] == "central-entity"] == ["50", "100", "200", "150", "175", "162"]
@@ -235,12 +243,19 @@ def test_a_run_steps_each_deployment_writes_steps_csv_metadata_and_the_report(tm
     # The priming load ran at half the start rate before the first step, and is no step.
     assert (run_dir / "raw" / "central-entity_envoy-opa_n5" / "prime_r25" / "requests.csv.gz").exists()
     meta = json.loads((run_dir / "metadata.json").read_text())
-    assert [s["primed_at_rate"] for s in meta["searches"]] == [25, 25]
+    assert [s["primed_at_rate"] for s in meta["searches"]] == [25, 25, 25]
     assert meta["outcome"] == "finished" and meta["parameters"]["p99_bound_ms"] == 500.0 and meta["machine"]["cores"] == 2
-    assert [(s["topology"], s["capacity"], s["lowest_failed"]) for s in meta["searches"]] == [
-        ("central-entity", 150, 162), ("baseline", 150, 162)]
+    assert [(s["topology"], s["closing"], s["capacity"], s["lowest_failed"]) for s in meta["searches"]] == [
+        ("baseline", False, 150, 162), ("central-entity", False, 150, 162), ("baseline", True, 150, 162)]
+    # The closing search's steps are apart: steps.csv has one search per topology, engine and chain length.
+    with (run_dir / "raw" / "closing-steps.csv").open() as file:
+        closing = list(csv.DictReader(file))
+    assert {r["topology"] for r in closing} == {"baseline"} and [r["offered_rate"] for r in closing] == [
+        r["offered_rate"] for r in rows if r["topology"] == "baseline"]
+    assert (run_dir / "raw" / "baseline_n5_closing" / "step01_r50" / "requests.csv.gz").exists()
     lines = out.getvalue().splitlines()
-    assert sum("step" in line and "req/s:" in line for line in lines) == len(rows)  # a line per step
+    assert sum("step" in line and "req/s:" in line for line in lines) == len(rows) + len(closing)  # a line per step
+    assert any(line.startswith("capacity: baseline 5 services (closing): 150 req/s") for line in lines)
     assert any(line.startswith("capacity: CE (envoy-opa) 5 services: 150 req/s") for line in lines)
     table = capacity_report.capacity_table(capacity_report.read_steps(run_dir), GAP)
     assert table[["topology", "capacity", "share_of_baseline"]].values.tolist() == [["central-entity", 150, 1.0], ["baseline", 150, 1.0]]
@@ -253,7 +268,7 @@ def test_without_priming_the_first_step_is_the_first_load_denied(tmp_path, stand
     code, run_dir = capacity_run.run(parameters, tmp_path, "unprimed", out=io.StringIO())
     assert code == 0
     assert not list((run_dir / "raw").glob("*/prime_r*"))
-    assert [s["primed_at_rate"] for s in json.loads((run_dir / "metadata.json").read_text())["searches"]] == [None, None]
+    assert [s["primed_at_rate"] for s in json.loads((run_dir / "metadata.json").read_text())["searches"]] == [None, None, None]
 
 
 def test_an_existing_run_is_not_overwritten(tmp_path, stand_ins, capsys):
@@ -314,6 +329,47 @@ def test_the_report_table_figure_and_csv_of_a_synthetic_run(tmp_path, monkeypatc
     built = []
     monkeypatch.setattr(capacity_run, "build_report", lambda run_dir: built.append(run_dir) or paths)
     assert cli.main(["capacity", "--report", str(run_dir)]) == 0 and built == [run_dir]
+
+
+def with_closing_baseline(run_dir, knee):
+    """The synthetic run's baseline at 5 services searched again 40 minutes later, holding up to `knee`."""
+    with (run_dir / "raw" / "closing-steps.csv").open("w", newline="") as file:
+        writer = csv.DictWriter(file, capacity.STEP_COLUMNS)
+        writer.writeheader()
+        for index, (rate, held) in enumerate(search(lambda rate: rate <= knee, 50, 2000).steps, 1):
+            writer.writerow({"topology": "baseline", "engine": "none", "services": 5, "step": index, "offered_rate": rate,
+                             "scheduled": rate * 10, "sent": rate * 10, "achieved_rate": rate, "achieved_share": 1.0, "errors": 0,
+                             "missed": 0, "loss_share": 0.0, "p50_ms": 20, "p95_ms": 50, "p99_ms": 100 if held else 900, "held": held,
+                             "why_not": "" if held else "p99 900 ms > 500 ms", "cpu_machine": 1.2, "cpu_locust": 0.1,
+                             "cpu_deployment": 1.0, "started_at": "2026-11-26T03:40:00+0000"})
+
+
+def test_the_baseline_searched_again_as_it_was_says_the_machine_held_its_speed_allowed(tmp_path):
+    run_dir = synthetic_run(tmp_path)
+    with_closing_baseline(run_dir, 420)
+    markdown = compact(capacity_report.build(run_dir)["markdown"].read_text())
+    assert "## The baseline, first and last" in markdown
+    assert ("At 5 services the baseline held 400 req/s searched first, and 400 searched again 40 min later, after the enforcing "
+            "topologies (+0%): within the search's resolution (10%)") in markdown
+    drift = list(csv.DictReader((run_dir / "report" / "tables" / "baseline_drift.csv").open()))
+    assert drift == [{"services": "5", "first": "400", "closing": "400", "minutes_between": "40.0", "change": "0.0"}]
+    # The shares stay against the first search.
+    capacity_csv = {(r["engine"], r["services"]): r for r in csv.DictReader((run_dir / "report" / "tables" / "capacity.csv").open())}
+    assert float(capacity_csv[("envoy-compiled", "5")]["share_of_baseline"]) == pytest.approx(275 / 400)
+
+
+def test_the_baseline_searched_again_slower_says_the_shares_carry_that_doubt_denied(tmp_path):
+    run_dir = synthetic_run(tmp_path)
+    with_closing_baseline(run_dir, 300)
+    markdown = compact(capacity_report.build(run_dir)["markdown"].read_text())
+    assert "400 req/s searched first, and 300 searched again 40 min later" in markdown
+    assert "(-25%): beyond the search's resolution (10%)" in markdown and "within the search's resolution" not in markdown
+
+
+def test_a_run_without_a_closing_baseline_has_no_such_section_denied(tmp_path):
+    run_dir = synthetic_run(tmp_path)
+    markdown = capacity_report.build(run_dir)["markdown"].read_text()
+    assert "first and last" not in markdown and not (run_dir / "report" / "tables" / "baseline_drift.csv").exists()
 
 
 def test_a_run_without_its_baseline_yet_has_a_table_without_shares(tmp_path):
