@@ -135,7 +135,8 @@ def baseline_drift(steps: pd.DataFrame, closing: pd.DataFrame, gap: float) -> pd
     """Per chain length whose baseline was searched twice: its capacity searched first and
     searched again after the enforcing topologies, the minutes between their first steps, and the
     change (closing / first - 1; none where either held nothing or both every step)."""
-    first = capacity_table(steps[steps["topology"] == BASELINE], gap).set_index("services")
+    baseline = steps[steps["topology"] == BASELINE]
+    first = capacity_table(baseline, gap).set_index("services")
     again = capacity_table(closing, gap).set_index("services")
 
     def started(frame: pd.DataFrame, services: int) -> datetime:
@@ -148,8 +149,7 @@ def baseline_drift(steps: pd.DataFrame, closing: pd.DataFrame, gap: float) -> pd
         before, after = first.loc[services], again.loc[services]
         comparable = pd.notna(before.capacity) and pd.notna(after.capacity) and not (before.capped and after.capped)
         rows.append({"services": int(services), "first": before.capacity, "closing": after.capacity,
-                     "minutes_between": round((started(closing, services) - started(steps[steps["topology"] == BASELINE], services))
-                                              .total_seconds() / 60, 1),
+                     "minutes_between": round((started(closing, services) - started(baseline, services)).total_seconds() / 60, 1),
                      "change": float(after.capacity / before.capacity - 1) if comparable else None})
     return pd.DataFrame(rows, columns=["services", "first", "closing", "minutes_between", "change"])
 
