@@ -17,6 +17,21 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import yaml
+
+
+# PyYAML through libyaml where its wheel carries it, else in Python: a 50-service sidecar's
+# manifests and its fifty opa.yaml files are dumped several times faster (10 ms each in Python).
+YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def yaml_text(*documents) -> str:
+    """`documents` as YAML, keys in their order: one document, or a stream of them."""
+    if len(documents) == 1:
+        return yaml.dump(documents[0], Dumper=YAML_DUMPER, sort_keys=False)
+    return yaml.dump_all(documents, Dumper=YAML_DUMPER, sort_keys=False)
+
 
 def write_whole(path: Path, data: bytes | str, mode: int = 0o644) -> None:
     """Replace the file at `path` with `data` at once, the new file with `mode`. The temporary

@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from complyroute import engines
-from complyroute.files import write_whole
+from complyroute.files import YAML_LOADER, write_whole, yaml_text
 from complyroute.policy import bundles, labels, policydata
 from complyroute.policy.ruleset import RuleSet
 from complyroute.runtime.kubernetes.render import (PART_OF, RENDER_ANNOTATION, SERVICE_IMAGE, KubernetesNetwork, RenderError, Renderer, build,
@@ -120,8 +120,8 @@ def apply(topology: Topology, folder: Path, rule_set: RuleSet, timeout: str = "3
     # The namespace first, on its own: the ApplySet's parent lives in it, and no apply prunes it.
     namespace_file = folder.with_suffix(".namespace.yaml")
     namespace_file.write_text(yaml.safe_dump(renderer.namespace_object(), sort_keys=False))
-    built = [o for o in yaml.load_all(build(renderer, folder), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) if o]
-    write_private(output, yaml.dump_all([o for o in built if o["kind"] != "Namespace"], Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper), sort_keys=False))
+    built = [o for o in yaml.load_all(build(renderer, folder), Loader=YAML_LOADER) if o]
+    write_private(output, yaml_text(*[o for o in built if o["kind"] != "Namespace"]))
     kubectl("apply", "--server-side", "-f", str(namespace_file), out=out)
     kubectl("-n", namespace, "apply", "--server-side", "--prune", f"--applyset={APPLYSET}", "-f", str(output), env={"KUBECTL_APPLYSET": "true"},
             out=out)

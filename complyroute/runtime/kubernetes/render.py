@@ -46,6 +46,7 @@ from pathlib import Path
 import yaml
 
 from complyroute.engines import configuration
+from complyroute.files import yaml_text
 from complyroute.policy import bundles, policyfiles
 from complyroute.policy.policyfiles import SYSTEM_POLICIES
 from complyroute.policy.ruleset import RuleSet
@@ -554,7 +555,7 @@ class Renderer:
         if config.opa is not None:
             # Per point: each fetches its own bundle (bundles/<point>.tar.gz).
             opa = {**config.opa, **bundle_config(point, self.bundle_source())}
-            self.generate(f"opa-config-{point.name}", {"opa.yaml": yaml.dump(opa, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper), sort_keys=False)})
+            self.generate(f"opa-config-{point.name}", {"opa.yaml": yaml_text(opa)})
             volumes += [_configmap_volume("policy", self.system_policy_files()), _configmap_volume(f"opa-config-{point.name}")]
         if self.trust:
             volumes.append(self.tls_secret(point.name, self.trust.point_tls_files(point.name)))
@@ -849,8 +850,7 @@ class Renderer:
             shutil.rmtree(folder)
         # With mutual TLS the folder holds private keys: for this user only.
         folder.mkdir(parents=True, mode=0o700)
-        # libyaml's emitter (apply.py's too): the same text, written in a tenth of PyYAML's time.
-        resources = yaml.dump_all([self.namespace_object(), *self.objects], Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper), sort_keys=False)
+        resources = yaml_text(self.namespace_object(), *self.objects)
         (folder / "resources.yaml").write_text(resources)
         for name, content in self.files.items():
             (folder / name).parent.mkdir(parents=True, exist_ok=True)

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import yaml
 
+from complyroute.files import YAML_LOADER
+
 # The Kubernetes version whose schemas the rendered objects are checked against: the pinned control
 # plane's (tools/kubernetes/go.mod, v1.34.4) minor version, which the pinned kubernetes-validate
 # package ships strict schemas for (v1.34.0-local-strict).
@@ -32,7 +34,7 @@ def validate(yaml_file: Path, version: str = KUBERNETES_VERSION) -> list[str]:
     if utils.major_minor(version) not in {utils.major_minor(v) for v in utils.all_versions()}:
         raise utils.VersionNotSupportedError(version=version)
     errors = []
-    for document in yaml.load_all(yaml_file.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+    for document in yaml.load_all(yaml_file.read_text(), Loader=YAML_LOADER):
         if not document:
             continue
         where = f"{document.get('kind')}/{(document.get('metadata') or {}).get('name')}"

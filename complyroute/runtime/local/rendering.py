@@ -15,10 +15,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from complyroute.engines import configuration
-from complyroute.files import write_folder, write_whole
+from complyroute.files import write_folder, write_whole, yaml_text
 from complyroute.policy import bundles, labels, policyfiles
 from complyroute.policy.policyfiles import OPA, POLICIES, SYSTEM_POLICIES
 from complyroute.policy.ruleset import RuleSet
@@ -160,7 +158,7 @@ def point_parts(point: EnforcementPoint, config: configuration.PointConfiguratio
         data_dir = folder / DISK_DATA
         write_data(data_dir, opa_disk_data)
         opa = {**config.opa, **bundle_config(point, bundle_source)}
-        (folder / "opa.yaml").write_text(yaml.dump(opa, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper), sort_keys=False))
+        (folder / "opa.yaml").write_text(yaml_text(opa))
         parts.append(
             Part(
                 name=f"{point.name}/opa",
