@@ -64,7 +64,8 @@ class CapacityRunner(Loader):
             "target": self.target.describe(), "unmeasured": unmeasured(self.target),
             "git": taken["git"], "versions": taken["versions"], "machine": taken["machine"], "locust": self.locust_description(),
             "searches": [], "outcome": "running"})
-        for steps_csv in (self.steps_csv, self.closing_steps_csv):
+        closing = any(closing for *_, closing in self.capacity.searches())
+        for steps_csv in (self.steps_csv, self.closing_steps_csv) if closing else (self.steps_csv,):
             with steps_csv.open("w", newline="") as file:
                 csv.writer(file).writerow(STEP_COLUMNS)
 

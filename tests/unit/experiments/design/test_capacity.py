@@ -262,6 +262,15 @@ def test_a_run_steps_each_deployment_writes_steps_csv_metadata_and_the_report(tm
     assert built == [run_dir]  # the report itself: below, on a synthetic run
 
 
+def test_without_the_closing_search_the_run_has_no_closing_steps_denied(tmp_path, stand_ins):
+    parameters = Parameters(topologies=["ce"], engines=["envoy-opa"], services=[5], start_rate=50, max_rate=100, step_seconds=2,
+                            step_warmup=1, closing_baseline=False)
+    code, run_dir = capacity_run.run(parameters, tmp_path, "unclosed", out=io.StringIO())
+    assert code == 0
+    assert [s["closing"] for s in json.loads((run_dir / "metadata.json").read_text())["searches"]] == [False, False]
+    assert (run_dir / "raw" / "steps.csv").exists() and not (run_dir / "raw" / "closing-steps.csv").exists()
+
+
 def test_without_priming_the_first_step_is_the_first_load_denied(tmp_path, stand_ins):
     parameters = Parameters(topologies=["ce"], engines=["envoy-opa"], services=[5], start_rate=50, max_rate=100, step_seconds=2,
                             step_warmup=1, prime=False)
