@@ -71,6 +71,40 @@ def test_a_listener_with_nothing_decided_ahead_asks_opa_for_every_record_denied(
     assert '"matchers": []' not in json.dumps(matcher)
 
 
+def header(name, **match):
+    return {"single_predicate": {"input": envoy_compiled.header_input(name), "value_match": match}}
+
+
+# A matcher list of each predicate the guard evaluates; the first that holds names its action.
+WALKED = {"matcher_list": {"matchers": [
+    {"predicate": {"and_matcher": {"predicate": [header("x-a", exact="1"), {"not_matcher": header("x-b", **envoy_compiled.regex(".*"))}]}},
+     "on_match": {"action": {"name": "a-without-b"}}},
+    {"predicate": {"or_matcher": {"predicate": [header("x-a", exact="2"), header("x-b", **envoy_compiled.regex("b[0-9]"))]}},
+     "on_match": {"matcher": {"matcher_tree": {"input": envoy_compiled.header_input("x-c"),
+                                               "exact_match_map": {"map": {"c": {"action": {"name": "c"}}}}},
+                              "on_no_match": {"action": {"name": "not-c"}}}}},
+]}, "on_no_match": {"action": {"name": "none"}}}
+
+
+@pytest.mark.parametrize("headers, taken", [
+    ({"x-a": "1"}, "a-without-b"), ({"x-a": "1", "x-b": ""}, "none"), ({"x-a": "2", "x-c": "c"}, "c"),
+    ({"x-b": "b7"}, "not-c"), ({"x-b": "b7x"}, "none"), ({}, "none"),
+], ids=["and-not-allowed", "present-empty-header-denied", "or-then-exact-map-allowed", "or-regex-then-no-branch-allowed",
+        "regex-matches-whole-value-denied", "absent-headers-match-nothing-denied"])
+def test_the_guard_walks_a_tree_as_envoy_does(headers, taken):
+    assert envoy_compiled.matched_action(WALKED, headers)["name"] == taken
+
+
+def test_the_guard_refuses_a_construct_it_cannot_evaluate_wherever_it_is_denied():
+    # Deep in a branch no request of a space may reach: refused before any request is walked.
+    unknown = {"matcher_list": {"matchers": [{"predicate": header("x-a", exact="1"), "on_match": {"action": {"name": "a"}}},
+                                             {"predicate": header("x-a", prefix="2"), "on_match": {"action": {"name": "b"}}}]}}
+    with pytest.raises(envoy_compiled.EngineError, match="a string match it cannot evaluate"):
+        envoy_compiled.tree_walk(unknown)
+    with pytest.raises(envoy_compiled.EngineError, match="a predicate it cannot evaluate"):
+        envoy_compiled.tree_walk({"matcher_list": {"matchers": [{"predicate": {"xor_matcher": {}}, "on_match": {"action": {}}}]}})
+
+
 def test_the_answers_cache_keeps_what_was_used_last_and_evicts_the_least_recently_used(tmp_path, monkeypatch):
     monkeypatch.setattr(precompute, "CACHE", tmp_path / "cache")
     monkeypatch.setattr(precompute, "CACHE_ENTRIES", 2)
