@@ -215,7 +215,7 @@ def cmd_capacity(args) -> int:
     given = {name: value for name, value in {
         "topologies": args.topologies, "engines": args.engines, "services": args.services, "start_rate": args.start_rate,
         "max_rate": args.max_rate, "step_seconds": args.step_seconds, "step_warmup": args.step_warmup,
-        "p99_bound_ms": args.p99_bound_ms, "max_steps": args.max_steps, "prime": False if args.no_prime else None,
+        "p99_bound_ms": args.p99_bound_ms, "max_steps": args.max_steps, "confirmations": args.confirmations, "prime": False if args.no_prime else None,
         "replicas": args.replicas, "work_iterations": args.work_iterations, "closing_baseline": False if args.no_closing_baseline else None}.items()
         if value is not None}
     parameters = capacity.Parameters(**given)  # a ParameterError: one line and exit 2, in main
@@ -376,9 +376,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m experiments") -> 
     capacity.add_argument("--step-warmup", type=int, metavar="SECONDS", help="seconds of load per step before its window (default 5)")
     capacity.add_argument("--p99-bound-ms", type=float, metavar="MS", help="a held step's p99 RTT at most (default 500)")
     capacity.add_argument("--max-steps", type=int, metavar="N", help="steps of one search at most, whatever they find (default 16)")
-    capacity.add_argument("--no-prime", action="store_true",
-                          help="no priming load: by default a search first runs one step's load at half the start rate, not judged, "
-                               "so a fresh deployment's slow first seconds do not fail its first step")
+    capacity.add_argument("--confirmations", type=int, metavar="N", help="a failed step is run again N times before its rate fails (default 1)")
+    capacity.add_argument("--no-prime", action="store_true", help="no priming load: by default a search first runs one step's load at half "
+                          "the start rate, not judged, so a fresh deployment's slow first seconds do not fail its first step")
     capacity.add_argument("--no-closing-baseline", action="store_true", help="search the baseline once per chain length, not first and last")
     capacity.add_argument("--replicas", type=int, metavar="N", help="instances of every step, alike: each hop's compliant set (default 1)")
     capacity.add_argument("--work-iterations", type=int, metavar="N",

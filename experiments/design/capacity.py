@@ -4,7 +4,12 @@ search, what a step is judged by, and a search's result read back from its steps
 For each (topology, engine, services) the offered rate is stepped inside one deployment
 (run/capacity_run.py runs the steps). The search starts at `start_rate`, doubles while steps hold,
 up to `max_rate`; then it bisects between the last rate held and the first that failed until
-the gap is within `gap` (10%) of the rate held. The baseline is always searched too, first at
+the gap is within `gap` (10%) of the rate held. A step that fails is run again at its rate
+(`confirmations`, 1): the rate fails only when every one of its steps fails. A shared machine's
+noise only adds to a step's latency, so a single spike fails a step that the rate holds, and
+one such step early in the doubling ended a search at a fraction of what its topology held
+(capacity-n5-20261130: 100 req/s failed on one p99 of 510 ms, the search ended at 93); it
+cannot make a step over the knee hold. The baseline is always searched too, first at
 each chain length: the reference. With `closing_baseline` (the default) it is searched again
 after the enforcing topologies: how far its capacity moved over the run is how far the machine
 did (a shared machine's speed drifts over an hour), which the report sets beside the shares.
@@ -40,6 +45,7 @@ STEP_WARMUP = 5  # a step's first seconds carry a start transient (new Locust, n
 SERVICES = [5, 10]
 GAP = 0.10  # bisect until the lowest failed rate is within this share above the highest held
 HALVINGS = 3  # a first step that fails: halve the rate at most this often to find one held
+CONFIRMATIONS = 1  # a failed step is run again this often at its rate before the rate counts as failed
 MAX_STEPS = 16  # steps of one search at most, whatever the step function does
 ENFORCING = matrix.ENFORCING
 STEPS_CSV = "steps.csv"
@@ -84,8 +90,8 @@ class SearchResult:
     capacity: int | None  # the highest rate held; None when no step held
     capped: bool  # every step held, up to max_rate: the capacity is at least that
     lowest_failed: int | None  # the lowest rate that failed (the bracket's top)
-    first_failed: int | None  # the first step in time that failed
-    steps: list[tuple[int, bool]] = field(default_factory=list)  # (rate, held) in the order run
+    first_failed: int | None  # the first rate in time that failed (every step of it)
+    steps: list[tuple[int, bool]] = field(default_factory=list)  # (rate, held) in the order run, a rate's confirmations after it
 
     @property
     def converged(self) -> bool:
@@ -98,23 +104,30 @@ class SearchResult:
 
 
 def search(step: Callable[[int], bool], start_rate: int = START_RATE, max_rate: int = MAX_RATE, gap: float = GAP,
-           halvings: int = HALVINGS, max_steps: int = MAX_STEPS) -> SearchResult:
+           halvings: int = HALVINGS, max_steps: int = MAX_STEPS, confirmations: int = CONFIRMATIONS) -> SearchResult:
     """Find the highest rate `step(rate)` holds.
 
-    Doubling from start_rate while steps hold, up to max_rate (held there: capped); a first
-    step that fails is followed by halvings until one holds (at most `halvings`); then
+    Doubling from start_rate while rates hold, up to max_rate (held there: capped); a first
+    rate that fails is followed by halvings until one holds (at most `halvings`); then
     bisection between the highest held and the lowest failed rate until their gap is within
-    `gap` of the held rate (or 1 req/s). Every rate probed lies strictly between the two, so
-    the held rates stay below the failed ones even when the step function is noisy: the
-    capacity is always the highest rate held and the lowest failed rate the bracket's top."""
+    `gap` of the held rate (or 1 req/s). A rate holds when one of its steps does: a step that
+    fails is run again, up to `confirmations` times. Every rate probed lies strictly between
+    the two, so the held rates stay below the failed ones even when the step function is
+    noisy: the capacity is always the highest rate held and the lowest failed rate the
+    bracket's top."""
     if start_rate < 1 or max_rate < start_rate:
         raise ParameterError(f"the search needs 1 <= start rate <= max rate, got {start_rate} and {max_rate}")
     steps: list[tuple[int, bool]] = []
 
     def probe(rate: int) -> bool:
-        held = bool(step(rate))
-        steps.append((rate, held))
-        return held
+        for tried in range(1 + confirmations):
+            if tried and len(steps) >= max_steps:
+                return False
+            held = bool(step(rate))
+            steps.append((rate, held))
+            if held:
+                return True
+        return False
 
     held_rate: int | None = None
     failed_rate: int | None = None
@@ -153,10 +166,15 @@ def result_of_steps(rows: list[dict]) -> SearchResult:
     search() returned, derived from the raw data alone."""
     ordered = sorted(rows, key=lambda row: int(row["step"]))
     steps = [(int(float(row["offered_rate"])), as_bool(row["held"])) for row in ordered]
-    held = [rate for rate, ok in steps if ok]
-    failed = [rate for rate, ok in steps if not ok]
+    held = {rate for rate, ok in steps if ok}  # a rate holds when one of its steps did
+    failed = [rate for rate, _ in steps if rate not in held]
     return SearchResult(capacity=max(held) if held else None, capped=bool(held) and not failed,
                         lowest_failed=min(failed) if failed else None, first_failed=failed[0] if failed else None, steps=steps)
+
+
+def failed_rates(steps: list[tuple[int, bool]]) -> set[int]:
+    """The rates every step of which failed."""
+    return {rate for rate, _ in steps} - {rate for rate, ok in steps if ok}
 
 
 def as_bool(value) -> bool:
@@ -177,6 +195,7 @@ class Parameters:
     p99_bound_ms: float = P99_BOUND_MS
     gap: float = GAP
     max_steps: int = MAX_STEPS
+    confirmations: int = CONFIRMATIONS
     # A first step at 50 req/s on a fresh deployment failed on a p99 of 680 ms that 46 req/s then held
     # at 77 ms: before its first step a search runs one step's load at PRIME_SHARE of the start rate.
     prime: bool = True
@@ -208,6 +227,8 @@ class Parameters:
             raise ParameterError(f"--p99-bound-ms must be above 0, got {self.p99_bound_ms:g}")
         if self.max_steps < 1:
             raise ParameterError(f"--max-steps must be >= 1, got {self.max_steps}")
+        if self.confirmations < 0:
+            raise ParameterError(f"--confirmations must be >= 0, got {self.confirmations}")
         if not 1 <= self.replicas <= manifest.MAX_REPLICAS:
             raise ParameterError(f"--replicas must be from 1 to {manifest.MAX_REPLICAS}, got {self.replicas}")
         if self.work_iterations is not None and not 0 <= self.work_iterations <= MAX_WORK_ITERATIONS:

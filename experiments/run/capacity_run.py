@@ -128,7 +128,7 @@ class CapacityRunner(Loader):
                     return self.run_step(topology, engine, services, index, rate, folder, state, name, steps_csv)
 
                 result = search(step, self.capacity.start_rate, self.capacity.max_rate, self.capacity.gap,
-                                max_steps=self.capacity.max_steps)
+                                max_steps=self.capacity.max_steps, confirmations=self.capacity.confirmations)
             except (DeployFailed, manifest.ManifestError, CellFailed) as error:
                 self.undeploy(log)
                 self.update_metadata(search={"topology": topology, "engine": engine, "services": services, "closing": closing,

@@ -10,6 +10,7 @@ import json
 import math
 import random
 import shutil
+from collections import Counter
 from pathlib import Path
 
 import pandas as pd
@@ -33,12 +34,18 @@ def rates(result):
     return [rate for rate, _ in result.steps]
 
 
-def check_invariants(result, max_rate):
-    """What any search must leave: each rate probed once, every held rate below every failed one,
-    the capacity the highest held, and what steps.csv would say the same as what search said."""
-    assert len(rates(result)) == len(set(rates(result)))
-    held = [rate for rate, ok in result.steps if ok]
-    failed = [rate for rate, ok in result.steps if not ok]
+def check_invariants(result, max_rate, confirmations=capacity.CONFIRMATIONS):
+    """What any search must leave: each rate probed in one run of steps, again only after a failed
+    step and at most `confirmations` times; every held rate (one of its steps held) below every
+    failed one (all failed); the capacity the highest held, and what steps.csv would say the same
+    as what search said."""
+    runs = [rate for k, (rate, _) in enumerate(result.steps) if k == 0 or result.steps[k - 1][0] != rate]
+    assert len(runs) == len(set(runs))
+    for k, (rate, _) in enumerate(result.steps[1:], 1):
+        assert rate != result.steps[k - 1][0] or not result.steps[k - 1][1]  # again only after a failure
+    assert max(Counter(rates(result)).values()) <= 1 + confirmations
+    held = {rate for rate, ok in result.steps if ok}
+    failed = set(rates(result)) - held
     if held and failed:
         assert max(held) < min(failed)
     assert result.capacity == (max(held) if held else None)
@@ -50,7 +57,8 @@ def check_invariants(result, max_rate):
 
 def test_doubling_then_bisection_to_within_ten_percent():
     result = search(lambda rate: rate <= 300, start_rate=50, max_rate=2000)
-    assert result.steps == [(50, True), (100, True), (200, True), (400, False), (300, True), (350, False), (325, False)]
+    assert result.steps == [(50, True), (100, True), (200, True), (400, False), (400, False), (300, True), (350, False), (350, False),
+                            (325, False), (325, False)]
     assert (result.capacity, result.lowest_failed, result.first_failed, result.capped) == (300, 325, 400, False)
     assert result.converged and result.lowest_failed - result.capacity <= GAP * result.capacity
     check_invariants(result, 2000)
@@ -59,10 +67,10 @@ def test_doubling_then_bisection_to_within_ten_percent():
 def test_bisection_stops_at_the_gap_not_before():
     result = search(lambda rate: rate <= 1234, start_rate=50, max_rate=2000)
     assert result.capacity <= 1234 < result.lowest_failed <= 1.1 * result.capacity
-    # one step fewer would have left the gap above 10%
-    held_before, failed_before = result_of_steps([{"step": k, "offered_rate": r, "held": ok}
-                                                  for k, (r, ok) in enumerate(result.steps[:-1], 1)]).capacity, None
-    failed_before = min(r for r, ok in result.steps[:-1] if not ok)
+    # one rate fewer would have left the gap above 10%
+    before = [(r, ok) for r, ok in result.steps if r != result.steps[-1][0]]
+    held_before = result_of_steps([{"step": k, "offered_rate": r, "held": ok} for k, (r, ok) in enumerate(before, 1)]).capacity
+    failed_before = min(r for r, ok in before if not ok)
     assert failed_before - held_before > GAP * held_before
     check_invariants(result, 2000)
 
@@ -81,23 +89,44 @@ def test_the_max_rate_caps_the_doubling_and_a_capacity_at_it_is_marked_capped():
 
 def test_a_first_step_that_fails_halves_down_then_bisects():
     result = search(lambda rate: rate <= 20, start_rate=50, max_rate=2000)
-    assert result.steps[:3] == [(50, False), (25, False), (12, True)]
+    assert result.steps[:5] == [(50, False), (50, False), (25, False), (25, False), (12, True)]
     assert result.first_failed == 50 and result.capacity == 20 and result.lowest_failed == 21
     check_invariants(result, 2000)
 
 
 def test_nothing_held_gives_no_capacity_below_the_lowest_rate_tried():
     result = search(lambda rate: False, start_rate=50, max_rate=2000)
-    assert rates(result) == [50, 25, 12, 6]
+    assert rates(result) == [50, 50, 25, 25, 12, 12, 6, 6]
     assert result.capacity is None and not result.capped and not result.converged
     assert capacity.capacity_text(result) == "< 6"
     check_invariants(result, 2000)
 
 
-def test_a_noisy_step_that_fails_once_below_its_knee_still_gives_a_held_rate_within_the_gap():
-    noisy = lambda rate: rate <= 300 and rate != 200  # noqa: E731 - a failure below the knee, by noise
+def spiking_once_at(spiked: int, knee: int = 300):
+    """A step function holding up to `knee` whose first step at `spiked` fails (a latency spike of
+    the machine's), as 100 req/s did in capacity-n5-20261130."""
+    tried = Counter()
+
+    def step(rate):
+        tried[rate] += 1
+        return rate <= knee and not (rate == spiked and tried[rate] == 1)
+    return step
+
+
+@pytest.mark.parametrize("confirmations, capacity_found", [(1, 300), (0, 93)],
+                         ids=["confirmed-the-spike-is-passed-allowed", "unconfirmed-the-spike-ends-the-doubling-denied"])
+def test_a_step_that_fails_once_is_run_again_before_its_rate_counts_as_failed(confirmations, capacity_found):
+    result = search(spiking_once_at(100), start_rate=50, max_rate=2000, confirmations=confirmations)
+    assert result.steps[:3] == [(50, True), (100, False), (100, True) if confirmations else (75, True)]
+    assert result.capacity == capacity_found and result.converged
+    assert result.first_failed == (400 if confirmations else 100)  # the first rate that failed, every step of it
+    check_invariants(result, 2000, confirmations)
+
+
+def test_a_rate_whose_every_step_fails_below_its_knee_still_gives_a_held_rate_within_the_gap():
+    noisy = lambda rate: rate <= 300 and rate != 200  # noqa: E731 - a failure below the knee, at every step of the rate
     result = search(noisy, start_rate=50, max_rate=2000)
-    assert result.steps[:3] == [(50, True), (100, True), (200, False)]
+    assert result.steps[:4] == [(50, True), (100, True), (200, False), (200, False)]
     assert result.capacity == 187 and result.lowest_failed == 200 and result.converged
     check_invariants(result, 2000)
 
@@ -233,7 +262,7 @@ def test_a_run_steps_each_deployment_writes_steps_csv_metadata_and_the_report(tm
     assert stand_ins == [("baseline", None, 5), ("central-entity", "envoy-opa", 5), ("baseline", None, 5)]
     with (run_dir / "raw" / "steps.csv").open() as file:
         rows = list(csv.DictReader(file))
-    assert [r["offered_rate"] for r in rows if r["topology"] == "central-entity"] == ["50", "100", "200", "150", "175", "162"]
+    assert [r["offered_rate"] for r in rows if r["topology"] == "central-entity"] == ["50", "100", "200", "200", "150", "175", "175", "162", "162"]  # each failed rate twice
     assert {r["engine"] for r in rows} == {"envoy-opa", "none"}
     first_failed = next(r for r in rows if r["held"] == "False")
     assert first_failed["why_not"] == "p99 900 ms > 500 ms" and first_failed["p99_ms"] == "900.0"
@@ -338,6 +367,24 @@ def test_the_report_table_figure_and_csv_of_a_synthetic_run(tmp_path, monkeypatc
     built = []
     monkeypatch.setattr(capacity_run, "build_report", lambda run_dir: built.append(run_dir) or paths)
     assert cli.main(["capacity", "--report", str(run_dir)]) == 0 and built == [run_dir]
+
+
+@pytest.mark.parametrize("confirmed, first_failed", [(True, "400"), (False, "100")],
+                         ids=["a-confirmed-spike-is-no-failure-allowed", "an-unconfirmed-spike-is-the-first-failure-denied"])
+def test_the_table_names_the_first_rate_that_failed_every_step(tmp_path, confirmed, first_failed):
+    run_dir = synthetic_run(tmp_path)
+    steps = capacity_report.read_steps(run_dir)
+    search_rows = steps[(steps["topology"] == "central-entity") & (steps["engine"] == "envoy-compiled") & (steps["services"] == 5)]
+    spike = search_rows.iloc[1].copy()  # the step at 100 req/s failed first on a spike, then held when run again (confirmed)
+    assert spike["offered_rate"] == 100 and spike["held"]
+    spike["held"], spike["why_not"] = False, "p99 510 ms > 500 ms"
+    rows = search_rows.copy()
+    rows.loc[spike.name, ["held", "why_not"]] = [False, spike["why_not"]]
+    if confirmed:
+        rows = pd.concat([rows.iloc[:2], search_rows.iloc[[1]], rows.iloc[2:]]).assign(step=lambda frame: range(1, len(frame) + 1))
+    [row] = capacity_report.capacity_table(rows, GAP).to_dict("records")
+    assert str(row["first_failed"]) == first_failed and row["capacity"] == 275
+    assert row["first_failed_why"].startswith("p99") and (row["first_failed_why"] == "p99 510 ms > 500 ms") == (not confirmed)
 
 
 def with_closing_baseline(run_dir, knee):
