@@ -256,11 +256,6 @@ def tree_walk(matcher: dict) -> Walk:
     return on_no_match
 
 
-def matched_action(matcher: dict, headers: dict[str, str]) -> dict | None:
-    """The action Envoy's matcher tree `matcher` takes for a request with `headers` (tree_walk)."""
-    return tree_walk(matcher)(headers)
-
-
 def routed_outcome(action: dict) -> tuple[str, str] | None:
     """(destination, revision) of a route that decided ahead of time; None where OPA decides."""
     route = action["typed_config"]

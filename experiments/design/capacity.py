@@ -172,11 +172,6 @@ def result_of_steps(rows: list[dict]) -> SearchResult:
                         lowest_failed=min(failed) if failed else None, first_failed=failed[0] if failed else None, steps=steps)
 
 
-def failed_rates(steps: list[tuple[int, bool]]) -> set[int]:
-    """The rates every step of which failed."""
-    return {rate for rate, _ in steps} - {rate for rate, ok in steps if ok}
-
-
 def as_bool(value) -> bool:
     return value if isinstance(value, bool) else str(value).strip().lower() in ("true", "1", "yes")
 

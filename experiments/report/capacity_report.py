@@ -16,7 +16,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter
 
 from experiments.analysis import stats
-from experiments.design.capacity import CLOSING_STEPS_CSV, KEPT_CAPACITY, STEPS_CSV, as_bool, failed_rates, result_of_steps
+from experiments.design.capacity import CLOSING_STEPS_CSV, KEPT_CAPACITY, STEPS_CSV, as_bool, result_of_steps
 from experiments.design.matrix import BASELINE, ENGINE_NAMES, MAX_ERROR_RATE, MIN_ACHIEVED_SHARE, PAPER_NAMES, PRIME_SHARE, case_name, load_label
 from experiments.design.targets import run_paragraphs
 from experiments.report.reporting import color, panels, render_html, render_markdown, save, series_of
@@ -70,7 +70,7 @@ def capacity_table(steps: pd.DataFrame, gap: float) -> pd.DataFrame:
     rows = []
     for (topology, engine, services), group in steps.groupby(["topology", "engine", "services"], sort=False):
         result = result_of_steps(group.to_dict("records"))
-        first = group[group["offered_rate"].isin(failed_rates(result.steps))].sort_values("step").head(1)  # its first step
+        first = group[group["offered_rate"] == result.first_failed].sort_values("step").head(1)  # its first step
         other = pd.to_numeric(first["cpu_machine"], errors="coerce") - pd.to_numeric(first["cpu_locust"], errors="coerce") \
             - pd.to_numeric(first["cpu_deployment"], errors="coerce")
         rows.append({

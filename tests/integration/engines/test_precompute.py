@@ -87,8 +87,8 @@ def test_the_compiled_routes_follow_an_added_rule_allowed(walkthrough, swiss):
     tree = routes[listener.name]["filter_chains"][0]["filters"][0]["typed_config"]["route_config"]["virtual_hosts"][0]["matcher"]
     headers = {":method": "POST", ":path": "/process", "content-length": "2", "x-data-category": "personal", "x-data-consent": "care"}
     # From ingest-us, a CH personal record may not go to analyse-us any more: the analyse-eu replicas only.
-    assert envoy_compiled.routed_outcome(envoy_compiled.matched_action(tree, {**headers, "x-data-region": "CH"}))[0] == "analyse-eu-1,analyse-eu-2"
-    assert envoy_compiled.routed_outcome(envoy_compiled.matched_action(tree, {**headers, "x-data-region": "US"}))[0] == "analyse-us|analyse-eu-1,analyse-eu-2"
+    assert envoy_compiled.routed_outcome(envoy_compiled.tree_walk(tree)({**headers, "x-data-region": "CH"}))[0] == "analyse-eu-1,analyse-eu-2"
+    assert envoy_compiled.routed_outcome(envoy_compiled.tree_walk(tree)({**headers, "x-data-region": "US"}))[0] == "analyse-us|analyse-eu-1,analyse-eu-2"
 
 
 def test_policy_diff_shows_the_added_rule_at_the_entry_allowed(walkthrough, swiss):
@@ -191,7 +191,7 @@ def test_a_reloads_first_step_holds_no_answer_ahead_of_time(walkthrough, ahead):
     tree = compiled_tree(configs, sidecar, envoy_compiled.compiled_listeners(sidecar)[0])
     headers = {":method": "POST", ":path": "/process", "content-length": "2", "x-data-category": "personal",
                "x-data-consent": "care", "x-data-region": "US"}
-    routed = envoy_compiled.routed_outcome(envoy_compiled.matched_action(tree, headers))
+    routed = envoy_compiled.routed_outcome(envoy_compiled.tree_walk(tree)(headers))
     if ahead:
         assert all(document["table"] and document["digest"] for document in deciding if document["table"])
         assert len({document["digest"] for document in deciding}) > 1  # each point's own table
@@ -212,7 +212,7 @@ def test_the_compliant_sets_follow_the_clusters_a_point_has(walkthrough, deploye
     tree = compiled_tree(configs, sidecar, envoy_compiled.compiled_listeners(sidecar)[0])
     headers = {":method": "POST", ":path": "/process", "content-length": "2", "x-data-category": "personal",
                "x-data-consent": "care", "x-data-region": "US"}
-    routed = envoy_compiled.routed_outcome(envoy_compiled.matched_action(tree, headers))[0]
+    routed = envoy_compiled.routed_outcome(envoy_compiled.tree_walk(tree)(headers))[0]
     listed = configs[sidecar.name].data[precompute.QUICK_PATH_DOCUMENT]["set_clusters"]
     clusters = {c["name"] for c in configs[sidecar.name].envoy["static_resources"]["clusters"]}
     table = configs[sidecar.name].data[precompute.QUICK_PATH_DOCUMENT]["table"]["ingest-us"]["analyse"]["personal"]["care"]["US"]

@@ -67,7 +67,7 @@ def test_a_listener_with_nothing_decided_ahead_asks_opa_for_every_record_denied(
     matcher = envoy_compiled.listener_matcher({}, "1s", ["x-data-classification", "x-data-retention"])
     headers = {":method": "POST", ":path": "/process", "content-type": "application/json", "content-length": "2",
                "x-data-classification": "public"}
-    assert envoy_compiled.matched_action(matcher, headers)["name"] == "decide"
+    assert envoy_compiled.tree_walk(matcher)(headers)["name"] == "decide"
     assert '"matchers": []' not in json.dumps(matcher)
 
 
@@ -92,7 +92,7 @@ WALKED = {"matcher_list": {"matchers": [
 ], ids=["and-not-allowed", "present-empty-header-denied", "or-then-exact-map-allowed", "or-regex-then-no-branch-allowed",
         "regex-matches-whole-value-denied", "absent-headers-match-nothing-denied"])
 def test_the_guard_walks_a_tree_as_envoy_does(headers, taken):
-    assert envoy_compiled.matched_action(WALKED, headers)["name"] == taken
+    assert envoy_compiled.tree_walk(WALKED)(headers)["name"] == taken
 
 
 def test_the_guard_refuses_a_construct_it_cannot_evaluate_wherever_it_is_denied():
