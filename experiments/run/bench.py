@@ -375,10 +375,12 @@ def observability(bench: Bench, points: dict[str, str], records: int, rounds: in
 
 
 def run(rule_set: RuleSet, out_file: Path | None = None, records: int = 1500, rounds: int = 3, out=sys.stdout,
-        policy_sizes: Sequence[int] = policybench.SIZES, policy_topologies: Sequence[str] | None = None) -> list[Row]:
+        policy_sizes: Sequence[int] = policybench.SIZES, policy_topologies: Sequence[str] | None = None,
+        engine_settings: dict | None = None) -> list[Row]:
     """Measure everything once, the points configured by `rule_set`; print the table, write the CSV, return the rows. `policy_sizes`,
     `policy_topologies`: the deployments' numbers of services and the topologies (None: every
-    deciding one) the policy's rows are measured at (policybench.compare)."""
+    deciding one) the policy's rows are measured at (policybench.compare). `engine_settings`: taken
+    by every point over the central entity manifest's (its timeouts, for a run on a starved machine)."""
     out_file = out_file or runs_root() / "bench" / time.strftime("%Y%m%d-%H%M%S") / "bench.csv"
     out_file.parent.mkdir(parents=True, exist_ok=True)
     print(f"bench: {rounds} rounds of {records} sequential records per part; CSV: {out_file}", file=out, flush=True)
@@ -387,7 +389,7 @@ def run(rule_set: RuleSet, out_file: Path | None = None, records: int = 1500, ro
         bench = Bench(out_file.parent / "processes", rule_set, scratch)
         bench.folder.mkdir(parents=True, exist_ok=True)
         try:
-            pairs, context = start_parts(bench, scratch)
+            pairs, context = start_parts(bench, scratch, engine_settings or {})
             bench.wait_until_listening()
             medians = measure(bench, pairs, records, rounds, out)
             paced = measure_paced(bench, pairs, records, rounds, out)

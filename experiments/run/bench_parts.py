@@ -276,14 +276,15 @@ response := {"allowed": true, "headers": {"x-complyroute-destination": "%s"}}
 ENTRY_OPA = "the entry's decision and label token through ext_authz (envoy-compiled): OPA"
 
 
-def start_parts(bench: Bench, scratch: Path) -> tuple[list[Pair], dict]:
-    """Start every part and floor; returns the pairs to measure and what the checks need."""
+def start_parts(bench: Bench, scratch: Path, engine_settings: dict) -> tuple[list[Pair], dict]:
+    """Start every part and floor; returns the pairs to measure and what the checks need. The points
+    take `engine_settings` over the manifest's."""
     topology = manifest.load("central-entity", services=5)
     plan = place(topology)
     central = plan.points[0]
     hop = next(listener for listener in central.deciding if listener.sender == "svc-04")
     destination = next(i.id for i in topology.instances if i.step == hop.step)
-    settings = dict(topology.engine)
+    settings = {**topology.engine, **engine_settings}
 
     # Identities under mutual TLS: the bench sends as the hop's sender (the identity its
     # listener admits and OPA is told); the next hop is the destination instance.
