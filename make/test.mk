@@ -37,7 +37,7 @@ test-streams: # make test's work, on the networks it holds (TEST_LOOPBACKS)
 	@# - Apart, at the lowest CPU priority: the end-to-end tests on addresses of their own and with no
 	@#   deployment (own_network: the engines' differential test, the bench). Their processes starve
 	@#   there (the bench's 58 CPU-s took 513-736 s of wall in three fresh clones of 870fd83), so
-	@#   their points wait 20 s for a decision, not the manifests' 2 s: a test placed here needs that too.
+	@#   their points take tests/e2e/helpers.py STARVED_MACHINE_TIMEOUTS: a test placed here needs them too.
 	@# make test is CPU-bound on two cores; the deployments' streams mostly wait on their processes, and
 	@# the lowest priority lets them have a core when they need one while the differential test and the
 	@# bench (waiting for nothing) take what is left; the experiments' tests, which count their sends on

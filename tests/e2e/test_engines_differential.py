@@ -69,7 +69,7 @@ from complyroute.runtime.local import deployment, rendering, supervision
 from complyroute.topology import manifest
 from complyroute.topology.plan import LOOPBACK_VARIABLE, Endpoint, LocalNetwork, place
 
-from .helpers import ENFORCING, MIXED_REGIONS, RECORD, entry_of
+from .helpers import ENFORCING, MIXED_REGIONS, RECORD, STARVED_MACHINE_TIMEOUTS, entry_of
 
 # On a loopback network of its own, with no deployment: `make test` runs it beside the
 # end-to-end suite's deployments, which take the same ports, and gives it a network it holds
@@ -285,11 +285,8 @@ def engine_parts(plan, kind: str, policies: Path, folder: Path) -> tuple[renderi
     # addresses (its service's, which the sink stands in for).
     points = [replace(point, forwarding=[]) for point in plan.points if point.deciding]
     signing_key = bundles.new_signing_key()
-    # What the engines answer is compared here, not how fast: at the lowest CPU priority beside
-    # make test's other streams (load average 25-35), OPA's full evaluation of classification's
-    # records took over the manifest's 2 s for 3 of 1,128 requests, answered 503
-    # DECISION_UNAVAILABLE (ext_authz_error) by that engine only. 20 s keeps within the hop timeout.
-    settings = {**plan.topology.engine, "kind": kind, "decision_timeout": "20s"}
+    # What the engines answer is compared here, not how fast (STARVED_MACHINE_TIMEOUTS).
+    settings = {**plan.topology.engine, "kind": kind, **STARVED_MACHINE_TIMEOUTS}
     generated = configuration.generate(points, settings, RuleSet.of(policies), None, rendering.layout(folder),
                                        signing_key)
     # Their OPAs' bundles, signed and served in plain HTTP on loopback as a deployment without mTLS does.
