@@ -68,9 +68,9 @@ monitoring-packages:
 	  fi; \
 	fi
 
-$(OPA): tools/opa/go.mod tools/opa/go.sum
+$(OPA): tools/opa/go.mod tools/opa/go.sum tools/opa/main.go
 	@echo "setup: building opa with the Envoy plugin $(OPA_PLUGIN_VERSION) (first time: 1 to 4 minutes)"
-	cd tools/opa && $(GO_ENV) go build -o $@ github.com/open-policy-agent/opa-envoy-plugin/cmd/opa-envoy-plugin
+	cd tools/opa && $(GO_ENV) go build -o $@ .
 
 $(REGAL): tools/regal/go.mod tools/regal/go.sum
 	@echo "setup: building regal $(REGAL_VERSION)"

@@ -177,11 +177,11 @@ def system_policy_files() -> list[Path]:
 # collection ran every few dozen checks, whose marking took 11 % of the entry's CPU (docs/cost.md);
 # at 400, 4 %. GOMEMLIMIT keeps the larger heap this allows under a pod's limit
 # (RESOURCES["opa"] in runtime/kubernetes/render.py, 128 Mi): Go collects sooner as it nears it.
-# adaptivestackstart: the plugin's gRPC server runs each check in a new goroutine, whose stack Go
-# copied through every doubling as the evaluation deepened (a fifth of the entry's CPU); with it,
-# Go starts a goroutine at the average stack its collections find. make bench, A B A B in one
-# session: the entry's OPA 1.57 and 1.65 -> 1.33 and 1.34 ms a record, OPA allowing everything
-# 0.59 and 0.55 -> 0.46 and 0.47 (Envoy, untouched, 0.78 and 0.87 -> 0.74 and 0.75).
+# adaptivestackstart: Go starts a goroutine at the average stack its collections find, not at the
+# smallest. The plugin's checks run on lasting stream workers (tools/opa/main.go), whose stacks
+# stay grown; a check arriving while every worker is busy gets a new goroutine, and starts larger
+# with it (docs/cost.md: before the workers, it took the entry's OPA from 1.57 and 1.65 to 1.33 and
+# 1.34 ms a record under make bench).
 GO_RUNTIME = {"GOGC": "400", "GOMEMLIMIT": "96MiB", "GODEBUG": "adaptivestackstart=1"}
 
 

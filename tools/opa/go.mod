@@ -1,9 +1,14 @@
-// Pins the OPA build that carries the Envoy ext_authz plugin; `make setup` builds it into ./bin/opa.
+// Pins the OPA build that carries the Envoy ext_authz plugin; `make setup` builds main.go into ./bin/opa.
 module complyroute/tools/opa
 
 go 1.26.0
 
-require github.com/open-policy-agent/opa-envoy-plugin v1.14.1-envoy
+require (
+	github.com/open-policy-agent/opa-envoy-plugin v1.14.1-envoy
+	// main.go gives the plugin's gRPC server its stream workers through grpc-go's global server
+	// options (an unexported variable): a version that keeps them.
+	google.golang.org/grpc v1.85.0
+)
 
 // OPA itself at 1.22.4, above the 1.14.1 the plugin was released on (no later plugin is served
 // here; it builds on 1.22.4 as it is). 1.14.1's partial evaluation took a reference that may reach
@@ -107,7 +112,6 @@ require (
 	golang.org/x/time v0.16.0 // indirect
 	google.golang.org/genproto/googleapis/api v0.0.0-20260928230214-8a89bd6388cc // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260928230214-8a89bd6388cc // indirect
-	google.golang.org/grpc v1.85.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 	gopkg.in/ini.v1 v1.67.3 // indirect
 	gopkg.in/natefinch/lumberjack.v2 v2.2.1 // indirect
