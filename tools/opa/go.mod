@@ -5,8 +5,8 @@ go 1.26.0
 
 require (
 	github.com/open-policy-agent/opa-envoy-plugin v1.14.1-envoy
-	// main.go gives the plugin's gRPC server its stream workers through grpc-go's global server
-	// options (an unexported variable): a version that keeps them.
+	// main.go gives the plugin's gRPC server its stream workers and fixed windows through grpc-go's
+	// global server options (an unexported variable): a version that keeps them.
 	google.golang.org/grpc v1.85.0
 )
 

@@ -2,7 +2,8 @@
 checks on lasting worker goroutines, one per thread the OPA runs Go on (GOMAXPROCS, a point's
 concurrency), so that a check does not start on a new goroutine whose small stack Go copies at
 every doubling as the evaluation deepens (docs/cost.md). Counted in the goroutine profile of a
-real `opa run` (--pprof, as every point's OPA runs)."""
+real `opa run`, started with an enforcement point's own arguments (policyfiles.server_args, whose
+--pprof serves the profile on the REST API's socket)."""
 
 import json
 import os
@@ -14,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from complyroute.policy.policyfiles import OPA
+from complyroute.policy.policyfiles import OPA, server_args, system_policy_files
+from complyroute.proxy.opa import POLICY_QUERY
 from complyroute.topology import localhttp
 from complyroute.topology.plan import Endpoint
 
@@ -26,10 +28,11 @@ def stream_workers(gomaxprocs: int, plugin: bool) -> int:
     folder = Path(tempfile.mkdtemp(prefix="opa-", dir="/tmp"))  # a unix socket's path is short
     api = Endpoint.unix(folder / "api.sock")
     config = folder / "config.json"
-    plugins = {"envoy_ext_authz_grpc": {"addr": f"unix://{folder / 'grpc.sock'}", "path": "complyroute/envoy/response"}}
+    plugins = {"envoy_ext_authz_grpc": {"addr": Endpoint.unix(folder / "grpc.sock").listen, "path": POLICY_QUERY}}
     config.write_text(json.dumps({"plugins": plugins} if plugin else {}))
-    server = subprocess.Popen([str(OPA), "run", "--server", f"--addr={api.listen}", "--pprof", f"--config-file={config}",
-                               "--skip-version-check", "--log-level=error"],
+    # As a point runs it: its REST API asks the system policies (policies/system), pprof included.
+    arguments = server_args(api, Endpoint.unix(folder / "diagnostic.sock"), str(config), [str(path) for path in system_policy_files()])
+    server = subprocess.Popen([str(OPA), *arguments],
                               env={**os.environ, "GOMAXPROCS": str(gomaxprocs)}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 30
