@@ -25,7 +25,7 @@ def experiments(results, *args):
 
 def test_one_topology_under_both_engines_five_services_100_per_second_for_5_seconds(tmp_path, no_deployment):
     run = subprocess.run(
-        experiments(tmp_path, "run", "--profile", "quick", "--topologies", "sa", "--rates", "100", "--services", "5", "--repetitions", "1",
+        experiments(tmp_path, "run", "--profile", "quick", "--topologies", "ce", "--rates", "100", "--services", "5", "--repetitions", "1",
                     "--duration", "5", "--warmup", "2", "--prime", "100", "--bench-rounds", "0", "--run-id", "e2e"),
         cwd=REPO, capture_output=True, text=True, timeout=420,
     )
@@ -33,7 +33,7 @@ def test_one_topology_under_both_engines_five_services_100_per_second_for_5_seco
     run_dir = tmp_path / "e2e"
     sent_in_window = {}
     for engine in ("envoy-opa", "envoy-compiled"):
-        cell_dir = run_dir / "raw" / f"sidecar_{engine}_r100_n5_rep1"
+        cell_dir = run_dir / "raw" / f"central-entity_{engine}_r100_n5_rep1"
         cell = json.loads((cell_dir / "cell.json").read_text())
         assert cell["cell"]["engine"] == engine
         assert cell["deployment"]["parts"] > 5 and cell["locust"]["exit_code"] == 0
@@ -77,11 +77,11 @@ def test_one_topology_under_both_engines_five_services_100_per_second_for_5_seco
     assert meta["sessions"][-1]["bench"] == {"skipped": "--bench-rounds 0"}
     assert not (run_dir / "raw" / "bench.csv").exists()
     table = pd.read_csv(run_dir / "report" / "tables" / "table1.csv")
-    assert table[["topology", "engine", "rate", "services"]].values.tolist() == [["sidecar", "envoy-opa", 100, 5], ["sidecar", "envoy-compiled", 100, 5]]
+    assert table[["topology", "engine", "rate", "services"]].values.tolist() == [["central-entity", "envoy-opa", 100, 5], ["central-entity", "envoy-compiled", 100, 5]]
     assert ((0 < table["min"]) & (table["min"] <= table["median"]) & (table["median"] <= table["max"])).all()
     assert set(table["load"]) == {"open loop, constant arrivals"} and (table["scheduled"] == 500).all()
     cpu = pd.read_csv(run_dir / "report" / "tables" / "cpu_per_record.csv").set_index("engine")
-    # a sidecar deployment spends CPU in all three kinds of process, and they make up its total; under the compiled
+    # a central entity spends CPU in all three kinds of process, and they make up its total; under the compiled
     # engine its OPAs are asked nothing for allowed records, so only envoy-opa's must have used CPU
     assert cpu.loc["envoy-opa", "opa_ms"] > 0
     # The kinds make up the total but for cpu.csv's rounding: the total and the four kinds (the bundle
@@ -94,10 +94,10 @@ def test_one_topology_under_both_engines_five_services_100_per_second_for_5_seco
         assert kinds == pytest.approx(cpu.loc[engine, "total_ms"], abs=rounding_ms)
     assert len(pd.read_csv(run_dir / "report" / "tables" / "engines.csv")) == 1
     markdown = (run_dir / "report" / "report.md").read_text()
-    assert "### SA" in markdown and "What each part of a hop costs, beside its floor" not in markdown  # no bench, no section
+    assert "### CE" in markdown and "What each part of a hop costs, beside its floor" not in markdown  # no bench, no section
     assert "load: **open loop, constant arrivals**" in markdown and "The load is an open loop" in markdown
     assert (run_dir / "report" / "report.html").exists()
-    assert "## Findings" in markdown and re.search(r"\*\*100 req/s, 5 services\*\*: (1=?\. SA \(|no case held)", markdown)  # on a busy machine both may saturate
+    assert "## Findings" in markdown and re.search(r"\*\*100 req/s, 5 services\*\*: (1=?\. CE \(|no case held)", markdown)  # on a busy machine both may saturate
     hops = pd.read_csv(run_dir / "report" / "tables" / "hops.csv")
     assert list(hops["hop"]) == [1, 2, 3, 4, 5] * 2
     assert (run_dir / "report" / "figures" / "hops.png").exists() and (run_dir / "report" / "figures" / "rtt_percentiles.png").exists()
