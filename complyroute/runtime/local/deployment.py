@@ -36,11 +36,11 @@ import psutil
 
 from complyroute.policy.ruleset import RuleSet
 from complyroute.runtime.local import heldnetworks, scrape, warmup
-from complyroute.runtime.local.rendering import PKI, render
+from complyroute.runtime.local.rendering import PKI, SERVICE_BUNDLE, render
 from complyroute.runtime.local.supervision import (GROUP, STOP_GRACE_SECONDS, DeploymentError, alive, healthy, programs_info, refresh_pids,
                                                   restarts, start_supervisor, supervisor, tail)
 from complyroute.runtime.target import runs_root
-from complyroute.topology.manifest import Topology
+from complyroute.topology.manifest import REPO, Topology
 from complyroute.topology.plan import LocalNetwork, place
 
 
@@ -99,6 +99,18 @@ def new_run_dir(name: str) -> Path:
     raise DeploymentError(f"no free run folder name for {name} under {runs_root()}")
 
 
+def refuse_a_stale_service_bundle(bundle: Path = SERVICE_BUNDLE, services: Path = REPO / "services") -> None:
+    """Refuses (DeploymentError) to deploy without the service bundle every instance runs
+    (rendering.py SERVICE_BUNDLE) or with one older than a source of the service in `services`
+    (what make/setup.mk bundles): its instances would run what the sources no longer say."""
+    if not bundle.exists():
+        raise DeploymentError(f"{bundle} is missing: run make setup, which bundles the service")
+    sources = [services / name for name in ("server.js", "app.js", "config.js")] + sorted((services / "src").glob("*.js"))
+    newer = [path.name for path in sources if path.stat().st_mtime > bundle.stat().st_mtime]
+    if newer:
+        raise DeploymentError(f"{bundle} is older than {', '.join(newer)} in {services}: run make setup to bundle the service again")
+
+
 def deploy(topology: Topology, rule_set: RuleSet, health_timeout: float | None = None, out=sys.stdout,
            restart: bool = True) -> dict:
     """Start every part of the topology under supervisord and wait until each answers its health check.
@@ -119,6 +131,7 @@ def deploy(topology: Topology, rule_set: RuleSet, health_timeout: float | None =
         heldnetworks.refuse_if_held(LocalNetwork().loopback)
     except heldnetworks.NetworkHeld as error:
         raise DeploymentError(str(error)) from None
+    refuse_a_stale_service_bundle()
 
     started = time.monotonic()
     run_dir = new_run_dir(f"{topology.name}-{len(topology.instances)}-{time.strftime('%Y%m%d-%H%M%S')}")

@@ -31,6 +31,34 @@ def test_new_run_dir_exhausted_denied(tmp_path, monkeypatch):
         deployment.new_run_dir("x")
 
 
+def service_sources(folder):
+    """A service folder as make/setup.mk bundles it: the process, the app, the configuration and src/."""
+    (folder / "src").mkdir(parents=True)
+    for name in ("server.js", "app.js", "config.js", "src/routes.js"):
+        (folder / name).write_text("export {}\n")
+    return folder
+
+
+def test_a_bundle_newer_than_every_source_of_the_service_is_deployed_allowed(tmp_path):
+    services = service_sources(tmp_path / "services")
+    bundle = tmp_path / "server.mjs"
+    bundle.write_text("// bundled\n")
+    deployment.refuse_a_stale_service_bundle(bundle, services)
+
+
+@pytest.mark.parametrize("changed", ["app.js", "src/routes.js"])
+def test_a_bundle_older_than_a_source_or_none_is_refused_denied(tmp_path, changed):
+    services = service_sources(tmp_path / "services")
+    bundle = tmp_path / "server.mjs"
+    with pytest.raises(supervision.DeploymentError, match="server.mjs is missing: run make setup"):
+        deployment.refuse_a_stale_service_bundle(bundle, services)
+    bundle.write_text("// bundled\n")
+    later = bundle.stat().st_mtime + 1
+    os.utime(services / changed, (later, later))
+    with pytest.raises(supervision.DeploymentError, match=rf"server.mjs is older than {changed.split('/')[-1]} in .*: run make setup"):
+        deployment.refuse_a_stale_service_bundle(bundle, services)
+
+
 def supervised_parts(tmp_path):
     logs = tmp_path / "logs"
     return [
