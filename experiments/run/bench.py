@@ -5,11 +5,12 @@ to its floor are what count. Every part and its floor run side by side on loopba
 measured in turns (several rounds, medians), each as the CPU time (user + system, all
 threads) its process used for a fixed number of sequential records, divided by their number:
 
-- service hop: a service instance (services/server.js) that receives a record, forwards it
-  and answers, with no configured work, against a minimal Fastify app doing the same with the
-  same client (services/bench/floor.js); the configured work is shown apart. Both forward to
-  the same minimal app, which is not measured. A second pair has the next hop answer a path
-  of 49 entries, as at the head of a 50-service chain: a hop must not grow with the chain.
+- service hop: a service instance (services/server.js, bundled as every deployment runs it)
+  that receives a record, forwards it and answers, with no configured work, against a minimal
+  Fastify app doing the same with the same client (services/bench/floor.js); the configured
+  work is shown apart. Both forward to the same minimal app, which is not measured. A second
+  pair has the next hop answer a path of 49 entries, as at the head of a 50-service chain: a
+  hop must not grow with the chain.
 - Envoy traversal: a forwarding listener as enforcement points render it, against an Envoy
   with nothing but the router filter.
 - decision through ext_authz (engine envoy-opa): the central entity's listener for the hop
