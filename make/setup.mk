@@ -19,6 +19,9 @@ NODE_MODULES := services/node_modules/.installed
 # (esbuild, services/package.json), so that an instance starting reads one module instead of
 # resolving Fastify's, undici's and prom-client's hundreds (a third of its start-up CPU).
 SERVICE_BUNDLE := build/service/server.mjs
+# Beside it, esbuild's list of every file it read (its metafile), by which a deployment refuses
+# a bundle older than any of them (complyroute/runtime/local/deployment.py).
+SERVICE_BUNDLE_INPUTS := build/service/server.inputs.json
 SERVICE_SOURCES := services/server.js services/app.js services/config.js $(wildcard services/src/*.js)
 # The module proxy serves these two modules but the checksum database does not list them;
 # their hashes are pinned in tools/*/go.sum instead.
@@ -120,13 +123,15 @@ $(NODE_MODULES): services/package.json services/package-lock.json $(NODE)
 	touch $@
 
 # ESM with a require of its own: Fastify's and undici's CommonJS modules require Node's. The
-# bundle is written whole, then renamed, so that a deployment never starts half of one.
+# bundle is written whole, then renamed, so that a deployment never starts half of one; its
+# list of inputs first, so that a bundle is never newer than the list that describes it.
 $(SERVICE_BUNDLE): $(SERVICE_SOURCES) $(NODE_MODULES)
 	@echo "setup: the service bundle"
 	@mkdir -p $(@D)
 	services/node_modules/.bin/esbuild services/server.js --bundle --platform=node --format=esm --log-level=warning \
 	  --banner:js="import { createRequire as bundledRequire } from 'node:module'; const require = bundledRequire(import.meta.url);" \
-	  --outfile=$@.new
+	  --metafile=$(SERVICE_BUNDLE_INPUTS).new --outfile=$@.new
+	mv $(SERVICE_BUNDLE_INPUTS).new $(SERVICE_BUNDLE_INPUTS)
 	mv $@.new $@
 
 .PHONY: demo

@@ -36,7 +36,7 @@ import psutil
 
 from complyroute.policy.ruleset import RuleSet
 from complyroute.runtime.local import heldnetworks, scrape, warmup
-from complyroute.runtime.local.rendering import PKI, SERVICE_BUNDLE, render
+from complyroute.runtime.local.rendering import PKI, SERVICE_BUNDLE, SERVICE_BUNDLE_INPUTS, render
 from complyroute.runtime.local.supervision import (GROUP, STOP_GRACE_SECONDS, DeploymentError, alive, healthy, programs_info, refresh_pids,
                                                   restarts, start_supervisor, supervisor, tail)
 from complyroute.runtime.target import runs_root
@@ -99,16 +99,19 @@ def new_run_dir(name: str) -> Path:
     raise DeploymentError(f"no free run folder name for {name} under {runs_root()}")
 
 
-def refuse_a_stale_service_bundle(bundle: Path = SERVICE_BUNDLE, services: Path = REPO / "services") -> None:
+def refuse_a_stale_service_bundle(bundle: Path = SERVICE_BUNDLE, inputs: Path = SERVICE_BUNDLE_INPUTS, root: Path = REPO) -> None:
     """Refuses (DeploymentError) to deploy without the service bundle every instance runs
-    (rendering.py SERVICE_BUNDLE) or with one older than a source of the service in `services`
-    (what make/setup.mk bundles): its instances would run what the sources no longer say."""
-    if not bundle.exists():
+    (rendering.py SERVICE_BUNDLE) or with one older than a file it was made of (`inputs`, the
+    bundler's list of them, paths from `root`): its instances would run what the sources no
+    longer say."""
+    if not bundle.exists() or not inputs.exists():
         raise DeploymentError(f"{bundle} is missing: run make setup, which bundles the service")
-    sources = [services / name for name in ("server.js", "app.js", "config.js")] + sorted((services / "src").glob("*.js"))
-    newer = [path.name for path in sources if path.stat().st_mtime > bundle.stat().st_mtime]
-    if newer:
-        raise DeploymentError(f"{bundle} is older than {', '.join(newer)} in {services}: run make setup to bundle the service again")
+    made = bundle.stat().st_mtime
+    changed = [name for name in json.loads(inputs.read_text())["inputs"]
+               if not (root / name).exists() or (root / name).stat().st_mtime > made]
+    if changed:
+        raise DeploymentError(f"{bundle} is older than {', '.join(changed[:3])}{' and others' if len(changed) > 3 else ''} (or "
+                              "they are gone): run make setup to bundle the service again")
 
 
 def deploy(topology: Topology, rule_set: RuleSet, health_timeout: float | None = None, out=sys.stdout,

@@ -35,6 +35,8 @@ NODE = REPO / "tools" / "node" / "node_modules" / ".bin" / "node"
 # every module it imports in one file): an instance reads one module instead of resolving and
 # reading hundreds, a third of its start-up CPU (0.24 -> 0.17 CPU-s until it listens).
 SERVICE_BUNDLE = REPO / "build" / "service" / "server.mjs"
+# esbuild's list of the files it bundled (its metafile: {"inputs": {path from the checkout: ...}}).
+SERVICE_BUNDLE_INPUTS = REPO / "build" / "service" / "server.inputs.json"
 # Node's module compile cache (V8's code for each module, checked against its source when
 # read), shared by every instance of every local deployment: once one instance has exited, the
 # others skip compiling Fastify and its dependencies, a tenth of an instance's start-up CPU.

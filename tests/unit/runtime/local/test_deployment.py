@@ -2,6 +2,7 @@
 
 import contextlib
 import io
+import json
 import os
 import subprocess
 import sys
@@ -31,32 +32,36 @@ def test_new_run_dir_exhausted_denied(tmp_path, monkeypatch):
         deployment.new_run_dir("x")
 
 
-def service_sources(folder):
-    """A service folder as make/setup.mk bundles it: the process, the app, the configuration and src/."""
-    (folder / "src").mkdir(parents=True)
-    for name in ("server.js", "app.js", "config.js", "src/routes.js"):
-        (folder / name).write_text("export {}\n")
-    return folder
-
-
-def test_a_bundle_newer_than_every_source_of_the_service_is_deployed_allowed(tmp_path):
-    services = service_sources(tmp_path / "services")
-    bundle = tmp_path / "server.mjs"
+def bundled(root):
+    """A service's sources under `root`, and a bundle made of them with the bundler's list of its inputs."""
+    sources = ["services/server.js", "services/src/routes.js", "services/node_modules/fastify/fastify.js"]
+    for name in sources:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text("export {}\n")
+    inputs, bundle = root / "server.inputs.json", root / "server.mjs"
+    inputs.write_text(json.dumps({"inputs": {name: {"bytes": 10} for name in sources}}))
     bundle.write_text("// bundled\n")
-    deployment.refuse_a_stale_service_bundle(bundle, services)
+    return bundle, inputs
 
 
-@pytest.mark.parametrize("changed", ["app.js", "src/routes.js"])
-def test_a_bundle_older_than_a_source_or_none_is_refused_denied(tmp_path, changed):
-    services = service_sources(tmp_path / "services")
-    bundle = tmp_path / "server.mjs"
-    with pytest.raises(supervision.DeploymentError, match="server.mjs is missing: run make setup"):
-        deployment.refuse_a_stale_service_bundle(bundle, services)
-    bundle.write_text("// bundled\n")
+def test_a_bundle_newer_than_every_file_it_was_made_of_is_deployed_allowed(tmp_path):
+    bundle, inputs = bundled(tmp_path)
+    deployment.refuse_a_stale_service_bundle(bundle, inputs, tmp_path)
+
+
+@pytest.mark.parametrize("changed", ["services/src/routes.js", "services/node_modules/fastify/fastify.js"])
+def test_a_bundle_older_than_a_file_it_was_made_of_gone_or_never_made_is_refused_denied(tmp_path, changed):
+    bundle, inputs = bundled(tmp_path)
     later = bundle.stat().st_mtime + 1
-    os.utime(services / changed, (later, later))
-    with pytest.raises(supervision.DeploymentError, match=rf"server.mjs is older than {changed.split('/')[-1]} in .*: run make setup"):
-        deployment.refuse_a_stale_service_bundle(bundle, services)
+    os.utime(tmp_path / changed, (later, later))
+    with pytest.raises(supervision.DeploymentError, match=rf"server.mjs is older than {changed} .*: run make setup"):
+        deployment.refuse_a_stale_service_bundle(bundle, inputs, tmp_path)
+    (tmp_path / changed).unlink()
+    with pytest.raises(supervision.DeploymentError, match=rf"server.mjs is older than {changed} \(or they are gone\)"):
+        deployment.refuse_a_stale_service_bundle(bundle, inputs, tmp_path)
+    bundle.unlink()
+    with pytest.raises(supervision.DeploymentError, match="server.mjs is missing: run make setup"):
+        deployment.refuse_a_stale_service_bundle(bundle, inputs, tmp_path)
 
 
 def supervised_parts(tmp_path):
