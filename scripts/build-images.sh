@@ -93,7 +93,7 @@ echo "SERVICE_IMAGE=$SERVICE_IMAGE ENVOY_IMAGE=$ENVOY_IMAGE OPA_IMAGE=$OPA_IMAGE
 
 # The service as a local deployment runs it: the bundle `make setup` makes (make/setup.mk
 # SERVICE_BUNDLE: the service and every module it imports, in one file), and no node_modules.
-SERVICE_BUNDLE="$REPO/build/service/server.mjs"
+SERVICE_BUNDLE=$("$PY" -c 'from complyroute.runtime.local.rendering import SERVICE_BUNDLE; print(SERVICE_BUNDLE)')
 if wanted service "$NODE_BINARY" "$SERVICE_BUNDLE"; then
   root=$(fresh service)
   add_with_libraries "$root" "$NODE_BINARY" /usr/local/bin/node
