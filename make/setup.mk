@@ -79,7 +79,7 @@ monitoring-packages:
 	  fi; \
 	fi
 
-$(OPA): tools/opa/go.mod tools/opa/go.sum tools/opa/main.go
+$(OPA): tools/opa/go.mod tools/opa/go.sum $(wildcard tools/opa/*.go)
 	@echo "setup: building opa with the Envoy plugin $(OPA_PLUGIN_VERSION) (first time: 1 to 4 minutes)"
 	cd tools/opa && $(GO_ENV) go build -o $@ .
 

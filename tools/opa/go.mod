@@ -1,4 +1,5 @@
-// Pins the OPA build that carries the Envoy ext_authz plugin; `make setup` builds main.go into ./bin/opa.
+// Pins the OPA build that carries the Envoy ext_authz plugin; `make setup` builds main.go (and bundles.go, its
+// command that builds every point's bundle) into ./bin/opa.
 module complyroute/tools/opa
 
 go 1.26.0
@@ -18,6 +19,9 @@ require (
 // (independence.py). 1.22's saveSet.ContainsOverlapping leaves them over. It also carries the
 // fix of GHSA-g2pf-6v5v-qcc8 (1.21.3), which docs/architecture.md had found due.
 require github.com/open-policy-agent/opa v1.22.4
+
+// bundles.go adds its command to OPA's, which is cobra's (the version OPA 1.22.4 requires).
+require github.com/spf13/cobra v1.10.2
 
 require (
 	github.com/agnivade/levenshtein v1.2.2 // indirect
@@ -78,7 +82,6 @@ require (
 	github.com/segmentio/asm v1.2.1 // indirect
 	github.com/sergi/go-diff v1.4.0 // indirect
 	github.com/sirupsen/logrus v1.10.2 // indirect
-	github.com/spf13/cobra v1.10.2 // indirect
 	github.com/spf13/pflag v1.1.0 // indirect
 	github.com/tetratelabs/wazero v1.12.0 // indirect
 	github.com/valyala/fastjson v1.6.10 // indirect

@@ -41,6 +41,7 @@ func main() {
 	)
 	opa.RegisterPlugin("envoy.ext_authz.grpc", plugin.Factory{}) // the plugin's older name, as its own command registers it
 	opa.RegisterPlugin(plugin.PluginName, plugin.Factory{})
+	cmd.RootCommand.AddCommand(bundlesCommand()) // every point's bundle in one process: bundles.go
 	if err := cmd.RootCommand.Execute(); err != nil {
 		os.Exit(1)
 	}

@@ -165,6 +165,48 @@ def test_a_package_outside_complyroute_is_refused_denied(tmp_path):
         bundles.tarball(bundles.rule_set_files(copy), INDEX, "r-1", KEY)
 
 
+def opa_build(folder, files: dict[str, bytes], data: dict, revision: str) -> bytes:
+    """A point's bundle as one `opa build --bundle` of a folder holding its members makes it: the
+    rule set's files, its data.json (with the revision) and its .manifest, signed with KEY."""
+    document = {**data, "complyroute": {**data.get("complyroute", {}), "revision": revision}}
+    members = {".manifest": json.dumps({"revision": revision, "roots": bundles.roots(files, document)}).encode(),
+               "data.json": json.dumps(document, sort_keys=True).encode(), **files}
+    for name, content in members.items():
+        (folder / "bundle" / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / "bundle" / name).write_bytes(content)
+    (folder / "signing.key").write_bytes(KEY)
+    subprocess.run([OPA, "build", "--bundle", ".", "--signing-key", str(folder / "signing.key"), "--signing-alg", bundles.SIGNING_ALGORITHM,
+                    "--output", str(folder / "bundle.tar.gz")], cwd=folder / "bundle", check=True, capture_output=True)
+    return (folder / "bundle.tar.gz").read_bytes()
+
+
+def test_every_points_bundle_is_what_opa_build_makes_of_its_folder_allowed(tmp_path):
+    """One OPA process builds every point's bundle (opa complyroute-bundles); each is byte for
+    byte what `opa build --bundle` writes of its members, numbers, nested documents and all."""
+    files = bundles.rule_set_files()
+    documents = {
+        "entry": INDEX,
+        "sidecar-svc-01": {"complyroute": {"index": {"steps": {"step-01": {"svc-01": {"region": "EU", "weight": 1.5, "port": 8443}}}}},
+                           "complyroute_quick_path": {"table": {"gateway": {"step-01": {"\u0000": {"destination": "svc-01"}}}}, "keys": [1, 2.0, -3]}},
+    }
+    built = bundles.build(files, documents, "r-1", KEY)
+    assert list(built) == list(documents)
+    for point, data in documents.items():
+        assert built[point] == opa_build(tmp_path / point, files, data, "r-1"), point
+
+
+def test_a_points_data_that_clashes_with_the_rule_sets_is_refused_as_opa_build_refuses_it_denied(tmp_path):
+    """A point's document where the rule set's reference data is: refused, naming where, as
+    `opa build` of its folder refuses it; and a point named as no file can be."""
+    clash = {"complyroute": {"reference": "not an object"}}
+    with pytest.raises(bundles.BundleError, match="data.complyroute.reference is both the rule set's and the point's"):
+        bundles.build(bundles.rule_set_files(), {"entry": clash}, "r-1", KEY)
+    with pytest.raises(subprocess.CalledProcessError):
+        opa_build(tmp_path, bundles.rule_set_files(), clash, "r-1")
+    with pytest.raises(bundles.BundleError, match="a bundle's name is a file name"):
+        bundles.build(bundles.rule_set_files(), {"../entry": INDEX}, "r-1", KEY)
+
+
 def bundle(data: dict, revision: str) -> bytes:
     """A point's bundle of the shipped rule set, as configuration.generate makes it."""
     return bundles.tarball(bundles.rule_set_files(), data, revision, KEY)
