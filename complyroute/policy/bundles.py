@@ -131,11 +131,6 @@ def verification_key(signing_key: bytes) -> str:
     return public.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
 
 
-def tarball(files: dict[str, bytes], data: dict, revision_name: str, signing_key: bytes) -> bytes:
-    """One bundle (build's, for a single point)."""
-    return build(files, {"point": data}, revision_name, signing_key)["point"]
-
-
 def build(files: dict[str, bytes], documents: dict[str, dict], revision_name: str, signing_key: bytes) -> dict[str, bytes]:
     """Each point's bundle ({point: its data document}): the rule set's `files`, the point's data
     (with the revision) and a manifest naming the revision and the roots; signed with `signing_key`

@@ -130,7 +130,7 @@ def test_an_altered_unsigned_or_foreign_bundle_does_not_verify_denied(tmp_path):
         result = verified(path)
         assert result.returncode != 0 and reason in result.stdout + result.stderr, (name, result.stdout, result.stderr)
     foreign = tmp_path / "foreign.tar.gz"
-    foreign.write_bytes(bundles.tarball(bundles.rule_set_files(), INDEX, "r-1", bundles.new_signing_key()))
+    foreign.write_bytes(bundles.build(bundles.rule_set_files(), {"point": INDEX}, "r-1", bundles.new_signing_key())["point"])
     result = verified(foreign)
     assert result.returncode != 0 and "verification error" in result.stdout + result.stderr
 
@@ -162,7 +162,7 @@ def test_a_package_outside_complyroute_is_refused_denied(tmp_path):
     shutil.copytree(policyfiles.POLICIES, copy)
     (copy / "complyroute" / "stray.rego").write_text("package stray\n\nallow := true\n")
     with pytest.raises(bundles.BundleError, match="stray.rego: its package is not complyroute"):
-        bundles.tarball(bundles.rule_set_files(copy), INDEX, "r-1", KEY)
+        bundles.build(bundles.rule_set_files(copy), {"point": INDEX}, "r-1", KEY)
 
 
 def opa_build(folder, files: dict[str, bytes], data: dict, revision: str) -> bytes:
@@ -209,7 +209,7 @@ def test_a_points_data_that_clashes_with_the_rule_sets_is_refused_as_opa_build_r
 
 def bundle(data: dict, revision: str) -> bytes:
     """A point's bundle of the shipped rule set, as configuration.generate makes it."""
-    return bundles.tarball(bundles.rule_set_files(), data, revision, KEY)
+    return bundles.build(bundles.rule_set_files(), {"point": data}, revision, KEY)["point"]
 
 
 def test_write_replaces_each_bundle_whole(tmp_path):
