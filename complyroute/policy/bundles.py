@@ -152,7 +152,7 @@ def build(files: dict[str, bytes], documents: dict[str, dict], revision_name: st
         points = {}
         for point, data in documents.items():
             document = {**data, RULE_SET: {**data.get(RULE_SET, {}), REVISION_PATH[1]: revision_name}}
-            points[point] = {"manifest": {"revision": revision_name, "roots": roots(files, document)}, "data": document}
+            points[point] = {"file": bundle_name(point), "manifest": {"revision": revision_name, "roots": roots(files, document)}, "data": document}
         request = {"rules": str(rules), "signing_key": str(key), "signing_alg": SIGNING_ALGORITHM, "output": str(output), "points": points}
         result = subprocess.run([str(OPA), "complyroute-bundles"], input=json.dumps(request), capture_output=True, text=True)
         if result.returncode != 0:

@@ -13,9 +13,9 @@
 // The request, JSON on standard input:
 //
 //	{"rules": <folder of the rule set's files>, "signing_key": <PEM file>, "signing_alg": "RS256",
-//	 "output": <folder>, "points": {<name>: {"manifest": <.manifest>, "data": <data.json>}}}
+//	 "output": <folder>, "points": {<name>: {"file": <file name>, "manifest": <.manifest>, "data": <data.json>}}}
 //
-// Each point's bundle is written to <output>/<name>.tar.gz.
+// Each point's bundle is written to <output>/<file>.
 package main
 
 import (
@@ -39,6 +39,7 @@ import (
 const signingKeyID = "default"
 
 type pointBundle struct {
+	File     string          `json:"file"`
 	Manifest bundle.Manifest `json:"manifest"`
 	Data     map[string]any  `json:"data"`
 }
@@ -87,10 +88,10 @@ func writeBundles(ctx context.Context, request bundlesRequest) error {
 	}
 	signing := bundle.NewSigningConfig(request.SigningKey, request.SigningAlg, "")
 	for _, name := range slices.Sorted(maps.Keys(request.Points)) {
-		if name == "" || strings.ContainsAny(name, `/\`) || strings.HasPrefix(name, ".") {
-			return fmt.Errorf("point %q: a bundle's name is a file name", name)
-		}
 		point := request.Points[name]
+		if point.File == "" || strings.ContainsAny(point.File, `/\`) || strings.HasPrefix(point.File, ".") {
+			return fmt.Errorf("point %s: its bundle's name %q is no file name in the output folder", name, point.File)
+		}
 		data, err := merged(rules.Data, point.Data, "data")
 		if err != nil {
 			return fmt.Errorf("point %s: %w", name, err)
@@ -103,7 +104,7 @@ func writeBundles(ctx context.Context, request bundlesRequest) error {
 		if err := built.GenerateSignature(signing, signingKeyID, false); err != nil {
 			return fmt.Errorf("point %s: signing its bundle: %w", name, err)
 		}
-		if err := writeBundle(filepath.Join(request.Output, name+".tar.gz"), built); err != nil {
+		if err := writeBundle(filepath.Join(request.Output, point.File), built); err != nil {
 			return fmt.Errorf("point %s: %w", name, err)
 		}
 	}

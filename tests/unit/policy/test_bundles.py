@@ -203,7 +203,7 @@ def test_a_points_data_that_clashes_with_the_rule_sets_is_refused_as_opa_build_r
         bundles.build(bundles.rule_set_files(), {"entry": clash}, "r-1", KEY)
     with pytest.raises(subprocess.CalledProcessError):
         opa_build(tmp_path, bundles.rule_set_files(), clash, "r-1")
-    with pytest.raises(bundles.BundleError, match="a bundle's name is a file name"):
+    with pytest.raises(bundles.BundleError, match="is no file name in the output folder"):
         bundles.build(bundles.rule_set_files(), {"../entry": INDEX}, "r-1", KEY)
 
 
