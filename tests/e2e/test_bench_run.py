@@ -5,8 +5,8 @@ one round, then the policy's `opa bench` against the baseline commit (at 5 servi
 benching them took half of this test's CPU; and measured in the central entity alone, each
 deciding topology's answers checked: `opa bench` runs a second per case, and the other three
 topologies' six cases of both rule sets took 20 of the remaining 47 CPU-s); the CSV it writes,
-and the run report's section that shows it. Its ports are clear of a deployment's (own_network): `make test` runs it beside the
-other end-to-end tests.
+and the run report's section that shows it. Its ports are clear of a deployment's (own_network): `make test-scale` runs it beside the
+deployments of 50 services (the scale marker: `make test` leaves it out).
 
 An experiments run measures it before its cells (runner.measure_bench, with the bench standing
 in: tests/unit/experiments/run/test_experiments_runner.py); the real run end to end
@@ -25,7 +25,7 @@ from experiments.run import bench, bench_parts
 
 from .helpers import STARVED_MACHINE_TIMEOUTS
 
-pytestmark = pytest.mark.own_network
+pytestmark = [pytest.mark.own_network, pytest.mark.scale]
 
 
 def test_the_bench_measures_every_part_against_its_floor_and_the_report_shows_it(tmp_path):

@@ -37,6 +37,7 @@ def test_second_deployment_is_refused_while_one_runs():
 FIFTY = [("baseline", None)] + [(topology, ENGINES[n % len(ENGINES)]) for n, topology in enumerate(ENFORCING)]
 
 
+@pytest.mark.scale
 @pytest.mark.parametrize("topology, engine", FIFTY)
 def test_fifty_services_deploy_and_carry_a_record_through_all_of_them(topology, engine):
     if deployment.read_state():

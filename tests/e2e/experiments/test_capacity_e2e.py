@@ -11,7 +11,11 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from complyroute.topology.manifest import REPO
+
+pytestmark = pytest.mark.scale
 
 
 def test_a_tiny_search_of_the_central_entity_and_the_baseline(tmp_path, no_deployment):

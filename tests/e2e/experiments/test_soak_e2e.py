@@ -4,8 +4,12 @@ and the rules are reloaded."""
 
 import csv
 
+import pytest
+
 from complyroute.runtime.local import deployment
 from experiments.run import soak
+
+pytestmark = pytest.mark.scale
 
 
 def test_quick_soak_restarts_killed_parts_accounts_for_every_request_audits_clean_and_never_delivers_a_denied_record(tmp_path):

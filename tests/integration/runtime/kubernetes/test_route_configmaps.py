@@ -39,6 +39,7 @@ def compiled_at_fifty(tmp_path_factory):
     return render
 
 
+@pytest.mark.scale
 @pytest.mark.parametrize("topology", ["sidecar", "central-entity", "dynamic-router-3", "dynamic-router-6"])
 def test_compiled_engine_renders_its_matcher_trees_into_route_configmaps_under_the_size_limit_allowed(topology, compiled_at_fifty):
     objects = compiled_at_fifty(topology)
@@ -61,6 +62,7 @@ def test_compiled_engine_renders_its_matcher_trees_into_route_configmaps_under_t
                 assert not [name for name in projected if name in routes], (workload, container["name"])
 
 
+@pytest.mark.scale
 @pytest.mark.parametrize("budget", [None, 560_000], ids=["budget", "two-configmaps"])
 @pytest.mark.parametrize("topology, point", BIG)
 def test_every_route_file_a_listener_names_is_in_one_configmap_mounted_where_it_reads_allowed(topology, point, budget, tmp_path, monkeypatch,
