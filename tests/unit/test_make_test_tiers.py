@@ -66,8 +66,10 @@ def collected(tmp_path: Path) -> dict[str, list[str]]:
 def selects(stream: tuple[list[str], list[str], str], nodeid: str, markers: list[str]) -> bool:
     folders, ignored, expression = stream
     path = nodeid.split("::")[0]
-    in_folders = any(path == folder or path.startswith(folder.rstrip("/") + "/") for folder in folders)
-    if not in_folders or any(path == folder or path.startswith(folder.rstrip("/") + "/") for folder in ignored):
+
+    def under(tops: list[str]) -> bool:
+        return any(path == top or path.startswith(top.rstrip("/") + "/") for top in tops)
+    if not under(folders) or under(ignored):
         return False
     return not expression or Expression.compile(expression).evaluate(lambda name, **_: name in markers)
 

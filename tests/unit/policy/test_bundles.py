@@ -130,7 +130,7 @@ def test_an_altered_unsigned_or_foreign_bundle_does_not_verify_denied(tmp_path):
         result = verified(path)
         assert result.returncode != 0 and reason in result.stdout + result.stderr, (name, result.stdout, result.stderr)
     foreign = tmp_path / "foreign.tar.gz"
-    foreign.write_bytes(bundles.build(bundles.rule_set_files(), {"point": INDEX}, "r-1", bundles.new_signing_key())["point"])
+    foreign.write_bytes(bundle(INDEX, "r-1", key=bundles.new_signing_key()))
     result = verified(foreign)
     assert result.returncode != 0 and "verification error" in result.stdout + result.stderr
 
@@ -162,7 +162,7 @@ def test_a_package_outside_complyroute_is_refused_denied(tmp_path):
     shutil.copytree(policyfiles.POLICIES, copy)
     (copy / "complyroute" / "stray.rego").write_text("package stray\n\nallow := true\n")
     with pytest.raises(bundles.BundleError, match="stray.rego: its package is not complyroute"):
-        bundles.build(bundles.rule_set_files(copy), {"point": INDEX}, "r-1", KEY)
+        bundle(INDEX, "r-1", policies=copy)
 
 
 def opa_build(folder, files: dict[str, bytes], data: dict, revision: str) -> bytes:
@@ -207,9 +207,9 @@ def test_a_points_data_that_clashes_with_the_rule_sets_is_refused_as_opa_build_r
         bundles.build(bundles.rule_set_files(), {"../entry": INDEX}, "r-1", KEY)
 
 
-def bundle(data: dict, revision: str) -> bytes:
-    """A point's bundle of the shipped rule set, as configuration.generate makes it."""
-    return bundles.build(bundles.rule_set_files(), {"point": data}, revision, KEY)["point"]
+def bundle(data: dict, revision: str, key: bytes = KEY, policies=policyfiles.POLICIES) -> bytes:
+    """A point's bundle of the shipped rule set (or `policies`), as configuration.generate makes it."""
+    return bundles.build(bundles.rule_set_files(policies), {"point": data}, revision, key)["point"]
 
 
 def test_write_replaces_each_bundle_whole(tmp_path):
