@@ -12,8 +12,8 @@ allowed a hop before rewrote them (one value each, consent sorted).
 Each rule set is timed as its enforcement points run it: today's with its catalog indexed
 (complyroute/policy/policydata.py), its allowed table (complyroute/engines/precompute.py: an allowed
 record takes the quick path) and OPA's store optimised for reads; d2d81e4's with the catalog
-itself at data.complyroute.catalog, and OPA's default store; both with the point's GOMAXPROCS
-(its concurrency: 1 for sidecars and routers, 2 for the central entity), on the same CPUs. Both decisions are checked before
+itself at data.complyroute.catalog, and OPA's default store; both with a point's Go runtime
+(policyfiles.GO_RUNTIME: one thread running Go), on the same CPU. Both decisions are checked before
 anything is timed: each must be the one the case expects, and both must agree (a benchmark of
 the wrong path measures nothing). Old and new are timed one after the other for each case, so
 that a noisy machine weighs on both alike.
@@ -148,20 +148,17 @@ def decisions(rule_set: BenchedRuleSet, asked: dict[str, tuple[dict, dict]], scr
     return {result["bindings"]["name"]: result["bindings"]["answer"] for result in results}
 
 
-def bench(rule_set: BenchedRuleSet, data_dir: Path, request: dict, scratch: Path, concurrency: int | None = None) -> dict:
+def bench(rule_set: BenchedRuleSet, data_dir: Path, request: dict, scratch: Path) -> dict:
     """`opa bench`'s figures for one request: median and p99 in µs, allocations per evaluation.
 
-    `concurrency`: the GOMAXPROCS of the point's OPA (EnforcementPoint.concurrency), so that OPA
-    evaluates as it does there, on as many CPUs: always the same ones (the last of this
-    process's), since the cores of a shared machine need not run alike. None leaves both to the
-    Go runtime and the kernel.
+    OPA evaluates with a point's Go runtime (policyfiles.GO_RUNTIME, one thread running Go), on
+    as many CPUs: always the same ones (the last of this process's), since the cores of a shared
+    machine need not run alike.
     """
     input_file = scratch / "input.json"  # not under --data
     input_file.write_text(json.dumps(request))
-    env = cpus = None
-    if concurrency is not None:
-        env = {**os.environ, **policyfiles.server_env(concurrency)}  # its Go runtime as a point runs it
-        cpus = set(sorted(os.sched_getaffinity(0))[-concurrency:])
+    env = {**os.environ, **policyfiles.GO_RUNTIME}
+    cpus = set(sorted(os.sched_getaffinity(0))[-policyfiles.OPA_THREADS:])
     figures = json.loads(opa("bench", "--format", "json", *rule_set.flags, *loading(rule_set, data_dir), "--input", str(input_file),
                              QUERY, env=env, cpus=cpus))
     return {
@@ -171,14 +168,14 @@ def bench(rule_set: BenchedRuleSet, data_dir: Path, request: dict, scratch: Path
     }
 
 
-def bench_query(point: EnforcementPoint, request: dict, scratch: Path, concurrency: int | None = None) -> tuple[dict, dict]:
+def bench_query(point: EnforcementPoint, request: dict, scratch: Path) -> tuple[dict, dict]:
     """This rule set's answer to one request at `point`, and `opa bench`'s figures."""
     rule_set = current()
     document = rule_set.data({"point": point})["point"]
     data_dir = scratch / "bench-query"
     write_data(data_dir, document)
     answer = decisions(rule_set, {"query": (document, request)}, scratch)["query"]
-    return answer, bench(rule_set, data_dir, request, scratch, concurrency)
+    return answer, bench(rule_set, data_dir, request, scratch)
 
 
 def outcome(decision: dict) -> str:
@@ -190,7 +187,7 @@ def outcome(decision: dict) -> str:
 
 def compare(rule_sets: list[BenchedRuleSet] | None = None, out=None, sizes: Sequence[int] = SIZES,
             benched: Sequence[str] | None = None) -> list[dict]:
-    """One row per case and record: {case, topology, services, point, instances, gomaxprocs,
+    """One row per case and record: {case, topology, services, point, instances,
     record, decision, old_us, new_us (medians), old_p99_us, new_p99_us, old_allocs, new_allocs,
     ratio (new_us / old_us)}.
 
@@ -231,10 +228,10 @@ def compare(rule_sets: list[BenchedRuleSet] | None = None, out=None, sizes: Sequ
             for record in ("allowed", "denied"):
                 name = f"{case} {record}"
                 row = {"case": name, "topology": topology_name, "services": services, "point": point.name,
-                       "instances": len(point.catalog["instances"]), "gomaxprocs": point.concurrency, "record": record,
+                       "instances": len(point.catalog["instances"]), "record": record,
                        "decision": outcome(answers[rule_sets[-1].name][name])}
                 for label, rule_set in zip(("old", "new"), rule_sets):
-                    figures = bench(rule_set, data_dirs[rule_set.name], requests[name], scratch, point.concurrency)
+                    figures = bench(rule_set, data_dirs[rule_set.name], requests[name], scratch)
                     row.update({f"{label}_us": figures["median_us"], f"{label}_p99_us": figures["p99_us"],
                                 f"{label}_allocs": figures["allocs"]})
                 row["ratio"] = row["new_us"] / row["old_us"]
@@ -267,7 +264,7 @@ def run() -> int:
                 for services in SIZES:
                     point, allowed, denied = cases(topology_name, services)
                     for record, request in (("allowed", allowed), ("denied", denied)):
-                        answer, figures = bench_query(point, request, Path(scratch_name), point.concurrency)
+                        answer, figures = bench_query(point, request, Path(scratch_name))
                         print(f"{topology_name:<18}{services:>8}  {point.name:<20}{len(point.catalog['instances']):>8}  {record:<8}"
                               f"{outcome(answer):<34}{figures['median_us']:>16.0f}µs{figures['allocs']:>26.0f}", flush=True)
         return 0

@@ -8,8 +8,8 @@ every service of the chain in turn, the sidecar ingress before a service, the po
 hop out of it. Each part it passes is a *visit*: a process (a Node service, a point's Envoy or its
 OPA, the load generator) on a node, holding one of the process's threads and one of the node's
 cores for its CPU cost, drawn from an exponential distribution around its mean (or that
-mean exactly). A Node service has one thread, an Envoy its point's concurrency, and so has its
-OPA (the deployment sets its GOMAXPROCS to it). Queues are FIFO. A node's processes also spend CPU whatever the rate
+mean exactly). A Node service has one thread, an Envoy its point's concurrency, and an OPA one
+(every point's GOMAXPROCS, complyroute/policy/policyfiles.py). Queues are FIFO. A node's processes also spend CPU whatever the rate
 (timers, health checks, polling: the idle CPU the fit on the cells finds), which records wait
 behind. After its CPU a visit adds a fixed delay, per kind
 of part, for what CPU figures do not hold (loopback transfer, waking a process,
@@ -33,6 +33,7 @@ import pandas as pd
 import simpy
 from scipy.optimize import nnls
 
+from complyroute.policy import policyfiles
 from complyroute.topology import manifest
 from complyroute.topology.plan import GATEWAY_SENDER, place
 
@@ -197,7 +198,7 @@ def record_path(topology: str, engine: str | None, services: int, costs: Costs) 
             return [Visit(envoy, "envoy", point.node, costs.compiled_envoy, point.concurrency)]
         opa = costs.entry_opa if listener.from_client else costs.decision_opa
         return [Visit(envoy, "envoy", point.node, costs.decision_envoy, point.concurrency),
-                Visit(f"{point.name}/opa", "opa", point.node, opa, point.concurrency)]  # its GOMAXPROCS (runtime/local/rendering.py)
+                Visit(f"{point.name}/opa", "opa", point.node, opa, policyfiles.OPA_THREADS)]  # its GOMAXPROCS
 
     path = decision(*deciding[GATEWAY_SENDER]) if GATEWAY_SENDER in deciding else []
     for process in sorted(plan.services, key=lambda s: s.instance.index):

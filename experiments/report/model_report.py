@@ -233,7 +233,7 @@ def build_report(run_dir: Path, paper_cores: int = PAPER_CORES, seconds: float =
         ("h1", f"Model of the testbed: {run_dir.name}"),
         ("p", "The CPU each part costs per record (below) fed to a discrete-event simulation (simpy): a record "
               "visits the parts its topology's placement lays out, each holding a thread of its process (a service 1, an Envoy and "
-              "its OPA (GOMAXPROCS) their point's concurrency) and a core of its node for an exponentially distributed CPU "
+              "its OPA 1 (GOMAXPROCS)) and a core of its node for an exponentially distributed CPU "
               "time around that figure, then a fixed delay per kind of part for what CPU does not hold (loopback, waking a "
               "process, the ext_authz round trip). `experiments/analysis/model.py` says how."),
         ("h2", "Costs and calibration"),
@@ -293,7 +293,7 @@ def paper_reading(predictions: pd.DataFrame, w_avg: pd.DataFrame, reference: dic
         f"paper's Xeons) a service carries at most {1000 / costs.service:.0f} req/s, so no chain carries 1000 req/s, whatever the "
         "topology, while the paper's sidecars still answered there (its W Avg 55 ms): what its services did per record is not "
         "published; ours check a label token, write a hash-chained audit line and run 100 work iterations each",
-        f"our central entity and the entry are one point (2 Envoy threads, its OPA's GOMAXPROCS 2) deciding every hop of every "
+        f"our central entity and the entry are one point (2 Envoy threads, its OPA's 1) deciding every hop of every "
         f"record: at 5 services its {central['bottleneck']} limits it to {central['capacity']:.0f} req/s, and it saturates first as "
         "the chain grows, as the paper's central entity did (a Node.js service of its own; its RTT grew to seconds at 25 and 50 "
         "services); dynamic routers (1 thread each) saturate at long chains too, sidecars only at their own parts",

@@ -264,7 +264,7 @@ def senders(bench: Bench, pairs: list[Pair]) -> tuple[dict[str, list[Pair]], dic
 def policy_evaluation(context: dict, scratch: Path) -> float:
     """ms per evaluation of the query Envoy asks, by `opa bench`, on the bench's check request."""
     request = policybench.envoy_input(context["sender"], context["step"], context["labels"])
-    decision, figures = policybench.bench_query(context["point"], request, scratch, context["concurrency"])
+    decision, figures = policybench.bench_query(context["point"], request, scratch)
     if not decision.get("allowed"):
         raise RuntimeError(f"bench: the policy does not allow the bench's record: {decision}")
     return figures["median_us"] / 1000
@@ -293,7 +293,7 @@ def entry_signing(jwk: dict, jwks: dict, scratch: Path) -> dict[str, float]:
                                             policybench.QUERY))["result"][0]["expressions"][0]["value"]
         if not answer.get("allowed") or (LABEL_TOKEN_HEADER in answer.get("headers", {})) != (name == "issue"):
             raise RuntimeError(f"bench: the entry's answer ({name}) is not the one to measure: {json.dumps(answer)[:300]}")
-    return {name: policybench.bench(rule_set, data_dir, request, scratch, central.concurrency)["median_us"] / 1000
+    return {name: policybench.bench(rule_set, data_dir, request, scratch)["median_us"] / 1000
             for name, request in requests.items()}
 
 

@@ -418,7 +418,7 @@ def start_parts(bench: Bench, scratch: Path, engine_settings: dict) -> tuple[lis
         Pair("compiled engine, mTLS and label token check: Envoy deciding the hop", "envoy-compiled-token/envoy", bench.urls["envoy-compiled-token"],
              compiled_mtls, client=as_sender, token="shared"),
     ]
-    context = {"admins": admins, "opas": opas, "observed": {"envoy-opa": "decision through ext_authz", "envoy-compiled": "compiled engine"}, "concurrency": central.concurrency, "listener": hop.name, "point": central, "sender": hop.sender, "step": hop.step,
+    context = {"admins": admins, "opas": opas, "observed": {"envoy-opa": "decision through ext_authz", "envoy-compiled": "compiled engine"}, "listener": hop.name, "point": central, "sender": hop.sender, "step": hop.step,
                "labels": RECORD_LABELS, "opa_alone": opa_alone,
                "compiled": [name for name, kind, *_ in deciding if kind == "envoy-compiled"],
                "token_checked": [name for name, *_, security in deciding if security == "token"]}

@@ -1,8 +1,8 @@
 // Command opa is bin/opa: OPA with the Envoy ext_authz plugin (opa-envoy-plugin), registered as
 // the plugin's own cmd/opa-envoy-plugin registers it, and two settings more for the plugin's gRPC
-// server: it takes checks on lasting worker goroutines, as many as the process's GOMAXPROCS (the
-// point's concurrency), instead of a new goroutine per check; and its flow-control windows are
-// fixed (below, where they are set).
+// server: it takes checks on lasting worker goroutines, as many as the process's GOMAXPROCS (1 at
+// every point: GO_RUNTIME in complyroute/policy/policyfiles.py), instead of a new goroutine per
+// check; and its flow-control windows are fixed (below, where they are set).
 //
 // Why: a new goroutine starts with a small stack, and a decision's evaluation is deep, so Go copied
 // the stack (every frame adjusted) at each doubling on every check: 12-20 % of an enforcement

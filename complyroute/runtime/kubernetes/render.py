@@ -508,7 +508,7 @@ class Renderer:
             # the system policies and, at the entry, the label-token key. Their ConfigMap volumes
             # hold hidden ..data folders; loaded, they would add data twice.
             "args": policyfiles.server_args(point.opa_http, point.opa_diagnostic, "/config/opa.yaml", ["/policy", *token], ignore=[".*"]),
-            "env": [{"name": name, "value": value} for name, value in policyfiles.server_env(point.concurrency).items()],
+            "env": [{"name": name, "value": value} for name, value in policyfiles.GO_RUNTIME.items()],
             "ports": [{"name": "opa-diagnostic", "containerPort": self.net.OPA_DIAGNOSTIC}],
             "readinessProbe": _probe("/health?plugins", self.net.OPA_DIAGNOSTIC),
             "livenessProbe": _probe("/health", self.net.OPA_DIAGNOSTIC),

@@ -171,7 +171,7 @@ def point_parts(point: EnforcementPoint, config: configuration.PointConfiguratio
                 node=point.node,
                 command=[str(OPA), *policyfiles.server_args(point.opa_http, point.opa_diagnostic, str(folder / "opa.yaml"),
                                                             [str(SYSTEM_POLICIES), str(data_dir)])],
-                env=policyfiles.server_env(point.concurrency),
+                env=dict(policyfiles.GO_RUNTIME),
                 health_url=point.opa_health_url,
                 log=str(logs / f"{point.name}.opa.log"),
             )

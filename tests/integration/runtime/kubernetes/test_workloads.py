@@ -48,7 +48,7 @@ def test_every_opa_collects_sooner_before_its_memory_limit_allowed(tmp_path):
         assert opas, topology
         for container in opas:
             env = env_of(container)
-            assert env["GOGC"] == "400" and env["GOMAXPROCS"] and env["GODEBUG"] == "adaptivestackstart=1"
+            assert env["GOGC"] == "400" and env["GOMAXPROCS"] == "1" and env["GODEBUG"] == "adaptivestackstart=1"
             assert mebibytes(env["GOMEMLIMIT"]) < mebibytes(container["resources"]["limits"]["memory"]), topology
 
 
