@@ -170,8 +170,14 @@ def cmd_profile(args) -> int:
     from complyroute.runtime.target import runs_root
     from experiments.run import profile
 
+    topology = matrix.topology_name(args.topology)
+    if topology == matrix.BASELINE:
+        # Nothing to profile, and its deployment's CPU per record is any run's baseline row.
+        print("error: the baseline has no OPA to profile; name an enforcing topology "
+              f"({', '.join(matrix.ENFORCING)})", file=sys.stderr)
+        return 2
     folder = args.out or runs_root() / "profile" / time.strftime("%Y%m%d-%H%M%S")
-    return profile.run(matrix.topology_name(args.topology), args.engine, args.services, args.rate, args.seconds, args.warmup, folder)
+    return profile.run(topology, args.engine, args.services, args.rate, args.seconds, args.warmup, folder)
 
 
 def cmd_soak(args) -> int:
