@@ -215,6 +215,10 @@ def cmd_capacity(args) -> int:
         if not (run_dir / "metadata.json").exists():
             print(f"error: no capacity run at {run_dir} (no metadata.json)", file=sys.stderr)
             return 2
+        if not (run_dir / "raw" / capacity.STEPS_CSV).exists():
+            print(f"error: {run_dir} is not a capacity run (no raw/{capacity.STEPS_CSV}); an experiment run takes one with "
+                  f"`python -m experiments report {run_dir.name} --capacity CAPACITY_RUN`", file=sys.stderr)
+            return 2
         paths = capacity_run.build_report(run_dir)
         print(f"capacity: report: {paths['html']}\ncapacity: report: {paths['markdown']}")
         return 0
