@@ -22,6 +22,12 @@ from experiments.load.openloop import ARRIVALS
 from experiments.run.runner import RESULTS, Runner, dry_run, new_run_id
 
 
+def refuse(message: str) -> int:
+    """A command's refusal: one line on stderr, exit status 2."""
+    print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
 def run_folder(results: Path, run_id: str) -> Path:
     """A run by its id under the results folder, or by the path of its folder."""
     candidate = Path(run_id)
@@ -45,16 +51,13 @@ def cmd_run(args) -> int:
         if args.target != stored_target:
             differing.append(f"--target {args.target} (the run has {stored_target})")
         if differing:
-            print(f"error: run {run_dir.name} was started with other parameters; resuming keeps its own. Differing: "
-                  + "; ".join(differing), file=sys.stderr)
-            return 2
+            return refuse(f"run {run_dir.name} was started with other parameters; resuming keeps its own. Differing: "
+                          + "; ".join(differing))
         parameters = dataclasses.replace(stored, repetitions=max(stored.repetitions, args.repetitions or 0))
     else:
         if args.profile is None:  # the paper's matrix takes about 12 hours here: nobody starts it by leaving a flag out
-            print(f"error: a new run needs --profile ({', '.join(sorted(matrix.PROFILES))}): quick is `make experiment`'s "
-                  "(about 30 minutes here), paper the paper's whole matrix (about 12 hours); a flag given replaces the profile's",
-                  file=sys.stderr)
-            return 2
+            return refuse(f"a new run needs --profile ({', '.join(sorted(matrix.PROFILES))}): quick is `make experiment`'s "
+                          "(about 30 minutes here), paper the paper's whole matrix (about 12 hours); a flag given replaces the profile's")
         parameters = matrix.resolve(args.profile, **given)
         run_dir = args.results / (args.run_id or new_run_id(parameters.profile))
     for name in parameters.topologies:  # a manifest its schema refuses stops the run before any cell starts
@@ -74,8 +77,7 @@ def keep_capacity(run_dir: Path, args) -> int:
     try:
         capacity_report.keep_capacity(run_dir, [run_folder(args.results, run_id) for run_id in args.capacity])
     except FileNotFoundError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        return refuse(str(error))
     return 0
 
 
@@ -84,8 +86,7 @@ def cmd_report(args) -> int:
 
     run_dir = run_folder(args.results, args.run_id)
     if not (run_dir / "metadata.json").exists():
-        print(f"error: no run at {run_dir} (no metadata.json)", file=sys.stderr)
-        return 2
+        return refuse(f"no run at {run_dir} (no metadata.json)")
     if args.capacity and keep_capacity(run_dir, args) != 0:
         return 2
     paths = build(run_dir)
@@ -105,16 +106,14 @@ def cmd_model(args) -> int:
 
     run_dir = run_folder(args.results, args.run_id) if args.run_id else newest_run(args.results)
     if run_dir is None:
-        print(f"error: no run with a bench under {args.results}", file=sys.stderr)
-        return 2
+        return refuse(f"no run with a bench under {args.results}")
     try:
         seconds = model_predict.THIS_MACHINE_SECONDS if args.seconds is None else args.seconds
         paths = model_report.build_report(run_dir, paper_cores=args.paper_cores, seconds=seconds, paper_rates=args.paper_rates,
                                           paper_services=args.paper_services,
                                           capacity_runs=[run_folder(args.results, run_id) for run_id in args.capacity or []])
     except model.ModelError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        return refuse(str(error))
     print(f"model: {paths['html']}\nmodel: {paths['markdown']}")
     return 0
 
@@ -127,8 +126,7 @@ def cmd_compare(args) -> int:
     try:
         paths = compare.build(run_a, run_b, out)
     except compare.CompareError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        return refuse(str(error))
     print(f"compare: {paths['html']}\ncompare: {paths['markdown']}")
     return 0
 
@@ -173,9 +171,7 @@ def cmd_profile(args) -> int:
     topology = matrix.topology_name(args.topology)
     if topology == matrix.BASELINE:
         # Nothing to profile, and its deployment's CPU per record is any run's baseline row.
-        print("error: the baseline has no OPA to profile; name an enforcing topology "
-              f"({', '.join(matrix.ENFORCING)})", file=sys.stderr)
-        return 2
+        return refuse(f"the baseline has no OPA to profile; name an enforcing topology ({', '.join(matrix.ENFORCING)})")
     folder = args.out or runs_root() / "profile" / time.strftime("%Y%m%d-%H%M%S")
     return profile.run(topology, args.engine, args.services, args.rate, args.seconds, args.warmup, folder)
 
@@ -184,25 +180,22 @@ def cmd_soak(args) -> int:
     from experiments.run import soak
 
     if args.target != "local":
-        print("error: soak --target k8s is not supported: its faults are signals to this machine's processes by pid (SIGKILL, "
-              "SIGSTOP) with recovery timed by their supervisor and health checks, rule-set reloads it waits for, and its audit "
-              "reads the local run folder; pods have none of these here. On Kubernetes a killed container is shown failing closed "
-              "and restarted by the kubelet in tests/k8s/test_real_node_e2e.py; run soak without --target (local)", file=sys.stderr)
-        return 2
+        return refuse("soak --target k8s is not supported: its faults are signals to this machine's processes by pid (SIGKILL, "
+                      "SIGSTOP) with recovery timed by their supervisor and health checks, rule-set reloads it waits for, and its audit "
+                      "reads the local run folder; pods have none of these here. On Kubernetes a killed container is shown failing closed "
+                      "and restarted by the kubelet in tests/k8s/test_real_node_e2e.py; run soak without --target (local)")
     given = {name: value for name, value in {
         "topologies": args.topologies and [matrix.topology_name(t) for t in args.topologies], "engine": args.engine, "services": args.services,
         "rate": args.rate, "duration": args.duration, "warmup": args.warmup, "fault_every": args.fault_every, "pause_s": args.pause,
         "seed": args.seed, "user_rate": args.user_rate, "replicas": args.replicas, "fault_kinds": args.fault_kinds,
         "fault_parts": args.fault_parts}.items() if value is not None}
     if args.user_rate is not None and not 1 <= args.user_rate <= (args.rate or soak.Parameters.rate):
-        print(f"error: --user-rate {args.user_rate:g} must be at least 1 and at most the offered rate", file=sys.stderr)
-        return 2
+        return refuse(f"--user-rate {args.user_rate:g} must be at least 1 and at most the offered rate")
     try:
         parameters = soak.Parameters(**{**(soak.QUICK if args.quick else {}), **given}, restart=not args.no_restart)
         _, summaries = soak.run(parameters, args.results, run_id=args.run_id)
     except soak.SoakError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        return refuse(str(error))
     return 0 if all(s["all_accounted"] and s["audit"]["clean"] for s in summaries) else 1
 
 
@@ -212,13 +205,9 @@ def cmd_capacity(args) -> int:
 
     if args.report:
         run_dir = run_folder(args.results, args.report)
-        if not (run_dir / "metadata.json").exists():
-            print(f"error: no capacity run at {run_dir} (no metadata.json)", file=sys.stderr)
-            return 2
-        if not (run_dir / "raw" / capacity.STEPS_CSV).exists():
-            print(f"error: {run_dir} is not a capacity run (no raw/{capacity.STEPS_CSV}); an experiment run takes one with "
-                  f"`python -m experiments report {run_dir.name} --capacity CAPACITY_RUN`", file=sys.stderr)
-            return 2
+        if not all((run_dir / name).exists() for name in ("metadata.json", f"raw/{capacity.STEPS_CSV}")):
+            return refuse(f"no capacity run at {run_dir} (no metadata.json and raw/{capacity.STEPS_CSV}); an experiment run takes "
+                          f"one with `python -m experiments report RUN --capacity CAPACITY_RUN`")
         paths = capacity_run.build_report(run_dir)
         print(f"capacity: report: {paths['html']}\ncapacity: report: {paths['markdown']}")
         return 0
@@ -230,8 +219,7 @@ def cmd_capacity(args) -> int:
         if value is not None}
     parameters = capacity.Parameters(**given)  # a ParameterError: one line and exit 2, in main
     if args.run_id and (args.results / args.run_id).exists():
-        print(f"error: {args.results / args.run_id} already exists; name a new run with --run-id", file=sys.stderr)
-        return 2
+        return refuse(f"{args.results / args.run_id} already exists; name a new run with --run-id")
     code, _ = capacity_run.run(parameters, args.results, args.run_id, target=targets.make(args.target, args.one_node, args.entry_url))
     return code
 
@@ -402,8 +390,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m experiments") -> 
     try:
         return args.handler(args)
     except (matrix.ParameterError, TargetError, manifest.ManifestError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        return refuse(str(error))
 
 
 if __name__ == "__main__":
