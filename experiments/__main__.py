@@ -206,7 +206,7 @@ def cmd_capacity(args) -> int:
     if args.report:
         run_dir = run_folder(args.results, args.report)
         if not all((run_dir / name).exists() for name in ("metadata.json", f"raw/{capacity.STEPS_CSV}")):
-            return refuse(f"no capacity run at {run_dir} (no metadata.json and raw/{capacity.STEPS_CSV}); an experiment run takes "
+            return refuse(f"no capacity run at {run_dir} (it needs metadata.json and raw/{capacity.STEPS_CSV}); an experiment run takes "
                           f"one with `python -m experiments report RUN --capacity CAPACITY_RUN`")
         paths = capacity_run.build_report(run_dir)
         print(f"capacity: report: {paths['html']}\ncapacity: report: {paths['markdown']}")

@@ -232,8 +232,8 @@ def build_report(run_dir: Path, paper_cores: int = PAPER_CORES, seconds: float =
     blocks = [
         ("h1", f"Model of the testbed: {run_dir.name}"),
         ("p", "The CPU each part costs per record (below) fed to a discrete-event simulation (simpy): a record "
-              "visits the parts its topology's placement lays out, each holding a thread of its process (a service 1, an Envoy and "
-              "its OPA 1 (GOMAXPROCS)) and a core of its node for an exponentially distributed CPU "
+              "visits the parts its topology's placement lays out, each holding a thread of its process (a service 1, an Envoy its "
+              "point's concurrency, an OPA 1: its GOMAXPROCS) and a core of its node for an exponentially distributed CPU "
               "time around that figure, then a fixed delay per kind of part for what CPU does not hold (loopback, waking a "
               "process, the ext_authz round trip). `experiments/analysis/model.py` says how."),
         ("h2", "Costs and calibration"),
