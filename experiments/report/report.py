@@ -17,11 +17,11 @@ from experiments.analysis import bench_sum, stats
 from experiments.design.matrix import (BASELINE, BENCH_CSV, ENGINE_NAMES, MAX_ERROR_RATE, MAX_REPETITION_CV, MIN_ACHIEVED_SHARE, P99_BOUND_MS,
                                        PRIME_MIN_SECONDS, PROFILES, Parameters, case_name)
 from experiments.design.targets import run_paragraphs
-from experiments.report import changeability_report, findings_report
+from experiments.report import bench_report, changeability_report, findings_report
 from experiments.report.capacity_report import kept_capacity
 from experiments.report.report_figures import (CURVE_PERCENTILES, MAX_FLIERS, bench_figure, box_figure, cost_figure, cpu_figure, engines_figure,
                                                hop_figure, load_figure, percentile_figure, split_figure, w_avg_figure)
-from experiments.report.report_tables import (CV_FLAG, bench_sum_view, bench_view, cost_view, cpu_view, engines_view, load_view, split_view, spread_view, table_one,
+from experiments.report.report_tables import (CV_FLAG, bench_view, cost_view, cpu_view, engines_view, load_view, split_view, spread_view, table_one,
                                               w_avg_comparison, w_avg_view)
 from experiments.report.reporting import SATURATED_MARK, arch, load_paper_reference, marked, ms, names, percent, render_html, render_markdown
 
@@ -152,30 +152,6 @@ def bench_blocks(run_dir: Path, meta: dict, figures_dir: Path) -> list[tuple]:
         blocks.append(("figure", bench_figure(bench, figures_dir),
                        "Each part's CPU per request as a multiple of its floor's, log scale; the black tick is its target."))
     return blocks
-
-
-def bench_sum_blocks(run_dir: Path, cpu: pd.DataFrame, tables_dir: Path) -> list[tuple]:
-    """How much of the central entity's CPU per record the bench's parts explain (bench_sum.py),
-    written to tables/bench_sum.csv; nothing for a run without a bench or such a cell."""
-    path = run_dir / "raw" / BENCH_CSV
-    if not path.exists() or cpu["service_ms"].isna().all():
-        return []
-    summed = bench_sum.bench_sum(bench_sum.read(path), cpu)
-    if summed.empty:
-        return []
-    summed.to_csv(tables_dir / "bench_sum.csv", index=False)
-    return [("h3", f"How much of it the bench explains ({arch(bench_sum.TOPOLOGY)}, {bench_sum.SERVICES} services)"),
-            ("p", f"The bench's parts (below) summed the way a record of a {arch(bench_sum.TOPOLOGY)} of {bench_sum.SERVICES} services "
-                  "crosses them: every service with its work, mutual TLS and label tokens; the entry's decision and the token it "
-                  f"signs; {bench_sum.SERVICES - 1} later hops checking the token, each decided by the route (compiled) or by OPA "
-                  "(envoy-opa). Beside them, what this run's cells of that case measured. Back to back, the bench's records come "
-                  "one after another, so its processes never wait for one; a cell at a modest rate also pays for waking each process "
-                  f"for each record, and timers and polling between records. So the bench measures the same parts again with their "
-                  f"records paced at {bench_sum.PACED_RATE} a second, all at once, as in a deployment: a cell at that rate is set "
-                  "against the paced sum, one at any other rate against the back-to-back sum (in brackets). Near 1 the bench "
-                  f"accounts for the case's CPU (within {bench_sum.WITHIN:.0%}: yes); above 1, the deployment spends more than its "
-                  "parts do alone."),
-            ("table", bench_sum_view(summed))]
 
 
 def build(run_dir: Path) -> dict:
@@ -358,7 +334,7 @@ def build(run_dir: Path) -> dict:
         blocks.append(("figure", cpu_figure(cpu, figures_dir, run.load_label),
                        "CPU time per delivered record by kind of process: the services, the Envoys (entry, sidecars, routers or the "
                        "central entity) and the OPAs."))
-    blocks.extend(bench_sum_blocks(run_dir, cpu, tables_dir))
+    blocks.extend(bench_report.blocks(run_dir, cpu, tables_dir))
 
     blocks.extend(bench)
 

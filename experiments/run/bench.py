@@ -58,8 +58,9 @@ Where a point's Envoy and OPA are both measured, they are measured over the same
   issuing costs OPA per record at the entry (the answer of each is checked first).
 - the policy: `opa bench` of the decision, this rule set against the one of commit d2d81e4
   (complyroute.authoring.policybench.compare).
-- paced (issue 39): the parts a record of the central entity crosses (bench_sum.recipe) again,
-  their records paced at bench_sum.PACED_RATE a second instead of back to back, every part
+- paced (issue 39): the parts a record of the central entity crosses (bench_sum.recipe) under
+  either engine, and those of the baseline and of the floor (the central entity's Envoys and
+  mutual TLS, no rule), again, their records paced at bench_sum.PACED_RATE a second instead of back to back, every part
   sent to at once as in a deployment: at a cell's rate a process waits between records and
   wakes for each, which back-to-back records never pay (experiments/analysis/bench_sum.py
   sums both against the cells' CPU per record).
@@ -222,7 +223,7 @@ def measure(bench: Bench, pairs: list[Pair], records: int, rounds: int, out=sys.
 
 
 def measure_paced(bench: Bench, pairs: list[Pair], records: int, rounds: int, out=sys.stdout) -> list[Row]:
-    """The pairs whose process a record of the central entity crosses (bench_sum.recipe), their
+    """The pairs whose process a record of a case bench_sum prices crosses (bench_sum.recipe), their
     records paced at bench_sum.PACED_RATE a second, every url sent to at once (a thread each);
     median ms of CPU per record over `rounds`, as rows of their own unit (bench_sum.PACED_UNIT)."""
     pairs = [pair for pair in pairs if pair.process in bench_sum.processes()]
