@@ -94,6 +94,7 @@ def split_central_entity(tmp_path_factory):
     return mounted_files(objects, pod, container), container["args"][container["args"].index("-c") + 1], whole["central-entity"].envoy
 
 
+@pytest.mark.scale  # the central entity at 50 services, whose routes are split
 def test_envoy_loads_every_route_file_of_a_split_configuration_as_it_loads_them_inline_allowed(split_central_entity, tmp_path):
     files, config, whole = split_central_entity
     split = local_bootstrap(files, config, tmp_path / "split")
@@ -114,6 +115,7 @@ def test_envoy_loads_every_route_file_of_a_split_configuration_as_it_loads_them_
     assert expected["dynamic"] == {} and {**read["static"], **read["dynamic"]} == expected["static"]
 
 
+@pytest.mark.scale  # the central entity at 50 services, whose routes are split
 def test_envoy_refuses_a_route_file_that_is_missing_or_malformed_denied(split_central_entity, tmp_path):
     files, config, _ = split_central_entity
     route_file = f"{render.ROUTES_MOUNT}/from-svc-07.json"

@@ -1,7 +1,8 @@
 """Kubernetes manifests: every topology renders from its manifest and passes strict offline
 validation (the pinned Kubernetes version's schemas), at 5 services under the default engine and
 at 50 under the compiled one, whose ConfigMaps are the largest (their matcher trees: the render
-test_route_configmaps.py reads too); what breaks a schema is told apart."""
+test_route_configmaps.py reads too; at scale, so make test-scale's); what breaks a schema is told
+apart."""
 
 import pytest
 import yaml
@@ -12,7 +13,7 @@ from complyroute.topology import manifest
 from tests.integration.runtime.kubernetes.manifests import TOPOLOGIES, configmap_bytes, rendered
 
 
-@pytest.mark.parametrize("services, engine", [(5, None), (50, "envoy-compiled")], ids=["5", "50-compiled"])
+@pytest.mark.parametrize("services, engine", [(5, None), pytest.param(50, "envoy-compiled", marks=pytest.mark.scale)], ids=["5", "50-compiled"])
 @pytest.mark.parametrize("topology", TOPOLOGIES)
 def test_rendered_manifests_pass_strict_validation_allowed(topology, services, engine, tmp_path):
     path, objects = rendered(topology, services, tmp_path, engine=engine)
