@@ -27,12 +27,14 @@ test-streams: # make test's work, on the networks it holds (TEST_LOOPBACKS)
 	@# - The pooled end-to-end tests (the pool marker: tests/e2e/conftest.py), one deployment at a
 	@#   time; then, on the same network (the pool's deployment stopped), the experiments' end-to-end
 	@#   tests (tests/e2e/experiments/), which last as long as their load does, whatever the
-	@#   machine's load, and so run when fewer streams are left.
+	@#   machine's load, and so run when fewer streams are left; then the policy tests of every rule
+	@#   set and the services' tests, which start no deployment: this stream, with half of the matrix
+	@#   of topologies and engines in make test-scale, ended first, 100 s before the others (a fresh
+	@#   clone of 6ed145b, 2026-12-02).
 	@# - Beside them, the other end-to-end tests with a deployment, each their own, one at a time.
-	@# - Beside them, one after another: the policy tests of every rule set, the services' tests and the
-	@#   tests that start no deployment (unit and tests/integration/), on a pytest worker per core
-	@#   as make check runs them: one alone was the run's tail, the machine half idle behind it
-	@#   (a fresh clone of 5a90611: the others ended at 462-507 s, this pytest at 585 s).
+	@# - Beside them, the tests that start no deployment (unit and tests/integration/), on a pytest
+	@#   worker per core as make check runs them: one alone was the run's tail, the machine half
+	@#   idle behind it (a fresh clone of 5a90611: the others ended at 462-507 s, this pytest at 585 s).
 	@# - Apart, at the lowest CPU priority: the end-to-end tests on addresses of their own and with no
 	@#   deployment (own_network: the engines' differential test). Their processes starve there, so
 	@#   their points take tests/e2e/helpers.py STARVED_MACHINE_TIMEOUTS: a test placed here needs them too.
@@ -42,24 +44,22 @@ test-streams: # make test's work, on the networks it holds (TEST_LOOPBACKS)
 	@test -n "$${TEST_LOOPBACKS:-}" || { echo "test-streams: run make test, which holds the loopback networks it runs on" >&2; exit 2; }; \
 	set -- $$TEST_LOOPBACKS; pool_net=$$1; deployments_net=$$2; apart_net=$$3; \
 	beside=$$(mktemp); others=$$(mktemp); apart=$$(mktemp); pool_runs=$$(mktemp -d); others_runs=$$(mktemp -d); runs=$$(mktemp -d); apart_runs=$$(mktemp -d); \
-	( rest=0; \
-	  $(MAKE) --no-print-directory policy-test || rest=1; \
-	  $(foreach rules,$(notdir $(wildcard rule-sets/*)),$(MAKE) --no-print-directory policy-test policy=$(rules) || rest=1;) \
-	  (cd services && npm test) || rest=1; \
-	  $(PY) -m pytest $(NO_DEPLOYMENT) -m "$(NOT_SCALE)" -n auto --dist loadfile --no-loadscope-reorder -p no:cacheprovider --durations=25 || rest=1; \
-	  exit $$rest ) >$$beside 2>&1 & pid=$$!; \
+	$(PY) -m pytest $(NO_DEPLOYMENT) -m "$(NOT_SCALE)" -n auto --dist loadfile --no-loadscope-reorder -p no:cacheprovider --durations=25 >$$beside 2>&1 & pid=$$!; \
 	COMPLYROUTE_LOOPBACK=$$deployments_net COMPLYROUTE_RUNS=$$others_runs \
 	  $(PY) -m pytest $(E2E) --ignore=$(E2E_EXPERIMENTS) -m "not own_network and not pool and $(NOT_SCALE)" -p no:cacheprovider --durations=25 >$$others 2>&1 & others_pid=$$!; \
 	COMPLYROUTE_LOOPBACK=$$apart_net COMPLYROUTE_RUNS=$$apart_runs nice -n 19 $(PY) -m pytest $(E2E) -m "own_network and $(NOT_SCALE)" -p no:cacheprovider --durations=25 >$$apart 2>&1 & own_pid=$$!; \
-	echo "$(PY) -m pytest $(E2E) --ignore=$(E2E_EXPERIMENTS) -m pool --durations=25 on $$pool_net.x, then pytest $(E2E_EXPERIMENTS) -m '$(NOT_SCALE)' there  (beside them: pytest $(E2E) -m 'not own_network and not pool and $(NOT_SCALE)' on $$deployments_net.x; policy tests, npm test, pytest $(NO_DEPLOYMENT); apart: nice pytest $(E2E) -m 'own_network and $(NOT_SCALE)' on $$apart_net.x)"; \
-	e2e=0; COMPLYROUTE_LOOPBACK=$$pool_net COMPLYROUTE_RUNS=$$pool_runs $(PY) -m pytest $(E2E) --ignore=$(E2E_EXPERIMENTS) -m pool -p no:cacheprovider --durations=25 || e2e=$$?; \
+	echo "$(PY) -m pytest $(E2E) --ignore=$(E2E_EXPERIMENTS) -m 'pool and $(NOT_SCALE)' --durations=25 on $$pool_net.x, then pytest $(E2E_EXPERIMENTS) -m '$(NOT_SCALE)' there, then the policy tests and npm test  (beside them: pytest $(E2E) -m 'not own_network and not pool and $(NOT_SCALE)' on $$deployments_net.x; pytest $(NO_DEPLOYMENT); apart: nice pytest $(E2E) -m 'own_network and $(NOT_SCALE)' on $$apart_net.x)"; \
+	e2e=0; COMPLYROUTE_LOOPBACK=$$pool_net COMPLYROUTE_RUNS=$$pool_runs $(PY) -m pytest $(E2E) --ignore=$(E2E_EXPERIMENTS) -m "pool and $(NOT_SCALE)" -p no:cacheprovider --durations=25 || e2e=$$?; \
 	COMPLYROUTE_LOOPBACK=$$pool_net COMPLYROUTE_RUNS=$$runs $(PY) -m pytest $(E2E_EXPERIMENTS) -m "$(NOT_SCALE)" -p no:cacheprovider --durations=25 || e2e=1; \
+	policies=0; $(MAKE) --no-print-directory policy-test || policies=1; \
+	$(foreach rules,$(notdir $(wildcard rule-sets/*)),$(MAKE) --no-print-directory policy-test policy=$(rules) || policies=1;) \
+	(cd services && npm test) || policies=1; \
 	others_e2e=0; wait $$others_pid || others_e2e=$$?; rest=0; wait $$pid || rest=$$?; own=0; wait $$own_pid || own=$$?; \
 	echo "--- the other end-to-end tests with a deployment, run beside them on $$deployments_net.x:"; cat $$others; \
-	echo "--- the policy, services' tests and the tests without a deployment, run beside them:"; cat $$beside; \
+	echo "--- the tests without a deployment, run beside them:"; cat $$beside; \
 	echo "--- the end-to-end tests on addresses of their own, run beside them:"; cat $$apart; \
 	rm -rf $$beside $$others $$apart $$pool_runs $$others_runs $$runs $$apart_runs; \
-	test $$e2e -eq 0 -a $$others_e2e -eq 0 -a $$rest -eq 0 -a $$own -eq 0
+	test $$e2e -eq 0 -a $$policies -eq 0 -a $$others_e2e -eq 0 -a $$rest -eq 0 -a $$own -eq 0
 
 .PHONY: test-scale test-scale-streams
 test-scale: setup ## The tests make test leaves out (the scale marker): every topology deployed at 50 services, the compiled Kubernetes manifests at 50, and the bench's, a capacity search's and a soak's real runs; CI runs it after make test

@@ -12,7 +12,6 @@ the rule set's schema does.
 
 import dataclasses
 import io
-import itertools
 import json
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from complyroute.topology import manifest
 
 from tests.rulesets import of_manifest
 
-from .helpers import ENFORCING, ENGINES, post, wait_for_audit
+from .helpers import matrix, post, wait_for_audit
 
 
 CLASSIFICATION = manifest.REPO / "topologies" / "examples" / "classification.yaml"
@@ -34,7 +33,7 @@ ADULT = {"subject": "ann", "subject_age": 40}
 MINOR = {"subject": "tim", "subject_age": 15}
 
 
-@pytest.fixture(scope="module", params=list(itertools.product(ENFORCING, ENGINES)), ids=lambda p: f"{p[0]}-{p[1]}")
+@pytest.fixture(scope="module", params=matrix())
 def deployed(request):
     topology, engine = request.param
     if deployment.read_state():

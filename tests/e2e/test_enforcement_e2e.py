@@ -18,8 +18,8 @@ from complyroute.evidence import audit
 from complyroute.runtime.local import deployment, supervision
 from complyroute.topology.plan import GATEWAY_SENDER
 
-from .helpers import (ENFORCING, ENGINES, EU_PERSONAL, access_lines, audit_lines, entries, entries_reached, instances_reached, post, replicas,
-                      send_as, wait_for_audit)
+from .helpers import (EU_PERSONAL, access_lines, audit_lines, entries, entries_reached, instances_reached, post, replicas,
+                      matrix, send_as, wait_for_audit)
 
 # Phase 1 of the pool's deployments (tests/e2e/conftest.py): before the error contract and the
 # hostile suite put records in past the entry, which this suite's audit verdict would count.
@@ -32,7 +32,7 @@ PUT_IN_PAST_THE_ENTRY: set[str] = set()
 EU_HEALTH = {"region": "EU", "category": "health", "consent": "care,billing"}
 
 
-@pytest.fixture(params=[(t, e) for e in ENGINES for t in ENFORCING], ids="-".join)
+@pytest.fixture(params=matrix())
 def deployed(pooled):
     """The pool's deployment of the example in this topology under this engine: (state, loaded)."""
     return pooled

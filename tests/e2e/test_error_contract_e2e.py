@@ -33,7 +33,7 @@ from complyroute.runtime.local import rendering, supervision
 from complyroute.topology import localhttp
 from complyroute.topology.plan import METRICS_LISTENER
 
-from .helpers import ENFORCING, ENGINES, POOL_RECEIVE_TIMEOUT, as_part, as_service, egress_url, entries, label_token, opa_api
+from .helpers import POOL_RECEIVE_TIMEOUT, as_part, as_service, egress_url, entries, label_token, matrix, opa_api
 
 # Phase 2 of the pool's deployments (tests/e2e/conftest.py): after the enforcement suite's audit
 # verdict, since records this suite hands inner listeners were put in past the entry.
@@ -46,7 +46,7 @@ LABELS = b"x-data-region: EU\r\nx-data-category: personal\r\nx-data-consent: bil
 RECORD = b'{"subject": "alice"}'
 
 
-@pytest.fixture(params=[(t, e) for e in ENGINES for t in ENFORCING], ids="-".join)
+@pytest.fixture(params=matrix())
 def deployed(pooled):
     """The pool's deployment in this topology under this engine (its receive_timeout is
     RECEIVE_TIMEOUT): (state, engine settings)."""

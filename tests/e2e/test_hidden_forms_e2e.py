@@ -43,7 +43,7 @@ from complyroute.topology.plan import GATEWAY_SENDER, catalog, place
 
 from tests.rulesets import shipped_with
 
-from .helpers import ENFORCING, ENGINES, post
+from .helpers import matrix, post
 
 SERVICES = [
     {"id": "ingest-eu", "step": "ingest", "region": "EU", "purposes": ["care"]},
@@ -182,7 +182,7 @@ def test_the_shipped_rules_table_the_tripped_labellings_allowed():
     assert [name for name, labels in TRIPPED if tabled(held, labels, POLICIES)] == [name for name, _ in TRIPPED]
 
 
-@pytest.fixture(scope="module", params=[(topology, engine) for topology in ENFORCING for engine in ENGINES], ids="-".join)
+@pytest.fixture(scope="module", params=matrix())
 def delivered(request, hidden) -> tuple[tuple[str, str], dict, dict]:
     """((topology, engine), each case's answer, each point's allowed table): the hidden rule set
     deployed, every case's record sent once to its entry."""

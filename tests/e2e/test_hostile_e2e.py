@@ -66,8 +66,8 @@ from complyroute.runtime.local import deployment, rendering, supervision
 from complyroute.topology import localhttp, manifest
 from complyroute.trust import identity, pki
 
-from .helpers import (ENFORCING, ENGINES, EU_PERSONAL, RECORD, as_service, egress_url, entries, entry_of, label_token, opa_api,
-                      post, replicas, tls_context, wait_for_audit)
+from .helpers import (EU_PERSONAL, RECORD, as_service, egress_url, entries, entry_of, label_token, opa_api,
+                      matrix, post, replicas, tls_context, wait_for_audit)
 
 # Phase 3 of the pool's deployments (tests/e2e/conftest.py); the compromised service's tests, phase 5.
 pytestmark = pytest.mark.pool(phase=3)
@@ -241,7 +241,7 @@ def refused(status, body, expected_status, code):
 # ---- the suite -----------------------------------------------------------------------------
 
 
-@pytest.fixture(params=[(t, e) for t in ENFORCING for e in ENGINES], ids=lambda p: f"{p[0]}-{p[1]}")
+@pytest.fixture(params=matrix())
 def deployed(pooled):
     """The pool's deployment in this topology under this engine (tests/e2e/conftest.py): shared
     with the other suites for the client and local-process attacks; one of their own (`own`) for

@@ -116,8 +116,12 @@ def test_prometheus_answers_decisions_latency_per_hop_and_records_per_service_al
 
     # A latency histogram per hop: each listener's time at its point (Envoy's own, by connection
     # manager: the listener), every deciding listener's among them; the entry's median within its buckets.
+    # Envoy's histograms reach its metrics at its stats flush (every 5 s), after the counters: the
+    # query waits for this test's five records, whatever the tests before it sent.
     hops = 'envoy_http_conn_manager_prefix!~"ready|metrics|ingress|admin"'  # the record-deciding listeners' only
-    buckets = by(query(prometheus, f"sum by (point, envoy_http_conn_manager_prefix, le) (envoy_http_downstream_rq_time_bucket{{{hops}}})"),
+    buckets = by(answered(prometheus, f"sum by (point, envoy_http_conn_manager_prefix, le) (envoy_http_downstream_rq_time_bucket{{{hops}}})",
+                          lambda r: any(s["metric"].get("point") == "entry" and s["metric"].get("envoy_http_conn_manager_prefix") == "entry"
+                                        and s["metric"].get("le") == "+Inf" and float(s["value"][1]) >= 5 for s in r)),
                  "point", "envoy_http_conn_manager_prefix", "le")
     assert buckets[("entry", "entry", "+Inf")] >= 5
     assert {point for point, _, _ in buckets} == {p["name"] for p in state["points"] if p["senders"]}
@@ -126,11 +130,15 @@ def test_prometheus_answers_decisions_latency_per_hop_and_records_per_service_al
     assert 0 < float(median["value"][1]) < 60_000
 
     # Records per service: what each instance received, sent on and refused.
-    received = by(query(prometheus, "sum by (service) (complyroute_records_received_total)"), "service")
+    received = by(answered(prometheus, "sum by (service) (complyroute_records_received_total)",
+                           lambda r: sum(float(s["value"][1]) for s in r if s["metric"].get("service", "").startswith("ingest-eu-")) >= 5),
+                  "service")
     assert received[("ingest-eu-1",)] + received[("ingest-eu-2",)] >= 5
     assert set(received) == {(s,) for s in ("ingest-eu-1", "ingest-eu-2", "ingest-us", "analyse-eu-1", "analyse-eu-2", "analyse-us",
                                             "store-eu-1", "store-eu-2")}
-    forwarded = by(query(prometheus, "sum by (service) (complyroute_records_forwarded_total)"), "service")
+    forwarded = by(answered(prometheus, "sum by (service) (complyroute_records_forwarded_total)",
+                            lambda r: sum(float(s["value"][1]) for s in r if s["metric"].get("service", "").startswith("ingest-eu-")) >= 5),
+                   "service")
     assert forwarded[("ingest-eu-1",)] + forwarded[("ingest-eu-2",)] >= 5 and forwarded[("store-eu-1",)] == forwarded[("store-eu-2",)] == 0  # the last step sends nothing on
     # The OPAs' own metrics come through their points' listeners too: each decision timed by the plugin.
     assert query(prometheus, 'sum(grpc_request_duration_seconds_count{point="entry"})')

@@ -30,7 +30,7 @@ from experiments.design.changeability import add_us_to_adequacy, changed_rule_se
 from tests.relabel import rule_set_with_label
 from tests.walkthrough import rule_set_with_rule
 
-from .helpers import ENFORCING, ENGINES, EU_PERSONAL, RECORD, audit_lines, deploy_mixed_regions, entries, entry_of, wait_for_audit
+from .helpers import EU_PERSONAL, RECORD, audit_lines, deploy_mixed_regions, entries, entry_of, matrix, wait_for_audit
 
 
 # Paths by the example's entries (path_of): either EU replica of a step is in an EU record's set.
@@ -109,10 +109,10 @@ def path_of(answer):
     return tuple(entries(hop["instance"] for hop in answer.body["path"]))
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-@pytest.mark.parametrize("topology", ENFORCING)
-def test_reload_moves_paths_while_records_flow_and_loses_none_allowed(topology, engine, us_adequate_policies, swiss_policies,
+@pytest.mark.parametrize("cell", matrix())
+def test_reload_moves_paths_while_records_flow_and_loses_none_allowed(cell, us_adequate_policies, swiss_policies,
                                                                      sensitivity_policies, tmp_path):
+    topology, engine = cell
     state, _ = deploy_mixed_regions(topology, engine=engine)
     try:
         old_revision = bundles.revision()
