@@ -93,6 +93,11 @@ def by(result: list[dict], *labels: str) -> dict[tuple, float]:
     return {tuple(series["metric"].get(label, "") for label in labels): float(series["value"][1]) for series in result}
 
 
+def ingest_eu(result: list[dict]) -> float:
+    """The sum of a per-service result over the ingest step's EU replicas (ingest-eu-1 and -2)."""
+    return sum(float(s["value"][1]) for s in result if s["metric"].get("service", "").startswith("ingest-eu-"))
+
+
 def test_prometheus_answers_decisions_latency_per_hop_and_records_per_service_allowed(deployed, prometheus):
     state, _ = deployed
     for labels in [EU_PERSONAL] * 3 + [DENIED] * 2:
@@ -131,13 +136,13 @@ def test_prometheus_answers_decisions_latency_per_hop_and_records_per_service_al
 
     # Records per service: what each instance received, sent on and refused.
     received = by(answered(prometheus, "sum by (service) (complyroute_records_received_total)",
-                           lambda r: sum(float(s["value"][1]) for s in r if s["metric"].get("service", "").startswith("ingest-eu-")) >= 5),
+                           lambda r: ingest_eu(r) >= 5),
                   "service")
     assert received[("ingest-eu-1",)] + received[("ingest-eu-2",)] >= 5
     assert set(received) == {(s,) for s in ("ingest-eu-1", "ingest-eu-2", "ingest-us", "analyse-eu-1", "analyse-eu-2", "analyse-us",
                                             "store-eu-1", "store-eu-2")}
     forwarded = by(answered(prometheus, "sum by (service) (complyroute_records_forwarded_total)",
-                            lambda r: sum(float(s["value"][1]) for s in r if s["metric"].get("service", "").startswith("ingest-eu-")) >= 5),
+                            lambda r: ingest_eu(r) >= 5),
                    "service")
     assert forwarded[("ingest-eu-1",)] + forwarded[("ingest-eu-2",)] >= 5 and forwarded[("store-eu-1",)] == forwarded[("store-eu-2",)] == 0  # the last step sends nothing on
     # The OPAs' own metrics come through their points' listeners too: each decision timed by the plugin.
