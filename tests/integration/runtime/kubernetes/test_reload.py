@@ -58,20 +58,34 @@ class FakeApiServer:
         raise AssertionError(f"reload_policy asked kubectl {args}")
 
 
+@pytest.fixture(scope="module")
+def central_entity_renders() -> dict[tuple, tuple[render.Renderer, str]]:
+    """The compiled central entity's renders of this module, by (budget, services, security): the
+    Renderer and its built YAML. Most tests deploy the same one (5 services, the default budget and
+    security), and a render costs half a second of CPU here (OPA checks every point's quick path,
+    kustomize builds): each is rendered once. Nothing a test does changes a Renderer; what it may
+    change, the objects, it parses anew."""
+    return {}
+
+
 @pytest.fixture
-def deployed_central_entity(tmp_path, monkeypatch):
+def deployed_central_entity(tmp_path_factory, monkeypatch, central_entity_renders):
     """The compiled central entity (5 services unless told) as `deploy --target k8s` applies and records
     it, against a fake API server; its ConfigMaps' budget as given to the factory at deploy time."""
 
     def deploy(budget=None, services=5, security=None):
-        with monkeypatch.context() as during:
-            if budget:
-                during.setattr(render, "CONFIGMAP_BUDGET", budget)
-            overrides = {"security": security} if security else None
-            renderer = render.Renderer(manifest.load("central-entity", services=services, engine="envoy-compiled", overrides=overrides),
-                                       RuleSet.of("policies"))
-            renderer.render()
-            objects = objects_of(render.build(renderer, tmp_path / "kustomization"))
+        key = (budget, services, json.dumps(security, sort_keys=True))
+        if key not in central_entity_renders:
+            with monkeypatch.context() as during:
+                if budget:
+                    during.setattr(render, "CONFIGMAP_BUDGET", budget)
+                overrides = {"security": security} if security else None
+                renderer = render.Renderer(manifest.load("central-entity", services=services, engine="envoy-compiled", overrides=overrides),
+                                           RuleSet.of("policies"))
+                renderer.render()
+                central_entity_renders[key] = renderer, render.build(renderer, tmp_path_factory.mktemp("central-entity") / "kustomization")
+        renderer, built = central_entity_renders[key]
+        objects = objects_of(built)
         apply.write_record(apply.deployed_of(renderer), renderer.signing_key)
         api = FakeApiServer(objects)
         monkeypatch.setattr(apply, "kubectl_output", api)
